@@ -1,0 +1,44 @@
+"""The ``pretrieve`` command line: one typer app, one sub-module per command group.
+
+The CLI is thin: it parses arguments, loads configs and calls one library function. Every
+``PretrieveError`` becomes a one-line red message and exit code 2, never a traceback.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+import typer
+from rich.console import Console
+from rich.text import Text
+
+from pretrieve.errors import PretrieveError
+
+app = typer.Typer(
+    name="pretrieve",
+    help="Pre-train, fine-tune, index and evaluate dense passage retrievers.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    context_settings={"help_option_names": ["-h", "--help"], "show_default": True},
+)
+console = Console(stderr=True)
+
+# Command groups register themselves on `app` when imported. A missing optional module must not
+# break the other commands, so each is imported by name.
+_COMMAND_MODULES = ["data", "retrieval", "evaluate", "pretrain", "finetune", "analyze", "bench", "recipe"]
+for _name in _COMMAND_MODULES:
+    try:
+        importlib.import_module(f"pretrieve.cli.{_name}")
+    except ModuleNotFoundError as exc:  # the module itself not written yet
+        if exc.name != f"pretrieve.cli.{_name}":
+            raise
+
+
+def main() -> None:
+    """Console entry point."""
+    try:
+        app()
+    except PretrieveError as exc:
+        console.print(Text("error: ", style="bold red") + Text(str(exc)), highlight=False)
+        sys.exit(2)

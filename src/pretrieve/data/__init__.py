@@ -1,0 +1,16 @@
+"""Data layer: BEIR collections, TREC runs and qrels, training groups, pre-training texts.
+
+Knows nothing about models or training. Every reader validates its input and raises
+:class:`pretrieve.errors.InputError` naming file, line and field.
+"""
+
+from pretrieve.data.beir import (BeirCollection, Corpus, Document, Qrels, QrelsCheck, check_qrels, iter_corpus,
+                                 join_title, load_qrels, load_queries, save_qrels, save_queries)
+from pretrieve.data.jsonl import iter_jsonl, write_jsonl
+from pretrieve.data.trec import Run, merge_runs, read_run, run_from_arrays, top_k, write_run
+
+__all__ = [
+    "BeirCollection", "Corpus", "Document", "Qrels", "QrelsCheck", "Run", "check_qrels", "iter_corpus",
+    "iter_jsonl", "join_title", "load_qrels", "load_queries", "merge_runs", "read_run", "run_from_arrays",
+    "save_qrels", "save_queries", "top_k", "write_jsonl", "write_run",
+]

@@ -1,0 +1,104 @@
+"""TREC run files: ``qid Q0 docid rank score tag``, one line per retrieved document.
+
+A run in memory is ``{query_id: {doc_id: score}}``. Writing sorts each query's documents by
+descending score (ties keep the order given) and is atomic; reading validates every line and
+reports the file, line and field of the first malformed one.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Iterable, Sequence
+
+import numpy as np
+
+from pretrieve.data.jsonl import open_text
+from pretrieve.errors import InputError
+from pretrieve.io_utils import atomic_open
+
+Run = dict[str, dict[str, float]]
+
+_FIELDS = ("query_id", "Q0", "doc_id", "rank", "score", "tag")
+
+
+def read_run(path: str | Path) -> Run:
+    """Read a TREC run file; malformed lines raise :class:`InputError`."""
+    run: Run = {}
+    with open_text(path) as handle:
+        for line_no, line in enumerate(handle, start=1):
+            parts = line.split()
+            if not parts:
+                continue
+            if len(parts) != 6:
+                raise InputError(f"expected 6 columns ({' '.join(_FIELDS)}), got {len(parts)}",
+                                 path=path, line=line_no)
+            qid, _, doc_id, rank, score, _tag = parts
+            if not _is_int(rank):
+                raise InputError(f"rank '{rank}' is not an integer", path=path, line=line_no, field="rank")
+            try:
+                value = float(score)
+            except ValueError:
+                raise InputError(f"score '{score}' is not a number", path=path, line=line_no,
+                                 field="score") from None
+            if math.isnan(value):
+                raise InputError("score is NaN", path=path, line=line_no, field="score")
+            docs = run.setdefault(qid, {})
+            if doc_id in docs:
+                raise InputError(f"document '{doc_id}' retrieved twice for query '{qid}'", path=path,
+                                 line=line_no, field="doc_id")
+            docs[doc_id] = value
+    if not run:
+        raise InputError("run file is empty", path=path)
+    return run
+
+
+def write_run(run: Run, path: str | Path, tag: str = "pretrieve", depth: int | None = None) -> None:
+    """Write a run sorted by descending score per query (stable for ties), atomically."""
+    with atomic_open(path) as handle:
+        for qid, docs in run.items():
+            ranked = sorted(docs.items(), key=lambda item: -item[1])
+            if depth is not None:
+                ranked = ranked[:depth]
+            for rank, (doc_id, score) in enumerate(ranked, start=1):
+                handle.write(f"{qid} Q0 {doc_id} {rank} {score:.6f} {tag}\n")
+
+
+def run_from_arrays(query_ids: Sequence[str], doc_ids: Sequence[str], indices: np.ndarray,
+                    scores: np.ndarray) -> Run:
+    """Build a run from search results: ``indices[q, k]`` rows into ``doc_ids`` (−1 = no result)."""
+    run: Run = {}
+    for q, qid in enumerate(query_ids):
+        docs: dict[str, float] = {}
+        for idx, score in zip(indices[q].tolist(), scores[q].tolist()):
+            if idx >= 0:
+                docs[doc_ids[idx]] = float(score)
+        run[qid] = docs
+    return run
+
+
+def top_k(run: Run, k: int) -> Run:
+    """Keep the ``k`` highest-scoring documents of each query."""
+    return {qid: dict(sorted(docs.items(), key=lambda item: -item[1])[:k]) for qid, docs in run.items()}
+
+
+def ranked_ids(run: Run, qid: str) -> list[str]:
+    """Document ids of one query in rank order."""
+    return [doc_id for doc_id, _ in sorted(run.get(qid, {}).items(), key=lambda item: -item[1])]
+
+
+def merge_runs(runs: Iterable[Run], depth: int | None = None) -> Run:
+    """Union of runs over disjoint document shards, re-ranked (and cut to ``depth``) per query."""
+    merged: Run = {}
+    for run in runs:
+        for qid, docs in run.items():
+            merged.setdefault(qid, {}).update(docs)
+    return top_k(merged, depth) if depth is not None else merged
+
+
+def _is_int(value: str) -> bool:
+    try:
+        int(value)
+    except ValueError:
+        return False
+    return True

