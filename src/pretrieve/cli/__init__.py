@@ -22,7 +22,12 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     context_settings={"help_option_names": ["-h", "--help"], "show_default": True},
 )
-console = Console(stderr=True)
+console = Console(stderr=True, soft_wrap=True)
+
+
+@app.callback()
+def _root() -> None:
+    """Pre-train, fine-tune, index and evaluate dense passage retrievers."""
 
 # Command groups register themselves on `app` when imported. A missing optional module must not
 # break the other commands, so each is imported by name.

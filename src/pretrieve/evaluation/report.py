@@ -1,0 +1,223 @@
+"""Results tables: one collection (rows = runs, columns = measures, significance marks against the first
+run) and BEIR-style multi-collection tables (rows = runs, columns = collection × measure, plus average).
+
+Both render to markdown (4-decimal values) and to a JSON-ready dict holding everything (means,
+p-values, optionally per-query scores). Rendering for the terminal lives in the CLI; it reads the same
+:class:`ResultsTable`.
+
+Marks: ``†`` = significantly different from the baseline (first run) at ``alpha``; ``▲``/``▼`` = the
+run's mean is higher/lower than the baseline's. Only significant differences are marked.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+from pretrieve.errors import ConfigError
+from pretrieve.evaluation.metrics import EvalResult
+from pretrieve.evaluation.significance import (DEFAULT_ALPHA, DEFAULT_PERMUTATIONS, TESTS, SignificanceResult,
+                                               check_alpha, compare)
+from pretrieve.io_utils import atomic_open, write_json
+
+SIGNIFICANCE_MARK = "†"
+UP, DOWN = "▲", "▼"
+DIGITS = 4
+_TEST_NAMES = {"ttest": "paired two-sided t-test", "permutation": "paired two-sided randomization test"}
+
+
+def format_value(value: float, digits: int = DIGITS) -> str:
+    """A score with ``digits`` decimals; NaN/missing as an en dash."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "–"
+    return f"{value:.{digits}f}"
+
+
+def significance_mark(result: SignificanceResult | None) -> str:
+    """``†▲`` / ``†▼`` for a significant difference, ``""`` otherwise."""
+    if result is None or not result.significant:
+        return ""
+    return SIGNIFICANCE_MARK + (UP if result.direction > 0 else DOWN if result.direction < 0 else "")
+
+
+@dataclass
+class ResultsTable:
+    """Runs × measures on one collection, with each run's tests against the baseline (first run)."""
+
+    results: dict[str, EvalResult]
+    measures: list[str]
+    test: str | None = "ttest"
+    alpha: float = DEFAULT_ALPHA
+    comparisons: dict[str, dict[str, SignificanceResult]] = field(default_factory=dict)
+
+    @property
+    def baseline(self) -> str:
+        return next(iter(self.results))
+
+    def value(self, run: str, measure: str) -> float:
+        return self.results[run].aggregate[measure]
+
+    def mark(self, run: str, measure: str) -> str:
+        return significance_mark(self.comparisons.get(run, {}).get(measure))
+
+    def cell(self, run: str, measure: str, digits: int = DIGITS) -> str:
+        """``0.6521†▲``: the mean and its significance mark."""
+        return format_value(self.value(run, measure), digits) + self.mark(run, measure)
+
+    def legend(self) -> str:
+        """One sentence explaining the marks (empty when no test was run or there is one run)."""
+        if not self.test or len(self.results) < 2:
+            return ""
+        return (f"{SIGNIFICANCE_MARK} significantly different from '{self.baseline}' "
+                f"({_TEST_NAMES.get(self.test, self.test)} over the per-query scores, p ≤ {self.alpha:g}); "
+                f"{UP} higher, {DOWN} lower.")
+
+    def to_markdown(self, digits: int = DIGITS) -> str:
+        """A GitHub-flavoured markdown table, with the legend below it."""
+        header = ["Run", *self.measures]
+        rows = [[run, *(self.cell(run, m, digits) for m in self.measures)] for run in self.results]
+        text = markdown_table(header, rows, align=["l"] + ["r"] * len(self.measures))
+        n_queries = sorted({result.n_queries for result in self.results.values()})
+        note = f"Means over {', '.join(map(str, n_queries))} queries."
+        legend = self.legend()
+        return text + "\n" + note + (" " + legend if legend else "") + "\n"
+
+    def to_dict(self, per_query: bool = False) -> dict[str, Any]:
+        """Everything: means, query counts, test results against the baseline, per-query scores if asked."""
+        runs = []
+        for name, result in self.results.items():
+            entry = {"name": name, **result.to_dict(per_query=per_query)}
+            if name in self.comparisons:
+                entry["significance"] = {m: r.to_dict() for m, r in self.comparisons[name].items()}
+            runs.append(entry)
+        return {"measures": list(self.measures), "baseline": self.baseline, "test": self.test,
+                "alpha": self.alpha, "runs": runs}
+
+    def write(self, json_path: str | Path | None = None, md_path: str | Path | None = None,
+              per_query: bool = False, metadata: Mapping[str, Any] | None = None) -> None:
+        """Write the JSON and/or markdown forms (atomically); ``metadata`` is added to the JSON."""
+        if json_path is not None:
+            write_json(json_path, {**self.to_dict(per_query=per_query), **(metadata or {})})
+        if md_path is not None:
+            with atomic_open(md_path) as handle:
+                handle.write(self.to_markdown())
+
+
+def build_table(results: Mapping[str, EvalResult], measures: Sequence[str] | None = None,
+                test: str | None = "ttest", alpha: float = DEFAULT_ALPHA,
+                n_permutations: int = DEFAULT_PERMUTATIONS, seed: int = 0) -> ResultsTable:
+    """Tabulate ``{run_name: EvalResult}`` (first = baseline) and test every other run against it.
+
+    ``measures`` defaults to the first run's measures; ``test`` is ``"ttest"``, ``"permutation"`` or
+    ``None`` (no tests, no marks).
+    """
+    if not results:
+        raise ConfigError("no runs to tabulate")
+    if test is not None and test not in TESTS:
+        raise ConfigError(f"unknown significance test '{test}' (choose from {', '.join(TESTS)})")
+    check_alpha(alpha)
+    results = dict(results)
+    measures = list(measures) if measures is not None else list(next(iter(results.values())).measures)
+    for name, result in results.items():
+        absent = [m for m in measures if m not in result.aggregate]
+        if absent:
+            raise ConfigError(f"run '{name}' has no score for {', '.join(absent)}")
+    table = ResultsTable(results, measures, test=test, alpha=alpha)
+    if test is not None:
+        baseline = results[table.baseline]
+        for name, result in list(results.items())[1:]:
+            table.comparisons[name] = {m: compare(baseline, result, m, test=test, alpha=alpha,
+                                                  n_permutations=n_permutations, seed=seed) for m in measures}
+    return table
+
+
+def markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]], align: Sequence[str] | None = None) -> str:
+    """Render a markdown table; ``align`` holds ``"l"``/``"r"`` per column."""
+    align = list(align) if align is not None else ["l"] * len(header)
+    rule = ["---:" if a == "r" else ":---" for a in align]
+    lines = [_md_row(header), _md_row(rule)] + [_md_row(row) for row in rows]
+    return "\n".join(lines) + "\n"
+
+
+def _md_row(cells: Sequence[str]) -> str:
+    return "| " + " | ".join(str(c).replace("|", "\\|") for c in cells) + " |"
+
+
+@dataclass
+class BeirTable:
+    """Runs × (collection × measure) with the per-measure average over collections (BEIR-style).
+
+    ``values[run][(collection, measure)]`` is NaN where a run lacks a collection; such a run's average
+    is NaN too (an average over a subset would not be comparable).
+    """
+
+    runs: list[str]
+    collections: list[str]
+    measures: list[str]
+    values: dict[str, dict[tuple[str, str], float]]
+
+    def average(self, run: str, measure: str) -> float:
+        """Unweighted mean over collections, as the BEIR paper reports it."""
+        scores = [self.values[run][(c, measure)] for c in self.collections]
+        return float("nan") if any(math.isnan(s) for s in scores) else math.fsum(scores) / len(scores)
+
+    def columns(self) -> list[tuple[str, str]]:
+        return [(c, m) for c in self.collections for m in self.measures]
+
+    def _label(self, collection: str, measure: str) -> str:
+        return collection if len(self.measures) == 1 else f"{collection} {measure}"
+
+    def to_markdown(self, digits: int = DIGITS, bold_best: bool = True) -> str:
+        """Markdown table; the best value of each column is bold (as in the papers) when ``bold_best``."""
+        columns = self.columns() + [("Avg", m) for m in self.measures]
+        grid = {run: [self.values[run][col] for col in self.columns()] + [self.average(run, m) for m in self.measures]
+                for run in self.runs}
+        best = [max((grid[run][j] for run in self.runs if not math.isnan(grid[run][j])), default=float("nan"))
+                for j in range(len(columns))]
+        rows = []
+        for run in self.runs:
+            cells = []
+            for j, value in enumerate(grid[run]):
+                text = format_value(value, digits)
+                is_best = bold_best and len(self.runs) > 1 and not math.isnan(value) and value == best[j]
+                cells.append(f"**{text}**" if is_best else text)
+            rows.append([run, *cells])
+        header = ["Run", *(self._label(c, m) for c, m in columns)]
+        return markdown_table(header, rows, align=["l"] + ["r"] * len(columns))
+
+    def to_dict(self) -> dict[str, Any]:
+        def clean(x: float) -> float | None:
+            return None if math.isnan(x) else x
+
+        return {
+            "collections": list(self.collections), "measures": list(self.measures),
+            "runs": [{"name": run,
+                      "scores": {c: {m: clean(self.values[run][(c, m)]) for m in self.measures}
+                                 for c in self.collections},
+                      "average": {m: clean(self.average(run, m)) for m in self.measures}}
+                     for run in self.runs],
+        }
+
+
+def beir_table(results: Mapping[str, Mapping[str, EvalResult]], measure: str | Sequence[str] = "nDCG@10") -> BeirTable:
+    """Build a multi-collection table from ``{run_name: {collection: EvalResult}}``.
+
+    Collections appear in order of first appearance; ``measure`` may be one name or several.
+    """
+    measures = [measure] if isinstance(measure, str) else list(measure)
+    if not results:
+        raise ConfigError("no runs to tabulate")
+    collections = list(dict.fromkeys(c for per_collection in results.values() for c in per_collection))
+    values: dict[str, dict[tuple[str, str], float]] = {}
+    for run, per_collection in results.items():
+        values[run] = {}
+        for collection in collections:
+            result = per_collection.get(collection)
+            for m in measures:
+                if result is not None and m not in result.aggregate:
+                    raise ConfigError(f"run '{run}' on '{collection}' has no score for '{m}' "
+                                      f"(have: {', '.join(result.aggregate)})")
+                values[run][(collection, m)] = result.aggregate[m] if result is not None else float("nan")
+    return BeirTable(list(results), collections, measures, values)
