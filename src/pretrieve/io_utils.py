@@ -3,6 +3,8 @@
 Everything pretrieve writes that a crash could leave half-written (runs, metrics, embeddings,
 checkpoints, indexes) goes through these helpers: write to a temporary sibling, fsync, then rename.
 A rename within one filesystem is atomic, so readers see either the old file or the complete new one.
+The result gets the permissions an ordinary ``open``/``mkdir`` would give (the umask's, or those of the
+file it replaces), not the owner-only mode of the temporary files ``tempfile`` creates.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import contextlib
 import json
 import os
 import shutil
+import stat
 import tempfile
 from pathlib import Path
 from typing import Any, Iterator
@@ -25,6 +28,7 @@ def atomic_path(path: str | Path, suffix: str = "") -> Iterator[Path]:
     os.close(fd)
     tmp_path = Path(tmp)
     try:
+        os.chmod(tmp_path, _final_mode(path, directory=False))
         yield tmp_path
         _fsync_file(tmp_path)
         os.replace(tmp_path, path)
@@ -54,6 +58,7 @@ def atomic_dir(path: str | Path) -> Iterator[Path]:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
     try:
+        os.chmod(tmp, _final_mode(path, directory=True))
         yield tmp
         for file in tmp.rglob("*"):
             if file.is_file():
@@ -64,7 +69,12 @@ def atomic_dir(path: str | Path) -> Iterator[Path]:
             if old.exists():
                 shutil.rmtree(old)
             os.replace(path, old)
-        os.replace(tmp, path)
+        try:
+            os.replace(tmp, path)
+        except BaseException:
+            if old is not None:  # put the old directory back rather than leave nothing at `path`
+                os.replace(old, path)
+            raise
         if old is not None:
             shutil.rmtree(old, ignore_errors=True)
     finally:
@@ -77,6 +87,27 @@ def write_json(path: str | Path, obj: Any) -> None:
     with atomic_open(path) as handle:
         json.dump(obj, handle, indent=2, sort_keys=False, default=str)
         handle.write("\n")
+
+
+def _final_mode(path: Path, directory: bool) -> int:
+    """Permission bits for the result: those of the file being replaced, else what the umask allows."""
+    if path.exists():
+        return stat.S_IMODE(path.stat().st_mode)
+    return (0o777 if directory else 0o666) & ~_current_umask()
+
+
+def _current_umask() -> int:
+    """The process umask, read from /proc where possible (setting it to read it races with other threads)."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as handle:
+            for line in handle:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 def _fsync_file(path: Path) -> None:

@@ -6,11 +6,19 @@ Knows nothing about models or training. Every reader validates its input and rai
 
 from pretrieve.data.beir import (BeirCollection, Corpus, Document, Qrels, QrelsCheck, check_qrels, iter_corpus,
                                  join_title, load_qrels, load_queries, save_qrels, save_queries)
-from pretrieve.data.jsonl import iter_jsonl, write_jsonl
+from pretrieve.data.groups import (GroupSet, GroupStats, TrainingGroup, group_rng, groups_from_run, iter_groups,
+                                   read_groups, sample_group, sample_group_indices, write_groups)
+from pretrieve.data.jsonl import iter_jsonl, iter_lines, write_jsonl
+from pretrieve.data.registry import (KNOWN_COLLECTIONS, CollectionInfo, CollectionReport, check_collection,
+                                     fetch_collection, resolve_collection)
 from pretrieve.data.trec import Run, merge_runs, read_run, run_from_arrays, top_k, write_run
 
 __all__ = [
     "BeirCollection", "Corpus", "Document", "Qrels", "QrelsCheck", "Run", "check_qrels", "iter_corpus",
     "iter_jsonl", "join_title", "load_qrels", "load_queries", "merge_runs", "read_run", "run_from_arrays",
     "save_qrels", "save_queries", "top_k", "write_jsonl", "write_run",
+    "GroupSet", "GroupStats", "TrainingGroup", "group_rng", "groups_from_run", "iter_groups", "read_groups",
+    "sample_group", "sample_group_indices", "write_groups", "iter_lines",
+    "KNOWN_COLLECTIONS", "CollectionInfo", "CollectionReport", "check_collection", "fetch_collection",
+    "resolve_collection",
 ]

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
 
-from pretrieve.data.jsonl import iter_jsonl, open_text, require_str, write_jsonl
+from pretrieve.data.jsonl import iter_jsonl, iter_lines, require_str, write_jsonl
 from pretrieve.errors import InputError
 
 logger = logging.getLogger(__name__)
@@ -141,29 +141,57 @@ def save_queries(queries: dict[str, str], path: str | Path) -> None:
 def load_qrels(path: str | Path) -> Qrels:
     """Read relevance judgments: BEIR TSV (``query-id corpus-id score`` with header) or TREC
     (``qid iter docid rel``, whitespace separated). Non-integer grades and wrong column counts are
-    located errors. Zero and negative grades are kept (evaluation treats grade ≤ 0 as non-relevant)."""
+    located errors. Zero and negative grades are kept (evaluation treats grade ≤ 0 as non-relevant).
+
+    A line containing a tab is split on tabs only, so ids with spaces in a BEIR TSV stay whole; other
+    lines are split on whitespace. Only a first line that names its columns (``query-id``, ``qid``, ...
+    or ``score``, ``relevance``, ...) is taken as a header: any other non-integer grade is an error.
+    """
     qrels: Qrels = {}
-    with open_text(path) as handle:
-        for line_no, line in enumerate(handle, start=1):
-            parts = line.split()
-            if not parts:
-                continue
-            if line_no == 1 and not _is_int(parts[-1]):
+    first = True
+    for line_no, line in iter_lines(path):
+        parts = _split_columns(line)
+        if not parts:
+            continue
+        if first:
+            first = False
+            if _is_qrels_header(parts):
                 continue  # header line, e.g. "query-id corpus-id score"
-            if len(parts) == 3:
-                qid, doc_id, grade = parts
-            elif len(parts) == 4:
-                qid, _, doc_id, grade = parts
-            else:
-                raise InputError(f"expected 3 (BEIR) or 4 (TREC) columns, got {len(parts)}",
-                                 path=path, line=line_no)
-            if not _is_int(grade):
-                raise InputError(f"relevance grade '{grade}' is not an integer", path=path, line=line_no,
-                                 field="score")
-            qrels.setdefault(qid, {})[doc_id] = int(grade)
+        if len(parts) == 3:
+            qid, doc_id, grade = parts
+        elif len(parts) == 4:
+            qid, _, doc_id, grade = parts
+        else:
+            raise InputError(f"expected 3 (BEIR) or 4 (TREC) columns, got {len(parts)}",
+                             path=path, line=line_no)
+        if not qid or not doc_id:
+            raise InputError("empty id", path=path, line=line_no, field="query-id" if not qid else "corpus-id")
+        if not _is_int(grade):
+            raise InputError(f"relevance grade '{grade}' is not an integer", path=path, line=line_no,
+                             field="score")
+        qrels.setdefault(qid, {})[doc_id] = int(grade)
     if not qrels:
         raise InputError("no judgments in qrels file", path=path)
     return qrels
+
+
+_HEADER_ID_NAMES = {"query-id", "query_id", "queryid", "qid", "query", "topic", "topic-id", "topic_id"}
+_HEADER_GRADE_NAMES = {"score", "relevance", "rel", "label", "grade", "judgment", "judgement"}
+
+
+def _split_columns(line: str) -> list[str]:
+    """Tab-separated columns when the line has a tab (ids may contain spaces), else whitespace-separated."""
+    stripped = line.strip()
+    if "\t" in stripped:
+        return [part.strip() for part in stripped.split("\t")]
+    return stripped.split()
+
+
+def _is_qrels_header(parts: list[str]) -> bool:
+    """A header names its columns; a data line whose grade merely fails to parse is not a header."""
+    if _is_int(parts[-1]):
+        return False
+    return parts[0].lower() in _HEADER_ID_NAMES or parts[-1].lower() in _HEADER_GRADE_NAMES
 
 
 def save_qrels(qrels: Qrels, path: str | Path, trec: bool = False) -> None:

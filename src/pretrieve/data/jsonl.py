@@ -1,8 +1,9 @@
 """Streaming JSONL reading and writing with file:line errors.
 
-Every reader in ``pretrieve.data`` goes through :func:`iter_jsonl`, so a truncated line, a line that is
-not a JSON object or a missing field is reported the same way everywhere: file, line number, field.
-Gzipped files (``.gz``) are read transparently.
+Every reader in ``pretrieve.data`` goes through :func:`iter_lines` / :func:`iter_jsonl`, so a truncated
+line, a line that is not a JSON object, a missing field, bytes that are not UTF-8 or a corrupt gzip stream
+are reported the same way everywhere: file, line number, field. Gzipped files (``.gz``) are read
+transparently and a UTF-8 byte-order mark at the start of a file is ignored.
 """
 
 from __future__ import annotations
@@ -10,37 +11,72 @@ from __future__ import annotations
 import gzip
 import io
 import json
+import zlib
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import IO, Any, Iterable, Iterator
 
 from pretrieve.errors import InputError
 from pretrieve.io_utils import atomic_open
 
 
 def open_text(path: str | Path) -> io.TextIOBase:
-    """Open a (possibly gzipped) UTF-8 text file for reading, with a clear error if it is missing."""
+    """Open a (possibly gzipped) UTF-8 text file for reading, with a clear error if it is missing.
+
+    Prefer :func:`iter_lines`, which also turns undecodable bytes and corrupt gzip data into a located
+    :class:`InputError`; a handle from here raises the raw exceptions while it is read.
+    """
+    return io.TextIOWrapper(_open_binary(path), encoding="utf-8-sig")
+
+
+def _open_binary(path: str | Path) -> IO[bytes]:
+    """Open a (possibly gzipped) file as bytes; a missing file, a directory or no permission is an InputError."""
     path = Path(path)
     if not path.exists():
         raise InputError("file not found", path=path)
-    if path.suffix == ".gz":
-        return io.TextIOWrapper(gzip.open(path, "rb"), encoding="utf-8")
-    return open(path, encoding="utf-8")
+    if path.is_dir():
+        raise InputError("is a directory, expected a file", path=path)
+    try:
+        return gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb")
+    except OSError as exc:
+        raise InputError(f"cannot open file ({exc.strerror or exc})", path=path) from None
+
+
+def iter_lines(path: str | Path) -> Iterator[tuple[int, str]]:
+    """Yield ``(line_number, line)`` for every line of a (possibly gzipped) UTF-8 file.
+
+    Lines end at ``\\n`` only (a stray ``\\r`` inside a line does not shift the numbering); the line
+    ending is kept. Bytes that are not UTF-8, a corrupt or truncated gzip stream and read errors raise
+    :class:`InputError` with the line number where they occur.
+    """
+    line_no = 0
+    with _open_binary(path) as handle:
+        try:
+            for line_no, raw in enumerate(handle, start=1):
+                try:
+                    line = raw.decode("utf-8")
+                except UnicodeDecodeError as exc:
+                    raise InputError(f"not valid UTF-8 (bad byte at offset {exc.start} of the line)", path=path,
+                                     line=line_no) from None
+                if line_no == 1 and line.startswith("\ufeff"):
+                    line = line[1:]
+                yield line_no, line
+        except (OSError, EOFError, zlib.error) as exc:  # gzip.BadGzipFile is an OSError
+            raise InputError(f"cannot read file after line {line_no} ({exc})", path=path) from None
 
 
 def iter_jsonl(path: str | Path) -> Iterator[tuple[int, dict[str, Any]]]:
     """Yield ``(line_number, object)`` for each non-blank line; bad JSON raises :class:`InputError`."""
-    with open_text(path) as handle:
-        for line_no, line in enumerate(handle, start=1):
-            if not line.strip():
-                continue
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise InputError(f"invalid JSON ({exc.msg} at column {exc.colno})", path=path,
-                                 line=line_no) from None
-            if not isinstance(obj, dict):
-                raise InputError(f"expected a JSON object, got {type(obj).__name__}", path=path, line=line_no)
-            yield line_no, obj
+    for line_no, line in iter_lines(path):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise InputError(f"invalid JSON ({exc.msg} at column {exc.colno})", path=path,
+                             line=line_no) from None
+        if not isinstance(obj, dict):
+            raise InputError(f"expected a JSON object, got {type(obj).__name__}", path=path, line=line_no)
+        yield line_no, obj
 
 
 def require_str(obj: dict[str, Any], field: str, path: str | Path, line: int, *, allow_empty: bool = True,

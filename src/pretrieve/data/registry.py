@@ -1,0 +1,283 @@
+"""Known collections and where a collection lives: a local directory, the cache, or a download.
+
+``KNOWN_COLLECTIONS`` lists the BEIR datasets published as zips by UKP Darmstadt, with the md5
+checksums from the BEIR README (github.com/beir-cellar/beir, "Available Datasets" table) and the splits
+that table lists. CQADupStack is left out: its zip holds one sub-collection per forum, not one BEIR
+directory. :func:`resolve_collection` turns a name or a path into a directory in BEIR layout,
+downloading into a cache only when needed; :func:`check_collection` validates a directory and counts
+what it holds (the ``pretrieve data check`` command).
+
+Nothing here reaches the network unless a known name is not cached yet. Set ``PRETRIEVE_OFFLINE=1``
+to fail at once instead of trying; ``PRETRIEVE_CACHE`` moves the cache (default
+``$XDG_CACHE_HOME/pretrieve`` or ``~/.cache/pretrieve``; collections go to ``<cache>/collections/<name>``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import http.client
+import os
+import shutil
+import tempfile
+import urllib.error
+import urllib.request
+import zipfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from pretrieve.data.beir import BeirCollection, check_qrels, iter_corpus, load_qrels, load_queries
+from pretrieve.errors import InputError
+from pretrieve.io_utils import atomic_dir
+
+BEIR_URL = "https://public.ukp.informatik.tu-darmstadt.de/thakur/BEIR/datasets/{name}.zip"
+DOWNLOAD_TIMEOUT_S = 60
+OFFLINE_ENV = "PRETRIEVE_OFFLINE"
+CACHE_ENV = "PRETRIEVE_CACHE"
+
+
+@dataclass(frozen=True)
+class CollectionInfo:
+    """A downloadable collection: its archive URL, md5 (None when unpublished), splits and a description."""
+
+    name: str
+    url: str
+    md5: str | None
+    splits: tuple[str, ...]
+    description: str
+
+
+def _beir(name: str, md5: str, splits: tuple[str, ...], description: str) -> CollectionInfo:
+    return CollectionInfo(name, BEIR_URL.format(name=name), md5, splits, description)
+
+
+KNOWN_COLLECTIONS: dict[str, CollectionInfo] = {info.name: info for info in (
+    _beir("msmarco", "444067daf65d982533ea17ebd59501e4", ("train", "dev", "test"),
+          "MS MARCO passage ranking, 8.8M passages (test = TREC DL 2019)"),
+    _beir("trec-covid", "ce62140cb23feb9becf6270d0d1fe6d1", ("test",),
+          "TREC-COVID, 171K CORD-19 abstracts, 50 queries"),
+    _beir("nfcorpus", "a89dba18a62ef92f7d323ec890a0d38d", ("train", "dev", "test"),
+          "NFCorpus nutrition/medical, 3.6K documents, graded qrels"),
+    _beir("nq", "d4d3d2e48787a744b6f6e691ff534307", ("train", "test"),
+          "Natural Questions, 2.68M Wikipedia passages"),
+    _beir("hotpotqa", "f412724f78b0d91183a0e86805e16114", ("train", "dev", "test"),
+          "HotpotQA multi-hop QA, 5.23M Wikipedia passages"),
+    _beir("fiqa", "17918ed23cd04fb15047f73e6c3bd9d9", ("train", "dev", "test"),
+          "FiQA-2018 financial QA, 57K posts"),
+    _beir("arguana", "8ad3e3c2a5867cdced806d6503f29b99", ("test",),
+          "ArguAna counter-argument retrieval, 8.7K arguments"),
+    _beir("webis-touche2020", "46f650ba5a527fc69e0a6521c5a23563", ("test",),
+          "Touché-2020 argument retrieval, 382K arguments"),
+    _beir("quora", "18fb154900ba42a600f84b839c173167", ("dev", "test"),
+          "Quora duplicate questions, 523K questions"),
+    _beir("dbpedia-entity", "c2a39eb420a3164af735795df012ac2c", ("dev", "test"),
+          "DBpedia-Entity entity retrieval, 4.63M entities"),
+    _beir("scidocs", "38121350fc3a4d2f48850f6aff52e4a9", ("test",),
+          "SCIDOCS citation prediction, 25K abstracts"),
+    _beir("fever", "5a818580227bfb4b35bb6fa46d9b6c03", ("train", "dev", "test"),
+          "FEVER fact checking, 5.42M Wikipedia abstracts"),
+    _beir("climate-fever", "8b66f0a9126c521bae2bde127b4dc99d", ("test",),
+          "Climate-FEVER fact checking, 5.42M Wikipedia abstracts"),
+    _beir("scifact", "5f7d1de60b170fc8027bb7898e2efca1", ("train", "test"),
+          "SciFact scientific claim verification, 5.2K abstracts"),
+)}
+
+
+# ------------------------------------------------------------------------------------------- resolving
+
+def default_cache_dir() -> Path:
+    """Where downloaded collections are kept: ``$PRETRIEVE_CACHE/collections`` or the XDG cache."""
+    root = os.environ.get(CACHE_ENV)
+    if root:
+        return Path(root).expanduser() / "collections"
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    base = Path(xdg).expanduser() if xdg else Path.home() / ".cache"
+    return base / "pretrieve" / "collections"
+
+
+def resolve_collection(name_or_path: str | Path, cache_dir: str | Path | None = None) -> Path:
+    """A BEIR-layout directory for a local path or a known collection name.
+
+    An existing directory is returned as is. A known name is looked up in ``cache_dir`` (default
+    :func:`default_cache_dir`) and downloaded there only if absent. Anything else is an
+    :class:`InputError`: a missing path, a file, or an unknown name (the message lists the known ones).
+    """
+    candidate = Path(name_or_path).expanduser()
+    if candidate.is_dir():
+        return candidate
+    if candidate.exists():
+        raise InputError("expected a collection directory (BEIR layout), got a file", path=candidate)
+    info = KNOWN_COLLECTIONS.get(str(name_or_path).lower())
+    if info is None:
+        if _looks_like_path(str(name_or_path)):
+            raise InputError("collection directory not found", path=candidate)
+        raise InputError(f"unknown collection '{name_or_path}'; known collections: {', '.join(KNOWN_COLLECTIONS)}"
+                         "; or pass a local path to a BEIR-layout directory")
+    return fetch_collection(info.name, cache_dir)
+
+
+def fetch_collection(name: str, cache_dir: str | Path | None = None) -> Path:
+    """Download and unpack a known collection into ``cache_dir/<name>`` unless already there."""
+    info = KNOWN_COLLECTIONS.get(name.lower())
+    if info is None:
+        raise InputError(f"unknown collection '{name}'; known collections: {', '.join(KNOWN_COLLECTIONS)}")
+    target = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
+    target = target / info.name
+    if _has_corpus(target):
+        return target
+    if target.exists() and (not target.is_dir() or any(target.iterdir())):
+        raise InputError(f"exists but holds no corpus.jsonl; remove it or download '{info.name}' elsewhere "
+                         "(it is never overwritten)", path=target)
+    return _download_and_unpack(info, target)
+
+
+def _looks_like_path(text: str) -> bool:
+    return os.sep in text or "/" in text or text.startswith((".", "~"))
+
+
+def _has_corpus(root: Path) -> bool:
+    return (root / "corpus.jsonl").is_file() or (root / "corpus.jsonl.gz").is_file()
+
+
+# ----------------------------------------------------------------------------------------- downloading
+
+def download_file(url: str, dest: Path) -> None:
+    """Fetch ``url`` into ``dest`` (network errors propagate; tests replace this function)."""
+    with urllib.request.urlopen(url, timeout=DOWNLOAD_TIMEOUT_S) as response, open(dest, "wb") as out:
+        shutil.copyfileobj(response, out, length=1 << 20)
+
+
+def file_md5(path: Path) -> str:
+    digest = hashlib.md5(usedforsecurity=False)
+    with open(path, "rb") as handle:
+        for chunk in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _download_and_unpack(info: CollectionInfo, target: Path) -> Path:
+    hint = "; pass a local path to a BEIR-layout directory"
+    if os.environ.get(OFFLINE_ENV, "").strip() not in ("", "0"):
+        raise InputError(f"could not download '{info.name}' from {info.url}: offline mode ({OFFLINE_ENV} is set)"
+                         + hint)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{info.name}.", suffix=".zip.part", dir=target.parent)
+    os.close(fd)
+    archive = Path(tmp_name)
+    try:
+        try:
+            download_file(info.url, archive)
+        except (OSError, http.client.HTTPException, ValueError) as exc:  # URLError, timeouts are OSErrors
+            reason = getattr(exc, "reason", None) or exc
+            raise InputError(f"could not download '{info.name}' from {info.url} ({reason})" + hint) from None
+        if info.md5 is not None:
+            actual = file_md5(archive)
+            if actual != info.md5:
+                raise InputError(f"checksum mismatch for '{info.name}': expected md5 {info.md5}, got {actual} "
+                                 f"(corrupt or changed download; retry, or pass a local path)", path=info.url)
+        _unpack(archive, target, info.name)
+    finally:
+        archive.unlink(missing_ok=True)
+    return target
+
+
+def _unpack(archive: Path, target: Path, name: str) -> None:
+    """Unzip atomically into ``target``; the collection may sit in one top-level folder of the zip."""
+    try:
+        with zipfile.ZipFile(archive) as zf, atomic_dir(target) as tmp:
+            staging = tmp / ".unzip"
+            for member in zf.namelist():
+                dest = (staging / member).resolve()
+                if not dest.is_relative_to(staging.resolve()):
+                    raise InputError(f"archive member '{member}' points outside the target", path=archive)
+            zf.extractall(staging)
+            root = _collection_root(staging)
+            if root is None:
+                raise InputError(f"archive of '{name}' holds no corpus.jsonl", path=archive)
+            for child in root.iterdir():
+                os.replace(child, tmp / child.name)
+            shutil.rmtree(staging)
+    except zipfile.BadZipFile as exc:
+        raise InputError(f"downloaded archive of '{name}' is not a valid zip ({exc})", path=archive) from None
+
+
+def _collection_root(staging: Path) -> Path | None:
+    if _has_corpus(staging):
+        return staging
+    subdirs = [p for p in staging.iterdir() if p.is_dir() and not p.name.startswith("__MACOSX")]
+    if len(subdirs) == 1 and _has_corpus(subdirs[0]):
+        return subdirs[0]
+    return None
+
+
+# ------------------------------------------------------------------------------------------- checking
+
+@dataclass
+class SplitReport:
+    """Counts of one qrels split and of its judgments pointing at unknown ids."""
+
+    split: str
+    queries: int
+    judgments: int
+    relevant: int
+    unknown_queries: int
+    unknown_docs: int
+
+
+@dataclass
+class CollectionReport:
+    """What ``pretrieve data check`` found in a collection directory."""
+
+    root: Path
+    documents: int
+    queries: int
+    empty_documents: int = 0
+    splits: list[SplitReport] = field(default_factory=list)
+
+    @property
+    def warnings(self) -> list[str]:
+        """Human-readable warnings (unknown ids, empty documents); empty when all is consistent."""
+        out = []
+        if self.empty_documents:
+            out.append(f"{self.empty_documents} documents have neither title nor text")
+        for s in self.splits:
+            if s.unknown_queries or s.unknown_docs:
+                out.append(f"split '{s.split}': {s.unknown_queries} judged queries missing from queries.jsonl, "
+                           f"{s.unknown_docs} judgments of documents missing from the corpus")
+        return out
+
+
+def check_collection(root: str | Path, splits: list[str] | None = None) -> CollectionReport:
+    """Validate a BEIR-layout directory and count its documents, queries and judgments per split.
+
+    Malformed files raise a located :class:`InputError` (the first problem found). Qrels pointing at
+    unknown queries or documents are counted and logged, not errors (see
+    :func:`~pretrieve.data.beir.check_qrels`). The corpus is streamed: only its ids are held.
+    """
+    collection = BeirCollection(Path(root))
+    names = splits or collection.splits()
+    if not names:
+        raise InputError("no relevance judgments (expected qrels/<split>.tsv)", path=collection.root / "qrels")
+    qrels_paths = {split: collection.qrels_path(split) for split in names}  # a wrong --split fails first
+    corpus_path = collection.corpus_path
+    queries_path = collection.queries_path
+    doc_line: dict[str, int] = {}
+    empty = 0
+    for line_no, doc in iter_corpus(corpus_path):
+        first = doc_line.setdefault(doc.id, line_no)
+        if first != line_no:
+            raise InputError(f"duplicate document id '{doc.id}' (first seen on line {first})", path=corpus_path,
+                             line=line_no, field="_id")
+        if not doc.title.strip() and not doc.text.strip():
+            empty += 1
+    if not doc_line:
+        raise InputError("corpus is empty (no documents)", path=corpus_path)
+    queries = load_queries(queries_path)
+    report = CollectionReport(collection.root, len(doc_line), len(queries), empty)
+    for split, path in qrels_paths.items():
+        qrels = load_qrels(path)
+        check = check_qrels(qrels, queries, doc_line, path=path)
+        report.splits.append(SplitReport(
+            split, queries=len(qrels), judgments=sum(len(d) for d in qrels.values()),
+            relevant=sum(1 for d in qrels.values() for g in d.values() if g >= 1),
+            unknown_queries=check.unknown_queries, unknown_docs=check.unknown_docs))
+    return report
