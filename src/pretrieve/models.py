@@ -15,6 +15,8 @@ import importlib.util
 from pathlib import Path
 from typing import Callable
 
+from pretrieve.errors import InputError
+
 
 def _minilm_path() -> Path | None:
     try:
@@ -47,10 +49,13 @@ def resolve_model(name_or_path: str | Path) -> str:
     if Path(text).expanduser().exists():
         return str(Path(text).expanduser())
     if text in OFFLINE_MODELS:
-        _, locate = OFFLINE_MODELS[text]
+        package, locate = OFFLINE_MODELS[text]
         path = locate()
         if path is not None:
             return str(path)
+        raise InputError(f"model alias '{text}' needs the package {package} (pip install {package})")
+    if text.startswith((".", "/", "~")) or text.count("/") > 1 or "\\" in text:
+        raise InputError("model directory not found", path=text)
     return text
 
 

@@ -1,0 +1,67 @@
+"""``pretrieve pretrain``: retrieval-oriented pre-training with any method (preset, file or flags)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from pretrieve.cli import app
+
+
+def _load_run_config(path: Optional[Path]) -> dict:
+    if path is None:
+        return {}
+    from pretrieve.train.run_config import load_config_file
+
+    return load_config_file(path)
+
+
+@app.command("pretrain")
+def pretrain_command(
+    model: Optional[str] = typer.Option(None, help="Encoder to start from: local path, offline alias "
+                                        "(minilm, splade-tiny) or hub name (bert-base-uncased)."),
+    corpus: Optional[str] = typer.Option(None, help="Pre-training text: BEIR directory, corpus.jsonl, "
+                                         "JSONL with 'text', or plain text (one passage per line)."),
+    out: Optional[Path] = typer.Option(None, help="Output directory (checkpoints, logs, final/)."),
+    method: Optional[str] = typer.Option(None, help="Preset (mlm, ae, ar, retromae, bow, ...) or a "
+                                         "method YAML/JSON file. Default: bow."),
+    config: Optional[Path] = typer.Option(None, help="YAML/JSON file with any of these options "
+                                          "(flags given here override it)."),
+    objectives: Optional[str] = typer.Option(None, help="Comma-separated objectives, e.g. mlm,bow,enhanced."),
+    weights: Optional[str] = typer.Option(None, help="Comma-separated weights, one per objective."),
+    encoder_mask: Optional[float] = typer.Option(None, help="Encoder mask ratio."),
+    decoder_mask: Optional[float] = typer.Option(None, help="Decoder mask ratio."),
+    encoder_masker: Optional[str] = typer.Option(None, help="Encoder masker kind (wwm, token, ...)."),
+    decoder_masker: Optional[str] = typer.Option(None, help="Decoder masker kind (wwm, token, pmi, none)."),
+    max_len: Optional[int] = typer.Option(None, help="Maximum tokens per example [default: 144]."),
+    batch_size: Optional[int] = typer.Option(None, help="Examples per optimizer step, all processes "
+                                             "together [default: 32]."),
+    micro_batch_size: Optional[int] = typer.Option(None, help="Examples per forward pass (gradient "
+                                                   "accumulation) [default: batch_size / processes]."),
+    lr: Optional[float] = typer.Option(None, help="Peak learning rate [default: 1e-4]."),
+    steps: Optional[int] = typer.Option(None, help="Optimizer steps (0 = use --epochs) [default: 0]."),
+    epochs: Optional[float] = typer.Option(None, help="Epochs when --steps is 0 [default: 1]."),
+    warmup_ratio: Optional[float] = typer.Option(None, help="Warmup share of the steps [default: 0.1]."),
+    schedule: Optional[str] = typer.Option(None, help="linear | cosine | constant [default: linear]."),
+    bf16: Optional[bool] = typer.Option(None, "--bf16/--no-bf16", help="bf16 autocast [default: off]."),
+    seed: Optional[int] = typer.Option(None, help="Seed of masking, data order and init [default: 42]."),
+    save_every: Optional[int] = typer.Option(None, help="Checkpoint every N steps [default: 500]."),
+    log_every: Optional[int] = typer.Option(None, help="Log every N steps [default: 10]."),
+    num_workers: Optional[int] = typer.Option(None, help="DataLoader workers for collation [default: 0]."),
+    resume: bool = typer.Option(False, "--resume", help="Continue from the newest checkpoint in --out."),
+) -> None:
+    """Pre-train an encoder; the result in OUT/final loads with AutoModel.from_pretrained."""
+    from pretrieve.train.run_config import build_pretrain_config
+    from pretrieve.train.pretrainer import pretrain
+
+    flags = dict(model=model, corpus=corpus, out=str(out) if out else None, max_len=max_len,
+                 batch_size=batch_size, micro_batch_size=micro_batch_size, lr=lr, max_steps=steps,
+                 epochs=epochs, warmup_ratio=warmup_ratio, schedule=schedule, bf16=bf16, seed=seed,
+                 save_every=save_every, log_every=log_every, num_workers=num_workers)
+    method_flags = dict(method=method, objectives=objectives, weights=weights, encoder_mask=encoder_mask,
+                        decoder_mask=decoder_mask, encoder_masker=encoder_masker, decoder_masker=decoder_masker)
+    run_config = build_pretrain_config(_load_run_config(config), flags, method_flags, resume=resume)
+    final = pretrain(run_config)
+    typer.echo(f"pre-trained encoder: {final}")

@@ -1,0 +1,190 @@
+"""``pretrieve bm25 | encode | search | dense``: first-stage retrieval runs from the command line.
+
+Thin wrappers over :mod:`pretrieve.retrieval`: parse options, load the collection, call one function,
+write the run (TREC format, atomically) and print one summary line. Progress bars (with ETA) go to
+stderr.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+
+from pretrieve.cli import app
+from pretrieve.data.beir import BeirCollection
+from pretrieve.data.registry import resolve_collection
+from pretrieve.data.trec import write_run
+
+err = Console(stderr=True)
+
+DATA_HELP = "Collection directory in BEIR layout (or a known collection name)."
+MODEL_HELP = "Encoder: a local checkpoint directory (sentence-transformers or Hugging Face) or a hub name."
+POOLING_HELP = ("Pooling: cls | mean | max | lasttoken | weightedmean | mean_sqrt_len_tokens (join with '+'); "
+                "default: the checkpoint's sentence-transformers Pooling config, else cls.")
+NORMALIZE_HELP = "L2-normalise vectors; default: whether the checkpoint has a sentence-transformers Normalize module."
+
+
+def _setup_logging() -> None:
+    if not logging.getLogger().handlers:
+        logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+        for noisy in ("httpx", "urllib3", "huggingface_hub", "transformers", "sentence_transformers", "bm25s",
+                      "faiss"):
+            logging.getLogger(noisy).setLevel(logging.WARNING)
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # "Loading weights" bars; ours show the encoding progress
+
+
+def _collection(data: str) -> BeirCollection:
+    return BeirCollection(resolve_collection(data))
+
+
+def _load_encoder(model: str, pooling: Optional[str], normalize: Optional[bool], max_length: Optional[int],
+                  device: str):
+    from pretrieve.retrieval.encoder import DenseEncoder
+
+    encoder = DenseEncoder.load(model, pooling=pooling, normalize=normalize, max_length=max_length, device=device)
+    settings = encoder.describe()
+    err.print(f"encoder {model}: pooling={settings['pooling']} normalize={settings['normalize']} "
+              f"max_length={settings['max_length']} dim={settings['dim']} device={encoder.device}", highlight=False)
+    return encoder
+
+
+def _report(run: dict, out: Path, began: float) -> None:
+    docs = sum(len(d) for d in run.values())
+    err.print(f"wrote {out}: {len(run)} queries, {docs} results in {time.perf_counter() - began:.1f} s",
+              highlight=False)
+
+
+@app.command("bm25")
+def bm25(
+    data: str = typer.Option(..., "--data", "-d", help=DATA_HELP),
+    out: Path = typer.Option(..., "--out", "-o", help="Run file to write (TREC format)."),
+    split: str = typer.Option("test", "--split", "-s", help="Qrels split whose judged queries are searched."),
+    k: int = typer.Option(1000, "--k", min=1, help="Documents retrieved per query."),
+    k1: float = typer.Option(0.9, "--k1", min=0.0, help="BM25 k1 (Pyserini default)."),
+    b: float = typer.Option(0.4, "--b", min=0.0, max=1.0, help="BM25 b (Pyserini default)."),
+    exclude_self: bool = typer.Option(False, "--exclude-self",
+                                      help="Drop the document whose id equals the query id (ArguAna-style)."),
+    save_index: Optional[Path] = typer.Option(None, "--save-index", help="Also save the BM25 index here."),
+) -> None:
+    """BM25 (bm25s, Lucene scoring, English stemming and stopwords) over title + text."""
+    from pretrieve.retrieval.bm25 import BM25Index
+
+    _setup_logging()
+    began = time.perf_counter()
+    collection = _collection(data)
+    queries = collection.load_queries(split)
+    index = BM25Index.build(collection.load_corpus(), k1=k1, b=b)
+    if save_index is not None:
+        index.save(save_index)
+    run = index.search(queries, k=k, exclude_self=exclude_self, show_progress=len(queries) > 5000)
+    write_run(run, out, tag="bm25", depth=k)
+    _report(run, out, began)
+
+
+@app.command("encode")
+def encode(
+    model: str = typer.Option(..., "--model", "-m", help=MODEL_HELP),
+    data: str = typer.Option(..., "--data", "-d", help=DATA_HELP),
+    out: Path = typer.Option(..., "--out", "-o", help="Embeddings directory (shards go to OUT/shard-I-of-N)."),
+    shard: int = typer.Option(0, "--shard", min=0, help="Which shard of the corpus to encode (0-based)."),
+    num_shards: int = typer.Option(1, "--num-shards", min=1, help="Number of contiguous corpus shards."),
+    batch_size: int = typer.Option(64, "--batch-size", min=1, help="Passages per forward pass."),
+    max_length: Optional[int] = typer.Option(None, "--max-length", min=2,
+                                             help="Passage token limit; default: the model's max_seq_length."),
+    pooling: Optional[str] = typer.Option(None, "--pooling", help=POOLING_HELP),
+    normalize: Optional[bool] = typer.Option(None, "--normalize/--no-normalize", help=NORMALIZE_HELP,
+                                             show_default=False),
+    bf16: bool = typer.Option(False, "--bf16", help="bf16 autocast (CPU or GPU); vectors are stored as float32."),
+    device: str = typer.Option("auto", "--device", help="cpu, cuda, cuda:1, ... or auto."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Re-encode even when a matching shard exists."),
+) -> None:
+    """Encode one corpus shard into EMB_DIR (skipped when already encoded with the same settings)."""
+    from pretrieve.retrieval.encode import encode_corpus
+
+    _setup_logging()
+    encoder = _load_encoder(model, pooling, normalize, max_length, device)
+    corpus = _collection(data).load_corpus()
+    began = time.perf_counter()
+    shard_dir = encode_corpus(encoder, corpus, out, shard=shard, num_shards=num_shards, batch_size=batch_size,
+                              max_length=max_length, bf16=bf16, overwrite=overwrite)
+    err.print(f"embeddings in {shard_dir} ({time.perf_counter() - began:.1f} s)", highlight=False)
+
+
+@app.command("search")
+def search(
+    model: str = typer.Option(..., "--model", "-m", help=MODEL_HELP + " Must be the passage encoder's."),
+    data: str = typer.Option(..., "--data", "-d", help=DATA_HELP),
+    index: Path = typer.Option(..., "--index", help="Embeddings directory written by `pretrieve encode`."),
+    out: Path = typer.Option(..., "--out", "-o", help="Run file to write (TREC format)."),
+    split: str = typer.Option("test", "--split", "-s", help="Qrels split whose judged queries are searched."),
+    k: int = typer.Option(1000, "--k", min=1, help="Documents retrieved per query."),
+    factory: str = typer.Option("Flat", "--factory", help="faiss.index_factory string: Flat (exact), HNSW32, "
+                                                          "IVF256,Flat, ..."),
+    metric: str = typer.Option("ip", "--metric", help="ip (inner product) or l2."),
+    nprobe: Optional[int] = typer.Option(None, "--nprobe", min=1, help="IVF cells visited per query."),
+    ef_search: Optional[int] = typer.Option(None, "--ef-search", min=1, help="HNSW efSearch."),
+    batch_size: int = typer.Option(64, "--batch-size", min=1, help="Queries per forward pass."),
+    query_max_length: Optional[int] = typer.Option(None, "--query-max-length", min=2,
+                                                   help="Query token limit; default: the model's max_seq_length."),
+    pooling: Optional[str] = typer.Option(None, "--pooling", help=POOLING_HELP),
+    normalize: Optional[bool] = typer.Option(None, "--normalize/--no-normalize", help=NORMALIZE_HELP,
+                                             show_default=False),
+    bf16: bool = typer.Option(False, "--bf16", help="bf16 autocast for the query encoder."),
+    device: str = typer.Option("auto", "--device", help="cpu, cuda, cuda:1, ... or auto."),
+) -> None:
+    """Encode the split's queries and search every shard in INDEX; write the merged run."""
+    from pretrieve.retrieval.encode import find_shards
+    from pretrieve.retrieval.faiss_search import search_embeddings
+
+    _setup_logging()
+    began = time.perf_counter()
+    find_shards(index)  # fail on a missing or incomplete embeddings directory before loading the model
+    queries = _collection(data).load_queries(split)
+    encoder = _load_encoder(model, pooling, normalize, None, device)
+    run = search_embeddings(encoder, queries, index, k=k, factory=factory, metric=metric, batch_size=batch_size,
+                            query_max_length=query_max_length, bf16=bf16, nprobe=nprobe, ef_search=ef_search)
+    write_run(run, out, tag="dense", depth=k)
+    _report(run, out, began)
+
+
+@app.command("dense")
+def dense(
+    model: str = typer.Option(..., "--model", "-m", help=MODEL_HELP),
+    data: str = typer.Option(..., "--data", "-d", help=DATA_HELP),
+    out: Path = typer.Option(..., "--out", "-o", help="Run file to write (TREC format)."),
+    split: str = typer.Option("test", "--split", "-s", help="Qrels split whose judged queries are searched."),
+    cache: Optional[Path] = typer.Option(None, "--cache", help="Keep corpus embeddings here and reuse them; "
+                                                               "default: a temporary directory."),
+    k: int = typer.Option(1000, "--k", min=1, help="Documents retrieved per query."),
+    factory: str = typer.Option("Flat", "--factory", help="faiss.index_factory string (Flat = exact)."),
+    batch_size: int = typer.Option(64, "--batch-size", min=1, help="Texts per forward pass."),
+    max_length: Optional[int] = typer.Option(None, "--max-length", min=2,
+                                             help="Passage token limit; default: the model's max_seq_length."),
+    query_max_length: Optional[int] = typer.Option(None, "--query-max-length", min=2,
+                                                   help="Query token limit; default: the model's max_seq_length."),
+    pooling: Optional[str] = typer.Option(None, "--pooling", help=POOLING_HELP),
+    normalize: Optional[bool] = typer.Option(None, "--normalize/--no-normalize", help=NORMALIZE_HELP,
+                                             show_default=False),
+    bf16: bool = typer.Option(False, "--bf16", help="bf16 autocast; vectors are stored as float32."),
+    device: str = typer.Option("auto", "--device", help="cpu, cuda, cuda:1, ... or auto."),
+) -> None:
+    """Encode the corpus and the split's queries, search exactly (FAISS), write the run."""
+    from pretrieve.retrieval.faiss_search import dense_run
+
+    _setup_logging()
+    began = time.perf_counter()
+    collection = _collection(data)
+    queries = collection.load_queries(split)
+    corpus = collection.load_corpus()
+    encoder = _load_encoder(model, pooling, normalize, None, device)
+    run = dense_run(encoder, corpus, queries, k=k, cache_dir=cache, factory=factory, batch_size=batch_size,
+                    max_length=max_length, query_max_length=query_max_length, bf16=bf16)
+    write_run(run, out, tag="dense", depth=k)
+    _report(run, out, began)

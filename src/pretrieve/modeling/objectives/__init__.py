@@ -1,0 +1,23 @@
+"""Pre-training objectives ("heads") and their registry.
+
+Importing this package registers the built-in objectives: ``mlm`` (encoder MLM, paper 000 eq. 3), ``bow``
+(bag-of-words prediction, eq. 11–13), ``ae`` (auto-encoding decoder, eq. 4–5), ``ar`` (auto-regressive
+decoder, eq. 6–7) and ``enhanced`` (RetroMAE enhanced decoding, eq. 8–10). A new objective is one new module
+here with a ``@register_objective`` class, plus its import below.
+"""
+
+from pretrieve.modeling.objectives.base import (OBJECTIVES, Objective, ObjectiveOutput, build_objective,
+                                                check_objective_params, objective_class, objective_params,
+                                                register_objective, token_prediction_loss)
+from pretrieve.modeling.objectives.mlm import MaskedLanguageModeling
+from pretrieve.modeling.objectives.bow import BagOfWords, bow_cross_entropy
+from pretrieve.modeling.objectives.autoencoding import AutoEncodingDecoder
+from pretrieve.modeling.objectives.autoregression import AutoRegressiveDecoder, causal_visibility
+from pretrieve.modeling.objectives.enhanced import EnhancedDecoder
+
+__all__ = [
+    "OBJECTIVES", "AutoEncodingDecoder", "AutoRegressiveDecoder", "BagOfWords", "EnhancedDecoder",
+    "MaskedLanguageModeling", "Objective", "ObjectiveOutput", "bow_cross_entropy", "build_objective",
+    "causal_visibility", "check_objective_params", "objective_class", "objective_params", "register_objective",
+    "token_prediction_loss",
+]

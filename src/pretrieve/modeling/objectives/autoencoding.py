@@ -1,0 +1,51 @@
+"""Auto-encoding decoder (paper 000 eq. 4–5; RetroMAE without enhanced decoding, Condenser-style).
+
+The decoder input is the text masked again by the *decoder* masker (a larger ratio, ``r_Dec > r_Enc``) with
+its first token replaced by the encoder's sentence representation (eq. 4):
+``mask(t_Dec) = {h_CLS, t_1, t_2, [m], t_4, …, t_n, [SEP]}``.
+A fresh shallow transformer reconstructs the masked tokens with the MLM loss (eq. 5), so the gradient
+reaches the encoder only through ``h_CLS`` (the bottleneck). Choices:
+
+* token positions 1… are embedded by the encoder's own embedding layer (word + position (+ type) +
+  LayerNorm + dropout, shared weights), as RetroMAE's ``decoder_embeddings = lm.bert.embeddings``;
+  position 0 is the raw last-layer [CLS] vector (no extra position embedding or LayerNorm);
+* the decoder is ``num_layers`` post-LN BERT blocks (:mod:`.decoder_layers`), bidirectional self-attention
+  restricted to non-padding keys. Paper 000 reproduces RetroMAE's one-layer decoder (default 1);
+  CDMAE uses 2;
+* the loss is the mean CE over the decoder-masked positions (``decoder_labels != -100``), scored through
+  the encoder's (shared) MLM head after gathering those positions.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from pretrieve.modeling.encoder import Encoder, EncoderOutput
+from pretrieve.modeling.objectives.base import (Objective, ObjectiveOutput, positive_int, register_objective,
+                                                token_prediction_loss)
+from pretrieve.modeling.objectives.decoder_layers import DecoderStack
+
+
+def with_cls_first(cls: Tensor, embedded: Tensor) -> Tensor:
+    """``[h_CLS ; embedded[:, 1:]]``: the sentence vector replaces the first token (eq. 4, 6, RetroMAE H2)."""
+    return torch.cat([cls.unsqueeze(1).to(embedded.dtype), embedded[:, 1:]], dim=1)
+
+
+@register_objective
+class AutoEncodingDecoder(Objective):
+    """Reconstruct decoder-masked tokens from [h_CLS ; masked text] with a shallow decoder."""
+
+    name = "ae"
+    requires = frozenset({"decoder"})
+
+    def __init__(self, encoder: Encoder, *, num_layers: int = 1):
+        super().__init__(encoder)
+        self.decoder = DecoderStack(encoder.config, positive_int(self.name, "num_layers", num_layers))
+
+    def forward(self, batch: dict[str, Tensor], enc: EncoderOutput, encoder: Encoder) -> ObjectiveOutput:
+        hidden = with_cls_first(enc.cls, encoder.embed_tokens(batch["decoder_input_ids"]))
+        key_visible = batch["attention_mask"].bool().unsqueeze(1)          # [B, 1, L]
+        decoded = self.decoder(hidden, key_visible)
+        loss, count = token_prediction_loss(encoder, decoded, batch["decoder_labels"])
+        return ObjectiveOutput(loss, {"loss": loss.detach(), "tokens": count.detach()})

@@ -1,0 +1,52 @@
+"""Enhanced decoding (paper 000 eq. 8–10; RetroMAE, Xiao et al. 2022; DupMAE §3.1 eq. 2–5).
+
+Two streams feed one attention layer:
+
+* query stream ``H1 = [h_CLS + p_0, …, h_CLS + p_N]`` (eq. 8: ``q = h_CLS + p``) — the sentence vector plus
+  the *raw* position embeddings of the encoder (no LayerNorm, as RetroMAE's code);
+* content stream ``H2 = [h_CLS, e_{x_1} + p_1, …, e_{x_N} + p_N]`` (``k = v = h_Dec^Emb``) — the encoder's
+  embedding layer applied to the **original, unmasked** text with position 0 replaced by ``h_CLS``.
+  RetroMAE's collator passes ``decoder_input_ids = origin_input_ids``: the decoder-side masking lives
+  entirely in the position-specific attention mask, not in the input tokens; we follow the code.
+
+``A = softmax(qᵀk/√d + M)·v`` and ``h_Dec = LN(FFN(A) + A)`` (eq. 9) with the residual taken from the query
+stream (RetroMAE's ``BertSelfOutput(attention, query)``), one post-LN BERT block (:mod:`.decoder_layers`).
+``M`` is the position-specific mask built in the collator by ``pretrieve.masking.enhanced_decoding_mask``
+(batch feature ``enhanced_mask``, True = visible): row ``i`` sees a random sample of the other tokens
+(keep ratio ``1 − r_Dec``), always the first position (``h_CLS``) for ``i ≠ 0``, never itself; padding keys
+are additionally hidden here. The loss (eq. 10) is the CE of the shared MLM head over *all* tokens of the
+text except the special tokens and padding (RetroMAE sets the [CLS] and final [SEP] labels to −100):
+batch feature ``original_labels``; mean over those tokens.
+"""
+
+from __future__ import annotations
+
+from torch import Tensor
+
+from pretrieve.modeling.encoder import Encoder, EncoderOutput
+from pretrieve.modeling.objectives.autoencoding import with_cls_first
+from pretrieve.modeling.objectives.base import Objective, ObjectiveOutput, register_objective, token_prediction_loss
+from pretrieve.modeling.objectives.decoder_layers import DecoderLayer, LayerShape
+
+
+@register_objective
+class EnhancedDecoder(Objective):
+    """RetroMAE's two-stream, position-specific-mask decoder."""
+
+    name = "enhanced"
+    requires = frozenset({"original", "enhanced_mask"})
+
+    def __init__(self, encoder: Encoder):
+        super().__init__(encoder)
+        self.layer = DecoderLayer(LayerShape.from_config(encoder.config))
+
+    def forward(self, batch: dict[str, Tensor], enc: EncoderOutput, encoder: Encoder) -> ObjectiveOutput:
+        ids = batch["original_input_ids"]
+        positions = encoder.position_ids(ids)
+        embedded = encoder.embed_tokens(ids, positions)
+        query = enc.cls.unsqueeze(1).to(embedded.dtype) + encoder.position_embeddings(positions)   # H1
+        content = with_cls_first(enc.cls, embedded)                                               # H2
+        visible = batch["enhanced_mask"].bool() & batch["attention_mask"].bool().unsqueeze(1)
+        decoded = self.layer(query, content, visible)
+        loss, count = token_prediction_loss(encoder, decoded, batch["original_labels"])
+        return ObjectiveOutput(loss, {"loss": loss.detach(), "tokens": count.detach()})

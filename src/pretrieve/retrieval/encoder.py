@@ -1,0 +1,541 @@
+"""Loading a dense text encoder for retrieval, reading sentence-transformers checkpoints exactly.
+
+:class:`DenseEncoder` turns a batch of texts into one vector each: ``AutoTokenizer`` → ``AutoModel``
+(``last_hidden_state``) → pooling → optional Dense layers → optional L2 normalisation.
+
+A directory (or hub repository) with a ``modules.json`` is a sentence-transformers checkpoint, and
+the chain is read from it the way sentence-transformers (v2 to v6) does:
+
+* the ``Transformer`` module's folder holds the Hugging Face model and its ``sentence_bert_config.json``
+  (``max_seq_length`` caps the tokenizer; ``do_lower_case`` prepends a ``Lowercase`` normaliser unless
+  the tokenizer already has one);
+* the ``Pooling`` module's ``config.json``: the modern ``pooling_mode`` (one mode or a list,
+  concatenated) or the legacy ``pooling_mode_*_tokens`` booleans (concatenated in sentence-transformers'
+  order cls, max, mean, mean_sqrt_len_tokens, weightedmean, lasttoken; none set means mean), and
+  ``include_prompt``;
+* ``Dense`` modules (``nn.Linear`` + activation, optional residual) are loaded with their weights;
+  ``Dropout`` is the identity at inference; a ``Normalize`` module (which must come last) sets
+  ``normalize=True``; any other module raises :class:`~pretrieve.errors.ConfigError`;
+* ``config_sentence_transformers.json``: ``prompts`` and ``default_prompt_name`` give the query and
+  passage prompts, following ``encode_query`` / ``encode_document``'s documented choice among the
+  *saved* prompts (query: ``"query"``; passage: the first of ``"document"``, ``"passage"``,
+  ``"corpus"``; otherwise the default prompt, as plain ``encode`` would use). Deliberate difference:
+  sentence-transformers 6 pre-fills ``{"query": "", "document": ""}`` before reading the saved prompts,
+  so its ``encode_document`` never reaches a saved ``"passage"`` prompt (E5-style checkpoints) and its
+  ``encode_query``/``encode_document`` ignore ``default_prompt_name``; we use the saved prompts.
+
+Any other checkpoint (e.g. ``bert-base-uncased`` by name, or a pre-trained pretrieve encoder) uses the
+pooling the caller names (``cls`` by default, the papers' choice) and no normalisation. Explicit
+arguments override what a checkpoint says. When no ``max_seq_length`` is given, the length is
+``min(tokenizer.model_max_length, config.max_position_embeddings)`` as in sentence-transformers.
+
+Pooling (:func:`pool`) reproduces sentence-transformers' padded-batch code: ``cls`` takes the first
+non-padding position, ``mean`` is ``sum(h * mask) / clamp(sum(mask), 1e-9)`` accumulated in float32
+for half-precision inputs, ``max`` fills padding with ``-inf``, ``weightedmean`` weights position ``i``
+(counted from the first real token) by ``i + 1``, ``lasttoken`` takes the last real token.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import logging
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+from torch import Tensor, nn
+
+from pretrieve.errors import ConfigError, InputError
+
+logger = logging.getLogger(__name__)
+
+POOLING_MODES = ("cls", "max", "mean", "mean_sqrt_len_tokens", "weightedmean", "lasttoken")
+
+#: sentence-transformers' legacy boolean keys, in the order it concatenates the modes.
+LEGACY_POOLING_KEYS: dict[str, str] = {
+    "pooling_mode_cls_token": "cls",
+    "pooling_mode_max_tokens": "max",
+    "pooling_mode_mean_tokens": "mean",
+    "pooling_mode_mean_sqrt_len_tokens": "mean_sqrt_len_tokens",
+    "pooling_mode_weightedmean_tokens": "weightedmean",
+    "pooling_mode_lasttoken": "lasttoken",
+}
+
+_PASSAGE_PROMPT_NAMES = ("document", "passage", "corpus")
+_INFERENCE_NO_OPS = {"Dropout"}
+
+
+# ---------------------------------------------------------------------------------------------- pooling
+def pool(token_embeddings: Tensor, attention_mask: Tensor, modes: str | Sequence[str]) -> Tensor:
+    """Pool ``[B, L, H]`` token embeddings to ``[B, H * len(modes)]`` (modes concatenated in order)."""
+    modes = (modes,) if isinstance(modes, str) else tuple(modes)
+    return torch.cat([pool_one(token_embeddings, attention_mask, mode) for mode in modes], dim=-1)
+
+
+def pool_one(token_embeddings: Tensor, attention_mask: Tensor, mode: str) -> Tensor:
+    """One pooling mode, as sentence-transformers computes it on a padded batch."""
+    accumulate = torch.float32 if token_embeddings.dtype in (torch.float16, torch.bfloat16) else token_embeddings.dtype
+    if mode == "cls":
+        first = attention_mask.to(torch.int).argmax(dim=1)  # first real token (handles left padding)
+        return token_embeddings[torch.arange(token_embeddings.size(0), device=first.device), first]
+    if mode in ("mean", "mean_sqrt_len_tokens"):
+        mask = attention_mask.unsqueeze(-1).to(token_embeddings.dtype)
+        summed = (token_embeddings * mask).sum(dim=1, dtype=accumulate)
+        count = torch.clamp(mask.sum(dim=1, dtype=accumulate), min=1e-9)
+        denominator = count if mode == "mean" else torch.sqrt(count)
+        return (summed / denominator).to(token_embeddings.dtype)
+    if mode == "max":
+        mask = attention_mask.unsqueeze(-1).expand_as(token_embeddings)
+        return token_embeddings.masked_fill(mask == 0, float("-inf")).max(dim=1).values
+    if mode == "weightedmean":
+        mask = attention_mask.unsqueeze(-1).to(accumulate)
+        positions = torch.arange(1, token_embeddings.size(1) + 1, device=token_embeddings.device, dtype=accumulate)
+        left_pad = attention_mask.to(torch.int32).argmax(dim=1)
+        weights = mask * (positions.view(1, -1, 1) - left_pad.view(-1, 1, 1))
+        summed = (token_embeddings * weights).sum(dim=1)
+        return (summed / torch.clamp(weights.sum(dim=1), min=1e-9)).to(token_embeddings.dtype)
+    if mode == "lasttoken":
+        batch, length, hidden = token_embeddings.shape
+        values, flipped = attention_mask.flip(1).max(1)
+        flipped = torch.where(values == 0, length - 1, flipped)
+        last = (length - flipped - 1).view(batch, 1, 1).expand(-1, 1, hidden)
+        masked = token_embeddings * attention_mask.unsqueeze(-1).to(token_embeddings.dtype)
+        return torch.gather(masked, 1, last).squeeze(1)
+    raise ConfigError(f"unknown pooling mode '{mode}' (choose from {', '.join(POOLING_MODES)})")
+
+
+def exclude_prompt(attention_mask: Tensor, prompt_length: int) -> Tensor:
+    """A copy of the mask with the first ``prompt_length`` real tokens of every row zeroed."""
+    mask = attention_mask.clone()
+    left_pad = mask.to(torch.int32).argmax(dim=1)
+    positions = torch.arange(mask.size(1), device=mask.device).unsqueeze(0)
+    mask[positions < (left_pad + prompt_length).unsqueeze(1)] = 0
+    return mask
+
+
+def parse_pooling(value: str | Sequence[str]) -> tuple[str, ...]:
+    """``"mean"``, ``"cls+max"`` or a list → a validated tuple of modes."""
+    modes = tuple(value.split("+")) if isinstance(value, str) else tuple(value)
+    if not modes:
+        raise ConfigError("pooling needs at least one mode")
+    for mode in modes:
+        if mode not in POOLING_MODES:
+            raise ConfigError(f"unknown pooling mode '{mode}' (choose from {', '.join(POOLING_MODES)})")
+    return modes
+
+
+# --------------------------------------------------------------------------------------- dense layers
+class DenseLayer(nn.Module):
+    """sentence-transformers' ``Dense`` module: ``activation(linear(x))`` (+ optional residual)."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = True,
+                 activation: nn.Module | None = None, use_residual: bool = False):
+        super().__init__()
+        self.linear = nn.Linear(in_features, out_features, bias=bias)
+        self.activation = activation if activation is not None else nn.Identity()
+        self.use_residual = use_residual
+        if use_residual and in_features != out_features:
+            self.residual = nn.Linear(in_features, out_features, bias=False)
+
+    def forward(self, x: Tensor) -> Tensor:
+        out = self.activation(self.linear(x))
+        if self.use_residual:
+            out = out + (self.residual(x) if hasattr(self, "residual") else x)
+        return out
+
+
+def activation_from_name(name: str | None, where: str) -> nn.Module:
+    """``torch.nn.modules.activation.Tanh`` → ``nn.Tanh()``; only ``torch.`` module classes (no remote code)."""
+    if name is None:
+        return nn.Tanh()  # sentence-transformers' default when the key is absent
+    module_name, _, class_name = name.rpartition(".")
+    if not name.startswith("torch.") or not module_name:
+        raise ConfigError(f"{where}: activation '{name}' is not a torch.nn module; sentence-transformers "
+                          "would need trust_remote_code for it, which pretrieve does not support")
+    cls = getattr(importlib.import_module(module_name), class_name, None)
+    if not (isinstance(cls, type) and issubclass(cls, nn.Module)):
+        raise ConfigError(f"{where}: activation '{name}' is not a torch.nn.Module class")
+    return cls()
+
+
+# ------------------------------------------------------------------------------------- files / configs
+class ModelFiles:
+    """Files of a checkpoint: a local directory, or a hub repository fetched on demand."""
+
+    def __init__(self, name_or_path: str | Path):
+        self.name = str(name_or_path)
+        self.local = Path(self.name).is_dir()
+        if not self.local and _looks_like_path(self.name):
+            raise InputError("model directory not found", path=self.name)
+
+    def model_location(self, subfolder: str = "") -> tuple[str, dict[str, Any]]:
+        """Argument and keyword arguments for ``from_pretrained`` of the model in ``subfolder``."""
+        if self.local:
+            return str(Path(self.name) / subfolder), {}
+        return self.name, ({"subfolder": subfolder} if subfolder else {})
+
+    def file(self, relative: str) -> Path | None:
+        """Local path of ``relative`` inside the checkpoint, or None when it does not exist."""
+        if self.local:
+            path = Path(self.name) / relative
+            return path if path.is_file() else None
+        try:
+            from huggingface_hub import hf_hub_download
+
+            return Path(hf_hub_download(self.name, relative))
+        except Exception:  # noqa: BLE001 - missing entry, unknown repo or offline: all mean "not available"
+            return None
+
+    def json(self, relative: str) -> dict | list | None:
+        path = self.file(relative)
+        if path is None:
+            return None
+        try:
+            return json.loads(path.read_text(encoding="utf-8"))
+        except json.JSONDecodeError as exc:
+            raise InputError(f"invalid JSON: {exc.msg}", path=path, line=exc.lineno) from None
+
+
+def _looks_like_path(name: str) -> bool:
+    """A hub id is ``name`` or ``owner/name``; anything else names a local path."""
+    return name.startswith((".", "/", "~")) or name.count("/") > 1 or os.sep != "/" and os.sep in name \
+        or Path(name).exists()
+
+
+@dataclass
+class SentenceTransformersConfig:
+    """What a sentence-transformers ``modules.json`` chain says about encoding."""
+
+    transformer_path: str = ""
+    max_seq_length: int | None = None
+    do_lower_case: bool = False
+    pooling: tuple[str, ...] = ("mean",)
+    include_prompt: bool = True
+    dense_layers: list[DenseLayer] = field(default_factory=list)
+    normalize: bool = False
+    prompts: dict[str, str] = field(default_factory=dict)
+    default_prompt_name: str | None = None
+    similarity: str | None = None
+
+    @property
+    def query_prompt(self) -> str | None:
+        if "query" in self.prompts:
+            return self.prompts["query"] or None
+        return self._default_prompt()
+
+    @property
+    def passage_prompt(self) -> str | None:
+        for name in _PASSAGE_PROMPT_NAMES:
+            if name in self.prompts:
+                return self.prompts[name] or None
+        return self._default_prompt()
+
+    def _default_prompt(self) -> str | None:
+        if self.default_prompt_name is None:
+            return None
+        return self.prompts.get(self.default_prompt_name) or None
+
+
+def read_sentence_transformers_config(files: ModelFiles) -> SentenceTransformersConfig | None:
+    """Parse ``modules.json`` and the module configs, or None when the checkpoint has no ``modules.json``."""
+    modules = files.json("modules.json")
+    if modules is None:
+        return None
+    where = f"{files.name}/modules.json"
+    if not isinstance(modules, list) or not modules:
+        raise InputError("expected a non-empty list of modules", path=where)
+    config = SentenceTransformersConfig()
+    seen_transformer = seen_pooling = False
+    for position, entry in enumerate(sorted(modules, key=lambda m: m.get("idx", 0))):
+        kind = str(entry.get("type", "")).rpartition(".")[2]
+        path = str(entry.get("path", ""))
+        if config.normalize:
+            raise ConfigError(f"{where}: module '{kind}' after Normalize is not supported")
+        if kind == "Transformer" and position == 0:
+            seen_transformer = True
+            _read_transformer(files, path, config)
+        elif kind == "Pooling" and seen_transformer and not seen_pooling:
+            seen_pooling = True
+            _read_pooling(files, path, config)
+        elif kind == "Dense" and seen_pooling:
+            config.dense_layers.append(_read_dense(files, path))
+        elif kind == "Normalize" and seen_pooling:
+            normalize_cfg = files.json(f"{path}/config.json") if path else None
+            target = (normalize_cfg or {}).get("module_input_name", "sentence_embedding")
+            if target != "sentence_embedding":
+                raise ConfigError(f"{where}: Normalize of '{target}' (token-level models) is not supported")
+            config.normalize = True
+        elif kind in _INFERENCE_NO_OPS and seen_pooling:
+            continue
+        else:
+            raise ConfigError(f"{where}: module {position} of type '{entry.get('type')}' is not supported here "
+                              "(supported chain: Transformer → Pooling → Dense* → Normalize?)")
+    if not seen_pooling:
+        raise ConfigError(f"{where}: no Pooling module after the Transformer; cannot make one vector per text")
+    st_config = files.json("config_sentence_transformers.json") or {}
+    config.prompts = dict(st_config.get("prompts") or {})
+    config.default_prompt_name = st_config.get("default_prompt_name")
+    config.similarity = st_config.get("similarity_fn_name")
+    return config
+
+
+def _read_transformer(files: ModelFiles, path: str, config: SentenceTransformersConfig) -> None:
+    config.transformer_path = path
+    prefix = f"{path}/" if path else ""
+    bert_config = files.json(f"{prefix}sentence_bert_config.json") or {}
+    config.max_seq_length = bert_config.get("max_seq_length")
+    config.do_lower_case = bool(bert_config.get("do_lower_case", False))
+
+
+def _read_pooling(files: ModelFiles, path: str, config: SentenceTransformersConfig) -> None:
+    pooling_cfg = files.json(f"{path}/config.json")
+    if pooling_cfg is None:
+        raise InputError("Pooling module has no config.json", path=f"{files.name}/{path}")
+    if "pooling_mode" in pooling_cfg:
+        mode = pooling_cfg["pooling_mode"]
+        config.pooling = parse_pooling([mode] if isinstance(mode, str) else list(mode))
+    else:
+        active = [mode for key, mode in LEGACY_POOLING_KEYS.items() if pooling_cfg.get(key, False)]
+        config.pooling = tuple(active) or ("mean",)
+    config.include_prompt = bool(pooling_cfg.get("include_prompt", True))
+
+
+def _read_dense(files: ModelFiles, path: str) -> DenseLayer:
+    where = f"{files.name}/{path}"
+    dense_cfg = files.json(f"{path}/config.json")
+    if dense_cfg is None:
+        raise InputError("Dense module has no config.json", path=where)
+    if dense_cfg.get("module_input_name", "sentence_embedding") != "sentence_embedding":
+        raise ConfigError(f"{where}: Dense on '{dense_cfg['module_input_name']}' is not supported")
+    layer = DenseLayer(int(dense_cfg["in_features"]), int(dense_cfg["out_features"]),
+                       bias=bool(dense_cfg.get("bias", True)),
+                       activation=activation_from_name(dense_cfg.get("activation_function"), where),
+                       use_residual=bool(dense_cfg.get("use_residual", False)))
+    state = _load_weights(files, path)
+    missing, unexpected = layer.load_state_dict(state, strict=False)
+    if missing or unexpected:
+        raise ConfigError(f"{where}: Dense weights do not match its config (missing {missing}, "
+                          f"unexpected {unexpected})")
+    return layer.eval()
+
+
+def _load_weights(files: ModelFiles, path: str) -> dict[str, Tensor]:
+    safetensors_file = files.file(f"{path}/model.safetensors")
+    if safetensors_file is not None:
+        from safetensors.torch import load_file
+
+        return load_file(str(safetensors_file))
+    bin_file = files.file(f"{path}/pytorch_model.bin")
+    if bin_file is not None:
+        return torch.load(bin_file, map_location="cpu", weights_only=True)
+    raise InputError("Dense module has neither model.safetensors nor pytorch_model.bin",
+                     path=f"{files.name}/{path}")
+
+
+# ------------------------------------------------------------------------------------------- encoder
+def resolve_device(device: str | torch.device | None) -> torch.device:
+    """``"auto"``/None → CUDA when available, else CPU."""
+    if device is None or str(device) == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(device)
+
+
+def resolve_dtype(dtype: str | torch.dtype | None) -> torch.dtype | None:
+    if dtype is None or isinstance(dtype, torch.dtype):
+        return dtype
+    names = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+             "float16": torch.float16, "fp16": torch.float16}
+    if dtype not in names:
+        raise ConfigError(f"unknown dtype '{dtype}' (choose from {', '.join(names)})")
+    return names[dtype]
+
+
+@dataclass
+class TokenizedTexts:
+    """Unpadded token ids of a list of texts (plus token type ids when the model uses them)."""
+
+    input_ids: list[list[int]]
+    token_type_ids: list[list[int]] | None
+    prompt_length: int | None = None
+
+    def __len__(self) -> int:
+        return len(self.input_ids)
+
+
+class DenseEncoder:
+    """Texts → vectors: tokenizer, transformer, pooling, Dense layers, normalisation."""
+
+    def __init__(self, model, tokenizer, pooling: Sequence[str] = ("cls",), normalize: bool = False,
+                 max_length: int = 512, dense_layers: Sequence[DenseLayer] = (), include_prompt: bool = True,
+                 query_prompt: str | None = None, passage_prompt: str | None = None,
+                 name: str = "", sentence_transformers: bool = False):
+        self.model = model.eval()
+        self.tokenizer = tokenizer
+        self.pooling = parse_pooling(pooling)
+        self.normalize = normalize
+        self.max_length = int(max_length)
+        self.dense_layers = nn.ModuleList(dense_layers).eval()
+        self.include_prompt = include_prompt
+        self.query_prompt = query_prompt
+        self.passage_prompt = passage_prompt
+        self.name = name
+        self.sentence_transformers = sentence_transformers
+        self._prompt_lengths: dict[str, int] = {}
+
+    # ------------------------------------------------------------------ loading
+    @classmethod
+    def load(cls, name_or_path: str | Path, pooling: str | Sequence[str] | None = None,
+             normalize: bool | None = None, max_length: int | None = None, device: str | torch.device = "cpu",
+             dtype: str | torch.dtype | None = None) -> "DenseEncoder":
+        """Load a checkpoint; sentence-transformers settings are read, explicit arguments override them."""
+        from transformers import AutoModel, AutoTokenizer
+
+        files = ModelFiles(name_or_path)
+        st = read_sentence_transformers_config(files)
+        location, extra = files.model_location(st.transformer_path if st else "")
+        torch_dtype = resolve_dtype(dtype)
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(location, **extra)
+            model = AutoModel.from_pretrained(location, **extra, **({"dtype": torch_dtype} if torch_dtype else {}))
+        except OSError as exc:
+            raise InputError(f"cannot load model: {exc}", path=str(name_or_path)) from None
+        if st is not None and st.do_lower_case:
+            add_lowercase(tokenizer)
+        length = max_length or (st.max_seq_length if st else None) or default_max_length(tokenizer, model.config)
+        chosen_pooling = parse_pooling(pooling) if pooling else (st.pooling if st else ("cls",))
+        chosen_normalize = normalize if normalize is not None else (st.normalize if st else False)
+        if st is not None and st.similarity == "cosine" and not chosen_normalize:
+            logger.warning("%s is scored by cosine similarity but embeddings are not normalised; inner-product "
+                           "search will differ from cosine (pass normalize=True)", name_or_path)
+        encoder = cls(model, tokenizer, pooling=chosen_pooling, normalize=chosen_normalize, max_length=length,
+                      dense_layers=st.dense_layers if st else (), include_prompt=st.include_prompt if st else True,
+                      query_prompt=st.query_prompt if st else None, passage_prompt=st.passage_prompt if st else None,
+                      name=str(name_or_path), sentence_transformers=st is not None)
+        pooled_dim = int(model.config.hidden_size) * len(chosen_pooling)
+        if len(encoder.dense_layers) and encoder.dense_layers[0].linear.in_features != pooled_dim:
+            raise ConfigError(f"pooling {'+'.join(chosen_pooling)} gives {pooled_dim}-d vectors but the checkpoint's "
+                              f"Dense layer expects {encoder.dense_layers[0].linear.in_features}")
+        if torch_dtype is not None:
+            encoder.dense_layers.to(dtype=torch_dtype)
+        return encoder.to(resolve_device(device))
+
+    def to(self, device: str | torch.device) -> "DenseEncoder":
+        self.model.to(device)
+        self.dense_layers.to(device)
+        return self
+
+    # ------------------------------------------------------------------ properties
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    @property
+    def dim(self) -> int:
+        """Dimension of the output vectors."""
+        if len(self.dense_layers):
+            return self.dense_layers[-1].linear.out_features
+        return int(self.model.config.hidden_size) * len(self.pooling)
+
+    def describe(self) -> dict[str, Any]:
+        """The settings that determine the vectors (stored in every embeddings ``meta.json``)."""
+        return {"model": self.name, "pooling": "+".join(self.pooling), "normalize": self.normalize,
+                "max_length": self.max_length, "dim": self.dim, "dense_layers": len(self.dense_layers),
+                "query_prompt": self.query_prompt, "passage_prompt": self.passage_prompt,
+                "include_prompt": self.include_prompt, "sentence_transformers": self.sentence_transformers,
+                "dtype": str(next(self.model.parameters()).dtype).replace("torch.", "")}
+
+    # ------------------------------------------------------------------ tokenizing
+    def tokenize(self, texts: Sequence[str], max_length: int | None = None,
+                 prompt: str | None = None) -> TokenizedTexts:
+        """Unpadded token ids, truncated to ``max_length`` (default: the encoder's), prompt prepended."""
+        length = max_length or self.max_length
+        inputs = [prompt + text for text in texts] if prompt else list(texts)
+        encoded = self.tokenizer(inputs, truncation=True, max_length=length, padding=False,
+                                 return_attention_mask=False)
+        token_types = encoded.get("token_type_ids") if "token_type_ids" in self.tokenizer.model_input_names else None
+        prompt_length = self.prompt_length(prompt, length) if prompt and not self.include_prompt else None
+        return TokenizedTexts(list(encoded["input_ids"]), list(token_types) if token_types is not None else None,
+                              prompt_length)
+
+    def prompt_length(self, prompt: str, max_length: int) -> int:
+        """Tokens of the prompt alone, without a trailing special token (sentence-transformers' rule)."""
+        key = f"{max_length}\0{prompt}"
+        if key not in self._prompt_lengths:
+            ids = self.tokenizer([prompt], truncation=True, max_length=max_length)["input_ids"][0]
+            length = len(ids)
+            if ids and ids[-1] in set(self.tokenizer.all_special_ids):
+                length -= 1
+            self._prompt_lengths[key] = length
+        return self._prompt_lengths[key]
+
+    def collate(self, tokenized: TokenizedTexts, rows: Sequence[int]) -> dict[str, Tensor]:
+        """Pad the chosen rows into tensors on the encoder's device (the tokenizer's padding side)."""
+        batch_ids = [tokenized.input_ids[i] for i in rows]
+        longest = max(len(ids) for ids in batch_ids)
+        pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+        left = getattr(self.tokenizer, "padding_side", "right") == "left"
+        input_ids = torch.full((len(rows), longest), pad_id, dtype=torch.long)
+        attention = torch.zeros((len(rows), longest), dtype=torch.long)
+        token_types = torch.zeros((len(rows), longest), dtype=torch.long) if tokenized.token_type_ids else None
+        for out_row, (row, ids) in enumerate(zip(rows, batch_ids)):
+            span = slice(longest - len(ids), longest) if left else slice(0, len(ids))
+            input_ids[out_row, span] = torch.tensor(ids, dtype=torch.long)
+            attention[out_row, span] = 1
+            if token_types is not None:
+                token_types[out_row, span] = torch.tensor(tokenized.token_type_ids[row], dtype=torch.long)
+        batch = {"input_ids": input_ids, "attention_mask": attention}
+        if token_types is not None:
+            batch["token_type_ids"] = token_types
+        return {key: value.to(self.device) for key, value in batch.items()}
+
+    # ------------------------------------------------------------------ embedding
+    def embed_batch(self, batch: dict[str, Tensor], prompt_length: int | None = None) -> Tensor:
+        """One padded batch → ``[B, dim]`` vectors (call under ``torch.inference_mode``)."""
+        hidden = self.model(**batch, return_dict=True).last_hidden_state
+        mask = batch["attention_mask"]
+        if prompt_length:
+            mask = exclude_prompt(mask, prompt_length)
+        vectors = pool(hidden, mask, self.pooling)
+        for layer in self.dense_layers:
+            vectors = layer(vectors)
+        if self.normalize:
+            vectors = torch.nn.functional.normalize(vectors, p=2, dim=-1)
+        return vectors
+
+    @torch.inference_mode()
+    def embed(self, texts: Sequence[str], max_length: int | None = None, prompt: str | None = None) -> Tensor:
+        """Embed a small list of texts in one batch (no sorting, no progress); see ``encode_texts``."""
+        tokenized = self.tokenize(texts, max_length=max_length, prompt=prompt)
+        return self.embed_batch(self.collate(tokenized, range(len(texts))), tokenized.prompt_length)
+
+
+def add_lowercase(tokenizer) -> None:
+    """Prepend a ``Lowercase`` normaliser unless one is there (sentence-transformers' ``do_lower_case``)."""
+    from tokenizers.normalizers import Lowercase, Sequence as NormalizerSequence
+
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None:
+        if hasattr(tokenizer, "do_lower_case"):
+            tokenizer.do_lower_case = True
+        return
+    normalizer = backend.normalizer
+    if isinstance(normalizer, Lowercase) or (isinstance(normalizer, NormalizerSequence)
+                                             and any(isinstance(n, Lowercase) for n in normalizer)):
+        return
+    chain = [Lowercase()]
+    if isinstance(normalizer, NormalizerSequence):
+        chain += list(normalizer)
+    elif normalizer is not None:
+        chain.append(normalizer)
+    backend.normalizer = NormalizerSequence(chain)
+
+
+def default_max_length(tokenizer, config) -> int:
+    """``min(tokenizer.model_max_length, config.max_position_embeddings)``, as sentence-transformers."""
+    limits = [value for value in (getattr(tokenizer, "model_max_length", None),
+                                  getattr(config, "max_position_embeddings", None))
+              if isinstance(value, int) and 0 < value < 1_000_000]
+    return min(limits) if limits else 512

@@ -1,0 +1,206 @@
+"""Pre-training collation: tokenized texts → one padded, masked batch with exactly the features required.
+
+:class:`PretrainCollator` takes examples ``{"input_ids": [...]}`` (already tokenized with special tokens,
+at most ``max_len`` ids) and returns a dict of tensors:
+
+* always — ``input_ids`` (encoder-masked), ``attention_mask``, ``mlm_labels`` (original id at the
+  encoder-masked positions, ``-100`` elsewhere);
+* ``decoder`` — ``decoder_input_ids`` / ``decoder_labels``: the decoder masker applied to the *original*
+  ids, independently of the encoder mask (auto-encoding decoder);
+* ``original`` — ``original_input_ids`` (unmasked) and ``original_labels`` (the ids, ``-100`` at special
+  tokens and padding: the targets of the auto-regressive and enhanced decoders);
+* ``enhanced_mask`` — ``BoolTensor[B, L, L]``, RetroMAE's position-specific visibility
+  (``pretrieve.masking.enhanced_decoding_mask``, keep ratio ``1 − decoder ratio``);
+* ``bow_targets`` — ``LongTensor[B, K]``: the unique non-special ids of each original text, padded with
+  ``-100`` (``K`` = the largest bag of the batch); the model gathers log-probabilities at these ids, so no
+  dense ``[B, V]`` tensor is ever built in the data loader.
+
+Every step is a batched tensor operation (the only Python loop is over the B examples to copy their id
+lists into the padded tensor). A feature is built by a function registered with :func:`register_feature`,
+so a later objective that needs a second masked view, a context span or a text type adds one builder.
+
+Randomness and resuming: the collator owns a ``torch.Generator`` seeded with ``seed``; features consume it in
+a fixed order, so the same seed and the same examples give the same batch. :meth:`state_dict` /
+:meth:`load_state_dict` save and restore the generator, which resumes the masking stream exactly when
+collation runs in the main process (``num_workers=0``; collation is cheap by design). In a DataLoader worker
+the generator is reseeded once from ``(seed, worker id)`` so workers never repeat each other's masks
+(reproducible run to run, but not resumable mid-epoch). Under DDP, pass a different ``seed`` per rank.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import torch
+from torch import Tensor
+from torch.utils.data import get_worker_info
+
+from pretrieve.errors import ConfigError, InputError
+from pretrieve.masking import RandomMasker, VocabInfo, enhanced_decoding_mask
+from pretrieve.train.method import ALWAYS_PRODUCED, MaskerSpec, MethodConfig
+
+IGNORE_INDEX = -100
+
+FeatureBuilder = Callable[["PretrainCollator", Tensor, Tensor, torch.Generator], dict[str, Tensor]]
+FEATURE_BUILDERS: dict[str, FeatureBuilder] = {}
+"""Feature name → builder ``(collator, original_ids [B, L], attention_mask [B, L], generator) -> tensors``; builders run
+in registration order (which fixes the order in which they consume the generator)."""
+
+
+def register_feature(name: str) -> Callable[[FeatureBuilder], FeatureBuilder]:
+    """Decorator: register the builder of batch feature ``name``."""
+    def decorate(builder: FeatureBuilder) -> FeatureBuilder:
+        if name in FEATURE_BUILDERS:
+            raise ValueError(f"batch feature '{name}' already has a builder")
+        FEATURE_BUILDERS[name] = builder
+        return builder
+    return decorate
+
+
+def build_masker(spec: MaskerSpec, info: VocabInfo) -> RandomMasker:
+    """The masker a :class:`MaskerSpec` describes (``wwm``: whole words, ``token``: single tokens)."""
+    if spec.kind not in ("wwm", "token"):
+        raise ConfigError(f"masker '{spec.kind}' has no implementation in the collator yet")
+    return RandomMasker(info, ratio=spec.ratio, whole_word=spec.kind == "wwm", replace_probs=spec.replace_probs)
+
+
+class PretrainCollator:
+    """Pad, mask and build the required features of a pre-training batch (see the module docstring)."""
+
+    def __init__(self, tokenizer: Any, method: MethodConfig, required: set[str] | None = None,
+                 max_len: int = 512, seed: int = 0, pad_to_multiple_of: int | None = None):
+        self.method = method.resolved()
+        self.info = VocabInfo.from_tokenizer(tokenizer)
+        required = set(self.method.required_features() if required is None else required)
+        unknown = sorted(required - set(FEATURE_BUILDERS) - ALWAYS_PRODUCED)
+        if unknown:
+            raise ConfigError(f"the collator cannot build batch feature(s) {', '.join(unknown)}; "
+                              f"known features: {', '.join(sorted(set(FEATURE_BUILDERS) | ALWAYS_PRODUCED))}")
+        self.features = [name for name in FEATURE_BUILDERS if name in required]
+        if max_len < 2:
+            raise ConfigError(f"max_len must be ≥ 2, got {max_len}")
+        if pad_to_multiple_of is not None and pad_to_multiple_of < 1:
+            raise ConfigError(f"pad_to_multiple_of must be ≥ 1, got {pad_to_multiple_of}")
+        self.max_len = int(max_len)
+        self.pad_to_multiple_of = pad_to_multiple_of
+        self.seed = int(seed)
+        self.generator = torch.Generator().manual_seed(self.seed)
+        self._worker_id: int | None = None
+        encoder_spec = self.method.encoder_masker
+        self.encoder_masker = build_masker(encoder_spec, self.info) if encoder_spec.ratio > 0 else None
+        decoder_spec = self.method.decoder_masker
+        self.decoder_masker = build_masker(decoder_spec, self.info) if decoder_spec is not None else None
+
+    # ------------------------------------------------------------------ collation
+    def __call__(self, examples: Sequence[Mapping[str, Any]],
+                 generator: torch.Generator | None = None) -> dict[str, Tensor]:
+        """Collate ``examples``; randomness from ``generator`` when given (the training loop passes one
+        seeded per (seed, step, micro-batch)), else from the collator's own generator."""
+        if generator is None:
+            self._reseed_in_worker()
+            generator = self.generator
+        ids, attention = self.pad(examples)
+        batch: dict[str, Tensor] = {"attention_mask": attention}
+        if self.encoder_masker is None:
+            batch["input_ids"] = ids.clone()
+            batch["mlm_labels"] = torch.full_like(ids, IGNORE_INDEX)
+        else:
+            masked = self.encoder_masker(ids, attention, generator=generator)
+            batch["input_ids"] = masked.input_ids
+            batch["mlm_labels"] = masked.labels
+        for name in self.features:
+            batch.update(FEATURE_BUILDERS[name](self, ids, attention, generator))
+        return batch
+
+    def pad(self, examples: Sequence[Mapping[str, Any]]) -> tuple[Tensor, Tensor]:
+        """Right-pad the examples to the longest (optionally to a multiple) → ``(ids, attention_mask)``."""
+        if not examples:
+            raise InputError("cannot collate an empty list of examples", field="input_ids")
+        rows = [self._row(example, index) for index, example in enumerate(examples)]
+        longest = max(row.numel() for row in rows)
+        length = longest
+        if self.pad_to_multiple_of:
+            multiple = self.pad_to_multiple_of
+            length = min(-(-longest // multiple) * multiple, max(self.max_len, longest))
+        ids = torch.full((len(rows), length), self.info.pad_token_id, dtype=torch.long)
+        attention = torch.zeros((len(rows), length), dtype=torch.long)
+        for index, row in enumerate(rows):
+            ids[index, : row.numel()] = row
+            attention[index, : row.numel()] = 1
+        return ids, attention
+
+    def _row(self, example: Mapping[str, Any], index: int) -> Tensor:
+        if not isinstance(example, Mapping) or "input_ids" not in example:
+            raise InputError(f"example {index} has no 'input_ids'", field="input_ids")
+        row = torch.as_tensor(example["input_ids"], dtype=torch.long).flatten()
+        if row.numel() == 0:
+            raise InputError(f"example {index} is empty", field="input_ids")
+        if row.numel() > self.max_len:
+            raise InputError(f"example {index} has {row.numel()} tokens, more than max_len={self.max_len} "
+                             "(truncate when tokenizing, keeping the special tokens)", field="input_ids")
+        return row
+
+    # ------------------------------------------------------------------ randomness
+    def state_dict(self) -> dict[str, Any]:
+        """The seed and generator state (resume the masking stream exactly)."""
+        return {"seed": self.seed, "generator": self.generator.get_state()}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self.seed = int(state["seed"])
+        self.generator.set_state(state["generator"])
+
+    def _reseed_in_worker(self) -> None:
+        worker = get_worker_info()
+        if worker is not None and self._worker_id != worker.id:
+            self._worker_id = worker.id
+            self.generator.manual_seed(self.seed + 1_000_003 * (worker.id + 1))
+
+
+# ---------------------------------------------------------------------- feature builders
+@register_feature("decoder")
+def _decoder_features(collator: PretrainCollator, ids: Tensor, attention: Tensor, generator: torch.Generator) -> dict[str, Tensor]:
+    """The decoder masker applied to the original ids (independent of the encoder mask)."""
+    if collator.decoder_masker is None:
+        raise ConfigError("batch feature 'decoder' needs a decoder masker in the method")
+    masked = collator.decoder_masker(ids, attention, generator=generator)
+    return {"decoder_input_ids": masked.input_ids, "decoder_labels": masked.labels}
+
+
+@register_feature("original")
+def _original_features(collator: PretrainCollator, ids: Tensor, attention: Tensor, generator: torch.Generator) -> dict[str, Tensor]:
+    """The unmasked ids, and the same ids as labels with special tokens and padding ignored."""
+    predict = attention.bool() & ~collator.info.is_special[ids]
+    return {"original_input_ids": ids, "original_labels": torch.where(predict, ids, IGNORE_INDEX)}
+
+
+@register_feature("enhanced_mask")
+def _enhanced_mask(collator: PretrainCollator, ids: Tensor, attention: Tensor, generator: torch.Generator) -> dict[str, Tensor]:
+    """RetroMAE's position-specific visibility; a query sees ``1 − decoder ratio`` of the tokens.
+
+    Only the decoder masker's ratio is used: the masking module hides single tokens per row (RetroMAE hides
+    whole words), so ``kind`` does not change this feature.
+    """
+    if collator.decoder_masker is None:
+        raise ConfigError("batch feature 'enhanced_mask' needs a decoder masker in the method")
+    visible_ratio = 1.0 - collator.decoder_masker.ratio
+    return {"enhanced_mask": enhanced_decoding_mask(attention, visible_ratio=visible_ratio,
+                                                    generator=generator)}
+
+
+@register_feature("bow_targets")
+def _bow_targets(collator: PretrainCollator, ids: Tensor, attention: Tensor, generator: torch.Generator) -> dict[str, Tensor]:
+    """Unique non-special ids per row, ascending, padded with -100 (sort, drop repeats, sort again)."""
+    return {"bow_targets": unique_token_ids(ids, attention.bool() & ~collator.info.is_special[ids])}
+
+
+def unique_token_ids(ids: Tensor, keep: Tensor) -> Tensor:
+    """Per row, the sorted unique values of ``ids[keep]``, right-padded with -100 → ``[B, K]`` (K ≥ 1)."""
+    sentinel = torch.iinfo(torch.long).max
+    values, _ = torch.where(keep, ids, sentinel).sort(dim=1)
+    repeat = torch.zeros_like(keep)
+    repeat[:, 1:] = values[:, 1:] == values[:, :-1]
+    values, _ = values.masked_fill(repeat, sentinel).sort(dim=1)
+    width = max(int((values != sentinel).sum(dim=1).max()), 1)
+    values = values[:, :width]
+    return values.masked_fill(values == sentinel, IGNORE_INDEX)

@@ -1,0 +1,409 @@
+"""Pre-training methods as data: maskers + weighted objectives, presets, parsing and validation.
+
+A method is ``{encoder masker, decoder masker, objectives with weights and params}``; the named methods of
+the papers are presets, and users write new combinations in a YAML/JSON file or on the command line.
+Everything is validated here, before any model is built, and every mistake raises
+:class:`~pretrieve.errors.ConfigError` with the accepted values.
+
+Presets (paper 000 = "Drop your Decoder", SIGIR'24; its §3.2 and §4.1 reproduce every MAE baseline "with the
+same hyper-parameters", namely the settings of RetroMAE (Xiao et al., 2022)):
+
+=========  ======================  ==================  =============================================
+preset     encoder masker          decoder masker      objectives (weights)
+=========  ======================  ==================  =============================================
+mlm        whole-word, 0.30        —                   mlm (1) — "Further Pre-train" baseline
+bow        whole-word, 0.30        —                   mlm (1) + bow (1) — eq. 13; Table 6 ablates 0.15/0.30/0.45
+ae         whole-word, 0.30        whole-word, 0.50    mlm (1) + ae (1), 1-layer decoder (eq. 4–5)
+ar         whole-word, 0.30        —                   mlm (1) + ar (1), 1-layer causal decoder (eq. 6–7)
+retromae   whole-word, 0.30        whole-word, 0.50    mlm (1) + enhanced (1) (eq. 8–10)
+=========  ======================  ==================  =============================================
+
+The encoder ratio 0.3 and decoder ratio 0.5 are RetroMAE's BERT-base settings (also DupMAE's, paper 001
+§4 "Implementation details"). Paper 000 does not print the ratio of its main runs; Table 6 reports BoW at
+15 %, 30 % and 45 % (30 % is within noise of the best). The "Further Pre-train" MLM baseline uses the same
+0.3 so that the presets differ only in their decoder (override with ``encoder_mask=0.15`` for BERT's ratio).
+
+Decoder masker policy: an objective that reads decoder-side masks (feature ``decoder`` — ``ae`` — or
+``enhanced_mask`` — ``enhanced``) with no decoder masker configured gets RetroMAE's default, whole-word
+0.5, and the resolved config (saved with every run) records it; a log line says so. Configuring a decoder
+masker that no objective uses is allowed (it is simply not applied).
+
+File format (YAML or JSON; every key optional; ``base`` names a preset whose fields are overridden)::
+
+    base: retromae
+    name: retromae-bow
+    encoder_masker: {ratio: 0.15}         # merged into the base's masker (kind kept)
+    decoder_masker: {kind: token, ratio: 0.6}
+    objectives:                           # replaces the base list
+      - mlm
+      - {name: enhanced, weight: 1.0}
+      - {name: bow, weight: 0.5}
+    # shorthands, same as the CLI: objectives: "mlm,bow", weights: "1,0.5", encoder_mask, decoder_mask
+
+Later options (two masked views, context spans, query/passage experts) need no field here: the collator
+derives the features to build from the objectives' ``requires`` (``second_view``, ``context``,
+``text_type``); an encoder option such as MoTE would be a new field with a default, which keeps every saved
+``method.json`` loadable.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Mapping
+
+import yaml
+
+from pretrieve.errors import ConfigError, InputError
+from pretrieve.modeling.objectives import OBJECTIVES, check_objective_params, objective_class
+
+logger = logging.getLogger(__name__)
+
+MASKER_KINDS: tuple[str, ...] = ("wwm", "token")
+"""``wwm``: whole-word random masking; ``token``: token-level random masking (later: ``pmi``)."""
+
+DECODER_MASKER_FEATURES = frozenset({"decoder", "enhanced_mask"})
+"""Batch features built with the decoder masker; an objective requiring one needs a decoder masker."""
+
+ALWAYS_PRODUCED = frozenset({"mlm_labels"})
+"""Features every batch carries (the encoder masker's labels)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class MaskerSpec:
+    """Which tokens a masker selects (``kind``), how many (``ratio``) and how it corrupts them (80/10/10)."""
+
+    kind: str = "wwm"
+    ratio: float
+    replace_probs: tuple[float, float, float] = (0.8, 0.1, 0.1)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind, "ratio": self.ratio, "replace_probs": list(self.replace_probs)}
+
+    @classmethod
+    def from_dict(cls, data: Any, where: str) -> "MaskerSpec":
+        data = _mapping(data, where)
+        _reject_unknown(data, {"kind", "ratio", "replace_probs"}, where)
+        if "ratio" not in data:
+            raise ConfigError(f"{where}: 'ratio' is required")
+        probs = data.get("replace_probs", (0.8, 0.1, 0.1))
+        if not isinstance(probs, (list, tuple)):
+            raise ConfigError(f"{where}.replace_probs: expected three numbers, got {probs!r}")
+        return cls(kind=str(data.get("kind", "wwm")), ratio=_number(data["ratio"], f"{where}.ratio"),
+                   replace_probs=tuple(_number(p, f"{where}.replace_probs") for p in probs))  # type: ignore[arg-type]
+
+
+@dataclass(frozen=True)
+class ObjectiveSpec:
+    """One objective of a method: registry ``name``, loss ``weight`` and constructor ``params``."""
+
+    name: str
+    weight: float = 1.0
+    params: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "weight": self.weight, "params": dict(self.params)}
+
+    @classmethod
+    def from_any(cls, data: Any, where: str) -> "ObjectiveSpec":
+        """From a name (``"bow"``) or a mapping ``{name, weight, params}``."""
+        if isinstance(data, str):
+            return cls(name=data.strip())
+        data = _mapping(data, where)
+        _reject_unknown(data, {"name", "weight", "params"}, where)
+        if "name" not in data:
+            raise ConfigError(f"{where}: 'name' is required")
+        params = data.get("params") or {}
+        return cls(name=str(data["name"]), weight=_number(data.get("weight", 1.0), f"{where}.weight"),
+                   params=dict(_mapping(params, f"{where}.params")))
+
+
+@dataclass(frozen=True)
+class MethodConfig:
+    """A pre-training method: maskers and weighted objectives."""
+
+    name: str
+    encoder_masker: MaskerSpec
+    objectives: tuple[ObjectiveSpec, ...]
+    decoder_masker: MaskerSpec | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "objectives", tuple(self.objectives))
+
+    # ------------------------------------------------------------------ derived
+    @property
+    def objective_names(self) -> list[str]:
+        return [spec.name for spec in self.objectives]
+
+    def required_features(self) -> set[str]:
+        """Union of the objectives' ``requires`` plus the always-produced features."""
+        features = set(ALWAYS_PRODUCED)
+        for spec in self.objectives:
+            features |= objective_class(spec.name).requires
+        return features
+
+    def needs_decoder_masker(self) -> bool:
+        return bool(self.required_features() & DECODER_MASKER_FEATURES)
+
+    # ------------------------------------------------------------------ validation
+    def resolved(self) -> "MethodConfig":
+        """Validated copy with the decoder-masker default filled in (see the module docstring)."""
+        config = self
+        _check_objectives(config)
+        if config.decoder_masker is None and config.needs_decoder_masker():
+            users = [s.name for s in config.objectives
+                     if objective_class(s.name).requires & DECODER_MASKER_FEATURES]
+            logger.info("objective(s) %s need a decoder masker and none is configured; using %s",
+                        ", ".join(users), DEFAULT_DECODER_MASKER)
+            config = replace(config, decoder_masker=DEFAULT_DECODER_MASKER)
+        config.validate()
+        return config
+
+    def validate(self) -> "MethodConfig":
+        """Raise :class:`ConfigError` on any invalid field; return ``self``."""
+        if not isinstance(self.name, str) or not self.name.strip():
+            raise ConfigError("method name must be a non-empty string")
+        _check_objectives(self)
+        _check_masker(self.encoder_masker, "encoder_masker", allow_zero=True)
+        if self.encoder_masker.ratio == 0 and "mlm_labels" in _requires_of(self):
+            raise ConfigError("objective 'mlm' needs encoder masking: encoder_masker.ratio must be > 0")
+        if self.decoder_masker is not None:
+            _check_masker(self.decoder_masker, "decoder_masker", allow_zero=False)
+        elif self.needs_decoder_masker():
+            raise ConfigError("objectives " + ", ".join(self.objective_names) + " need a decoder masker "
+                              "(set decoder_mask=..., or call resolved() to use the default)")
+        return self
+
+    # ------------------------------------------------------------------ (de)serialisation
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "encoder_masker": self.encoder_masker.to_dict(),
+            "decoder_masker": None if self.decoder_masker is None else self.decoder_masker.to_dict(),
+            "objectives": [spec.to_dict() for spec in self.objectives],
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any], where: str = "method") -> "MethodConfig":
+        """Inverse of :meth:`to_dict` (validated and resolved)."""
+        data = _mapping(data, where)
+        _reject_unknown(data, {"name", "encoder_masker", "decoder_masker", "objectives"}, where)
+        for key in ("name", "encoder_masker", "objectives"):
+            if key not in data:
+                raise ConfigError(f"{where}: '{key}' is required")
+        objectives = data["objectives"]
+        if isinstance(objectives, str):
+            objectives = _split(objectives)
+        if not isinstance(objectives, (list, tuple)):
+            raise ConfigError(f"{where}.objectives: expected a list, got {type(objectives).__name__}")
+        decoder = data.get("decoder_masker")
+        return cls(
+            name=str(data["name"]),
+            encoder_masker=MaskerSpec.from_dict(data["encoder_masker"], f"{where}.encoder_masker"),
+            decoder_masker=None if decoder is None else MaskerSpec.from_dict(decoder, f"{where}.decoder_masker"),
+            objectives=tuple(ObjectiveSpec.from_any(o, f"{where}.objectives[{i}]") for i, o in enumerate(objectives)),
+        ).resolved()
+
+
+DEFAULT_DECODER_MASKER = MaskerSpec(kind="wwm", ratio=0.5)
+_ENCODER_MASKER = MaskerSpec(kind="wwm", ratio=0.3)
+
+PRESETS: dict[str, MethodConfig] = {
+    "mlm": MethodConfig("mlm", _ENCODER_MASKER, (ObjectiveSpec("mlm"),)),
+    "bow": MethodConfig("bow", _ENCODER_MASKER, (ObjectiveSpec("mlm"), ObjectiveSpec("bow"))),
+    "ae": MethodConfig("ae", _ENCODER_MASKER, (ObjectiveSpec("mlm"), ObjectiveSpec("ae", params={"num_layers": 1})),
+                       decoder_masker=DEFAULT_DECODER_MASKER),
+    "ar": MethodConfig("ar", _ENCODER_MASKER, (ObjectiveSpec("mlm"), ObjectiveSpec("ar", params={"num_layers": 1}))),
+    "retromae": MethodConfig("retromae", _ENCODER_MASKER, (ObjectiveSpec("mlm"), ObjectiveSpec("enhanced")),
+                             decoder_masker=DEFAULT_DECODER_MASKER),
+}
+
+
+def preset(name: str) -> MethodConfig:
+    """A named method; :class:`ConfigError` listing the presets when unknown."""
+    try:
+        return PRESETS[name].resolved()
+    except KeyError:
+        raise ConfigError(f"unknown method '{name}'; presets: {', '.join(PRESETS)} "
+                          "(or give a .yaml/.json method file)") from None
+
+
+def load_method_file(path: str | Path) -> MethodConfig:
+    """Read a YAML/JSON method file, apply it over its ``base`` preset (if any) and validate."""
+    path = Path(path)
+    if not path.is_file():
+        raise InputError("method file not found", path=path)
+    text = path.read_text(encoding="utf-8")
+    try:
+        data = json.loads(text) if path.suffix.lower() == ".json" else yaml.safe_load(text)
+    except json.JSONDecodeError as exc:
+        raise InputError(f"invalid JSON: {exc.msg}", path=path, line=exc.lineno) from None
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        raise InputError(f"invalid YAML: {getattr(exc, 'problem', exc)}", path=path,
+                         line=None if mark is None else mark.line + 1) from None
+    if data is None:
+        data = {}
+    return method_from_mapping(data, where=str(path))
+
+
+def method_from_mapping(data: Any, where: str = "method") -> MethodConfig:
+    """Build a method from a file's mapping: ``base`` preset + field overrides + CLI-style shorthands."""
+    data = dict(_mapping(data, where))
+    shorthands = {key: data.pop(key) for key in ("encoder_mask", "decoder_mask", "weights") if key in data}
+    base_name = data.pop("base", None)
+    if base_name is None:
+        if "objectives" not in data:
+            raise ConfigError(f"{where}: give 'objectives' or a 'base' preset ({', '.join(PRESETS)})")
+        merged: dict[str, Any] = {"name": "custom", "encoder_masker": _ENCODER_MASKER.to_dict(),
+                                  "decoder_masker": None}
+    else:
+        merged = preset(str(base_name)).to_dict()
+    _reject_unknown(data, {"name", "encoder_masker", "decoder_masker", "objectives"}, where)
+    for key in ("encoder_masker", "decoder_masker"):
+        if key in data:
+            merged[key] = _merge_masker(merged.get(key), data.pop(key), f"{where}.{key}")
+    merged.update(data)
+    config = MethodConfig.from_dict(merged, where)
+    if shorthands:
+        config = apply_overrides(config, where=where, **shorthands)
+    return config
+
+
+def resolve_method(method: str | Path | None = None, *, objectives: str | None = None,
+                   weights: str | None = None, encoder_mask: float | str | None = None,
+                   decoder_mask: float | str | None = None, encoder_masker: str | None = None,
+                   decoder_masker: str | None = None, name: str | None = None) -> MethodConfig:
+    """The method the CLI asked for: a preset name or a YAML/JSON file (or only ``objectives``), then overrides.
+
+    ``objectives="mlm,bow,enhanced"``, ``weights="1,1,0.5"``, ``encoder_mask=0.3``, ``decoder_mask=0.5``,
+    ``encoder_masker="wwm"``, ``decoder_masker="token"`` (or ``"none"``).
+    """
+    if method is None:
+        if objectives is None:
+            raise ConfigError(f"give a method (one of {', '.join(PRESETS)} or a .yaml/.json file) or objectives=...")
+        config = MethodConfig("custom", _ENCODER_MASKER, tuple(ObjectiveSpec(n) for n in _split(objectives)))
+    elif str(method) not in PRESETS and (Path(method).suffix.lower() in (".yaml", ".yml", ".json")
+                                         or Path(method).is_file()):
+        config = load_method_file(method)
+    else:
+        config = preset(str(method))  # unknown names raise the error listing the presets
+    return apply_overrides(config, objectives=objectives, weights=weights, encoder_mask=encoder_mask,
+                           decoder_mask=decoder_mask, encoder_masker=encoder_masker,
+                           decoder_masker=decoder_masker, name=name, where="command line")
+
+
+def apply_overrides(config: MethodConfig, *, objectives: str | list | None = None,
+                    weights: str | list | None = None, encoder_mask: float | str | None = None,
+                    decoder_mask: float | str | None = None, encoder_masker: str | None = None,
+                    decoder_masker: str | None = None, name: str | None = None,
+                    where: str = "command line") -> MethodConfig:
+    """Apply CLI-style overrides to ``config`` and return the validated, resolved result.
+
+    New ``objectives`` keep the params and weight of an objective of the same name in ``config``;
+    ``weights`` (one per objective, in order) override the weights.
+    """
+    specs = list(config.objectives)
+    if objectives is not None:
+        previous = {spec.name: spec for spec in config.objectives}
+        names = _split(objectives) if isinstance(objectives, str) else [str(n) for n in objectives]
+        specs = [previous.get(n, ObjectiveSpec(n)) for n in names]
+        if name is None and names != config.objective_names:
+            name = "custom"
+    if weights is not None:
+        values = _split(weights) if isinstance(weights, str) else list(weights)
+        if len(values) != len(specs):
+            raise ConfigError(f"{where}: {len(values)} weight(s) given for {len(specs)} objective(s) "
+                              f"({', '.join(s.name for s in specs)})")
+        specs = [replace(spec, weight=_number(w, f"{where}: weights")) for spec, w in zip(specs, values)]
+    enc = config.encoder_masker
+    if encoder_mask is not None:
+        enc = replace(enc, ratio=_number(encoder_mask, f"{where}: encoder_mask"))
+    if encoder_masker is not None:
+        enc = replace(enc, kind=str(encoder_masker))
+    dec = config.decoder_masker
+    if decoder_masker is not None and str(decoder_masker).lower() == "none":
+        dec = None
+    elif decoder_masker is not None:
+        dec = replace(dec or DEFAULT_DECODER_MASKER, kind=str(decoder_masker))
+    if decoder_mask is not None:
+        dec = replace(dec or DEFAULT_DECODER_MASKER, ratio=_number(decoder_mask, f"{where}: decoder_mask"))
+    return MethodConfig(name or config.name, enc, tuple(specs), decoder_masker=dec).resolved()
+
+
+# ---------------------------------------------------------------------- helpers
+def _check_objectives(config: MethodConfig) -> None:
+    if not config.objectives:
+        raise ConfigError("a method needs at least one objective")
+    seen: set[str] = set()
+    for spec in config.objectives:
+        if spec.name not in OBJECTIVES:
+            raise ConfigError(f"unknown objective '{spec.name}'; known objectives: {', '.join(sorted(OBJECTIVES))}")
+        if spec.name in seen:
+            raise ConfigError(f"objective '{spec.name}' is listed twice")
+        seen.add(spec.name)
+        if not math.isfinite(spec.weight) or spec.weight < 0:
+            raise ConfigError(f"objective '{spec.name}': weight must be a finite number ≥ 0, got {spec.weight}")
+        check_objective_params(spec.name, spec.params)
+    if all(spec.weight == 0 for spec in config.objectives):
+        raise ConfigError("at least one objective needs a weight > 0")
+
+
+def _check_masker(spec: MaskerSpec, where: str, *, allow_zero: bool) -> None:
+    if spec.kind not in MASKER_KINDS:
+        raise ConfigError(f"{where}: unknown masker '{spec.kind}'; known maskers: {', '.join(MASKER_KINDS)}")
+    low_ok = spec.ratio >= 0 if allow_zero else spec.ratio > 0
+    if not (math.isfinite(spec.ratio) and low_ok and spec.ratio < 1):
+        interval = "[0, 1)" if allow_zero else "(0, 1)"
+        raise ConfigError(f"{where}: mask ratio must be in {interval}, got {spec.ratio}")
+    probs = spec.replace_probs
+    if len(probs) != 3 or any(p < 0 for p in probs) or not math.isclose(sum(probs), 1.0, abs_tol=1e-6):
+        raise ConfigError(f"{where}: replace_probs must be three non-negative numbers (mask, random, keep) "
+                          f"summing to 1, got {list(probs)}")
+
+
+def _requires_of(config: MethodConfig) -> set[str]:
+    features: set[str] = set()
+    for spec in config.objectives:
+        features |= objective_class(spec.name).requires
+    return features
+
+
+def _merge_masker(base: Any, override: Any, where: str) -> dict[str, Any] | None:
+    if override is None:
+        return None
+    if isinstance(override, str):
+        override = {"kind": override}
+    override = dict(_mapping(override, where))
+    merged = dict(base or DEFAULT_DECODER_MASKER.to_dict())
+    merged.update(override)
+    return merged
+
+
+def _split(text: str) -> list[str]:
+    return [part.strip() for part in str(text).split(",") if part.strip()]
+
+
+def _number(value: Any, where: str) -> float:
+    if isinstance(value, bool):
+        raise ConfigError(f"{where}: expected a number, got {value!r}")
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{where}: expected a number, got {value!r}") from None
+
+
+def _mapping(data: Any, where: str) -> Mapping[str, Any]:
+    if not isinstance(data, Mapping):
+        raise ConfigError(f"{where}: expected a mapping, got {type(data).__name__}")
+    return data
+
+
+def _reject_unknown(data: Mapping[str, Any], known: set[str], where: str) -> None:
+    unknown = sorted(set(data) - known)
+    if unknown:
+        raise ConfigError(f"{where}: unknown field(s) {', '.join(map(str, unknown))}; "
+                          f"known fields: {', '.join(sorted(known))}")

@@ -1,0 +1,104 @@
+"""Pre-training: any method (maskers + objectives + weights) on the shared training loop.
+
+:func:`pretrain` tokenizes the corpus once (cached), builds the encoder, the objectives of the method and
+the collator, and hands them to :func:`pretrieve.train.loop.train` (data order, accumulation, DDP,
+checkpoints and resume are documented there). The exported ``<out>/final`` holds the encoder loadable
+with ``AutoModel.from_pretrained`` / ``AutoModelForMaskedLM.from_pretrained``, the decoder heads and
+``method.json`` beside it for continued pre-training, the tokenizer, the resolved config and provenance.
+
+Defaults follow paper 000 §4 where they fit a small machine (paper: AdamW, lr 3e-4, batch 2048,
+max-len 512 on Wikipedia/BookCorpus, 144 on MS MARCO, 20 epochs); the recipes set the papers' values.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from pretrieve.errors import ConfigError
+from pretrieve.io_utils import write_json
+from pretrieve.train.loop import LoopConfig, make_accelerator, train
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class PretrainConfig(LoopConfig):
+    """One pre-training run: what to train on, the method, and the loop settings."""
+
+    model: str = ""
+    corpus: str = ""
+    out: str = ""
+    method: Any = "bow"
+    max_len: int = 144
+    cache_dir: str | None = None
+
+    def loop(self) -> LoopConfig:
+        return LoopConfig(**{f.name: getattr(self, f.name) for f in dataclasses.fields(LoopConfig)})
+
+
+def model_max_length(config) -> int:
+    """Longest input the encoder's position embeddings allow (RoBERTa reserves padding_idx + 1)."""
+    positions = getattr(config, "max_position_embeddings", None)
+    if positions is None:
+        return 10**9
+    if getattr(config, "model_type", "") in {"roberta", "xlm-roberta", "camembert", "longformer"}:
+        return positions - (config.pad_token_id or 1) - 1
+    return positions
+
+
+def check_max_len(max_len: int, model_config) -> None:
+    limit = model_max_length(model_config)
+    if max_len > limit:
+        raise ConfigError(f"max_len {max_len} exceeds the model's {limit} positions")
+
+
+def resolved_method(config: PretrainConfig):
+    from pretrieve.train.method import MethodConfig, resolve_method
+
+    return config.method if isinstance(config.method, MethodConfig) else resolve_method(config.method)
+
+
+def pretrain(config: PretrainConfig) -> Path:
+    """Run (or resume) pre-training; returns the directory of the exported final model."""
+    from transformers import AutoTokenizer, AutoConfig
+
+    from pretrieve.data.pretrain_text import TokenizedCorpus
+    from pretrieve.modeling import Encoder
+    from pretrieve.modeling.pretrain_model import PretrainModel
+    from pretrieve.train.collator import PretrainCollator
+
+    method = resolved_method(config)
+    check_max_len(config.max_len, AutoConfig.from_pretrained(config.model))
+    accelerator = make_accelerator(config)
+    config.validate(accelerator.num_processes)
+    out = Path(config.out)
+
+    tokenizer = AutoTokenizer.from_pretrained(config.model)
+    cache_dir = config.cache_dir or str(out / "cache")
+    if accelerator.is_main_process:
+        TokenizedCorpus.build(config.corpus, tokenizer, config.max_len, cache_dir, show_progress=config.show_progress)
+    accelerator.wait_for_everyone()
+    dataset = TokenizedCorpus.build(config.corpus, tokenizer, config.max_len, cache_dir, show_progress=False)
+
+    torch.manual_seed(config.seed)
+    model = PretrainModel(Encoder.from_pretrained(config.model), method)
+    collator = PretrainCollator(tokenizer, method, model.required_features(), config.max_len, config.seed)
+
+    resolved = dataclasses.asdict(config) | {"method": method.to_dict()}
+    if accelerator.is_main_process:
+        out.mkdir(parents=True, exist_ok=True)
+        write_json(out / "pretrain_config.json", resolved)
+
+    def export(unwrapped, directory: Path) -> None:
+        unwrapped.save(directory)
+        tokenizer.save_pretrained(directory)
+        write_json(directory / "pretrain_config.json", resolved)
+
+    return train(model, dataset, collator, config.loop(), out, export, {"config": resolved},
+                 accelerator=accelerator, description=f"pretrain {method.name}")

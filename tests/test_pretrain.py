@@ -1,0 +1,186 @@
+"""Pre-training loop: losses go down for every preset, exact resume, atomic checkpoints, DDP == accumulation."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from pretrieve.errors import ConfigError
+from pretrieve.train import checkpoint as ckpt
+from pretrieve.train import loop
+from pretrieve.train.loop import read_logs
+from pretrieve.train.pretrainer import PretrainConfig, pretrain
+from pretrieve.train.run_config import build_pretrain_config
+
+from conftest import tiny_bert_config
+
+PRESETS = ["mlm", "bow", "ae", "ar", "retromae"]
+
+
+@pytest.fixture(scope="module")
+def tiny_nodrop_dir(tmp_path_factory, tokenizer) -> Path:
+    """Tiny random BERT with dropout off (bitwise-comparable runs across process layouts)."""
+    from transformers import BertForMaskedLM
+
+    torch.manual_seed(0)
+    out = tmp_path_factory.mktemp("tiny_nodrop")
+    config = tiny_bert_config(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    BertForMaskedLM(config).save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def small_corpus(tmp_path_factory) -> Path:
+    """200 passages of real-looking text (no shared data needed)."""
+    words = ("retrieval dense passage encoder query document ranking vector index token model training "
+             "protein cell gene cancer patient clinical trial study effect risk").split()
+    lines = []
+    for i in range(200):
+        picked = [words[(i * 7 + j * 3) % len(words)] for j in range(12 + i % 20)]
+        lines.append(" ".join(picked) + ".")
+    path = tmp_path_factory.mktemp("corpus") / "passages.txt"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def _config(model, corpus, out, **kw) -> PretrainConfig:
+    values = dict(model=str(model), corpus=str(corpus), out=str(out), method="bow", max_len=48, batch_size=8,
+                  lr=5e-4, max_steps=12, warmup_ratio=0.0, log_every=1, save_every=0, show_progress=False,
+                  cache_dir=str(Path(out).parent / "cache"))
+    values.update(kw)
+    return PretrainConfig(**values)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("preset", PRESETS)
+def test_every_preset_lowers_each_objective_loss_on_scifact(preset, scifact, tiny_mlm_dir, tmp_path):
+    config = _config(tiny_mlm_dir, scifact, tmp_path / preset, method=preset, max_steps=200, batch_size=8,
+                     max_len=64, lr=1e-3, warmup_ratio=0.05, log_every=10, cache_dir=str(tmp_path / "cache"))
+    final = pretrain(config)
+    logs = read_logs(tmp_path / preset)
+    assert logs[-1]["step"] == 200
+    objectives = [key for key in logs[0] if key.startswith("loss/")]
+    assert objectives, logs[0]
+    for key in objectives:
+        first, last = logs[0][key], logs[-1][key]
+        assert last < first * 0.9, f"{preset}: {key} went from {first:.3f} to {last:.3f}"
+    from transformers import AutoModel
+
+    AutoModel.from_pretrained(final)  # the export loads with plain transformers
+
+
+def test_resume_after_interruption_gives_identical_losses(tiny_mlm_dir, small_corpus, tmp_path, monkeypatch):
+    full = _config(tiny_mlm_dir, small_corpus, tmp_path / "full", method="retromae", max_steps=12, save_every=6)
+    pretrain(full)
+    reference = read_logs(tmp_path / "full")
+
+    # Interrupt the second run right after step 8 (after the step-6 checkpoint), as a kill would.
+    original = loop.train_step
+    calls = {"n": 0}
+
+    def killed_after_8(*args, **kwargs):
+        if calls["n"] == 8:
+            raise KeyboardInterrupt
+        calls["n"] += 1
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(loop, "train_step", killed_after_8)
+    interrupted = _config(tiny_mlm_dir, small_corpus, tmp_path / "resumed", method="retromae", max_steps=12,
+                          save_every=6)
+    with pytest.raises(KeyboardInterrupt):
+        pretrain(interrupted)
+    assert [step for step, _ in ckpt.list_checkpoints(tmp_path / "resumed")] == [6]
+    assert not (tmp_path / "resumed" / "final").exists()
+    monkeypatch.setattr(loop, "train_step", original)
+
+    interrupted.resume = True
+    pretrain(interrupted)
+    resumed = read_logs(tmp_path / "resumed")
+    assert [row["step"] for row in resumed] == list(range(1, 13))
+    for a, b in zip(reference, resumed):
+        for key in a:
+            if key != "samples_per_s":
+                assert a[key] == pytest.approx(b[key], rel=1e-6, abs=1e-7), (a["step"], key)
+
+
+def test_checkpoint_is_never_half_written(tiny_mlm_dir, small_corpus, tmp_path, monkeypatch):
+    config = _config(tiny_mlm_dir, small_corpus, tmp_path / "run", max_steps=8, save_every=4)
+    from accelerate import Accelerator
+
+    original = Accelerator.save_state
+    calls = {"n": 0}
+
+    def crash_on_second_save(self, output_dir=None, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 2:
+            Path(output_dir, "partial.bin").write_bytes(b"half")
+            raise OSError("disk full")
+        return original(self, output_dir, **kwargs)
+
+    monkeypatch.setattr(Accelerator, "save_state", crash_on_second_save)
+    config.max_steps, config.save_every = 12, 4
+    with pytest.raises(OSError):
+        pretrain(config)
+    steps = [step for step, _ in ckpt.list_checkpoints(tmp_path / "run")]
+    assert steps == [4]  # the failed step-8 save left no step-8 directory
+    assert ckpt.latest_checkpoint(tmp_path / "run").name == "step-4"
+
+
+def test_clear_errors_before_training(tiny_mlm_dir, small_corpus, tmp_path):
+    empty = tmp_path / "empty.txt"
+    empty.write_text("\n\n")
+    with pytest.raises(ConfigError, match="unknown"):
+        build_pretrain_config({}, dict(model=str(tiny_mlm_dir), corpus=str(small_corpus), out=str(tmp_path)),
+                              dict(method="nonexistent"))
+    with pytest.raises(ConfigError, match="weight"):
+        build_pretrain_config({}, dict(model=str(tiny_mlm_dir), corpus=str(small_corpus), out=str(tmp_path)),
+                              dict(method=None, objectives="mlm,bow", weights="1"))
+    with pytest.raises(ConfigError, match="unknown option"):
+        build_pretrain_config({"learning_rate": 1}, dict(model="m", corpus="c", out="o"), {})
+    with pytest.raises(ConfigError, match="positions"):
+        pretrain(_config(tiny_mlm_dir, small_corpus, tmp_path / "long", max_len=1024))
+    from pretrieve.errors import InputError
+
+    with pytest.raises(InputError, match="no text"):
+        pretrain(_config(tiny_mlm_dir, empty, tmp_path / "empty"))
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _run_cli(args, env_extra=None, nproc=1):
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", **(env_extra or {}))
+    if nproc == 1:
+        command = [sys.executable, "-m", "pretrieve", *args]
+    else:
+        command = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}",
+                   f"--master_port={_free_port()}", "-m", "pretrieve", *args]
+    result = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result
+
+
+@pytest.mark.ddp
+def test_two_process_ddp_matches_one_process_with_the_same_global_batch(tiny_nodrop_dir, small_corpus, tmp_path):
+    common = ["pretrain", "--model", str(tiny_nodrop_dir), "--corpus", str(small_corpus), "--method", "retromae",
+              "--max-len", "48", "--batch-size", "8", "--micro-batch-size", "4", "--steps", "6", "--lr", "5e-4",
+              "--log-every", "1", "--save-every", "0", "--warmup-ratio", "0"]
+    _run_cli([*common, "--out", str(tmp_path / "one")])
+    _run_cli([*common, "--out", str(tmp_path / "two")], nproc=2)
+    one, two = read_logs(tmp_path / "one"), read_logs(tmp_path / "two")
+    assert len(one) == len(two) == 6
+    for a, b in zip(one, two):
+        for key in ("loss", "loss/mlm", "loss/enhanced"):
+            assert a[key] == pytest.approx(b[key], abs=1e-5), (a["step"], key, a[key], b[key])
