@@ -11,8 +11,14 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def shared_data_dir() -> Path:
-    """Where the real BEIR-layout collections live (env PRETRIEVE_DATA, else ../shared/data)."""
-    return Path(os.environ.get("PRETRIEVE_DATA", REPO.parent / "shared" / "data"))
+    """Where the real BEIR-layout collections live: env PRETRIEVE_DATA, else ../shared/data beside the
+    checkout, else /work/shared/data (the workplace's shared folder)."""
+    if "PRETRIEVE_DATA" in os.environ:
+        return Path(os.environ["PRETRIEVE_DATA"])
+    for candidate in (REPO.parent / "shared" / "data", Path("/work/shared/data")):
+        if candidate.is_dir():
+            return candidate
+    return REPO.parent / "shared" / "data"
 
 
 def collection(name: str) -> Path:
