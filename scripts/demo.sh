@@ -1,11 +1,18 @@
 #!/usr/bin/env bash
 # Set up (if needed) and run the end-to-end demo on SciFact:
 # BM25 and dense retrieval (offline all-MiniLM-L6-v2), evaluated side by side with significance marks.
-# Data: $PRETRIEVE_DATA/scifact (default ../shared/data/scifact). Output: outputs/demo/.
+# Output: outputs/demo/.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
-DATA=${PRETRIEVE_DATA:-../shared/data}/scifact
+# Collections: $PRETRIEVE_DATA, else ../shared/data beside the checkout, else /work/shared/data.
+ROOT=${PRETRIEVE_DATA:-}
+if [ -z "$ROOT" ]; then
+  for candidate in ../shared/data /work/shared/data; do
+    if [ -d "$candidate/scifact" ]; then ROOT=$candidate; break; fi
+  done
+fi
+DATA=${ROOT:-../shared/data}/scifact
 OUT=outputs/demo
 mkdir -p "$OUT"
 P=.venv/bin/pretrieve
