@@ -60,7 +60,10 @@ class Encoder(nn.Module):
     # ------------------------------------------------------------------ construction
     @classmethod
     def from_pretrained(cls, name_or_path: str | Path, **kwargs) -> "Encoder":
-        """Load a checkpoint (hub name or directory); create and log the MLM head when it is missing."""
+        """Load a checkpoint (hub name, directory or offline alias); create and log the MLM head when missing."""
+        from pretrieve.models import resolve_model
+
+        name_or_path = resolve_model(name_or_path)
         model, info = AutoModelForMaskedLM.from_pretrained(str(name_or_path), output_loading_info=True, **kwargs)
         head_prefixes = tuple(f"{name}." for name in _head_module_names(model))
         missing_head = sorted(key for key in info.get("missing_keys", ()) if key.startswith(head_prefixes))

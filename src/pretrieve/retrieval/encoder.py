@@ -393,6 +393,9 @@ class DenseEncoder:
         """Load a checkpoint; sentence-transformers settings are read, explicit arguments override them."""
         from transformers import AutoModel, AutoTokenizer
 
+        from pretrieve.models import resolve_model
+
+        name_or_path = resolve_model(name_or_path)
         files = ModelFiles(name_or_path)
         st = read_sentence_transformers_config(files)
         location, extra = files.model_location(st.transformer_path if st else "")
