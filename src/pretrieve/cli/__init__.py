@@ -25,9 +25,23 @@ app = typer.Typer(
 console = Console(stderr=True, soft_wrap=True)
 
 
+NOISY_LOGGERS = ("bm25s", "httpx", "httpcore", "urllib3", "filelock", "huggingface_hub", "datasets", "fsspec")
+
+
+def configure_logging(verbose: bool = False) -> None:
+    """INFO (or DEBUG) lines of pretrieve on stderr; chatty third-party libraries only from WARNING."""
+    import logging
+
+    logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO,
+                        format="%(levelname)s %(name)s: %(message)s")
+    for name in NOISY_LOGGERS:
+        logging.getLogger(name).setLevel(logging.WARNING)
+
+
 @app.callback()
-def _root() -> None:
+def _root(verbose: bool = typer.Option(False, "--verbose", "-v", help="Debug logging.")) -> None:
     """Pre-train, fine-tune, index and evaluate dense passage retrievers."""
+    configure_logging(verbose)
 
 # Command groups register themselves on `app` when imported. A missing optional module must not
 # break the other commands, so each is imported by name.

@@ -34,6 +34,15 @@ import numpy as np
 
 from pretrieve.data.beir import Corpus
 from pretrieve.data.trec import Run
+
+
+def _import_bm25s():
+    """Import bm25s, which sets its own logger to DEBUG on import; keep it at WARNING or above."""
+    import bm25s
+
+    bm25s_logger = logging.getLogger("bm25s")
+    bm25s_logger.setLevel(max(bm25s_logger.level, logging.WARNING))
+    return bm25s
 from pretrieve.errors import ConfigError, InputError
 from pretrieve.io_utils import atomic_dir, write_json
 
@@ -100,7 +109,7 @@ class BM25Index:
     def build_from_texts(cls, doc_ids: Sequence[str], texts: Sequence[str], params: BM25Params | None = None,
                          show_progress: bool = False) -> "BM25Index":
         """Build from parallel lists of ids and texts (what :meth:`build` does for a Corpus)."""
-        import bm25s
+        bm25s = _import_bm25s()
 
         params = params or BM25Params()
         params.validate()
@@ -180,7 +189,7 @@ class BM25Index:
     @classmethod
     def load(cls, path: str | Path) -> "BM25Index":
         """Load an index written by :meth:`save`."""
-        import bm25s
+        bm25s = _import_bm25s()
 
         path = Path(path)
         meta_path = path / _META_FILE
