@@ -1,0 +1,263 @@
+"""``pretrieve finetune | mine | reranker train/score/teacher``: the fine-tuning pipeline from the command line.
+
+Thin wrappers: parse options (a ``--config`` YAML/JSON file first, flags override it), call one library
+function of :mod:`pretrieve.train.finetuner`, :mod:`pretrieve.retrieval.mining` or
+:mod:`pretrieve.train.reranker`, print where the result is. Progress bars go to stderr.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+
+from pretrieve.cli import app
+from pretrieve.train.finetuner import FinetuneConfig
+from pretrieve.train.reranker import RerankerConfig
+
+err = Console(stderr=True)
+
+reranker_app = typer.Typer(help="Cross-encoder reranker: train on groups, re-rank runs, score teacher groups.",
+                           no_args_is_help=True, context_settings={"help_option_names": ["-h", "--help"],
+                                                                   "show_default": True})
+app.add_typer(reranker_app, name="reranker")
+
+DATA_HELP = "Collection directory in BEIR layout."
+
+
+def _option(config_cls, name: str, *flags: str, extra: str = "", default_text: str | None = None, **kwargs):
+    """An option whose value is None unless given (so a --config file can set it), with the help text and the
+    default of the config dataclass field ``name`` (``default_text`` overrides the shown default)."""
+    import dataclasses
+
+    field = {f.name: f for f in dataclasses.fields(config_cls)}[name]
+    shown = default_text if default_text is not None else field.default
+    text = (field.metadata.get("help", "") + " " + extra).strip()
+    return typer.Option(None, *flags, help=text, show_default=str(shown) if shown not in ("", None) else False,
+                        **kwargs)
+
+
+def _ft(name: str, *flags: str, **kwargs):
+    return _option(FinetuneConfig, name, *flags, **kwargs)
+
+
+def _rr(name: str, *flags: str, **kwargs):
+    return _option(RerankerConfig, name, *flags, **kwargs)
+
+
+def _setup_logging() -> None:
+    if not logging.getLogger().handlers:
+        logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+        for noisy in ("httpx", "urllib3", "huggingface_hub", "transformers", "sentence_transformers", "bm25s"):
+            logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
+def _load_file(path: Optional[Path]) -> dict:
+    if path is None:
+        return {}
+    from pretrieve.train.run_config import load_config_file
+
+    return load_config_file(path)
+
+
+def _resolve_data(data: Optional[str]) -> Optional[str]:
+    if data is None:
+        return None
+    from pretrieve.data.registry import resolve_collection
+
+    return str(resolve_collection(data))
+
+
+# ------------------------------------------------------------------------------------------ finetune
+@app.command("finetune")
+def finetune_command(
+    model: Optional[str] = _ft("model", "--model", "-m", extra="Path, offline alias (minilm) or hub name."),
+    data: Optional[str] = _ft("data", "--data", "-d"),
+    out: Optional[Path] = _ft("out", "--out", "-o"),
+    stage: Optional[int] = _ft("stage", "--stage"),
+    groups: Optional[Path] = _ft("groups", "--groups"),
+    config: Optional[Path] = typer.Option(None, "--config", help="YAML/JSON file with any of these options "
+                                          "(flags given here override it)."),
+    split: Optional[str] = _ft("split", "--split"),
+    num_negatives: Optional[int] = _ft("num_negatives", "--num-negatives"),
+    query_max_len: Optional[int] = _ft("query_max_len", "--query-max-len"),
+    passage_max_len: Optional[int] = _ft("passage_max_len", "--passage-max-len"),
+    pooling: Optional[str] = _ft("pooling", "--pooling"),
+    normalize: Optional[bool] = _ft("normalize", "--normalize/--no-normalize"),
+    similarity: Optional[str] = _ft("similarity", "--similarity"),
+    temperature: Optional[float] = _ft("temperature", "--temperature"),
+    tied: Optional[bool] = _ft("tied", "--tied/--separate", default_text="tied"),
+    alpha: Optional[float] = _ft("alpha", "--alpha"),
+    teacher_temperature: Optional[float] = _ft("teacher_temperature", "--teacher-temperature"),
+    in_batch: Optional[bool] = _ft("in_batch", "--in-batch/--no-in-batch", default_text="in-batch"),
+    gather: Optional[bool] = _ft("gather", "--gather/--no-gather", default_text="gather"),
+    bm25_depth: Optional[int] = _ft("bm25_depth", "--bm25-depth"),
+    max_groups: Optional[int] = _ft("max_groups", "--max-groups"),
+    on_unknown: Optional[str] = _ft("on_unknown", "--on-unknown"),
+    batch_size: Optional[int] = _ft("batch_size", "--batch-size"),
+    micro_batch_size: Optional[int] = typer.Option(None, "--micro-batch-size", help="Queries per forward pass "
+                                                   "(gradient accumulation).",
+                                                   show_default="batch_size / processes"),
+    lr: Optional[float] = _ft("lr", "--lr"),
+    steps: Optional[int] = typer.Option(None, "--steps", help="Optimizer steps (0 = use --epochs).",
+                                         show_default="0"),
+    epochs: Optional[float] = _ft("epochs", "--epochs"),
+    warmup_ratio: Optional[float] = typer.Option(None, "--warmup-ratio", help="Warmup share of the steps.",
+                                                 show_default="0.1"),
+    schedule: Optional[str] = typer.Option(None, "--schedule", help="linear | cosine | constant.",
+                                            show_default="linear"),
+    bf16: Optional[bool] = typer.Option(None, "--bf16/--no-bf16", help="bf16 autocast.",
+                                        show_default="off"),
+    seed: Optional[int] = typer.Option(None, "--seed", help="Seed of sampling, data order and init.",
+                                        show_default="42"),
+    save_every: Optional[int] = typer.Option(None, "--save-every", help="Checkpoint every N steps.",
+                                              show_default="500"),
+    log_every: Optional[int] = typer.Option(None, "--log-every", help="Log every N steps.", show_default="10"),
+    num_workers: Optional[int] = typer.Option(None, "--num-workers", help="DataLoader workers.", show_default="0"),
+    resume: bool = typer.Option(False, "--resume", help="Continue from the newest checkpoint in --out."),
+) -> None:
+    """Fine-tune a dual-encoder retriever (stage 1, 2 or 3); OUT/final is a sentence-transformers model."""
+    from pretrieve.train.finetuner import build_finetune_config, finetune
+
+    _setup_logging()
+    flags = dict(model=model, data=_resolve_data(data), out=str(out) if out else None, stage=stage,
+                 groups=str(groups) if groups else None, split=split, num_negatives=num_negatives,
+                 query_max_len=query_max_len, passage_max_len=passage_max_len, pooling=pooling, normalize=normalize,
+                 similarity=similarity, temperature=temperature, tied=tied, alpha=alpha,
+                 teacher_temperature=teacher_temperature, in_batch=in_batch, gather=gather, bm25_depth=bm25_depth,
+                 max_groups=max_groups, on_unknown=on_unknown, batch_size=batch_size,
+                 micro_batch_size=micro_batch_size, lr=lr, max_steps=steps, epochs=epochs, warmup_ratio=warmup_ratio,
+                 schedule=schedule, bf16=bf16, seed=seed, save_every=save_every, log_every=log_every,
+                 num_workers=num_workers)
+    run_config = build_finetune_config(_load_file(config), flags, resume=resume)
+    final = finetune(run_config)
+    typer.echo(f"fine-tuned retriever: {final}")
+
+
+# ---------------------------------------------------------------------------------------------- mine
+@app.command("mine")
+def mine_command(
+    data: str = typer.Option(..., "--data", "-d", help=DATA_HELP),
+    out: Path = typer.Option(..., "--out", "-o", help="Groups JSONL to write (a .meta.json sidecar goes beside it)."),
+    model: Optional[str] = typer.Option(None, "--model", "-m", help="Fine-tuned retriever (e.g. STAGE1/final) or "
+                                        "any dense checkpoint; omit with --bm25."),
+    bm25: bool = typer.Option(False, "--bm25", help="Mine with BM25 instead of a dense model (stage-1 negatives)."),
+    split: str = typer.Option("train", "--split", "-s", help="Qrels split whose queries get groups."),
+    depth: Optional[int] = typer.Option(None, "--depth", min=1, help="Top-K searched; negatives are the top-K minus "
+                                        "positives.", show_default="200 dense (K2/K3), 1000 BM25 (K1)"),
+    run_out: Optional[Path] = typer.Option(None, "--run-out", help="Also write the retrieval run (TREC) here."),
+    cache: Optional[Path] = typer.Option(None, "--cache", help="Keep the corpus embeddings here (dense)."),
+    batch_size: int = typer.Option(64, "--batch-size", min=1, help="Texts per forward pass (dense)."),
+    max_length: Optional[int] = typer.Option(None, "--max-length", min=2,
+                                             help="Passage token limit; default: the model's max_seq_length."),
+    query_max_length: Optional[int] = typer.Option(None, "--query-max-length", min=2, help="Query token limit; "
+                                                   "default: the length the model was fine-tuned with."),
+    bf16: bool = typer.Option(False, "--bf16", help="bf16 autocast for encoding (dense)."),
+    device: str = typer.Option("auto", "--device", help="cpu, cuda, cuda:1, ... or auto."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Recompute even when OUT is up to date."),
+) -> None:
+    """Hard negatives: each query's top-K by the retriever minus its positives, as training groups."""
+    from pretrieve.errors import ConfigError
+    from pretrieve.retrieval.mining import bm25_negatives, mine_negatives
+
+    _setup_logging()
+    collection = _resolve_data(data)
+    if bm25 == (model is not None):
+        raise ConfigError("give either --model (dense mining) or --bm25")
+    if bm25:
+        path = bm25_negatives(collection, split, out, depth=depth or 1000, run_out=run_out, overwrite=overwrite)
+    else:
+        from pretrieve.models import resolve_model
+
+        path = mine_negatives(resolve_model(model), collection, split, out, depth=depth or 200,
+                              batch_size=batch_size, max_length=max_length, query_max_length=query_max_length,
+                              cache_dir=cache, run_out=run_out, device=device, bf16=bf16, overwrite=overwrite)
+    err.print(f"training groups: {path}", highlight=False)
+
+
+# ------------------------------------------------------------------------------------------ reranker
+@reranker_app.command("train")
+def reranker_train_command(
+    model: Optional[str] = _rr("model", "--model", "-m", extra="Path, alias or hub name."),
+    data: Optional[str] = _rr("data", "--data", "-d"),
+    groups: Optional[Path] = _rr("groups", "--groups"),
+    out: Optional[Path] = _rr("out", "--out", "-o"),
+    config: Optional[Path] = typer.Option(None, "--config", help="YAML/JSON file with any of these options."),
+    num_negatives: Optional[int] = _rr("num_negatives", "--num-negatives"),
+    max_len: Optional[int] = _rr("max_len", "--max-len"),
+    max_groups: Optional[int] = _rr("max_groups", "--max-groups"),
+    batch_size: Optional[int] = _rr("batch_size", "--batch-size"),
+    micro_batch_size: Optional[int] = typer.Option(None, "--micro-batch-size", help="Queries per forward pass.",
+                                                   show_default="batch_size / processes"),
+    lr: Optional[float] = _rr("lr", "--lr"),
+    steps: Optional[int] = typer.Option(None, "--steps", help="Optimizer steps (0 = use --epochs).",
+                                         show_default="0"),
+    epochs: Optional[float] = _rr("epochs", "--epochs"),
+    warmup_ratio: Optional[float] = typer.Option(None, "--warmup-ratio", help="Warmup share.", show_default="0.1"),
+    bf16: Optional[bool] = typer.Option(None, "--bf16/--no-bf16", help="bf16 autocast.",
+                                        show_default="off"),
+    seed: Optional[int] = typer.Option(None, "--seed", help="Seed.", show_default="42"),
+    save_every: Optional[int] = typer.Option(None, "--save-every", help="Checkpoint every N steps.",
+                                              show_default="500"),
+    log_every: Optional[int] = typer.Option(None, "--log-every", help="Log every N steps.", show_default="10"),
+    resume: bool = typer.Option(False, "--resume", help="Continue from the newest checkpoint in --out."),
+) -> None:
+    """Train a cross-encoder with listwise cross-entropy over each query's group (no in-batch negatives)."""
+    from pretrieve.train.reranker import build_reranker_config, train_reranker
+
+    _setup_logging()
+    flags = dict(model=model, data=_resolve_data(data), groups=str(groups) if groups else None,
+                 out=str(out) if out else None, num_negatives=num_negatives, max_len=max_len, max_groups=max_groups,
+                 batch_size=batch_size, micro_batch_size=micro_batch_size, lr=lr, max_steps=steps, epochs=epochs,
+                 warmup_ratio=warmup_ratio, bf16=bf16, seed=seed, save_every=save_every, log_every=log_every)
+    final = train_reranker(build_reranker_config(_load_file(config), flags, resume=resume))
+    typer.echo(f"reranker: {final}")
+
+
+@reranker_app.command("score")
+def reranker_score_command(
+    model: str = typer.Option(..., "--model", "-m", help="Trained reranker (RERANKER/final)."),
+    data: str = typer.Option(..., "--data", "-d", help=DATA_HELP),
+    run: Path = typer.Option(..., "--run", help="Run to re-rank (TREC format)."),
+    out: Path = typer.Option(..., "--out", "-o", help="Re-ranked run to write (TREC format)."),
+    split: str = typer.Option("test", "--split", "-s", help="Split whose query texts are used."),
+    depth: int = typer.Option(200, "--depth", min=1, help="Documents re-ranked per query (the rest are dropped)."),
+    batch_size: int = typer.Option(64, "--batch-size", min=1, help="Pairs per forward pass."),
+    max_len: Optional[int] = typer.Option(None, "--max-len", min=4,
+                                          help="Pair token limit; default: the training one."),
+    device: str = typer.Option("auto", "--device", help="cpu, cuda, cuda:1, ... or auto."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Recompute even when OUT is up to date."),
+) -> None:
+    """Re-rank the top-DEPTH of every query of a run with the cross-encoder."""
+    from pretrieve.train.reranker import rerank_run_file
+
+    _setup_logging()
+    path = rerank_run_file(model, _resolve_data(data), split, run, out, depth=depth, batch_size=batch_size,
+                           max_len=max_len, device=device, overwrite=overwrite)
+    err.print(f"re-ranked run: {path}", highlight=False)
+
+
+@reranker_app.command("teacher")
+def reranker_teacher_command(
+    model: str = typer.Option(..., "--model", "-m", help="Trained reranker (RERANKER/final)."),
+    data: str = typer.Option(..., "--data", "-d", help=DATA_HELP),
+    groups: Path = typer.Option(..., "--groups", help="Mined groups (the stage-2 retriever's, from `pretrieve mine`)."),
+    out: Path = typer.Option(..., "--out", "-o", help="Teacher-scored groups JSONL for `finetune --stage 3`."),
+    max_negatives: Optional[int] = typer.Option(None, "--max-negatives", min=1, help="Score only the first N "
+                                                "negatives of each group (rank order).", show_default="all"),
+    batch_size: int = typer.Option(64, "--batch-size", min=1, help="Pairs per forward pass."),
+    max_len: Optional[int] = typer.Option(None, "--max-len", min=4,
+                                          help="Pair token limit; default: the training one."),
+    device: str = typer.Option("auto", "--device", help="cpu, cuda, cuda:1, ... or auto."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Recompute even when OUT is up to date."),
+) -> None:
+    """Score every positive and negative of each group with the reranker (stage-3 distillation targets)."""
+    from pretrieve.train.reranker import teacher_groups
+
+    _setup_logging()
+    path = teacher_groups(model, _resolve_data(data), groups, out, max_negatives=max_negatives,
+                          batch_size=batch_size, max_len=max_len, device=device, overwrite=overwrite)
+    err.print(f"teacher-scored groups: {path}", highlight=False)

@@ -1,0 +1,77 @@
+"""The cross-encoder reranker: ``[CLS] query [SEP] passage [SEP]`` → one relevance score.
+
+:class:`CrossEncoder` wraps ``AutoModelForSequenceClassification(num_labels=1)`` (the papers' teacher is
+initialised from ELECTRA-base following SimLM; any encoder checkpoint works — the classification head is created
+when the checkpoint has none). Training (paper 003 §3.4) is the retriever's listwise contrastive loss with the
+parametric score ``s_ce(q, d) = CE(concat(q, d))`` and **no in-batch negatives**: each query's group of
+``G`` pairs (positive first) is a softmax over its own ``G`` scores
+(:func:`pretrieve.train.losses.listwise_ce`), as in RetroMAE's and SimLM's rerankers.
+
+Batch layout for ``forward``: ``input_ids`` / ``attention_mask`` (/ ``token_type_ids``) of ``[B·G, L]`` pairs,
+each query's ``G`` pairs contiguous with the positive first, and ``group_size`` (a 0-d tensor holding ``G``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Mapping
+
+import torch
+from torch import Tensor, nn
+
+from pretrieve.errors import ConfigError, InputError
+from pretrieve.train.losses import listwise_ce
+
+
+class CrossEncoder(nn.Module):
+    """A sequence-pair scorer with one output; ``forward(batch) -> (listwise loss, logs)``."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        if getattr(model.config, "num_labels", 1) != 1:
+            raise ConfigError(f"a reranker needs one output score, the model has {model.config.num_labels} labels")
+        self.model = model
+
+    @classmethod
+    def from_pretrained(cls, name_or_path: str | Path) -> "CrossEncoder":
+        """Load a checkpoint; a fresh one-output classification head is created when it has none."""
+        from transformers import AutoModelForSequenceClassification
+
+        try:
+            model = AutoModelForSequenceClassification.from_pretrained(str(name_or_path), num_labels=1)
+        except OSError as exc:
+            raise InputError(f"cannot load model: {exc}", path=str(name_or_path)) from None
+        return cls(model)
+
+    load = from_pretrained
+
+    @property
+    def config(self):
+        return self.model.config
+
+    def score(self, input_ids: Tensor, attention_mask: Tensor, token_type_ids: Tensor | None = None) -> Tensor:
+        """``[N]`` relevance scores of ``N`` tokenized (query, passage) pairs."""
+        inputs = {"input_ids": input_ids, "attention_mask": attention_mask}
+        if token_type_ids is not None:
+            inputs["token_type_ids"] = token_type_ids
+        return self.model(**inputs).logits.squeeze(-1)
+
+    def group_scores(self, batch: Mapping[str, Tensor]) -> Tensor:
+        """``[B, G]`` scores of a training batch (positive in column 0)."""
+        scores = self.score(batch["input_ids"], batch["attention_mask"], batch.get("token_type_ids"))
+        size = int(batch["group_size"])
+        if size < 1 or scores.shape[0] % size:
+            raise ValueError(f"{scores.shape[0]} pairs cannot be split into groups of {size}")
+        return scores.view(-1, size)
+
+    def forward(self, batch: Mapping[str, Tensor]) -> tuple[Tensor, dict[str, Tensor]]:
+        scores = self.group_scores(batch)
+        loss = listwise_ce(scores)
+        with torch.no_grad():
+            accuracy = (scores.detach().argmax(dim=1) == 0).float().mean()
+        return loss, {"accuracy": accuracy}
+
+    def save(self, directory: str | Path) -> Path:
+        """``save_pretrained`` (safetensors): loads with ``AutoModelForSequenceClassification`` and :meth:`load`."""
+        self.model.save_pretrained(str(directory), safe_serialization=True)
+        return Path(directory)

@@ -1,0 +1,370 @@
+"""Retriever fine-tuning, stages 1–3 (paper 003 §3.4, paper 001 eq. 13–15, paper 004 §3.3, paper 000 §4.1).
+
+:func:`finetune` trains a :class:`~pretrieve.modeling.dual_encoder.DualEncoder` on training groups (a query, its
+positives, its hard negatives) with the shared loop (:mod:`pretrieve.train.loop`: data order, accumulation,
+DDP, checkpoints, exact resume) and exports it to ``<out>/final`` (:mod:`pretrieve.modeling.export`: a
+sentence-transformers folder for dense siamese models, so ``pretrieve dense --model <out>/final`` works).
+
+The three stages differ only in their groups and loss:
+
+====== ====================================================================== ==============================
+stage  groups (``--groups``)                                                  loss
+====== ====================================================================== ==============================
+1      BM25 top-K₁ (1000) minus positives; built and cached as                InfoNCE, in-batch + hard negs
+       ``<out>/bm25_groups.jsonl`` when no file is given
+2      the stage-1 retriever's top-K₂ (200) minus positives — ``pretrieve     InfoNCE, in-batch + hard negs
+       mine --model STAGE1/final``
+3      the stage-2 retriever's top-K₃ (200) minus positives, with teacher     KL(teacher ‖ student) + α·InfoNCE
+       scores from the cross-encoder — ``pretrieve reranker teacher``         (α = 0.2)
+====== ====================================================================== ==============================
+
+Every stage starts again from the *pre-trained* checkpoint (``--model``), not from the previous stage:
+"At each of the three training stages, retrievers are initialized with the same pre-trained checkpoint"
+(paper 003 §3.4; SimLM and Tevatron's recipes do the same). Earlier stages only supply negatives.
+
+Sampling (:class:`GroupCollator`): each step draws, per query, one positive uniformly and ``num_negatives``
+distinct negatives (:func:`pretrieve.data.groups.sample_group_indices`) from the generator the loop seeds per
+(seed, step, micro-batch) — so resume is exact. Queries (``query_max_len`` 32) and passages (title + " " +
+text, ``passage_max_len`` 144: paper 000 §4.1's MS MARCO length) are tokenized with dynamic padding.
+
+Defaults. The papers fine-tune with batch 64, 15 negatives (group 16; paper 003: group 32, swapped with the
+batch in stage 3), lr 2e-5, 3 epochs, dot product with τ = 1 on [CLS] vectors. The defaults here keep the
+papers' lr, epochs, lengths, similarity and α but use batch 16 and 7 negatives (group 8), which fits a CPU
+or a small GPU; set ``batch_size: 64`` and ``num_negatives: 15`` in a config file to match the papers.
+``pooling`` / ``normalize`` default to what a sentence-transformers checkpoint declares (all-MiniLM-L6-v2:
+mean + normalize), else [CLS] without normalisation (papers); ``temperature`` defaults to 1 for unnormalised dot
+products and 0.05 for cosine or normalised vectors.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+import torch
+
+from pretrieve.data.beir import BeirCollection, Corpus
+from pretrieve.data.groups import GroupSet, TrainingGroup, read_groups, sample_group_indices
+from pretrieve.errors import ConfigError, InputError
+from pretrieve.io_utils import write_json
+from pretrieve.train.loop import LoopConfig, make_accelerator, train
+
+logger = logging.getLogger(__name__)
+
+STAGES = (1, 2, 3)
+BM25_GROUPS_FILE = "bm25_groups.jsonl"
+CONFIG_FILE = "finetune_config.json"
+COSINE_TEMPERATURE = 0.05
+#: LoopConfig fields that do not change what a run computes (ignored when deciding whether a run is done).
+BOOKKEEPING = ("resume", "show_progress", "save_every", "keep_checkpoints", "log_every", "num_workers")
+
+
+def _help(text: str) -> Any:
+    return {"help": text}
+
+
+@dataclass
+class FinetuneConfig(LoopConfig):
+    """One fine-tuning stage: data, model, representation, loss and loop settings (module docstring: defaults)."""
+
+    model: str = field(default="", metadata=_help("Pre-trained encoder to start from (every stage starts from it)."))
+    data: str = field(default="", metadata=_help("Collection in BEIR layout."))
+    out: str = field(default="", metadata=_help("Output directory (checkpoints, logs, final/)."))
+    split: str = field(default="train", metadata=_help("Qrels split of the training queries."))
+    stage: int = field(default=1, metadata=_help("1: BM25 negatives; 2: mined negatives; 3: + distillation."))
+    groups: str | None = field(default=None, metadata=_help(
+        "Training groups JSONL; stage 1 builds BM25 groups when absent, stages 2/3 require it."))
+    num_negatives: int = field(default=7, metadata=_help("Hard negatives per query per step (papers: 15)."))
+    query_max_len: int = field(default=32, metadata=_help("Query token limit."))
+    passage_max_len: int = field(default=144, metadata=_help("Passage token limit (title + text)."))
+    representation: str = field(default="dense", metadata=_help("Representation type."))
+    pooling: str | None = field(default=None, metadata=_help(
+        "cls | mean; default: the checkpoint's sentence-transformers pooling, else cls (papers)."))
+    normalize: bool | None = field(default=None, metadata=_help(
+        "L2-normalise vectors; default: whether the checkpoint has a Normalize module."))
+    similarity: str = field(default="dot", metadata=_help("dot (papers) | cos."))
+    temperature: float | None = field(default=None, metadata=_help(
+        "Softmax temperature; default: 1 for dot products, 0.05 for cosine/normalised vectors."))
+    tied: bool = field(default=True, metadata=_help("Siamese towers (shared weights); false: separate towers."))
+    alpha: float = field(default=0.2, metadata=_help("Weight of the contrastive term in stage 3 (paper 003)."))
+    teacher_temperature: float = field(default=1.0, metadata=_help("Temperature of the teacher's softmax (stage 3)."))
+    in_batch: bool = field(default=True, metadata=_help("Use the other queries' passages as negatives too."))
+    gather: bool = field(default=True, metadata=_help("Cross-device negatives under DDP."))
+    bm25_depth: int = field(default=1000, metadata=_help("K1: BM25 depth of the stage-1 negatives."))
+    max_groups: int | None = field(default=None, metadata=_help("Train on the first N groups only (quick runs)."))
+    on_unknown: str = field(default="error", metadata=_help(
+        "Document ids missing from the corpus: error | skip (drop and count them)."))
+    # loop settings whose defaults differ for fine-tuning
+    batch_size: int = field(default=16, metadata=_help("Queries per optimizer step, all processes together."))
+    lr: float = field(default=2e-5, metadata=_help("Peak learning rate (papers: 2e-5)."))
+    epochs: float = field(default=3.0, metadata=_help("Epochs when max_steps is 0 (papers: 3)."))
+
+    def loop(self) -> LoopConfig:
+        return LoopConfig(**{f.name: getattr(self, f.name) for f in dataclasses.fields(LoopConfig)})
+
+    def check(self) -> None:
+        """Validate the settings that do not depend on files (raises :class:`ConfigError`)."""
+        missing = [name for name in ("model", "data", "out") if not getattr(self, name)]
+        if missing:
+            raise ConfigError(f"missing required option(s): {', '.join('--' + m for m in missing)}")
+        if self.stage not in STAGES:
+            raise ConfigError(f"stage must be 1, 2 or 3, got {self.stage}")
+        if self.num_negatives < 0:
+            raise ConfigError(f"num_negatives must be >= 0, got {self.num_negatives}")
+        if self.num_negatives == 0 and not self.in_batch:
+            raise ConfigError("num_negatives 0 without in-batch negatives leaves no negative at all")
+        if self.stage == 3 and self.num_negatives == 0:
+            raise ConfigError("stage 3 distils the teacher over each query's group: num_negatives must be >= 1")
+        for name in ("query_max_len", "passage_max_len", "bm25_depth"):
+            if getattr(self, name) < 2:
+                raise ConfigError(f"{name} must be >= 2, got {getattr(self, name)}")
+        if self.max_groups is not None and self.max_groups < 1:
+            raise ConfigError(f"max_groups must be >= 1, got {self.max_groups}")
+        if self.on_unknown not in ("error", "skip"):
+            raise ConfigError(f"on_unknown must be 'error' or 'skip', got {self.on_unknown!r}")
+
+    def settings(self) -> dict[str, Any]:
+        """The resolved settings that determine the result (bookkeeping options left out)."""
+        return {key: value for key, value in dataclasses.asdict(self).items() if key not in BOOKKEEPING}
+
+
+
+
+# ------------------------------------------------------------------------------------------ collation
+class GroupCollator:
+    """Training groups → a dual-encoder batch (queries ``[B, Lq]``, passages ``[B·G, Lp]``, teacher scores).
+
+    Per group: one positive and ``num_negatives`` negatives drawn with a numpy generator seeded from the
+    loop's ``torch.Generator`` (all randomness comes from it); the positive comes first in each group of
+    ``G = 1 + num_negatives`` passages. ``teacher_scores=True`` adds the groups' teacher scores of the sampled
+    documents as ``teacher_scores`` ``[B, G]``.
+    """
+
+    def __init__(self, tokenizer, corpus: Corpus, num_negatives: int, query_max_len: int = 32,
+                 passage_max_len: int = 144, teacher_scores: bool = False):
+        self.tokenizer = tokenizer
+        self.corpus = corpus
+        self.num_negatives = num_negatives
+        self.query_max_len = query_max_len
+        self.passage_max_len = passage_max_len
+        self.teacher_scores = teacher_scores
+
+    def __call__(self, groups: Sequence[TrainingGroup],
+                 generator: torch.Generator | None = None) -> dict[str, torch.Tensor]:
+        if generator is None:
+            generator = torch.Generator().manual_seed(0)
+        rng = np.random.default_rng(int(torch.randint(0, 2**62, (1,), generator=generator).item()))
+        passages: list[str] = []
+        teacher: list[list[float]] = []
+        for group in groups:
+            positive, negatives = sample_group_indices(group, self.num_negatives, rng)
+            ids = [group.positives[positive]] + [group.negatives[i] for i in negatives]
+            passages.extend(self.corpus.full_text(self.corpus.row(doc_id)) for doc_id in ids)
+            if self.teacher_scores:
+                if not group.has_scores:
+                    raise InputError(f"training group of query '{group.query_id}' has no teacher scores",
+                                     field="positive_scores")
+                teacher.append([group.positive_scores[positive]] + [group.negative_scores[i] for i in negatives])
+        batch = self._tokenize("query", [group.query for group in groups], self.query_max_len)
+        batch.update(self._tokenize("passage", passages, self.passage_max_len))
+        if self.teacher_scores:
+            batch["teacher_scores"] = torch.tensor(teacher, dtype=torch.float32)
+        return batch
+
+    def _tokenize(self, prefix: str, texts: list[str], max_length: int) -> dict[str, torch.Tensor]:
+        encoded = self.tokenizer(texts, padding=True, truncation=True, max_length=max_length, return_tensors="pt")
+        keys = ("input_ids", "attention_mask", "token_type_ids")
+        return {f"{prefix}_{key}": encoded[key] for key in keys if key in encoded}
+
+
+# ----------------------------------------------------------------------------------------- resolution
+def resolve_dense_settings(config: FinetuneConfig, model_path: str) -> FinetuneConfig:
+    """Fill ``pooling`` / ``normalize`` / ``temperature`` left as None (see the module docstring)."""
+    from pretrieve.retrieval.encoder import ModelFiles, read_sentence_transformers_config
+
+    st = None
+    if config.pooling is None or config.normalize is None:
+        try:
+            st = read_sentence_transformers_config(ModelFiles(model_path))
+        except (InputError, ConfigError) as exc:
+            logger.warning("cannot read the sentence-transformers config of %s (%s); using cls pooling",
+                           model_path, exc)
+    pooling = config.pooling
+    if pooling is None:
+        pooling = "+".join(st.pooling) if st is not None else "cls"
+        if pooling not in ("cls", "mean"):
+            raise ConfigError(f"{model_path} declares pooling '{pooling}'; pass --pooling cls or --pooling mean")
+    normalize = config.normalize if config.normalize is not None else bool(st is not None and st.normalize)
+    temperature = config.temperature
+    if temperature is None:
+        temperature = COSINE_TEMPERATURE if (normalize or config.similarity == "cos") else 1.0
+    return dataclasses.replace(config, pooling=pooling, normalize=normalize, temperature=temperature)
+
+
+def build_representation(config: FinetuneConfig):
+    from pretrieve.modeling.representations import REPRESENTATIONS, DenseRepresentation
+
+    if config.representation != "dense":
+        if config.representation not in REPRESENTATIONS:
+            raise ConfigError(f"unknown representation '{config.representation}' (known: "
+                              f"{', '.join(sorted(REPRESENTATIONS))})")
+        raise ConfigError(f"representation '{config.representation}' has no fine-tuning settings here yet")
+    return DenseRepresentation(pooling=config.pooling, normalize=config.normalize, similarity=config.similarity,
+                               temperature=config.temperature)
+
+
+def missing_groups_message(stage: int) -> str:
+    if stage == 2:
+        return ("stage 2 trains on hard negatives mined with the stage-1 retriever; produce them with\n"
+                "  pretrieve mine --model STAGE1_OUT/final --data DATA --split train --depth 200 --out mined.jsonl\n"
+                "and pass --groups mined.jsonl")
+    return ("stage 3 trains on the stage-2 retriever's hard negatives with cross-encoder teacher scores; produce "
+            "them with\n"
+            "  pretrieve mine --model STAGE2_OUT/final --data DATA --split train --depth 200 --out mined2.jsonl\n"
+            "  pretrieve reranker train --model RERANKER_INIT --data DATA --groups mined.jsonl --out RERANKER\n"
+            "  pretrieve reranker teacher --model RERANKER/final --data DATA --groups mined2.jsonl "
+            "--out teacher.jsonl\n"
+            "and pass --groups teacher.jsonl")
+
+
+def groups_path(config: FinetuneConfig, collection: BeirCollection, is_main: bool) -> Path:
+    """The groups file of this stage: the given one, or (stage 1) the cached BM25 groups."""
+    if config.groups:
+        path = Path(config.groups)
+        if not path.exists():
+            raise InputError("training groups file not found", path=path)
+        return path
+    if config.stage != 1:
+        raise ConfigError(missing_groups_message(config.stage))
+    path = Path(config.out) / BM25_GROUPS_FILE
+    if is_main:
+        from pretrieve.retrieval.mining import bm25_negatives
+
+        bm25_negatives(collection, config.split, path, depth=config.bm25_depth)
+    return path
+
+
+def load_training_groups(config: FinetuneConfig, path: Path, corpus: Corpus) -> GroupSet:
+    """Read and check the groups: unknown ids (error or skip), teacher scores for stage 3, negatives available."""
+    groups = read_groups(path, corpus=corpus, on_unknown=config.on_unknown)
+    if config.stage == 3:
+        unscored = [g.query_id for g in groups if not g.has_scores]
+        if unscored:
+            raise InputError(f"stage 3 needs teacher scores but {len(unscored)} of {len(groups)} groups have none "
+                             f"(e.g. query '{unscored[0]}')\n{missing_groups_message(3)}", path=path)
+    kept = groups.groups
+    if config.num_negatives > 0:
+        kept = [g for g in kept if g.negatives]
+        if len(kept) < len(groups):
+            groups.stats.skipped_no_negatives += len(groups) - len(kept)
+            logger.warning("%s: skipped %d groups without negatives", path, len(groups) - len(kept))
+    if config.max_groups is not None:
+        kept = kept[:config.max_groups]
+    if not kept:
+        raise InputError("no usable training group", path=path)
+    return GroupSet(kept, groups.stats, path=str(path))
+
+
+def finished_run(out: Path, settings: Mapping[str, Any], config_file: str = CONFIG_FILE,
+                 marker: str = "dual_encoder.json") -> Path | None:
+    """``<out>/final`` when it holds a complete run (``marker`` and ``config_file`` present) with these
+    settings; None when there is none; a :class:`ConfigError` when the finished run's settings differ."""
+    import json
+
+    final = Path(out) / "final"
+    saved = final / config_file
+    if not (final / marker).exists() or not saved.exists():
+        return None
+    recorded = json.loads(saved.read_text(encoding="utf-8")).get("settings", {})
+    current = json.loads(json.dumps(dict(settings), default=str))
+    differing = sorted(key for key in set(recorded) | set(current) if recorded.get(key) != current.get(key))
+    if differing:
+        raise ConfigError(f"{final} holds a finished run with different settings ({', '.join(differing)}); "
+                          "choose another --out or remove it")
+    return final
+
+
+def _warn_if_not_pretrained(config: FinetuneConfig, model_path: str) -> None:
+    if config.stage > 1 and (Path(model_path) / "dual_encoder.json").exists():
+        logger.warning("%s is a fine-tuned dual encoder: the papers start every stage from the pre-trained "
+                       "checkpoint (the earlier stages only mine negatives)", model_path)
+
+
+# --------------------------------------------------------------------------------------------- running
+def finetune(config: FinetuneConfig) -> Path:
+    """Run (resume, or skip when already finished) one fine-tuning stage; returns ``<out>/final``."""
+    from transformers import AutoConfig, AutoTokenizer
+
+    from pretrieve.models import resolve_model
+    from pretrieve.modeling.dual_encoder import DualEncoder, RetrievalLoss
+    from pretrieve.modeling.export import export_retriever
+    from pretrieve.train.pretrainer import check_max_len
+
+    config.check()
+    model_path = resolve_model(config.model)
+    config = resolve_dense_settings(config, model_path)
+    representation = build_representation(config)
+    out = Path(config.out)
+    done = finished_run(out, config.settings())
+    if done is not None:
+        logger.info("%s is complete with the same settings; not training again", done)
+        return done
+    _warn_if_not_pretrained(config, model_path)
+    try:
+        model_config = AutoConfig.from_pretrained(model_path)
+    except OSError as exc:
+        raise InputError(f"cannot load the model: {exc}", path=model_path) from None
+    for name in ("query_max_len", "passage_max_len"):
+        check_max_len(getattr(config, name), model_config)
+
+    accelerator = make_accelerator(config)
+    config.validate(accelerator.num_processes)
+    collection = BeirCollection(Path(config.data))
+    corpus = collection.load_corpus()
+    if accelerator.is_main_process:
+        out.mkdir(parents=True, exist_ok=True)
+        write_json(out / CONFIG_FILE, {"settings": config.settings(), "config": dataclasses.asdict(config)})
+    path = groups_path(config, collection, accelerator.is_main_process)
+    accelerator.wait_for_everyone()
+    groups = load_training_groups(config, path, corpus)
+    logger.info("stage %d: %d training groups from %s", config.stage, len(groups), path)
+
+    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    torch.manual_seed(config.seed)
+    loss = RetrievalLoss(in_batch=config.in_batch, gather=config.gather, alpha=config.alpha,
+                         teacher_temperature=config.teacher_temperature)
+    model = DualEncoder.from_pretrained(model_path, representation=representation, tied=config.tied, loss=loss)
+    collator = GroupCollator(tokenizer, corpus, config.num_negatives, config.query_max_len, config.passage_max_len,
+                             teacher_scores=config.stage == 3)
+    training = {"stage": config.stage, "query_max_len": config.query_max_len,
+                "passage_max_len": config.passage_max_len, "num_negatives": config.num_negatives,
+                "groups": str(path), "init": model_path}
+    record = {"settings": config.settings(), "config": dataclasses.asdict(config),
+              "groups_stats": groups.stats.as_dict()}
+
+    def export(unwrapped, directory: Path) -> None:
+        export_retriever(unwrapped, tokenizer, directory, config.passage_max_len, training=training)
+        write_json(directory / CONFIG_FILE, record)
+
+    return train(model, groups, collator, config.loop(), out, export, {"config": record["config"]},
+                 accelerator=accelerator, description=f"finetune stage {config.stage}")
+
+
+def build_finetune_config(file_values: Mapping[str, Any], flags: Mapping[str, Any],
+                          resume: bool = False) -> FinetuneConfig:
+    """A :class:`FinetuneConfig` from a config file's values overridden by the flags that were given."""
+    from pretrieve.train.run_config import check_keys, merge
+
+    values = merge(file_values, flags)
+    check_keys(values, {f.name for f in dataclasses.fields(FinetuneConfig)}, "finetune config")
+    values["resume"] = resume or bool(values.get("resume", False))
+    try:
+        config = FinetuneConfig(**values)
+    except TypeError as exc:
+        raise ConfigError(f"finetune config: {exc}") from None
+    config.check()
+    return config
