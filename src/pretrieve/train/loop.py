@@ -10,7 +10,9 @@ Contract: a *dataset* (``len`` + ``dataset[i]``), a *collator* ``collator(exampl
   negative sampling) of micro-batch ``j`` at step ``s`` comes from a generator seeded with
   ``(seed, s, j)``. A run is therefore a function of its seed: ``resume`` continues exactly, and any
   split of the same micro-batches over processes × accumulation (2 processes, or 1 process
-  accumulating 2) gives the same losses.
+  accumulating 2) gives the same losses — for losses local to a micro-batch. A loss that looks across
+  processes (cross-device in-batch negatives in fine-tuning) deliberately sees more negatives under DDP
+  than under accumulation.
 * **Optimisation.** AdamW (no weight decay on biases and LayerNorm weights), warmup +
   linear/cosine/constant schedule (transformers' schedulers), gradient clipping, bf16 autocast via
   accelerate. Each micro-batch's loss is the model's own mean and gradients are averaged over
