@@ -1,0 +1,29 @@
+"""``pretrieve run RECIPE``: the end-to-end recipe (pre-train → fine-tune stages → evaluate)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from pretrieve.cli import app
+
+
+@app.command("run")
+def run_command(
+    recipe: Path = typer.Argument(..., help="Recipe YAML/JSON (see configs/ and docs/recipes.md)."),
+    out: Optional[Path] = typer.Option(None, help="Override the recipe's output directory."),
+    progress: bool = typer.Option(True, "--progress/--no-progress", help="Progress bars."),
+) -> None:
+    """Run (or resume) every stage of a recipe; finished stages are skipped."""
+    import logging
+
+    from rich.console import Console
+    from rich.markdown import Markdown
+
+    from pretrieve.pipeline import results_markdown, run_recipe
+
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    results = run_recipe(recipe, out=out, show_progress=progress)
+    Console().print(Markdown(results_markdown(results)))

@@ -1,0 +1,323 @@
+"""The end-to-end recipe: pre-train → fine-tune stage 1 → mine → stage 2 → reranker → stage 3 → evaluate.
+
+``pretrieve run recipe.yaml`` executes the stages a recipe lists, top to bottom, each in its own
+directory under ``out``. Every stage takes paths and returns paths, skips work whose complete output
+already exists (a finished stage is never redone; an interrupted one resumes from its last
+checkpoint), so killing and restarting a run finishes with the same results as an uninterrupted one.
+
+Recipe (YAML or JSON)::
+
+    name: scifact-cpu
+    out: outputs/scifact-cpu
+    model: minilm                 # the starting checkpoint (path, offline alias or hub name)
+    data: scifact                 # training collection: a path, or a name under data_root
+    data_root: null               # default: $PRETRIEVE_DATA, ../shared/data, /work/shared/data
+    seed: 42
+    finetune: {pooling: mean}     # options shared by every fine-tuning stage
+    stages:
+      - pretrain: {method: bow, max_steps: 100}     # corpus defaults to the training collection
+      - finetune: {stage: 1}
+      - mine: {depth: 200}
+      - finetune: {stage: 2}
+      - reranker: {epochs: 1}
+      - teacher: {max_negatives: 31}
+      - finetune: {stage: 3}
+      - evaluate: {collections: [scifact, cranfield], split: test, zero_shot: true, rerank_depth: 100}
+                                  # a collection may name its split: "msmarco:dev"
+
+Stage semantics follow the papers: stages 2 and 3 re-initialise from the pre-trained checkpoint (not
+from the previous stage); ``mine`` uses the latest fine-tuned retriever (the stage-1 one) to mine the
+stage-2 negatives; ``teacher`` scores the mined groups with the reranker for stage 3.
+
+Outputs in ``out``: one directory per stage, ``runs/<retriever>__<collection>.trec`` for every
+evaluated run (re-evaluate any number with ``pretrieve evaluate``), ``results.json``, ``results.md``
+(one row per retriever and collection) and ``recipe.resolved.json``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+from pretrieve.errors import ConfigError, InputError
+from pretrieve.io_utils import atomic_open, write_json
+
+logger = logging.getLogger(__name__)
+
+STAGE_KINDS = ("pretrain", "finetune", "mine", "reranker", "teacher", "evaluate")
+RESULT_MEASURES = ("nDCG@10", "MRR@10", "R@100")
+
+
+@dataclass
+class RunState:
+    """What the stages have produced so far (paths), threaded through the recipe."""
+
+    recipe: dict[str, Any]
+    out: Path
+    data: Path
+    base_model: str
+    pretrained: str | None = None
+    retrievers: dict[str, str] = field(default_factory=dict)   # name → exported retriever dir, in order
+    groups: dict[str, str] = field(default_factory=dict)       # "mined" / "teacher" → groups JSONL
+    reranker: str | None = None
+    timings: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def init_model(self) -> str:
+        """Every fine-tuning stage starts from the pre-trained checkpoint (or the base model)."""
+        return self.pretrained or self.base_model
+
+    @property
+    def latest_retriever(self) -> str | None:
+        return list(self.retrievers.values())[-1] if self.retrievers else None
+
+
+def data_roots(recipe: Mapping[str, Any]) -> list[Path]:
+    roots = []
+    for value in (recipe.get("data_root"), os.environ.get("PRETRIEVE_DATA")):
+        if value:
+            roots.append(Path(os.path.expandvars(str(value))).expanduser())
+    roots += [Path("../shared/data"), Path("/work/shared/data")]
+    return roots
+
+
+def resolve_collection_path(name_or_path: str, recipe: Mapping[str, Any]) -> Path:
+    """A collection given as a path, or as a name under the first data root that has it."""
+    path = Path(os.path.expandvars(str(name_or_path))).expanduser()
+    if path.is_dir():
+        return path
+    for root in data_roots(recipe):
+        if (root / str(name_or_path) / "corpus.jsonl").exists():
+            return root / str(name_or_path)
+    from pretrieve.data.registry import resolve_collection
+
+    return resolve_collection(str(name_or_path))  # known name: cached or downloaded; else a clear error
+
+
+def load_recipe(path: str | Path) -> dict[str, Any]:
+    from pretrieve.train.run_config import load_config_file
+
+    recipe = load_config_file(path)
+    for key in ("out", "model", "data", "stages"):
+        if key not in recipe:
+            raise InputError(f"recipe has no '{key}'", path=path)
+    stages = recipe["stages"]
+    if not isinstance(stages, list) or not stages:
+        raise InputError("'stages' must be a non-empty list", path=path, field="stages")
+    for index, entry in enumerate(stages):
+        kind, _ = stage_entry(entry, index)
+        if kind not in STAGE_KINDS:
+            raise InputError(f"stage {index + 1}: unknown stage '{kind}' (known: {', '.join(STAGE_KINDS)})",
+                             path=path, field="stages")
+    return recipe
+
+
+def stage_entry(entry: Any, index: int) -> tuple[str, dict[str, Any]]:
+    """``"mine"`` or ``{"mine": {...options}}`` → ``("mine", options)``."""
+    if isinstance(entry, str):
+        return entry, {}
+    if isinstance(entry, Mapping) and len(entry) == 1:
+        kind, options = next(iter(entry.items()))
+        if options is None:
+            options = {}
+        if not isinstance(options, Mapping):
+            raise ConfigError(f"stage {index + 1} ({kind}): options must be a mapping")
+        return str(kind), dict(options)
+    raise ConfigError(f"stage {index + 1}: expected a stage name or a one-key mapping, got {entry!r}")
+
+
+def run_recipe(path: str | Path, out: str | Path | None = None, show_progress: bool = True) -> dict[str, Any]:
+    """Execute (or resume) a recipe; returns the results dict also written to ``results.json``."""
+    recipe = load_recipe(path)
+    if out is not None:
+        recipe["out"] = str(out)
+    out_dir = Path(recipe["out"])
+    out_dir.mkdir(parents=True, exist_ok=True)
+    from pretrieve.models import resolve_model
+
+    state = RunState(recipe=recipe, out=out_dir, data=resolve_collection_path(recipe["data"], recipe),
+                     base_model=resolve_model(recipe["model"]))
+    write_json(out_dir / "recipe.resolved.json", {**recipe, "data": str(state.data), "model": state.base_model})
+    results: dict[str, Any] = {"recipe": recipe.get("name", Path(path).stem), "rows": []}
+    counts: dict[str, int] = {}
+    for index, entry in enumerate(recipe["stages"]):
+        kind, options = stage_entry(entry, index)
+        counts[kind] = counts.get(kind, 0) + 1
+        label = kind if kind != "finetune" else f"finetune-s{options.get('stage', counts[kind])}"
+        started = time.perf_counter()
+        logger.info("stage %d/%d: %s", index + 1, len(recipe["stages"]), label)
+        rows = STAGES[kind](state, options, label, show_progress)
+        state.timings[label] = round(time.perf_counter() - started, 1)
+        if rows:
+            results["rows"].extend(rows)
+    results["timings_s"] = state.timings
+    write_json(out_dir / "results.json", results)
+    with atomic_open(out_dir / "results.md") as handle:
+        handle.write(results_markdown(results))
+    return results
+
+
+# ------------------------------------------------------------------------------------------ stages
+def _seeded(state: RunState, options: Mapping[str, Any]) -> dict[str, Any]:
+    values = dict(options)
+    values.setdefault("seed", state.recipe.get("seed", 42))
+    return values
+
+
+def stage_pretrain(state: RunState, options: dict[str, Any], label: str, show_progress: bool) -> None:
+    from pretrieve.train.pretrainer import pretrain
+    from pretrieve.train.run_config import build_pretrain_config
+
+    out = state.out / "pretrain"
+    values = _seeded(state, options)
+    values.setdefault("corpus", str(state.data))
+    values["corpus"] = str(resolve_collection_path(values["corpus"], state.recipe)) if not Path(
+        str(values["corpus"])).exists() else values["corpus"]
+    method = values.pop("method", "bow")
+    flags = {**values, "model": state.base_model, "out": str(out), "show_progress": show_progress}
+    if (out / "final" / "method.json").exists():
+        logger.info("pre-training already finished: %s", out / "final")
+    else:
+        config = build_pretrain_config({}, flags, {"method": method}, resume=True)
+        pretrain(config)
+    state.pretrained = str(out / "final")
+
+
+def stage_finetune(state: RunState, options: dict[str, Any], label: str, show_progress: bool) -> None:
+    from pretrieve.train.finetuner import build_finetune_config, finetune
+
+    values = {**state.recipe.get("finetune", {}), **_seeded(state, options)}
+    stage = int(values.setdefault("stage", len(state.retrievers) + 1))
+    if stage in (2, 3) and "groups" not in values:
+        key = "mined" if stage == 2 else "teacher"
+        if key not in state.groups:
+            producer = "mine" if stage == 2 else "teacher"
+            raise ConfigError(f"{label}: stage {stage} needs the '{producer}' stage earlier in the recipe")
+        values["groups"] = state.groups[key]
+    flags = {**values, "model": state.init_model, "data": str(state.data), "out": str(state.out / label),
+             "show_progress": show_progress}
+    config = build_finetune_config({}, flags, resume=True)
+    state.retrievers[label] = str(finetune(config))
+
+
+def stage_mine(state: RunState, options: dict[str, Any], label: str, show_progress: bool) -> None:
+    from pretrieve.retrieval.mining import mine_negatives
+
+    retriever = state.latest_retriever
+    if retriever is None:
+        raise ConfigError("mine: needs a fine-tuned retriever earlier in the recipe (a 'finetune' stage)")
+    values = dict(options)
+    split = values.pop("split", "train")
+    out = state.out / "mine" / "groups.jsonl"
+    path = mine_negatives(retriever, state.data, split, out, cache_dir=_embedding_cache(state, retriever),
+                          show_progress=show_progress, **values)
+    state.groups["mined"] = str(path)
+
+
+def stage_reranker(state: RunState, options: dict[str, Any], label: str, show_progress: bool) -> None:
+    from pretrieve.train.reranker import RerankerConfig, train_reranker
+
+    if "mined" not in state.groups and "groups" not in options:
+        raise ConfigError("reranker: needs mined groups (a 'mine' stage earlier) or a 'groups' option")
+    values = _seeded(state, options)
+    values.setdefault("groups", state.groups.get("mined"))
+    values.setdefault("model", state.base_model)
+    config = RerankerConfig(**{**values, "data": str(state.data), "out": str(state.out / "reranker"),
+                               "resume": True, "show_progress": show_progress})
+    state.reranker = str(train_reranker(config))
+
+
+def stage_teacher(state: RunState, options: dict[str, Any], label: str, show_progress: bool) -> None:
+    from pretrieve.train.reranker import teacher_groups
+
+    if state.reranker is None or "mined" not in state.groups:
+        raise ConfigError("teacher: needs a 'reranker' stage and mined groups earlier in the recipe")
+    out = state.out / "teacher" / "groups.jsonl"
+    state.groups["teacher"] = str(teacher_groups(state.reranker, state.data, state.groups["mined"], out,
+                                                 show_progress=show_progress, **options))
+
+
+def _embedding_cache(state: RunState, model_dir: str, collection: Path | None = None) -> Path:
+    """One corpus-embedding cache per (model, collection): mining and evaluation share it."""
+    collection = collection or state.data
+    return state.out / "embeddings" / f"{Path(model_dir).parent.name}__{collection.name}"
+
+
+def stage_evaluate(state: RunState, options: dict[str, Any], label: str, show_progress: bool) -> list[dict]:
+    from pretrieve.data import BeirCollection, read_run, write_run
+    from pretrieve.evaluation import evaluate
+    from pretrieve.retrieval.mining import dense_search
+
+    default_split = options.get("split", "test")
+    depth = int(options.get("depth", 1000))
+    collections = [_collection_and_split(c, default_split, state.recipe)
+                   for c in options.get("collections", [state.recipe["data"]])]
+    retrievers = dict(state.retrievers)
+    if options.get("zero_shot", False):
+        retrievers = {"zero-shot": state.base_model, **retrievers}
+    if not retrievers:
+        raise ConfigError("evaluate: no retriever to evaluate (add 'finetune' stages or zero_shot: true)")
+    rows = []
+    runs_dir = state.out / "runs"
+    for collection_path, split in collections:
+        collection = BeirCollection(collection_path)
+        qrels = collection.load_qrels(split)
+        queries = None
+        for name, model_dir in retrievers.items():
+            run_path = runs_dir / f"{name}__{collection_path.name}.trec"
+            if not run_path.exists():
+                queries = queries or collection.load_queries(split)
+                cache = state.out / "embeddings" / f"{name}__{collection_path.name}"
+                run = dense_search(model_dir, collection.load_corpus(), queries, k=depth, cache_dir=cache,
+                                   show_progress=show_progress)
+                write_run(run, run_path, tag=name)
+            rows.append(_row(name, collection_path.name, run_path, evaluate(qrels, read_run(run_path), RESULT_MEASURES)))
+        rerank_depth = options.get("rerank_depth")
+        if rerank_depth and state.reranker is not None and state.retrievers:
+            rows.append(_rerank_row(state, collection_path, split, int(rerank_depth), runs_dir, qrels, show_progress))
+    return rows
+
+
+def _collection_and_split(entry: str, default_split: str, recipe: Mapping[str, Any]) -> tuple[Path, str]:
+    """``"scifact"`` → (path, default split); ``"msmarco:dev"`` → (path, "dev")."""
+    name, _, split = str(entry).partition(":") if ":" in str(entry) and not Path(str(entry)).exists() else (entry, "", "")
+    return resolve_collection_path(name, recipe), split or default_split
+
+
+def _rerank_row(state: RunState, collection_path: Path, split: str, depth: int, runs_dir: Path, qrels,
+                show_progress: bool) -> dict:
+    from pretrieve.data import read_run
+    from pretrieve.evaluation import evaluate
+    from pretrieve.train.reranker import rerank_run_file
+
+    name = list(state.retrievers)[-1]
+    source = runs_dir / f"{name}__{collection_path.name}.trec"
+    out = runs_dir / f"{name}+rerank@{depth}__{collection_path.name}.trec"
+    rerank_run_file(state.reranker, collection_path, split, source, out, depth=depth, show_progress=show_progress)
+    return _row(f"{name}+rerank@{depth}", collection_path.name, out, evaluate(qrels, read_run(out), RESULT_MEASURES))
+
+
+def _row(retriever: str, collection: str, run_path: Path, result) -> dict:
+    return {"retriever": retriever, "collection": collection, "run": str(run_path),
+            **{measure: round(result.aggregate[measure], 4) for measure in RESULT_MEASURES}}
+
+
+def results_markdown(results: Mapping[str, Any]) -> str:
+    lines = [f"# Results: {results['recipe']}", "",
+             "| retriever | collection | " + " | ".join(RESULT_MEASURES) + " |",
+             "|---|---|" + "---|" * len(RESULT_MEASURES)]
+    for row in results["rows"]:
+        lines.append(f"| {row['retriever']} | {row['collection']} | "
+                     + " | ".join(f"{row[m]:.4f}" for m in RESULT_MEASURES) + " |")
+    lines += ["", "Runs are in `runs/`; re-evaluate any of them with `pretrieve evaluate --data DIR --split test RUN`.", ""]
+    return "\n".join(lines)
+
+
+STAGES: dict[str, Callable[..., Any]] = {
+    "pretrain": stage_pretrain, "finetune": stage_finetune, "mine": stage_mine,
+    "reranker": stage_reranker, "teacher": stage_teacher, "evaluate": stage_evaluate,
+}

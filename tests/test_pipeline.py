@@ -1,0 +1,114 @@
+"""The recipe runner: every stage end to end on a tiny collection; an interrupted run resumes to the same results."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from pretrieve.errors import ConfigError, InputError
+from pretrieve.pipeline import load_recipe, run_recipe
+from pretrieve.train import loop
+
+from test_finetune import write_collection
+
+FAST = {"max_steps": 4, "batch_size": 4, "warmup_ratio": 0.0, "log_every": 1, "save_every": 2}
+
+
+def _recipe(tmp_path: Path, model: Path, train: Path, zero_shot: Path) -> Path:
+    recipe = {
+        "name": "tiny", "out": str(tmp_path / "out"), "model": str(model), "data": str(train), "seed": 7,
+        "finetune": {**FAST, "num_negatives": 2, "query_max_len": 16, "passage_max_len": 32, "bm25_depth": 20,
+                     "lr": 5e-4},
+        "stages": [
+            {"pretrain": {**FAST, "method": "bow", "max_len": 32, "lr": 1e-3}},
+            {"finetune": {"stage": 1}},
+            {"mine": {"depth": 10}},
+            {"finetune": {"stage": 2}},
+            {"reranker": {**FAST, "num_negatives": 2, "max_len": 48, "lr": 5e-4}},
+            {"teacher": {"max_negatives": 3}},
+            {"finetune": {"stage": 3}},
+            {"evaluate": {"collections": [str(train), str(zero_shot)], "split": "test", "zero_shot": True,
+                          "rerank_depth": 10, "depth": 20}},
+        ],
+    }
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    path = tmp_path / "recipe.yaml"
+    path.write_text(yaml.safe_dump(recipe))
+    return path
+
+
+@pytest.fixture(scope="module")
+def collections(tmp_path_factory):
+    root = tmp_path_factory.mktemp("collections")
+    return write_collection(root / "train"), write_collection(root / "other")
+
+
+def test_recipe_runs_every_stage_and_writes_results(tiny_mlm_dir, collections, tmp_path):
+    recipe = _recipe(tmp_path, tiny_mlm_dir, *collections)
+    results = run_recipe(recipe, show_progress=False)
+    out = tmp_path / "out"
+    retrievers = {row["retriever"] for row in results["rows"]}
+    assert retrievers == {"zero-shot", "finetune-s1", "finetune-s2", "finetune-s3", "finetune-s3+rerank@10"}
+    assert {row["collection"] for row in results["rows"]} == {"train", "other"}
+    for row in results["rows"]:
+        assert Path(row["run"]).exists() and 0.0 <= row["nDCG@10"] <= 1.0
+    assert (out / "results.md").read_text().count("| finetune-s") >= 6
+    assert json.loads((out / "results.json").read_text())["rows"] == results["rows"]
+    for stage in ("pretrain", "finetune-s1", "finetune-s2", "finetune-s3", "reranker"):
+        assert (out / stage / "final").is_dir(), stage
+    # stages 2 and 3 start again from the pre-trained checkpoint, not from the previous stage
+    for stage in ("finetune-s2", "finetune-s3"):
+        config = json.loads((out / stage / "final" / "finetune_config.json").read_text())
+        assert config["config"]["model"] == str(out / "pretrain" / "final")
+
+
+def test_interrupted_recipe_resumes_to_identical_results(tiny_mlm_dir, collections, tmp_path, monkeypatch):
+    reference = run_recipe(_recipe(tmp_path / "a", tiny_mlm_dir, *collections), show_progress=False)
+
+    recipe = _recipe(tmp_path / "b", tiny_mlm_dir, *collections)
+    original = loop.train_step
+    calls = {"n": 0}
+
+    def killed_in_stage_two(*args, **kwargs):  # pretrain 4 + s1 4 steps, then die at s2's 4th step
+        calls["n"] += 1
+        if calls["n"] == 12:
+            raise KeyboardInterrupt
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(loop, "train_step", killed_in_stage_two)
+    with pytest.raises(KeyboardInterrupt):
+        run_recipe(recipe, show_progress=False)
+    assert not (tmp_path / "b" / "out" / "finetune-s2" / "final").exists()
+    monkeypatch.setattr(loop, "train_step", original)
+
+    resumed = run_recipe(recipe, show_progress=False)
+    strip = lambda rows: [{k: v for k, v in row.items() if k != "run"} for row in rows]  # noqa: E731
+    assert strip(resumed["rows"]) == strip(reference["rows"])
+    assert (tmp_path / "a" / "out" / "results.md").read_text() == (tmp_path / "b" / "out" / "results.md").read_text()
+
+
+def test_recipe_errors_are_clear(tmp_path, collections):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump({"out": "x", "model": "m", "data": str(collections[0]), "stages": ["polish"]}))
+    with pytest.raises(InputError, match="unknown stage 'polish'"):
+        load_recipe(bad)
+    missing = tmp_path / "missing.yaml"
+    missing.write_text(yaml.safe_dump({"out": "x", "model": "m", "stages": ["evaluate"]}))
+    with pytest.raises(InputError, match="no 'data'"):
+        load_recipe(missing)
+    early = tmp_path / "early.yaml"
+    early.write_text(yaml.safe_dump({"out": str(tmp_path / "o"), "model": "minilm", "data": str(collections[0]),
+                                     "stages": [{"finetune": {"stage": 2}}]}))
+    with pytest.raises(ConfigError, match="needs the 'mine' stage"):
+        run_recipe(early, show_progress=False)
+
+
+def test_shipped_recipes_parse():
+    root = Path(__file__).resolve().parents[1] / "configs"
+    recipes = sorted(root.glob("*.yaml"))
+    assert recipes, "no recipes shipped in configs/"
+    for path in recipes:
+        load_recipe(path)
