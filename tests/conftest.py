@@ -6,6 +6,11 @@ import os
 from pathlib import Path
 
 import pytest
+import torch
+
+# Tiny models run fastest on one thread, and a second thread fighting a loaded machine made tiny
+# training steps up to 50x slower; subprocess tests set OMP_NUM_THREADS=1 themselves.
+torch.set_num_threads(1)
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -246,7 +246,10 @@ def pretrain_setup(tokenizer, name: str, seed: int = 0):
     return model, collator(examples)
 
 
-@pytest.mark.parametrize("name", sorted(PRESETS))
+PAPER_000_PRESETS = ["mlm", "bow", "ae", "ar", "retromae"]  # later methods have their own test files
+
+
+@pytest.mark.parametrize("name", PAPER_000_PRESETS)
 def test_pretrain_model_trains_every_objective(tokenizer, name):
     model, batch = pretrain_setup(tokenizer, name)
     objectives = preset(name).objective_names

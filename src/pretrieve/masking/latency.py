@@ -6,7 +6,12 @@ Kinds:
 * ``whole_word``: whole-word random masking with 80/10/10 (``RandomMasker(whole_word=True)``);
 * ``enhanced``: RetroMAE enhanced-decoding attention masks [B, L, L] (``enhanced_decoding_mask``,
   default ``"independent"`` sampler);
-* ``enhanced_cyclic``: the same masks with the faster ``"cyclic"`` sampler (not measured by default).
+* ``enhanced_cyclic``: the same masks with the faster ``"cyclic"`` sampler (not measured by default);
+* ``pmi``: CDMAE's importance-aware masking (token-level Algorithm 1: AMI look-ups of every n-gram of the
+  batch, Gaussian noise, top-k, 80/10/10; ``ImportanceMasker``) — compare with ``random``, the same
+  selection rule without importance (paper 003 Table 6: batch 128, length 150). Its n-gram statistics are
+  ``pmi_statistics`` when given, else counted from ``texts`` before timing starts. Not in
+  ``DEFAULT_KINDS``.
 
 The texts are tokenised once (truncated and padded to ``max_len``), repeated to fill one batch, and
 each round times every kind once, in turn, so that drifts of a shared machine hit all kinds alike;
@@ -27,16 +32,18 @@ import torch
 
 from pretrieve.errors import ConfigError, InputError
 from pretrieve.masking.enhanced import enhanced_decoding_mask
+from pretrieve.masking.pmi import DEFAULT_WINDOW, ImportanceMasker, NgramStatistics, statistics_from_sequences
 from pretrieve.masking.vocab import VocabInfo
 from pretrieve.masking.whole_word import RandomMasker
 
-KINDS = ("random", "whole_word", "enhanced", "enhanced_cyclic")
+KINDS = ("random", "whole_word", "enhanced", "enhanced_cyclic", "pmi")
 DEFAULT_KINDS = ("random", "whole_word", "enhanced")
 
 
 def masking_latency(tokenizer: Any, texts: list[str], batch_size: int = 128, max_len: int = 150,
                     repeats: int = 20, kinds: Sequence[str] = DEFAULT_KINDS, *, mask_ratio: float = 0.3,
-                    visible_ratio: float = 0.5, seed: int = 0) -> dict[str, float]:
+                    visible_ratio: float = 0.5, seed: int = 0,
+                    pmi_statistics: NgramStatistics | None = None) -> dict[str, float]:
     """Median seconds per batch for each masking kind (defaults: RetroMAE's 0.3 encoder ratio, 0.5 decoder)."""
     unknown = [kind for kind in kinds if kind not in KINDS]
     if unknown:
@@ -51,6 +58,11 @@ def masking_latency(tokenizer: Any, texts: list[str], batch_size: int = 128, max
     info = VocabInfo.from_tokenizer(tokenizer)
     generator = torch.Generator().manual_seed(seed)
     runs = _runners(info, input_ids, attention_mask, generator, mask_ratio, visible_ratio)
+    if "pmi" in kinds:
+        if pmi_statistics is None:
+            pmi_statistics = _text_statistics(tokenizer, texts, info.vocab_size)
+        pmi_masker = ImportanceMasker(info, mask_ratio, pmi_statistics)
+        runs["pmi"] = lambda: pmi_masker(input_ids, attention_mask, generator)
 
     timings: dict[str, list[float]] = {kind: [] for kind in kinds}
     order = list(dict.fromkeys(kinds))
@@ -71,6 +83,12 @@ def _batch(tokenizer: Any, texts: list[str], batch_size: int, max_len: int) -> t
     encoded = tokenizer(chosen, truncation=True, max_length=max_len, padding="max_length",
                         return_tensors="pt")
     return encoded["input_ids"], encoded["attention_mask"]
+
+
+def _text_statistics(tokenizer: Any, texts: list[str], vocab_size: int) -> NgramStatistics:
+    """n-gram statistics of the texts themselves (one chunk per text, no special tokens)."""
+    sequences = tokenizer(list(texts), add_special_tokens=False, truncation=False)["input_ids"]
+    return statistics_from_sequences(sequences, vocab_size, DEFAULT_WINDOW)
 
 
 def _runners(info: VocabInfo, input_ids: torch.Tensor, attention_mask: torch.Tensor,

@@ -13,10 +13,16 @@ the whole directory atomic)::
     heads.safetensors                parameters owned by the objectives only (decoder layers)
     method.json                      the resolved method
 
-Extension points for later objectives: a second masked view (CPDAE) is encoded by the objective itself with
-``encoder(batch["view2_input_ids"], ...)`` — the encoder is passed to every objective; a context span
-(CoT-MAE) likewise arrives as extra batch keys; per-example ``text_type`` (MoTE routing) is forwarded from
-the batch to :meth:`Encoder.forward` here.
+Extra encoder inputs: some objectives need the encoder to encode more than the encoder-masked input — a
+second masked view of the same texts (CPDAE, batch feature ``second_view``), later context spans. A batch
+feature registered in :data:`EXTRA_ENCODER_INPUTS` (with :func:`register_extra_encoder_input`: which batch
+keys hold its ids, attention mask, optional token types and text types) is encoded *in the same encoder call*
+as the main input whenever an objective requires it: the inputs are right-padded to a common length and
+concatenated along the batch (one forward, one set of weights in the autograd graph, same dropout stream),
+and the result is split back. Objectives then receive a :class:`MultiViewEncoderOutput`: the main input's
+encoding as usual (``last_hidden_state``, ``cls``) plus ``views[feature]`` for each extra input, each sliced
+back to its own length. With BERT-style attention masks the extra padding does not change the valid
+positions' outputs. Per-example ``text_type`` (MoTE routing) is forwarded to :meth:`Encoder.forward`.
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -33,11 +40,45 @@ from torch import Tensor, nn
 
 from pretrieve.errors import ConfigError
 from pretrieve.io_utils import atomic_path, write_json
-from pretrieve.modeling.encoder import Encoder
+from pretrieve.modeling.encoder import Encoder, EncoderOutput
 from pretrieve.modeling.objectives import Objective, build_objective
 
 HEADS_FILE = "heads.safetensors"
 METHOD_FILE = "method.json"
+
+
+@dataclass(frozen=True)
+class ExtraEncoderInput:
+    """The batch keys of one extra text batch the encoder encodes beside the encoder-masked input."""
+
+    input_ids: str
+    attention_mask: str
+    token_type_ids: str | None = None
+    text_type: str | None = None
+
+
+EXTRA_ENCODER_INPUTS: dict[str, ExtraEncoderInput] = {}
+"""Batch feature → its extra encoder input; encoded when an objective requires the feature."""
+
+
+def register_extra_encoder_input(feature: str, spec: ExtraEncoderInput) -> None:
+    """Make batch ``feature`` an extra encoder input (e.g. ``"context"`` spans of a later method)."""
+    if feature in EXTRA_ENCODER_INPUTS and EXTRA_ENCODER_INPUTS[feature] != spec:
+        raise ValueError(f"batch feature '{feature}' is already an extra encoder input")
+    EXTRA_ENCODER_INPUTS[feature] = spec
+
+
+# CPDAE: the second masked view shares the first view's attention mask (same texts, same lengths).
+register_extra_encoder_input("second_view", ExtraEncoderInput("view2_input_ids", "attention_mask",
+                                                              token_type_ids="token_type_ids",
+                                                              text_type="text_type"))
+
+
+@dataclass
+class MultiViewEncoderOutput(EncoderOutput):
+    """The main input's encoding plus ``views[feature]``, the encoding of each extra encoder input."""
+
+    views: dict[str, EncoderOutput] = field(default_factory=dict)
 
 
 class PretrainModel(nn.Module):
@@ -58,6 +99,8 @@ class PretrainModel(nn.Module):
         if not self.objectives:
             raise ConfigError("a method needs at least one objective")
         _check_no_shared_parameters(encoder, self.objectives)
+        required = self.required_features()
+        self.extra_inputs = [feature for feature in EXTRA_ENCODER_INPUTS if feature in required]
 
     @classmethod
     def from_pretrained(cls, name_or_path: str | Path, method: Any, **kwargs: Any) -> "PretrainModel":
@@ -74,8 +117,7 @@ class PretrainModel(nn.Module):
         Logs hold ``loss`` (the weighted total) and ``<key>/<objective>`` for every value an objective logs
         (``loss/mlm``, ``tokens/mlm``, ``loss/bow`` …), as detached 0-d tensors.
         """
-        enc = self.encoder(batch["input_ids"], batch["attention_mask"],
-                           token_type_ids=batch.get("token_type_ids"), text_type=batch.get("text_type"))
+        enc = self.encode(batch)
         total: Tensor | None = None
         logs: dict[str, Tensor] = {}
         for name, objective in self.objectives.items():
@@ -87,6 +129,33 @@ class PretrainModel(nn.Module):
         assert total is not None
         logs["loss"] = total.detach()
         return total, logs
+
+    def encode(self, batch: Mapping[str, Tensor]) -> EncoderOutput:
+        """The main input's encoding; with extra encoder inputs, all of them in one encoder call."""
+        main = (batch["input_ids"], batch["attention_mask"], batch.get("token_type_ids"), batch.get("text_type"))
+        if not self.extra_inputs:
+            return self.encoder(main[0], main[1], token_type_ids=main[2], text_type=main[3])
+        parts = [main]
+        for feature in self.extra_inputs:
+            spec = EXTRA_ENCODER_INPUTS[feature]
+            if spec.input_ids not in batch or spec.attention_mask not in batch:
+                raise ConfigError(f"the batch lacks '{spec.input_ids}'/'{spec.attention_mask}' of extra encoder "
+                                  f"input '{feature}' (the collator builds them when an objective requires it)")
+            parts.append((batch[spec.input_ids], batch[spec.attention_mask],
+                          batch.get(spec.token_type_ids) if spec.token_type_ids else None,
+                          batch.get(spec.text_type) if spec.text_type else None))
+        pad_id = int(getattr(self.encoder.config, "pad_token_id", None) or 0)
+        ids, attention, token_types, text_types = _concatenate_inputs(parts, pad_id)
+        out = self.encoder(ids, attention, token_type_ids=token_types, text_type=text_types)
+        encodings, start = [], 0
+        for part in parts:
+            rows, length = part[0].shape
+            hidden = out.last_hidden_state[start:start + rows, :length]
+            encodings.append(EncoderOutput(last_hidden_state=hidden, cls=hidden[:, 0]))
+            start += rows
+        first = encodings[0]
+        return MultiViewEncoderOutput(last_hidden_state=first.last_hidden_state, cls=first.cls,
+                                      views=dict(zip(self.extra_inputs, encodings[1:])))
 
     # ------------------------------------------------------------------ persistence
     def head_state_dict(self) -> dict[str, Tensor]:
@@ -130,6 +199,31 @@ class PretrainModel(nn.Module):
         for name, objective in self.objectives.items():
             prefix = f"{name}."
             objective.load_state_dict({k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)})
+
+
+def _concatenate_inputs(parts: list[tuple[Tensor, Tensor, Tensor | None, Tensor | None]],
+                        pad_id: int) -> tuple[Tensor, Tensor, Tensor | None, Tensor | None]:
+    """Right-pad ``(ids, attention, token types, text types)`` parts to one length and stack them on the batch.
+
+    Token types missing from some parts are zeros; text types are passed only when every part has them.
+    """
+    length = max(part[0].shape[1] for part in parts)
+
+    def padded(tensor: Tensor, value: int) -> Tensor:
+        return torch.nn.functional.pad(tensor, (0, length - tensor.shape[1]), value=value)
+
+    ids = torch.cat([padded(part[0], pad_id) for part in parts])
+    attention = torch.cat([padded(part[1], 0) for part in parts])
+    token_types = None
+    if any(part[2] is not None for part in parts):
+        token_types = torch.cat([padded(part[2] if part[2] is not None else torch.zeros_like(part[0]), 0)
+                                 for part in parts])
+    text_types = None
+    if all(part[3] is not None for part in parts):
+        text_types = torch.cat([part[3] for part in parts])
+    elif any(part[3] is not None for part in parts):
+        raise ConfigError("text_type is given for some encoder inputs but not for the others")
+    return ids, attention, token_types, text_types
 
 
 def _method_dict(method: Any) -> dict[str, Any]:

@@ -165,3 +165,8 @@ class DenseRepresentation(Representation):
 
     def extra_repr(self) -> str:
         return ", ".join(f"{key}={value}" for key, value in self.config().items() if key != "type")
+
+
+# Representations defined in their own modules register themselves on import (the import sits at the end so
+# that they can subclass Representation; a saved model's "type" must be known before DualEncoder.load).
+from pretrieve.modeling import dupmae as _dupmae  # noqa: E402,F401  (registers "dupmae", paper 001 eq. 10–12)

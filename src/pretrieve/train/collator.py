@@ -14,6 +14,17 @@ at most ``max_len`` ids) and returns a dict of tensors:
 * ``bow_targets`` — ``LongTensor[B, K]``: the unique non-special ids of each original text, padded with
   ``-100`` (``K`` = the largest bag of the batch); the model gathers log-probabilities at these ids, so no
   dense ``[B, V]`` tensor is ever built in the data loader.
+* ``second_view`` — ``view2_input_ids`` / ``view2_mlm_labels``: the *encoder* masker applied a second
+  time to the original ids, independently of the first view (CPDAE's two masked versions of each text;
+  the view shares ``attention_mask``).
+
+Importance-aware masking (masker kind ``pmi``, CDMAE): the masker needs the n-gram statistics of the
+pre-training corpus. They come from the masker's ``statistics`` param when it is a path, else from the
+``corpus`` given to the collator (the tokenized pre-training corpus; counted once and cached beside its
+token cache, see :func:`pretrieve.masking.pmi.resolve_statistics`). With a ``pmi`` decoder masker the
+``decoder`` feature masks the decoder input by Algorithm 1, and ``enhanced_mask`` makes each row of
+RetroMAE's position-specific mask hide the most important tokens first
+(:func:`pretrieve.masking.pmi.importance_enhanced_mask`).
 
 Every step is a batched tensor operation (the only Python loop is over the B examples to copy their id
 lists into the padded tensor). A feature is built by a function registered with :func:`register_feature`,
@@ -38,6 +49,7 @@ from torch.utils.data import get_worker_info
 
 from pretrieve.errors import ConfigError, InputError
 from pretrieve.masking import RandomMasker, VocabInfo, enhanced_decoding_mask
+from pretrieve.masking.pmi import ImportanceMasker, NgramStatistics, importance_enhanced_mask, resolve_statistics
 from pretrieve.train.method import ALWAYS_PRODUCED, MaskerSpec, MethodConfig
 
 IGNORE_INDEX = -100
@@ -58,8 +70,15 @@ def register_feature(name: str) -> Callable[[FeatureBuilder], FeatureBuilder]:
     return decorate
 
 
-def build_masker(spec: MaskerSpec, info: VocabInfo) -> RandomMasker:
-    """The masker a :class:`MaskerSpec` describes (``wwm``: whole words, ``token``: single tokens)."""
+def build_masker(spec: MaskerSpec, info: VocabInfo,
+                 statistics: NgramStatistics | None = None) -> RandomMasker | ImportanceMasker:
+    """The masker a :class:`MaskerSpec` describes (``wwm``: whole words, ``token``: single tokens, ``pmi``:
+    importance-aware, which needs the corpus ``statistics``)."""
+    if spec.kind == "pmi":
+        if statistics is None:
+            raise ConfigError("the pmi masker needs n-gram statistics of the pre-training corpus")
+        return ImportanceMasker(info, ratio=spec.ratio, statistics=statistics, sigma=float(spec.params["sigma"]),
+                                whole_word=bool(spec.params["whole_word"]), replace_probs=spec.replace_probs)
     if spec.kind not in ("wwm", "token"):
         raise ConfigError(f"masker '{spec.kind}' has no implementation in the collator yet")
     return RandomMasker(info, ratio=spec.ratio, whole_word=spec.kind == "wwm", replace_probs=spec.replace_probs)
@@ -69,7 +88,8 @@ class PretrainCollator:
     """Pad, mask and build the required features of a pre-training batch (see the module docstring)."""
 
     def __init__(self, tokenizer: Any, method: MethodConfig, required: set[str] | None = None,
-                 max_len: int = 512, seed: int = 0, pad_to_multiple_of: int | None = None):
+                 max_len: int = 512, seed: int = 0, pad_to_multiple_of: int | None = None, *,
+                 corpus: Any = None):
         self.method = method.resolved()
         self.info = VocabInfo.from_tokenizer(tokenizer)
         required = set(self.method.required_features() if required is None else required)
@@ -88,9 +108,34 @@ class PretrainCollator:
         self.generator = torch.Generator().manual_seed(self.seed)
         self._worker_id: int | None = None
         encoder_spec = self.method.encoder_masker
-        self.encoder_masker = build_masker(encoder_spec, self.info) if encoder_spec.ratio > 0 else None
         decoder_spec = self.method.decoder_masker
-        self.decoder_masker = build_masker(decoder_spec, self.info) if decoder_spec is not None else None
+        used = [spec for spec in (encoder_spec if encoder_spec.ratio > 0 else None, decoder_spec)
+                if spec is not None and spec.kind == "pmi"]
+        statistics = self._statistics(tokenizer, corpus, used)
+        self.encoder_masker = (build_masker(encoder_spec, self.info, statistics.get(id(encoder_spec)))
+                               if encoder_spec.ratio > 0 else None)
+        self.decoder_masker = (build_masker(decoder_spec, self.info, statistics.get(id(decoder_spec)))
+                               if decoder_spec is not None else None)
+
+    def _statistics(self, tokenizer: Any, corpus: Any, specs: list[MaskerSpec]) -> dict[int, NgramStatistics]:
+        """PMI statistics of each ``pmi`` masker spec (keyed by ``id(spec)``), computed once per source."""
+        found: dict[tuple[str, int], NgramStatistics] = {}
+        result: dict[int, NgramStatistics] = {}
+        for spec in specs:
+            source = spec.params.get("statistics") or corpus
+            if source is None:
+                raise ConfigError(
+                    "the pmi masker needs the n-gram statistics of the pre-training corpus: give the collator "
+                    "the tokenized corpus (corpus=...) or set the masker's params.statistics to a statistics "
+                    "directory or a text source")
+            window = int(spec.params["window"])
+            key = (str(source) if isinstance(source, (str, bytes)) or hasattr(source, "__fspath__")
+                   else f"object-{id(source)}", window)
+            if key not in found:
+                found[key] = resolve_statistics(source, window=window, vocab_size=self.info.vocab_size,
+                                                tokenizer=tokenizer, max_len=self.max_len)
+            result[id(spec)] = found[key]
+        return result
 
     # ------------------------------------------------------------------ collation
     def __call__(self, examples: Sequence[Mapping[str, Any]],
@@ -183,7 +228,12 @@ def _enhanced_mask(collator: PretrainCollator, ids: Tensor, attention: Tensor, g
     """
     if collator.decoder_masker is None:
         raise ConfigError("batch feature 'enhanced_mask' needs a decoder masker in the method")
-    visible_ratio = 1.0 - collator.decoder_masker.ratio
+    masker = collator.decoder_masker
+    visible_ratio = 1.0 - masker.ratio
+    if isinstance(masker, ImportanceMasker):
+        importance = masker.importance(ids, attention)
+        return {"enhanced_mask": importance_enhanced_mask(attention, importance, visible_ratio=visible_ratio,
+                                                          sigma=masker.sigma, generator=generator)}
     return {"enhanced_mask": enhanced_decoding_mask(attention, visible_ratio=visible_ratio,
                                                     generator=generator)}
 
@@ -192,6 +242,15 @@ def _enhanced_mask(collator: PretrainCollator, ids: Tensor, attention: Tensor, g
 def _bow_targets(collator: PretrainCollator, ids: Tensor, attention: Tensor, generator: torch.Generator) -> dict[str, Tensor]:
     """Unique non-special ids per row, ascending, padded with -100 (sort, drop repeats, sort again)."""
     return {"bow_targets": unique_token_ids(ids, attention.bool() & ~collator.info.is_special[ids])}
+
+
+@register_feature("second_view")
+def _second_view(collator: PretrainCollator, ids: Tensor, attention: Tensor, generator: torch.Generator) -> dict[str, Tensor]:
+    """A second, independent application of the encoder masker to the original ids (CPDAE §3.1.1)."""
+    if collator.encoder_masker is None:
+        raise ConfigError("batch feature 'second_view' needs encoder masking (encoder_masker.ratio > 0)")
+    masked = collator.encoder_masker(ids, attention, generator=generator)
+    return {"view2_input_ids": masked.input_ids, "view2_mlm_labels": masked.labels}
 
 
 def unique_token_ids(ids: Tensor, keep: Tensor) -> Tensor:

@@ -183,9 +183,14 @@ class GroupCollator:
 
 # ----------------------------------------------------------------------------------------- resolution
 def resolve_dense_settings(config: FinetuneConfig, model_path: str) -> FinetuneConfig:
-    """Fill ``pooling`` / ``normalize`` / ``temperature`` left as None (see the module docstring)."""
+    """Fill ``pooling`` / ``normalize`` / ``temperature`` left as None (see the module docstring).
+
+    Non-dense representations (``dupmae:...``) ignore pooling/normalisation; their temperature defaults to 1
+    (the papers' plain dot product)."""
     from pretrieve.retrieval.encoder import ModelFiles, read_sentence_transformers_config
 
+    if config.representation != "dense":
+        return dataclasses.replace(config, temperature=1.0 if config.temperature is None else config.temperature)
     st = None
     if config.pooling is None or config.normalize is None:
         try:
@@ -205,9 +210,18 @@ def resolve_dense_settings(config: FinetuneConfig, model_path: str) -> FinetuneC
     return dataclasses.replace(config, pooling=pooling, normalize=normalize, temperature=temperature)
 
 
-def build_representation(config: FinetuneConfig):
+def build_representation(config: FinetuneConfig, model_path: str | None = None):
+    """``dense`` (pooling/normalize/similarity settings) or ``dupmae[:<spec>]`` (paper 001 eq. 10–12, e.g.
+    ``dupmae:cls:384,ot:260``; :mod:`pretrieve.modeling.dupmae`)."""
     from pretrieve.modeling.representations import REPRESENTATIONS, DenseRepresentation
 
+    kind, _, spec = config.representation.partition(":")
+    if kind == "dupmae":
+        from pretrieve.modeling.dupmae import DupMAERepresentation
+        from pretrieve.models import resolve_model
+
+        return DupMAERepresentation.for_model(spec, str(model_path or resolve_model(config.model)),
+                                              temperature=1.0 if config.temperature is None else config.temperature)
     if config.representation != "dense":
         if config.representation not in REPRESENTATIONS:
             raise ConfigError(f"unknown representation '{config.representation}' (known: "
@@ -307,7 +321,7 @@ def finetune(config: FinetuneConfig) -> Path:
     config.check()
     model_path = resolve_model(config.model)
     config = resolve_dense_settings(config, model_path)
-    representation = build_representation(config)
+    representation = build_representation(config, model_path)
     out = Path(config.out)
     done = finished_run(out, config.settings())
     if done is not None:

@@ -16,7 +16,32 @@ bow        whole-word, 0.30        —                   mlm (1) + bow (1) — e
 ae         whole-word, 0.30        whole-word, 0.50    mlm (1) + ae (1), 1-layer decoder (eq. 4–5)
 ar         whole-word, 0.30        —                   mlm (1) + ar (1), 1-layer causal decoder (eq. 6–7)
 retromae   whole-word, 0.30        whole-word, 0.50    mlm (1) + enhanced (1) (eq. 8–10)
+cpdae      token, 0.15             —                   mlm_views (1) + cpdae (1; λ = 0.1, JS contrast)
+cpdae-r    token, 0.15             —                   as cpdae, contrast on the dense [CLS] vectors
+cdmae      whole-word, 0.30        pmi, 0.50           mlm (1) + ae (1), 2 layers + linear projection head
+dupmae     whole-word, 0.30        whole-word, 0.50    mlm (1) + enhanced (1) + ot_bow (1) — paper 001 eq. 9
 =========  ======================  ==================  =============================================
+
+``dupmae-code`` is ``dupmae`` with the authors' released OT-BoW (``variant: code``, weight 0.1); see
+:mod:`pretrieve.modeling.objectives.ot_bow`.
+
+CPDAE (paper 002): each text is masked twice with BERT's token masking (15 %, §3.1.1); eq. 6 is
+``REC + MLM + λ·CL`` with λ = 0.1 (§4.1.3). The MLM term is the mean over the masked tokens of *both* views
+(both are ordinary masked inputs of the encoder): objective ``mlm_views``; ``cpdae`` holds ``REC + λ·CL``
+(see :mod:`pretrieve.modeling.objectives.cpdae`). Ablations (Table 2): objective params
+``contrast: none`` (w/o CL) and ``idf: <statistics dir>`` (IDF-REC).
+
+CDMAE (paper 003): encoder masking unchanged (RetroMAE's whole-word 0.3), decoder masking importance-aware
+(``pmi``: AMI over n-grams up to L = 4, Gaussian noise σ = 1, Algorithm 1) at 0.5 (§4.1); a 2-layer decoder
+fed ``W·h_CLS + b`` (eq. 4); ``L = L_enc + L_dec`` (eq. 9) where "each loss is normalised": both are means
+over their masked tokens (eq. 3 and 6 sum over the masked set; dividing by its size is the normalisation),
+weights 1 and 1. The ``pmi`` masker works with any decoder objective: ``ae`` (masked decoder input) and
+``enhanced`` (each row of the position-specific mask hides the important tokens first).
+
+Masker parameters (``params``) exist for the ``pmi`` kind only: ``window`` (L = 4), ``sigma`` (1.0),
+``whole_word`` (false: Algorithm 1 masks tokens) and ``statistics`` (null = the pre-training corpus handed
+to the collator; or a path: a statistics directory or a text source to count); see
+:mod:`pretrieve.masking.pmi`. They are filled with their defaults, so the saved method records them.
 
 The encoder ratio 0.3 and decoder ratio 0.5 are RetroMAE's BERT-base settings (also DupMAE's, paper 001
 §4 "Implementation details"). Paper 000 does not print the ratio of its main runs; Table 6 reports BoW at
@@ -58,12 +83,17 @@ from typing import Any, Mapping
 import yaml
 
 from pretrieve.errors import ConfigError, InputError
+from pretrieve.masking.pmi import PMI_MASKER_DEFAULTS, check_pmi_params
 from pretrieve.modeling.objectives import OBJECTIVES, check_objective_params, objective_class
 
 logger = logging.getLogger(__name__)
 
-MASKER_KINDS: tuple[str, ...] = ("wwm", "token")
-"""``wwm``: whole-word random masking; ``token``: token-level random masking (later: ``pmi``)."""
+MASKER_KINDS: tuple[str, ...] = ("wwm", "token", "pmi")
+"""``wwm``: whole-word random masking; ``token``: token-level random masking; ``pmi``: importance-aware
+masking by PMI/AMI (CDMAE Algorithm 1)."""
+
+MASKER_PARAM_DEFAULTS: dict[str, dict[str, Any]] = {"wwm": {}, "token": {}, "pmi": PMI_MASKER_DEFAULTS}
+"""Accepted ``MaskerSpec.params`` of each kind, with their defaults."""
 
 DECODER_MASKER_FEATURES = frozenset({"decoder", "enhanced_mask"})
 """Batch features built with the decoder masker; an objective requiring one needs a decoder masker."""
@@ -79,21 +109,32 @@ class MaskerSpec:
     kind: str = "wwm"
     ratio: float
     replace_probs: tuple[float, float, float] = (0.8, 0.1, 0.1)
+    params: dict[str, Any] = field(default_factory=dict)
+    """Kind-specific settings (``pmi`` only, see the module docstring), filled with the kind's defaults."""
+
+    def __post_init__(self) -> None:
+        defaults = MASKER_PARAM_DEFAULTS.get(self.kind, {})
+        object.__setattr__(self, "params", {**defaults, **dict(self.params or {})})
 
     def to_dict(self) -> dict[str, Any]:
-        return {"kind": self.kind, "ratio": self.ratio, "replace_probs": list(self.replace_probs)}
+        data = {"kind": self.kind, "ratio": self.ratio, "replace_probs": list(self.replace_probs)}
+        if self.params:
+            data["params"] = dict(self.params)
+        return data
 
     @classmethod
     def from_dict(cls, data: Any, where: str) -> "MaskerSpec":
         data = _mapping(data, where)
-        _reject_unknown(data, {"kind", "ratio", "replace_probs"}, where)
+        _reject_unknown(data, {"kind", "ratio", "replace_probs", "params"}, where)
         if "ratio" not in data:
             raise ConfigError(f"{where}: 'ratio' is required")
         probs = data.get("replace_probs", (0.8, 0.1, 0.1))
         if not isinstance(probs, (list, tuple)):
             raise ConfigError(f"{where}.replace_probs: expected three numbers, got {probs!r}")
+        params = dict(_mapping(data.get("params") or {}, f"{where}.params"))
         return cls(kind=str(data.get("kind", "wwm")), ratio=_number(data["ratio"], f"{where}.ratio"),
-                   replace_probs=tuple(_number(p, f"{where}.replace_probs") for p in probs))  # type: ignore[arg-type]
+                   replace_probs=tuple(_number(p, f"{where}.replace_probs") for p in probs),  # type: ignore[arg-type]
+                   params=params)
 
 
 @dataclass(frozen=True)
@@ -170,6 +211,8 @@ class MethodConfig:
         _check_masker(self.encoder_masker, "encoder_masker", allow_zero=True)
         if self.encoder_masker.ratio == 0 and "mlm_labels" in _requires_of(self):
             raise ConfigError("objective 'mlm' needs encoder masking: encoder_masker.ratio must be > 0")
+        if self.encoder_masker.ratio == 0 and "second_view" in _requires_of(self):
+            raise ConfigError("a second masked view needs encoder masking: encoder_masker.ratio must be > 0")
         if self.decoder_masker is not None:
             _check_masker(self.decoder_masker, "decoder_masker", allow_zero=False)
         elif self.needs_decoder_masker():
@@ -210,6 +253,13 @@ class MethodConfig:
 
 DEFAULT_DECODER_MASKER = MaskerSpec(kind="wwm", ratio=0.5)
 _ENCODER_MASKER = MaskerSpec(kind="wwm", ratio=0.3)
+_BERT_TOKEN_MASKER = MaskerSpec(kind="token", ratio=0.15)  # CPDAE §3.1.1: "the masking strategy in BERT"
+
+
+def _cpdae_preset(name: str, contrast: str) -> MethodConfig:
+    return MethodConfig(name, _BERT_TOKEN_MASKER, (
+        ObjectiveSpec("mlm_views"), ObjectiveSpec("cpdae", 1.0, {"contrast": contrast, "cl_weight": 0.1})))
+
 
 PRESETS: dict[str, MethodConfig] = {
     "mlm": MethodConfig("mlm", _ENCODER_MASKER, (ObjectiveSpec("mlm"),)),
@@ -219,6 +269,17 @@ PRESETS: dict[str, MethodConfig] = {
     "ar": MethodConfig("ar", _ENCODER_MASKER, (ObjectiveSpec("mlm"), ObjectiveSpec("ar", params={"num_layers": 1}))),
     "retromae": MethodConfig("retromae", _ENCODER_MASKER, (ObjectiveSpec("mlm"), ObjectiveSpec("enhanced")),
                              decoder_masker=DEFAULT_DECODER_MASKER),
+    "cpdae": _cpdae_preset("cpdae", "js"),
+    "cpdae-r": _cpdae_preset("cpdae-r", "dense"),
+    "cdmae": MethodConfig("cdmae", _ENCODER_MASKER,
+                          (ObjectiveSpec("mlm"), ObjectiveSpec("ae", params={"num_layers": 2, "projection": True})),
+                          decoder_masker=MaskerSpec(kind="pmi", ratio=0.5)),
+    # DupMAE (paper 001 §3.2 eq. 9, masks §4); "-code": the authors' OT-BoW variant and 0.1 weight (ot_bow.py)
+    "dupmae": MethodConfig("dupmae", _ENCODER_MASKER, (ObjectiveSpec("mlm"), ObjectiveSpec("enhanced"),
+                                                       ObjectiveSpec("ot_bow")), decoder_masker=DEFAULT_DECODER_MASKER),
+    "dupmae-code": MethodConfig("dupmae-code", _ENCODER_MASKER, (
+        ObjectiveSpec("mlm"), ObjectiveSpec("enhanced"), ObjectiveSpec("ot_bow", 0.1, {"variant": "code"})),
+        decoder_masker=DEFAULT_DECODER_MASKER),
 }
 
 
@@ -323,12 +384,12 @@ def apply_overrides(config: MethodConfig, *, objectives: str | list | None = Non
     if encoder_mask is not None:
         enc = replace(enc, ratio=_number(encoder_mask, f"{where}: encoder_mask"))
     if encoder_masker is not None:
-        enc = replace(enc, kind=str(encoder_masker))
+        enc = _with_kind(enc, str(encoder_masker))
     dec = config.decoder_masker
     if decoder_masker is not None and str(decoder_masker).lower() == "none":
         dec = None
     elif decoder_masker is not None:
-        dec = replace(dec or DEFAULT_DECODER_MASKER, kind=str(decoder_masker))
+        dec = _with_kind(dec or DEFAULT_DECODER_MASKER, str(decoder_masker))
     if decoder_mask is not None:
         dec = replace(dec or DEFAULT_DECODER_MASKER, ratio=_number(decoder_mask, f"{where}: decoder_mask"))
     return MethodConfig(name or config.name, enc, tuple(specs), decoder_masker=dec).resolved()
@@ -352,9 +413,18 @@ def _check_objectives(config: MethodConfig) -> None:
         raise ConfigError("at least one objective needs a weight > 0")
 
 
+def _with_kind(spec: MaskerSpec, kind: str) -> MaskerSpec:
+    """``spec`` with another kind; the previous kind's params are dropped (they belong to that kind)."""
+    return spec if kind == spec.kind else replace(spec, kind=kind, params={})
+
+
 def _check_masker(spec: MaskerSpec, where: str, *, allow_zero: bool) -> None:
     if spec.kind not in MASKER_KINDS:
         raise ConfigError(f"{where}: unknown masker '{spec.kind}'; known maskers: {', '.join(MASKER_KINDS)}")
+    if spec.kind == "pmi":
+        check_pmi_params(spec.params, f"{where}.params")
+    elif spec.params:
+        raise ConfigError(f"{where}: masker '{spec.kind}' takes no params, got {', '.join(map(str, spec.params))}")
     low_ok = spec.ratio >= 0 if allow_zero else spec.ratio > 0
     if not (math.isfinite(spec.ratio) and low_ok and spec.ratio < 1):
         interval = "[0, 1)" if allow_zero else "(0, 1)"
@@ -379,6 +449,8 @@ def _merge_masker(base: Any, override: Any, where: str) -> dict[str, Any] | None
         override = {"kind": override}
     override = dict(_mapping(override, where))
     merged = dict(base or DEFAULT_DECODER_MASKER.to_dict())
+    if "kind" in override and override["kind"] != merged.get("kind") and "params" not in override:
+        merged.pop("params", None)  # the base kind's params do not apply to another kind
     merged.update(override)
     return merged
 

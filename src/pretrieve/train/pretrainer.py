@@ -88,7 +88,11 @@ def pretrain(config: PretrainConfig) -> Path:
 
     torch.manual_seed(config.seed)
     model = PretrainModel(Encoder.from_pretrained(config.model), method)
-    collator = PretrainCollator(tokenizer, method, model.required_features(), config.max_len, config.seed)
+    if accelerator.is_main_process:  # n-gram statistics of importance-aware maskers: counted once, cached
+        PretrainCollator(tokenizer, method, model.required_features(), config.max_len, config.seed, corpus=dataset)
+    accelerator.wait_for_everyone()
+    collator = PretrainCollator(tokenizer, method, model.required_features(), config.max_len, config.seed,
+                                corpus=dataset)
 
     resolved = dataclasses.asdict(config) | {"method": method.to_dict()}
     if accelerator.is_main_process:

@@ -2,7 +2,8 @@
 
 Importing this package registers the built-in objectives: ``mlm`` (encoder MLM, paper 000 eq. 3), ``bow``
 (bag-of-words prediction, eq. 11–13), ``ae`` (auto-encoding decoder, eq. 4–5), ``ar`` (auto-regressive
-decoder, eq. 6–7) and ``enhanced`` (RetroMAE enhanced decoding, eq. 8–10). A new objective is one new module
+decoder, eq. 6–7), ``enhanced`` (RetroMAE enhanced decoding, eq. 8–10), ``cpdae`` / ``mlm_views`` (CPDAE,
+paper 002) and ``ot_bow`` (DupMAE's ordinary-token bag of words, paper 001). A new objective is one new module
 here with a ``@register_objective`` class, plus its import below.
 """
 
@@ -14,6 +15,8 @@ from pretrieve.modeling.objectives.bow import BagOfWords, bow_cross_entropy
 from pretrieve.modeling.objectives.autoencoding import AutoEncodingDecoder
 from pretrieve.modeling.objectives.autoregression import AutoRegressiveDecoder, causal_visibility
 from pretrieve.modeling.objectives.enhanced import EnhancedDecoder
+from pretrieve.modeling.objectives import cpdae  # noqa: E402,F401  (registers cpdae, mlm_views)
+from pretrieve.modeling.objectives import ot_bow  # noqa: E402,F401  (registers ot_bow: DupMAE)
 
 __all__ = [
     "OBJECTIVES", "AutoEncodingDecoder", "AutoRegressiveDecoder", "BagOfWords", "EnhancedDecoder",

@@ -13,7 +13,13 @@ reaches the encoder only through ``h_CLS`` (the bottleneck). Choices:
   restricted to non-padding keys. Paper 000 reproduces RetroMAE's one-layer decoder (default 1);
   CDMAE uses 2;
 * the loss is the mean CE over the decoder-masked positions (``decoder_labels != -100``), scored through
-  the encoder's (shared) MLM head after gathering those positions.
+  the encoder's (shared) MLM head after gathering those positions;
+* ``projection=True`` (CDMAE, paper 003 eq. 4 and Table 4) puts a linear bottleneck head between encoder
+  and decoder: position 0 of the decoder input is ``h_b = W·h_CLS + b`` instead of ``h_CLS``. ``W`` is
+  ``d_dec × d_enc`` with ``d_dec = d_enc`` here (the decoder blocks are sized from the encoder's config),
+  initialised like the decoder layers (``N(0, initializer_range)``, zero bias); it belongs to the decoder
+  head and is dropped with it after pre-training. The importance-aware decoder masking of CDMAE is the
+  decoder masker's business (``decoder_masker: {kind: pmi}``), not this objective's.
 """
 
 from __future__ import annotations
@@ -21,10 +27,11 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from pretrieve.errors import ConfigError
 from pretrieve.modeling.encoder import Encoder, EncoderOutput
 from pretrieve.modeling.objectives.base import (Objective, ObjectiveOutput, positive_int, register_objective,
                                                 token_prediction_loss)
-from pretrieve.modeling.objectives.decoder_layers import DecoderStack
+from pretrieve.modeling.objectives.decoder_layers import DecoderStack, LayerShape
 
 
 def with_cls_first(cls: Tensor, embedded: Tensor) -> Tensor:
@@ -39,12 +46,22 @@ class AutoEncodingDecoder(Objective):
     name = "ae"
     requires = frozenset({"decoder"})
 
-    def __init__(self, encoder: Encoder, *, num_layers: int = 1):
+    def __init__(self, encoder: Encoder, *, num_layers: int = 1, projection: bool = False):
         super().__init__(encoder)
         self.decoder = DecoderStack(encoder.config, positive_int(self.name, "num_layers", num_layers))
+        if not isinstance(projection, bool):
+            raise ConfigError(f"objective '{self.name}': parameter 'projection' must be true or false, got "
+                              f"{projection!r}")
+        self.projection: torch.nn.Linear | None = None
+        if projection:
+            shape = LayerShape.from_config(encoder.config)
+            self.projection = torch.nn.Linear(encoder.hidden_size, shape.hidden_size)
+            torch.nn.init.normal_(self.projection.weight, mean=0.0, std=shape.initializer_range)
+            torch.nn.init.zeros_(self.projection.bias)
 
     def forward(self, batch: dict[str, Tensor], enc: EncoderOutput, encoder: Encoder) -> ObjectiveOutput:
-        hidden = with_cls_first(enc.cls, encoder.embed_tokens(batch["decoder_input_ids"]))
+        bottleneck = enc.cls if self.projection is None else self.projection(enc.cls)   # CDMAE eq. 4
+        hidden = with_cls_first(bottleneck, encoder.embed_tokens(batch["decoder_input_ids"]))
         key_visible = batch["attention_mask"].bool().unsqueeze(1)          # [B, 1, L]
         decoded = self.decoder(hidden, key_visible)
         loss, count = token_prediction_loss(encoder, decoded, batch["decoder_labels"])
