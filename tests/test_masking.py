@@ -453,7 +453,7 @@ def test_to_additive_mask():
 
 
 def test_masking_latency_reports_each_kind(tokenizer):
-    kinds = ("random", "whole_word", "enhanced", "enhanced_cyclic")
+    kinds = ("random", "whole_word", "enhanced", "enhanced_independent")
     timings = masking_latency(tokenizer, science_texts(5), batch_size=8, max_len=32, repeats=2, kinds=kinds)
     assert set(timings) == set(kinds)
     assert all(isinstance(v, float) and v > 0 for v in timings.values())

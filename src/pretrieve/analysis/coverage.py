@@ -26,7 +26,6 @@ Choices (the paper does not spell them out):
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
@@ -37,7 +36,6 @@ import torch
 from pretrieve.errors import InputError
 
 DEFAULT_KS = (10, 20, 50, 100)
-_ENCODER_LOGGER = "pretrieve.modeling.encoder"
 
 
 @dataclass
@@ -63,34 +61,12 @@ class CoverageReport:
 
 
 # ---------------------------------------------------------------------- loading
-class _HeadCreationRecorder(logging.Handler):
-    def __init__(self) -> None:
-        super().__init__(level=logging.WARNING)
-        self.created = False
-
-    def emit(self, record: logging.LogRecord) -> None:
-        if "MLM head" in record.getMessage():
-            self.created = True
-
-
 def load_encoder(name_or_path: str | Path):
-    """``(Encoder, head_created)`` for a checkpoint path or offline alias.
-
-    ``head_created`` is the encoder's own ``head_created`` attribute when it has one, else whether
-    :meth:`Encoder.from_pretrained` logged that it created a missing MLM head.
-    """
-    from pretrieve.models import resolve_model
+    """``(Encoder, head_created)`` for a checkpoint path or offline alias."""
     from pretrieve.modeling import Encoder
 
-    recorder = _HeadCreationRecorder()
-    source = logging.getLogger(_ENCODER_LOGGER)
-    source.addHandler(recorder)
-    try:
-        encoder = Encoder.from_pretrained(resolve_model(name_or_path))
-    finally:
-        source.removeHandler(recorder)
-    created = getattr(encoder, "head_created", None)
-    return encoder, bool(recorder.created if created is None else created)
+    encoder = Encoder.from_pretrained(name_or_path)
+    return encoder, encoder.head_created
 
 
 # ---------------------------------------------------------------------- computation

@@ -146,7 +146,7 @@ def bench_masking_command(
     repeats: int = typer.Option(20, min=1, help="Timed rounds (median reported)."),
     corpus: Optional[str] = typer.Option(None, help="Texts: BEIR dir / JSONL / text file; default: synthetic."),
     kinds: str = typer.Option("random,whole_word,enhanced", help="Comma-separated masking kinds "
-                              "(random, whole_word, enhanced, enhanced_cyclic)."),
+                              "(random, whole_word, enhanced, enhanced_independent, pmi)."),
     threads: Optional[int] = typer.Option(None, help="torch intra-op threads (default: torch's choice)."),
     out: Optional[Path] = typer.Option(None, help="Write the report to FILE.md and the numbers to FILE.json."),
 ) -> None:

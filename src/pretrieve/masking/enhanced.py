@@ -53,8 +53,9 @@ uniform random subset of the right size); they differ in how rows relate to each
   the threshold (rare) are redone exactly by ranking. About 35 ms for 128 x 150 on 2 CPU threads
   (55 ms on 1), dominated by the [B, L, L] random numbers and the ``kthvalue`` selection: about
   30x the 1.2-1.5 ms of ``RandomMasker`` on the same batch.
-* ``"cyclic"`` (default: about 1.5–2× the cost of random masking instead of ~30×, which keeps
-  enhanced-decoding collation within 2× of plain MLM collation): one random cyclic order of the candidate positions per *sequence*; row ``i`` keeps
+* ``"cyclic"`` (default: the mask alone costs 2–3× a random-masking call instead of ~30×, and a
+  whole enhanced-decoding collation stays at ~1.5× a plain MLM collation — docs/benchmarks.md): one
+  random cyclic order of the candidate positions per *sequence*; row ``i`` keeps
   the first positions of that order, read from an independent random offset, skipping ``i``.
   A uniformly random cyclic order read from any offset, with one element removed, is a uniformly
   random order of the rest, so each row's set is still a uniform random subset of the valid

@@ -53,6 +53,7 @@ class Encoder(nn.Module):
     def __init__(self, model: PreTrainedModel, *, check_head: bool = True):
         super().__init__()
         self.model = model
+        self.head_created = False  # True when from_pretrained had to create a missing MLM head
         self._head_names = _head_module_names(model)
         if check_head:
             _check_head_matches_model(self)
@@ -72,7 +73,9 @@ class Encoder(nn.Module):
             logger.warning("checkpoint %s has no MLM head (missing %s); created one: transform and LayerNorm "
                            "freshly initialised, decoder tied to the input embeddings, bias zero",
                            name_or_path, ", ".join(missing_head))
-        return cls(model)
+        encoder = cls(model)
+        encoder.head_created = bool(missing_head)
+        return encoder
 
     @classmethod
     def from_config(cls, config: PretrainedConfig) -> "Encoder":

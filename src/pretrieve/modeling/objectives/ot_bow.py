@@ -29,8 +29,10 @@ L = 144, V = 30522), and its gradient is as large again. :func:`max_pool_logits`
 a time (``c`` chosen so that a chunk holds at most ``chunk_elements`` logits, 2²⁴ = 64 MB fp32 by default),
 max-pools each chunk to ``[B, V]`` and takes the maximum of the chunk maxima. Autograd keeps only the
 chunks' (small) inputs and their ``[B, V]`` arg-max indices, so forward and backward peak at one chunk of
-logits instead of the whole tensor; the result and the gradient are identical to the one-shot max. Columns
-with no pooled position in the batch (the [CLS] column, all-padding tails) are skipped.
+logits instead of the whole tensor; the result and the gradient are identical to the one-shot max. Only kept
+positions are projected: each row's ordinary tokens are gathered to the front
+(:func:`compact_kept_positions`), so [CLS], padding and masked positions cost nothing and no mask is applied to
+the logits. Without autograd (encoding) the chunk maximum is ``amax`` (no arg-max indices, ~5× faster).
 """
 
 from __future__ import annotations
@@ -68,26 +70,40 @@ def max_pool_logits(project: Callable[[Tensor], Tensor], hidden: Tensor, keep: T
     ``project`` maps ``[..., H]`` to ``[..., V]`` (the MLM head). Rows without any kept position get the
     dtype's lowest value everywhere (callers drop them). See the module docstring for the memory argument.
     """
-    columns = keep.any(dim=0).nonzero().squeeze(1)
-    if columns.numel() == 0:
-        logits = project(hidden[:, :1]).squeeze(1)
-        return logits.masked_fill(torch.ones_like(logits, dtype=torch.bool), torch.finfo(logits.dtype).min)
-    if columns.numel() < hidden.shape[1]:
-        hidden, keep = hidden[:, columns], keep[:, columns]
-    batch, length = keep.shape
-    first = _masked_chunk_max(project, hidden[:, :1], keep[:, :1])
+    gathered, empty = compact_kept_positions(hidden, keep)
+    batch, width = gathered.shape[:2]
+    track_grad = torch.is_grad_enabled() and gathered.requires_grad
+    first = _chunk_max(project, gathered[:, :1], track_grad)
     step = max(1, chunk_elements // max(1, batch * first.shape[-1]))
-    maxima = [first] + [_masked_chunk_max(project, hidden[:, start:start + step], keep[:, start:start + step])
-                        for start in range(1, length, step)]
-    if len(maxima) == 1:
-        return first
-    return torch.stack(maxima, dim=1).max(dim=1).values
+    maxima = [first] + [_chunk_max(project, gathered[:, start:start + step], track_grad)
+                        for start in range(1, width, step)]
+    pooled = first if len(maxima) == 1 else torch.stack(maxima, dim=1).max(dim=1).values
+    if bool(empty.any()):
+        pooled = pooled.masked_fill(empty.unsqueeze(-1), torch.finfo(pooled.dtype).min)
+    return pooled
 
 
-def _masked_chunk_max(project: Callable[[Tensor], Tensor], hidden: Tensor, keep: Tensor) -> Tensor:
+def compact_kept_positions(hidden: Tensor, keep: Tensor) -> tuple[Tensor, Tensor]:
+    """Each row's kept hidden states moved to the front, ``[B, W, H]`` with ``W`` = the most kept in a row, and
+    the rows with none (``[B]`` bool).
+
+    The slots past a row's own count repeat its first kept state instead of being masked: a duplicate never
+    changes a maximum, so no ``[B, W, V]`` mask has to be applied to the logits, and its gradient flows back to
+    the same source position through the gather. [CLS], padding and masked positions are never gathered.
+    """
+    counts = keep.sum(dim=1)
+    width = max(1, int(counts.max()))
+    order = torch.sort(keep.to(torch.int8), dim=1, descending=True, stable=True).indices[:, :width]
+    slots = torch.arange(width, device=keep.device).unsqueeze(0)
+    index = torch.where(slots < counts.unsqueeze(1), order, order[:, :1])
+    gathered = hidden.gather(1, index.unsqueeze(-1).expand(-1, -1, hidden.shape[-1]))
+    return gathered, counts == 0
+
+
+def _chunk_max(project: Callable[[Tensor], Tensor], hidden: Tensor, track_grad: bool) -> Tensor:
     logits = project(hidden)
-    logits = logits.masked_fill(~keep.unsqueeze(-1), torch.finfo(logits.dtype).min)
-    return logits.max(dim=1).values
+    # amax is ~5x faster than max(dim) but its backward would keep the whole chunk of logits alive
+    return logits.max(dim=1).values if track_grad else logits.amax(dim=1)
 
 
 def length_weighted_bow_cross_entropy(logits: Tensor, targets: Tensor, lengths: Tensor) -> tuple[Tensor, Tensor]:
