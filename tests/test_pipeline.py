@@ -30,7 +30,7 @@ def _recipe(tmp_path: Path, model: Path, train: Path, zero_shot: Path) -> Path:
             {"reranker": {**FAST, "num_negatives": 2, "max_len": 48, "lr": 5e-4}},
             {"teacher": {"max_negatives": 3}},
             {"finetune": {"stage": 3}},
-            {"evaluate": {"collections": [str(train), str(zero_shot)], "split": "test", "zero_shot": True,
+            {"evaluate": {"collections": [str(train), str(zero_shot)], "split": "test", "zero_shot": True, "bm25": True,
                           "rerank_depth": 10, "depth": 20}},
         ],
     }
@@ -51,7 +51,7 @@ def test_recipe_runs_every_stage_and_writes_results(tiny_mlm_dir, collections, t
     results = run_recipe(recipe, show_progress=False)
     out = tmp_path / "out"
     retrievers = {row["retriever"] for row in results["rows"]}
-    assert retrievers == {"zero-shot", "finetune-s1", "finetune-s2", "finetune-s3", "finetune-s3+rerank@10"}
+    assert retrievers == {"bm25", "zero-shot", "finetune-s1", "finetune-s2", "finetune-s3", "finetune-s3+rerank@10"}
     assert {row["collection"] for row in results["rows"]} == {"train", "other"}
     for row in results["rows"]:
         assert Path(row["run"]).exists() and 0.0 <= row["nDCG@10"] <= 1.0

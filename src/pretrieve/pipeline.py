@@ -22,8 +22,8 @@ Recipe (YAML or JSON)::
       - reranker: {epochs: 1}
       - teacher: {max_negatives: 31}
       - finetune: {stage: 3}
-      - evaluate: {collections: [scifact, cranfield], split: test, zero_shot: true, rerank_depth: 100}
-                                  # a collection may name its split: "msmarco:dev"
+      - evaluate: {collections: [scifact, cranfield], split: test, bm25: true, zero_shot: true,
+                   rerank_depth: 100}   # a collection may name its split: "msmarco:dev"
 
 Stage semantics follow the papers: stages 2 and 3 re-initialise from the pre-trained checkpoint (not
 from the previous stage); ``mine`` uses the latest fine-tuned retriever (the stage-1 one) to mine the
@@ -267,6 +267,14 @@ def stage_evaluate(state: RunState, options: dict[str, Any], label: str, show_pr
         collection = BeirCollection(collection_path)
         qrels = collection.load_qrels(split)
         queries = None
+        if options.get("bm25", False):
+            run_path = runs_dir / f"bm25__{collection_path.name}.trec"
+            if not run_path.exists():
+                from pretrieve.retrieval.bm25 import BM25Index
+
+                queries = queries or collection.load_queries(split)
+                write_run(BM25Index.build(collection.load_corpus()).search(queries, k=depth), run_path, tag="bm25")
+            rows.append(_row("bm25", collection_path.name, run_path, evaluate(qrels, read_run(run_path), RESULT_MEASURES)))
         for name, model_dir in retrievers.items():
             run_path = runs_dir / f"{name}__{collection_path.name}.trec"
             if not run_path.exists():
