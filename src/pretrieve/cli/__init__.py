@@ -25,7 +25,8 @@ app = typer.Typer(
 console = Console(stderr=True, soft_wrap=True)
 
 
-NOISY_LOGGERS = ("bm25s", "httpx", "httpcore", "urllib3", "filelock", "huggingface_hub", "datasets", "fsspec")
+NOISY_LOGGERS = ("bm25s", "httpx", "httpcore", "urllib3", "filelock", "huggingface_hub", "datasets", "fsspec",
+                 "transformers", "sentence_transformers", "faiss")
 
 
 def configure_logging(verbose: bool = False) -> None:
@@ -36,6 +37,9 @@ def configure_logging(verbose: bool = False) -> None:
                         format="%(levelname)s %(name)s: %(message)s")
     for name in NOISY_LOGGERS:
         logging.getLogger(name).setLevel(logging.WARNING)
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # "Loading weights" bars; ours show the work's progress
 
 
 @app.callback()

@@ -7,7 +7,6 @@ function of :mod:`pretrieve.train.finetuner`, :mod:`pretrieve.retrieval.mining` 
 
 from __future__ import annotations
 
-import logging
 from pathlib import Path
 from typing import Optional
 
@@ -48,11 +47,6 @@ def _rr(name: str, *flags: str, **kwargs):
     return _option(RerankerConfig, name, *flags, **kwargs)
 
 
-def _setup_logging() -> None:
-    if not logging.getLogger().handlers:
-        logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-        for noisy in ("httpx", "urllib3", "huggingface_hub", "transformers", "sentence_transformers", "bm25s"):
-            logging.getLogger(noisy).setLevel(logging.WARNING)
 
 
 def _load_file(path: Optional[Path]) -> dict:
@@ -122,7 +116,6 @@ def finetune_command(
     """Fine-tune a dual-encoder retriever (stage 1, 2 or 3); OUT/final is a sentence-transformers model."""
     from pretrieve.train.finetuner import build_finetune_config, finetune
 
-    _setup_logging()
     flags = dict(model=model, data=_resolve_data(data), out=str(out) if out else None, stage=stage,
                  groups=str(groups) if groups else None, split=split, num_negatives=num_negatives,
                  query_max_len=query_max_len, passage_max_len=passage_max_len, pooling=pooling, normalize=normalize,
@@ -163,7 +156,6 @@ def mine_command(
     from pretrieve.errors import ConfigError
     from pretrieve.retrieval.mining import bm25_negatives, mine_negatives
 
-    _setup_logging()
     collection = _resolve_data(data)
     if bm25 == (model is not None):
         raise ConfigError("give either --model (dense mining) or --bm25")
@@ -208,7 +200,6 @@ def reranker_train_command(
     """Train a cross-encoder with listwise cross-entropy over each query's group (no in-batch negatives)."""
     from pretrieve.train.reranker import build_reranker_config, train_reranker
 
-    _setup_logging()
     flags = dict(model=model, data=_resolve_data(data), groups=str(groups) if groups else None,
                  out=str(out) if out else None, num_negatives=num_negatives, max_len=max_len, max_groups=max_groups,
                  batch_size=batch_size, micro_batch_size=micro_batch_size, lr=lr, max_steps=steps, epochs=epochs,
@@ -234,7 +225,6 @@ def reranker_score_command(
     """Re-rank the top-DEPTH of every query of a run with the cross-encoder."""
     from pretrieve.train.reranker import rerank_run_file
 
-    _setup_logging()
     path = rerank_run_file(model, _resolve_data(data), split, run, out, depth=depth, batch_size=batch_size,
                            max_len=max_len, device=device, overwrite=overwrite)
     err.print(f"re-ranked run: {path}", highlight=False)
@@ -257,7 +247,6 @@ def reranker_teacher_command(
     """Score every positive and negative of each group with the reranker (stage-3 distillation targets)."""
     from pretrieve.train.reranker import teacher_groups
 
-    _setup_logging()
     path = teacher_groups(model, _resolve_data(data), groups, out, max_negatives=max_negatives,
                           batch_size=batch_size, max_len=max_len, device=device, overwrite=overwrite)
     err.print(f"teacher-scored groups: {path}", highlight=False)

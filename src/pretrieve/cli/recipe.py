@@ -17,13 +17,10 @@ def run_command(
     progress: bool = typer.Option(True, "--progress/--no-progress", help="Progress bars."),
 ) -> None:
     """Run (or resume) every stage of a recipe; finished stages are skipped."""
-    import logging
-
     from rich.console import Console
     from rich.markdown import Markdown
 
     from pretrieve.pipeline import results_markdown, run_recipe
 
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     results = run_recipe(recipe, out=out, show_progress=progress)
     Console().print(Markdown(results_markdown(results)))

@@ -7,7 +7,6 @@ stderr.
 
 from __future__ import annotations
 
-import logging
 import time
 from pathlib import Path
 from typing import Optional
@@ -29,15 +28,6 @@ POOLING_HELP = ("Pooling: cls | mean | max | lasttoken | weightedmean | mean_sqr
 NORMALIZE_HELP = "L2-normalise vectors; default: whether the checkpoint has a sentence-transformers Normalize module."
 
 
-def _setup_logging() -> None:
-    if not logging.getLogger().handlers:
-        logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-        for noisy in ("httpx", "urllib3", "huggingface_hub", "transformers", "sentence_transformers", "bm25s",
-                      "faiss"):
-            logging.getLogger(noisy).setLevel(logging.WARNING)
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.disable_progress_bar()  # "Loading weights" bars; ours show the encoding progress
 
 
 def _collection(data: str) -> BeirCollection:
@@ -76,7 +66,6 @@ def bm25(
     """BM25 (bm25s, Lucene scoring, English stemming and stopwords) over title + text."""
     from pretrieve.retrieval.bm25 import BM25Index
 
-    _setup_logging()
     began = time.perf_counter()
     collection = _collection(data)
     queries = collection.load_queries(split)
@@ -108,7 +97,6 @@ def encode(
     """Encode one corpus shard into EMB_DIR (skipped when already encoded with the same settings)."""
     from pretrieve.retrieval.encode import encode_corpus
 
-    _setup_logging()
     encoder = _load_encoder(model, pooling, normalize, max_length, device)
     corpus = _collection(data).load_corpus()
     began = time.perf_counter()
@@ -143,7 +131,6 @@ def search(
     from pretrieve.retrieval.encode import find_shards
     from pretrieve.retrieval.faiss_search import search_embeddings
 
-    _setup_logging()
     began = time.perf_counter()
     find_shards(index)  # fail on a missing or incomplete embeddings directory before loading the model
     queries = _collection(data).load_queries(split)
@@ -178,7 +165,6 @@ def dense(
     """Encode the corpus and the split's queries, search exactly (FAISS), write the run."""
     from pretrieve.retrieval.faiss_search import dense_run
 
-    _setup_logging()
     began = time.perf_counter()
     collection = _collection(data)
     queries = collection.load_queries(split)
