@@ -3,7 +3,8 @@
 Thin wrappers: parse options, call :func:`pretrieve.bench.pretrain_speed.bench_pretrain`,
 :func:`pretrieve.masking.latency.masking_latency` or :func:`pretrieve.retrieval.throughput.encoding_throughput`,
 print a markdown report (stdout) and, with ``--out FILE.md``, write it plus ``FILE.json``. Progress goes to
-stderr.
+stderr. ``bench masking --kinds ...,pmi`` times CDMAE's importance-aware masker with the n-gram statistics of the
+whole ``--corpus`` (or ``--statistics``, e.g. a directory of ``pretrieve stats pmi``); counted before timing.
 """
 
 from __future__ import annotations
@@ -144,9 +145,15 @@ def bench_masking_command(
     batch_size: int = typer.Option(128, min=1, help="Sequences per batch (paper 003 Table 6: 128)."),
     max_len: int = typer.Option(150, min=2, help="Sequence length (paper 003 Table 6: 150)."),
     repeats: int = typer.Option(20, min=1, help="Timed rounds (median reported)."),
-    corpus: Optional[str] = typer.Option(None, help="Texts: BEIR dir / JSONL / text file; default: synthetic."),
+    corpus: Optional[str] = typer.Option(None, help="Texts: BEIR dir / JSONL / text file; default: synthetic. "
+                                         "Also the source of the pmi kind's n-gram statistics (whole corpus)."),
     kinds: str = typer.Option("random,whole_word,enhanced", help="Comma-separated masking kinds "
                               "(random, whole_word, enhanced, enhanced_independent, pmi)."),
+    statistics: Optional[str] = typer.Option(None, help="n-gram statistics of the pmi kind: a directory of "
+                                             "`pretrieve stats pmi` or a text source to count",
+                                             show_default="--corpus, else the batch's own texts"),
+    cache_dir: Optional[Path] = typer.Option(None, help="Token cache for counting statistics",
+                                             show_default="$PRETRIEVE_CACHE/pretrain or ~/.cache/pretrieve/pretrain"),
     threads: Optional[int] = typer.Option(None, help="torch intra-op threads (default: torch's choice)."),
     out: Optional[Path] = typer.Option(None, help="Write the report to FILE.md and the numbers to FILE.json."),
 ) -> None:
@@ -160,17 +167,35 @@ def bench_masking_command(
     tokenizer = _default_tokenizer()
     texts = load_texts(corpus, batch_size, tokenizer)
     chosen = _split(kinds, "kind")
+    pmi_source = (statistics or corpus) if "pmi" in chosen else None
+    pmi_statistics = _pmi_statistics(pmi_source, tokenizer, cache_dir) if pmi_source else None
     seconds = masking_latency(tokenizer, texts, batch_size=batch_size, max_len=max_len, repeats=repeats,
-                              kinds=chosen)
+                              kinds=chosen, pmi_statistics=pmi_statistics)
     base = seconds.get("random")
     rows = [[kind, value * 1000, None if base is None else value / base] for kind, value in seconds.items()]
     env = environment()
-    markdown = "\n".join(["## Masking latency", "", *environment_lines(env),
-                          f"- batch {batch_size} × length {max_len}, median of {repeats} rounds, kinds "
-                          f"interleaved; texts: {corpus or 'synthetic'}", "",
-                          markdown_table(["kind", "ms / batch", "vs random"], rows, digits=2)])
+    lines = ["## Masking latency", "", *environment_lines(env),
+             f"- batch {batch_size} × length {max_len}, median of {repeats} rounds, kinds "
+             f"interleaved; texts: {corpus or 'synthetic'}"]
+    if "pmi" in chosen:
+        lines.append("- pmi statistics: " + (f"{pmi_source} ({int(pmi_statistics.totals[1]):,} tokens)"
+                                             if pmi_statistics is not None else "the batch's own texts"))
+    markdown = "\n".join([*lines, "", markdown_table(["kind", "ms / batch", "vs random"], rows, digits=2)])
     _emit(markdown, {"environment": env, "batch_size": batch_size, "max_len": max_len, "repeats": repeats,
-                     "corpus": corpus, "seconds": seconds}, out)
+                     "corpus": corpus, "pmi_statistics": pmi_source if "pmi" in chosen else None,
+                     "seconds": seconds}, out)
+
+
+def _pmi_statistics(source: str, tokenizer: Any, cache_dir: Optional[Path]):
+    """n-gram statistics (window 4) of ``source``: a saved statistics directory, or a text source tokenised into
+    pre-training chunks of ``pretrieve pretrain``'s default 144 tokens (the benchmark's ``--max-len`` is the batch
+    shape, not how the corpus is chunked) and counted; both cached, see :func:`pretrieve.masking.pmi.resolve_statistics`."""
+    from pretrieve.cli.stats import DEFAULT_MAX_LEN, pretrain_cache_dir
+    from pretrieve.masking.pmi import DEFAULT_WINDOW, resolve_statistics
+
+    err.print(f"[bench masking] pmi statistics from {source}", highlight=False)
+    return resolve_statistics(source, window=DEFAULT_WINDOW, vocab_size=len(tokenizer), tokenizer=tokenizer,
+                              max_len=DEFAULT_MAX_LEN, cache_dir=pretrain_cache_dir(cache_dir))
 
 
 @bench_app.command("encode")
