@@ -46,6 +46,7 @@ from torch import Tensor, nn
 
 from pretrieve.errors import ConfigError, InputError
 from pretrieve.io_utils import write_json
+from pretrieve.modeling.mote import is_mote_checkpoint
 from pretrieve.modeling.representations import DenseRepresentation, Representation, representation_from_config
 from pretrieve.train.losses import combined_distillation_loss, contrastive_loss, group_scores
 
@@ -247,9 +248,10 @@ class DualEncoder(nn.Module):
         else ``"auto"``).
         """
         representation = representation if representation is not None else DenseRepresentation()
-        kind = tower or default_tower_kind(representation)
-        tower_cls = _tower_class(kind)
         path = Path(str(name_or_path))
+        # a CoT-MoTE checkpoint needs the Encoder-based tower, which restores its experts and routes by text type
+        kind = tower or ("mlm" if is_mote_checkpoint(path) else default_tower_kind(representation))
+        tower_cls = _tower_class(kind)
         if (path / CONFIG_FILE).exists() and not (path / "config.json").exists():
             raise InputError("this is a saved dual encoder with separate towers; load it with DualEncoder.load",
                              path=path)
@@ -292,6 +294,9 @@ class DualEncoder(nn.Module):
             loss = contrastive_loss(q, p, temperature=temperature, in_batch=settings.in_batch,
                                     gather=settings.gather, **options)
             logs["loss/contrastive"] = loss.detach()
+        for name, value in self.representation.regularization(q, p).items():   # e.g. FLOPS for sparse vectors
+            loss = loss + value
+            logs[f"loss/{name}"] = value.detach()
         with torch.no_grad():
             own = group_scores(q.detach(), p.detach(), **options)
             logs["accuracy"] = (own.argmax(dim=1) == 0).float().mean()

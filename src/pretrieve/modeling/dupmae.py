@@ -50,7 +50,7 @@ from typing import Any, Mapping
 import torch
 from torch import Tensor, nn
 
-from pretrieve.errors import ConfigError
+from pretrieve.errors import ConfigError, InputError
 from pretrieve.modeling.objectives.ot_bow import DEFAULT_CHUNK_ELEMENTS, max_pool_logits, ordinary_token_mask
 from pretrieve.modeling.representations import Representation, pool_hidden, register_representation
 
@@ -160,7 +160,7 @@ class DupMAERepresentation(Representation):
         try:
             config = AutoConfig.from_pretrained(str(model_path))
         except OSError as exc:
-            raise ConfigError(f"cannot read the model config of {model_path}: {exc}") from None
+            raise InputError(f"cannot read the model config: {exc}", path=str(model_path)) from None
         return cls(int(config.hidden_size), spec, **kwargs)
 
     # ------------------------------------------------------------------ sizes

@@ -14,9 +14,9 @@ RoBERTa for RetroMAE users):
 * a checkpoint without an MLM head (a plain ``BertModel`` such as all-MiniLM-L6-v2) gets one created:
   transform and LayerNorm fresh, decoder tied to the input embeddings, bias zero, and a warning is logged.
 
-Extension point: ``text_type`` (0 = query, 1 = passage) is accepted by :meth:`Encoder.forward` and ignored
-today. CoT-MoTE's query/passage FFN experts will replace the FFN sub-modules of the body's layers with
-routed experts and read ``text_type`` there; nothing above the encoder has to change.
+``text_type`` (0 = query, 1 = passage) given to :meth:`Encoder.forward` routes every example to its FFN expert
+when the body has CoT-MoTE's query/passage experts (:mod:`pretrieve.modeling.mote`; ignored otherwise), and
+:meth:`Encoder.from_pretrained` restores both experts of a MoTE checkpoint.
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from torch import Tensor, nn
 from transformers import AutoModelForMaskedLM, PretrainedConfig, PreTrainedModel
 
 from pretrieve.errors import ConfigError
+from pretrieve.modeling.mote import mote_routing, restore_mote
 
 logger = logging.getLogger(__name__)
 
@@ -73,6 +74,7 @@ class Encoder(nn.Module):
             logger.warning("checkpoint %s has no MLM head (missing %s); created one: transform and LayerNorm "
                            "freshly initialised, decoder tied to the input embeddings, bias zero",
                            name_or_path, ", ".join(missing_head))
+        restore_mote(model, name_or_path)  # a CoT-MoTE checkpoint: rebuild the query/passage FFN experts
         encoder = cls(model)
         encoder.head_created = bool(missing_head)
         return encoder
@@ -108,11 +110,12 @@ class Encoder(nn.Module):
     # ------------------------------------------------------------------ computation
     def forward(self, input_ids: Tensor, attention_mask: Tensor, token_type_ids: Tensor | None = None,
                 text_type: Tensor | None = None) -> EncoderOutput:
-        """Encode a batch. ``text_type`` is reserved for query/passage expert routing (MoTE) and ignored."""
+        """Encode a batch; ``text_type [B]`` routes each example to its query/passage FFN expert (MoTE models)."""
         kwargs = {"input_ids": input_ids, "attention_mask": attention_mask}
         if token_type_ids is not None:
             kwargs["token_type_ids"] = token_type_ids
-        hidden = self.model.base_model(**kwargs).last_hidden_state
+        with mote_routing(self.model, text_type):
+            hidden = self.model.base_model(**kwargs).last_hidden_state
         return EncoderOutput(last_hidden_state=hidden, cls=hidden[:, 0])
 
     def mlm_logits(self, hidden: Tensor) -> Tensor:

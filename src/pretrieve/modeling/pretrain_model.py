@@ -23,6 +23,10 @@ and the result is split back. Objectives then receive a :class:`MultiViewEncoder
 encoding as usual (``last_hidden_state``, ``cls``) plus ``views[feature]`` for each extra input, each sliced
 back to its own length. With BERT-style attention masks the extra padding does not change the valid
 positions' outputs. Per-example ``text_type`` (MoTE routing) is forwarded to :meth:`Encoder.forward`.
+
+CoT-MoTE: a method with ``mote: true`` gives the encoder query/passage FFN experts
+(:func:`pretrieve.modeling.mote.enable_mote`) before training; ``mote_swap: true`` (paper 004 Table 4) hands the
+encoder swapped text types, so queries train the passage expert and passages the query expert.
 """
 
 from __future__ import annotations
@@ -41,6 +45,7 @@ from torch import Tensor, nn
 from pretrieve.errors import ConfigError
 from pretrieve.io_utils import atomic_path, write_json
 from pretrieve.modeling.encoder import Encoder, EncoderOutput
+from pretrieve.modeling.mote import enable_mote
 from pretrieve.modeling.objectives import Objective, build_objective
 
 HEADS_FILE = "heads.safetensors"
@@ -72,6 +77,9 @@ def register_extra_encoder_input(feature: str, spec: ExtraEncoderInput) -> None:
 register_extra_encoder_input("second_view", ExtraEncoderInput("view2_input_ids", "attention_mask",
                                                               token_type_ids="token_type_ids",
                                                               text_type="text_type"))
+# CoT-MAE / CoT-MoTE: the context span of each anchor (pretrieve.data.spans), with its own text type.
+register_extra_encoder_input("context", ExtraEncoderInput("context_input_ids", "context_attention_mask",
+                                                          text_type="context_text_type"))
 
 
 @dataclass
@@ -99,6 +107,9 @@ class PretrainModel(nn.Module):
         if not self.objectives:
             raise ConfigError("a method needs at least one objective")
         _check_no_shared_parameters(encoder, self.objectives)
+        if self.method.get("mote"):  # CoT-MoTE: query/passage FFN experts, both copies of the FFN (paper 004 §3.1)
+            enable_mote(encoder.model)
+        self.swap_experts = bool(self.method.get("mote_swap"))  # Table 4 ablation: queries → P-FFN, passages → Q-FFN
         required = self.required_features()
         self.extra_inputs = [feature for feature in EXTRA_ENCODER_INPUTS if feature in required]
 
@@ -134,7 +145,7 @@ class PretrainModel(nn.Module):
         """The main input's encoding; with extra encoder inputs, all of them in one encoder call."""
         main = (batch["input_ids"], batch["attention_mask"], batch.get("token_type_ids"), batch.get("text_type"))
         if not self.extra_inputs:
-            return self.encoder(main[0], main[1], token_type_ids=main[2], text_type=main[3])
+            return self.encoder(main[0], main[1], token_type_ids=main[2], text_type=self._routed(main[3]))
         parts = [main]
         for feature in self.extra_inputs:
             spec = EXTRA_ENCODER_INPUTS[feature]
@@ -146,7 +157,7 @@ class PretrainModel(nn.Module):
                           batch.get(spec.text_type) if spec.text_type else None))
         pad_id = int(getattr(self.encoder.config, "pad_token_id", None) or 0)
         ids, attention, token_types, text_types = _concatenate_inputs(parts, pad_id)
-        out = self.encoder(ids, attention, token_type_ids=token_types, text_type=text_types)
+        out = self.encoder(ids, attention, token_type_ids=token_types, text_type=self._routed(text_types))
         encodings, start = [], 0
         for part in parts:
             rows, length = part[0].shape
@@ -156,6 +167,10 @@ class PretrainModel(nn.Module):
         first = encodings[0]
         return MultiViewEncoderOutput(last_hidden_state=first.last_hidden_state, cls=first.cls,
                                       views=dict(zip(self.extra_inputs, encodings[1:])))
+
+    def _routed(self, text_type: Tensor | None) -> Tensor | None:
+        """The text types handed to the encoder: swapped (query ↔ passage) under ``mote_swap``."""
+        return 1 - text_type if self.swap_experts and text_type is not None else text_type
 
     # ------------------------------------------------------------------ persistence
     def head_state_dict(self) -> dict[str, Tensor]:

@@ -59,6 +59,11 @@ class Representation(nn.Module, abc.ABC):
         """Keyword arguments for the losses of :mod:`pretrieve.train.losses`: a custom ``score_fn`` by default."""
         return {"score_fn": self.score}
 
+    def regularization(self, q_rep: Tensor, p_rep: Tensor) -> dict[str, Tensor]:
+        """Weighted extra loss terms (name → scalar) the dual encoder adds to its loss; none by default
+        (sparse representations add their FLOPS regulariser)."""
+        return {}
+
     @abc.abstractmethod
     def config(self) -> dict[str, Any]:
         """JSON-able settings; must hold ``"type": self.kind`` so :func:`representation_from_config` finds the class."""
@@ -170,3 +175,4 @@ class DenseRepresentation(Representation):
 # Representations defined in their own modules register themselves on import (the import sits at the end so
 # that they can subclass Representation; a saved model's "type" must be known before DualEncoder.load).
 from pretrieve.modeling import dupmae as _dupmae  # noqa: E402,F401  (registers "dupmae", paper 001 eq. 10–12)
+from pretrieve.modeling import sparse as _sparse  # noqa: E402,F401  (registers "sparse", "hybrid": paper 004 eq. 4–6)

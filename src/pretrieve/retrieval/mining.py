@@ -118,8 +118,12 @@ def load_retriever_encoders(model_dir: str | Path, device: str = "auto", max_len
     """``(query_encoder, passage_encoder)`` :class:`DenseEncoder`\\ s of a fine-tuned (or any) dense model.
 
     A pretrieve dual encoder with separate towers has them in ``query/`` and ``passage/``; anything else
-    (siamese export, plain sentence-transformers or Hugging Face checkpoint) is one encoder for both sides.
+    (siamese export, plain sentence-transformers or Hugging Face checkpoint) is one encoder for both sides —
+    for a CoT-MoTE checkpoint, two views of it routed to its query and passage experts.
     """
+    import copy
+
+    from pretrieve.modeling.mote import is_mote_checkpoint, routed_views
     from pretrieve.retrieval.encoder import DenseEncoder
 
     root = Path(str(model_dir))
@@ -129,6 +133,10 @@ def load_retriever_encoders(model_dir: str | Path, device: str = "auto", max_len
         passage = DenseEncoder.load(root / "passage", max_length=max_length, device=device)
         return query, passage
     encoder = DenseEncoder.load(model_dir, max_length=max_length, device=device)
+    if is_mote_checkpoint(root):  # CoT-MoTE: one set of weights, queries through Q-FFN, passages through P-FFN
+        query, passage = copy.copy(encoder), copy.copy(encoder)
+        query.model, passage.model = (view.eval() for view in routed_views(encoder.model, root))
+        return query, passage
     return encoder, encoder
 
 
@@ -155,12 +163,20 @@ def dense_search(model_dir: str | Path, corpus, queries: Mapping[str, str], k: i
     """Exact dense top-``k`` of ``queries`` over ``corpus`` with the model's query and passage encoders.
 
     Corpus embeddings are cached in ``cache_dir`` when given (reused by later calls with the same model).
+    A model fine-tuned with the DupMAE representation (its ``dual_encoder.json``) is searched by
+    :func:`pretrieve.retrieval.hybrid.dupmae_search` (FAISS + sparse index, exact eq. 12) instead.
     """
     import contextlib
     import tempfile
 
     from pretrieve.retrieval.encode import encode_corpus, encode_queries
     from pretrieve.retrieval.faiss_search import search_shards
+    from pretrieve.retrieval.hybrid import dupmae_search, is_dupmae_model
+
+    if is_dupmae_model(model_dir):
+        return dupmae_search(model_dir, corpus, queries, k, cache_dir=cache_dir, batch_size=batch_size,
+                             max_length=max_length, query_max_length=query_max_length, device=device, bf16=bf16,
+                             show_progress=show_progress)
 
     query_encoder, passage_encoder = load_retriever_encoders(model_dir, device=device, max_length=max_length)
     query_max_length = query_max_length or trained_query_max_length(model_dir)

@@ -17,6 +17,11 @@ at most ``max_len`` ids) and returns a dict of tensors:
 * ``second_view`` — ``view2_input_ids`` / ``view2_mlm_labels``: the *encoder* masker applied a second
   time to the original ids, independently of the first view (CPDAE's two masked versions of each text;
   the view shares ``attention_mask``).
+* ``context`` — CoT-MAE/CoT-MoTE context spans, read from the examples' ``context_input_ids``
+  (:mod:`pretrieve.data.spans`): ``context_input_ids`` / ``context_attention_mask`` / ``context_mlm_labels``
+  (encoder-masked like the anchors), the decoder-side features the anchors get (``context_decoder_*`` when
+  ``decoder`` is built, ``context_original_*`` when ``original`` is), and ``text_type`` /
+  ``context_text_type`` (0 = query, 1 = passage; from the examples, passage when absent).
 
 Importance-aware masking (masker kind ``pmi``, CDMAE): the masker needs the n-gram statistics of the
 pre-training corpus. They come from the masker's ``statistics`` param when it is a path, else from the
@@ -28,7 +33,8 @@ RetroMAE's position-specific mask hide the most important tokens first
 
 Every step is a batched tensor operation (the only Python loop is over the B examples to copy their id
 lists into the padded tensor). A feature is built by a function registered with :func:`register_feature`,
-so a later objective that needs a second masked view, a context span or a text type adds one builder.
+so a later objective that needs a second masked view, a context span or a text type adds one builder. Builders
+that read other fields of the examples find them in ``collator.current_examples``.
 
 Randomness and resuming: the collator owns a ``torch.Generator`` seeded with ``seed``; features consume it in
 a fixed order, so the same seed and the same examples give the same batch. :meth:`state_dict` /
@@ -146,6 +152,7 @@ class PretrainCollator:
             self._reseed_in_worker()
             generator = self.generator
         ids, attention = self.pad(examples)
+        self.current_examples = examples
         batch: dict[str, Tensor] = {"attention_mask": attention}
         if self.encoder_masker is None:
             batch["input_ids"] = ids.clone()
@@ -251,6 +258,34 @@ def _second_view(collator: PretrainCollator, ids: Tensor, attention: Tensor, gen
         raise ConfigError("batch feature 'second_view' needs encoder masking (encoder_masker.ratio > 0)")
     masked = collator.encoder_masker(ids, attention, generator=generator)
     return {"view2_input_ids": masked.input_ids, "view2_mlm_labels": masked.labels}
+
+
+@register_feature("context")
+def _context_spans(collator: PretrainCollator, ids: Tensor, attention: Tensor, generator: torch.Generator) -> dict[str, Tensor]:
+    """The examples' context spans, masked like the anchors, with both sides' text types (CoT-MAE/CoT-MoTE)."""
+    examples = collator.current_examples
+    lacking = [index for index, example in enumerate(examples) if "context_input_ids" not in example]
+    if lacking:
+        raise InputError(f"example {lacking[0]} has no 'context_input_ids': methods with context spans train on a "
+                         "span dataset (pretrieve.data.spans.build_span_dataset)", field="context_input_ids")
+    context, context_attention = collator.pad([{"input_ids": example["context_input_ids"]} for example in examples])
+    batch = {"context_attention_mask": context_attention,
+             "text_type": torch.tensor([int(example.get("text_type", 1)) for example in examples]),
+             "context_text_type": torch.tensor([int(example.get("context_text_type", 1)) for example in examples])}
+    if collator.encoder_masker is None:
+        batch["context_input_ids"] = context.clone()
+        batch["context_mlm_labels"] = torch.full_like(context, IGNORE_INDEX)
+    else:
+        masked = collator.encoder_masker(context, context_attention, generator=generator)
+        batch["context_input_ids"], batch["context_mlm_labels"] = masked.input_ids, masked.labels
+    if "decoder" in collator.features:
+        batch.update({f"context_{key}": value for key, value in
+                      _decoder_features(collator, context, context_attention, generator).items()})
+    if "original" in collator.features:
+        original = _original_features(collator, context, context_attention, generator)
+        batch["context_original_ids"] = original["original_input_ids"]
+        batch["context_original_labels"] = original["original_labels"]
+    return batch
 
 
 def unique_token_ids(ids: Tensor, keep: Tensor) -> Tensor:

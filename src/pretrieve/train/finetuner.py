@@ -211,8 +211,9 @@ def resolve_dense_settings(config: FinetuneConfig, model_path: str) -> FinetuneC
 
 
 def build_representation(config: FinetuneConfig, model_path: str | None = None):
-    """``dense`` (pooling/normalize/similarity settings) or ``dupmae[:<spec>]`` (paper 001 eq. 10–12, e.g.
-    ``dupmae:cls:384,ot:260``; :mod:`pretrieve.modeling.dupmae`)."""
+    """``dense`` (pooling/normalize/similarity settings), ``dupmae[:<spec>]`` (paper 001 eq. 10–12, e.g.
+    ``dupmae:cls:384,ot:260``; :mod:`pretrieve.modeling.dupmae`), or ``sparse[:<spec>]`` / ``hybrid[:<spec>]``
+    (paper 004 eq. 4–6, e.g. ``hybrid:lq=3e-4,ld=1e-4``; :mod:`pretrieve.modeling.sparse`)."""
     from pretrieve.modeling.representations import REPRESENTATIONS, DenseRepresentation
 
     kind, _, spec = config.representation.partition(":")
@@ -222,6 +223,12 @@ def build_representation(config: FinetuneConfig, model_path: str | None = None):
 
         return DupMAERepresentation.for_model(spec, str(model_path or resolve_model(config.model)),
                                               temperature=1.0 if config.temperature is None else config.temperature)
+    if kind in ("sparse", "hybrid"):  # SPLADE vector / [CLS] + SPLADE (paper 004 eq. 4–6), pretrieve.modeling.sparse
+        from pretrieve.modeling.sparse import representation_from_spec
+        from pretrieve.models import resolve_model
+
+        return representation_from_spec(kind, spec, str(model_path or resolve_model(config.model)),
+                                        temperature=1.0 if config.temperature is None else config.temperature)
     if config.representation != "dense":
         if config.representation not in REPRESENTATIONS:
             raise ConfigError(f"unknown representation '{config.representation}' (known: "

@@ -25,6 +25,23 @@ dupmae     whole-word, 0.30        whole-word, 0.50    mlm (1) + enhanced (1) + 
 ``dupmae-code`` is ``dupmae`` with the authors' released OT-BoW (``variant: code``, weight 0.1); see
 :mod:`pretrieve.modeling.objectives.ot_bow`.
 
+CoT-MAE / CoT-MoTE (paper 004; :mod:`pretrieve.modeling.objectives.contextual`, :mod:`pretrieve.data.spans`,
+:mod:`pretrieve.modeling.mote`). Three method fields, all optional (old ``method.json`` files stay loadable):
+``context`` — where each anchor's context span comes from (``{kind: mixed|nearby|overlap|random}`` spans of
+the same document, or ``{kind: pairs, pairs: <jsonl>}`` passage/query pairs), required by objectives that need
+the batch feature ``context``; ``mote`` — query/passage FFN experts in the encoder; ``mote_swap`` — the Table 4
+ablation (experts swapped during pre-training).
+
+=============  ===================  ==================  =================================================
+preset         encoder masker       decoder masker      objectives; context; experts
+=============  ===================  ==================  =================================================
+cotmae         whole-word, 0.30     whole-word, 0.45    mlm_spans + context_ae (2 layers); mixed spans
+cotmote        whole-word, 0.30     —                   mlm_spans + context_ar (1 layer); pairs; MoTE
+cotmote-swap   as cotmote, experts swapped in pre-training (Table 4)
+=============  ===================  ==================  =================================================
+
+``cotmote`` needs the pairs file: ``{base: cotmote, context: {pairs: pairs.jsonl}}``.
+
 CPDAE (paper 002): each text is masked twice with BERT's token masking (15 %, §3.1.1); eq. 6 is
 ``REC + MLM + λ·CL`` with λ = 0.1 (§4.1.3). The MLM term is the mean over the masked tokens of *both* views
 (both are ordinary masked inputs of the encoder): objective ``mlm_views``; ``cpdae`` holds ``REC + λ·CL``
@@ -82,6 +99,7 @@ from typing import Any, Mapping
 
 import yaml
 
+from pretrieve.data.spans import ContextSpec
 from pretrieve.errors import ConfigError, InputError
 from pretrieve.masking.pmi import PMI_MASKER_DEFAULTS, check_pmi_params
 from pretrieve.modeling.objectives import OBJECTIVES, check_objective_params, objective_class
@@ -170,6 +188,12 @@ class MethodConfig:
     encoder_masker: MaskerSpec
     objectives: tuple[ObjectiveSpec, ...]
     decoder_masker: MaskerSpec | None = None
+    context: ContextSpec | None = None
+    """Context spans (CoT-MAE/CoT-MoTE): same-document spans or passage/query pairs."""
+    mote: bool = False
+    """Query/passage FFN experts in the encoder (CoT-MoTE)."""
+    mote_swap: bool = False
+    """Swap the experts' inputs during pre-training (paper 004 Table 4 ablation)."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "objectives", tuple(self.objectives))
@@ -218,6 +242,15 @@ class MethodConfig:
         elif self.needs_decoder_masker():
             raise ConfigError("objectives " + ", ".join(self.objective_names) + " need a decoder masker "
                               "(set decoder_mask=..., or call resolved() to use the default)")
+        if "context" in _requires_of(self) and self.context is None:
+            raise ConfigError("objectives " + ", ".join(self.objective_names) + " need context spans: set "
+                              "context: {kind: mixed} (spans of the same document) or {kind: pairs, pairs: FILE}")
+        if self.context is not None:
+            self.context.validate()
+        if not isinstance(self.mote, bool) or not isinstance(self.mote_swap, bool):
+            raise ConfigError("mote and mote_swap must be true or false")
+        if self.mote_swap and not self.mote:
+            raise ConfigError("mote_swap swaps the query/passage experts: it needs mote: true")
         return self
 
     # ------------------------------------------------------------------ (de)serialisation
@@ -227,13 +260,16 @@ class MethodConfig:
             "encoder_masker": self.encoder_masker.to_dict(),
             "decoder_masker": None if self.decoder_masker is None else self.decoder_masker.to_dict(),
             "objectives": [spec.to_dict() for spec in self.objectives],
+            "context": None if self.context is None else self.context.to_dict(),
+            "mote": self.mote,
+            "mote_swap": self.mote_swap,
         }
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], where: str = "method") -> "MethodConfig":
         """Inverse of :meth:`to_dict` (validated and resolved)."""
         data = _mapping(data, where)
-        _reject_unknown(data, {"name", "encoder_masker", "decoder_masker", "objectives"}, where)
+        _reject_unknown(data, {"name", "encoder_masker", "decoder_masker", "objectives", *_OPTIONAL_FIELDS}, where)
         for key in ("name", "encoder_masker", "objectives"):
             if key not in data:
                 raise ConfigError(f"{where}: '{key}' is required")
@@ -248,7 +284,12 @@ class MethodConfig:
             encoder_masker=MaskerSpec.from_dict(data["encoder_masker"], f"{where}.encoder_masker"),
             decoder_masker=None if decoder is None else MaskerSpec.from_dict(decoder, f"{where}.decoder_masker"),
             objectives=tuple(ObjectiveSpec.from_any(o, f"{where}.objectives[{i}]") for i, o in enumerate(objectives)),
+            context=None if data.get("context") is None else ContextSpec.from_dict(data["context"], f"{where}.context"),
+            mote=data.get("mote", False), mote_swap=data.get("mote_swap", False),
         ).resolved()
+
+
+_OPTIONAL_FIELDS = ("context", "mote", "mote_swap")
 
 
 DEFAULT_DECODER_MASKER = MaskerSpec(kind="wwm", ratio=0.5)
@@ -280,6 +321,17 @@ PRESETS: dict[str, MethodConfig] = {
     "dupmae-code": MethodConfig("dupmae-code", _ENCODER_MASKER, (
         ObjectiveSpec("mlm"), ObjectiveSpec("enhanced"), ObjectiveSpec("ot_bow", 0.1, {"variant": "code"})),
         decoder_masker=DEFAULT_DECODER_MASKER),
+    # CoT-MAE (Wu et al. 2023): encoder 0.30, decoder 0.45, 2-layer AE decoder, mixed same-document spans
+    "cotmae": MethodConfig("cotmae", _ENCODER_MASKER, (ObjectiveSpec("mlm_spans"),
+                                                       ObjectiveSpec("context_ae", params={"num_layers": 2})),
+                           decoder_masker=MaskerSpec(kind="wwm", ratio=0.45), context=ContextSpec(kind="mixed")),
+    # CoT-MoTE (paper 004 §3.2, §4.1): passage/query pairs, 1-layer auto-regressive decoder (eq. 12), MoTE experts
+    "cotmote": MethodConfig("cotmote", _ENCODER_MASKER, (ObjectiveSpec("mlm_spans"),
+                                                         ObjectiveSpec("context_ar", params={"num_layers": 1})),
+                            context=ContextSpec(kind="pairs"), mote=True),
+    "cotmote-swap": MethodConfig("cotmote-swap", _ENCODER_MASKER, (
+        ObjectiveSpec("mlm_spans"), ObjectiveSpec("context_ar", params={"num_layers": 1})),
+        context=ContextSpec(kind="pairs"), mote=True, mote_swap=True),
 }
 
 
@@ -323,10 +375,12 @@ def method_from_mapping(data: Any, where: str = "method") -> MethodConfig:
                                   "decoder_masker": None}
     else:
         merged = preset(str(base_name)).to_dict()
-    _reject_unknown(data, {"name", "encoder_masker", "decoder_masker", "objectives"}, where)
+    _reject_unknown(data, {"name", "encoder_masker", "decoder_masker", "objectives", *_OPTIONAL_FIELDS}, where)
     for key in ("encoder_masker", "decoder_masker"):
         if key in data:
             merged[key] = _merge_masker(merged.get(key), data.pop(key), f"{where}.{key}")
+    if isinstance(data.get("context"), Mapping) and isinstance(merged.get("context"), Mapping):
+        merged["context"] = {**merged["context"], **data.pop("context")}  # e.g. the base's kind + a pairs file
     merged.update(data)
     config = MethodConfig.from_dict(merged, where)
     if shorthands:
@@ -392,7 +446,8 @@ def apply_overrides(config: MethodConfig, *, objectives: str | list | None = Non
         dec = _with_kind(dec or DEFAULT_DECODER_MASKER, str(decoder_masker))
     if decoder_mask is not None:
         dec = replace(dec or DEFAULT_DECODER_MASKER, ratio=_number(decoder_mask, f"{where}: decoder_mask"))
-    return MethodConfig(name or config.name, enc, tuple(specs), decoder_masker=dec).resolved()
+    return MethodConfig(name or config.name, enc, tuple(specs), decoder_masker=dec, context=config.context,
+                        mote=config.mote, mote_swap=config.mote_swap).resolved()
 
 
 # ---------------------------------------------------------------------- helpers

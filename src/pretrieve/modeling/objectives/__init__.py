@@ -3,7 +3,8 @@
 Importing this package registers the built-in objectives: ``mlm`` (encoder MLM, paper 000 eq. 3), ``bow``
 (bag-of-words prediction, eq. 11–13), ``ae`` (auto-encoding decoder, eq. 4–5), ``ar`` (auto-regressive
 decoder, eq. 6–7), ``enhanced`` (RetroMAE enhanced decoding, eq. 8–10), ``cpdae`` / ``mlm_views`` (CPDAE,
-paper 002) and ``ot_bow`` (DupMAE's ordinary-token bag of words, paper 001). A new objective is one new module
+paper 002), ``ot_bow`` (DupMAE's ordinary-token bag of words, paper 001) and ``context_ae`` /
+``context_ar`` / ``mlm_spans`` (CoT-MAE's contextual decoders, paper 004). A new objective is one new module
 here with a ``@register_objective`` class, plus its import below.
 """
 
@@ -17,6 +18,7 @@ from pretrieve.modeling.objectives.autoregression import AutoRegressiveDecoder, 
 from pretrieve.modeling.objectives.enhanced import EnhancedDecoder
 from pretrieve.modeling.objectives import cpdae  # noqa: E402,F401  (registers cpdae, mlm_views)
 from pretrieve.modeling.objectives import ot_bow  # noqa: E402,F401  (registers ot_bow: DupMAE)
+from pretrieve.modeling.objectives import contextual  # noqa: E402,F401  (context_ae, context_ar, mlm_spans: CoT-MAE)
 
 __all__ = [
     "OBJECTIVES", "AutoEncodingDecoder", "AutoRegressiveDecoder", "BagOfWords", "EnhancedDecoder",
