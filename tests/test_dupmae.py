@@ -13,14 +13,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-import torch.nn.functional as F
 import yaml
 
 from conftest import tiny_bert_config
 from pretrieve.errors import ConfigError
-from pretrieve.modeling import Encoder, EncoderOutput, PretrainModel, build_objective
+from pretrieve.modeling import Encoder, PretrainModel, build_objective
 from pretrieve.modeling.dual_encoder import DualEncoder, MaskedLMTower
-from pretrieve.modeling.dupmae import DupMAERepresentation, parse_spec
+from pretrieve.modeling.dupmae import PAPER_INDEX_BITS, DupMAERepresentation, parse_spec
 from pretrieve.modeling.objectives.ot_bow import max_pool_logits, ordinary_token_mask
 from pretrieve.retrieval.hybrid import DupMAEIndex, encode_dupmae, is_dupmae_model, load_dupmae_model
 from pretrieve.train.collator import PretrainCollator, unique_token_ids
@@ -148,7 +147,7 @@ def test_spec_strings_cover_the_table_3_variants_and_reject_mistakes():
 def test_paper_storage_accounting_matches_cls768_at_cls384_ot260():
     full, joint = DupMAERepresentation(768, "cls:768"), DupMAERepresentation(768, "cls:384,ot:260")
     assert full.reduction is None and full.storage_bytes() == 3072
-    assert joint.storage_bytes(index_bytes=15 / 8) <= full.storage_bytes() < joint.storage_bytes()   # paper / ours
+    assert joint.storage_bytes(index_bytes=PAPER_INDEX_BITS / 8) <= full.storage_bytes() < joint.storage_bytes()
     assert joint.storage_bytes() == 384 * 4 + 260 * 8
 
 

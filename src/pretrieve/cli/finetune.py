@@ -79,6 +79,8 @@ def finetune_command(
     num_negatives: Optional[int] = _ft("num_negatives", "--num-negatives"),
     query_max_len: Optional[int] = _ft("query_max_len", "--query-max-len"),
     passage_max_len: Optional[int] = _ft("passage_max_len", "--passage-max-len"),
+    representation: Optional[str] = _ft("representation", "--representation",
+                                        extra="e.g. dense, dupmae:cls:384,ot:260"),
     pooling: Optional[str] = _ft("pooling", "--pooling"),
     normalize: Optional[bool] = _ft("normalize", "--normalize/--no-normalize"),
     similarity: Optional[str] = _ft("similarity", "--similarity"),
@@ -118,7 +120,7 @@ def finetune_command(
 
     flags = dict(model=model, data=_resolve_data(data), out=str(out) if out else None, stage=stage,
                  groups=str(groups) if groups else None, split=split, num_negatives=num_negatives,
-                 query_max_len=query_max_len, passage_max_len=passage_max_len, pooling=pooling, normalize=normalize,
+                 query_max_len=query_max_len, passage_max_len=passage_max_len, representation=representation, pooling=pooling, normalize=normalize,
                  similarity=similarity, temperature=temperature, tied=tied, alpha=alpha,
                  teacher_temperature=teacher_temperature, in_batch=in_batch, gather=gather, bm25_depth=bm25_depth,
                  max_groups=max_groups, on_unknown=on_unknown, batch_size=batch_size,

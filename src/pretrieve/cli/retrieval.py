@@ -12,6 +12,8 @@ from pathlib import Path
 from typing import Optional
 
 import typer
+
+from pretrieve.errors import ConfigError
 from rich.console import Console
 
 from pretrieve.cli import app
@@ -43,6 +45,11 @@ def _load_encoder(model: str, pooling: Optional[str], normalize: Optional[bool],
     err.print(f"encoder {model}: pooling={settings['pooling']} normalize={settings['normalize']} "
               f"max_length={settings['max_length']} dim={settings['dim']} device={encoder.device}", highlight=False)
     return encoder
+
+
+def _is_pretrieve_retriever(model: str) -> bool:
+    """Whether ``model`` is a dual encoder saved by ``pretrieve finetune`` (it has ``dual_encoder.json``)."""
+    return (Path(model) / "dual_encoder.json").exists()
 
 
 def _report(run: dict, out: Path, began: float) -> None:
@@ -169,8 +176,19 @@ def dense(
     collection = _collection(data)
     queries = collection.load_queries(split)
     corpus = collection.load_corpus()
-    encoder = _load_encoder(model, pooling, normalize, None, device)
-    run = dense_run(encoder, corpus, queries, k=k, cache_dir=cache, factory=factory, batch_size=batch_size,
-                    max_length=max_length, query_max_length=query_max_length, bf16=bf16)
+    if _is_pretrieve_retriever(model):
+        # A fine-tuned pretrieve retriever: separate query/passage towers, DupMAE's CLS+OT representation
+        # and other non-pooled representations are searched the way the model was trained.
+        from pretrieve.retrieval.mining import dense_search
+
+        if pooling is not None or normalize is not None or factory != "Flat":
+            raise ConfigError("--pooling/--normalize/--factory do not apply to a fine-tuned pretrieve retriever "
+                              "(its representation is saved with it)")
+        run = dense_search(model, corpus, queries, k=k, cache_dir=cache, batch_size=batch_size,
+                           max_length=max_length, query_max_length=query_max_length, device=device, bf16=bf16)
+    else:
+        encoder = _load_encoder(model, pooling, normalize, None, device)
+        run = dense_run(encoder, corpus, queries, k=k, cache_dir=cache, factory=factory, batch_size=batch_size,
+                        max_length=max_length, query_max_length=query_max_length, bf16=bf16)
     write_run(run, out, tag="dense", depth=k)
     _report(run, out, began)

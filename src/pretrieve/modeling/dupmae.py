@@ -175,7 +175,8 @@ class DupMAERepresentation(Representation):
 
     def storage_bytes(self, index_bytes: float = 4, value_bytes: float = 4, dense_bytes: float = 4) -> float:
         """Bytes per passage: dense values + ``k`` (index, value) pairs. The paper's accounting is
-        ``index_bytes = 15/8`` (see the module docstring); ours (scipy CSR) is 4 + 4."""
+        ``index_bytes = PAPER_INDEX_BITS / 8`` (see the module docstring); ours (scipy CSR) is 4 + 4 (plus a
+        4-byte row pointer per passage, see :meth:`pretrieve.retrieval.sparse_index.SparseIndex.storage_bytes`)."""
         return self.dense_dim * dense_bytes + (self.ot_k or 0) * (index_bytes + value_bytes)
 
     # ------------------------------------------------------------------ computation

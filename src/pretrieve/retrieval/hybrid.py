@@ -124,7 +124,7 @@ class DupMAEIndex:
             return self.faiss.search(dense_queries, k)
         if self.dense is None:
             return self.sparse.search(ot_queries, k)
-        count, size, k = len(ot_queries), len(self), min(k, len(self))
+        count, size, k = ot_queries.shape[0], len(self), min(k, len(self))
         out_scores = np.zeros((count, k), dtype=np.float32)
         out_rows = np.zeros((count, k), dtype=np.int64)
         pending = np.arange(count)
