@@ -216,3 +216,23 @@ def test_embedding_divergence_follows_appendix_a1(tmp_path):
     assert 0 <= shared.js < apart.js <= np.log(2) + 1e-9 and shared.kl < apart.kl
     path = plot_tsne({"shared": shared, "apart": apart}, tmp_path / "tsne.png")
     assert path.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_restore_reads_legacy_layernorm_names(tmp_path):
+    """transformers writes LayerNorm ``gamma``/``beta`` back for models loaded from such checkpoints (splade-tiny)."""
+    from safetensors.torch import load_file, save_file
+
+    encoder = tiny_encoder().float().eval()
+    enable_mote(encoder.model)
+    perturb(encoder.model, "query")
+    encoder.save_pretrained(tmp_path)
+    state = load_file(str(tmp_path / "model.safetensors"))
+    renamed = {key.replace("LayerNorm.weight", "LayerNorm.gamma").replace("LayerNorm.bias", "LayerNorm.beta"): value
+               for key, value in state.items()}
+    save_file(renamed, str(tmp_path / "model.safetensors"), metadata={"format": "pt"})
+    reloaded = Encoder.from_pretrained(tmp_path).eval()
+    ids, mask = inputs()
+    types = torch.tensor([0, 1, 0, 1])
+    with torch.no_grad():
+        assert torch.allclose(reloaded(ids, mask, text_type=types).last_hidden_state,
+                              encoder(ids, mask, text_type=types).last_hidden_state, atol=1e-6)

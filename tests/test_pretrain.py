@@ -184,3 +184,12 @@ def test_two_process_ddp_matches_one_process_with_the_same_global_batch(tiny_nod
     for a, b in zip(one, two):
         for key in ("loss", "loss/mlm", "loss/enhanced"):
             assert a[key] == pytest.approx(b[key], abs=1e-5), (a["step"], key, a[key], b[key])
+
+
+def test_context_methods_pretrain_from_the_loop(tiny_mlm_dir, small_corpus, tmp_path):
+    """cotmae builds (anchor, context) span examples from the corpus instead of plain chunks."""
+    final = pretrain(_config(tiny_mlm_dir, small_corpus, tmp_path / "cotmae", method="cotmae", max_steps=3,
+                             max_len=32))
+    logs = read_logs(tmp_path / "cotmae")
+    assert "loss/context_ae" in logs[-1] and "loss/mlm_spans" in logs[-1]
+    assert (final / "method.json").exists()

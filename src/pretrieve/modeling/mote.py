@@ -264,10 +264,17 @@ def _query_keys(model: nn.Module) -> list[str]:
 
 
 def _key_variants(key: str, prefix: str) -> list[str]:
-    """The same parameter in a checkpoint of the body (``encoder.…``) or of the full model (``bert.encoder.…``)."""
-    variants = [key]
+    """The names a parameter may have in a checkpoint: of the body (``encoder.…``) or the full model
+    (``bert.encoder.…``), and with the legacy LayerNorm names ``gamma``/``beta``, which transformers writes back
+    when the model was loaded from such a checkpoint (splade-tiny's)."""
+    names = [key]
+    for modern, legacy in ((".weight", ".gamma"), (".bias", ".beta")):
+        if key.endswith(modern):
+            names.append(key[:-len(modern)] + legacy)
+    variants = list(names)
     if prefix:
-        variants += [f"{prefix}.{key}", key.removeprefix(f"{prefix}.")]
+        for name in names:
+            variants += [f"{prefix}.{name}", name.removeprefix(f"{prefix}.")]
     return variants
 
 

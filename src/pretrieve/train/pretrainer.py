@@ -81,10 +81,19 @@ def pretrain(config: PretrainConfig) -> Path:
 
     tokenizer = AutoTokenizer.from_pretrained(config.model)
     cache_dir = config.cache_dir or str(out / "cache")
-    if accelerator.is_main_process:
-        TokenizedCorpus.build(config.corpus, tokenizer, config.max_len, cache_dir, show_progress=config.show_progress)
+
+    def build_dataset(show_progress: bool):
+        if method.context is not None:  # CoT-MAE / CoT-MoTE: (anchor, context) spans or (passage, query) pairs
+            from pretrieve.data.spans import build_span_dataset
+
+            return build_span_dataset(method.context, config.corpus, tokenizer, config.max_len, cache_dir,
+                                      seed=config.seed)
+        return TokenizedCorpus.build(config.corpus, tokenizer, config.max_len, cache_dir, show_progress=show_progress)
+
+    if accelerator.is_main_process:  # tokenize (and cache) once, before the other processes read the cache
+        build_dataset(config.show_progress)
     accelerator.wait_for_everyone()
-    dataset = TokenizedCorpus.build(config.corpus, tokenizer, config.max_len, cache_dir, show_progress=False)
+    dataset = build_dataset(False)
 
     torch.manual_seed(config.seed)
     model = PretrainModel(Encoder.from_pretrained(config.model), method)
