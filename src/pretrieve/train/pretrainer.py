@@ -90,18 +90,23 @@ def pretrain(config: PretrainConfig) -> Path:
                                       seed=config.seed)
         return TokenizedCorpus.build(config.corpus, tokenizer, config.max_len, cache_dir, show_progress=show_progress)
 
-    if accelerator.is_main_process:  # tokenize (and cache) once, before the other processes read the cache
-        build_dataset(config.show_progress)
+    # The main process tokenizes (and caches) first; the others then read its cache.
+    dataset = build_dataset(config.show_progress) if accelerator.is_main_process else None
     accelerator.wait_for_everyone()
-    dataset = build_dataset(False)
+    if dataset is None:
+        dataset = build_dataset(False)
 
     torch.manual_seed(config.seed)
     model = PretrainModel(Encoder.from_pretrained(config.model), method)
-    if accelerator.is_main_process:  # n-gram statistics of importance-aware maskers: counted once, cached
-        PretrainCollator(tokenizer, method, model.required_features(), config.max_len, config.seed, corpus=dataset)
-    accelerator.wait_for_everyone()
-    collator = PretrainCollator(tokenizer, method, model.required_features(), config.max_len, config.seed,
+    def build_collator() -> PretrainCollator:
+        return PretrainCollator(tokenizer, method, model.required_features(), config.max_len, config.seed,
                                 corpus=dataset)
+
+    # Same for the n-gram statistics of importance-aware maskers: counted once on the main process, cached.
+    collator = build_collator() if accelerator.is_main_process else None
+    accelerator.wait_for_everyone()
+    if collator is None:
+        collator = build_collator()
 
     resolved = dataclasses.asdict(config) | {"method": method.to_dict()}
     if accelerator.is_main_process:
