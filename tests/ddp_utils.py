@@ -76,5 +76,6 @@ def _worker(rank: int, fn: Callable[..., Any], world_size: int, args: tuple, bac
     try:
         result = fn(rank, world_size, *args)
         torch.save(result, Path(out_dir) / f"rank{rank}.pt")
+        dist.barrier()   # rank 0 hosts the TCP store: tearing it down while a peer still talks to it aborts
     finally:
         dist.destroy_process_group()
