@@ -157,6 +157,20 @@ def test_stage1_builds_bm25_groups_and_lowers_the_loss(tiny_bert_dir, tiny_colle
         finetune(make_config(tiny_bert_dir, tiny_collection, out, max_steps=15, lr=2e-3, pooling="mean"))
 
 
+def test_a_finished_stage_whose_groups_file_changed_is_not_taken_as_finished(tiny_bert_dir, tiny_collection,
+                                                                              tmp_path):
+    from pretrieve.retrieval.mining import bm25_negatives
+
+    groups = tmp_path / "groups.jsonl"
+    bm25_negatives(tiny_collection, "train", groups, depth=10)
+    config = dict(groups=str(groups), max_steps=2, lr=1e-3, pooling="mean")
+    finetune(make_config(tiny_bert_dir, tiny_collection, tmp_path / "out", **config))
+    lines = groups.read_text().splitlines()
+    groups.write_text("\n".join(lines[1:]) + "\n")   # e.g. re-scored or re-mined: same path, other content
+    with pytest.raises(ConfigError, match="different settings.*inputs"):
+        finetune(make_config(tiny_bert_dir, tiny_collection, tmp_path / "out", **config))
+
+
 def test_resume_after_interruption_gives_the_same_losses(tiny_bert_dir, tiny_collection, tmp_path, monkeypatch):
     groups = tmp_path / "groups.jsonl"
     from pretrieve.retrieval.mining import bm25_negatives

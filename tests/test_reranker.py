@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import math
 import pytest
 import torch
 
@@ -147,3 +148,14 @@ def test_reranker_cli(trained, data, groups_file, tmp_path):
                                  "--device", "cpu"])
     assert result.exit_code == 0, result.output
     assert all(len(g.negative_scores) <= 2 for g in read_groups(tmp_path / "t.jsonl"))
+
+
+def test_a_reranker_left_at_chance_level_is_reported(tmp_path, caplog):
+    from pretrieve.train.reranker import warn_if_not_learning
+
+    chance = math.log(8)
+    with caplog.at_level("WARNING"):
+        assert warn_if_not_learning([{"loss": 2.5}, {"loss": chance - 0.01}], 8, tmp_path)
+    assert "chance level" in caplog.text and str(tmp_path) in caplog.text
+    assert not warn_if_not_learning([{"loss": 2.5}, {"loss": 0.9 * chance}], 8, tmp_path)
+    assert not warn_if_not_learning([], 8, tmp_path)

@@ -113,3 +113,14 @@ def _current_umask() -> int:
 def _fsync_file(path: Path) -> None:
     with open(path, "rb") as handle:
         os.fsync(handle.fileno())
+
+
+def file_digest(path: str | Path, chunk_size: int = 1 << 20) -> str:
+    """SHA-1 of a file's bytes, read in chunks (identifies an input file independently of its mtime)."""
+    import hashlib
+
+    digest = hashlib.sha1()
+    with open(path, "rb") as handle:
+        for chunk in iter(lambda: handle.read(chunk_size), b""):
+            digest.update(chunk)
+    return digest.hexdigest()

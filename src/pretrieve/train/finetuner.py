@@ -309,6 +309,19 @@ def finished_run(out: Path, settings: Mapping[str, Any], config_file: str = CONF
     return final
 
 
+def input_fingerprints(model_path: str, groups: str | Path | None) -> dict[str, str | None]:
+    """What a finished run was trained from: the checkpoint's weight files and the groups file's bytes.
+
+    Part of the recorded settings, so a stage whose inputs were regenerated (a re-trained reranker's new
+    teacher scores, a new pre-trained checkpoint) is never mistaken for finished.
+    """
+    from pretrieve.io_utils import file_digest
+    from pretrieve.retrieval.encode import model_fingerprint
+
+    digest = file_digest(groups) if groups is not None and Path(groups).is_file() else None
+    return {"model": model_fingerprint(model_path), "groups": digest}
+
+
 def _warn_if_not_pretrained(config: FinetuneConfig, model_path: str) -> None:
     if config.stage > 1 and (Path(model_path) / "dual_encoder.json").exists():
         logger.warning("%s is a fine-tuned dual encoder: the papers start every stage from the pre-trained "
@@ -330,7 +343,8 @@ def finetune(config: FinetuneConfig) -> Path:
     config = resolve_dense_settings(config, model_path)
     representation = build_representation(config, model_path)
     out = Path(config.out)
-    done = finished_run(out, config.settings())
+    settings = {**config.settings(), "inputs": input_fingerprints(model_path, config.groups)}
+    done = finished_run(out, settings)
     if done is not None:
         logger.info("%s is complete with the same settings; not training again", done)
         return done
@@ -348,7 +362,7 @@ def finetune(config: FinetuneConfig) -> Path:
     corpus = collection.load_corpus()
     if accelerator.is_main_process:
         out.mkdir(parents=True, exist_ok=True)
-        write_json(out / CONFIG_FILE, {"settings": config.settings(), "config": dataclasses.asdict(config)})
+        write_json(out / CONFIG_FILE, {"settings": settings, "config": dataclasses.asdict(config)})
     path = groups_path(config, collection, accelerator.is_main_process)
     accelerator.wait_for_everyone()
     groups = load_training_groups(config, path, corpus)
@@ -364,7 +378,7 @@ def finetune(config: FinetuneConfig) -> Path:
     training = {"stage": config.stage, "query_max_len": config.query_max_len,
                 "passage_max_len": config.passage_max_len, "num_negatives": config.num_negatives,
                 "groups": str(path), "init": model_path}
-    record = {"settings": config.settings(), "config": dataclasses.asdict(config),
+    record = {"settings": settings, "config": dataclasses.asdict(config),
               "groups_stats": groups.stats.as_dict()}
 
     def export(unwrapped, directory: Path) -> None:

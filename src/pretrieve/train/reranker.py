@@ -35,7 +35,7 @@ from pretrieve.data.groups import GroupSet, TrainingGroup, read_groups, sample_g
 from pretrieve.data.trec import Run, ranked_ids, read_run, write_run
 from pretrieve.errors import ConfigError, InputError
 from pretrieve.io_utils import write_json
-from pretrieve.train.loop import LoopConfig, make_accelerator, train
+from pretrieve.train.loop import LoopConfig, make_accelerator, read_logs, train
 
 logger = logging.getLogger(__name__)
 
@@ -122,12 +122,13 @@ def train_reranker(config: RerankerConfig) -> Path:
 
     from pretrieve.models import resolve_model
     from pretrieve.modeling.cross_encoder import CrossEncoder
-    from pretrieve.train.finetuner import BOOKKEEPING, finished_run
+    from pretrieve.train.finetuner import BOOKKEEPING, finished_run, input_fingerprints
 
     config.check()
     model_path = resolve_model(config.model)
     out = Path(config.out)
     settings = {k: v for k, v in dataclasses.asdict(config).items() if k not in BOOKKEEPING}
+    settings["inputs"] = input_fingerprints(model_path, config.groups)
     done = finished_run(out, settings, CONFIG_FILE, marker="config.json")
     if done is not None:
         logger.info("%s is complete with the same settings; not training again", done)
@@ -160,8 +161,32 @@ def train_reranker(config: RerankerConfig) -> Path:
         tokenizer.save_pretrained(str(directory))
         write_json(directory / CONFIG_FILE, {"settings": settings, "groups_stats": groups.stats.as_dict()})
 
-    return train(model, dataset, collator, config.loop(), out, export, {"config": settings},
-                 accelerator=accelerator, description="train reranker")
+    final = train(model, dataset, collator, config.loop(), out, export, {"config": settings},
+                  accelerator=accelerator, description="train reranker")
+    if accelerator.is_main_process:
+        warn_if_not_learning(read_logs(out), 1 + config.num_negatives, out)
+    return final
+
+
+def warn_if_not_learning(logs: Sequence[Mapping[str, float]], group_size: int, out: Path,
+                         tolerance: float = 0.05) -> bool:
+    """Warn (and return True) when the last logged loss is still within ``tolerance`` of ``ln(G)``.
+
+    ``ln(G)`` is the listwise loss of a scorer that gives every pair of a group the same score: a reranker
+    ending there ranks by noise and would make re-ranked runs and stage-3 teacher scores worse than the
+    retriever's. A freshly created classification head starts there (its logits are ~0.02 apart), so small
+    budgets at small learning rates can end before training leaves the plateau.
+    """
+    losses = [entry["loss"] for entry in logs if "loss" in entry]
+    if not losses or group_size < 2:
+        return False
+    chance = float(np.log(group_size))
+    if losses[-1] < (1.0 - tolerance) * chance:
+        return False
+    logger.warning("%s: the reranker's last loss %.4f is at chance level (ln %d = %.4f): it has not learned to "
+                   "rank; train longer or with a larger learning rate (e.g. --lr 3e-4 for a small model)",
+                   out, losses[-1], group_size, chance)
+    return True
 
 
 def build_reranker_config(file_values: Mapping[str, Any], flags: Mapping[str, Any],
