@@ -7,6 +7,7 @@ The CLI is thin: it parses arguments, loads configs and calls one library functi
 from __future__ import annotations
 
 import importlib
+import re
 import sys
 
 import typer
@@ -40,6 +41,44 @@ def configure_logging(verbose: bool = False) -> None:
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # "Loading weights" bars; ours show the work's progress
+    if not verbose:
+        loader = logging.getLogger("transformers.modeling_utils")
+        if not any(isinstance(f, CompactLoadReport) for f in loader.filters):
+            loader.addFilter(CompactLoadReport())
+
+
+class CompactLoadReport:
+    """Rewrites transformers' multi-line checkpoint "LOAD REPORT" table as one line per status.
+
+    pretrieve loads checkpoints into other architectures on purpose (an MLM checkpoint into a dual encoder
+    drops ``cls.predictions.*``; a reranker creates ``classifier.*``), so the full table with its notes
+    would follow every command; the one-line form keeps what matters: which modules were left out and which
+    were newly initialised (``--verbose`` shows transformers' table).
+    """
+
+    ANSI = re.compile(r"\x1b\[[0-9;]*m")
+    LABELS = {"unexpected": "unused checkpoint weights", "missing": "newly initialised",
+              "mismatch": "re-initialised (shape mismatch)"}
+
+    def filter(self, record) -> bool:
+        message = self.ANSI.sub("", record.getMessage())
+        if "LOAD REPORT" not in message:
+            return True
+        first, *lines = message.splitlines()
+        by_status: dict[str, list[str]] = {}
+        for line in lines:
+            cells = [cell.strip() for cell in line.split("|")]
+            if len(cells) >= 2 and cells[1].isupper() and cells[0] and cells[0] != "Key":
+                module = cells[0].rsplit(".", 1)[0] if cells[0].endswith((".weight", ".bias")) else cells[0]
+                modules = by_status.setdefault(cells[1].lower(), [])
+                if module not in modules:
+                    modules.append(module)
+        source = first.split("from:", 1)[-1].strip()
+        model = first.split(" LOAD REPORT", 1)[0].strip()
+        parts = [f"{self.LABELS.get(status, status)}: {', '.join(modules)}" for status, modules in by_status.items()]
+        record.msg = f"{model} from {source}: " + ("; ".join(parts) if parts else "see --verbose")
+        record.args = ()
+        return True
 
 
 @app.callback()
