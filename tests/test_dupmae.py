@@ -235,7 +235,27 @@ def test_two_index_search_equals_brute_force_eq12_on_random_vectors():
         scores, rows = index.search(query_dense, query_ot, k, initial_depth=depth)
         _assert_exact(scores, rows, reference, k)
         assert np.array_equal(rows[:, :10], np.argsort(-reference, axis=1)[:, :10])
-    assert index.storage()["dense_bytes"] == dim * 4 and index.storage()["ot_entries"] == top
+    storage = index.storage()
+    assert storage["dense_bytes"] == dim * 4 and storage["ot_entries"] == top
+    assert storage["sparse_bytes"] == pytest.approx(top * (4 + 2) + 4 * (n + 1) / n)       # uint16 term ids
+    assert storage["paper_bytes"] == pytest.approx(dim * 4 + top * (4 + 15 / 8))
+
+
+def test_uint16_storage_of_cls384_ot260_is_close_to_the_paper_and_search_is_unchanged(tmp_path):
+    """The paper's Table 3 configuration: 1536 + 260·6 + 4 = 3100 bytes per passage (was 3620 with int32 ids)
+    against 3063.5 by the paper's accounting and 3072 for cls:768; saving and loading changes no result."""
+    rng = np.random.default_rng(3)
+    n, vocab = 200, 30522
+    indices = np.stack([rng.choice(vocab, 260, replace=False) for _ in range(n)])
+    index = DupMAEIndex.build([f"d{i}" for i in range(n)], rng.standard_normal((n, 384)).astype(np.float32),
+                              indices, rng.uniform(0.1, 3, (n, 260)).astype(np.float32), vocab)
+    storage = index.storage()
+    assert storage["total_bytes"] == pytest.approx(384 * 4 + 260 * 6 + 4 * (n + 1) / n)
+    assert abs(storage["total_bytes"] - 3072) / 3072 < 0.01 and storage["paper_bytes"] == pytest.approx(3063.5)
+    loaded = DupMAEIndex.load(index.save(tmp_path / "index"))
+    query_dense, query_ot = rng.standard_normal((5, 384)).astype(np.float32), rng.standard_normal((5, vocab))
+    for original, reread in zip(index.search(query_dense, query_ot, 20), loaded.search(query_dense, query_ot, 20)):
+        assert np.array_equal(original, reread)
 
 
 def test_threshold_search_widens_until_the_bound_certifies_the_answer():
@@ -274,13 +294,14 @@ def dupmae_pretrained(tiny_mlm_dir, tiny_collection, tmp_path_factory) -> Path:
     return out / "final"
 
 
-def test_finetuned_model_is_searched_exactly_through_mining(dupmae_pretrained, tiny_collection, tmp_path):
+@pytest.fixture(scope="module")
+def dupmae_finetuned(dupmae_pretrained, tiny_collection, tmp_path_factory) -> Path:
+    """``pretrieve finetune`` with the DupMAE representation through the CLI (3 steps)."""
     from typer.testing import CliRunner
 
     from pretrieve.cli import app
-    from pretrieve.data.beir import BeirCollection
-    from pretrieve.retrieval.mining import dense_search
 
+    tmp_path = tmp_path_factory.mktemp("dupmae_ft")
     config = tmp_path / "ft.yaml"
     config.write_text(yaml.safe_dump({"representation": "dupmae:cls:16,ot:8", "lr": 1e-3}))
     out = tmp_path / "ft"
@@ -289,7 +310,14 @@ def test_finetuned_model_is_searched_exactly_through_mining(dupmae_pretrained, t
                                       "--batch-size", "4", "--num-negatives", "2", "--passage-max-len", "32",
                                       "--query-max-len", "16", "--bm25-depth", "10"])
     assert result.exit_code == 0, result.output
-    final = out / "final"
+    return out / "final"
+
+
+def test_finetuned_model_is_searched_exactly_through_mining(dupmae_finetuned, tiny_collection, tmp_path):
+    from pretrieve.data.beir import BeirCollection
+    from pretrieve.retrieval.mining import dense_search
+
+    final = dupmae_finetuned
     assert is_dupmae_model(final) and (final / "representation.safetensors").exists()
 
     collection = BeirCollection(tiny_collection)
@@ -315,6 +343,38 @@ def test_finetuned_model_is_searched_exactly_through_mining(dupmae_pretrained, t
     encoded = encode_dupmae(model, tokenizer, [queries[q] for q in query_ids], "query", 16)
     scores, rows = index.search(encoded.dense, encoded.ot, 5, initial_depth=5)
     _assert_exact(scores, rows, reference, 5)
+    storage = index.storage()                      # cls:16 floats + 8 OT entries with uint16 term ids
+    assert storage["dense_bytes"] == 16 * 4 and storage["ot_entries"] <= 8
+    assert storage["sparse_bytes"] == pytest.approx(storage["ot_entries"] * (4 + 2) + 4 * (len(corpus) + 1) / len(corpus))
+
+
+def test_cli_dense_gives_the_mining_run_of_a_dupmae_model(dupmae_finetuned, tiny_collection, tmp_path):
+    from typer.testing import CliRunner
+
+    from pretrieve.cli import app
+    from pretrieve.data.beir import BeirCollection
+    from pretrieve.data.trec import read_run
+    from pretrieve.errors import ConfigError
+    from pretrieve.retrieval.mining import dense_search
+
+    collection = BeirCollection(tiny_collection)
+    corpus, queries = collection.load_corpus(), collection.load_queries("train")
+    expected = dense_search(dupmae_finetuned, corpus, queries, k=25, device="cpu", show_progress=False)
+    out = tmp_path / "run.trec"
+    runner = CliRunner()
+    result = runner.invoke(app, ["dense", "--model", str(dupmae_finetuned), "--data", str(tiny_collection),
+                                 "--split", "train", "--out", str(out), "--k", "25", "--device", "cpu",
+                                 "--cache", str(tmp_path / "cache")])
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / "cache" / "dupmae-index" / "meta.json").exists()      # the two-index search, not FAISS
+    got = read_run(out)
+    assert set(got) == set(expected) == set(queries)
+    for qid in expected:
+        assert sorted(got[qid], key=lambda d: -got[qid][d]) == sorted(expected[qid], key=lambda d: -expected[qid][d])
+        assert all(got[qid][doc] == pytest.approx(expected[qid][doc], abs=1e-6) for doc in expected[qid])
+    refused = runner.invoke(app, ["dense", "--model", str(dupmae_finetuned), "--data", str(tiny_collection),
+                                  "--out", str(tmp_path / "x.trec"), "--mode", "sparse"])
+    assert refused.exit_code != 0 and isinstance(refused.exception, ConfigError)
 
 
 def test_recipe_pretrains_finetunes_and_evaluates_with_the_dupmae_representation(tiny_mlm_dir, tiny_collection,

@@ -1,4 +1,5 @@
-"""Export: sentence-transformers and pretrieve's DenseEncoder load the fine-tuned retriever and encode alike."""
+"""Export: sentence-transformers and pretrieve's DenseEncoder load the fine-tuned retriever and encode alike;
+a CoT-MoTE export warns that sentence-transformers runs its passage expert only."""
 
 from __future__ import annotations
 
@@ -93,3 +94,49 @@ def test_pretrieve_dense_runs_on_the_export(tiny_bert_dir, tokenizer, tmp_path):
     assert result.exit_code == 0, result.output
     run = read_run(tmp_path / "run.trec")
     assert set(run) == {"t0", "t1", "t2", "t3"} and all(len(docs) == 5 for docs in run.values())
+
+
+def test_mote_export_warns_that_sentence_transformers_runs_the_passage_expert_only(tokenizer, tmp_path):
+    """sentence-transformers cannot route queries to Q-FFN: the export says so (warning + flag in its config),
+    SentenceTransformer encodes every text with the passage expert, and pretrieve's loaders route both."""
+    from sentence_transformers import SentenceTransformer
+
+    from conftest import tiny_bert_config
+    from pretrieve.modeling import Encoder
+    from pretrieve.modeling.export import MoTEExportWarning
+    from pretrieve.modeling.mote import enable_mote, expert_parameters
+    from pretrieve.retrieval.mining import load_retriever_encoders
+
+    torch.manual_seed(0)
+    encoder = Encoder.from_config(tiny_bert_config())
+    enable_mote(encoder.model)
+    with torch.no_grad():
+        for param in expert_parameters(encoder.model, "query"):
+            param.add_(0.1 * torch.randn_like(param))
+    encoder.save_pretrained(tmp_path / "mote")
+    tokenizer.save_pretrained(tmp_path / "mote")
+    model = DualEncoder.from_pretrained(tmp_path / "mote", DenseRepresentation("cls"))
+    with pytest.warns(MoTEExportWarning, match="passage expert only"):
+        out = export_retriever(model, tokenizer, tmp_path / "exported", MAX_LEN)
+    config = json.loads((out / "config_sentence_transformers.json").read_text())
+    assert config["mote_passage_expert_only"] is True
+    st_vectors = SentenceTransformer(str(out), device="cpu").encode(TEXTS, convert_to_numpy=True)
+    passages = model_vectors(model, tokenizer, TEXTS, "passage")
+    queries = model_vectors(model, tokenizer, TEXTS, "query")
+    np.testing.assert_allclose(st_vectors, passages, atol=1e-5)               # P-FFN for every text
+    assert not np.allclose(st_vectors, queries, atol=1e-3)
+    query_encoder, passage_encoder = load_retriever_encoders(out, device="cpu")
+    np.testing.assert_allclose(query_encoder.embed(TEXTS).numpy(), queries, atol=1e-5)
+    np.testing.assert_allclose(passage_encoder.embed(TEXTS).numpy(), passages, atol=1e-5)
+
+
+def test_plain_export_does_not_warn(tiny_bert_dir, tokenizer, tmp_path):
+    import warnings
+
+    from pretrieve.modeling.export import MoTEExportWarning
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", MoTEExportWarning)
+        out = export_retriever(DualEncoder.from_pretrained(tiny_bert_dir, DenseRepresentation("cls")), tokenizer,
+                               tmp_path / "plain", MAX_LEN)
+    assert "mote_passage_expert_only" not in json.loads((out / "config_sentence_transformers.json").read_text())

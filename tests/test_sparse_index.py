@@ -1,14 +1,16 @@
 """The sparse inverted index: exact top-k against brute force (dense and sparse queries), candidate scoring,
-construction from top-k pairs, ties, storage accounting, save/load and input errors."""
+construction from top-k pairs, ties, storage accounting (uint16 term ids), save/load and input errors."""
 
 from __future__ import annotations
+
+import json
 
 import numpy as np
 import pytest
 import scipy.sparse as sp
 
 from pretrieve.errors import ConfigError, InputError
-from pretrieve.retrieval.sparse_index import SparseIndex, top_k_rows
+from pretrieve.retrieval.sparse_index import SparseIndex, term_id_dtype, top_k_rows
 
 N, V, K_DOC = 1500, 800, 25
 
@@ -80,12 +82,43 @@ def test_storage_accounting_and_save_load_round_trip(corpus, tmp_path):
     indices, values, _ = corpus
     index = SparseIndex.from_topk(indices, values, V, ids=[f"d{i}" for i in range(N)])
     storage = index.storage_bytes()
-    assert storage["per_entry"] == 8 and storage["entries_per_document"] == K_DOC
-    assert storage["per_document"] == pytest.approx(K_DOC * 8 + (N + 1) * 4 / N)
-    loaded = SparseIndex.load(index.save(tmp_path / "sparse"))
+    assert storage["per_entry"] == 4 + 2 and storage["entries_per_document"] == K_DOC     # uint16 term ids
+    assert storage["per_document"] == pytest.approx(K_DOC * 6 + (N + 1) * 4 / N)
+    path = index.save(tmp_path / "sparse")
+    with np.load(path / "sparse.npz") as saved:
+        assert saved["indices"].dtype == np.uint16 and saved["indptr"].dtype == np.int32
+        on_disk = saved["data"].nbytes + saved["indices"].nbytes + saved["indptr"].nbytes
+    assert on_disk == storage["total"]
+    loaded = SparseIndex.load(path)
     assert loaded.ids == index.ids and (loaded.matrix != index.matrix).nnz == 0
+    assert sp.load_npz(path / "sparse.npz").shape == (N, V)                  # still a scipy .npz
     queries = np.random.default_rng(5).standard_normal((3, V))
-    assert np.array_equal(loaded.search(queries, 7)[1], index.search(queries, 7)[1])
+    for original, reread in zip(index.search(queries, 7), loaded.search(queries, 7)):
+        assert np.array_equal(original, reread)                              # identical results, not just close
+
+
+@pytest.mark.parametrize("dim,stored", [(65536, np.uint16), (65537, np.int32)])
+def test_term_ids_are_uint16_up_to_65536_terms_else_int32(dim, stored, tmp_path):
+    assert term_id_dtype(dim) is stored
+    rng = np.random.default_rng(7)
+    indices = np.stack([rng.choice(dim, 12, replace=False) for _ in range(40)])
+    indices[0, 0] = dim - 1                                                  # the largest id must survive
+    index = SparseIndex.from_topk(indices, rng.uniform(0.1, 1, indices.shape), dim)
+    assert index.storage_bytes()["per_entry"] == 4 + np.dtype(stored).itemsize
+    loaded = SparseIndex.load(index.save(tmp_path / "s"))
+    assert (loaded.matrix != index.matrix).nnz == 0 and loaded.matrix[0, dim - 1] == index.matrix[0, dim - 1] != 0
+    queries = sp.random(4, dim, density=0.01, random_state=8, dtype=np.float32).tocsr()
+    assert np.array_equal(loaded.search(queries, 10)[1], index.search(queries, 10)[1])
+
+
+def test_format_1_files_with_int32_term_ids_still_load(corpus, tmp_path):
+    indices, values, _ = corpus
+    index = SparseIndex.from_topk(indices, values, V)
+    path = index.save(tmp_path / "old")
+    sp.save_npz(path / "sparse.npz", index.matrix, compressed=False)        # what format 1 wrote
+    meta = json.loads((path / "sparse_meta.json").read_text())
+    (path / "sparse_meta.json").write_text(json.dumps({**meta, "format": "pretrieve-sparse/1"}))
+    assert (SparseIndex.load(path).matrix != index.matrix).nnz == 0
 
 
 def test_bad_inputs_raise_clear_errors(corpus, tmp_path):

@@ -24,6 +24,8 @@ Recipe (YAML or JSON)::
       - finetune: {stage: 3}
       - evaluate: {collections: [scifact, cranfield], split: test, bm25: true, zero_shot: true,
                    rerank_depth: 100}   # a collection may name its split: "msmarco:dev"
+      # modes: [dense, sparse, hybrid, rrf] — retrievers fine-tuned with the sparse/hybrid representation
+      #   get one row per search mode (finetune-s1-sparse, ...); default: one row, searched as trained
 
 Stage semantics follow the papers: stages 2 and 3 re-initialise from the pre-trained checkpoint (not
 from the previous stage); ``mine`` uses the latest fine-tuned retriever (the stage-1 one) to mine the
@@ -250,10 +252,10 @@ def _embedding_cache(state: RunState, model_dir: str, collection: Path | None = 
 def stage_evaluate(state: RunState, options: dict[str, Any], label: str, show_progress: bool) -> list[dict]:
     from pretrieve.data import BeirCollection, read_run, write_run
     from pretrieve.evaluation import evaluate
-    from pretrieve.retrieval.mining import dense_search
 
     default_split = options.get("split", "test")
     depth = int(options.get("depth", 1000))
+    modes = _search_modes(options.get("modes"))
     collections = [_collection_and_split(c, default_split, state.recipe)
                    for c in options.get("collections", [state.recipe["data"]])]
     retrievers = dict(state.retrievers)
@@ -276,18 +278,54 @@ def stage_evaluate(state: RunState, options: dict[str, Any], label: str, show_pr
                 write_run(BM25Index.build(collection.load_corpus()).search(queries, k=depth), run_path, tag="bm25")
             rows.append(_row("bm25", collection_path.name, run_path, evaluate(qrels, read_run(run_path), RESULT_MEASURES)))
         for name, model_dir in retrievers.items():
-            run_path = runs_dir / f"{name}__{collection_path.name}.trec"
-            if not run_path.exists():
-                queries = queries or collection.load_queries(split)
-                cache = state.out / "embeddings" / f"{name}__{collection_path.name}"
-                run = dense_search(model_dir, collection.load_corpus(), queries, k=depth, cache_dir=cache,
-                                   show_progress=show_progress)
-                write_run(run, run_path, tag=name)
-            rows.append(_row(name, collection_path.name, run_path, evaluate(qrels, read_run(run_path), RESULT_MEASURES)))
+            for label, mode in _labelled_modes(name, model_dir, modes):
+                run_path = _retriever_run(state, name, model_dir, collection, split, depth, label, mode, show_progress)
+                rows.append(_row(label, collection_path.name, run_path,
+                                 evaluate(qrels, read_run(run_path), RESULT_MEASURES)))
         rerank_depth = options.get("rerank_depth")
         if rerank_depth and state.reranker is not None and state.retrievers:
+            name, model_dir = list(state.retrievers.items())[-1]
+            _retriever_run(state, name, model_dir, collection, split, depth, name, None, show_progress)
             rows.append(_rerank_row(state, collection_path, split, int(rerank_depth), runs_dir, qrels, show_progress))
     return rows
+
+
+def _search_modes(value: Any) -> list[str] | None:
+    """The evaluate stage's ``modes`` option: None, or a list of sparse/hybrid search modes."""
+    from pretrieve.retrieval.sparse_search import SEARCH_MODES
+
+    if value is None:
+        return None
+    values = [value] if isinstance(value, str) else value
+    if not isinstance(values, list) or not values or any(mode not in SEARCH_MODES for mode in values):
+        raise ConfigError(f"evaluate: 'modes' must be a non-empty list of {', '.join(SEARCH_MODES)}, got {value!r}")
+    return list(dict.fromkeys(values))
+
+
+def _labelled_modes(name: str, model_dir: str, modes: list[str] | None) -> list[tuple[str, str | None]]:
+    """``[(row label, search mode)]``: one row per mode (``finetune-s1-sparse``) for a model fine-tuned with the
+    sparse/hybrid representation when ``modes`` is given, else one row searched as trained."""
+    from pretrieve.retrieval.sparse_search import is_sparse_model
+
+    if modes and is_sparse_model(model_dir):
+        return [(f"{name}-{mode}", mode) for mode in modes]
+    return [(name, None)]
+
+
+def _retriever_run(state: RunState, name: str, model_dir: str, collection, split: str, depth: int, label: str,
+                   mode: str | None, show_progress: bool) -> Path:
+    """``runs/<label>__<collection>.trec``, searched now unless it exists (one corpus cache per retriever)."""
+    from pretrieve.data import write_run
+    from pretrieve.retrieval.mining import dense_search
+
+    collection_name = collection.root.name
+    run_path = state.out / "runs" / f"{label}__{collection_name}.trec"
+    if not run_path.exists():
+        cache = state.out / "embeddings" / f"{name}__{collection_name}"
+        run = dense_search(model_dir, collection.load_corpus(), collection.load_queries(split), k=depth,
+                           cache_dir=cache, show_progress=show_progress, mode=mode)
+        write_run(run, run_path, tag=label)
+    return run_path
 
 
 def _collection_and_split(entry: str, default_split: str, recipe: Mapping[str, Any]) -> tuple[Path, str]:

@@ -28,6 +28,9 @@ MODEL_HELP = "Encoder: a local checkpoint directory (sentence-transformers or Hu
 POOLING_HELP = ("Pooling: cls | mean | max | lasttoken | weightedmean | mean_sqrt_len_tokens (join with '+'); "
                 "default: the checkpoint's sentence-transformers Pooling config, else cls.")
 NORMALIZE_HELP = "L2-normalise vectors; default: whether the checkpoint has a sentence-transformers Normalize module."
+MODE_HELP = ("Search of a model fine-tuned with the sparse/hybrid representation: dense ([CLS] part), sparse "
+             "(SPLADE part, inverted index), hybrid (alpha*dense + beta*sparse with the trained weights) or rrf "
+             "(reciprocal rank fusion, k=60, of the dense and sparse top 1000); default: as trained.")
 
 
 
@@ -168,27 +171,39 @@ def dense(
                                              show_default=False),
     bf16: bool = typer.Option(False, "--bf16", help="bf16 autocast; vectors are stored as float32."),
     device: str = typer.Option("auto", "--device", help="cpu, cuda, cuda:1, ... or auto."),
+    mode: Optional[str] = typer.Option(None, "--mode", help=MODE_HELP),
 ) -> None:
-    """Encode the corpus and the split's queries, search exactly (FAISS), write the run."""
+    """Encode the corpus and the split's queries, search exactly, write the run.
+
+    A model fine-tuned by pretrieve is searched as it was trained (separate towers, CoT-MoTE experts, DupMAE's
+    CLS+OT score, sparse/hybrid representations); --mode picks another search of a sparse/hybrid model.
+    """
     from pretrieve.retrieval.faiss_search import dense_run
+    from pretrieve.retrieval.sparse_search import SEARCH_MODES
 
     began = time.perf_counter()
+    if mode is not None and mode not in SEARCH_MODES:
+        raise ConfigError(f"--mode must be one of {', '.join(SEARCH_MODES)}, got '{mode}'")
     collection = _collection(data)
     queries = collection.load_queries(split)
     corpus = collection.load_corpus()
     if _is_pretrieve_retriever(model):
-        # A fine-tuned pretrieve retriever: separate query/passage towers, DupMAE's CLS+OT representation
-        # and other non-pooled representations are searched the way the model was trained.
+        # A fine-tuned pretrieve retriever: separate query/passage towers, DupMAE's CLS+OT representation,
+        # sparse/hybrid (SPLADE) representations and CoT-MoTE experts are searched the way the model was trained.
         from pretrieve.retrieval.mining import dense_search
 
         if pooling is not None or normalize is not None or factory != "Flat":
             raise ConfigError("--pooling/--normalize/--factory do not apply to a fine-tuned pretrieve retriever "
                               "(its representation is saved with it)")
         run = dense_search(model, corpus, queries, k=k, cache_dir=cache, batch_size=batch_size,
-                           max_length=max_length, query_max_length=query_max_length, device=device, bf16=bf16)
+                           max_length=max_length, query_max_length=query_max_length, device=device, bf16=bf16,
+                           mode=mode)
     else:
+        if mode not in (None, "dense"):
+            raise ConfigError(f"--mode {mode} needs a pretrieve retriever fine-tuned with the sparse or hybrid "
+                              f"representation; {model} is a plain dense encoder")
         encoder = _load_encoder(model, pooling, normalize, None, device)
         run = dense_run(encoder, corpus, queries, k=k, cache_dir=cache, factory=factory, batch_size=batch_size,
                         max_length=max_length, query_max_length=query_max_length, bf16=bf16)
-    write_run(run, out, tag="dense", depth=k)
+    write_run(run, out, tag=mode or "dense", depth=k)
     _report(run, out, began)

@@ -35,9 +35,9 @@ inverted index (:mod:`pretrieve.retrieval.sparse_index`).
 Storage per passage (:meth:`DupMAERepresentation.storage_bytes`): ``4·d′`` bytes of fp32 dense values plus
 ``k`` (index, value) pairs. The paper counts an index as < 15 bits (⌈log₂ 30522⌉ = 15): CLS:384,OT:260 is
 384·32 + 260·(32 + 15) = 24,508 bits ≤ 768·32 = 24,576 bits of CLS:768 — that is its "same storage cost".
-Our sparse index stores int32 indices and fp32 values (scipy CSR, plus an 8-byte row pointer per passage), so
-CLS:384,OT:260 takes 1,536 + 2,080 = 3,616 bytes against 3,072; with uint16 indices (V < 65,536) it would be
-3,096 bytes, within 1 % of CLS:768.
+Our sparse index stores uint16 term ids when the vocabulary has at most 65,536 entries (int32 otherwise),
+fp32 values and a 4-byte row pointer per passage, so CLS:384,OT:260 takes 1,536 + 260·6 + 4 = 3,100 bytes
+against 3,072 for CLS:768 (+0.9 %).
 """
 
 from __future__ import annotations
@@ -175,8 +175,9 @@ class DupMAERepresentation(Representation):
 
     def storage_bytes(self, index_bytes: float = 4, value_bytes: float = 4, dense_bytes: float = 4) -> float:
         """Bytes per passage: dense values + ``k`` (index, value) pairs. The paper's accounting is
-        ``index_bytes = PAPER_INDEX_BITS / 8`` (see the module docstring); ours (scipy CSR) is 4 + 4 (plus a
-        4-byte row pointer per passage, see :meth:`pretrieve.retrieval.sparse_index.SparseIndex.storage_bytes`)."""
+        ``index_bytes = PAPER_INDEX_BITS / 8`` (see the module docstring); our index stores 2 + 4 for vocabularies of
+        ≤ 65,536 entries, 4 + 4 above (plus a 4-byte row pointer per passage, see
+        :meth:`pretrieve.retrieval.sparse_index.SparseIndex.storage_bytes`)."""
         return self.dense_dim * dense_bytes + (self.ot_k or 0) * (index_bytes + value_bytes)
 
     # ------------------------------------------------------------------ computation

@@ -23,19 +23,41 @@ complete sentence-transformers model of its own side, plus ``dual_encoder.json``
 is *not* a sentence-transformers model (sentence-transformers has no notion of two encoders in one folder):
 load ``path/query`` for queries and ``path/passage`` for passages, or ``DualEncoder.load(path)``.
 Representations other than dense (sparse, DupMAE) get no sentence-transformers files.
+
+**CoT-MoTE models** (query and passage FFN experts, paper 004) cannot be expressed in sentence-transformers,
+which runs one network on every text: ``SentenceTransformer(path)`` (through ``AutoModel``) loads the *passage*
+expert — the one stored under BERT's parameter names — and ignores the query expert, so it would encode
+queries through P-FFN. The export still writes the sentence-transformers files (pretrieve's own loaders read
+their pooling, normalisation and length, and route the experts:
+:func:`pretrieve.retrieval.mining.load_retriever_encoders`, ``pretrieve dense``), but it warns
+(:class:`MoTEExportWarning`) and records ``"mote_passage_expert_only": true`` in
+``config_sentence_transformers.json``; use the folder with pretrieve, or with sentence-transformers for
+passages only.
 """
 
 from __future__ import annotations
 
 import logging
+import warnings
 from pathlib import Path
 from typing import Any, Mapping
 
 from pretrieve.io_utils import write_json
 from pretrieve.modeling.dual_encoder import DualEncoder
+from pretrieve.modeling.mote import is_mote
 from pretrieve.modeling.representations import DenseRepresentation
 
 logger = logging.getLogger(__name__)
+
+
+class MoTEExportWarning(UserWarning):
+    """A CoT-MoTE model was exported with sentence-transformers files that can only run its passage expert."""
+
+
+MOTE_WARNING = ("{path}: this CoT-MoTE model routes queries through its query FFN expert, which "
+                "sentence-transformers cannot do — SentenceTransformer('{path}') loads the passage expert only and "
+                "would encode queries with it. Search it with pretrieve (pretrieve dense / "
+                "retrieval.mining.load_retriever_encoders), which routes both experts.")
 
 POOLING_KEYS = {"cls": "pooling_mode_cls_token", "mean": "pooling_mode_mean_tokens"}
 _ALL_POOLING_KEYS = ("pooling_mode_cls_token", "pooling_mode_mean_tokens", "pooling_mode_max_tokens",
@@ -50,11 +72,16 @@ def export_retriever(model: DualEncoder, tokenizer, directory: str | Path, max_s
     tower_dirs = [directory] if model.tied else [directory / "query", directory / "passage"]
     if not model.tied:
         _save_tokenizer(tokenizer, directory, max_seq_length)
-    for tower_dir in tower_dirs:
+    dense = isinstance(model.representation, DenseRepresentation)
+    for tower_dir, tower in zip(tower_dirs, [model.query_tower] if model.tied else [model.query_tower,
+                                                                                     model.passage_tower]):
         _save_tokenizer(tokenizer, tower_dir, max_seq_length)
-        if isinstance(model.representation, DenseRepresentation):
+        if dense:
+            mote = tower_is_mote(tower)
             write_sentence_transformers_files(tower_dir, model.representation, model.query_tower.hidden_size,
-                                              max_seq_length)
+                                              max_seq_length, mote_passage_expert_only=mote)
+            if mote:
+                warnings.warn(MOTE_WARNING.format(path=tower_dir), MoTEExportWarning, stacklevel=2)
     if not isinstance(model.representation, DenseRepresentation):
         logger.info("representation '%s' is not dense: no sentence-transformers files written",
                     model.representation.kind)
@@ -70,10 +97,16 @@ def _save_tokenizer(tokenizer, directory: Path, max_seq_length: int) -> None:
         tokenizer.model_max_length = previous
 
 
+def tower_is_mote(tower) -> bool:
+    """Whether a dual-encoder tower holds CoT-MoTE query/passage experts."""
+    return any(is_mote(module) for module in tower.modules())
+
+
 def write_sentence_transformers_files(directory: str | Path, representation: DenseRepresentation, dimension: int,
-                                      max_seq_length: int) -> None:
+                                      max_seq_length: int, mote_passage_expert_only: bool = False) -> None:
     """``modules.json``, ``sentence_bert_config.json``, ``1_Pooling/``, ``2_Normalize/`` and
-    ``config_sentence_transformers.json`` for a folder whose root holds the transformer."""
+    ``config_sentence_transformers.json`` for a folder whose root holds the transformer (with
+    ``"mote_passage_expert_only": true`` for a CoT-MoTE model, see the module docstring)."""
     directory = Path(directory)
     modules = [{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
                {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"}]
@@ -85,10 +118,11 @@ def write_sentence_transformers_files(directory: str | Path, representation: Den
     pooling = {"word_embedding_dimension": int(dimension)}
     pooling.update({key: key == POOLING_KEYS[representation.pooling] for key in _ALL_POOLING_KEYS})
     write_json(directory / "1_Pooling" / "config.json", pooling)
-    write_json(directory / "config_sentence_transformers.json", {
-        "__version__": _versions(), "prompts": {}, "default_prompt_name": None,
-        "similarity_fn_name": "cosine" if representation.unit_vectors else "dot",
-    })
+    settings = {"__version__": _versions(), "prompts": {}, "default_prompt_name": None,
+                "similarity_fn_name": "cosine" if representation.unit_vectors else "dot"}
+    if mote_passage_expert_only:
+        settings["mote_passage_expert_only"] = True
+    write_json(directory / "config_sentence_transformers.json", settings)
 
 
 def _versions() -> dict[str, str]:

@@ -18,8 +18,11 @@ visits every posting list — ``N·k`` multiply-adds per query, the same as a fl
 (the paper's "same computation cost" argument); a sparsified query (SPLADE-style) visits only its terms'.
 One-part variants (``cls:…`` or ``ot:…``) search their single index directly.
 
-Storage per passage (:meth:`DupMAEIndex.storage`): FAISS Flat keeps ``4·d′`` bytes; the sparse index
-``k·(4 + 4)`` bytes plus a row pointer; the paper's accounting (15-bit indices) is reported beside it.
+Storage per passage (:meth:`DupMAEIndex.storage`): FAISS Flat keeps ``4·d′`` bytes; the sparse index stores
+``k·(4 + 2)`` bytes plus a 4-byte row pointer (float32 values, uint16 term ids: BERT-size vocabularies are below
+2¹⁶; ``k·(4 + 4)`` for larger ones, see :mod:`~pretrieve.retrieval.sparse_index`) — ``cls:384,ot:260`` takes
+1536 + 1560 + 4 = 3100 bytes against the paper's 3063.5 (15-bit indices, reported beside it as
+``paper_bytes``) and 3072 for ``cls:768``.
 
 :func:`dupmae_search` is what ``retrieval.mining.dense_search`` dispatches to for a fine-tuned model whose
 ``dual_encoder.json`` declares the ``dupmae`` representation (mining and the recipe's evaluate stage): it
@@ -300,8 +303,9 @@ def is_dupmae_model(model_dir: str | Path) -> bool:
     return (info.get("representation") or {}).get("type") == "dupmae"
 
 
-def load_dupmae_model(model_dir: str | Path, device: str = "auto"):
-    """``(model, tokenizer, passage_max_len, query_max_len)`` of a saved DupMAE dual encoder, in eval mode."""
+def load_dual_encoder(model_dir: str | Path, device: str = "auto"):
+    """``(model, tokenizer, passage_max_len, query_max_len)`` of a saved dual encoder (DupMAE, sparse, hybrid, …)
+    in eval mode; the lengths are the ones it was fine-tuned with (``dual_encoder.json``), else 144 / 32."""
     from transformers import AutoTokenizer
 
     from pretrieve.modeling.dual_encoder import DualEncoder, read_dual_encoder_config
@@ -312,6 +316,10 @@ def load_dupmae_model(model_dir: str | Path, device: str = "auto"):
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
     training = info.get("training") or {}
     return model, tokenizer, int(training.get("passage_max_len") or 144), int(training.get("query_max_len") or 32)
+
+
+load_dupmae_model = load_dual_encoder
+"""The loader under its first name (DupMAE): any saved dual encoder."""
 
 
 def build_corpus_index(model, tokenizer, corpus, max_length: int, cache_dir: str | Path | None = None,
@@ -356,7 +364,7 @@ def dupmae_search(model_dir: str | Path, corpus, queries: Mapping[str, str], k: 
     Lengths default to the ones the model was fine-tuned with; queries are encoded and searched
     ``query_block`` at a time (their full OT vectors are ``V`` floats each).
     """
-    model, tokenizer, passage_len, query_len = load_dupmae_model(model_dir, device)
+    model, tokenizer, passage_len, query_len = load_dual_encoder(model_dir, device)
     index = build_corpus_index(model, tokenizer, corpus, max_length or passage_len, cache_dir, model_dir,
                                batch_size=batch_size, bf16=bf16, show_progress=show_progress)
     query_ids = list(queries)

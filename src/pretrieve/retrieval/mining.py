@@ -5,7 +5,8 @@
 * :func:`mine_negatives` — stages 2 and 3: the fine-tuned dense retriever's top-K₂/K₃ (200), minus positives
   (``pretrieve mine``). The corpus and the queries are encoded with :class:`DenseEncoder` (from the
   sentence-transformers files of the exported model; a model with separate towers is read from its ``query/``
-  and ``passage/`` folders) and searched exactly with FAISS.
+  and ``passage/`` folders) and searched exactly with FAISS. Models fine-tuned with the DupMAE, sparse or
+  hybrid representation are searched as they were trained (:func:`dense_search`).
 
 Negatives keep the retriever's rank order (the groups file lists them best first); only documents within
 the top ``depth`` are used, and every document judged relevant (grade ≥ 1) is removed — the top-ranked
@@ -159,12 +160,16 @@ def trained_query_max_length(model_dir: str | Path) -> int | None:
 
 def dense_search(model_dir: str | Path, corpus, queries: Mapping[str, str], k: int, cache_dir: str | Path | None = None,
                  batch_size: int = 64, max_length: int | None = None, query_max_length: int | None = None,
-                 device: str = "auto", bf16: bool = False, show_progress: bool = True) -> Run:
-    """Exact dense top-``k`` of ``queries`` over ``corpus`` with the model's query and passage encoders.
+                 device: str = "auto", bf16: bool = False, show_progress: bool = True, mode: str | None = None) -> Run:
+    """Exact top-``k`` of ``queries`` over ``corpus`` with the model's query and passage encoders, searched the
+    way the model was trained.
 
-    Corpus embeddings are cached in ``cache_dir`` when given (reused by later calls with the same model).
+    Corpus encodings are cached in ``cache_dir`` when given (reused by later calls with the same model).
     A model fine-tuned with the DupMAE representation (its ``dual_encoder.json``) is searched by
-    :func:`pretrieve.retrieval.hybrid.dupmae_search` (FAISS + sparse index, exact eq. 12) instead.
+    :func:`pretrieve.retrieval.hybrid.dupmae_search` (FAISS + sparse index, exact eq. 12); one fine-tuned with
+    the ``sparse`` or ``hybrid`` representation by :func:`pretrieve.retrieval.sparse_search.sparse_search`,
+    in ``mode`` ``dense`` / ``sparse`` / ``hybrid`` / ``rrf`` (default: its representation). Other models are
+    dense: ``mode`` may only be None or ``"dense"`` for them.
     """
     import contextlib
     import tempfile
@@ -172,7 +177,20 @@ def dense_search(model_dir: str | Path, corpus, queries: Mapping[str, str], k: i
     from pretrieve.retrieval.encode import encode_corpus, encode_queries
     from pretrieve.retrieval.faiss_search import search_shards
     from pretrieve.retrieval.hybrid import dupmae_search, is_dupmae_model
+    from pretrieve.retrieval.sparse_search import SEARCH_MODES, is_sparse_model, representation_kind, sparse_search
 
+    if is_sparse_model(model_dir):
+        return sparse_search(model_dir, corpus, queries, k, mode=mode, cache_dir=cache_dir, batch_size=batch_size,
+                             max_length=max_length, query_max_length=query_max_length, device=device, bf16=bf16,
+                             show_progress=show_progress)
+    if mode is not None:
+        kind = representation_kind(model_dir)
+        if mode not in SEARCH_MODES:
+            raise ConfigError(f"unknown search mode '{mode}' (choose from {', '.join(SEARCH_MODES)})")
+        if mode != "dense" or kind not in (None, "dense"):
+            raise ConfigError(f"search mode '{mode}' needs a model fine-tuned with the sparse or hybrid "
+                              f"representation; {model_dir} has the '{kind or 'dense'}' representation, which is "
+                              "searched only as trained")
     if is_dupmae_model(model_dir):
         return dupmae_search(model_dir, corpus, queries, k, cache_dir=cache_dir, batch_size=batch_size,
                              max_length=max_length, query_max_length=query_max_length, device=device, bf16=bf16,

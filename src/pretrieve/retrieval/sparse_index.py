@@ -18,14 +18,18 @@ sharing no term with a query score 0 and are ranked like any other. Query blocks
 score block stays under ``block_elements`` floats (2²⁶ = 256 MB).
 
 Queries are ``scipy.sparse`` matrices or dense ``numpy`` arrays ``[Q, dim]`` (DupMAE's query OT vectors are
-dense: eq. 12 uses the query's full vector). Values are float32; indices int32.
+dense: eq. 12 uses the query's full vector). Values are float32.
 
-Storage (:meth:`SparseIndex.storage_bytes`): the forward CSR takes ``nnz·(4 + 4) + (N + 1)·4`` bytes
-(int32 term ids, float32 weights and int32 row pointers, as scipy stores them below 2³¹ entries; int64 above);
-the derived posting lists take the same again in memory while searching.
+Storage (:meth:`SparseIndex.storage_bytes`, the saved layout): float32 weights, term ids as **uint16** when
+every id fits (``dim ≤ 65536``: BERT's 30,522 and RoBERTa's 50,265 tokens) else int32
+(:func:`term_id_dtype`), and row pointers as int32 (int64 from 2³¹ entries on) — ``nnz·(4 + 2) + (N + 1)·4``
+bytes for a BERT vocabulary. In memory scipy widens the term ids to int32 (its sparse products need 32-bit
+indices), and the derived posting lists take as much again while searching; scores and rankings do not depend
+on the stored width.
 
-Files (:meth:`SparseIndex.save`): ``sparse.npz`` (``scipy.sparse.save_npz``), ``ids.json``,
-``sparse_meta.json``; written atomically.
+Files (:meth:`SparseIndex.save`): ``sparse.npz`` (the keys of ``scipy.sparse.save_npz``, so ``load_npz``
+reads it too, with the narrow term ids), ``ids.json``, ``sparse_meta.json``; written atomically. Files
+written with int32 term ids (format 1) load unchanged.
 """
 
 from __future__ import annotations
@@ -41,7 +45,9 @@ from pretrieve.data.trec import Run, run_from_arrays
 from pretrieve.errors import ConfigError, InputError
 from pretrieve.io_utils import atomic_dir, write_json
 
-SPARSE_FORMAT = "pretrieve-sparse/1"
+SPARSE_FORMAT = "pretrieve-sparse/2"
+UINT16_TERMS = 1 << 16
+"""Vocabularies up to this size store their term ids as uint16."""
 _MATRIX_FILE = "sparse.npz"
 _IDS_FILE = "ids.json"
 _META_FILE = "sparse_meta.json"
@@ -109,10 +115,11 @@ class SparseIndex:
         return self._postings
 
     def storage_bytes(self) -> dict[str, float]:
-        """Bytes of the forward CSR: total, per document, and per stored entry (index + value)."""
-        total = self.matrix.data.nbytes + self.matrix.indices.nbytes + self.matrix.indptr.nbytes
-        return {"total": float(total), "per_document": total / max(1, len(self)),
-                "per_entry": float(self.matrix.data.itemsize + self.matrix.indices.itemsize),
+        """Bytes of the forward CSR as saved: total, per document, and per stored entry (term id + value)."""
+        per_entry = self.matrix.data.itemsize + np.dtype(term_id_dtype(self.dim)).itemsize
+        pointers = (len(self) + 1) * np.dtype(row_pointer_dtype(self.nnz)).itemsize
+        total = self.nnz * per_entry + pointers
+        return {"total": float(total), "per_document": total / max(1, len(self)), "per_entry": float(per_entry),
                 "entries_per_document": self.nnz / max(1, len(self))}
 
     # ------------------------------------------------------------------ scoring
@@ -176,12 +183,15 @@ class SparseIndex:
     def save(self, path: str | Path) -> Path:
         """Write ``sparse.npz`` + ``ids.json`` + ``sparse_meta.json`` into directory ``path``, atomically."""
         path = Path(path)
+        term_ids = term_id_dtype(self.dim)
         with atomic_dir(path) as tmp:
-            sp.save_npz(tmp / _MATRIX_FILE, self.matrix, compressed=False)
+            np.savez(tmp / _MATRIX_FILE, data=self.matrix.data, indices=self.matrix.indices.astype(term_ids),
+                     indptr=self.matrix.indptr.astype(row_pointer_dtype(self.nnz)), format=np.bytes_(b"csr"),
+                     shape=np.array(self.matrix.shape))
             with open(tmp / _IDS_FILE, "w", encoding="utf-8") as handle:
                 json.dump(self.ids, handle)
             write_json(tmp / _META_FILE, {"format": SPARSE_FORMAT, "dim": self.dim, "count": len(self),
-                                          "nnz": self.nnz})
+                                          "nnz": self.nnz, "term_ids": np.dtype(term_ids).name})
         return path
 
     @classmethod
@@ -190,7 +200,23 @@ class SparseIndex:
         if not (path / _META_FILE).exists():
             raise InputError(f"not a pretrieve sparse index ({_META_FILE} missing)", path=path)
         ids = json.loads((path / _IDS_FILE).read_text(encoding="utf-8"))
-        return cls(sp.load_npz(path / _MATRIX_FILE), ids)
+        with np.load(path / _MATRIX_FILE) as files:
+            shape = tuple(int(size) for size in files["shape"])
+            matrix = sp.csr_matrix((files["data"], files["indices"].astype(np.int32 if shape[1] <= np.iinfo(
+                np.int32).max else np.int64), files["indptr"]), shape=shape)
+        return cls(matrix, ids)
+
+
+def term_id_dtype(dim: int) -> type:
+    """The narrowest stored type for term ids in ``[0, dim)``: uint16 up to 65,536 terms, else int32 (int64 beyond)."""
+    if dim <= UINT16_TERMS:
+        return np.uint16
+    return np.int32 if dim <= np.iinfo(np.int32).max else np.int64
+
+
+def row_pointer_dtype(nnz: int) -> type:
+    """Row pointers: int32 below 2³¹ stored entries, else int64 (scipy's own rule)."""
+    return np.int32 if nnz <= np.iinfo(np.int32).max else np.int64
 
 
 def top_k_rows(scores: np.ndarray, k: int) -> np.ndarray:
