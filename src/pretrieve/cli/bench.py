@@ -1,15 +1,21 @@
-"""``pretrieve bench pretrain | masking | encode``: speed benchmarks measured side by side on this machine.
+"""``pretrieve bench pretrain | masking | encode | quality``: speed and quality benchmarks on this machine.
 
 Thin wrappers: parse options, call :func:`pretrieve.bench.pretrain_speed.bench_pretrain`,
 :func:`pretrieve.masking.latency.masking_latency` or :func:`pretrieve.retrieval.throughput.encoding_throughput`,
 print a markdown report (stdout) and, with ``--out FILE.md``, write it plus ``FILE.json``. Progress goes to
 stderr. ``bench masking --kinds ...,pmi`` times CDMAE's importance-aware masker with the n-gram statistics of the
 whole ``--corpus`` (or ``--statistics``, e.g. a directory of ``pretrieve stats pmi``); counted before timing.
+
+``bench quality`` is different: it trains. It calls :func:`pretrieve.bench.quality.run_quality_bench` (every
+method pre-trained at the same budget, fine-tuned the same way, evaluated on every ``--eval`` collection,
+over seeds; resumable) and writes ``results.md`` / ``results.json`` / ``results.png`` into ``--out``; the
+markdown is also printed. ``--report-only`` recomputes the report from the saved runs of ``--out``.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from pathlib import Path
 from typing import Any, Optional
 
@@ -19,13 +25,17 @@ from rich.console import Console
 from pretrieve.cli import app
 from pretrieve.errors import InputError
 
-bench_app = typer.Typer(help="Speed benchmarks: pre-training step (paper 000 Table 4), masking latency, "
-                             "encoding throughput.", no_args_is_help=True)
+bench_app = typer.Typer(help="Benchmarks: pre-training step speed (paper 000 Table 4), masking latency, "
+                             "encoding throughput, and retrieval quality per pre-training method (Tables 5/6).",
+                        no_args_is_help=True)
 app.add_typer(bench_app, name="bench")
 err = Console(stderr=True, soft_wrap=True)
 
 DEFAULT_SHAPES = "L2-H128,L6-H384"
 DEFAULT_PRESETS = "mlm,bow,ae,ar,retromae"
+# Kept in sync with pretrieve.bench.quality.DEFAULT_METHODS (not imported, so that `--help` stays fast).
+DEFAULT_QUALITY_METHODS = ("none", "mlm", "ae", "ar", "retromae", "bow", "dupmae", "cpdae", "cdmae", "cotmae",
+                           "cotmote")
 
 
 def _quiet_logging() -> None:
@@ -235,3 +245,74 @@ def bench_encode_command(
         if key in result:
             lines.append(f"- {key.replace('_', ' ')}: {result[key]:.2e}")
     _emit("\n".join(lines), {"environment": env, **result}, out)
+
+
+@bench_app.command("quality")
+def bench_quality_command(
+    out: Path = typer.Option(..., help="Directory of the comparison (bench.json, one folder per method, results.*). "
+                             "Rerun the same command to resume."),
+    base: str = typer.Option("splade-tiny", help="Starting checkpoint of every method: path or offline alias."),
+    methods: str = typer.Option(",".join(DEFAULT_QUALITY_METHODS), help="Comma-separated presets, plus 'none' "
+                                "(no pre-training: the base model is fine-tuned)."),
+    pretrain_data: Optional[str] = typer.Option(None, "--pretrain-data", help="Pre-training corpus: BEIR dir / "
+                                                "JSONL / text, or a collection name", show_default="--train"),
+    train: Optional[str] = typer.Option(None, "--train", help="Fine-tuning collection (BEIR, train split); "
+                                        "required unless --report-only."),
+    eval_: Optional[list[str]] = typer.Option(None, "--eval", help="Evaluation collection; repeat (or comma-separate) "
+                                              "for several: the first is in-domain, the others zero-shot.",
+                                              show_default="--train"),
+    budget: Optional[int] = typer.Option(None, "--budget", min=1, help="Pre-training steps of every method",
+                                         show_default="100; 30 with --quick"),
+    seeds: int = typer.Option(1, "--seeds", min=1, help="Repetitions: seeds --seed, --seed+1, ..."),
+    seed: int = typer.Option(42, "--seed", help="First seed."),
+    quick: bool = typer.Option(False, "--quick", help="Small budget for a first look (30 pre-training steps × 16, "
+                               "30 fine-tuning steps × 16)."),
+    batch_size: Optional[int] = typer.Option(None, min=1, help="Pre-training batch size", show_default="32; 16 quick"),
+    max_len: Optional[int] = typer.Option(None, min=8, help="Pre-training max length", show_default="144; 128 quick"),
+    lr: Optional[float] = typer.Option(None, help="Pre-training learning rate", show_default="3e-4"),
+    finetune: Optional[str] = typer.Option(None, help="Stage-1 fine-tuning overrides: a YAML/JSON file (keys of "
+                                           "`pretrieve finetune --config`, plus 'methods: {NAME: {...}}' per method) "
+                                           "or key=value,key=value."),
+    split: str = typer.Option("test", help="Qrels split of the evaluation collections."),
+    depth: int = typer.Option(1000, min=100, help="Retrieved passages per query."),
+    coverage_texts: int = typer.Option(300, min=1, help="Passages of the coverage sample (the first N of the "
+                                       "pre-training corpus)."),
+    alpha: float = typer.Option(0.05, help="Significance level of the paired t-tests."),
+    retry_failed: bool = typer.Option(False, "--retry-failed", help="Run again the method × seeds that failed."),
+    keep_checkpoints: bool = typer.Option(False, "--keep-checkpoints", help="Keep training checkpoints of "
+                                          "finished runs (final models and runs are always kept)."),
+    report_only: bool = typer.Option(False, "--report-only", help="Only recompute results.* from the saved runs."),
+    progress: bool = typer.Option(False, "--progress/--no-progress", help="Progress bars of each stage."),
+    threads: Optional[int] = typer.Option(None, help="torch intra-op threads (default: torch's choice)."),
+) -> None:
+    """Retrieval quality per pre-training method at an equal budget (paper 000 Tables 5/6), with coverage."""
+    from pretrieve.bench import quality
+
+    _quiet_logging()
+    _set_threads(threads)
+    if report_only:
+        summary = quality.summarize(out)
+        paths = quality.write_report(out, summary)
+    else:
+        if train is None:
+            raise InputError("give --train DIR (the fine-tuning collection)", field="train")
+        pretrain = dict(quality.QUICK_PRETRAIN if quick else quality.DEFAULT_PRETRAIN)
+        for key, value in (("max_steps", budget), ("batch_size", batch_size), ("max_len", max_len), ("lr", lr)):
+            if value is not None:
+                pretrain[key] = value
+        finetune_values, per_method = quality.split_finetune_overrides(
+            quality.parse_overrides(finetune, "finetune"), "--finetune")
+        settings = quality.QualityBenchSettings(
+            base=base, train=train, out=str(out), methods=tuple(_split(methods, "method")),
+            pretrain_data=pretrain_data, eval=tuple(e for entry in eval_ or [] for e in _split(entry, "eval")),
+            seeds=tuple(range(seed, seed + seeds)), pretrain=pretrain,
+            finetune={**(quality.QUICK_FINETUNE if quick else quality.DEFAULT_FINETUNE), **finetune_values},
+            finetune_per_method=per_method, split=split, depth=depth, coverage_texts=coverage_texts, alpha=alpha,
+            retry_failed=retry_failed, keep_checkpoints=keep_checkpoints, show_progress=progress)
+        started = time.perf_counter()
+        summary = quality.run_quality_bench(settings, progress=lambda line: err.print(line, highlight=False,
+                                                                                      markup=False))
+        err.print(f"[bench quality] {time.perf_counter() - started:.0f} s", highlight=False)
+        paths = [Path(out) / name for name in ("results.md", "results.json", "results.png")]
+    typer.echo(quality.results_markdown(summary))
+    err.print("wrote " + ", ".join(str(p) for p in paths), highlight=False, markup=False)

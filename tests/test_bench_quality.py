@@ -1,0 +1,291 @@
+"""``pretrieve bench quality``: methods × seeds end to end on a tiny collection, failures, resume, statistics."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import pytrec_eval
+from scipy import stats
+from typer.testing import CliRunner
+
+from pretrieve import pipeline
+from pretrieve.bench import quality
+from pretrieve.cli import app
+from pretrieve.data.beir import load_qrels
+from pretrieve.data.trec import read_run
+from pretrieve.errors import ConfigError
+
+from test_finetune import write_collection
+
+PRETRAIN = {"max_steps": 2, "batch_size": 4, "max_len": 32, "lr": 1e-3, "warmup_ratio": 0.0, "save_every": 0,
+            "log_every": 1}
+FINETUNE = {"max_steps": 2, "batch_size": 4, "num_negatives": 2, "query_max_len": 16, "passage_max_len": 32,
+            "bm25_depth": 20, "lr": 5e-4, "warmup_ratio": 0.0, "save_every": 0, "log_every": 1, "pooling": "cls"}
+SEEDS = (3, 4)
+FAILING = "ar"
+
+
+def settings_for(model: Path, collections, out: Path, methods, seeds=SEEDS, **overrides):
+    train, other = collections
+    values = dict(base=str(model), train=str(train), out=str(out), methods=tuple(methods), eval=(str(train), str(other)),
+                  seeds=tuple(seeds), pretrain=dict(PRETRAIN), finetune=dict(FINETUNE), depth=100, coverage_texts=6)
+    values.update(overrides)
+    return quality.QualityBenchSettings(**values)
+
+
+@pytest.fixture(scope="module")
+def collections(tmp_path_factory):
+    root = tmp_path_factory.mktemp("bench_collections")
+    return write_collection(root / "train"), write_collection(root / "other")
+
+
+def _fail_one_method(monkeypatch) -> None:
+    """The FAILING method's pre-training 'diverges': the training loop's non-finite-loss error."""
+    from pretrieve.train import pretrainer
+
+    original = pretrainer.pretrain
+
+    def pretrain(config):
+        if pretrainer.resolved_method(config).name == FAILING:
+            raise FloatingPointError("non-finite loss nan ({'mlm': nan})")
+        return original(config)
+
+    monkeypatch.setattr(pretrainer, "pretrain", pretrain)
+
+
+@pytest.fixture(scope="module")
+def bench(tiny_mlm_dir, collections, tmp_path_factory):
+    """none, mlm, bow and a failing method × 2 seeds, run once for the tests below."""
+    out = tmp_path_factory.mktemp("bench") / "quality"
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        _fail_one_method(monkeypatch)
+        settings = settings_for(tiny_mlm_dir, collections, out, ("none", "mlm", FAILING, "bow"))
+        summary = quality.run_quality_bench(settings)
+    return settings, out, summary
+
+
+def _count_recipes(monkeypatch, interrupt_at: int | None = None) -> list[str]:
+    calls: list[str] = []
+    original = pipeline.run_recipe
+    seen = {"n": 0}
+
+    def counted(path, *args, **kwargs):
+        calls.append(json.loads(Path(path).read_text())["name"])
+        seen["n"] += 1
+        if seen["n"] == interrupt_at:
+            raise KeyboardInterrupt
+        return original(path, *args, **kwargs)
+
+    monkeypatch.setattr(pipeline, "run_recipe", counted)
+    return calls
+
+
+def _per_query_ndcg(run_path: Path, qrels_path: Path) -> dict[str, float]:
+    """nDCG@10 per query straight from pytrec_eval (independent of pretrieve.evaluation)."""
+    evaluator = pytrec_eval.RelevanceEvaluator(load_qrels(qrels_path), {"ndcg_cut.10"})
+    return {qid: values["ndcg_cut_10"] for qid, values in evaluator.evaluate(read_run(run_path)).items()}
+
+
+# ------------------------------------------------------------------------------------------------ end to end
+def test_every_method_and_seed_is_run_and_reported(bench, collections):
+    settings, out, summary = bench
+    assert set(summary["methods"]) == {"none", "mlm", FAILING, "bow"}
+    for method in ("none", "mlm", "bow"):
+        entry = summary["methods"][method]
+        assert entry["status"] == "done" and entry["seeds"] == list(SEEDS)
+        for seed in SEEDS:
+            directory = out / method / f"seed{seed}"
+            assert (directory / "runs" / "finetune-s1__train.trec").exists()
+            assert (directory / "runs" / "finetune-s1__other.trec").exists()
+            assert (directory / "pretrain" / "final").is_dir() == (method != "none")
+            assert not list(directory.glob("*/checkpoints"))       # cleaned after success
+            recipe = json.loads((directory / "recipe.json").read_text())
+            assert [next(iter(stage)) for stage in recipe["stages"]] == (
+                ["finetune", "evaluate"] if method == "none" else ["pretrain", "finetune", "evaluate"])
+            groups = recipe["stages"][-2]["finetune"]["groups"]     # one BM25 groups file shared by every run
+            assert groups == str(out / "groups" / "train-train-bm25-20.jsonl")
+        for measure in quality.MEASURES:
+            for name in ("train", "other", "avg"):
+                assert 0.0 <= entry["scores"][measure][name]["mean"] <= 1.0
+        assert 0.0 <= entry["coverage"]["ratio"]["10"] <= 1.0
+    # every pre-trained method used the same budget; speed comes from the trainer's logs
+    for method in ("mlm", "bow"):
+        config = json.loads((out / method / "seed3" / "pretrain" / "pretrain_config.json").read_text())
+        assert (config["max_steps"], config["batch_size"], config["max_len"]) == (2, 4, 32)
+        speed = summary["methods"][method]["pretrain"]
+        assert speed["samples_per_s"] > 0 and speed["wall_s"] > 0
+    assert summary["methods"]["none"]["pretrain"]["samples_per_s"] is None
+    for name in ("results.md", "results.json", "results.png", "bench.json"):
+        assert (out / name).exists(), name
+    assert (out / "results.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_a_failing_method_is_reported_and_the_others_complete(bench):
+    _, out, summary = bench
+    entry = summary["methods"][FAILING]
+    assert entry["status"] == "failed" and entry["seeds"] == []
+    assert set(entry["failed"]) == {str(s) for s in SEEDS}
+    assert all("FloatingPointError: non-finite loss nan" in error for error in entry["failed"].values())
+    status = json.loads((out / FAILING / "status.json").read_text())
+    assert {run["status"] for run in status["runs"].values()} == {"failed"}
+    assert "Traceback" in status["runs"]["seed3"]["traceback"]
+    markdown = (out / "results.md").read_text()
+    row = next(line for line in markdown.splitlines() if line.startswith(f"| {FAILING} | failed: "))
+    assert "FloatingPointError" in row
+    assert "## Failures" in markdown
+    assert json.loads((out / "results.json").read_text())["methods"][FAILING]["status"] == "failed"
+
+
+# ------------------------------------------------------------------------------------------------ statistics
+def test_cells_are_mean_and_std_over_seeds_of_the_evaluate_scores(bench, collections):
+    _, out, summary = bench
+    for method in ("none", "mlm", "bow"):
+        for collection in collections:
+            scores = [np.mean(list(_per_query_ndcg(out / method / f"seed{s}" / "runs" /
+                                                   f"finetune-s1__{collection.name}.trec",
+                                                   collection / "qrels" / "test.tsv").values())) for s in SEEDS]
+            cell = summary["methods"][method]["scores"]["nDCG@10"][collection.name]
+            assert cell["per_seed"] == pytest.approx({str(s): v for s, v in zip(SEEDS, scores)}, abs=1e-12)
+            assert cell["mean"] == pytest.approx(np.mean(scores), abs=1e-12)
+            assert cell["std"] == pytest.approx(np.std(scores, ddof=1), abs=1e-12)
+        avg = summary["methods"][method]["scores"]["nDCG@10"]["avg"]
+        per_seed = [np.mean([summary["methods"][method]["scores"]["nDCG@10"][c.name]["per_seed"][str(s)]
+                             for c in collections]) for s in SEEDS]
+        assert avg["mean"] == pytest.approx(np.mean(per_seed)) and avg["std"] == pytest.approx(np.std(per_seed, ddof=1))
+
+
+def test_p_values_are_paired_ttests_on_seed_averaged_per_query_scores(bench, collections):
+    _, out, summary = bench
+    checked = 0
+    for collection in collections:
+        def seed_mean(method):
+            per_seed = [_per_query_ndcg(out / method / f"seed{s}" / "runs" / f"finetune-s1__{collection.name}.trec",
+                                        collection / "qrels" / "test.tsv") for s in SEEDS]
+            return {qid: np.mean([scores[qid] for scores in per_seed]) for qid in per_seed[0]}
+
+        for method in ("bow", "mlm", "none"):
+            run = seed_mean(method)
+            for baseline in ("mlm", "none"):
+                if baseline == method:
+                    assert baseline not in summary["methods"][method]["scores"]["nDCG@10"][collection.name]["vs"]
+                    continue
+                base = seed_mean(baseline)
+                queries = sorted(run)
+                x, y = np.array([run[q] for q in queries]), np.array([base[q] for q in queries])
+                test = summary["methods"][method]["scores"]["nDCG@10"][collection.name]["vs"][baseline]
+                assert test["n"] == len(queries) == 4
+                if np.any(x != y):
+                    expected = stats.ttest_rel(x, y)
+                    assert test["p_value"] == pytest.approx(expected.pvalue, rel=1e-9, nan_ok=True)
+                    assert test["statistic"] == pytest.approx(expected.statistic, rel=1e-9, nan_ok=True)
+                    checked += 1
+                else:
+                    assert test["p_value"] == 1.0
+                assert test["mean_difference"] == pytest.approx(float(np.mean(x - y)), abs=1e-12)
+    assert checked > 0   # at least one comparison exercised scipy's formula
+
+
+def test_every_number_is_regenerated_by_pretrieve_evaluate(bench, collections, tmp_path):
+    _, out, summary = bench
+    runner = CliRunner()
+    for collection in collections:
+        for method in ("mlm", "bow"):
+            run = out / method / "seed4" / "runs" / f"finetune-s1__{collection.name}.trec"
+            target = tmp_path / f"{method}-{collection.name}.json"
+            result = runner.invoke(app, ["evaluate", "--data", str(collection), "--split", "test", "--measures",
+                                         "nDCG@10,MRR@10,R@100", "--json", str(target), str(run)])
+            assert result.exit_code == 0, result.output
+            aggregate = json.loads(target.read_text())["runs"][0]["aggregate"]
+            for measure in quality.MEASURES:
+                cell = summary["methods"][method]["scores"][measure][collection.name]
+                assert cell["per_seed"]["4"] == pytest.approx(aggregate[measure], abs=1e-12)
+    # and the report can be recomputed from the saved runs alone
+    quality._EVALUATED.clear()
+    assert quality.summarize(out)["methods"]["bow"]["scores"] == summary["methods"]["bow"]["scores"]
+
+
+def test_markdown_table_shows_mean_std_marks_and_coverage(bench):
+    _, out, summary = bench
+    markdown = quality.results_markdown(summary)
+    for measure in quality.MEASURES:
+        assert f"## {measure}" in markdown
+    bow = summary["methods"]["bow"]["scores"]["nDCG@10"]["train"]
+    row = next(line for line in markdown.splitlines() if line.startswith("| bow | "))
+    assert f"{bow['mean']:.4f} ± {bow['std']:.4f}" in row
+    assert f"{summary['methods']['bow']['coverage']['ratio']['10']:.3f}" in row
+    assert "## Input-token coverage" in markdown and "## p-values" in markdown
+    assert quality.significance_marks({"vs": {"mlm": {"significant": True, "mean_difference": 0.1},
+                                              "none": {"significant": True, "mean_difference": -0.1}}}) == "m▲ n▼"
+
+
+# ------------------------------------------------------------------------------------------------ resume
+def test_a_finished_comparison_is_not_run_again_and_failed_runs_only_on_request(bench, tiny_mlm_dir, collections,
+                                                                                monkeypatch):
+    settings, out, _ = bench
+    calls = _count_recipes(monkeypatch)
+    _fail_one_method(monkeypatch)
+    quality.run_quality_bench(settings)
+    assert calls == []
+    quality.run_quality_bench(settings.__class__(**{**settings.__dict__, "retry_failed": True}))
+    assert calls == [f"bench-quality-{FAILING}-seed{s}" for s in SEEDS]
+
+
+def test_an_interrupted_comparison_restarts_with_the_next_method(tiny_mlm_dir, collections, tmp_path, monkeypatch):
+    settings = settings_for(tiny_mlm_dir, collections, tmp_path / "q", ("none", "bow", "mlm"), seeds=(1,))
+    calls = _count_recipes(monkeypatch, interrupt_at=2)   # dies in the second method
+    with pytest.raises(KeyboardInterrupt):
+        quality.run_quality_bench(settings)
+    state = json.loads((tmp_path / "q" / "bench.json").read_text())
+    assert state["runs"]["none/seed1"]["status"] == "done" and state["runs"]["bow/seed1"]["status"] == "running"
+    calls.clear()
+    summary = quality.run_quality_bench(settings)
+    assert calls == ["bench-quality-bow-seed1", "bench-quality-mlm-seed1"]
+    assert all(entry["status"] == "done" for entry in summary["methods"].values())
+
+
+def test_a_rerun_with_other_settings_is_refused(bench, tiny_mlm_dir, collections):
+    settings, out, _ = bench
+    changed = settings.__class__(**{**settings.__dict__, "pretrain": {**PRETRAIN, "max_steps": 3}})
+    with pytest.raises(ConfigError, match="pretrain"):
+        quality.run_quality_bench(changed)
+
+
+@pytest.mark.filterwarnings("ignore:.*routes queries through its query FFN expert")   # the MoTE export's note
+def test_methods_with_pairs_and_pmi_statistics_run_through(tiny_mlm_dir, collections, tmp_path):
+    settings = settings_for(tiny_mlm_dir, collections, tmp_path / "q", ("cotmote", "cdmae"), seeds=(1,))
+    summary = quality.run_quality_bench(settings)
+    assert {m: e["status"] for m, e in summary["methods"].items()} == {"cotmote": "done", "cdmae": "done"}
+    method = json.loads((tmp_path / "q" / "cotmote" / "seed1" / "pretrain" / "final" / "method.json").read_text())
+    assert method["context"]["pairs"] == str(tmp_path / "q" / "pairs" / "train-train.jsonl") and method["mote"]
+
+
+# ------------------------------------------------------------------------------------------------ settings
+def test_settings_are_checked_before_any_work(tiny_mlm_dir, collections, tmp_path):
+    with pytest.raises(ConfigError, match="unknown method"):
+        settings_for(tiny_mlm_dir, collections, tmp_path, ("none", "bert")).resolved()
+    with pytest.raises(ConfigError, match="listed twice"):
+        settings_for(tiny_mlm_dir, collections, tmp_path, ("bow", "bow")).resolved()
+    with pytest.raises(ConfigError, match="unknown option"):
+        settings_for(tiny_mlm_dir, collections, tmp_path, ("bow",), finetune={"epoch": 2}).resolved()
+    with pytest.raises(ConfigError, match="distinct directory names"):
+        settings_for(tiny_mlm_dir, collections, tmp_path, ("bow",), eval=(str(collections[0]),) * 2).resolved()
+    assert not (tmp_path / "bench.json").exists()
+
+
+def test_pair_methods_get_the_training_pairs_and_overrides_parse(tiny_mlm_dir, collections, tmp_path):
+    settings = settings_for(tiny_mlm_dir, collections, tmp_path, ("cotmote", "cotmae")).resolved()
+    pairs = quality.prepare_pairs(settings)
+    lines = [json.loads(line) for line in pairs.read_text().splitlines()]
+    assert len(lines) == 20 and {"passage", "query"} <= set(lines[0])
+    recipe = quality.method_recipe(settings, "cotmote", 3, pairs)
+    assert recipe["stages"][0]["pretrain"]["method"] == {"base": "cotmote", "context": {"pairs": str(pairs)}}
+    assert quality.method_recipe(settings, "cotmae", 3, None)["stages"][0]["pretrain"]["method"] == "cotmae"
+    assert quality.parse_overrides("lr=2e-5,pooling=mean,epochs=1", "finetune") == {
+        "lr": 2e-5, "pooling": "mean", "epochs": 1}
+    file = tmp_path / "ft.yaml"
+    file.write_text("lr: 3.0e-5\nmethods:\n  dupmae: {representation: dupmae}\n")
+    values, per_method = quality.split_finetune_overrides(quality.parse_overrides(str(file), "finetune"), "ft")
+    assert values == {"lr": 3e-5} and per_method == {"dupmae": {"representation": "dupmae"}}
