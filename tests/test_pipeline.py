@@ -112,3 +112,15 @@ def test_shipped_recipes_parse():
     assert recipes, "no recipes shipped in configs/"
     for path in recipes:
         load_recipe(path)
+
+
+def test_the_evaluate_stage_reranks_the_named_retriever(tmp_path):
+    from pretrieve.errors import ConfigError
+    from pretrieve.pipeline import RunState, _reranked_retriever
+
+    state = RunState(recipe={}, out=tmp_path, data=tmp_path, base_model="m",
+                     retrievers={"finetune-s1": "a", "finetune-s2": "b", "finetune-s3": "c"})
+    assert _reranked_retriever(state, None) == "finetune-s3"
+    assert _reranked_retriever(state, "finetune-s2") == "finetune-s2"
+    with pytest.raises(ConfigError, match="no retriever named 'finetune-s9'.*finetune-s1"):
+        _reranked_retriever(state, "finetune-s9")

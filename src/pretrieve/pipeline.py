@@ -23,7 +23,7 @@ Recipe (YAML or JSON)::
       - teacher: {max_negatives: 31}
       - finetune: {stage: 3}
       - evaluate: {collections: [scifact, cranfield], split: test, bm25: true, zero_shot: true,
-                   rerank_depth: 100}   # a collection may name its split: "msmarco:dev"
+                   rerank_depth: 100, rerank: finetune-s2}   # a collection may name its split: "msmarco:dev"
       # modes: [dense, sparse, hybrid, rrf] — retrievers fine-tuned with the sparse/hybrid representation
       #   get one row per search mode (finetune-s1-sparse, ...); default: one row, searched as trained
 
@@ -284,9 +284,10 @@ def stage_evaluate(state: RunState, options: dict[str, Any], label: str, show_pr
                                  evaluate(qrels, read_run(run_path), RESULT_MEASURES)))
         rerank_depth = options.get("rerank_depth")
         if rerank_depth and state.reranker is not None and state.retrievers:
-            name, model_dir = list(state.retrievers.items())[-1]
-            _retriever_run(state, name, model_dir, collection, split, depth, name, None, show_progress)
-            rows.append(_rerank_row(state, collection_path, split, int(rerank_depth), runs_dir, qrels, show_progress))
+            name = _reranked_retriever(state, options.get("rerank"))
+            _retriever_run(state, name, state.retrievers[name], collection, split, depth, name, None, show_progress)
+            rows.append(_rerank_row(state, name, collection_path, split, int(rerank_depth), runs_dir, qrels,
+                                    show_progress))
     return rows
 
 
@@ -334,13 +335,23 @@ def _collection_and_split(entry: str, default_split: str, recipe: Mapping[str, A
     return resolve_collection_path(name, recipe), split or default_split
 
 
-def _rerank_row(state: RunState, collection_path: Path, split: str, depth: int, runs_dir: Path, qrels,
+def _reranked_retriever(state: RunState, requested: str | None) -> str:
+    """The evaluate stage's ``rerank`` option: which retriever's run the reranker re-orders (default: the
+    latest, e.g. ``finetune-s3``; ``finetune-s2`` re-ranks the run the teacher scores were computed on)."""
+    if requested is None:
+        return list(state.retrievers)[-1]
+    if requested not in state.retrievers:
+        raise ConfigError(f"evaluate: rerank: no retriever named {requested!r} "
+                          f"(known: {', '.join(state.retrievers)})")
+    return requested
+
+
+def _rerank_row(state: RunState, name: str, collection_path: Path, split: str, depth: int, runs_dir: Path, qrels,
                 show_progress: bool) -> dict:
     from pretrieve.data import read_run
     from pretrieve.evaluation import evaluate
     from pretrieve.train.reranker import rerank_run_file
 
-    name = list(state.retrievers)[-1]
     source = runs_dir / f"{name}__{collection_path.name}.trec"
     out = runs_dir / f"{name}+rerank@{depth}__{collection_path.name}.trec"
     rerank_run_file(state.reranker, collection_path, split, source, out, depth=depth, show_progress=show_progress)
