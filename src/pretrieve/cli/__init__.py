@@ -27,7 +27,7 @@ console = Console(stderr=True, soft_wrap=True)
 
 
 NOISY_LOGGERS = ("bm25s", "httpx", "httpcore", "urllib3", "filelock", "huggingface_hub", "datasets", "fsspec",
-                 "transformers", "sentence_transformers", "faiss")
+                 "transformers", "sentence_transformers", "faiss", "accelerate")
 
 
 def configure_logging(verbose: bool = False) -> None:
