@@ -293,14 +293,9 @@ def _store(out: EncodedTexts, parts: Mapping[str, np.ndarray], rows: np.ndarray,
 # ------------------------------------------------------------------------------------------ end to end
 def is_dupmae_model(model_dir: str | Path) -> bool:
     """Whether ``model_dir`` is a saved dual encoder with the DupMAE representation (``dual_encoder.json``)."""
-    path = Path(str(model_dir)) / "dual_encoder.json"
-    if not path.exists():
-        return False
-    try:
-        info = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as exc:
-        raise InputError(f"invalid JSON: {exc.msg}", path=path, line=exc.lineno) from None
-    return (info.get("representation") or {}).get("type") == "dupmae"
+    from pretrieve.retrieval.sparse_search import representation_kind
+
+    return representation_kind(model_dir) == "dupmae"
 
 
 def load_dual_encoder(model_dir: str | Path, device: str = "auto"):
