@@ -227,6 +227,21 @@ def model_fingerprint(name_or_path: str) -> str:
     return hashlib.sha1(json.dumps(signature).encode("utf-8")).hexdigest()
 
 
+def corpus_index_settings(model, model_dir: str | Path | None, max_length: int, bf16: bool,
+                          ids: Sequence[str], texts: Sequence[str]) -> dict[str, Any]:
+    """What a cached corpus index of a fine-tuned dual encoder depends on (DupMAE and sparse/hybrid indexes):
+    the model's path and weight fingerprint, its representation, the passage length, bf16 and the texts."""
+    return {"model": str(Path(str(model_dir)).resolve()) if model_dir else None,
+            "model_fingerprint": model_fingerprint(str(model_dir)) if model_dir else None,
+            "representation": model.representation.config(), "max_length": int(max_length), "bf16": bool(bf16),
+            "content_sha1": content_hash(ids, texts)}
+
+
+def same_settings(recorded: Any, current: Any) -> bool:
+    """Whether two settings dicts are equal once both are JSON-normalised (as they are stored)."""
+    return json.loads(json.dumps(recorded, default=str)) == json.loads(json.dumps(current, default=str))
+
+
 def is_cached(shard_dir: Path, meta: Mapping[str, Any]) -> bool:
     """Whether ``shard_dir`` holds complete embeddings whose meta matches ``meta`` on :data:`CACHE_KEYS`."""
     paths = [shard_dir / name for name in (EMBEDDINGS_FILE, IDS_FILE, META_FILE)]

@@ -322,18 +322,14 @@ def build_corpus_index(model, tokenizer, corpus, max_length: int, cache_dir: str
                        factory: str = "Flat", show_progress: bool = True) -> DupMAEIndex:
     """Encode ``corpus`` (title + text) into a :class:`DupMAEIndex`, reusing ``cache_dir/dupmae-index`` when
     it was built by the same model weights, settings and texts."""
-    from pretrieve.retrieval.encode import content_hash, model_fingerprint
+    from pretrieve.retrieval.encode import corpus_index_settings, same_settings
 
     texts = corpus.full_texts()
-    settings = {"model": str(Path(str(model_dir)).resolve()) if model_dir else None,
-                "model_fingerprint": model_fingerprint(str(model_dir)) if model_dir else None,
-                "representation": model.representation.config(), "max_length": max_length, "bf16": bool(bf16),
-                "content_sha1": content_hash(corpus.ids, texts)}
+    settings = corpus_index_settings(model, model_dir, max_length, bf16, corpus.ids, texts)
     cached = None if cache_dir is None else Path(cache_dir) / INDEX_DIR
     if cached is not None and model_dir is not None:
         meta = read_index_meta(cached)
-        if meta is not None and json.loads(json.dumps(meta.get("settings"), default=str)) == \
-                json.loads(json.dumps(settings, default=str)):
+        if meta is not None and same_settings(meta.get("settings"), settings):
             logger.info("DupMAE corpus index cached in %s; not re-encoding", cached)
             return DupMAEIndex.load(cached, factory=factory)
     encoded = encode_dupmae(model, tokenizer, texts, "passage", max_length, batch_size=batch_size, bf16=bf16,
