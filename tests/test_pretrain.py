@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -193,3 +192,22 @@ def test_context_methods_pretrain_from_the_loop(tiny_mlm_dir, small_corpus, tmp_
     logs = read_logs(tmp_path / "cotmae")
     assert "loss/context_ae" in logs[-1] and "loss/mlm_spans" in logs[-1]
     assert (final / "method.json").exists()
+
+
+def test_tied_decoder_save_notice_is_demoted_and_other_shared_tensors_still_warn(caplog):
+    import logging
+
+    from pretrieve.train.checkpoint import TiedDecoderNotice
+
+    def record(names):
+        return logging.LogRecord("accelerate.utils.other", logging.WARNING, __file__, 1,
+                                 f"Removed shared tensor {names} while saving. This should be OK", (), None)
+
+    notice = TiedDecoderNotice()
+    with caplog.at_level(logging.DEBUG, logger="pretrieve.train.checkpoint"):
+        tied = record({"encoder.model.cls.predictions.decoder.bias", "encoder.model.cls.predictions.decoder.weight"})
+        assert notice.filter(tied) is False
+    assert "tied decoder tensors saved once" in caplog.text
+    assert notice.filter(record({"encoder.model.cls.predictions.decoder.weight", "heads.ae.proj.weight"})) is True
+    assert notice.filter(logging.LogRecord("other", logging.WARNING, __file__, 1, "unrelated", (), None)) is True
+    assert any(isinstance(f, TiedDecoderNotice) for f in logging.getLogger("accelerate.utils.other").filters)

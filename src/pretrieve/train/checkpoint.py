@@ -6,11 +6,17 @@ hidden temporary directory and renamed into place only once complete, so a proce
 saving never leaves a half-written ``step-<N>``: resuming picks the newest *complete* checkpoint.
 Works under DDP: every process writes its own RNG file into the same temporary directory, then the
 main process renames it.
+
+accelerate saves safetensors without aliased tensors and warns about each one it drops; the MLM decoder's
+weight (and bias) tied to the input embeddings are such aliases by construction and are tied again when the
+model is built, so that warning is turned into a DEBUG line (:class:`TiedDecoderNotice`). Any other shared
+tensor keeps its warning.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import shutil
@@ -19,6 +25,27 @@ from typing import Any
 
 STATE_FILE = "trainer_state.json"
 _STEP_DIR = re.compile(r"^step-(\d+)$")
+_SHARED_NAMES = re.compile(r"Removed shared tensor \{(.*)\} while saving")
+
+
+class TiedDecoderNotice(logging.Filter):
+    """Demotes accelerate's "Removed shared tensor" warning to DEBUG when only tied MLM decoder tensors were
+    dropped (they alias the input embeddings by construction and are re-tied on load)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        match = _SHARED_NAMES.search(record.getMessage())
+        if not match:
+            return True
+        names = [name.strip().strip("'\"") for name in match.group(1).split(",")]
+        if names and all(name.endswith(("decoder.weight", "decoder.bias")) for name in names):
+            logging.getLogger(__name__).debug("checkpoint: tied decoder tensors saved once: %s", ", ".join(names))
+            return False
+        return True
+
+
+_accelerate_logger = logging.getLogger("accelerate.utils.other")
+if not any(isinstance(f, TiedDecoderNotice) for f in _accelerate_logger.filters):
+    _accelerate_logger.addFilter(TiedDecoderNotice())
 
 
 def checkpoint_root(out_dir: str | Path) -> Path:

@@ -92,6 +92,18 @@ class _ContextualDecoder(Objective):
         """``[h_CLS(anchors); h_CLS(contexts)]`` → row ``i`` reconstructs the *other* span of its pair."""
         return torch.cat([enc.cls, context_view(enc).cls])
 
+    def other_spans(self, batch: dict[str, Tensor], enc: EncoderOutput, encoder: Encoder,
+                    ids: tuple[str, str], labels: tuple[str, str]) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """The span each of the ``2B`` rows reconstructs (contexts' features for anchor rows, then anchors' for
+        context rows), named by ``ids`` / ``labels`` = (context key, anchor key): its token ids, labels,
+        attention mask (bool) and the decoder input ``[bottleneck; token embeddings]``."""
+        pad = int(getattr(encoder.config, "pad_token_id", None) or 0)
+        targets = stack_padded(batch[ids[0]], batch[ids[1]], pad)
+        target_labels = stack_padded(batch[labels[0]], batch[labels[1]], IGNORE_INDEX)
+        attention = stack_padded(batch["context_attention_mask"], batch["attention_mask"], 0).bool()
+        hidden = with_cls_first(self.bottlenecks(enc), encoder.embed_tokens(targets))
+        return targets, target_labels, attention, hidden
+
 
 @register_objective
 class ContextAutoEncoding(_ContextualDecoder):
@@ -103,12 +115,10 @@ class ContextAutoEncoding(_ContextualDecoder):
 
     def forward(self, batch: dict[str, Tensor], enc: EncoderOutput, encoder: Encoder) -> ObjectiveOutput:
         rows = batch["input_ids"].shape[0]
-        targets = stack_padded(batch["context_decoder_input_ids"], batch["decoder_input_ids"],
-                               int(getattr(encoder.config, "pad_token_id", None) or 0))
-        labels = stack_padded(batch["context_decoder_labels"], batch["decoder_labels"], IGNORE_INDEX)
-        attention = stack_padded(batch["context_attention_mask"], batch["attention_mask"], 0)
-        hidden = with_cls_first(self.bottlenecks(enc), encoder.embed_tokens(targets))
-        decoded = self.decoder(hidden, attention.bool().unsqueeze(1))
+        _, labels, attention, hidden = self.other_spans(batch, enc, encoder,
+                                                        ("context_decoder_input_ids", "decoder_input_ids"),
+                                                        ("context_decoder_labels", "decoder_labels"))
+        decoded = self.decoder(hidden, attention.unsqueeze(1))
         loss, logs = directional_loss(encoder, decoded, labels, rows)
         return ObjectiveOutput(loss, logs)
 
@@ -123,13 +133,11 @@ class ContextAutoRegression(_ContextualDecoder):
 
     def forward(self, batch: dict[str, Tensor], enc: EncoderOutput, encoder: Encoder) -> ObjectiveOutput:
         rows = batch["input_ids"].shape[0]
-        targets = stack_padded(batch["context_original_ids"], batch["original_input_ids"],
-                               int(getattr(encoder.config, "pad_token_id", None) or 0))
-        labels = stack_padded(batch["context_original_labels"], batch["original_labels"], IGNORE_INDEX)
-        attention = stack_padded(batch["context_attention_mask"], batch["attention_mask"], 0)
-        hidden = with_cls_first(self.bottlenecks(enc), encoder.embed_tokens(targets))
+        targets, labels, attention, hidden = self.other_spans(batch, enc, encoder,
+                                                              ("context_original_ids", "original_input_ids"),
+                                                              ("context_original_labels", "original_labels"))
         causal = causal_visibility(targets.shape[1], None, targets.device)
-        decoded = self.decoder(hidden, causal.unsqueeze(0) & attention.bool().unsqueeze(1))
+        decoded = self.decoder(hidden, causal.unsqueeze(0) & attention.unsqueeze(1))
         loss, logs = directional_loss(encoder, decoded[:, :-1], labels[:, 1:], rows)
         return ObjectiveOutput(loss, logs)
 
