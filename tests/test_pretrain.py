@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -107,6 +108,27 @@ def test_resume_after_interruption_gives_identical_losses(tiny_mlm_dir, small_co
         for key in a:
             if key != "samples_per_s":
                 assert a[key] == pytest.approx(b[key], rel=1e-6, abs=1e-7), (a["step"], key)
+
+
+def test_resume_under_other_settings_is_refused_but_bookkeeping_may_change(tiny_mlm_dir, small_corpus, tmp_path):
+    config = _config(tiny_mlm_dir, small_corpus, tmp_path / "run", max_steps=4, save_every=2)
+    pretrain(config)
+    shutil.rmtree(tmp_path / "run" / "final")  # as if the run had been killed after its step-2 checkpoint
+    assert [step for step, _ in ckpt.list_checkpoints(tmp_path / "run")] == [2]
+
+    changed = _config(tiny_mlm_dir, small_corpus, tmp_path / "run", max_steps=4, save_every=2, lr=1e-3, resume=True)
+    with pytest.raises(ConfigError, match=r"step-2 was written by a run with other settings \(lr: 0.0005 -> 0.001\)"):
+        pretrain(changed)
+    other_method = _config(tiny_mlm_dir, small_corpus, tmp_path / "run", max_steps=4, save_every=2, method="mlm",
+                           resume=True)
+    with pytest.raises(ConfigError, match=r"method: "):
+        pretrain(other_method)
+
+    # logging, checkpoint frequency and the step budget are not settings of the run's maths
+    extended = _config(tiny_mlm_dir, small_corpus, tmp_path / "run", max_steps=6, save_every=3, log_every=2,
+                       resume=True)
+    pretrain(extended)
+    assert [row["step"] for row in read_logs(tmp_path / "run")] == [1, 2, 4, 6]
 
 
 def test_checkpoint_is_never_half_written(tiny_mlm_dir, small_corpus, tmp_path, monkeypatch):

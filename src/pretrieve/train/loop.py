@@ -20,7 +20,10 @@ Contract: a *dataset* (``len`` + ``dataset[i]``), a *collator* ``collator(exampl
 * **Logging.** ``logs.jsonl`` (every ``log_every`` steps: each logged loss, learning rate, samples/s)
   and TensorBoard scalars under ``tb/``; a progress bar with ETA.
 * **Checkpoints.** Every ``save_every`` steps, atomically (:mod:`pretrieve.train.checkpoint`);
-  ``resume=True`` restarts from the newest complete one.
+  ``resume=True`` restarts from the newest complete one — only when that checkpoint was written with the
+  same settings (``run_info["config"]``, bookkeeping such as logging, checkpoint frequency, micro-batch size
+  and the step budget aside): resuming under other settings would silently mix two runs, so it is refused
+  with the differing keys (:func:`check_resumable`).
 * **Export.** ``export(unwrapped_model, directory)`` writes the final artefact into a temporary
   directory that is renamed to ``<out>/final`` only when complete, so its existence means the run
   finished.
@@ -231,6 +234,32 @@ def make_accelerator(config: LoopConfig):
                        cpu=not torch.cuda.is_available(), step_scheduler_with_optimizer=False)
 
 
+# Settings that may change between an interrupted run and its resumption: they do not change what is
+# computed (micro-batching splits the same global batch), or only how far the run goes.
+RESUMABLE_CHANGES = frozenset({"resume", "show_progress", "save_every", "keep_checkpoints", "log_every",
+                               "num_workers", "micro_batch_size", "cache_dir", "max_steps", "epochs"})
+
+
+def check_resumable(checkpoint: Path, run_info: dict[str, Any]) -> None:
+    """Refuse to resume from ``checkpoint`` when it was written under other settings than ``run_info``'s."""
+    recorded = ckpt.read_state(checkpoint).get("config")
+    current = run_info.get("config")
+    if not isinstance(recorded, dict) or not isinstance(current, dict):
+        return
+    current = json.loads(json.dumps(current, default=str))
+    differing = sorted(key for key in set(recorded) | set(current)
+                       if key not in RESUMABLE_CHANGES and recorded.get(key) != current.get(key))
+    if differing:
+        def shown(value: Any) -> str:
+            text = json.dumps(value, default=str)
+            return text if len(text) <= 60 else text[:57] + "..."
+
+        changes = "; ".join(f"{key}: {shown(recorded.get(key))} -> {shown(current.get(key))}" for key in differing)
+        raise ConfigError(f"{checkpoint} was written by a run with other settings ({changes}); resume with the "
+                          f"same settings, or start afresh in another output directory (or remove "
+                          f"{checkpoint.parent})")
+
+
 def train(model: torch.nn.Module, dataset, collator, config: LoopConfig, out_dir: str | Path,
           export: Callable[[torch.nn.Module, Path], None], run_info: dict[str, Any],
           accelerator=None, description: str = "train") -> Path:
@@ -253,6 +282,7 @@ def train(model: torch.nn.Module, dataset, collator, config: LoopConfig, out_dir
     writer = LogWriter(out, accelerator.is_main_process)
     resume_from = ckpt.latest_checkpoint(out) if config.resume else None
     if resume_from is not None:
+        check_resumable(resume_from, run_info)
         accelerator.load_state(str(resume_from))
         start_step = ckpt.read_state(resume_from)["step"]
         writer.truncate_after(start_step)
