@@ -21,9 +21,9 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from ddp_utils import run_distributed
-from pretrieve.train import losses
-from pretrieve.train.distributed import _gather_with_grad, gather_with_grad, global_rank, world_size
-from pretrieve.train.losses import combined_distillation_loss, contrastive_loss
+from pretrieve.modeling import losses
+from pretrieve.modeling.distributed import _gather_with_grad, gather_with_grad, global_rank, world_size
+from pretrieve.modeling.losses import combined_distillation_loss, contrastive_loss
 
 pytestmark = pytest.mark.ddp
 

@@ -14,7 +14,7 @@ from pretrieve.modeling.dual_encoder import (TOWERS, DualEncoder, RetrievalLoss,
                                              register_tower)
 from pretrieve.modeling.representations import (DenseRepresentation, Representation, register_representation,
                                                 representation_from_config)
-from pretrieve.train.losses import combined_distillation_loss, contrastive_loss
+from pretrieve.modeling.losses import combined_distillation_loss, contrastive_loss
 
 QUERIES = ["what causes rain", "protein folding prediction"]
 PASSAGES = ["Rain forms when water vapour condenses.", "Stocks fell on Monday.", "Cats sleep a lot.",

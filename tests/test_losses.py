@@ -14,8 +14,8 @@ import torch
 import torch.nn.functional as F
 
 from pretrieve.errors import ConfigError
-from pretrieve.train.distributed import gather_with_grad, scale_grad
-from pretrieve.train.losses import (
+from pretrieve.modeling.distributed import gather_with_grad, scale_grad
+from pretrieve.modeling.losses import (
     DistillationLoss,
     combined_distillation_loss,
     contrastive_loss,

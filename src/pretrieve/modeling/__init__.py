@@ -2,7 +2,10 @@
 
 * :class:`Encoder` — a BERT-style ``*ForMaskedLM`` model of any family, with a generic MLM head;
 * :mod:`pretrieve.modeling.objectives` — the objective interface, registry and built-in objectives;
-* :class:`PretrainModel` — encoder + weighted objectives, with its checkpoint layout.
+* :class:`PretrainModel` — encoder + weighted objectives, with its checkpoint layout;
+* :mod:`pretrieve.modeling.dual_encoder`, :mod:`pretrieve.modeling.cross_encoder` — fine-tuned retrievers and
+  rerankers, with their losses in :mod:`pretrieve.modeling.losses` (cross-device negatives:
+  :mod:`pretrieve.modeling.distributed`).
 
 Knows nothing about files other than checkpoints, the CLI or the training loop.
 """

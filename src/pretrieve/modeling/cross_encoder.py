@@ -5,7 +5,7 @@ initialised from ELECTRA-base following SimLM; any encoder checkpoint works — 
 when the checkpoint has none). Training (paper 003 §3.4) is the retriever's listwise contrastive loss with the
 parametric score ``s_ce(q, d) = CE(concat(q, d))`` and **no in-batch negatives**: each query's group of
 ``G`` pairs (positive first) is a softmax over its own ``G`` scores
-(:func:`pretrieve.train.losses.listwise_ce`), as in RetroMAE's and SimLM's rerankers.
+(:func:`pretrieve.modeling.losses.listwise_ce`), as in RetroMAE's and SimLM's rerankers.
 
 Batch layout for ``forward``: ``input_ids`` / ``attention_mask`` (/ ``token_type_ids``) of ``[B·G, L]`` pairs,
 each query's ``G`` pairs contiguous with the positive first, and ``group_size`` (a 0-d tensor holding ``G``).
@@ -20,7 +20,7 @@ import torch
 from torch import Tensor, nn
 
 from pretrieve.errors import ConfigError, InputError
-from pretrieve.train.losses import listwise_ce
+from pretrieve.modeling.losses import listwise_ce
 
 
 class CrossEncoder(nn.Module):

@@ -48,7 +48,7 @@ from pretrieve.errors import ConfigError, InputError
 from pretrieve.io_utils import write_json
 from pretrieve.modeling.mote import is_mote_checkpoint
 from pretrieve.modeling.representations import DenseRepresentation, Representation, representation_from_config
-from pretrieve.train.losses import combined_distillation_loss, contrastive_loss, group_scores
+from pretrieve.modeling.losses import combined_distillation_loss, contrastive_loss, group_scores
 
 TEXT_TYPES = ("query", "passage")
 CONFIG_FILE = "dual_encoder.json"

@@ -8,7 +8,7 @@ A :class:`Representation` is the pluggable part of :class:`~pretrieve.modeling.d
   encoder then builds :class:`~pretrieve.modeling.encoder.Encoder` towers instead of plain ``AutoModel`` ones.
 * ``score(q_rep, p_rep) -> [Bq, Bp]`` — relevance of every query with every passage.
 * ``temperature`` — τ dividing the scores in the training losses.
-* ``loss_options()`` — keyword arguments for :mod:`pretrieve.train.losses` (``similarity`` for the built-in dot
+* ``loss_options()`` — keyword arguments for :mod:`pretrieve.modeling.losses` (``similarity`` for the built-in dot
   / cosine paths, which are faster, or ``score_fn=self.score`` for anything else).
 * ``config()`` / ``from_config()`` — a JSON-able description saved with the model (``dual_encoder.json``);
   learnable parameters, if a representation has any, are saved by the dual encoder beside the towers.
@@ -56,7 +56,7 @@ class Representation(nn.Module, abc.ABC):
         """``[Bq, Bp]`` relevance of every query with every passage."""
 
     def loss_options(self) -> dict[str, Any]:
-        """Keyword arguments for the losses of :mod:`pretrieve.train.losses`: a custom ``score_fn`` by default."""
+        """Keyword arguments for the losses of :mod:`pretrieve.modeling.losses`: a custom ``score_fn`` by default."""
         return {"score_fn": self.score}
 
     def regularization(self, q_rep: Tensor, p_rep: Tensor) -> dict[str, Tensor]:

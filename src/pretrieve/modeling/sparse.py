@@ -10,7 +10,7 @@ zero vector. Because ``log(1 + ReLU(x))`` is non-decreasing, the max of the satu
 of the max logit, so the pooling reuses DupMAE's memory-bounded max over the logits
 (:func:`pretrieve.modeling.objectives.ot_bow.max_pool_logits`, chunked forward and backward), then saturates.
 
-**Sparsity (fine-tuning).** ``λ_q·FLOPS(q) + λ_d·FLOPS(d)`` (:func:`pretrieve.train.losses.flops_regularizer`,
+**Sparsity (fine-tuning).** ``λ_q·FLOPS(q) + λ_d·FLOPS(d)`` (:func:`pretrieve.modeling.losses.flops_regularizer`,
 Paria et al. 2020 as used by SPLADE) is added to the contrastive loss through
 :meth:`~pretrieve.modeling.representations.Representation.regularization`; the passage term covers every
 passage of the batch (positives and hard negatives). Defaults ``λ_q = 3e-4``, ``λ_d = 1e-4`` (the order of
@@ -64,7 +64,7 @@ def splade_pool(mlm_logits, hidden_states: Tensor, attention_mask: Tensor,
 
 def flops_terms(q_sparse: Tensor, p_sparse: Tensor, query_weight: float, passage_weight: float) -> dict[str, Tensor]:
     """``{"flops_query": λ_q·FLOPS(q), "flops_passage": λ_d·FLOPS(d)}`` (weights 0 are left out)."""
-    from pretrieve.train.losses import flops_regularizer
+    from pretrieve.modeling.losses import flops_regularizer
 
     terms = {}
     if query_weight:

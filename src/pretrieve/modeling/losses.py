@@ -16,7 +16,7 @@ with ``C_i`` = every passage of the batch (``in_batch=True``: the other queries'
 negatives become negatives, ``B·G − 1`` negatives per query, as in paper 003 §4.3 "Scaling Hard Negatives") or
 only query ``i``'s own group (``in_batch=False``). With ``gather=True`` under ``torch.distributed`` the batch
 is the concatenation of all processes' batches (cross-device negatives); see
-:mod:`pretrieve.train.distributed` for the gradient scaling that makes that exact under DDP.
+:mod:`pretrieve.modeling.distributed` for the gradient scaling that makes that exact under DDP.
 
 Scores and temperature. The papers use the plain dot product ``s(q, d) = q·d`` with τ = 1 (paper 003 §3.4,
 paper 001 eq. 13–15, Tevatron's default). Cosine similarity bounds ``s`` to [−1, 1], so with τ = 1 the
@@ -49,7 +49,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from pretrieve.errors import ConfigError
-from pretrieve.train.distributed import gather_with_grad, is_distributed, scale_grad, world_size
+from pretrieve.modeling.distributed import gather_with_grad, is_distributed, scale_grad, world_size
 
 Similarity = Literal["dot", "cos"]
 SIMILARITIES: tuple[str, ...] = ("dot", "cos")
@@ -156,7 +156,7 @@ def contrastive_loss(q: Tensor, p: Tensor, temperature: float = 1.0, similarity:
             every process must call the loss the same number of times.
         scale_grad_by_world_size: with ``gather``, multiply the gradient (not the value) by the world size
             ``W`` so that DDP's gradient average yields exactly the single-process gradient of the whole
-            gathered batch (proof in :mod:`pretrieve.train.distributed`). Turn off only when gradients are
+            gathered batch (proof in :mod:`pretrieve.modeling.distributed`). Turn off only when gradients are
             summed, not averaged, across processes.
 
     Returns:
