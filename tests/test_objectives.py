@@ -229,7 +229,7 @@ def test_objectives_own_only_their_fresh_layers(encoder):
 # ---------------------------------------------------------------------- PretrainModel
 from pretrieve.modeling import PretrainModel  # noqa: E402
 from pretrieve.train.collator import PretrainCollator  # noqa: E402
-from pretrieve.train.method import PRESETS, preset  # noqa: E402
+from pretrieve.train.method import preset  # noqa: E402
 
 PRETRAIN_TEXTS = ["dense retrieval encodes queries and passages as vectors",
                   "masked auto encoders add a shallow decoder to the encoder",

@@ -46,7 +46,7 @@ from pretrieve.errors import ConfigError
 from pretrieve.io_utils import atomic_path, write_json
 from pretrieve.modeling.encoder import Encoder, EncoderOutput
 from pretrieve.modeling.mote import enable_mote
-from pretrieve.modeling.objectives import Objective, build_objective
+from pretrieve.modeling.objectives import build_objective
 
 HEADS_FILE = "heads.safetensors"
 METHOD_FILE = "method.json"
