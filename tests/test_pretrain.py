@@ -131,6 +131,25 @@ def test_resume_under_other_settings_is_refused_but_bookkeeping_may_change(tiny_
     assert [row["step"] for row in read_logs(tmp_path / "run")] == [1, 2, 4, 6]
 
 
+def test_finished_run_is_reused_with_the_same_settings_and_refused_with_others(tiny_mlm_dir, small_corpus,
+                                                                                 tmp_path, monkeypatch):
+    config = _config(tiny_mlm_dir, small_corpus, tmp_path / "run", max_steps=2)
+    final = pretrain(config)
+    weights = (final / "model.safetensors").read_bytes()
+
+    def no_training(*args, **kwargs):
+        raise AssertionError("a finished run was trained again")
+
+    monkeypatch.setattr(loop, "train_step", no_training)
+    again = _config(tiny_mlm_dir, small_corpus, tmp_path / "run", max_steps=2, log_every=5, resume=True,
+                    cache_dir=str(tmp_path / "other-cache"))          # bookkeeping and cache may differ
+    assert pretrain(again) == final and (final / "model.safetensors").read_bytes() == weights
+    with pytest.raises(ConfigError, match=r"holds a finished run with different settings \(max_steps\)"):
+        pretrain(_config(tiny_mlm_dir, small_corpus, tmp_path / "run", max_steps=3))
+    with pytest.raises(ConfigError, match=r"different settings \(method\)"):
+        pretrain(_config(tiny_mlm_dir, small_corpus, tmp_path / "run", max_steps=2, method="mlm"))
+
+
 def test_checkpoint_is_never_half_written(tiny_mlm_dir, small_corpus, tmp_path, monkeypatch):
     config = _config(tiny_mlm_dir, small_corpus, tmp_path / "run", max_steps=8, save_every=4)
     from accelerate import Accelerator

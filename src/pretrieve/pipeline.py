@@ -4,6 +4,8 @@
 directory under ``out``. Every stage takes paths and returns paths, skips work whose complete output
 already exists (a finished stage is never redone; an interrupted one resumes from its last
 checkpoint), so killing and restarting a run finishes with the same results as an uninterrupted one.
+A stage whose recipe settings (or inputs, for fine-tuning and the reranker) changed since it finished or
+was interrupted is refused with the differing settings, never silently reused or resumed.
 
 Recipe (YAML or JSON)::
 
@@ -181,12 +183,8 @@ def stage_pretrain(state: RunState, options: dict[str, Any], label: str, show_pr
         str(values["corpus"])).exists() else values["corpus"]
     method = values.pop("method", "bow")
     flags = {**values, "model": state.base_model, "out": str(out), "show_progress": show_progress}
-    if (out / "final" / "method.json").exists():
-        logger.info("pre-training already finished: %s", out / "final")
-    else:
-        config = build_pretrain_config({}, flags, {"method": method}, resume=True)
-        pretrain(config)
-    state.pretrained = str(out / "final")
+    config = build_pretrain_config({}, flags, {"method": method}, resume=True)
+    state.pretrained = str(pretrain(config))   # skipped when finished with the same settings
 
 
 def stage_finetune(state: RunState, options: dict[str, Any], label: str, show_progress: bool) -> None:

@@ -51,7 +51,7 @@ from pretrieve.data.beir import BeirCollection, Corpus
 from pretrieve.data.groups import GroupSet, TrainingGroup, read_groups, sample_group_indices
 from pretrieve.errors import ConfigError, InputError
 from pretrieve.io_utils import write_json
-from pretrieve.train.loop import LoopConfig, make_accelerator, train
+from pretrieve.train.loop import BOOKKEEPING, LoopConfig, finished_run, make_accelerator, train
 
 logger = logging.getLogger(__name__)
 
@@ -60,7 +60,6 @@ BM25_GROUPS_FILE = "bm25_groups.jsonl"
 CONFIG_FILE = "finetune_config.json"
 COSINE_TEMPERATURE = 0.05
 #: LoopConfig fields that do not change what a run computes (ignored when deciding whether a run is done).
-BOOKKEEPING = ("resume", "show_progress", "save_every", "keep_checkpoints", "log_every", "num_workers")
 
 
 def _help(text: str) -> Any:
@@ -290,25 +289,6 @@ def load_training_groups(config: FinetuneConfig, path: Path, corpus: Corpus) -> 
     return GroupSet(kept, groups.stats, path=str(path))
 
 
-def finished_run(out: Path, settings: Mapping[str, Any], config_file: str = CONFIG_FILE,
-                 marker: str = "dual_encoder.json") -> Path | None:
-    """``<out>/final`` when it holds a complete run (``marker`` and ``config_file`` present) with these
-    settings; None when there is none; a :class:`ConfigError` when the finished run's settings differ."""
-    import json
-
-    final = Path(out) / "final"
-    saved = final / config_file
-    if not (final / marker).exists() or not saved.exists():
-        return None
-    recorded = json.loads(saved.read_text(encoding="utf-8")).get("settings", {})
-    current = json.loads(json.dumps(dict(settings), default=str))
-    differing = sorted(key for key in set(recorded) | set(current) if recorded.get(key) != current.get(key))
-    if differing:
-        raise ConfigError(f"{final} holds a finished run with different settings ({', '.join(differing)}); "
-                          "choose another --out or remove it")
-    return final
-
-
 def input_fingerprints(model_path: str, groups: str | Path | None) -> dict[str, str | None]:
     """What a finished run was trained from: the checkpoint's weight files and the groups file's bytes.
 
@@ -344,7 +324,7 @@ def finetune(config: FinetuneConfig) -> Path:
     representation = build_representation(config, model_path)
     out = Path(config.out)
     settings = {**config.settings(), "inputs": input_fingerprints(model_path, config.groups)}
-    done = finished_run(out, settings)
+    done = finished_run(out, settings, CONFIG_FILE, marker="dual_encoder.json")
     if done is not None:
         logger.info("%s is complete with the same settings; not training again", done)
         return done

@@ -234,10 +234,34 @@ def make_accelerator(config: LoopConfig):
                        cpu=not torch.cuda.is_available(), step_scheduler_with_optimizer=False)
 
 
-# Settings that may change between an interrupted run and its resumption: they do not change what is
-# computed (micro-batching splits the same global batch), or only how far the run goes.
-RESUMABLE_CHANGES = frozenset({"resume", "show_progress", "save_every", "keep_checkpoints", "log_every",
-                               "num_workers", "micro_batch_size", "cache_dir", "max_steps", "epochs"})
+# Settings that do not change what a run computes: how it is logged, checkpointed and fed.
+BOOKKEEPING = ("resume", "show_progress", "save_every", "keep_checkpoints", "log_every", "num_workers")
+# Settings that may also change between an interrupted run and its resumption: micro-batching splits the same
+# global batch, the cache only holds tokenized text, and the step budget only says how far the run goes.
+RESUMABLE_CHANGES = frozenset(BOOKKEEPING) | {"micro_batch_size", "cache_dir", "max_steps", "epochs"}
+
+
+def finished_run(out: str | Path, settings: dict[str, Any], config_file: str, marker: str,
+                 key: str | None = "settings", ignore: tuple[str, ...] = ()) -> Path | None:
+    """``<out>/final`` when it holds a complete run (``marker`` and ``config_file`` present) with these
+    settings; None when there is none; a :class:`ConfigError` naming the differing settings otherwise.
+
+    ``config_file`` records the settings under ``key`` (the whole file when None); keys in ``ignore`` are
+    not compared.
+    """
+    final = Path(out) / "final"
+    saved = final / config_file
+    if not (final / marker).exists() or not saved.exists():
+        return None
+    recorded = json.loads(saved.read_text(encoding="utf-8"))
+    recorded = recorded.get(key, {}) if key else recorded
+    current = json.loads(json.dumps(dict(settings), default=str))
+    differing = sorted(name for name in set(recorded) | set(current)
+                       if name not in ignore and recorded.get(name) != current.get(name))
+    if differing:
+        raise ConfigError(f"{final} holds a finished run with different settings ({', '.join(differing)}); "
+                          "choose another --out or remove it")
+    return final
 
 
 def check_resumable(checkpoint: Path, run_info: dict[str, Any]) -> None:

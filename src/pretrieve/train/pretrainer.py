@@ -5,6 +5,8 @@ the collator, and hands them to :func:`pretrieve.train.loop.train` (data order, 
 checkpoints and resume are documented there). The exported ``<out>/final`` holds the encoder loadable
 with ``AutoModel.from_pretrained`` / ``AutoModelForMaskedLM.from_pretrained``, the decoder heads and
 ``method.json`` beside it for continued pre-training, the tokenizer, the resolved config and provenance.
+A run whose ``final`` already exists is not trained again when its recorded settings are the same, and is
+refused (naming the differing settings) when they are not, as fine-tuning does.
 
 Defaults follow paper 000 §4 where they fit a small machine (paper: AdamW, lr 3e-4, batch 2048,
 max-len 512 on Wikipedia/BookCorpus, 144 on MS MARCO, 20 epochs); the recipes set the papers' values.
@@ -22,9 +24,13 @@ import torch
 
 from pretrieve.errors import ConfigError
 from pretrieve.io_utils import write_json
-from pretrieve.train.loop import LoopConfig, make_accelerator, train
+from pretrieve.train.loop import BOOKKEEPING, LoopConfig, finished_run, make_accelerator, train
 
 logger = logging.getLogger(__name__)
+
+CONFIG_FILE = "pretrain_config.json"
+# Not compared when deciding whether a finished run can be reused: bookkeeping, and where files live.
+NOT_COMPARED = (*BOOKKEEPING, "out", "cache_dir", "micro_batch_size")
 
 
 @dataclass
@@ -74,10 +80,15 @@ def pretrain(config: PretrainConfig) -> Path:
     from pretrieve.train.collator import PretrainCollator
 
     method = resolved_method(config)
+    out = Path(config.out)
+    resolved = dataclasses.asdict(config) | {"method": method.to_dict()}
+    done = finished_run(out, resolved, CONFIG_FILE, marker="method.json", key=None, ignore=NOT_COMPARED)
+    if done is not None:
+        logger.info("%s is complete with the same settings; not training again", done)
+        return done
     check_max_len(config.max_len, AutoConfig.from_pretrained(config.model))
     accelerator = make_accelerator(config)
     config.validate(accelerator.num_processes)
-    out = Path(config.out)
 
     tokenizer = AutoTokenizer.from_pretrained(config.model)
     cache_dir = config.cache_dir or str(out / "cache")
@@ -108,15 +119,14 @@ def pretrain(config: PretrainConfig) -> Path:
     if collator is None:
         collator = build_collator()
 
-    resolved = dataclasses.asdict(config) | {"method": method.to_dict()}
     if accelerator.is_main_process:
         out.mkdir(parents=True, exist_ok=True)
-        write_json(out / "pretrain_config.json", resolved)
+        write_json(out / CONFIG_FILE, resolved)
 
     def export(unwrapped, directory: Path) -> None:
         unwrapped.save(directory)
         tokenizer.save_pretrained(directory)
-        write_json(directory / "pretrain_config.json", resolved)
+        write_json(directory / CONFIG_FILE, resolved)
 
     return train(model, dataset, collator, config.loop(), out, export, {"config": resolved},
                  accelerator=accelerator, description=f"pretrain {method.name}")

@@ -122,7 +122,8 @@ def train_reranker(config: RerankerConfig) -> Path:
 
     from pretrieve.models import resolve_model
     from pretrieve.modeling.cross_encoder import CrossEncoder
-    from pretrieve.train.finetuner import BOOKKEEPING, finished_run, input_fingerprints
+    from pretrieve.train.finetuner import input_fingerprints
+    from pretrieve.train.loop import BOOKKEEPING, finished_run
 
     config.check()
     model_path = resolve_model(config.model)
