@@ -124,3 +124,51 @@ def test_the_evaluate_stage_reranks_the_named_retriever(tmp_path):
     assert _reranked_retriever(state, "finetune-s2") == "finetune-s2"
     with pytest.raises(ConfigError, match="no retriever named 'finetune-s9'.*finetune-s1"):
         _reranked_retriever(state, "finetune-s9")
+
+
+def test_changed_settings_are_refused_or_redone_with_the_old_output_kept(tiny_mlm_dir, collections, tmp_path):
+    from pretrieve.errors import StaleOutputError
+
+    train, _ = collections
+
+    def recipe(pretrain_lr: float, finetune_lr: float) -> Path:
+        path = tmp_path / "recipe.yaml"
+        path.write_text(yaml.safe_dump({
+            "name": "tiny", "out": str(tmp_path / "out"), "model": str(tiny_mlm_dir), "data": str(train), "seed": 7,
+            "finetune": {**FAST, "num_negatives": 2, "query_max_len": 16, "passage_max_len": 32, "bm25_depth": 20,
+                         "lr": finetune_lr},
+            "stages": [{"pretrain": {**FAST, "method": "bow", "max_len": 32, "lr": pretrain_lr}},
+                       {"finetune": {"stage": 1}},
+                       {"evaluate": {"collections": [str(train)], "split": "test", "depth": 20}}]}))
+        return path
+
+    out = tmp_path / "out"
+    run_recipe(recipe(1e-3, 5e-4), show_progress=False)
+    first_s1 = (out / "finetune-s1" / "final" / "model.safetensors").read_bytes()
+
+    with pytest.raises(StaleOutputError, match=r"finetune-s1: .*different settings \(lr\).*--redo-changed"):
+        run_recipe(recipe(1e-3, 1e-3), show_progress=False)
+    run_recipe(recipe(1e-3, 1e-3), show_progress=False, redo_changed=True)
+    [aside] = sorted(out.glob("finetune-s1.replaced-*"))
+    assert (aside / "final" / "model.safetensors").read_bytes() == first_s1          # the old run is kept
+    assert json.loads((out / "finetune-s1" / "final" / "finetune_config.json").read_text())["config"]["lr"] == 1e-3
+    assert not list(out.glob("pretrain.replaced-*"))
+
+    # a changed pre-training redoes it and, through the changed checkpoint, the fine-tuning after it
+    (aside).rename(out / "old-s1")
+    with pytest.raises(StaleOutputError, match=r"pretrain: .*different settings \(lr\)"):
+        run_recipe(recipe(2e-3, 1e-3), show_progress=False)
+    run_recipe(recipe(2e-3, 1e-3), show_progress=False, redo_changed=True)
+    assert len(list(out.glob("pretrain.replaced-*"))) == 1 and len(list(out.glob("finetune-s1.replaced-*"))) == 1
+
+
+def test_set_aside_never_reuses_a_name(tmp_path):
+    from pretrieve.pipeline import set_aside
+
+    names = []
+    for content in ("a", "b", "c"):
+        (tmp_path / "stage").mkdir()
+        (tmp_path / "stage" / "f").write_text(content)
+        names.append(set_aside(tmp_path / "stage"))
+    assert len(set(names)) == 3 and [(n / "f").read_text() for n in names] == ["a", "b", "c"]
+    assert not (tmp_path / "stage").exists()

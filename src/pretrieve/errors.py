@@ -36,3 +36,15 @@ class InputError(PretrieveError):
 
 class ConfigError(PretrieveError):
     """An invalid configuration (unknown method, mismatched weights, ...), raised before work starts."""
+
+
+class StaleOutputError(ConfigError):
+    """A run directory holds a finished or interrupted run made with other settings than the requested ones.
+
+    ``directory`` is that run's output directory: ``pretrieve run --redo-changed`` sets it aside and runs the
+    stage again; elsewhere the error asks for another output directory.
+    """
+
+    def __init__(self, message: str, directory: str | Path):
+        self.directory = Path(directory)
+        super().__init__(message)

@@ -5,7 +5,10 @@ directory under ``out``. Every stage takes paths and returns paths, skips work w
 already exists (a finished stage is never redone; an interrupted one resumes from its last
 checkpoint), so killing and restarting a run finishes with the same results as an uninterrupted one.
 A stage whose recipe settings (or inputs, for fine-tuning and the reranker) changed since it finished or
-was interrupted is refused with the differing settings, never silently reused or resumed.
+was interrupted is refused with the differing settings, never silently reused or resumed;
+``redo_changed=True`` (``pretrieve run --redo-changed``) instead renames that stage's directory to
+``<dir>.replaced-<UTC time>`` (nothing is deleted) and runs the stage again — the stages after it then see
+new inputs and are redone the same way.
 
 Recipe (YAML or JSON)::
 
@@ -47,7 +50,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from pretrieve.errors import ConfigError, InputError
+from pretrieve.errors import ConfigError, InputError, StaleOutputError
 from pretrieve.io_utils import atomic_open, write_json
 
 logger = logging.getLogger(__name__)
@@ -134,7 +137,8 @@ def stage_entry(entry: Any, index: int) -> tuple[str, dict[str, Any]]:
     raise ConfigError(f"stage {index + 1}: expected a stage name or a one-key mapping, got {entry!r}")
 
 
-def run_recipe(path: str | Path, out: str | Path | None = None, show_progress: bool = True) -> dict[str, Any]:
+def run_recipe(path: str | Path, out: str | Path | None = None, show_progress: bool = True,
+               redo_changed: bool = False) -> dict[str, Any]:
     """Execute (or resume) a recipe; returns the results dict also written to ``results.json``."""
     recipe = load_recipe(path)
     if out is not None:
@@ -154,7 +158,7 @@ def run_recipe(path: str | Path, out: str | Path | None = None, show_progress: b
         label = kind if kind != "finetune" else f"finetune-s{options.get('stage', counts[kind])}"
         started = time.perf_counter()
         logger.info("stage %d/%d: %s", index + 1, len(recipe["stages"]), label)
-        rows = STAGES[kind](state, options, label, show_progress)
+        rows = run_stage(kind, state, options, label, show_progress, redo_changed)
         state.timings[label] = round(time.perf_counter() - started, 1)
         if rows:
             results["rows"].extend(rows)
@@ -163,6 +167,35 @@ def run_recipe(path: str | Path, out: str | Path | None = None, show_progress: b
     with atomic_open(out_dir / "results.md") as handle:
         handle.write(results_markdown(results))
     return results
+
+
+def run_stage(kind: str, state: RunState, options: dict[str, Any], label: str, show_progress: bool,
+              redo_changed: bool) -> list[dict] | None:
+    """One stage; a stage directory left by other settings is set aside and redone when ``redo_changed``."""
+    try:
+        return STAGES[kind](state, options, label, show_progress)
+    except StaleOutputError as exc:
+        directory = exc.directory.resolve()
+        if state.out.resolve() not in directory.parents:
+            raise
+        if not redo_changed:
+            raise StaleOutputError(f"{label}: {exc}; or rerun with --redo-changed to set it aside and run the "
+                                   "stage again", exc.directory) from None
+        aside = set_aside(directory)
+        logger.warning("%s: settings changed since %s was written; moved it to %s and running the stage again",
+                       label, directory, aside)
+        return STAGES[kind](state, options, label, show_progress)
+
+
+def set_aside(directory: Path) -> Path:
+    """Rename ``directory`` to ``<name>.replaced-<UTC time>[-k]`` (a fresh name) and return the new path."""
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
+    aside, k = directory.with_name(f"{directory.name}.replaced-{stamp}"), 1
+    while aside.exists():
+        k += 1
+        aside = directory.with_name(f"{directory.name}.replaced-{stamp}-{k}")
+    directory.rename(aside)
+    return aside
 
 
 # ------------------------------------------------------------------------------------------ stages

@@ -15,6 +15,9 @@ def run_command(
     recipe: Path = typer.Argument(..., help="Recipe YAML/JSON (see configs/ and docs/recipes.md)."),
     out: Optional[Path] = typer.Option(None, help="Override the recipe's output directory."),
     progress: bool = typer.Option(True, "--progress/--no-progress", help="Progress bars."),
+    redo_changed: bool = typer.Option(False, "--redo-changed",
+                                      help="A stage whose settings changed since it ran is moved aside "
+                                           "(<dir>.replaced-<time>) and run again, instead of refused."),
 ) -> None:
     """Run (or resume) every stage of a recipe; finished stages are skipped."""
     from rich.console import Console
@@ -22,5 +25,5 @@ def run_command(
 
     from pretrieve.pipeline import results_markdown, run_recipe
 
-    results = run_recipe(recipe, out=out, show_progress=progress)
+    results = run_recipe(recipe, out=out, show_progress=progress, redo_changed=redo_changed)
     Console().print(Markdown(results_markdown(results)))

@@ -46,7 +46,7 @@ from typing import Any, Callable, Iterator
 import numpy as np
 import torch
 
-from pretrieve.errors import ConfigError
+from pretrieve.errors import ConfigError, StaleOutputError
 from pretrieve.io_utils import atomic_dir, write_json
 from pretrieve.provenance import provenance
 from pretrieve.train import checkpoint as ckpt
@@ -259,8 +259,8 @@ def finished_run(out: str | Path, settings: dict[str, Any], config_file: str, ma
     differing = sorted(name for name in set(recorded) | set(current)
                        if name not in ignore and recorded.get(name) != current.get(name))
     if differing:
-        raise ConfigError(f"{final} holds a finished run with different settings ({', '.join(differing)}); "
-                          "choose another --out or remove it")
+        raise StaleOutputError(f"{final} holds a finished run with different settings ({', '.join(differing)}); "
+                               "choose another --out or remove it", out)
     return final
 
 
@@ -279,9 +279,9 @@ def check_resumable(checkpoint: Path, run_info: dict[str, Any]) -> None:
             return text if len(text) <= 60 else text[:57] + "..."
 
         changes = "; ".join(f"{key}: {shown(recorded.get(key))} -> {shown(current.get(key))}" for key in differing)
-        raise ConfigError(f"{checkpoint} was written by a run with other settings ({changes}); resume with the "
-                          f"same settings, or start afresh in another output directory (or remove "
-                          f"{checkpoint.parent})")
+        raise StaleOutputError(f"{checkpoint} was written by a run with other settings ({changes}); resume with "
+                               f"the same settings, or start afresh in another output directory (or remove "
+                               f"{checkpoint.parent})", checkpoint.parent.parent)
 
 
 def train(model: torch.nn.Module, dataset, collator, config: LoopConfig, out_dir: str | Path,
