@@ -16,7 +16,7 @@ bow        whole-word, 0.30        —                   mlm (1) + bow (1) — e
 ae         whole-word, 0.30        whole-word, 0.50    mlm (1) + ae (1), 1-layer decoder (eq. 4–5)
 ar         whole-word, 0.30        —                   mlm (1) + ar (1), 1-layer causal decoder (eq. 6–7)
 retromae   whole-word, 0.30        whole-word, 0.50    mlm (1) + enhanced (1) (eq. 8–10)
-cpdae      token, 0.15             —                   mlm_views (1) + cpdae (1; λ = 0.1, JS contrast)
+cpdae      token, 0.15             —                   mlm_views (1) + cpdae (1; λ = 0.1, JS contrast, REC mean over |V|)
 cpdae-r    token, 0.15             —                   as cpdae, contrast on the dense [CLS] vectors
 cdmae      whole-word, 0.30        pmi, 0.50           mlm (1) + ae (1), 2 layers + linear projection head
 dupmae     whole-word, 0.30        whole-word, 0.50    mlm (1) + enhanced (1) + ot_bow (1) — paper 001 eq. 9
@@ -299,7 +299,8 @@ _BERT_TOKEN_MASKER = MaskerSpec(kind="token", ratio=0.15)  # CPDAE §3.1.1: "the
 
 def _cpdae_preset(name: str, contrast: str) -> MethodConfig:
     return MethodConfig(name, _BERT_TOKEN_MASKER, (
-        ObjectiveSpec("mlm_views"), ObjectiveSpec("cpdae", 1.0, {"contrast": contrast, "cl_weight": 0.1})))
+        ObjectiveSpec("mlm_views"),
+        ObjectiveSpec("cpdae", 1.0, {"contrast": contrast, "cl_weight": 0.1, "rec_reduction": "mean"})))
 
 
 PRESETS: dict[str, MethodConfig] = {
