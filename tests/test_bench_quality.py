@@ -246,6 +246,19 @@ def test_an_interrupted_comparison_restarts_with_the_next_method(tiny_mlm_dir, c
     assert all(entry["status"] == "done" for entry in summary["methods"].values())
 
 
+def test_a_removed_method_directory_is_pending_and_rerun(tiny_mlm_dir, collections, tmp_path, monkeypatch):
+    import shutil
+
+    settings = settings_for(tiny_mlm_dir, collections, tmp_path / "q", ("none", "bow"), seeds=(1,))
+    quality.run_quality_bench(settings)
+    shutil.rmtree(tmp_path / "q" / "bow")                 # a user deleting one method to run it again
+    summary = quality.summarize(tmp_path / "q")           # the report still builds, with bow pending
+    assert summary["methods"]["bow"]["status"] == "pending" and summary["methods"]["none"]["status"] == "done"
+    calls = _count_recipes(monkeypatch)
+    summary = quality.run_quality_bench(settings)
+    assert calls == ["bench-quality-bow-seed1"] and summary["methods"]["bow"]["status"] == "done"
+
+
 def test_a_rerun_with_other_settings_is_refused(bench, tiny_mlm_dir, collections):
     settings, out, _ = bench
     changed = settings.__class__(**{**settings.__dict__, "pretrain": {**PRETRAIN, "max_steps": 3}})

@@ -484,8 +484,8 @@ def summarize(out: str | Path) -> dict[str, Any]:
         done, failed, pending = [], {}, []
         for seed in seeds:
             record = state["runs"].get(run_key(method, seed), {})
-            if record.get("status") == "done":
-                done.append(seed)
+            if record.get("status") == "done" and (seed_dir(out, method, seed) / "results.json").exists():
+                done.append(seed)   # (a finished run whose directory was removed is pending: a rerun redoes it)
             elif record.get("status") == "failed":
                 failed[seed] = record.get("error", "unknown error")
             else:
