@@ -760,10 +760,12 @@ def plot_results(summary: Mapping[str, Any], path: str | Path, measure: str = PR
     fig, ax = plt.subplots(figsize=(max(6.0, 0.3 * len(groups) * max(1, len(methods))), 4.5))
     width = 0.8 / max(1, len(methods))
     x = np.arange(len(groups))
+    palette = plt.get_cmap("tab10" if len(methods) <= 10 else "tab20")   # a distinct colour per method
     for i, (method, entry) in enumerate(methods):
         cells = [entry["scores"][measure][g] for g in groups]
         errors = [c["std"] for c in cells] if any(c["n"] > 1 for c in cells) else None
-        ax.bar(x - 0.4 + width * (i + 0.5), [c["mean"] for c in cells], width, yerr=errors, capsize=2, label=method)
+        ax.bar(x - 0.4 + width * (i + 0.5), [c["mean"] for c in cells], width, yerr=errors, capsize=2, label=method,
+               color=palette(i % palette.N))
     failed = [m for m, e in summary["methods"].items() if not e["seeds"]]
     ax.set_xticks(x)
     ax.set_xticklabels(groups)
