@@ -242,6 +242,29 @@ def same_settings(recorded: Any, current: Any) -> bool:
     return json.loads(json.dumps(recorded, default=str)) == json.loads(json.dumps(current, default=str))
 
 
+def read_index_meta(path: str | Path, meta_file: str, index_format: str) -> dict[str, Any] | None:
+    """The ``meta_file`` JSON of an index directory when it declares ``index_format``; None otherwise."""
+    try:
+        meta = json.loads((Path(path) / meta_file).read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError):
+        return None
+    return meta if isinstance(meta, dict) and meta.get("format") == index_format else None
+
+
+def cached_corpus_index(cache_dir: str | Path | None, name: str, model_dir: str | Path | None,
+                        settings: Mapping[str, Any], meta_file: str, index_format: str) -> tuple[Path | None, bool]:
+    """Where a fine-tuned model's corpus index is cached (``cache_dir/name``; None without a cache directory)
+    and whether the index there was built with ``settings`` (:func:`corpus_index_settings`; only trusted when
+    the model directory, hence its weights' fingerprint, is known)."""
+    if cache_dir is None:
+        return None, False
+    cached = Path(cache_dir) / name
+    if model_dir is None:
+        return cached, False
+    meta = read_index_meta(cached, meta_file, index_format)
+    return cached, meta is not None and same_settings(meta.get("settings"), settings)
+
+
 def is_cached(shard_dir: Path, meta: Mapping[str, Any]) -> bool:
     """Whether ``shard_dir`` holds complete embeddings whose meta matches ``meta`` on :data:`CACHE_KEYS`."""
     paths = [shard_dir / name for name in (EMBEDDINGS_FILE, IDS_FILE, META_FILE)]

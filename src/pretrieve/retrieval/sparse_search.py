@@ -309,11 +309,9 @@ class SpladeIndex:
 
 
 def read_index_meta(path: Path) -> dict[str, Any] | None:
-    try:
-        meta = json.loads((Path(path) / _META_FILE).read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError):
-        return None
-    return meta if meta.get("format") == INDEX_FORMAT else None
+    from pretrieve.retrieval.encode import read_index_meta as read_meta
+
+    return read_meta(path, _META_FILE, INDEX_FORMAT)
 
 
 def rrf_fuse(rankings: Sequence[np.ndarray], k: int, rrf_k: int = RRF_K) -> tuple[np.ndarray, np.ndarray]:
@@ -356,16 +354,14 @@ def build_corpus_index(model, tokenizer, corpus, max_length: int, cache_dir: str
                        show_progress: bool = True) -> SpladeIndex:
     """Encode ``corpus`` (title + text) as passages into a :class:`SpladeIndex`, reusing
     ``cache_dir/splade-index`` when it was built from the same model weights, settings and texts."""
-    from pretrieve.retrieval.encode import corpus_index_settings, same_settings
+    from pretrieve.retrieval.encode import cached_corpus_index, corpus_index_settings
 
     texts = corpus.full_texts()
     settings = corpus_index_settings(model, model_dir, max_length, bf16, corpus.ids, texts)
-    cached = None if cache_dir is None else Path(cache_dir) / INDEX_DIR
-    if cached is not None and model_dir is not None:
-        meta = read_index_meta(cached)
-        if meta is not None and same_settings(meta.get("settings"), settings):
-            logger.info("sparse/hybrid corpus index cached in %s; not re-encoding", cached)
-            return SpladeIndex.load(cached)
+    cached, current = cached_corpus_index(cache_dir, INDEX_DIR, model_dir, settings, _META_FILE, INDEX_FORMAT)
+    if current:
+        logger.info("sparse/hybrid corpus index cached in %s; not re-encoding", cached)
+        return SpladeIndex.load(cached)
     encoded = encode_texts(model, tokenizer, texts, "passage", max_length, batch_size=batch_size, bf16=bf16,
                            show_progress=show_progress)
     index = SpladeIndex.from_encoded(corpus.ids, encoded, meta={"settings": settings})
