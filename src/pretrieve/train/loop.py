@@ -41,7 +41,7 @@ import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Collection, Iterator, Mapping
 
 import numpy as np
 import torch
@@ -241,10 +241,18 @@ BOOKKEEPING = ("resume", "show_progress", "save_every", "keep_checkpoints", "log
 RESUMABLE_CHANGES = frozenset(BOOKKEEPING) | {"micro_batch_size", "cache_dir", "max_steps", "epochs"}
 
 
+def differing_settings(recorded: Mapping[str, Any], current: Mapping[str, Any],
+                       ignore: Collection[str] = ()) -> list[str]:
+    """Keys (outside ``ignore``) whose values differ once ``current`` is JSON-normalised as ``recorded`` was."""
+    current = json.loads(json.dumps(dict(current), default=str))
+    return sorted(name for name in set(recorded) | set(current)
+                  if name not in ignore and recorded.get(name) != current.get(name))
+
+
 def finished_run(out: str | Path, settings: dict[str, Any], config_file: str, marker: str,
                  key: str | None = "settings", ignore: tuple[str, ...] = ()) -> Path | None:
     """``<out>/final`` when it holds a complete run (``marker`` and ``config_file`` present) with these
-    settings; None when there is none; a :class:`ConfigError` naming the differing settings otherwise.
+    settings; None when there is none; a :class:`StaleOutputError` naming the differing settings otherwise.
 
     ``config_file`` records the settings under ``key`` (the whole file when None); keys in ``ignore`` are
     not compared.
@@ -255,24 +263,20 @@ def finished_run(out: str | Path, settings: dict[str, Any], config_file: str, ma
         return None
     recorded = json.loads(saved.read_text(encoding="utf-8"))
     recorded = recorded.get(key, {}) if key else recorded
-    current = json.loads(json.dumps(dict(settings), default=str))
-    differing = sorted(name for name in set(recorded) | set(current)
-                       if name not in ignore and recorded.get(name) != current.get(name))
+    differing = differing_settings(recorded, settings, ignore)
     if differing:
         raise StaleOutputError(f"{final} holds a finished run with different settings ({', '.join(differing)}); "
                                "choose another --out or remove it", out)
     return final
 
 
-def check_resumable(checkpoint: Path, run_info: dict[str, Any]) -> None:
-    """Refuse to resume from ``checkpoint`` when it was written under other settings than ``run_info``'s."""
-    recorded = ckpt.read_state(checkpoint).get("config")
-    current = run_info.get("config")
+def check_resumable(checkpoint: Path, state: Mapping[str, Any], run_info: dict[str, Any]) -> None:
+    """Refuse to resume from ``checkpoint`` (its trainer ``state``) when it was written under other settings
+    than ``run_info``'s."""
+    recorded, current = state.get("config"), run_info.get("config")
     if not isinstance(recorded, dict) or not isinstance(current, dict):
         return
-    current = json.loads(json.dumps(current, default=str))
-    differing = sorted(key for key in set(recorded) | set(current)
-                       if key not in RESUMABLE_CHANGES and recorded.get(key) != current.get(key))
+    differing = differing_settings(recorded, current, RESUMABLE_CHANGES)
     if differing:
         def shown(value: Any) -> str:
             text = json.dumps(value, default=str)
@@ -306,9 +310,10 @@ def train(model: torch.nn.Module, dataset, collator, config: LoopConfig, out_dir
     writer = LogWriter(out, accelerator.is_main_process)
     resume_from = ckpt.latest_checkpoint(out) if config.resume else None
     if resume_from is not None:
-        check_resumable(resume_from, run_info)
+        resumed_state = ckpt.read_state(resume_from)
+        check_resumable(resume_from, resumed_state, run_info)
         accelerator.load_state(str(resume_from))
-        start_step = ckpt.read_state(resume_from)["step"]
+        start_step = resumed_state["step"]
         writer.truncate_after(start_step)
         logger.info("resumed from %s (step %d)", resume_from, start_step)
     else:
