@@ -12,10 +12,15 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator
+from typing import TYPE_CHECKING, Iterator
 
 from pretrieve.data.jsonl import iter_jsonl, iter_lines, require_str, write_jsonl
 from pretrieve.errors import InputError
+
+if TYPE_CHECKING:
+    import datasets
+
+    from pretrieve.data.arrow import IdIndex
 
 logger = logging.getLogger(__name__)
 
@@ -43,10 +48,20 @@ def join_title(title: str, text: str, sep: str = " ") -> str:
 def iter_corpus(path: str | Path) -> Iterator[tuple[int, Document]]:
     """Stream ``(line_number, Document)`` from a ``corpus.jsonl`` (no duplicate check: see Corpus)."""
     for line_no, obj in iter_jsonl(path):
-        doc_id = require_str(obj, "_id", path, line_no, allow_empty=False)
-        title = require_str(obj, "title", path, line_no, default="")
-        text = require_str(obj, "text", path, line_no)
-        yield line_no, Document(doc_id, title, text)
+        yield line_no, parse_document(obj, path, line_no)
+
+
+def parse_document(obj: dict, path: str | Path, line: int) -> Document:
+    """One ``corpus.jsonl`` object as a Document: ``_id`` (non-empty), ``title`` (optional), ``text``."""
+    doc_id = require_str(obj, "_id", path, line, allow_empty=False)
+    title = require_str(obj, "title", path, line, default="")
+    text = require_str(obj, "text", path, line)
+    return Document(doc_id, title, text)
+
+
+def duplicate_id_message(kind: str, doc_id: str, first_line: int) -> str:
+    """The error message of an id seen twice (``kind``: document | query), the same from every reader."""
+    return f"duplicate {kind} id '{doc_id}' (first seen on line {first_line})"
 
 
 @dataclass
@@ -73,8 +88,8 @@ class Corpus:
         for line_no, doc in iter_corpus(path):
             seen = first_line.setdefault(doc.id, line_no)
             if seen != line_no:
-                raise InputError(f"duplicate document id '{doc.id}' (first seen on line {seen})",
-                                 path=path, line=line_no, field="_id")
+                raise InputError(duplicate_id_message("document", doc.id, seen), path=path, line=line_no,
+                                 field="_id")
             ids.append(doc.id)
             titles.append(doc.title)
             texts.append(doc.text)
@@ -121,16 +136,20 @@ def load_queries(path: str | Path) -> dict[str, str]:
     queries: dict[str, str] = {}
     lines: dict[str, int] = {}
     for line_no, obj in iter_jsonl(path):
-        qid = require_str(obj, "_id", path, line_no, allow_empty=False)
-        text = require_str(obj, "text", path, line_no, allow_empty=False)
+        qid, text = parse_query(obj, path, line_no)
         if qid in queries:
-            raise InputError(f"duplicate query id '{qid}' (first seen on line {lines[qid]})",
-                             path=path, line=line_no, field="_id")
+            raise InputError(duplicate_id_message("query", qid, lines[qid]), path=path, line=line_no, field="_id")
         queries[qid] = text
         lines[qid] = line_no
     if not queries:
         raise InputError("no queries in file", path=path)
     return queries
+
+
+def parse_query(obj: dict, path: str | Path, line: int) -> tuple[str, str]:
+    """One ``queries.jsonl`` object as ``(query_id, text)``, both non-empty."""
+    return (require_str(obj, "_id", path, line, allow_empty=False),
+            require_str(obj, "text", path, line, allow_empty=False))
 
 
 def save_queries(queries: dict[str, str], path: str | Path) -> None:
@@ -287,6 +306,32 @@ class BeirCollection:
 
     def load_qrels(self, split: str) -> Qrels:
         return load_qrels(self.qrels_path(split))
+
+    def corpus_dataset(self, num_proc: int | None = None, cache_dir: str | Path | None = None) -> "datasets.Dataset":
+        """The corpus as a memory-mapped Arrow dataset: columns ``_id``, ``title``, ``text``, row ``i`` = the
+        ``i``-th passage of ``corpus.jsonl`` (built once, see :mod:`pretrieve.data.arrow`)."""
+        from pretrieve.data.arrow import corpus_dataset
+
+        return corpus_dataset(self.corpus_path, num_proc=num_proc, cache_dir=cache_dir)
+
+    def corpus_index(self, num_proc: int | None = None, cache_dir: str | Path | None = None) -> "IdIndex":
+        """Document id → row of :meth:`corpus_dataset` (:class:`pretrieve.data.arrow.IdIndex`, no dict of ids)."""
+        from pretrieve.data.arrow import build, id_index
+
+        return id_index(build("corpus", self.corpus_path, num_proc=num_proc, cache_dir=cache_dir))
+
+    def queries_dataset(self, split: str | None = None, num_proc: int | None = None,
+                        cache_dir: str | Path | None = None) -> "datasets.Dataset":
+        """All queries (columns ``_id``, ``text``), or those judged in ``split``, in file order, memory-mapped."""
+        from pretrieve.data.arrow import id_index, queries_dataset
+
+        dataset = queries_dataset(self.queries_path, num_proc=num_proc, cache_dir=cache_dir)
+        if split is None:
+            return dataset
+        import numpy as np
+
+        rows = id_index(dataset).lookup(list(self.load_qrels(split)))
+        return dataset.select(np.unique(rows[rows >= 0]), keep_in_memory=True)
 
     def load_queries(self, split: str | None = None) -> dict[str, str]:
         """All queries, or only those judged in ``split`` (in file order)."""

@@ -137,7 +137,7 @@ def read_groups(path: str | Path, corpus: Container[str] | None = None,
     """
     stats = GroupStats()
     groups = list(iter_groups(path, corpus=corpus, on_unknown=on_unknown, stats=stats))
-    _log_problems(str(path), stats)
+    log_problems(str(path), stats)
     if not groups:
         raise InputError(f"no usable training group ({stats.seen} read, {stats.skipped_no_positives} without "
                          "positives)", path=path)
@@ -153,10 +153,10 @@ def iter_groups(path: str | Path, corpus: Container[str] | None = None, on_unkno
     shared_ids: dict[str, str] = {}  # one str object per distinct id: hard negatives repeat across groups
     for line_no, obj in iter_jsonl(path):
         stats.seen += 1
-        group = _parse_group(obj, path, line_no, shared_ids)
+        group = parse_group(obj, path, line_no, shared_ids)
         if corpus is not None:
-            group = _check_known(group, corpus, on_unknown, stats, path, line_no)
-        group = _drop_positive_negatives(group, stats)
+            group = check_known(group, corpus, on_unknown, stats, path, line_no)
+        group = drop_positive_negatives(group, stats)
         if not group.positives:
             stats.skipped_no_positives += 1
             continue
@@ -164,7 +164,8 @@ def iter_groups(path: str | Path, corpus: Container[str] | None = None, on_unkno
         yield group
 
 
-def _parse_group(obj: dict[str, Any], path: str | Path, line: int, shared_ids: dict[str, str]) -> TrainingGroup:
+def parse_group(obj: dict[str, Any], path: str | Path, line: int, shared_ids: dict[str, str]) -> TrainingGroup:
+    """One JSONL object as a validated group (ids shared through ``shared_ids``); no corpus check."""
     query_id = require_str(obj, "query_id", path, line, allow_empty=False)
     query = require_str(obj, "query", path, line, allow_empty=False)
     positives = _id_list(obj, "positives", path, line, shared_ids)
@@ -230,7 +231,7 @@ def _score_list(obj: dict[str, Any], name: str, expected: int, ids_name: str, pa
     raise AssertionError("unreachable: the fast check failed but no item is invalid")
 
 
-def _check_known(group: TrainingGroup, corpus: Container[str], on_unknown: OnUnknown, stats: GroupStats,
+def check_known(group: TrainingGroup, corpus: Container[str], on_unknown: OnUnknown, stats: GroupStats,
                  path: str | Path, line: int) -> TrainingGroup:
     """Raise on (or drop and count) ids the corpus does not have."""
     known = _membership(corpus)
@@ -257,7 +258,7 @@ def _membership(corpus: Container[str]) -> Container[str]:
     return corpus._row if isinstance(corpus, Corpus) else corpus
 
 
-def _drop_positive_negatives(group: TrainingGroup, stats: GroupStats) -> TrainingGroup:
+def drop_positive_negatives(group: TrainingGroup, stats: GroupStats) -> TrainingGroup:
     """Remove negatives that are also positives of the same group (counted)."""
     positives = set(group.positives)
     if positives.isdisjoint(group.negatives):
@@ -269,7 +270,7 @@ def _drop_positive_negatives(group: TrainingGroup, stats: GroupStats) -> Trainin
                          group.positive_scores, None if scores is None else [scores[i] for i in keep])
 
 
-def _log_problems(source: str, stats: GroupStats) -> None:
+def log_problems(source: str, stats: GroupStats) -> None:
     problems = stats.problems()
     if problems:
         details = ", ".join(f"{k.replace('_', ' ')}: {v}" for k, v in problems.items())
@@ -391,7 +392,7 @@ def groups_from_run(run: Run, qrels: Qrels, queries: Mapping[str, str], depth: i
             group = _with_teacher_scores(group, scores_from_run)
         groups.append(group)
         stats.kept += 1
-    _log_problems("groups_from_run", stats)
+    log_problems("groups_from_run", stats)
     return GroupSet(groups, stats)
 
 

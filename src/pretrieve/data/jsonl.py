@@ -41,42 +41,61 @@ def _open_binary(path: str | Path) -> IO[bytes]:
         raise InputError(f"cannot open file ({exc.strerror or exc})", path=path) from None
 
 
-def iter_lines(path: str | Path) -> Iterator[tuple[int, str]]:
+def iter_lines(path: str | Path, start: int = 0, end: int | None = None) -> Iterator[tuple[int, str]]:
     """Yield ``(line_number, line)`` for every line of a (possibly gzipped) UTF-8 file.
 
     Lines end at ``\\n`` only (a stray ``\\r`` inside a line does not shift the numbering); the line
     ending is kept. Bytes that are not UTF-8, a corrupt or truncated gzip stream and read errors raise
     :class:`InputError` with the line number where they occur.
+
+    ``start``/``end`` read only the lines that begin in the byte range ``[start, end)`` of an uncompressed
+    file (``start`` must be a line start: see :func:`pretrieve.data.parallel.byte_ranges`); line numbers are
+    then counted from 1 at ``start`` (:func:`pretrieve.data.parallel.located_in_part` turns them into the
+    file's line numbers).
     """
     line_no = 0
     with _open_binary(path) as handle:
+        if start or end is not None:
+            if Path(path).suffix == ".gz":
+                raise ValueError("byte ranges of a gzipped file cannot be read")
+            handle.seek(start)
+        position = start
         try:
             for line_no, raw in enumerate(handle, start=1):
+                if end is not None and position >= end:
+                    break
+                position += len(raw)
                 try:
                     line = raw.decode("utf-8")
                 except UnicodeDecodeError as exc:
                     raise InputError(f"not valid UTF-8 (bad byte at offset {exc.start} of the line)", path=path,
                                      line=line_no) from None
-                if line_no == 1 and line.startswith("\ufeff"):
+                if line_no == 1 and start == 0 and line.startswith("\ufeff"):
                     line = line[1:]
                 yield line_no, line
         except (OSError, EOFError, zlib.error) as exc:  # gzip.BadGzipFile is an OSError
             raise InputError(f"cannot read file after line {line_no} ({exc})", path=path) from None
 
 
-def iter_jsonl(path: str | Path) -> Iterator[tuple[int, dict[str, Any]]]:
-    """Yield ``(line_number, object)`` for each non-blank line; bad JSON raises :class:`InputError`."""
-    for line_no, line in iter_lines(path):
+def iter_jsonl(path: str | Path, start: int = 0, end: int | None = None) -> Iterator[tuple[int, dict[str, Any]]]:
+    """Yield ``(line_number, object)`` for each non-blank line; bad JSON raises :class:`InputError`.
+
+    ``start``/``end``: a byte range, as in :func:`iter_lines`."""
+    for line_no, line in iter_lines(path, start, end):
         if not line.strip():
             continue
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise InputError(f"invalid JSON ({exc.msg} at column {exc.colno})", path=path,
-                             line=line_no) from None
-        if not isinstance(obj, dict):
-            raise InputError(f"expected a JSON object, got {type(obj).__name__}", path=path, line=line_no)
-        yield line_no, obj
+        yield line_no, parse_json_object(line, path, line_no)
+
+
+def parse_json_object(line: str, path: str | Path, line_no: int) -> dict[str, Any]:
+    """One JSONL line as a dict; invalid JSON or another JSON type is a located :class:`InputError`."""
+    try:
+        obj = json.loads(line)
+    except json.JSONDecodeError as exc:
+        raise InputError(f"invalid JSON ({exc.msg} at column {exc.colno})", path=path, line=line_no) from None
+    if not isinstance(obj, dict):
+        raise InputError(f"expected a JSON object, got {type(obj).__name__}", path=path, line=line_no)
+    return obj
 
 
 def require_str(obj: dict[str, Any], field: str, path: str | Path, line: int, *, allow_empty: bool = True,
