@@ -23,7 +23,8 @@ def pretrain_command(
     model: Optional[str] = typer.Option(None, help="Encoder to start from: local path, offline alias "
                                         "(minilm, splade-tiny) or hub name (bert-base-uncased)."),
     corpus: Optional[str] = typer.Option(None, help="Pre-training text: BEIR directory, corpus.jsonl, "
-                                         "JSONL with 'text', or plain text (one passage per line)."),
+                                         "JSONL with 'text', plain text (one document per line), a datasets "
+                                         "save_to_disk directory (DIR[@SPLIT]), or hf:NAME[:CONFIG][@SPLIT]."),
     out: Optional[Path] = typer.Option(None, help="Output directory (checkpoints, logs, final/)."),
     method: Optional[str] = typer.Option(None, help="Preset (mlm, ae, ar, retromae, bow, ...) or a "
                                          "method YAML/JSON file. Default: bow."),
@@ -50,6 +51,8 @@ def pretrain_command(
     save_every: Optional[int] = typer.Option(None, help="Checkpoint every N steps", show_default="500"),
     log_every: Optional[int] = typer.Option(None, help="Log every N steps", show_default="10"),
     num_workers: Optional[int] = typer.Option(None, help="DataLoader workers for collation", show_default="0"),
+    num_proc: Optional[int] = typer.Option(None, help="Processes that build the token cache",
+                                           show_default="one per 16 MB of input, up to the CPUs"),
     resume: bool = typer.Option(False, "--resume", help="Continue from the newest checkpoint in --out."),
 ) -> None:
     """Pre-train an encoder; the result in OUT/final loads with AutoModel.from_pretrained."""
@@ -59,7 +62,7 @@ def pretrain_command(
     flags = dict(model=model, corpus=corpus, out=str(out) if out else None, max_len=max_len,
                  batch_size=batch_size, micro_batch_size=micro_batch_size, lr=lr, max_steps=steps,
                  epochs=epochs, warmup_ratio=warmup_ratio, schedule=schedule, bf16=bf16, seed=seed,
-                 save_every=save_every, log_every=log_every, num_workers=num_workers)
+                 save_every=save_every, log_every=log_every, num_workers=num_workers, num_proc=num_proc)
     method_flags = dict(method=method, objectives=objectives, weights=weights, encoder_mask=encoder_mask,
                         decoder_mask=decoder_mask, encoder_masker=encoder_masker, decoder_masker=decoder_masker)
     run_config = build_pretrain_config(_load_run_config(config), flags, method_flags, resume=resume)

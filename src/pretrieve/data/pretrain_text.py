@@ -1,78 +1,199 @@
-"""Pre-training text: read passages from a BEIR corpus, a JSONL file or plain text, tokenize them once
-and cache the token ids on disk as a numpy memmap.
+"""Pre-training text: where it comes from (:class:`TextSource`), and its token ids cached once on disk
+(:class:`TokenizedCorpus`), built by several processes and read through a memory map.
 
-Sources (:func:`iter_pretrain_texts`):
+Sources (``--corpus``; :func:`resolve_text_source`):
 
 * a BEIR collection directory or its ``corpus.jsonl`` — each passage is ``title + " " + text``;
-* any other ``.jsonl`` file — the field ``text`` (plus ``title`` when present);
-* a plain text file — one passage per non-blank line.
+* any other ``.jsonl`` / ``.json`` file (``.gz`` too) — the field ``text`` (plus ``title`` when present);
+* a plain text file — **one document per line**; blank lines are skipped (a file with one sentence per line and
+  blank lines between documents, BERT's pre-training format, therefore gives one example per sentence: join
+  each document's lines first);
+* a ``datasets`` directory written by ``Dataset.save_to_disk`` (a ``DatasetDict`` directory: its ``train`` split,
+  or ``DIR@SPLIT``), e.g. an Arrow corpus from :mod:`pretrieve.data.arrow`;
+* ``hf:NAME[:CONFIG][@SPLIT]`` — ``datasets.load_dataset(NAME, CONFIG, split=SPLIT or "train")`` for users with
+  internet access (e.g. ``hf:wikimedia/wikipedia:20231101.en`` or ``hf:bookcorpus/bookcorpus``, the corpora
+  BERT and the retrieval-oriented pre-training papers used); downloaded once into the ``datasets`` cache.
+  ``datasets`` sources need a ``text`` column (``title`` is prepended when present).
 
-Chunking: each passage is tokenized without special tokens and cut into consecutive chunks of
-``max_len - 2`` tokens; ``[CLS] chunk [SEP]`` (the tokenizer's own cls/sep, e.g. ``<s>``/``</s>`` for
-RoBERTa) is one training example. A trailing chunk shorter than ``min_chunk`` tokens is dropped unless
-it is the whole passage. (RetroMAE's pre-processing packs sentences up to the maximum length; for
-passage corpora such as MS MARCO (max-len 144) and SciFact almost every passage is one chunk.)
+Chunking: each passage is tokenized without special tokens and cut into consecutive chunks of ``max_len - 2``
+tokens; ``[CLS] chunk [SEP]`` (the tokenizer's own cls/sep, e.g. ``<s>``/``</s>`` for RoBERTa) is one training
+example. A trailing chunk shorter than ``min_chunk`` tokens is dropped unless it is the whole passage. (RetroMAE's
+pre-processing packs sentences up to the maximum length; for passage corpora such as MS MARCO (max-len 144) and
+SciFact almost every passage is one chunk.)
 
-Cache layout (``cache_dir/<key>/``): ``tokens.npy`` (flat uint16/uint32 ids), ``offsets.npy`` (int64,
-``n_chunks + 1``), ``meta.json``. The key hashes the source path, size and mtime, the tokenizer's
-vocabulary and ``max_len``, so a changed corpus or tokenizer is re-tokenized. Tokens are streamed to
-disk in batches, so a million-passage corpus never sits in memory as Python lists.
+Building (:meth:`TokenizedCorpus.build`): the source is cut into parts — byte ranges at line starts of a file,
+contiguous row ranges of a dataset — and tokenized by ``num_proc`` processes
+(:func:`pretrieve.data.parallel.run_parts`; default: one per 16 MB of input up to the CPUs; a ``.gz`` file is one
+part), each streaming its token ids and chunk lengths to its own files; the parts are then joined into
+``tokens.npy`` and ``offsets.npy`` with plain file writes. Nothing is held per passage, so memory does not grow with
+the corpus, and the result is the same for any ``num_proc``.
+
+Cache (``cache_dir/<name>-L<max_len>-<key>/``): ``tokens.npy`` (flat uint16/uint32 ids), ``offsets.npy`` (int64,
+``n_chunks + 1``), ``meta.json``, written atomically through :mod:`pretrieve.artifacts` and reused only while
+current: same format, ``max_len``, ``min_chunk`` and tokenizer vocabulary, same input content (the file's
+fingerprint; for a ``datasets`` source, its Arrow files'). Both arrays are opened with ``np.load(mmap_mode="r")``:
+a training process holds only the pages it reads.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import logging
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 
 import numpy as np
 
+from pretrieve import artifacts
 from pretrieve.data.beir import iter_corpus, join_title
-from pretrieve.data.jsonl import iter_jsonl, open_text, require_str
+from pretrieve.data.jsonl import _open_binary, iter_jsonl, iter_lines, require_str
+from pretrieve.data.parallel import byte_ranges, located_in_part, part_count, resolve_num_proc, run_parts
 from pretrieve.errors import InputError
-from pretrieve.io_utils import atomic_dir, write_json
+
+logger = logging.getLogger(__name__)
 
 TOKENIZE_BATCH = 1000
+TOKEN_CACHE_KIND = "token-cache"
+TOKEN_CACHE_FORMAT = "pretrieve-tokens/2"
+HF_PREFIX = "hf:"
+#: Rows of a ``datasets`` corpus per part (parts are spread over the processes).
+DATASET_PART_ROWS = 1 << 20
 
 
-def resolve_text_source(path: str | Path) -> tuple[Path, str]:
-    """Return ``(file, kind)`` with kind ``beir`` | ``jsonl`` | ``text`` for a pre-training source."""
-    path = Path(path)
+# ---------------------------------------------------------------------------------------------- sources
+@dataclass(frozen=True)
+class TextSource:
+    """A pre-training text source: ``kind`` ``beir`` | ``jsonl`` | ``text`` (``path`` is the file) or ``datasets``
+    (``path`` is a ``save_to_disk`` directory, or ``name`` a hub dataset with ``config``)."""
+
+    kind: str
+    path: str = ""
+    name: str = ""
+    config: str | None = None
+    split: str | None = None
+
+    @property
+    def is_file(self) -> bool:
+        return self.kind != "datasets"
+
+    @property
+    def label(self) -> str:
+        """A short name for cache directories and messages."""
+        if self.is_file:
+            file = Path(self.path)
+            return f"{file.parent.name}-{file.name.split('.')[0]}"
+        return (self.name or Path(self.path).name).replace("/", "-") + (f"-{self.config}" if self.config else "")
+
+    def __str__(self) -> str:
+        if self.name:
+            return HF_PREFIX + self.name + (f":{self.config}" if self.config else "") + (f"@{self.split}" if self.split else "")
+        return self.path + (f"@{self.split}" if self.split and not self.is_file else "")
+
+
+def resolve_text_source(source: str | Path | TextSource) -> TextSource:
+    """The :class:`TextSource` a ``--corpus`` value names (see the module docstring)."""
+    if isinstance(source, TextSource):
+        return source
+    text = str(source)
+    if text.startswith(HF_PREFIX):
+        spec, _, split = text[len(HF_PREFIX):].partition("@")
+        name, _, config = spec.partition(":")
+        if not name:
+            raise InputError("expected hf:NAME[:CONFIG][@SPLIT]", path=text)
+        return TextSource("datasets", name=name, config=config or None, split=split or None)
+    path, split = Path(text), None
+    if not path.exists() and "@" in path.name:
+        base, _, split = text.rpartition("@")
+        path = Path(base)
     if path.is_dir():
         for name in ("corpus.jsonl", "corpus.jsonl.gz"):
             if (path / name).exists():
-                return path / name, "beir"
-        raise InputError("directory has no corpus.jsonl (expected a BEIR collection)", path=path)
+                return TextSource("beir", str(path / name))
+        if (path / "state.json").exists() or (path / "dataset_dict.json").exists():
+            return TextSource("datasets", str(path), split=split)
+        raise InputError("directory is neither a BEIR collection (no corpus.jsonl) nor a datasets directory "
+                         "(no state.json / dataset_dict.json)", path=path)
     if not path.exists():
         raise InputError("pre-training corpus not found", path=path)
     name = path.name.removesuffix(".gz")
     if name == "corpus.jsonl":
-        return path, "beir"
+        return TextSource("beir", str(path))
     if name.endswith(".jsonl") or name.endswith(".json"):
-        return path, "jsonl"
-    return path, "text"
+        return TextSource("jsonl", str(path))
+    return TextSource("text", str(path))
 
 
-def iter_pretrain_texts(path: str | Path) -> Iterator[str]:
-    """Stream the passages of a pre-training source (see the module docstring)."""
-    file, kind = resolve_text_source(path)
-    if kind == "beir":
-        for _, doc in iter_corpus(file):
-            yield doc.full_text()
-    elif kind == "jsonl":
-        for line_no, obj in iter_jsonl(file):
-            text = require_str(obj, "text", file, line_no)
-            title = require_str(obj, "title", file, line_no, default="")
-            yield join_title(title, text)
+def open_text_dataset(source: TextSource):
+    """The ``datasets.Dataset`` of a ``datasets`` source (memory-mapped), checked to have a ``text`` column."""
+    import datasets
+
+    if source.name:
+        try:
+            dataset = datasets.load_dataset(source.name, source.config, split=source.split or "train")
+        except Exception as exc:  # noqa: BLE001 - offline, unknown name, missing config: one clear line
+            raise InputError(f"cannot load the dataset ({type(exc).__name__}: {exc})", path=str(source)) from None
     else:
-        with open_text(file) as handle:
-            for line in handle:
-                if line.strip():
-                    yield line.strip()
+        dataset = datasets.load_from_disk(source.path)
+        if isinstance(dataset, datasets.DatasetDict):
+            split = source.split or "train"
+            if split not in dataset:
+                raise InputError(f"no split '{split}' (available: {', '.join(dataset)}); name one as DIR@SPLIT",
+                                 path=source.path)
+            dataset = dataset[split]
+    if "text" not in dataset.column_names:
+        raise InputError(f"dataset has no 'text' column (columns: {', '.join(dataset.column_names)})",
+                         path=str(source), field="text")
+    return dataset
 
 
+def iter_pretrain_texts(source: str | Path | TextSource, start: int = 0, end: int | None = None) -> Iterator[str]:
+    """Stream the passages of a pre-training source (see the module docstring); ``start``/``end`` select a part:
+    a byte range of a file (at line starts) or a row range of a dataset."""
+    source = resolve_text_source(source)
+    if source.kind == "beir":
+        for _, doc in _iter_beir(source.path, start, end):
+            yield doc.full_text()
+    elif source.kind == "jsonl":
+        for line_no, obj in iter_jsonl(source.path, start, end):
+            text = require_str(obj, "text", source.path, line_no)
+            title = require_str(obj, "title", source.path, line_no, default="")
+            yield join_title(title, text)
+    elif source.kind == "text":
+        for _, line in iter_lines(source.path, start, end):
+            if line.strip():
+                yield line.strip()
+    else:
+        yield from _iter_dataset_texts(open_text_dataset(source), str(source), start, end)
+
+
+def _iter_beir(path: str, start: int, end: int | None):
+    from pretrieve.data.beir import parse_document
+
+    if not start and end is None:
+        yield from iter_corpus(path)
+        return
+    for line_no, obj in iter_jsonl(path, start, end):
+        yield line_no, parse_document(obj, path, line_no)
+
+
+def _iter_dataset_texts(dataset, where: str, start: int, end: int | None) -> Iterator[str]:
+    end = len(dataset) if end is None else end
+    columns = ["text", "title"] if "title" in dataset.column_names else ["text"]
+    view = dataset.select_columns(columns).select(range(start, end))
+    row = start
+    for batch in view.iter(batch_size=TOKENIZE_BATCH):
+        titles = batch.get("title") or [None] * len(batch["text"])
+        for text, title in zip(batch["text"], titles):
+            if not isinstance(text, str):
+                raise InputError(f"row {row}: expected a string, got {type(text).__name__}", path=where, field="text")
+            yield join_title(title, text) if isinstance(title, str) else text
+            row += 1
+
+
+# ---------------------------------------------------------------------------------------------- the cache
 @dataclass
 class TokenizedCorpus:
     """Token ids of every chunk, memory-mapped: ``corpus[i]`` is ``{"input_ids": [cls, ..., sep]}``."""
@@ -95,28 +216,32 @@ class TokenizedCorpus:
         return np.diff(self.offsets) + 2
 
     @classmethod
-    def build(cls, source: str | Path, tokenizer, max_len: int, cache_dir: str | Path,
-              min_chunk: int = 8, show_progress: bool = True) -> "TokenizedCorpus":
-        """Tokenize ``source`` once (or reuse the cache) and memory-map the result."""
+    def build(cls, source: str | Path | TextSource, tokenizer, max_len: int, cache_dir: str | Path,
+              min_chunk: int = 8, show_progress: bool = True, num_proc: int | None = None) -> "TokenizedCorpus":
+        """Tokenize ``source`` once with ``num_proc`` processes (or reuse the current cache); memory-map it."""
         if max_len < 8:
             raise InputError(f"max_len must be at least 8, got {max_len}", field="max_len")
-        file, kind = resolve_text_source(source)
-        key = _cache_key(file, tokenizer, max_len, min_chunk)
-        target = Path(cache_dir) / key
-        if not (target / "meta.json").exists():
-            with atomic_dir(target) as tmp:
-                meta = _tokenize_to(tmp, source, tokenizer, max_len, min_chunk, show_progress)
-                meta.update({"source": str(file), "kind": kind, "max_len": max_len, "min_chunk": min_chunk,
+        source = resolve_text_source(source)
+        target, settings, inputs, parts, num_proc, dataset = _plan(source, tokenizer, max_len, min_chunk, cache_dir,
+                                                                   num_proc)
+        status = artifacts.check(target, settings, inputs, kind=TOKEN_CACHE_KIND)
+        if not status.current:
+            if status.exists:
+                logger.info("re-tokenizing: %s", status.reason)
+            with artifacts.write_dir(target, kind=TOKEN_CACHE_KIND, settings=settings, inputs=inputs) as tmp:
+                meta = _tokenize_to(tmp, source, dataset, parts, tokenizer, max_len, min_chunk, num_proc,
+                                    show_progress)
+                meta.update({"source": str(source), "kind": source.kind, "max_len": max_len, "min_chunk": min_chunk,
                              "tokenizer": getattr(tokenizer, "name_or_path", "")})
-                write_json(tmp / "meta.json", meta)
+                (tmp / "meta.json").write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
         return cls.open(target, tokenizer)
 
     @classmethod
     def open(cls, directory: str | Path, tokenizer) -> "TokenizedCorpus":
         directory = Path(directory)
-        meta = json.loads((directory / "meta.json").read_text())
+        meta = json.loads((directory / "meta.json").read_text(encoding="utf-8"))
         tokens = np.load(directory / "tokens.npy", mmap_mode="r")
-        offsets = np.load(directory / "offsets.npy")
+        offsets = np.load(directory / "offsets.npy", mmap_mode="r")
         return cls(tokens, offsets, _special_id(tokenizer, "cls"), _special_id(tokenizer, "sep"), meta)
 
 
@@ -130,55 +255,168 @@ def _special_id(tokenizer, kind: str) -> int:
     return int(value)
 
 
-def _cache_key(file: Path, tokenizer, max_len: int, min_chunk: int) -> str:
-    stat = file.stat()
-    vocab = tokenizer.get_vocab()
-    vocab_hash = hashlib.sha1(json.dumps(sorted(vocab.items())).encode()).hexdigest()[:12]
-    raw = f"{file.resolve()}|{stat.st_size}|{stat.st_mtime_ns}|{vocab_hash}|{max_len}|{min_chunk}|v1"
-    return f"{file.parent.name}-{file.stem}-L{max_len}-{hashlib.sha1(raw.encode()).hexdigest()[:16]}"
+def vocabulary_digest(tokenizer) -> str:
+    """SHA-1 of the tokenizer's vocabulary (what makes cached token ids valid)."""
+    return hashlib.sha1(json.dumps(sorted(tokenizer.get_vocab().items())).encode()).hexdigest()
 
 
-def _chunks(ids: list[int], size: int, min_chunk: int) -> Iterator[list[int]]:
-    for start in range(0, len(ids), size):
-        piece = ids[start:start + size]
-        if start == 0 or len(piece) >= min_chunk:
-            yield piece
+def source_identity(source: TextSource):
+    """``(settings, inputs, parts, size, dataset)`` of a source for the freshness contract and the split into parts:
+    a file is its own input (parts: byte ranges, no dataset); a dataset's inputs are its Arrow files (parts: row
+    ranges)."""
+    if source.is_file:
+        path = Path(source.path)
+        _open_binary(path).close()
+        return {"source_kind": source.kind}, {"corpus": path}, [], path.stat().st_size, None
+    dataset = open_text_dataset(source)
+    files = [Path(entry["filename"]) for entry in dataset.cache_files]
+    if not files:
+        raise InputError("dataset is held in memory, not in Arrow files", path=str(source))
+    settings = {"source_kind": "datasets", "rows": len(dataset), "dataset": source.name or None,
+                "config": source.config, "split": source.split}
+    inputs = {f"arrow-{i:05d}": file for i, file in enumerate(files)}
+    rows = len(dataset)
+    parts = [(a, min(a + DATASET_PART_ROWS, rows)) for a in range(0, rows, DATASET_PART_ROWS)]
+    return settings, inputs, parts, sum(file.stat().st_size for file in files), dataset
 
 
-def _tokenize_to(directory: Path, source, tokenizer, max_len: int, min_chunk: int, show_progress: bool) -> dict:
-    """Stream-tokenize ``source`` into ``tokens.npy``/``offsets.npy`` inside ``directory``."""
-    from tqdm.auto import tqdm
+def cache_name(source: TextSource, tag: str, *settings: Any) -> str:
+    """``<source label>-<tag>-<key>``: where a cache of ``source`` made with ``settings`` lives (its freshness is
+    decided by :mod:`pretrieve.artifacts`, not by this name)."""
+    where = source.name if source.name else str(Path(source.path).resolve())
+    raw = "|".join(map(str, (where, source.config, source.split, tag, *settings)))
+    return f"{source.label}-{tag}-{hashlib.sha1(raw.encode()).hexdigest()[:16]}"
 
-    dtype = np.uint16 if len(tokenizer) <= np.iinfo(np.uint16).max else np.uint32
-    raw_path = directory / "tokens.bin"
-    offsets = [0]
-    passages = 0
-    with open(raw_path, "wb") as raw:
+
+def _plan(source: TextSource, tokenizer, max_len: int, min_chunk: int, cache_dir: str | Path,
+          num_proc: int | None):
+    settings, inputs, parts, size, dataset = source_identity(source)
+    vocab = vocabulary_digest(tokenizer)
+    settings.update({"format": TOKEN_CACHE_FORMAT, "max_len": max_len, "min_chunk": min_chunk, "vocabulary": vocab})
+    num_proc = resolve_num_proc(num_proc, size)
+    if source.is_file:
+        parts = byte_ranges(source.path, part_count(source.path, num_proc))
+    elif num_proc > 1 and len(parts) < num_proc:  # spread a dataset over the processes
+        rows = parts[-1][1] if parts else 0
+        step = max(1, -(-rows // num_proc))
+        parts = [(a, min(a + step, rows)) for a in range(0, rows, step)]
+    target = Path(cache_dir) / cache_name(source, f"L{max_len}", vocab, min_chunk)
+    return target, settings, inputs, parts, num_proc, dataset
+
+
+@dataclass(frozen=True)
+class _Unit:
+    source: TextSource
+    start: int
+    end: int | None
+    out: str
+    max_len: int
+    min_chunk: int
+    dtype: str
+    dataset: Any = None  # the opened datasets.Dataset of a datasets source (pickles as its file paths)
+
+
+@dataclass
+class _UnitResult:
+    passages: int
+    chunks: int
+    tokens: int
+
+
+_TOKENIZER: list = []  # the tokenizer of this (worker) process, set once by _set_tokenizer
+
+
+def _set_tokenizer(tokenizer) -> None:
+    _TOKENIZER[:] = [tokenizer]
+
+
+def _tokenize_unit(unit: _Unit) -> _UnitResult:
+    """Tokenize one part: token ids to ``<out>.tokens``, chunk lengths (int32) to ``<out>.lengths``."""
+    tokenizer = _TOKENIZER[0]
+    dtype = np.dtype(unit.dtype)
+    size = unit.max_len - 2
+    passages = chunks = tokens = 0
+    start = unit.start if unit.source.is_file else 0
+    with located_in_part(unit.source.path, start), open(unit.out + ".tokens", "wb") as token_file, \
+            open(unit.out + ".lengths", "wb") as length_file:
         batch: list[str] = []
-        progress = tqdm(desc="tokenizing", unit=" passages", disable=not show_progress)
 
         def flush() -> None:
+            nonlocal chunks, tokens
             encoded = tokenizer(batch, add_special_tokens=False, truncation=False, verbose=False)["input_ids"]
+            kept: list[list[int]] = []
+            lengths: list[int] = []
             for ids in encoded:
-                for piece in _chunks(ids, max_len - 2, min_chunk):
-                    if piece:
-                        np.asarray(piece, dtype=dtype).tofile(raw)
-                        offsets.append(offsets[-1] + len(piece))
-            progress.update(len(batch))
+                full, rest = divmod(len(ids), size)
+                if rest and (full == 0 or rest >= unit.min_chunk):
+                    kept.append(ids)
+                    lengths.extend([size] * full + [rest])
+                elif full:
+                    kept.append(ids[:full * size])
+                    lengths.extend([size] * full)
+            total = sum(lengths)
+            np.fromiter((t for ids in kept for t in ids), dtype=dtype, count=total).tofile(token_file)
+            np.asarray(lengths, dtype=np.int32).tofile(length_file)
+            chunks += len(lengths)
+            tokens += total
             batch.clear()
 
-        for text in iter_pretrain_texts(source):
+        texts = (iter_pretrain_texts(unit.source, unit.start, unit.end) if unit.dataset is None
+                 else _iter_dataset_texts(unit.dataset, str(unit.source), unit.start, unit.end))
+        for text in texts:
             batch.append(text)
             passages += 1
             if len(batch) >= TOKENIZE_BATCH:
                 flush()
         if batch:
             flush()
-        progress.close()
-    if len(offsets) == 1:
+    return _UnitResult(passages, chunks, tokens)
+
+
+def _tokenize_to(directory: Path, source: TextSource, dataset, parts, tokenizer, max_len: int, min_chunk: int, num_proc: int,
+                 show_progress: bool) -> dict:
+    """Tokenize the parts (``num_proc`` processes) and join them into ``tokens.npy`` / ``offsets.npy``."""
+    from tqdm.auto import tqdm
+
+    dtype = np.uint16 if len(tokenizer) <= np.iinfo(np.uint16).max else np.uint32
+    units = [_Unit(source, start, end, str(directory / f"part-{i:05d}"), max_len, min_chunk, np.dtype(dtype).str,
+                   dataset) for i, (start, end) in enumerate(parts)]
+    logger.info("tokenizing %s (%d parts, %d processes)", source, len(units), num_proc)
+    progress = tqdm(total=len(units), desc="tokenizing", unit=" parts", disable=not show_progress)
+    results = run_parts(_tokenize_unit, units, num_proc, initializer=_set_tokenizer, initargs=(tokenizer,),
+                        on_result=lambda _: progress.update(1))
+    progress.close()
+    total_chunks = sum(r.chunks for r in results)
+    total_tokens = sum(r.tokens for r in results)
+    if not total_chunks:
         raise InputError("pre-training corpus contains no text", path=str(source))
-    tokens = np.fromfile(raw_path, dtype=dtype)
-    np.save(directory / "tokens.npy", tokens)
-    raw_path.unlink()
-    np.save(directory / "offsets.npy", np.asarray(offsets, dtype=np.int64))
-    return {"passages": passages, "chunks": len(offsets) - 1, "tokens": int(offsets[-1]), "dtype": str(np.dtype(dtype))}
+    with open(directory / "tokens.npy", "wb") as out:
+        _write_npy_header(out, dtype, total_tokens)
+        for unit in units:
+            with open(unit.out + ".tokens", "rb") as part:
+                shutil.copyfileobj(part, out, 16 << 20)
+            Path(unit.out + ".tokens").unlink()
+    with open(directory / "offsets.npy", "wb") as out:
+        _write_npy_header(out, np.int64, total_chunks + 1)
+        np.zeros(1, dtype=np.int64).tofile(out)
+        running = 0
+        for unit in units:
+            for block in _blocks(Path(unit.out + ".lengths"), np.int32):
+                ends = np.cumsum(block, dtype=np.int64) + running
+                ends.tofile(out)
+                running = int(ends[-1])
+            Path(unit.out + ".lengths").unlink()
+    return {"passages": sum(r.passages for r in results), "chunks": total_chunks, "tokens": total_tokens,
+            "dtype": str(np.dtype(dtype)), "parts": len(units)}
+
+
+def _write_npy_header(handle, dtype, length: int) -> None:
+    np.lib.format.write_array_header_1_0(handle, {"descr": np.lib.format.dtype_to_descr(np.dtype(dtype)),
+                                                  "fortran_order": False, "shape": (length,)})
+
+
+def _blocks(path: Path, dtype, items: int = 1 << 22) -> Iterator[np.ndarray]:
+    """A raw array file in blocks of ``items`` values."""
+    with open(path, "rb") as handle:
+        while len(block := np.fromfile(handle, dtype=dtype, count=items)):
+            yield block

@@ -43,15 +43,15 @@ Examples: ``input_ids`` / ``context_input_ids`` (with [CLS]/[SEP]), ``text_type`
 (0 = query, 1 = passage), ``context_kind``, and, for document spans, ``document`` with the token ranges
 ``anchor_range`` / ``context_range`` inside it (what the tests check).
 
-Cache layout of :class:`SpanCorpus` (``cache_dir/<key>/``): ``tokens.npy`` (flat ids), ``sentences.npy``
+Cache layout of :class:`SpanCorpus` (``cache_dir/<name>/``): ``tokens.npy`` (flat ids), ``sentences.npy``
 (token offsets of the sentences), ``spans.npy`` (sentence offsets of the spans), ``documents.npy`` (span
-offsets of the documents), ``meta.json``; the key hashes the source's path, size and mtime, the vocabulary
-and ``max_len``.
+offsets of the documents), ``meta.json``; written through :mod:`pretrieve.artifacts` and reused while the
+source's content, the vocabulary and ``max_len`` are the same. Sources are those of
+:mod:`pretrieve.data.pretrain_text` (files, ``datasets`` directories, ``hf:`` names).
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import re
 from dataclasses import dataclass
@@ -61,9 +61,11 @@ from typing import Any, Iterator, Mapping, Sequence
 import numpy as np
 
 from pretrieve.data.jsonl import iter_jsonl
-from pretrieve.data.pretrain_text import iter_pretrain_texts, resolve_text_source
+from pretrieve import artifacts
+from pretrieve.data.pretrain_text import (cache_name, iter_pretrain_texts, resolve_text_source, source_identity,
+                                          vocabulary_digest)
 from pretrieve.errors import ConfigError, InputError
-from pretrieve.io_utils import atomic_dir, atomic_open, write_json
+from pretrieve.io_utils import atomic_open, write_json
 
 DOCUMENT_KINDS = ("nearby", "overlap", "random")
 CONTEXT_KINDS = (*DOCUMENT_KINDS, "mixed", "pairs")
@@ -71,6 +73,7 @@ QUERY_TYPE, PASSAGE_TYPE = 0, 1
 _SENTENCE_BREAK = re.compile(r"(?<=[.!?])\s+(?=[A-Z0-9\"'(\[])")
 _DOCS_PER_BATCH = 500
 _CACHE_VERSION = "spans-v1"
+_CACHE_KIND = "span-cache"
 
 
 # ------------------------------------------------------------------------------------------------- spec
@@ -175,12 +178,15 @@ class SpanCorpus:
         """Split, tokenize and pack ``source`` once (or reuse the cache) and memory-map the result."""
         if max_len < 8:
             raise InputError(f"max_len must be at least 8, got {max_len}", field="max_len")
-        file, kind = resolve_text_source(source)
-        target = Path(cache_dir) / _cache_key(file, tokenizer, max_len)
-        if not (target / "meta.json").exists():
-            with atomic_dir(target) as tmp:
+        source = resolve_text_source(source)
+        settings, inputs = source_identity(source)[:2]
+        vocabulary = vocabulary_digest(tokenizer)
+        settings.update({"format": _CACHE_VERSION, "max_len": max_len, "vocabulary": vocabulary})
+        target = Path(cache_dir) / cache_name(source, f"spans-L{max_len}", vocabulary)
+        if not artifacts.is_current(target, settings, inputs, kind=_CACHE_KIND):
+            with artifacts.write_dir(target, kind=_CACHE_KIND, settings=settings, inputs=inputs) as tmp:
                 meta = _tokenize_spans(tmp, source, tokenizer, max_len - 2)
-                meta.update({"source": str(file), "kind": kind, "max_len": max_len,
+                meta.update({"source": str(source), "kind": source.kind, "max_len": max_len,
                              "tokenizer": getattr(tokenizer, "name_or_path", "")})
                 write_json(tmp / "meta.json", meta)
         return cls.open(target, tokenizer)
@@ -202,13 +208,6 @@ def _special_id(tokenizer, kind: str) -> int:
     if value is None:
         raise InputError(f"tokenizer has no {kind} token", field="tokenizer")
     return int(value)
-
-
-def _cache_key(file: Path, tokenizer, max_len: int) -> str:
-    stat = file.stat()
-    vocab_hash = hashlib.sha1(json.dumps(sorted(tokenizer.get_vocab().items())).encode()).hexdigest()[:12]
-    raw = f"{file.resolve()}|{stat.st_size}|{stat.st_mtime_ns}|{vocab_hash}|{max_len}|{_CACHE_VERSION}"
-    return f"{file.parent.name}-{file.stem}-spans-L{max_len}-{hashlib.sha1(raw.encode()).hexdigest()[:16]}"
 
 
 def _tokenize_spans(directory: Path, source, tokenizer, budget: int) -> dict:

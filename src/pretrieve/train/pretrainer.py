@@ -30,7 +30,7 @@ logger = logging.getLogger(__name__)
 
 CONFIG_FILE = "pretrain_config.json"
 # Not compared when deciding whether a finished run can be reused: bookkeeping, and where files live.
-NOT_COMPARED = (*BOOKKEEPING, "out", "cache_dir", "micro_batch_size")
+NOT_COMPARED = (*BOOKKEEPING, "out", "cache_dir", "micro_batch_size", "num_proc")
 
 
 @dataclass
@@ -43,6 +43,7 @@ class PretrainConfig(LoopConfig):
     method: Any = "bow"
     max_len: int = 144
     cache_dir: str | None = None
+    num_proc: int | None = None  # processes that build the token cache (default: by input size, up to the CPUs)
 
     def loop(self) -> LoopConfig:
         return LoopConfig(**{f.name: getattr(self, f.name) for f in dataclasses.fields(LoopConfig)})
@@ -81,7 +82,8 @@ def pretrain(config: PretrainConfig) -> Path:
 
     method = resolved_method(config)
     out = Path(config.out)
-    resolved = dataclasses.asdict(config) | {"method": method.to_dict()}
+    # num_proc only changes how fast the token cache is built, not what is trained: not part of the run's settings
+    resolved = {k: v for k, v in dataclasses.asdict(config).items() if k != "num_proc"} | {"method": method.to_dict()}
     done = finished_run(out, resolved, CONFIG_FILE, marker="method.json", key=None, ignore=NOT_COMPARED)
     if done is not None:
         logger.info("%s is complete with the same settings; not training again", done)
@@ -99,7 +101,8 @@ def pretrain(config: PretrainConfig) -> Path:
 
             return build_span_dataset(method.context, config.corpus, tokenizer, config.max_len, cache_dir,
                                       seed=config.seed)
-        return TokenizedCorpus.build(config.corpus, tokenizer, config.max_len, cache_dir, show_progress=show_progress)
+        return TokenizedCorpus.build(config.corpus, tokenizer, config.max_len, cache_dir, show_progress=show_progress,
+                                     num_proc=config.num_proc)
 
     # The main process tokenizes (and caches) first; the others then read its cache.
     dataset = build_dataset(config.show_progress) if accelerator.is_main_process else None
