@@ -1,7 +1,8 @@
-"""``pretrieve data``: validate a BEIR-layout collection, list the known collections, download one.
+"""``pretrieve data``: validate a BEIR-layout collection, list the known collections, download one, convert
+MS MARCO / TREC DL / Tevatron / ir_datasets inputs into one.
 
-Thin wrappers over :mod:`pretrieve.data.registry`; malformed input surfaces as a located
-``InputError``, which ``pretrieve.cli.main`` prints as one line with exit code 2.
+Thin wrappers over :mod:`pretrieve.data.registry` and :mod:`pretrieve.data.convert`; malformed input surfaces as
+a located ``InputError``, which ``pretrieve.cli.main`` prints as one line with exit code 2.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from pretrieve.cli import app
 from pretrieve.data.registry import (KNOWN_COLLECTIONS, check_collection, default_cache_dir, fetch_collection,
                                      resolve_collection)
 
-data_app = typer.Typer(help="Validate, list and download BEIR-layout collections.", no_args_is_help=True)
+data_app = typer.Typer(help="Validate, list, download and convert BEIR-layout collections.", no_args_is_help=True)
 app.add_typer(data_app, name="data")
 
 out = Console()
@@ -71,3 +72,40 @@ def download(
     """Download a known collection (md5-verified, unpacked atomically) unless already present."""
     path = fetch_collection(name, out_dir)
     out.print(str(path))
+
+
+@data_app.command("convert")
+def convert_command(
+    out_dir: Path = typer.Argument(..., help="BEIR collection directory to write (created if missing)."),
+    corpus: Optional[Path] = typer.Option(None, "--corpus", help="collection.tsv (pid<TAB>passage, or "
+                                          "id<TAB>title<TAB>text), or a corpus JSONL (_id or docid, title, text)."),
+    queries: Optional[List[Path]] = typer.Option(None, "--queries", help="qid<TAB>query file (queries.*.tsv, TREC "
+                                                 "DL topics); repeatable, merged into queries.jsonl."),
+    qrels: Optional[List[str]] = typer.Option(None, "--qrels", help="SPLIT=FILE: TREC (qid 0 pid grade) or BEIR "
+                                              "qrels, written to qrels/SPLIT.tsv; repeatable."),
+    groups: Optional[List[Path]] = typer.Option(None, "--groups", help="Tevatron training JSONL (query_id, query, "
+                                                "positive_passages, negative_passages), written to "
+                                                "groups/NAME.jsonl; repeatable."),
+    ir_datasets: Optional[List[str]] = typer.Option(None, "--ir-datasets", help="NAME[=SPLIT], e.g. "
+                                                    "msmarco-passage/dev/small=dev (needs the ir_datasets package); "
+                                                    "repeatable."),
+) -> None:
+    """Convert MS MARCO / TREC DL files, Tevatron groups or ir_datasets names into a BEIR directory (streaming)."""
+    from pretrieve.data.convert import convert, write_summary
+    from pretrieve.errors import ConfigError
+
+    pairs = []
+    for spec in qrels or []:
+        split, sep, file = spec.partition("=")
+        if not sep or not split or not file:
+            raise ConfigError(f"--qrels expects SPLIT=FILE, got {spec!r}")
+        pairs.append((split, Path(file)))
+    report = convert(out_dir, corpus=corpus, queries=queries or [], qrels=pairs, groups=groups or [],
+                     ir_datasets=ir_datasets or [])
+    import io
+
+    text = io.StringIO()
+    write_summary(report, text)
+    out.print(text.getvalue().rstrip("\n"), highlight=False)
+    for note in report.notes:
+        err.print(f"[yellow]note:[/yellow] {note}", highlight=False)

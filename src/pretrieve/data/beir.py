@@ -167,6 +167,16 @@ def load_qrels(path: str | Path) -> Qrels:
     or ``score``, ``relevance``, ...) is taken as a header: any other non-integer grade is an error.
     """
     qrels: Qrels = {}
+    for _, qid, doc_id, grade in iter_qrels(path):
+        qrels.setdefault(qid, {})[doc_id] = grade
+    if not qrels:
+        raise InputError("no judgments in qrels file", path=path)
+    return qrels
+
+
+def iter_qrels(path: str | Path) -> Iterator[tuple[int, str, str, int]]:
+    """Stream ``(line_number, query_id, doc_id, grade)`` from a qrels file (see :func:`load_qrels` for the formats
+    and checks), without holding the judgments."""
     first = True
     for line_no, line in iter_lines(path):
         parts = _split_columns(line)
@@ -188,10 +198,7 @@ def load_qrels(path: str | Path) -> Qrels:
         if not _is_int(grade):
             raise InputError(f"relevance grade '{grade}' is not an integer", path=path, line=line_no,
                              field="score")
-        qrels.setdefault(qid, {})[doc_id] = int(grade)
-    if not qrels:
-        raise InputError("no judgments in qrels file", path=path)
-    return qrels
+        yield line_no, qid, doc_id, int(grade)
 
 
 _HEADER_ID_NAMES = {"query-id", "query_id", "queryid", "qid", "query", "topic", "topic-id", "topic_id"}
