@@ -192,6 +192,43 @@ def dataset_directory(dataset: "datasets.Dataset") -> Path:
     return Path(files[0]["filename"]).parent
 
 
+class CorpusTexts:
+    """Passages by document id from a corpus dataset, for training collators: ``texts_of(ids)`` → title + text.
+
+    Holds the id index and the ``title``/``text`` columns memory-mapped; pickles as its directory (a DataLoader
+    worker reopens the memory maps instead of receiving a copy)."""
+
+    def __init__(self, dataset: "datasets.Dataset | str | Path"):
+        self.directory = Path(dataset) if isinstance(dataset, (str, Path)) else dataset_directory(dataset)
+        self.index = IdIndex.open(self.directory)
+        self.titles = read_column(self.directory, "title")
+        self.texts = read_column(self.directory, "text")
+
+    def __getstate__(self) -> dict:
+        return {"directory": str(self.directory)}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__init__(state["directory"])
+
+    def __len__(self) -> int:
+        return len(self.index)
+
+    def __contains__(self, doc_id: object) -> bool:
+        return doc_id in self.index
+
+    def texts_of(self, ids: Sequence[str], sep: str = " ") -> list[str]:
+        """``title + sep + text`` of each id, in order (KeyError for an unknown id)."""
+        from pretrieve.data.beir import join_title
+
+        ids = list(ids)
+        rows = self.index.lookup(ids)
+        if (rows < 0).any():
+            raise KeyError(ids[int(np.argmax(rows < 0))])
+        taken = pa.array(rows)
+        return [join_title(title, text, sep) for title, text in
+                zip(self.titles.take(taken).to_pylist(), self.texts.take(taken).to_pylist())]
+
+
 # ----------------------------------------------------------------------------------------- locations
 def cache_root(source: str | Path, cache_dir: str | Path | None = None) -> Path:
     """Directory holding the Arrow datasets of files in ``source``'s directory (see the module docstring)."""

@@ -115,6 +115,10 @@ class Corpus:
         """Title + text of row ``i``."""
         return join_title(self.titles[i], self.texts[i], sep)
 
+    def texts_of(self, ids, sep: str = " ") -> list[str]:
+        """Title + text of each document id, in order (KeyError for an unknown id)."""
+        return [self.full_text(self._row[doc_id], sep) for doc_id in ids]
+
     def full_texts(self, sep: str = " ") -> list[str]:
         """Title + text of every row, in row order."""
         return [join_title(t, x, sep) for t, x in zip(self.titles, self.texts)]

@@ -38,6 +38,7 @@ a training process holds only the pages it reads.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import logging
 import shutil
@@ -355,7 +356,7 @@ def _tokenize_unit(unit: _Unit) -> _UnitResult:
                     kept.append(ids[:full * size])
                     lengths.extend([size] * full)
             total = sum(lengths)
-            np.fromiter((t for ids in kept for t in ids), dtype=dtype, count=total).tofile(token_file)
+            np.fromiter(itertools.chain.from_iterable(kept), dtype=dtype, count=total).tofile(token_file)
             np.asarray(lengths, dtype=np.int32).tofile(length_file)
             chunks += len(lengths)
             tokens += total

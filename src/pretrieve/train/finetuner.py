@@ -25,7 +25,9 @@ Every stage starts again from the *pre-trained* checkpoint (``--model``), not fr
 Sampling (:class:`GroupCollator`): each step draws, per query, one positive uniformly and ``num_negatives``
 distinct negatives (:func:`pretrieve.data.groups.sample_group_indices`) from the generator the loop seeds per
 (seed, step, micro-batch) — so resume is exact. Queries (``query_max_len`` 32) and passages (title + " " +
-text, ``passage_max_len`` 144: paper 000 §4.1's MS MARCO length) are tokenized with dynamic padding.
+text, ``passage_max_len`` 144: paper 000 §4.1's MS MARCO length) are tokenized with dynamic padding. The corpus and
+the groups are read as memory-mapped Arrow datasets (:mod:`pretrieve.data.arrow`, built once by the main process
+and reused while current), so no rank holds the passages or the groups as Python objects.
 
 Defaults. The papers fine-tune with batch 64, 15 negatives (group 16; paper 003: group 32, swapped with the
 batch in stage 3), lr 2e-5, 3 epochs, dot product with τ = 1 on [CLS] vectors. The defaults here keep the
@@ -47,8 +49,9 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 import torch
 
+from pretrieve.data.arrow import CorpusTexts, GroupsDataset
 from pretrieve.data.beir import BeirCollection, Corpus
-from pretrieve.data.groups import GroupSet, TrainingGroup, read_groups, sample_group_indices
+from pretrieve.data.groups import TrainingGroup, sample_group_indices
 from pretrieve.errors import ConfigError, InputError
 from pretrieve.io_utils import write_json
 from pretrieve.train.loop import BOOKKEEPING, LoopConfig, finished_run, make_accelerator, train
@@ -143,7 +146,7 @@ class GroupCollator:
     documents as ``teacher_scores`` ``[B, G]``.
     """
 
-    def __init__(self, tokenizer, corpus: Corpus, num_negatives: int, query_max_len: int = 32,
+    def __init__(self, tokenizer, corpus: "Corpus | CorpusTexts", num_negatives: int, query_max_len: int = 32,
                  passage_max_len: int = 144, teacher_scores: bool = False):
         self.tokenizer = tokenizer
         self.corpus = corpus
@@ -162,7 +165,7 @@ class GroupCollator:
         for group in groups:
             positive, negatives = sample_group_indices(group, self.num_negatives, rng)
             ids = [group.positives[positive]] + [group.negatives[i] for i in negatives]
-            passages.extend(self.corpus.full_text(self.corpus.row(doc_id)) for doc_id in ids)
+            passages.extend(self.corpus.texts_of(ids))
             if self.teacher_scores:
                 if not group.has_scores:
                     raise InputError(f"training group of query '{group.query_id}' has no teacher scores",
@@ -268,25 +271,37 @@ def groups_path(config: FinetuneConfig, collection: BeirCollection, is_main: boo
     return path
 
 
-def load_training_groups(config: FinetuneConfig, path: Path, corpus: Corpus) -> GroupSet:
-    """Read and check the groups: unknown ids (error or skip), teacher scores for stage 3, negatives available."""
-    groups = read_groups(path, corpus=corpus, on_unknown=config.on_unknown)
+def load_training_groups(config: FinetuneConfig, path: Path, corpus) -> "GroupsDataset":
+    """Read and check the groups (memory-mapped Arrow, :func:`pretrieve.data.arrow.groups_dataset`): unknown ids
+    (error or skip), teacher scores for stage 3, negatives available, ``max_groups``. ``corpus``: the corpus
+    dataset the ids are checked against."""
+    import pyarrow.compute as pc
+
+    from pretrieve.data.arrow import groups_dataset
+
+    groups = groups_dataset(path, corpus=corpus, on_unknown=config.on_unknown)
+    table = groups.dataset.data
     if config.stage == 3:
-        unscored = [g.query_id for g in groups if not g.has_scores]
-        if unscored:
-            raise InputError(f"stage 3 needs teacher scores but {len(unscored)} of {len(groups)} groups have none "
-                             f"(e.g. query '{unscored[0]}')\n{missing_groups_message(3)}", path=path)
-    kept = groups.groups
+        unscored = pc.or_(pc.is_null(table.column("positive_scores")), pc.is_null(table.column("negative_scores")))
+        missing = int(pc.sum(unscored).as_py() or 0)
+        if missing:
+            first = table.column("query_id")[int(np.argmax(unscored.to_numpy(zero_copy_only=False)))].as_py()
+            raise InputError(f"stage 3 needs teacher scores but {missing} of {len(groups)} groups have none "
+                             f"(e.g. query '{first}')\n{missing_groups_message(3)}", path=path)
+    keep = np.arange(len(groups))
     if config.num_negatives > 0:
-        kept = [g for g in kept if g.negatives]
-        if len(kept) < len(groups):
-            groups.stats.skipped_no_negatives += len(groups) - len(kept)
-            logger.warning("%s: skipped %d groups without negatives", path, len(groups) - len(kept))
+        keep = np.nonzero(pc.list_value_length(table.column("negatives")).to_numpy(zero_copy_only=False) > 0)[0]
+        if len(keep) < len(groups):
+            groups.stats.skipped_no_negatives += len(groups) - len(keep)
+            logger.warning("%s: skipped %d groups without negatives", path, len(groups) - len(keep))
     if config.max_groups is not None:
-        kept = kept[:config.max_groups]
-    if not kept:
+        keep = keep[:config.max_groups]
+    if not len(keep):
         raise InputError("no usable training group", path=path)
-    return GroupSet(kept, groups.stats, path=str(path))
+    if len(keep) == len(groups):
+        return groups
+    contiguous = int(keep[-1]) - int(keep[0]) + 1 == len(keep)
+    return groups.select(range(int(keep[0]), int(keep[-1]) + 1) if contiguous else keep)
 
 
 def input_fingerprints(model_path: str, groups: str | Path | None) -> dict[str, str | None]:
@@ -339,13 +354,19 @@ def finetune(config: FinetuneConfig) -> Path:
     accelerator = make_accelerator(config)
     config.validate(accelerator.num_processes)
     collection = BeirCollection(Path(config.data))
-    corpus = collection.load_corpus()
     if accelerator.is_main_process:
         out.mkdir(parents=True, exist_ok=True)
         write_json(out / CONFIG_FILE, {"settings": settings, "config": dataclasses.asdict(config)})
     path = groups_path(config, collection, accelerator.is_main_process)
+    # Corpus and groups as memory-mapped Arrow datasets, built once by the main process; the others then open them.
+    corpus = groups = None
+    if accelerator.is_main_process:
+        corpus = collection.corpus_dataset()
+        groups = load_training_groups(config, path, corpus)
     accelerator.wait_for_everyone()
-    groups = load_training_groups(config, path, corpus)
+    if corpus is None:
+        corpus = collection.corpus_dataset()
+        groups = load_training_groups(config, path, corpus)
     logger.info("stage %d: %d training groups from %s", config.stage, len(groups), path)
 
     tokenizer = AutoTokenizer.from_pretrained(model_path)
@@ -353,7 +374,7 @@ def finetune(config: FinetuneConfig) -> Path:
     loss = RetrievalLoss(in_batch=config.in_batch, gather=config.gather, alpha=config.alpha,
                          teacher_temperature=config.teacher_temperature)
     model = DualEncoder.from_pretrained(model_path, representation=representation, tied=config.tied, loss=loss)
-    collator = GroupCollator(tokenizer, corpus, config.num_negatives, config.query_max_len, config.passage_max_len,
+    collator = GroupCollator(tokenizer, CorpusTexts(corpus), config.num_negatives, config.query_max_len, config.passage_max_len,
                              teacher_scores=config.stage == 3)
     training = {"stage": config.stage, "query_max_len": config.query_max_len,
                 "passage_max_len": config.passage_max_len, "num_negatives": config.num_negatives,
