@@ -7,19 +7,32 @@
 * :mod:`~pretrieve.retrieval.encode` — batched, length-sorted encoding; corpus shards with caching;
 * :mod:`~pretrieve.retrieval.faiss_search` — :class:`FaissIndex`, :func:`search_shards`, and the end-to-end
   :func:`search_embeddings` / :func:`dense_run`;
-* :mod:`~pretrieve.retrieval.throughput` — the encoding-throughput benchmark.
+* :mod:`~pretrieve.retrieval.throughput` — the encoding-throughput benchmark;
+* :mod:`~pretrieve.retrieval.fusion` — reciprocal rank fusion and normalised weighted sums of runs (ranx).
 
 Knows nothing about training: it reads checkpoints, it never writes them.
 """
 
-from pretrieve.retrieval.bm25 import BM25Index, BM25Params, bm25_run
-from pretrieve.retrieval.encode import (EmbeddingShard, encode_corpus, encode_queries, encode_texts, find_shards,
-                                        load_shard, shard_bounds)
-from pretrieve.retrieval.encoder import POOLING_MODES, DenseEncoder, pool, read_sentence_transformers_config
-from pretrieve.retrieval.faiss_search import FaissIndex, dense_run, merge_topk, search_embeddings, search_shards
+import importlib
 
-__all__ = [
-    "BM25Index", "BM25Params", "DenseEncoder", "EmbeddingShard", "FaissIndex", "POOLING_MODES", "bm25_run",
-    "dense_run", "encode_corpus", "encode_queries", "encode_texts", "find_shards", "load_shard", "merge_topk",
-    "pool", "read_sentence_transformers_config", "search_embeddings", "search_shards", "shard_bounds",
-]
+# Imported on first use (PEP 562), so that a module that needs no model — ``fusion``, ``bm25`` — does not load
+# torch through this package.
+_EXPORTS = {
+    "BM25Index": "bm25", "BM25Params": "bm25", "bm25_run": "bm25",
+    "EmbeddingShard": "encode", "encode_corpus": "encode", "encode_queries": "encode", "encode_texts": "encode",
+    "find_shards": "encode", "load_shard": "encode", "shard_bounds": "encode",
+    "POOLING_MODES": "encoder", "DenseEncoder": "encoder", "pool": "encoder",
+    "read_sentence_transformers_config": "encoder",
+    "FaissIndex": "faiss_search", "dense_run": "faiss_search", "merge_topk": "faiss_search",
+    "search_embeddings": "faiss_search", "search_shards": "faiss_search",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name in _EXPORTS:
+        value = getattr(importlib.import_module(f"pretrieve.retrieval.{_EXPORTS[name]}"), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'pretrieve.retrieval' has no attribute {name!r}")

@@ -1,0 +1,341 @@
+"""Fusion of ranked runs: reciprocal rank fusion and a normalised, weighted score combination.
+
+Lexical and dense retrievers fail on different queries, and combining their rankings is the cheapest gain
+a practitioner can have: reciprocal rank fusion of BM25 and an off-the-shelf dense model beats both on
+SciFact and Cranfield without any training (docs/results.md). Two fusions over ``N`` runs
+(``{query_id: {doc_id: score}}``):
+
+* ``rrf`` — reciprocal rank fusion (Cormack, Clarke & Büttcher, SIGIR 2009): a document scores
+  ``Σ_i 1 / (k + rank_i)`` over the runs that retrieved it, ``k = 60``. Ranks follow ``trec_eval``'s order
+  (score descending, ties by document id descending; :func:`pretrieve.evaluation.trec_eval_ranking`), so a
+  run file fuses the way it is evaluated. Nothing to fit.
+* ``wsum`` — each run's scores are normalised per query, ``minmax`` (``(s − min) / (max − min)``) or
+  ``zscore`` (``(s − mean) / std``, population std over the query's retrieved documents), then combined with
+  convex weights ``Σ_i w_i · s̃_i`` (``w_i ≥ 0``, ``Σ w_i = 1``). A document that a run did not retrieve
+  gets that run's lowest retrieved score for the query (it ranks at most there) before normalisation —
+  for ``minmax`` that is 0, what ranx assumes; for ``zscore`` it keeps an unretrieved document below every
+  retrieved one instead of at the mean.
+
+The arithmetic is ranx's (``ranx.fuse``: ``rrf``, ``wsum`` with ``min-max`` / ``zmuv`` normalisation;
+Bassani & Romelli, CIKM 2022); this module fixes the conventions above (ranks, unretrieved documents, query
+sets, depth) and checks inputs. Each input run is cut to its top ``depth`` before fusion, and so is the result.
+
+**Fitting without touching the test set.** :func:`fit_fusion` chooses the weights (and, given several
+candidates, the method and normalisation) that maximise a measure on *training* queries. It receives the
+training runs and the training qrels as values — it never opens a file — so nothing it does can read the
+queries or judgments of the runs that are fused afterwards. Callers load only the training split's qrels
+(``pretrieve fuse --fit-data DIR --fit-split train``; the recipe's ``fuse`` stage), and ``fit_split`` may not
+be ``test``. The grid is the simplex with step ``step`` (0.05: weights 0, 0.05, …, 1 for two runs); ties
+go to the weights closest to uniform.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import math
+import warnings
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+from pretrieve.errors import ConfigError, InputError
+
+logger = logging.getLogger(__name__)
+
+Run = Mapping[str, Mapping[str, float]]
+Qrels = Mapping[str, Mapping[str, int]]
+
+METHODS = ("rrf", "wsum")
+NORMS = ("minmax", "zscore")
+RRF_K = 60
+DEFAULT_DEPTH = 1000
+DEFAULT_STEP = 0.05
+DEFAULT_FIT_MEASURE = "nDCG@10"
+TEST_SPLIT = "test"
+_RANX_NORMS = {"minmax": "min-max", "zscore": "zmuv"}
+
+
+@dataclass(frozen=True)
+class FusionSpec:
+    """How runs are fused: ``rrf`` (``k``) or ``wsum`` (``norm``, convex ``weights``; None = uniform)."""
+
+    method: str = "rrf"
+    norm: str | None = None
+    weights: tuple[float, ...] | None = None
+    k: int = RRF_K
+    depth: int = DEFAULT_DEPTH
+    fit: dict[str, Any] | None = field(default=None, compare=False)   # how the weights were chosen, if fitted
+
+    def check(self, n_runs: int | None = None) -> "FusionSpec":
+        """Validated (raises :class:`ConfigError`); returns self."""
+        if self.method not in METHODS:
+            raise ConfigError(f"fusion method must be one of {', '.join(METHODS)}, got {self.method!r}")
+        if self.depth < 1:
+            raise ConfigError(f"fusion depth must be >= 1, got {self.depth}")
+        if self.method == "rrf":
+            if self.norm is not None or self.weights is not None:
+                raise ConfigError("rrf fuses ranks: it takes neither a normalisation nor weights (use --method wsum)")
+            if self.k < 1:
+                raise ConfigError(f"rrf k must be >= 1, got {self.k}")
+            return self
+        if self.norm not in NORMS:
+            raise ConfigError(f"wsum needs a normalisation, one of {', '.join(NORMS)}; got {self.norm!r}")
+        if self.weights is not None:
+            check_weights(self.weights, n_runs)
+        return self
+
+    def settings(self) -> dict[str, Any]:
+        """What determines the fused run (recorded in its sidecar)."""
+        values = {"method": self.method, "depth": self.depth}
+        if self.method == "rrf":
+            values["k"] = self.k
+        else:
+            values.update(norm=self.norm, weights=list(self.weights) if self.weights is not None else None)
+        return values
+
+    def describe(self) -> str:
+        """``rrf(k=60)`` / ``wsum(zscore; 0.3, 0.7)``."""
+        if self.method == "rrf":
+            return f"rrf(k={self.k})"
+        weights = "uniform" if self.weights is None else ", ".join(f"{w:g}" for w in self.weights)
+        return f"wsum({self.norm}; {weights})"
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["weights"] = list(self.weights) if self.weights is not None else None
+        return data
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "FusionSpec":
+        weights = data.get("weights")
+        return cls(method=str(data.get("method", "rrf")), norm=data.get("norm"),
+                   weights=tuple(float(w) for w in weights) if weights is not None else None,
+                   k=int(data.get("k", RRF_K)), depth=int(data.get("depth", DEFAULT_DEPTH)), fit=data.get("fit"))
+
+
+def check_weights(weights: Sequence[float], n_runs: int | None = None) -> tuple[float, ...]:
+    """Convex weights: one per run, each ≥ 0, summing to 1 (within 1e-6)."""
+    values = tuple(float(w) for w in weights)
+    if n_runs is not None and len(values) != n_runs:
+        raise ConfigError(f"{len(values)} weight(s) for {n_runs} runs: give one weight per run")
+    if any(not math.isfinite(w) or w < 0 for w in values):
+        raise ConfigError(f"weights must be finite and >= 0, got {list(values)}")
+    if abs(sum(values) - 1.0) > 1e-6:
+        raise ConfigError(f"weights must sum to 1 (a convex combination), got {list(values)} (sum {sum(values):g})")
+    return values
+
+
+# ------------------------------------------------------------------------------------------- fusing
+def fuse_runs(runs: Sequence[Run], spec: FusionSpec) -> dict[str, dict[str, float]]:
+    """The fused run (every query of any input run; each query's top ``spec.depth``)."""
+    runs = list(runs)
+    if len(runs) < 2:
+        raise ConfigError(f"fusion needs at least two runs, got {len(runs)}")
+    spec.check(len(runs))
+    queries, ranx_runs = _ranx_inputs(runs, spec)
+    return _combine(ranx_runs, queries, spec)
+
+
+def _ranx_inputs(runs: Sequence[Run], spec: FusionSpec) -> tuple[list[str], list[Any]]:
+    """Every query of any run, and the runs as ranx runs prepared for ``spec.method`` (module docstring)."""
+    queries = list(dict.fromkeys(qid for run in runs for qid in run))
+    if not queries:
+        raise InputError("the runs to fuse have no query")
+    prepared = [_prepared(run, queries, spec.depth, ranks=spec.method == "rrf") for run in runs]
+    if spec.method == "wsum":
+        prepared = _fill_unretrieved(prepared, queries)
+    return queries, _to_ranx(prepared)
+
+
+def _combine(ranx_runs: list[Any], queries: Sequence[str], spec: FusionSpec) -> dict[str, dict[str, float]]:
+    from pretrieve.data.trec import top_k
+
+    fused = _ranx_fuse(ranx_runs, spec) if ranx_runs else {}
+    return top_k({qid: fused.get(qid, {}) for qid in queries}, spec.depth)
+
+
+def _prepared(run: Run, queries: Sequence[str], depth: int, ranks: bool) -> dict[str, dict[str, float]]:
+    """The run's top ``depth`` per query in trec_eval order; with ``ranks``, scores replaced by
+    ``depth', …, 1`` (tie-free, so ranx ranks exactly that order)."""
+    from pretrieve.evaluation.metrics import trec_eval_ranking
+
+    out: dict[str, dict[str, float]] = {}
+    for qid in queries:
+        docs = run.get(qid) or {}
+        for doc_id, score in docs.items():
+            if not math.isfinite(float(score)):
+                raise InputError(f"score of document '{doc_id}' for query '{qid}' is not finite ({score})")
+        ranking = trec_eval_ranking(docs)[:depth]
+        out[qid] = ({doc_id: float(len(ranking) - i) for i, doc_id in enumerate(ranking)} if ranks
+                    else {doc_id: float(docs[doc_id]) for doc_id in ranking})
+    return out
+
+
+def _fill_unretrieved(runs: list[dict[str, dict[str, float]]], queries: Sequence[str]) -> list[dict]:
+    """Give a document a run did not retrieve that run's lowest score for the query (module docstring)."""
+    for qid in queries:
+        union = list(dict.fromkeys(doc_id for run in runs for doc_id in run[qid]))
+        for run in runs:
+            docs = run[qid]
+            if docs and len(docs) < len(union):
+                floor = min(docs.values())
+                for doc_id in union:
+                    docs.setdefault(doc_id, floor)
+    return runs
+
+
+def _to_ranx(runs: list[dict[str, dict[str, float]]]) -> list[Any]:
+    """ranx runs over the queries some run retrieved for (ranx needs the same query ids in every run, each with
+    an entry: a run that retrieved nothing for a query gets a placeholder no other run has, dropped later)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")   # numba's type-safety notes
+        from ranx import Run as RanxRun
+
+        queries = [qid for qid in runs[0] if any(run[qid] for run in runs)]
+        if not queries:
+            return []
+        return [RanxRun({qid: dict(run[qid]) or {_placeholder(i): 0.0} for qid in queries}, name=f"run{i}")
+                for i, run in enumerate(runs)]
+
+
+def _ranx_fuse(ranx_runs: list[Any], spec: FusionSpec) -> dict[str, dict[str, float]]:
+    """``ranx.fuse``: rrf, or wsum after min-max / zmuv normalisation."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        from ranx import fuse
+
+        n_runs = len(ranx_runs)
+        if spec.method == "rrf":
+            fused = fuse(ranx_runs, norm=None, method="rrf", params={"k": spec.k})
+        else:
+            weights = list(spec.weights) if spec.weights is not None else [1.0 / n_runs] * n_runs
+            fused = fuse(ranx_runs, norm=_RANX_NORMS[spec.norm], method="wsum", params={"weights": weights})
+        result = fused.to_dict()
+    placeholders = {_placeholder(i) for i in range(n_runs)}
+    return {qid: {doc_id: float(score) for doc_id, score in docs.items() if doc_id not in placeholders}
+            for qid, docs in result.items()}
+
+
+def _placeholder(i: int) -> str:
+    return f"\x00pretrieve-empty-{i}"
+
+
+# ------------------------------------------------------------------------------------------- fitting
+def fit_fusion(train_runs: Sequence[Run], train_qrels: Qrels,
+               candidates: Sequence[tuple[str, str | None]] = (("wsum", "minmax"),),
+               measure: str = DEFAULT_FIT_MEASURE, step: float = DEFAULT_STEP, depth: int = DEFAULT_DEPTH,
+               k: int = RRF_K, split: str = "train") -> FusionSpec:
+    """The fusion that scores best on the training queries: for each candidate ``(method, norm)`` (``rrf``
+    has nothing to fit; ``wsum`` tries every convex weight vector on the grid of ``step``), the mean
+    ``measure`` of the fused training runs against ``train_qrels``.
+
+    Only values come in — the training runs and the training qrels, no path — so the test queries and their
+    judgments cannot take part. ``split`` names where the qrels came from (recorded); ``test`` is refused.
+    """
+    from pretrieve.evaluation.metrics import RunEvaluator
+
+    if split == TEST_SPLIT:
+        raise ConfigError("fusion weights are fitted on training queries, never on the test split "
+                          "(use the train or a dev split)")
+    train_runs = list(train_runs)
+    if len(train_runs) < 2:
+        raise ConfigError(f"fitting a fusion needs at least two training runs, got {len(train_runs)}")
+    if not candidates:
+        raise ConfigError("give at least one (method, norm) candidate to fit")
+    if not 0.0 < step <= 0.5 or abs(round(1.0 / step) * step - 1.0) > 1e-9:
+        raise ConfigError(f"step must divide 1 (e.g. 0.05, 0.1, 0.25), got {step}")
+    judged = [qid for qid in train_qrels if any(qid in run for run in train_runs)]
+    if not judged:
+        raise InputError("the training runs share no query with the training qrels")
+    evaluator = RunEvaluator(train_qrels, [measure])
+    trials: list[tuple[float, float, FusionSpec]] = []
+    for method, norm in candidates:
+        specs = ([FusionSpec("rrf", k=k, depth=depth)] if method == "rrf" else
+                 [FusionSpec("wsum", norm, weights, depth=depth) for weights in simplex_grid(len(train_runs), step)])
+        queries, ranx_runs = _ranx_inputs(train_runs, specs[0].check(len(train_runs)))   # prepared once
+        for spec in specs:
+            score = evaluator(_combine(ranx_runs, queries, spec.check(len(train_runs)))).aggregate[measure]
+            trials.append((score, _distance_from_uniform(spec, len(train_runs)), spec))
+    best_score, _, best = max(trials, key=lambda t: (round(t[0], 12), -t[1]))
+    singles = {f"run{i}": evaluator(run).aggregate[measure] for i, run in enumerate(train_runs)}
+    report = {"split": split, "measure": measure, "queries": len(judged), "step": step,
+              "score": best_score, "single_runs": singles,
+              "trials": [{"fusion": spec.describe(), "score": score} for score, _, spec in trials]}
+    logger.info("fitted %s on %d %s queries: %s %.4f (single runs: %s)", best.describe(), len(judged), split,
+                measure, best_score, ", ".join(f"{v:.4f}" for v in singles.values()))
+    return replace(best, fit=report)
+
+
+def simplex_grid(n: int, step: float) -> list[tuple[float, ...]]:
+    """Every weight vector of ``n`` non-negative multiples of ``step`` that sum to 1 (exactly: integer parts)."""
+    parts = round(1.0 / step)
+    grid = []
+    for cuts in itertools.combinations(range(parts + n - 1), n - 1):   # stars and bars
+        bounds = (-1, *cuts, parts + n - 1)
+        grid.append(tuple(round((bounds[i + 1] - bounds[i] - 1) / parts, 10) for i in range(n)))
+    return sorted(grid)
+
+
+def _distance_from_uniform(spec: FusionSpec, n: int) -> float:
+    if spec.weights is None:
+        return 0.0
+    return float(sum((w - 1.0 / n) ** 2 for w in spec.weights))
+
+
+def parse_candidates(method: str, norm: str | None) -> list[tuple[str, str | None]]:
+    """``method`` rrf | wsum | auto and ``norm`` minmax | zscore | None → the candidates :func:`fit_fusion` tries
+    (``auto``: rrf and wsum with the given norm, or with both norms when none is given)."""
+    if method == "auto":
+        norms = [norm] if norm else list(NORMS)
+        return [("rrf", None)] + [("wsum", n) for n in norms]
+    if method == "rrf":
+        return [("rrf", None)]
+    if method == "wsum":
+        return [("wsum", norm or "minmax")]
+    raise ConfigError(f"fusion method must be one of {', '.join((*METHODS, 'auto'))}, got {method!r}")
+
+
+# ------------------------------------------------------------------------------------------- files
+def fit_on_split(train_run_paths: Sequence[str | Path], collection: str | Path, split: str = "train",
+                 candidates: Sequence[tuple[str, str | None]] = (("wsum", "minmax"),),
+                 measure: str = DEFAULT_FIT_MEASURE, step: float = DEFAULT_STEP, depth: int = DEFAULT_DEPTH,
+                 k: int = RRF_K) -> FusionSpec:
+    """:func:`fit_fusion` on run files of ``split``'s queries and that split's qrels only (``test`` refused
+    before anything is read)."""
+    from pretrieve.data.beir import BeirCollection
+    from pretrieve.data.trec import read_run
+
+    if split == TEST_SPLIT:
+        raise ConfigError("fusion weights are fitted on training queries, never on the test split "
+                          "(use the train or a dev split)")
+    qrels = BeirCollection(Path(collection)).load_qrels(split)
+    return fit_fusion([read_run(path) for path in train_run_paths], qrels, candidates=candidates, measure=measure,
+                      step=step, depth=depth, k=k, split=split)
+
+
+def fit_record(spec: FusionSpec) -> dict[str, Any] | None:
+    """The part of a fitted spec's report that describes the fit (recorded with the fused run)."""
+    if not spec.fit:
+        return None
+    return {key: spec.fit[key] for key in ("split", "measure", "queries", "step", "score") if key in spec.fit}
+
+
+def write_fused_run(run_paths: Sequence[str | Path], out: str | Path, spec: FusionSpec, tag: str = "fused",
+                    fit_inputs: Mapping[str, str | Path] | None = None) -> dict[str, dict[str, float]]:
+    """Fuse run files into ``out`` (TREC, atomic, with the freshness sidecar: the fusion's settings and the
+    fingerprints of the input runs — and of the training runs and qrels when the weights were fitted)."""
+    from pretrieve import artifacts
+    from pretrieve.data.trec import read_run, write_run
+
+    fused = fuse_runs([read_run(path) for path in run_paths], spec)
+    inputs = {f"run{i + 1}": Path(path) for i, path in enumerate(run_paths)}
+    inputs.update({name: Path(path) for name, path in (fit_inputs or {}).items()})
+    with artifacts.write_file(out, kind="run", settings=fusion_settings(spec), inputs=inputs) as tmp:
+        write_run(fused, tmp, tag=tag, depth=spec.depth)
+    return fused
+
+
+def fusion_settings(spec: FusionSpec) -> dict[str, Any]:
+    """A fused run's recorded settings: the fusion, and how its weights were fitted (if they were)."""
+    return {"fusion": spec.settings(), "fitted": fit_record(spec)}

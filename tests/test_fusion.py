@@ -1,0 +1,309 @@
+"""Run fusion (pretrieve.retrieval.fusion, `pretrieve fuse`): hand-computed values, conventions, fitting on train only."""
+
+from __future__ import annotations
+
+import builtins
+import contextlib
+import json
+import math
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from pretrieve import artifacts
+from pretrieve.data.beir import BeirCollection
+from pretrieve.data.trec import read_run, write_run
+from pretrieve.errors import ConfigError
+from pretrieve.retrieval.fusion import (FusionSpec, fit_fusion, fit_on_split, fuse_runs, parse_candidates,
+                                        simplex_grid)
+
+R1 = {"q1": {"a": 3.0, "b": 2.0, "c": 1.0}, "q2": {"x": 1.0, "y": 0.5}}
+R2 = {"q1": {"b": 10.0, "d": 5.0, "a": 1.0}, "q2": {"y": 2.0, "z": 1.0}, "q3": {"m": 1.0}}
+
+
+def close(a: dict, b: dict) -> None:
+    assert a.keys() == b.keys()
+    for qid in a:
+        assert a[qid].keys() == b[qid].keys(), qid
+        for doc in a[qid]:
+            assert a[qid][doc] == pytest.approx(b[qid][doc], abs=1e-12), (qid, doc)
+
+
+def test_rrf_matches_hand_computation():
+    # q1 ranks: R1 a1 b2 c3, R2 b1 d2 a3; q2: R1 x1 y2, R2 y1 z2; q3 only in R2.
+    expected = {"q1": {"a": 1 / 61 + 1 / 63, "b": 1 / 62 + 1 / 61, "c": 1 / 63, "d": 1 / 62},
+                "q2": {"x": 1 / 61, "y": 1 / 62 + 1 / 61, "z": 1 / 62},
+                "q3": {"m": 1 / 61}}
+    fused = fuse_runs([R1, R2], FusionSpec("rrf"))
+    close(fused, expected)
+    assert list(fused["q1"]) == ["b", "a", "d", "c"]          # best first
+    close(fuse_runs([R1, R2], FusionSpec("rrf", k=1)),
+          {"q1": {"a": 1 / 2 + 1 / 4, "b": 1 / 3 + 1 / 2, "c": 1 / 4, "d": 1 / 3},
+           "q2": {"x": 1 / 2, "y": 1 / 3 + 1 / 2, "z": 1 / 3}, "q3": {"m": 1 / 2}})
+
+
+def test_rrf_ranks_ties_as_trec_eval_does():
+    # equal scores: trec_eval ranks the larger document id first, so "b" is rank 1 and "a" rank 2
+    fused = fuse_runs([{"q": {"a": 1.0, "b": 1.0}}, {"q": {"c": 5.0}}], FusionSpec("rrf"))
+    assert fused["q"]["b"] == pytest.approx(1 / 61)
+    assert fused["q"]["a"] == pytest.approx(1 / 62)
+
+
+def test_minmax_weighted_sum_matches_hand_computation():
+    # q1: R1 lacks d (filled with R1's floor 1 → 0 after min-max): a 1, b .5, c 0, d 0;
+    #     R2 lacks c (floor 1): b 1, d (5-1)/9, a 0, c 0.
+    expected = {"q1": {"a": 0.3 * 1, "b": 0.3 * 0.5 + 0.7 * 1, "c": 0.0, "d": 0.7 * 4 / 9},
+                "q2": {"x": 0.3 * 1, "y": 0.7 * 1, "z": 0.0},
+                "q3": {"m": 0.0}}     # one document: max = min, ranx scores it 0
+    close(fuse_runs([R1, R2], FusionSpec("wsum", "minmax", (0.3, 0.7))), expected)
+
+
+def test_zscore_weighted_sum_matches_hand_computation():
+    def z(values: dict) -> dict:
+        mean = sum(values.values()) / len(values)
+        std = math.sqrt(sum((v - mean) ** 2 for v in values.values()) / len(values))
+        return {k: (v - mean) / std for k, v in values.items()}
+
+    # unretrieved documents get the run's lowest score for the query before normalisation
+    q1 = (z({"a": 3, "b": 2, "c": 1, "d": 1}), z({"b": 10, "d": 5, "a": 1, "c": 1}))
+    q2 = (z({"x": 1, "y": 0.5, "z": 0.5}), z({"y": 2, "z": 1, "x": 1}))
+    expected = {"q1": {doc: 0.25 * q1[0][doc] + 0.75 * q1[1][doc] for doc in "abcd"},
+                "q2": {doc: 0.25 * q2[0][doc] + 0.75 * q2[1][doc] for doc in "xyz"},
+                "q3": {"m": 0.0}}
+    fused = fuse_runs([R1, R2], FusionSpec("wsum", "zscore", (0.25, 0.75)))
+    close(fused, expected)
+    # the filled floor keeps the unretrieved "c" below everything R2 retrieved: not at R2's mean (0)
+    assert fused["q1"]["c"] < fused["q1"]["a"]
+
+
+def reference(runs, spec):
+    """A plain-Python fusion with the module's conventions, for the random cross-check."""
+    from pretrieve.evaluation.metrics import trec_eval_ranking
+
+    out = {}
+    for qid in dict.fromkeys(q for run in runs for q in run):
+        lists = [{d: run.get(qid, {})[d] for d in trec_eval_ranking(run.get(qid, {}))[:spec.depth]} for run in runs]
+        union = list(dict.fromkeys(d for docs in lists for d in docs))
+        scores = dict.fromkeys(union, 0.0)
+        for i, docs in enumerate(lists):
+            if spec.method == "rrf":
+                for rank, d in enumerate(docs, start=1):
+                    scores[d] += 1 / (spec.k + rank)
+                continue
+            if not docs:
+                continue
+            filled = {d: docs.get(d, min(docs.values())) for d in union}
+            lo, hi = min(filled.values()), max(filled.values())
+            mean = sum(filled.values()) / len(filled)
+            std = max(math.sqrt(sum((v - mean) ** 2 for v in filled.values()) / len(filled)), 1e-9)
+            for d, v in filled.items():
+                norm = (v - lo) / (hi - lo) if spec.norm == "minmax" and hi > lo else \
+                    0.0 if spec.norm == "minmax" else (v - mean) / std
+                scores[d] += spec.weights[i] * norm
+        out[qid] = dict(sorted(scores.items(), key=lambda kv: -kv[1])[:spec.depth])
+    return out
+
+
+@pytest.mark.parametrize("spec", [FusionSpec("rrf", depth=15), FusionSpec("wsum", "minmax", (0.2, 0.5, 0.3), depth=15),
+                                  FusionSpec("wsum", "zscore", (0.6, 0.1, 0.3), depth=15)])
+def test_random_runs_agree_with_a_plain_reference(spec):
+    rng = random.Random(7)
+    docs = [f"d{i}" for i in range(40)]
+    runs = [{f"q{q}": {d: round(rng.uniform(-3, 9), 1) for d in rng.sample(docs, rng.randint(1, 25))}
+             for q in range(12) if rng.random() < 0.9} for _ in range(3)]
+    fused, expected = fuse_runs(runs, spec), reference(runs, spec)
+    assert fused.keys() == expected.keys()
+    for qid in fused:
+        assert len(fused[qid]) == len(expected[qid]) <= 15
+        for doc, score in fused[qid].items():       # the same scores (ties at the cut may keep other docs)
+            if doc in expected[qid]:
+                assert score == pytest.approx(expected[qid][doc], abs=1e-9)
+        assert sorted(fused[qid].values()) == pytest.approx(sorted(expected[qid].values()), abs=1e-9)
+
+
+@pytest.mark.parametrize("spec, message", [
+    (FusionSpec("rrf", weights=(0.5, 0.5)), "neither"),
+    (FusionSpec("wsum", "minmax", (0.5, 0.6)), "sum to 1"),
+    (FusionSpec("wsum", "minmax", (1.0,)), "one weight per run"),
+    (FusionSpec("wsum", "minmax", (-0.5, 1.5)), ">= 0"),
+    (FusionSpec("wsum", None), "normalisation"),
+    (FusionSpec("comb", None), "method"),
+])
+def test_bad_specs_are_one_line_errors(spec, message):
+    with pytest.raises(ConfigError, match=message):
+        fuse_runs([R1, R2], spec)
+
+
+def test_simplex_grid_is_exact():
+    assert simplex_grid(2, 0.25) == [(0.0, 1.0), (0.25, 0.75), (0.5, 0.5), (0.75, 0.25), (1.0, 0.0)]
+    grid = simplex_grid(3, 0.05)
+    assert len(grid) == 231 and all(abs(sum(w) - 1) < 1e-9 for w in grid)   # C(22, 2): stars and bars
+
+
+def _train_example():
+    """Run "good" ranks each query's relevant document first, "bad" last: the fit must weight "good" (ties of the
+    fused scores rank the relevant document, "a-rel", below the negatives "n*", as trec_eval does)."""
+    qrels, good, bad = {}, {}, {}
+    for q in range(8):
+        qid = f"t{q}"
+        qrels[qid] = {f"{qid}-a-rel": 1}
+        docs = [f"{qid}-a-rel"] + [f"{qid}-n{i}" for i in range(5)]
+        good[qid] = {d: float(len(docs) - i) for i, d in enumerate(docs)}
+        bad[qid] = {d: float(i) for i, d in enumerate(docs)}
+    return [bad, good], qrels
+
+
+def test_fit_prefers_the_better_run_and_records_how():
+    runs, qrels = _train_example()
+    spec = fit_fusion(runs, qrels, candidates=[("wsum", "minmax")], step=0.25)
+    assert spec.method == "wsum" and spec.norm == "minmax"
+    assert spec.weights[1] > 0.5                 # every weight > .5 on "good" ranks the relevant doc first
+    assert spec.weights == (0.25, 0.75)          # of the tied best, the one closest to uniform
+    assert spec.fit["split"] == "train" and spec.fit["queries"] == 8 and spec.fit["score"] == pytest.approx(1.0)
+    assert len(spec.fit["trials"]) == 5
+    auto = fit_fusion(runs, qrels, candidates=parse_candidates("auto", None), step=0.25)
+    assert {t["fusion"].split("(")[0] for t in auto.fit["trials"]} == {"rrf", "wsum"}
+
+
+def test_fit_refuses_the_test_split():
+    runs, qrels = _train_example()
+    with pytest.raises(ConfigError, match="never on the test split"):
+        fit_fusion(runs, qrels, split="test")
+
+
+# ------------------------------------------------------------------------------------------- files and CLI
+def tiny_collection(root: Path) -> Path:
+    """A BEIR-layout collection with disjoint train (t*) and test (s*) queries."""
+    (root / "qrels").mkdir(parents=True)
+    runs, qrels = _train_example()
+    docs = sorted({d for run in runs for ds in run.values() for d in ds})
+    (root / "corpus.jsonl").write_text("".join(json.dumps({"_id": d, "text": d}) + "\n" for d in docs))
+    (root / "queries.jsonl").write_text("".join(json.dumps({"_id": q, "text": q}) + "\n" for q in [*qrels, "s1"]))
+    (root / "qrels" / "train.tsv").write_text("query-id\tcorpus-id\tscore\n"
+                                              + "".join(f"{q}\t{d}\t1\n" for q, ds in qrels.items() for d in ds))
+    (root / "qrels" / "test.tsv").write_text("query-id\tcorpus-id\tscore\ns1\tt0-a-rel\t1\n")
+    write_run(runs[0], root / "bad-train.trec")
+    write_run(runs[1], root / "good-train.trec")
+    write_run({"s1": {"t0-a-rel": 1.0, "t0-n1": 2.0}}, root / "bad-test.trec")
+    write_run({"s1": {"t0-a-rel": 5.0, "t0-n1": 1.0}}, root / "good-test.trec")
+    return root
+
+
+@contextlib.contextmanager
+def forbid_test_qrels(monkeypatch):
+    """Any open() of a test-split qrels file (builtins, io or pathlib) fails; yields the names opened."""
+    opened: list[str] = []
+    real_open = builtins.open
+
+    def spy(file, *args, **kwargs):
+        name = str(file).replace("\\", "/")
+        opened.append(name)
+        if name.endswith("qrels/test.tsv"):
+            raise AssertionError(f"test qrels opened while fitting: {name}")
+        return real_open(file, *args, **kwargs)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(builtins, "open", spy)
+        patch.setattr("io.open", spy)
+        yield opened
+
+
+def test_fit_on_split_never_reads_test_qrels(tmp_path, monkeypatch):
+    root = tiny_collection(tmp_path / "c")
+    with forbid_test_qrels(monkeypatch) as opened:
+        spec = fit_on_split([root / "bad-train.trec", root / "good-train.trec"], root, "train", step=0.25)
+        with pytest.raises(ConfigError, match="never on the test split"):
+            fit_on_split([root / "bad-train.trec", root / "good-train.trec"], root, "test")
+        with pytest.raises(AssertionError, match="test qrels opened"):    # the spy does catch a read
+            BeirCollection(root).load_qrels("test")
+    assert spec.weights == (0.25, 0.75)
+    assert any(name.endswith("qrels/train.tsv") for name in opened)      # the spy saw the reads
+
+
+def test_cli_fuse_fits_on_train_only_and_records_inputs(tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    import pretrieve.retrieval.fusion as fusion
+    from pretrieve.cli import app
+
+    root = tiny_collection(tmp_path / "c")
+    out = tmp_path / "fused.trec"
+    real_fit = fusion.fit_on_split
+    seen: list[str] = []
+
+    def guarded_fit(*args, **kwargs):      # while the command fits, opening qrels/test.tsv fails it
+        with forbid_test_qrels(monkeypatch) as opened:
+            try:
+                return real_fit(*args, **kwargs)
+            finally:
+                seen.extend(opened)
+
+    monkeypatch.setattr(fusion, "fit_on_split", guarded_fit)
+    result = CliRunner().invoke(app, ["fuse", str(root / "bad-test.trec"), str(root / "good-test.trec"), "--method",
+                                      "wsum", "--norm", "minmax", "--fit-data", str(root), "--fit-split", "train",
+                                      "--fit-runs", f"{root / 'bad-train.trec'},{root / 'good-train.trec'}",
+                                      "--fit-step", "0.25", "--out", str(out)])
+    assert result.exit_code == 0, (result.output, result.exception)
+    assert any(name.endswith("qrels/train.tsv") for name in seen)
+    fused = read_run(out)
+    assert list(fused["s1"]) == ["t0-a-rel", "t0-n1"]      # 0.25·(0, 1) + 0.75·(1, 0)
+    assert fused["s1"]["t0-a-rel"] == pytest.approx(0.75)
+    sidecar = artifacts.read_sidecar(out)
+    assert sidecar["settings"]["fusion"] == {"method": "wsum", "depth": 1000, "norm": "minmax", "weights": [0.25, 0.75]}
+    assert sidecar["settings"]["fitted"]["split"] == "train"
+    assert set(sidecar["inputs"]) == {"run1", "run2", "fit_run1", "fit_run2", "fit_qrels"}
+    assert artifacts.is_current(out, sidecar["settings"], {"run1": root / "bad-test.trec", "run2": root / "good-test.trec",
+                                                           "fit_run1": root / "bad-train.trec",
+                                                           "fit_run2": root / "good-train.trec",
+                                                           "fit_qrels": root / "qrels" / "train.tsv"})
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--fit-split", "test"], "never on the test split"),
+    (["--weights", "0.5,0.5"], "either --weights or"),
+    (["--method", "rrf"], "nothing to fit"),
+])
+def test_cli_fuse_bad_fitting_options_exit_2(tmp_path, args, message):
+    from pretrieve.cli import app
+    from typer.testing import CliRunner
+
+    root = tiny_collection(tmp_path / "c")
+    base = ["fuse", str(root / "bad-test.trec"), str(root / "good-test.trec"), "--out", str(tmp_path / "f.trec"),
+            "--fit-data", str(root), "--fit-runs", str(root / "bad-train.trec"), "--fit-runs",
+            str(root / "good-train.trec")]
+    if "--method" not in args:
+        base += ["--method", "wsum"]
+    result = CliRunner().invoke(app, base + args)
+    assert result.exit_code != 0
+    assert message in str(result.exception) + result.output
+    assert not (tmp_path / "f.trec").exists()
+
+
+def test_cli_rrf_with_weights_is_refused(tmp_path):
+    from pretrieve.cli import app
+    from typer.testing import CliRunner
+
+    root = tiny_collection(tmp_path / "c")
+    result = CliRunner().invoke(app, ["fuse", str(root / "bad-test.trec"), str(root / "good-test.trec"),
+                                      "--weights", "0.5,0.5", "--out", str(tmp_path / "f.trec")])
+    assert result.exit_code != 0 and "--method wsum" in str(result.exception)
+
+
+def test_fusion_needs_no_torch(tmp_path):
+    """The fusion library path (fit on train files, write the fused run) never imports torch."""
+    root = tiny_collection(tmp_path / "c")
+    code = f"""
+import sys
+from pathlib import Path
+from pretrieve.retrieval import fusion
+root = Path({str(root)!r})
+spec = fusion.fit_on_split([root / 'bad-train.trec', root / 'good-train.trec'], root, 'train', step=0.5)
+fusion.write_fused_run([root / 'bad-test.trec', root / 'good-test.trec'], root / 'f.trec', spec)
+assert 'torch' not in sys.modules, 'torch was imported'
+print('ok')
+"""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and "ok" in done.stdout, done.stderr[-2000:]
