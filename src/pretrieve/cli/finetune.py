@@ -14,8 +14,7 @@ import typer
 from rich.console import Console
 
 from pretrieve.cli import app
-from pretrieve.train.finetuner import FinetuneConfig
-from pretrieve.train.reranker import RerankerConfig
+from pretrieve.train.settings import FinetuneSettings, RerankerSettings
 
 err = Console(stderr=True)
 
@@ -40,11 +39,11 @@ def _option(config_cls, name: str, *flags: str, extra: str = "", default_text: s
 
 
 def _ft(name: str, *flags: str, **kwargs):
-    return _option(FinetuneConfig, name, *flags, **kwargs)
+    return _option(FinetuneSettings, name, *flags, **kwargs)
 
 
 def _rr(name: str, *flags: str, **kwargs):
-    return _option(RerankerConfig, name, *flags, **kwargs)
+    return _option(RerankerSettings, name, *flags, **kwargs)
 
 
 

@@ -10,16 +10,25 @@
 * :mod:`~pretrieve.retrieval.throughput` — the encoding-throughput benchmark.
 
 Knows nothing about training: it reads checkpoints, it never writes them.
+
+The names below are imported on first use (PEP 562), so ``import pretrieve.retrieval.bm25`` (the ``bm25``
+command) does not import torch through the dense modules.
 """
 
-from pretrieve.retrieval.bm25 import BM25Index, BM25Params, bm25_run
-from pretrieve.retrieval.encode import (EmbeddingShard, encode_corpus, encode_queries, encode_texts, find_shards,
-                                        load_shard, shard_bounds)
-from pretrieve.retrieval.encoder import POOLING_MODES, DenseEncoder, pool, read_sentence_transformers_config
-from pretrieve.retrieval.faiss_search import FaissIndex, dense_run, merge_topk, search_embeddings, search_shards
+import importlib
 
-__all__ = [
-    "BM25Index", "BM25Params", "DenseEncoder", "EmbeddingShard", "FaissIndex", "POOLING_MODES", "bm25_run",
-    "dense_run", "encode_corpus", "encode_queries", "encode_texts", "find_shards", "load_shard", "merge_topk",
-    "pool", "read_sentence_transformers_config", "search_embeddings", "search_shards", "shard_bounds",
-]
+_EXPORTS = {
+    "bm25": ("BM25Index", "BM25Params", "bm25_run"),
+    "encode": ("EmbeddingShard", "encode_corpus", "encode_queries", "encode_texts", "find_shards", "load_shard",
+               "shard_bounds"),
+    "encoder": ("POOLING_MODES", "DenseEncoder", "pool", "read_sentence_transformers_config"),
+    "faiss_search": ("FaissIndex", "dense_run", "merge_topk", "search_embeddings", "search_shards"),
+}
+_MODULE_OF = {name: module for module, names in _EXPORTS.items() for name in names}
+__all__ = sorted(_MODULE_OF)
+
+
+def __getattr__(name: str):
+    if name not in _MODULE_OF:
+        raise AttributeError(f"module 'pretrieve.retrieval' has no attribute '{name}'")
+    return getattr(importlib.import_module(f"pretrieve.retrieval.{_MODULE_OF[name]}"), name)

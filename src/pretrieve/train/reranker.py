@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
@@ -36,31 +36,16 @@ from pretrieve.data.trec import Run, ranked_ids, read_run, write_run
 from pretrieve.errors import ConfigError, InputError
 from pretrieve.io_utils import write_json
 from pretrieve.train.loop import LoopConfig, make_accelerator, read_logs, train
+from pretrieve.train.settings import RerankerSettings
 
 logger = logging.getLogger(__name__)
 
 CONFIG_FILE = "reranker_config.json"
 
 
-def _help(text: str) -> Any:
-    return {"help": text}
-
-
 @dataclass
-class RerankerConfig(LoopConfig):
+class RerankerConfig(RerankerSettings, LoopConfig):
     """Cross-encoder training: model, groups and loop settings."""
-
-    model: str = field(default="", metadata=_help("Encoder to initialise the cross-encoder from."))
-    data: str = field(default="", metadata=_help("Collection in BEIR layout (passage texts)."))
-    groups: str = field(default="", metadata=_help("Training groups JSONL (e.g. from `pretrieve mine`)."))
-    out: str = field(default="", metadata=_help("Output directory (checkpoints, logs, final/)."))
-    num_negatives: int = field(default=7, metadata=_help("Hard negatives per query per step."))
-    max_len: int = field(default=192, metadata=_help("Token limit of a (query, passage) pair."))
-    max_groups: int | None = field(default=None, metadata=_help("Train on the first N groups only."))
-    on_unknown: str = field(default="error", metadata=_help("Unknown document ids: error | skip."))
-    batch_size: int = field(default=16, metadata=_help("Queries per optimizer step."))
-    lr: float = field(default=3e-5, metadata=_help("Peak learning rate."))
-    epochs: float = field(default=1.0, metadata=_help("Epochs when max_steps is 0."))
 
     def loop(self) -> LoopConfig:
         return LoopConfig(**{f.name: getattr(self, f.name) for f in dataclasses.fields(LoopConfig)})
