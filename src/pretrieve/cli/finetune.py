@@ -144,6 +144,8 @@ def mine_command(
                                         "positives.", show_default="200 dense (K2/K3), 1000 BM25 (K1)"),
     run_out: Optional[Path] = typer.Option(None, "--run-out", help="Also write the retrieval run (TREC) here."),
     cache: Optional[Path] = typer.Option(None, "--cache", help="Keep the corpus embeddings here (dense)."),
+    bm25_index: Optional[Path] = typer.Option(None, "--bm25-index", help="Keep the BM25 index here and reuse it "
+                                              "while the corpus is unchanged (--bm25); default: a temporary index."),
     batch_size: int = typer.Option(64, "--batch-size", min=1, help="Texts per forward pass (dense)."),
     max_length: Optional[int] = typer.Option(None, "--max-length", min=2,
                                              help="Passage token limit; default: the model's max_seq_length."),
@@ -155,15 +157,18 @@ def mine_command(
 ) -> None:
     """Hard negatives: each query's top-K by the retriever minus its positives, as training groups."""
     from pretrieve.errors import ConfigError
-    from pretrieve.retrieval.mining import bm25_negatives, mine_negatives
 
     collection = _resolve_data(data)
     if bm25 == (model is not None):
         raise ConfigError("give either --model (dense mining) or --bm25")
     if bm25:
-        path = bm25_negatives(collection, split, out, depth=depth or 1000, run_out=run_out, overwrite=overwrite)
+        from pretrieve.retrieval.bm25 import bm25_negatives
+
+        path = bm25_negatives(collection, split, out, depth=depth or 1000, run_out=run_out, overwrite=overwrite,
+                              index_dir=bm25_index, show_progress=err.is_terminal)
     else:
         from pretrieve.models import resolve_model
+        from pretrieve.retrieval.mining import mine_negatives
 
         path = mine_negatives(resolve_model(model), collection, split, out, depth=depth or 200,
                               batch_size=batch_size, max_length=max_length, query_max_length=query_max_length,

@@ -227,9 +227,9 @@ def groups_path(config: FinetuneConfig, collection: BeirCollection, is_main: boo
         raise ConfigError(missing_groups_message(config.stage))
     path = Path(config.out) / BM25_GROUPS_FILE
     if is_main:
-        from pretrieve.retrieval.mining import bm25_negatives
+        from pretrieve.retrieval.bm25 import bm25_negatives
 
-        bm25_negatives(collection, config.split, path, depth=config.bm25_depth)
+        bm25_negatives(collection, config.split, path, depth=config.bm25_depth, show_progress=config.show_progress)
     return path
 
 
