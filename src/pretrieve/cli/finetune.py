@@ -24,6 +24,8 @@ reranker_app = typer.Typer(help="Cross-encoder reranker: train on groups, re-ran
 app.add_typer(reranker_app, name="reranker")
 
 DATA_HELP = "Collection directory in BEIR layout."
+PRECISION_HELP = ("auto | fp32 | bf16; auto: bf16 only where the hardware computes it natively (a GPU with bf16, a CPU "
+                  "with AVX512-BF16/AMX), else fp32.")
 
 
 def _option(config_cls, name: str, *flags: str, extra: str = "", default_text: str | None = None, **kwargs):
@@ -225,6 +227,7 @@ def reranker_score_command(
     batch_size: int = typer.Option(64, "--batch-size", min=1, help="Pairs per forward pass."),
     max_len: Optional[int] = typer.Option(None, "--max-len", min=4,
                                           help="Pair token limit; default: the training one."),
+    precision: str = typer.Option("auto", "--precision", help=PRECISION_HELP),
     device: str = typer.Option("auto", "--device", help="cpu, cuda, cuda:1, ... or auto."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Recompute even when OUT is up to date."),
 ) -> None:
@@ -232,7 +235,8 @@ def reranker_score_command(
     from pretrieve.train.reranker import rerank_run_file
 
     path = rerank_run_file(model, _resolve_data(data), split, run, out, depth=depth, batch_size=batch_size,
-                           max_len=max_len, device=device, overwrite=overwrite)
+                           max_len=max_len, device=device, overwrite=overwrite, precision=precision,
+                           show_progress=err.is_terminal)
     err.print(f"re-ranked run: {path}", highlight=False)
 
 
@@ -247,6 +251,7 @@ def reranker_teacher_command(
     batch_size: int = typer.Option(64, "--batch-size", min=1, help="Pairs per forward pass."),
     max_len: Optional[int] = typer.Option(None, "--max-len", min=4,
                                           help="Pair token limit; default: the training one."),
+    precision: str = typer.Option("auto", "--precision", help=PRECISION_HELP),
     device: str = typer.Option("auto", "--device", help="cpu, cuda, cuda:1, ... or auto."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Recompute even when OUT is up to date."),
 ) -> None:
@@ -254,5 +259,6 @@ def reranker_teacher_command(
     from pretrieve.train.reranker import teacher_groups
 
     path = teacher_groups(model, _resolve_data(data), groups, out, max_negatives=max_negatives,
-                          batch_size=batch_size, max_len=max_len, device=device, overwrite=overwrite)
+                          batch_size=batch_size, max_len=max_len, device=device, overwrite=overwrite,
+                          precision=precision, show_progress=err.is_terminal)
     err.print(f"teacher-scored groups: {path}", highlight=False)
