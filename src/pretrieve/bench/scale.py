@@ -16,9 +16,11 @@ their commands, so the harness measures whatever those commands do now. The stag
 stage          command                                                     scales with
 ============== =========================================================== =============================
 bm25           ``bm25 --index`` (index built + eval queries searched)      passages
-bm25-search    the same again (index reused: load + search)                passages × eval queries
+bm25-load      the same on the one-query split (index reused: start-up)    passages
+bm25-search    the same on the eval queries (index reused: load + search)  passages × eval queries
 bm25-negatives ``mine --bm25`` on the train queries (index reused)         passages × train queries
 encode         ``encode`` (small model)                                    passages
+dense-load     ``search`` (Flat) of the one-query split                    passages
 dense-exact    ``search`` (Flat) of the eval queries                       passages × eval queries
 dense-approx   ``search --factory`` (approximate)                          passages
 mine           ``mine --model`` on the train queries (embeddings reused)   passages × train queries
@@ -29,8 +31,11 @@ pretrain-steps the same into a new output (cache reused: steps only)       fixed
 ============== =========================================================== =============================
 
 The extrapolation to MS MARCO (8.8M passages, 6,980 dev queries, 500k training queries, 16M teacher pairs)
-scales each stage's CPU time linearly in what it scales with, from the largest size measured; peak memory is
-extrapolated linearly from the two largest sizes when there are two (flat otherwise) — both stated in the report.
+scales each stage's CPU time linearly in what it scales with, from the largest size measured. A per-query stage
+is split into its fixed part — the same command on the collection's one-query split (``qrels/one.tsv``),
+measured as its own stage — which grows with the passages only, and the rest, which grows with passages ×
+queries. Peak memory is extrapolated linearly in the passages from the two largest sizes when there are two
+(flat otherwise). Both are stated in the report.
 """
 
 from __future__ import annotations
@@ -51,8 +56,8 @@ import numpy as np
 from pretrieve.errors import ConfigError, InputError
 
 MSMARCO = {"passages": 8_841_823, "eval_queries": 6_980, "train_queries": 502_939, "pairs": 16_000_000}
-STAGES = ("bm25", "bm25-search", "bm25-negatives", "encode", "dense-exact", "dense-approx", "mine", "reranker-init",
-          "teacher", "pretrain", "pretrain-steps")
+STAGES = ("bm25", "bm25-load", "bm25-search", "bm25-negatives", "encode", "dense-load", "dense-exact", "dense-approx",
+          "mine", "reranker-init", "teacher", "pretrain", "pretrain-steps")
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
 
 
@@ -113,7 +118,7 @@ def synthetic_collection(source_corpus: str | Path, out_dir: str | Path, num_pas
 
     out_dir = Path(out_dir)
     settings = {"num_passages": num_passages, "eval_queries": eval_queries, "train_queries": train_queries,
-                "words": words, "seed": seed, "format": "pretrieve-synthetic/1"}
+                "words": words, "seed": seed, "format": "pretrieve-synthetic/2"}
     inputs = {"source": source_corpus}
     if artifacts.is_current(out_dir, settings, inputs, kind="synthetic-collection"):
         return out_dir
@@ -142,6 +147,7 @@ def synthetic_collection(source_corpus: str | Path, out_dir: str | Path, num_pas
                 open(tmp / "qrels" / "train.tsv", "w", encoding="utf-8") as train:
             test.write("query-id\tcorpus-id\tscore\n")
             train.write("query-id\tcorpus-id\tscore\n")
+            (tmp / "qrels" / "one.tsv").write_text(f"query-id\tcorpus-id\tscore\nq0\tp{int(chosen[0])}\t1\n")
             for n, row in enumerate(chosen.tolist()):
                 passage = texts[row].split()
                 length = int(rng.integers(4, 9))
@@ -197,6 +203,7 @@ class Stage:
     scales_with: str  # passages | passages*eval_queries | passages*train_queries | pairs | fixed
     units: dict[str, int] = field(default_factory=dict)
     clear: list[str] = field(default_factory=list)  # outputs removed first, so the stage does its work afresh
+    fixed_from: str | None = None  # the stage measuring this one's fixed part (start-up + loading, one query)
 
 
 def stage_commands(collection: Path, work: Path, settings: ScaleSettings, num_passages: int) -> list[Stage]:
@@ -207,8 +214,8 @@ def stage_commands(collection: Path, work: Path, settings: ScaleSettings, num_pa
     pairs = settings.train_queries * (1 + settings.max_negatives)
     units = {"passages": num_passages, "eval_queries": settings.eval_queries,
              "train_queries": settings.train_queries, "pairs": pairs}
-    bm25 = [*cli, "bm25", *data, "--out", str(work / "bm25.trec"), "--k", str(settings.bm25_depth),
-            "--index", str(work / "bm25-index")]
+    bm25_base = [*cli, "bm25", *data, "--k", str(settings.bm25_depth), "--index", str(work / "bm25-index")]
+    bm25 = [*bm25_base, "--out", str(work / "bm25.trec")]
     search = [*cli, "search", "--model", model, *data, "--index", str(work / "emb"), "--k", "100",
               "--batch-size", str(settings.batch_size)]
     pretrain = [*cli, "pretrain", "--model", model, "--corpus", str(collection / "corpus.jsonl"),
@@ -216,21 +223,24 @@ def stage_commands(collection: Path, work: Path, settings: ScaleSettings, num_pa
                 "--save-every", str(10 ** 6), "--log-every", "1"]
     stages = [
         Stage("bm25", bm25, "passages", units, clear=[str(work / "bm25-index")]),
-        Stage("bm25-search", bm25, "passages*eval_queries", units),
+        Stage("bm25-load", [*bm25_base, "--out", str(work / "bm25-one.trec"), "--split", "one"], "passages", units),
+        Stage("bm25-search", bm25, "passages*eval_queries", units, fixed_from="bm25-load"),
         Stage("bm25-negatives", [*cli, "mine", "--bm25", *data, "--split", "train", "--out",
                                  str(work / "bm25-groups.jsonl"), "--depth", str(settings.negatives_depth),
                                  "--bm25-index", str(work / "bm25-index"), "--overwrite"],
-              "passages*train_queries", units),
+              "passages*train_queries", units, fixed_from="bm25-load"),
         Stage("encode", [*cli, "encode", "--model", model, *data, "--out", str(work / "emb"),
                          "--batch-size", str(settings.batch_size), "--max-length", str(settings.max_length)],
               "passages", units, clear=[str(work / "emb")]),
-        Stage("dense-exact", [*search, "--out", str(work / "dense.trec")], "passages*eval_queries", units),
+        Stage("dense-load", [*search, "--out", str(work / "dense-one.trec"), "--split", "one"], "passages", units),
+        Stage("dense-exact", [*search, "--out", str(work / "dense.trec")], "passages*eval_queries", units,
+              fixed_from="dense-load"),
         Stage("dense-approx", [*search, "--out", str(work / "approx.trec"), "--factory", settings.factory],
               "passages", units),
         Stage("mine", [*cli, "mine", "--model", model, *data, "--split", "train", "--out", str(work / "mined.jsonl"),
                        "--depth", str(settings.mine_depth), "--cache", str(work / "emb"), "--max-length",
                        str(settings.max_length), "--batch-size", str(settings.batch_size), "--overwrite"],
-              "passages*train_queries", units),
+              "passages*train_queries", units, fixed_from="dense-load"),
         Stage("reranker-init", [*cli, "reranker", "train", "--model", model, *data, "--groups",
                                 str(work / "bm25-groups.jsonl"), "--out", str(work / "reranker"), "--steps", "1",
                                 "--batch-size", "2", "--num-negatives", "1", "--max-len", str(settings.max_length),
@@ -274,7 +284,7 @@ def run_scale_bench(settings: ScaleSettings, log=print) -> dict[str, Any]:
                 shutil.rmtree(path, ignore_errors=True)
             result = measure(stage.argv, work / "logs" / f"{stage.name}.log", timeout=settings.timeout, env=env)
             result.update(command=" ".join(["pretrieve", *stage.argv[3:]]), scales_with=stage.scales_with,
-                          units=stage.units)
+                          units=stage.units, fixed_from=stage.fixed_from)
             measured[stage.name] = result
             log(f"[bench scale] {size:,} {stage.name}: {result['wall_s']:.1f} s wall, {result['cpu_s']:.1f} s CPU, "
                 f"{result['peak_rss_mb']:.0f} MB peak" + ("" if result["returncode"] == 0 else
@@ -285,35 +295,56 @@ def run_scale_bench(settings: ScaleSettings, log=print) -> dict[str, Any]:
     return results
 
 
-def _scale_factor(scales_with: str, units: dict[str, int]) -> float:
-    factor = 1.0
-    if scales_with == "fixed":
-        return factor
-    for unit in scales_with.split("*"):
-        factor *= MSMARCO[unit] / units[unit]
-    return factor
+def _linear(points: list[tuple[int, float]], target: int) -> tuple[float, str]:
+    """``value(target)`` from ``(passages, value)`` points: a line through the two largest (never decreasing), or
+    proportional to the passages from a single point (an upper bound for costs with a fixed part)."""
+    if len(points) >= 2:
+        (n0, v0), (n1, v1) = points[-2], points[-1]
+        slope = max(0.0, (v1 - v0) / (n1 - n0))
+        return v1 + slope * (target - n1), f"line {n0:,}–{n1:,}"
+    n1, v1 = points[-1]
+    return v1 * target / n1, f"∝ passages from {n1:,} (RSS flat)"
+
+
+def _rss(points: list[tuple[int, float]], target: int) -> float:
+    """Peak RSS at ``target`` passages: a line through the two largest sizes, or flat from one."""
+    return _linear(points, target)[0] if len(points) >= 2 else points[-1][1]
 
 
 def extrapolate(sizes: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    """Per stage: CPU time scaled to MS MARCO from the largest size, and peak RSS extrapolated linearly in the
-    number of passages from the two largest sizes (kept flat from one size, or when it does not grow)."""
+    """Per stage: CPU hours and peak RSS at MS MARCO's size (see the module docstring for the model)."""
     ordered = sorted(sizes, key=int)
+    target = MSMARCO["passages"]
     estimates: dict[str, dict[str, Any]] = {}
     for stage in STAGES:
-        points = [(int(size), sizes[size][stage]) for size in ordered
-                  if stage in sizes[size] and sizes[size][stage]["returncode"] == 0]
-        if not points:
+        runs = [(int(size), sizes[size][stage]) for size in ordered
+                if stage in sizes[size] and sizes[size][stage]["returncode"] == 0]
+        if not runs:
             continue
-        size, last = points[-1]
-        cpu_s = last["cpu_s"] * _scale_factor(last["scales_with"], last["units"])
-        rss = last["peak_rss_mb"]
-        slope = 0.0
-        if len(points) >= 2 and last["scales_with"] != "fixed":
-            (size0, first) = points[-2]
-            slope = max(0.0, (rss - first["peak_rss_mb"]) / (size - size0))
-        estimates[stage] = {"cpu_hours": round(cpu_s / 3600, 2),
-                            "peak_rss_gb": round((rss + slope * (MSMARCO["passages"] - size)) / 1024, 2),
-                            "from_size": size, "rss_slope_mb_per_million": round(slope * 1e6, 1)}
+        last = runs[-1][1]
+        scales = last["scales_with"]
+        rss_points = [(n, m["peak_rss_mb"]) for n, m in runs]
+        if scales == "fixed":
+            cpu_s, how = last["cpu_s"], "as measured"
+            rss = rss_points[-1][1]
+        elif scales == "pairs":
+            cpu_s, how = last["cpu_s"] * MSMARCO["pairs"] / last["units"]["pairs"], "∝ pairs"
+            rss = rss_points[-1][1]
+        elif scales == "passages":
+            cpu_s, how = _linear([(n, m["cpu_s"]) for n, m in runs], target)
+            rss = _rss(rss_points, target)
+        else:  # passages*queries: a fixed part (its one-query stage) + a per-query part
+            queries = scales.split("*")[-1]
+            fixed, per_query = [], []
+            for n, m in runs:
+                one = sizes[str(n)].get(m.get("fixed_from") or "")
+                base = one["cpu_s"] if one is not None and one["returncode"] == 0 else 0.0
+                fixed.append((n, base))
+                per_query.append((n, max(0.0, m["cpu_s"] - base) / max(1, m["units"][queries] - 1)))
+            fixed_s, how = _linear(fixed, target)
+            cpu_s = fixed_s + _linear(per_query, target)[0] * MSMARCO[queries]
+            rss = _rss(rss_points, target)
+        estimates[stage] = {"cpu_hours": round(cpu_s / 3600, 2), "peak_rss_gb": round(rss / 1024, 2), "model": how}
     return estimates
 
 
@@ -324,8 +355,7 @@ def report_markdown(results: dict[str, Any]) -> str:
     rows = []
     for size, measured in sorted(results["sizes"].items(), key=lambda item: int(item[0])):
         for stage, m in measured.items():
-            per = _per_unit(m)
-            rows.append([stage, int(size), m["wall_s"], m["cpu_s"], per, m["peak_rss_mb"],
+            rows.append([stage, int(size), m["wall_s"], m["cpu_s"], _per_unit(m, measured), m["peak_rss_mb"],
                          "ok" if m["returncode"] == 0 else f"exit {m['returncode']}"])
     lines = ["## Stages at scale (measured)", "",
              markdown_table(["stage", "passages", "wall s", "CPU s", "CPU per unit", "peak RSS MB", "status"], rows,
@@ -334,17 +364,21 @@ def report_markdown(results: dict[str, Any]) -> str:
     if estimates:
         lines += ["## Extrapolated to MS MARCO passage (8.8M passages, 6,980 dev queries, 500k train queries, "
                   "16M teacher pairs)", "",
-                  markdown_table(["stage", "CPU hours", "peak RSS GB", "from size", "RSS growth MB per 1M passages"],
-                                 [[stage, e["cpu_hours"], e["peak_rss_gb"], e["from_size"],
-                                   e["rss_slope_mb_per_million"]] for stage, e in estimates.items()], digits=2)]
+                  markdown_table(["stage", "CPU hours", "peak RSS GB", "extrapolated by"],
+                                 [[stage, e["cpu_hours"], e["peak_rss_gb"], e["model"]]
+                                  for stage, e in estimates.items()], digits=2)]
     return "\n".join(lines)
 
 
-def _per_unit(m: dict[str, Any]) -> str:
+def _per_unit(m: dict[str, Any], measured: dict[str, Any]) -> str:
+    """CPU per passage, pair or query; a per-query stage's fixed part (its one-query stage) is left out."""
     scales, units = m["scales_with"], m["units"]
     if scales == "fixed":
         return "—"
-    unit = scales.split("*")[-1] if "*" in scales else scales
-    count = units[unit]
+    unit = scales.split("*")[-1]
+    cpu_s, count = m["cpu_s"], units[unit]
+    fixed = measured.get(m.get("fixed_from") or "")
+    if "*" in scales and fixed is not None and fixed["returncode"] == 0:
+        cpu_s, count = max(0.0, cpu_s - fixed["cpu_s"]), max(1, count - 1)
     label = {"passages": "ms/passage", "eval_queries": "ms/query", "train_queries": "ms/query", "pairs": "ms/pair"}
-    return f"{1000 * m['cpu_s'] / count:.3f} {label[unit]}"
+    return f"{1000 * cpu_s / count:.3f} {label[unit]}"
