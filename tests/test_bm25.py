@@ -165,3 +165,121 @@ def test_cli_bm25(tmp_path):
 
     bad = CliRunner().invoke(app, ["bm25", "--data", str(data), "--out", str(out), "--split", "dev"])
     assert bad.exit_code != 0 and isinstance(bad.exception, InputError)
+
+
+# ------------------------------------------------------------------------------------------- at scale
+def bm25s_reference(corpus: Corpus, method: str = "lucene"):
+    """bm25s used directly, as its README shows: tokenise everything, BM25.index."""
+    from pretrieve.retrieval.bm25 import BM25Params, _import_bm25s, make_tokenizer
+
+    bm25s = _import_bm25s()
+    tokenizer = make_tokenizer(BM25Params(method=method))
+    ids = tokenizer.tokenize(corpus.full_texts(), update_vocab=True, return_as="ids", show_progress=False)
+    reference = bm25s.BM25(k1=0.9, b=0.4, method=method)
+    reference.index((ids, tokenizer.get_vocab_dict()), show_progress=False)
+    return reference
+
+
+@pytest.mark.parametrize("method", ["lucene", "bm25+"])
+def test_streamed_index_is_bm25s_index_bit_for_bit_whatever_the_chunk_size(tmp_path, method):
+    from pretrieve.retrieval.bm25 import BM25Params, write_index
+
+    corpus = toy_corpus()
+    corpus = Corpus(corpus.ids + ["empty"], corpus.titles + [""], corpus.texts + ["the of and"])  # no term left
+    reference = bm25s_reference(corpus, method)
+    documents = [(corpus.ids[i], corpus.full_text(i)) for i in range(len(corpus))]
+    for chunk_docs in (1, 2, 100):
+        write_index(documents, tmp_path / f"c{chunk_docs}", BM25Params(method=method), chunk_docs=chunk_docs)
+        index = BM25Index.load(tmp_path / f"c{chunk_docs}")
+        for key in ("data", "indices", "indptr"):
+            ours, theirs = index.retriever.scores[key], reference.scores[key]
+            assert isinstance(ours, np.memmap)  # searched memory-mapped
+            assert ours.dtype == theirs.dtype and np.array_equal(ours, theirs), (chunk_docs, key)
+        assert list(index.doc_ids) == corpus.ids
+        assert not (tmp_path / f"c{chunk_docs}" / "_chunks").exists()
+
+
+def test_search_paths_and_threads_agree_and_stream_in_input_order(toy_index, monkeypatch):
+    import pretrieve.retrieval.bm25 as bm25
+
+    queries = [(f"q{i}", text) for i, text in enumerate(["cat mat", "dogs", "rain north", "the", "stock cat dog"] * 7)]
+    sparse = list(toy_index.iter_search(queries, k=3, n_threads=0, batch_size=4))
+    assert [qid for qid, _ in sparse] == [qid for qid, _ in queries]
+    assert list(toy_index.iter_search(queries, k=3, n_threads=2, batch_size=1)) == sparse
+    monkeypatch.setattr(bm25, "_DENSE_SHARE", 0.0)  # every query through the dense score array
+    assert list(toy_index.iter_search(queries, k=3, n_threads=2, batch_size=3)) == sparse
+
+
+def test_duplicate_document_ids_name_both_lines(tmp_path):
+    from pretrieve.retrieval.bm25 import corpus_index
+
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text('{"_id": "a", "text": "x y"}\n{"_id": "b", "text": "y z"}\n\n{"_id": "a", "text": "z"}\n')
+    with pytest.raises(InputError, match=r"corpus.jsonl:4: field '_id': duplicate document id 'a' \(first seen on "
+                                         r"line 1\)"):
+        with corpus_index(corpus):
+            pass
+
+
+def test_corpus_index_is_reused_while_corpus_and_settings_are_unchanged(tmp_path):
+    from pretrieve.retrieval.bm25 import BM25Params, corpus_index
+
+    data = write_tiny_collection(tmp_path / "toy")
+    index_dir = tmp_path / "index"
+    with corpus_index(data / "corpus.jsonl", index_dir=index_dir) as index:
+        first = index.search({"q": "cat"}, k=2)
+    stamp = (index_dir / "data.csc.index.npy").stat().st_mtime_ns
+    with corpus_index(data / "corpus.jsonl", index_dir=index_dir) as index:
+        assert index.search({"q": "cat"}, k=2) == first
+    assert (index_dir / "data.csc.index.npy").stat().st_mtime_ns == stamp  # reused
+    with corpus_index(data / "corpus.jsonl", BM25Params(k1=1.2), index_dir=index_dir) as index:
+        assert index.params.k1 == 1.2  # other settings: rebuilt
+    with open(data / "corpus.jsonl", "a", encoding="utf-8") as handle:
+        handle.write(json.dumps({"_id": "d6", "title": "", "text": "a cat and a cat"}) + "\n")
+    with corpus_index(data / "corpus.jsonl", BM25Params(k1=1.2), index_dir=index_dir) as index:
+        assert len(index) == 6  # other corpus content: rebuilt
+
+
+def test_bm25_negatives_stream_the_groups_groups_from_run_builds(tmp_path):
+    from pretrieve import artifacts
+    from pretrieve.data.beir import BeirCollection
+    from pretrieve.data.groups import groups_from_run, read_groups
+    from pretrieve.retrieval.bm25 import bm25_negatives
+
+    data = write_tiny_collection(tmp_path / "toy")
+    (data / "qrels" / "train.tsv").write_text("query-id\tcorpus-id\tscore\nq1\td5\t1\nq2\td3\t1\nq2\td4\t2\n"
+                                              "q3\td4\t0\nq4\td5\t1\nqx\td1\t1\n")
+    out = bm25_negatives(data, "train", tmp_path / "groups.jsonl", depth=3, run_out=tmp_path / "run.trec",
+                         n_threads=2)
+    collection = BeirCollection(data)
+    run = read_run(tmp_path / "run.trec")
+    expected = groups_from_run(run, collection.load_qrels("train"), collection.load_queries(), depth=3)
+    groups = read_groups(out)
+    assert [g.to_dict() for g in groups] == [g.to_dict() for g in expected]
+    assert [g.query_id for g in groups] == ["q1", "q2"]  # q3: no positive, q4: no negative left, qx: no text
+    searched = BM25Index.build(collection.load_corpus()).search(
+        {q: t for q, t in collection.load_queries().items() if q in ("q1", "q2", "q4")}, k=3)
+    assert searched.pop("q4") == {} and run == searched  # q4 was searched: nothing matches it
+    assert artifacts.is_current(out, kind="groups", settings=artifacts.read_sidecar(out)["settings"],
+                                inputs={"corpus": data / "corpus.jsonl", "queries": data / "queries.jsonl",
+                                        "qrels": data / "qrels" / "train.tsv"})
+    stamp = out.stat().st_mtime_ns
+    bm25_negatives(data, "train", out, depth=3)  # current: not recomputed
+    assert out.stat().st_mtime_ns == stamp
+    bm25_negatives(data, "train", out, depth=2)  # other settings: recomputed
+    assert all(len(g.negatives) <= 2 for g in read_groups(out))
+
+
+def test_cli_bm25_reuses_its_index(tmp_path):
+    from typer.testing import CliRunner
+
+    from pretrieve.cli import app
+
+    data = write_tiny_collection(tmp_path / "toy")
+    args = ["bm25", "--data", str(data), "--out", str(tmp_path / "run.trec"), "--index", str(tmp_path / "index")]
+    assert CliRunner().invoke(app, args).exit_code == 0
+    stamp = (tmp_path / "index" / "data.csc.index.npy").stat().st_mtime_ns
+    first = (tmp_path / "run.trec").read_text()
+    assert CliRunner().invoke(app, args).exit_code == 0
+    assert (tmp_path / "index" / "data.csc.index.npy").stat().st_mtime_ns == stamp
+    assert (tmp_path / "run.trec").read_text() == first

@@ -282,6 +282,32 @@ def test_write_run_refuses_unreadable_output(tmp_path, run, field):
     assert path.read_text() == "old\n"  # atomic: the old file survives
 
 
+def test_streamed_run_equals_the_run_written_at_once_and_reads_back_query_by_query(tmp_path):
+    from pretrieve.data.trec import iter_run, open_run_writer
+
+    run = {"q1": {"a": 1.0, "b": 2.0}, "q2": {}, "q3": {"c": 0.25, "a": 0.5, "d": 0.5}}
+    write_run(run, tmp_path / "whole.run", tag="t", depth=2)
+    with open_run_writer(tmp_path / "stream.run", tag="t", depth=2) as writer:
+        for qid, docs in run.items():
+            writer.write(qid, list(docs.items()))  # (doc, score) pairs as a search yields them
+    assert (tmp_path / "stream.run").read_bytes() == (tmp_path / "whole.run").read_bytes()
+    assert (writer.queries, writer.lines) == (3, 4)
+    assert list(iter_run(tmp_path / "stream.run")) == [("q1", {"b": 2.0, "a": 1.0}), ("q3", {"a": 0.5, "d": 0.5})]
+
+
+def test_run_writer_refuses_a_query_twice_and_iter_run_needs_contiguous_queries(tmp_path):
+    from pretrieve.data.trec import iter_run, open_run_writer
+
+    with pytest.raises(InputError, match="query 'q1' written twice"):
+        with open_run_writer(tmp_path / "r.run") as writer:
+            writer.write("q1", {"a": 1.0})
+            writer.write("q1", {"b": 1.0})
+    assert not (tmp_path / "r.run").exists()  # atomic: nothing left behind
+    path = write(tmp_path / "split.run", "q1 Q0 a 1 2.0 t\nq2 Q0 b 1 1.0 t\nq1 Q0 c 2 0.5 t\n")
+    assert read_run(path)["q1"] == {"a": 2.0, "c": 0.5}  # read whole, any order is fine
+    raises_located(lambda: list(iter_run(path)), path, line=3, field="query_id", match="not contiguous")
+
+
 def test_top_k_and_merge_runs():
     a = {"q": {"d1": 0.9, "d2": 0.1}}
     b = {"q": {"d3": 0.5}, "r": {"d4": 1.0}}

@@ -27,7 +27,7 @@ def data(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def groups_file(data, tmp_path_factory) -> Path:
-    from pretrieve.retrieval.mining import bm25_negatives
+    from pretrieve.retrieval.bm25 import bm25_negatives
 
     return bm25_negatives(data, "train", tmp_path_factory.mktemp("rrg") / "bm25.jsonl", depth=10)
 
@@ -159,3 +159,58 @@ def test_a_reranker_left_at_chance_level_is_reported(tmp_path, caplog):
     assert "chance level" in caplog.text and str(tmp_path) in caplog.text
     assert not warn_if_not_learning([{"loss": 2.5}, {"loss": 0.9 * chance}], 8, tmp_path)
     assert not warn_if_not_learning([], 8, tmp_path)
+
+
+# ------------------------------------------------------------------------------------------- streaming
+def test_teacher_scores_do_not_depend_on_how_pairs_are_chunked_and_batched(trained, data, groups_file, tmp_path,
+                                                                          monkeypatch):
+    import pretrieve.train.reranker as reranker
+
+    whole = read_groups(teacher_groups(trained, data, groups_file, tmp_path / "whole.jsonl", max_negatives=5,
+                                       batch_size=64, show_progress=False, device="cpu"))
+    monkeypatch.setattr(reranker, "CHUNK_BATCHES", 1)  # chunks of 3 pairs: groups (6 pairs each) span chunks
+    pieces = read_groups(teacher_groups(trained, data, groups_file, tmp_path / "pieces.jsonl", max_negatives=5,
+                                        batch_size=3, show_progress=False, device="cpu"))
+    assert [g.query_id for g in pieces] == [g.query_id for g in whole]
+    for a, b in zip(whole, pieces):
+        assert (a.positives, a.negatives) == (b.positives, b.negatives)
+        assert a.positive_scores + a.negative_scores == pytest.approx(b.positive_scores + b.negative_scores,
+                                                                      abs=1e-5)
+
+
+def test_rerank_streams_query_by_query_and_skips_queries_without_text(trained, data, tmp_path, monkeypatch):
+    import pretrieve.train.reranker as reranker
+
+    run = {"t1": {"d1": 3.0, "d2": 2.0, "d9": 1.0}, "nope": {"d1": 1.0}, "t2": {"d3": 1.0, "d4": 0.5}}
+    write_run(run, tmp_path / "first.trec")
+    monkeypatch.setattr(reranker, "CHUNK_BATCHES", 1)
+    out = rerank_run_file(trained, data, "test", tmp_path / "first.trec", tmp_path / "rr.trec", depth=2,
+                          batch_size=1, show_progress=False, device="cpu")
+    reranked = read_run(out)
+    assert set(reranked) == {"t1", "t2"} and set(reranked["t1"]) == {"d1", "d2"}
+    whole = rerank_run_file(trained, data, "test", tmp_path / "first.trec", tmp_path / "rr2.trec", depth=2,
+                            batch_size=64, show_progress=False, device="cpu", overwrite=True)
+    assert all(read_run(whole)[q] == pytest.approx(reranked[q], abs=1e-5) for q in reranked)
+    (tmp_path / "split.trec").write_text("t1 Q0 d1 1 2.0 x\nt2 Q0 d3 1 1.0 x\nt1 Q0 d2 2 1.0 x\n")
+    with pytest.raises(InputError, match="not contiguous"):
+        rerank_run_file(trained, data, "test", tmp_path / "split.trec", tmp_path / "rr3.trec", show_progress=False,
+                        device="cpu")
+    assert not (tmp_path / "rr3.trec").exists()
+
+
+def test_precision_auto_is_bf16_only_with_native_support(trained, monkeypatch):
+    import pretrieve.train.reranker as reranker
+
+    cpu = torch.device("cpu")
+    monkeypatch.setattr(reranker, "native_bf16", lambda device: False)
+    assert reranker.resolve_precision("auto", cpu) == "fp32"
+    assert reranker.resolve_precision("bf16", cpu) == "bf16"  # asked for: given, even if emulated
+    monkeypatch.setattr(reranker, "native_bf16", lambda device: True)
+    assert reranker.resolve_precision("auto", cpu) == "bf16"
+    with pytest.raises(ConfigError, match="precision"):
+        reranker.resolve_precision("fp8", cpu)
+    fp32 = PairScorer(trained, device="cpu", precision="fp32").score(["solar energy"] * 2, ["sun power", "rocks"],
+                                                                      show_progress=False)
+    bf16 = PairScorer(trained, device="cpu", precision="bf16").score(["solar energy"] * 2, ["sun power", "rocks"],
+                                                                      show_progress=False)
+    assert bf16 == pytest.approx(fp32, abs=0.1)

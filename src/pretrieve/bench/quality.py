@@ -327,7 +327,7 @@ def needs_pairs(method: str) -> bool:
 
 def bm25_groups(settings: QualityBenchSettings, method: str) -> Path:
     """Stage-1 training groups (BM25 negatives of the train split), built once and shared by every run."""
-    from pretrieve.retrieval.mining import bm25_negatives
+    from pretrieve.retrieval.bm25 import bm25_negatives
 
     depth = int(settings.finetune_for(method).get("bm25_depth", 1000))
     path = Path(settings.out) / "groups" / f"{Path(settings.train).name}-train-bm25-{depth}.jsonl"

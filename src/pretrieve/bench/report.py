@@ -15,14 +15,14 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
-import torch
-
 from pretrieve.io_utils import atomic_open, write_json
 from pretrieve.provenance import versions
 
 
 def environment() -> dict[str, Any]:
     """Where and how a benchmark ran (CPU cores visible, torch threads, versions, date, command)."""
+    import torch
+
     return {
         "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
         "command": " ".join(["pretrieve", *sys.argv[1:]]) if Path(sys.argv[0]).name == "pretrieve" else " ".join(sys.argv),

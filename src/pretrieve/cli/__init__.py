@@ -7,8 +7,12 @@ The CLI is thin: it parses arguments, loads configs and calls one library functi
 from __future__ import annotations
 
 import importlib
+import importlib.abc
+import importlib.util
 import re
 import sys
+from types import ModuleType
+from typing import Callable
 
 import typer
 from rich.console import Console
@@ -38,13 +42,49 @@ def configure_logging(verbose: bool = False) -> None:
                         format="%(levelname)s %(name)s: %(message)s")
     for name in NOISY_LOGGERS:
         logging.getLogger(name).setLevel(logging.WARNING)
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.disable_progress_bar()  # "Loading weights" bars; ours show the work's progress
+    # "Loading weights" bars; ours show the work's progress. Applied when transformers is imported, so that
+    # commands that never load a model (bm25, evaluate, data, --help) never pay for importing it.
+    when_imported("transformers.utils.logging", lambda hf_logging: hf_logging.disable_progress_bar())
     if not verbose:
         loader = logging.getLogger("transformers.modeling_utils")
         if not any(isinstance(f, CompactLoadReport) for f in loader.filters):
             loader.addFilter(CompactLoadReport())
+
+
+def when_imported(name: str, action: Callable[[ModuleType], object]) -> None:
+    """Call ``action(module)`` once the module ``name`` is imported: now if it already is, else right after
+    its import completes (nothing is imported here)."""
+    if name in sys.modules:
+        action(sys.modules[name])
+        return
+    _AFTER_IMPORT.setdefault(name, []).append(action)
+    if not any(isinstance(finder, _AfterImport) for finder in sys.meta_path):
+        sys.meta_path.insert(0, _AfterImport())
+
+
+_AFTER_IMPORT: dict[str, list[Callable[[ModuleType], object]]] = {}
+
+
+class _AfterImport(importlib.abc.MetaPathFinder):
+    """Import hook of :func:`when_imported`: finds the module as the other finders would, then runs the actions
+    after the module's code."""
+
+    def find_spec(self, fullname, path, target=None):
+        actions = _AFTER_IMPORT.pop(fullname, None)
+        if actions is None:
+            return None
+        spec = importlib.util.find_spec(fullname)
+        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
+            return spec
+        exec_module = spec.loader.exec_module
+
+        def exec_then_act(module: ModuleType) -> None:
+            exec_module(module)
+            for action in actions:
+                action(module)
+
+        spec.loader.exec_module = exec_then_act
+        return spec
 
 
 class CompactLoadReport:

@@ -316,3 +316,37 @@ def bench_quality_command(
         paths = [Path(out) / name for name in ("results.md", "results.json", "results.png")]
     typer.echo(quality.results_markdown(summary))
     err.print("wrote " + ", ".join(str(p) for p in paths), highlight=False, markup=False)
+
+
+@bench_app.command("scale")
+def bench_scale_command(
+    sizes: str = typer.Option("100000", help="Comma-separated collection sizes (passages)."),
+    source: str = typer.Option("scifact", "--source", help="Collection whose sentences make the passages."),
+    out: Path = typer.Option(..., "--out", "-o", help="Directory for the collections, the stages' outputs and "
+                                                    "logs, and scale.md / scale.json."),
+    stages: Optional[str] = typer.Option(None, help="Comma-separated stages to run (default: all): "
+                                                    "bm25, bm25-search, bm25-negatives, encode, dense-exact, "
+                                                    "dense-approx, mine, reranker-init, teacher, pretrain, "
+                                                    "pretrain-steps."),
+    model: str = typer.Option("minilm", help="Small encoder for the model stages (path or offline alias)."),
+    eval_queries: int = typer.Option(300, min=1, help="Evaluation queries (qrels/test.tsv)."),
+    train_queries: int = typer.Option(1000, min=1, help="Training queries (negatives, mining, teacher scores)."),
+    max_negatives: int = typer.Option(9, min=1, help="Negatives scored by the teacher per training query."),
+    factory: str = typer.Option("HNSW32", help="FAISS factory string of the approximate search."),
+    words: int = typer.Option(60, min=1, help="Words per synthetic passage."),
+    seed: int = typer.Option(0, help="Seed of the synthetic collections."),
+    timeout: Optional[float] = typer.Option(None, min=1, help="Seconds after which a stage is stopped."),
+) -> None:
+    """Every stage on synthetic collections of the given sizes, each in its own measured process."""
+    from pretrieve.bench.report import environment, environment_lines, write_report
+    from pretrieve.bench.scale import STAGES, ScaleSettings, report_markdown, run_scale_bench
+
+    settings = ScaleSettings(source=source, out=str(out), sizes=[int(s) for s in _split(sizes, "size")],
+                             stages=_split(stages, "stage") if stages else list(STAGES), model=model,
+                             eval_queries=eval_queries, train_queries=train_queries, max_negatives=max_negatives,
+                             factory=factory, words=words, seed=seed, timeout=timeout)
+    results = run_scale_bench(settings, log=lambda line: err.print(line, highlight=False))
+    env = environment()
+    markdown = "\n".join(["# pretrieve bench scale", "", *environment_lines(env), "", report_markdown(results)])
+    write_report(markdown, {"environment": env, **results}, Path(out) / "scale.md")
+    typer.echo(markdown)

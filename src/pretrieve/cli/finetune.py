@@ -14,8 +14,7 @@ import typer
 from rich.console import Console
 
 from pretrieve.cli import app
-from pretrieve.train.finetuner import FinetuneConfig
-from pretrieve.train.reranker import RerankerConfig
+from pretrieve.train.settings import FinetuneSettings, RerankerSettings
 
 err = Console(stderr=True)
 
@@ -25,6 +24,8 @@ reranker_app = typer.Typer(help="Cross-encoder reranker: train on groups, re-ran
 app.add_typer(reranker_app, name="reranker")
 
 DATA_HELP = "Collection directory in BEIR layout."
+PRECISION_HELP = ("auto | fp32 | bf16; auto: bf16 only where the hardware computes it natively (a GPU with bf16, a CPU "
+                  "with AVX512-BF16/AMX), else fp32.")
 
 
 def _option(config_cls, name: str, *flags: str, extra: str = "", default_text: str | None = None, **kwargs):
@@ -40,11 +41,11 @@ def _option(config_cls, name: str, *flags: str, extra: str = "", default_text: s
 
 
 def _ft(name: str, *flags: str, **kwargs):
-    return _option(FinetuneConfig, name, *flags, **kwargs)
+    return _option(FinetuneSettings, name, *flags, **kwargs)
 
 
 def _rr(name: str, *flags: str, **kwargs):
-    return _option(RerankerConfig, name, *flags, **kwargs)
+    return _option(RerankerSettings, name, *flags, **kwargs)
 
 
 
@@ -145,6 +146,8 @@ def mine_command(
                                         "positives.", show_default="200 dense (K2/K3), 1000 BM25 (K1)"),
     run_out: Optional[Path] = typer.Option(None, "--run-out", help="Also write the retrieval run (TREC) here."),
     cache: Optional[Path] = typer.Option(None, "--cache", help="Keep the corpus embeddings here (dense)."),
+    bm25_index: Optional[Path] = typer.Option(None, "--bm25-index", help="Keep the BM25 index here and reuse it "
+                                              "while the corpus is unchanged (--bm25); default: a temporary index."),
     batch_size: int = typer.Option(64, "--batch-size", min=1, help="Texts per forward pass (dense)."),
     max_length: Optional[int] = typer.Option(None, "--max-length", min=2,
                                              help="Passage token limit; default: the model's max_seq_length."),
@@ -156,15 +159,18 @@ def mine_command(
 ) -> None:
     """Hard negatives: each query's top-K by the retriever minus its positives, as training groups."""
     from pretrieve.errors import ConfigError
-    from pretrieve.retrieval.mining import bm25_negatives, mine_negatives
 
     collection = _resolve_data(data)
     if bm25 == (model is not None):
         raise ConfigError("give either --model (dense mining) or --bm25")
     if bm25:
-        path = bm25_negatives(collection, split, out, depth=depth or 1000, run_out=run_out, overwrite=overwrite)
+        from pretrieve.retrieval.bm25 import bm25_negatives
+
+        path = bm25_negatives(collection, split, out, depth=depth or 1000, run_out=run_out, overwrite=overwrite,
+                              index_dir=bm25_index, show_progress=err.is_terminal)
     else:
         from pretrieve.models import resolve_model
+        from pretrieve.retrieval.mining import mine_negatives
 
         path = mine_negatives(resolve_model(model), collection, split, out, depth=depth or 200,
                               batch_size=batch_size, max_length=max_length, query_max_length=query_max_length,
@@ -221,6 +227,7 @@ def reranker_score_command(
     batch_size: int = typer.Option(64, "--batch-size", min=1, help="Pairs per forward pass."),
     max_len: Optional[int] = typer.Option(None, "--max-len", min=4,
                                           help="Pair token limit; default: the training one."),
+    precision: str = typer.Option("auto", "--precision", help=PRECISION_HELP),
     device: str = typer.Option("auto", "--device", help="cpu, cuda, cuda:1, ... or auto."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Recompute even when OUT is up to date."),
 ) -> None:
@@ -228,7 +235,8 @@ def reranker_score_command(
     from pretrieve.train.reranker import rerank_run_file
 
     path = rerank_run_file(model, _resolve_data(data), split, run, out, depth=depth, batch_size=batch_size,
-                           max_len=max_len, device=device, overwrite=overwrite)
+                           max_len=max_len, device=device, overwrite=overwrite, precision=precision,
+                           show_progress=err.is_terminal)
     err.print(f"re-ranked run: {path}", highlight=False)
 
 
@@ -243,6 +251,7 @@ def reranker_teacher_command(
     batch_size: int = typer.Option(64, "--batch-size", min=1, help="Pairs per forward pass."),
     max_len: Optional[int] = typer.Option(None, "--max-len", min=4,
                                           help="Pair token limit; default: the training one."),
+    precision: str = typer.Option("auto", "--precision", help=PRECISION_HELP),
     device: str = typer.Option("auto", "--device", help="cpu, cuda, cuda:1, ... or auto."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Recompute even when OUT is up to date."),
 ) -> None:
@@ -250,5 +259,6 @@ def reranker_teacher_command(
     from pretrieve.train.reranker import teacher_groups
 
     path = teacher_groups(model, _resolve_data(data), groups, out, max_negatives=max_negatives,
-                          batch_size=batch_size, max_len=max_len, device=device, overwrite=overwrite)
+                          batch_size=batch_size, max_len=max_len, device=device, overwrite=overwrite,
+                          precision=precision, show_progress=err.is_terminal)
     err.print(f"teacher-scored groups: {path}", highlight=False)

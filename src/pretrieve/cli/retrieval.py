@@ -71,20 +71,21 @@ def bm25(
     b: float = typer.Option(0.4, "--b", min=0.0, max=1.0, help="BM25 b (Pyserini default)."),
     exclude_self: bool = typer.Option(False, "--exclude-self",
                                       help="Drop the document whose id equals the query id (ArguAna-style)."),
-    save_index: Optional[Path] = typer.Option(None, "--save-index", help="Also save the BM25 index here."),
+    index: Optional[Path] = typer.Option(None, "--index", "--save-index",
+                                         help="Keep the BM25 index in this directory and reuse it while the corpus "
+                                              "and settings are unchanged; default: a temporary index."),
+    threads: Optional[int] = typer.Option(None, "--threads", min=0, help="Search threads.",
+                                          show_default="every core"),
 ) -> None:
     """BM25 (bm25s, Lucene scoring, English stemming and stopwords) over title + text."""
-    from pretrieve.retrieval.bm25 import BM25Index
+    from pretrieve.retrieval.bm25 import BM25Params, bm25_run_file
 
     began = time.perf_counter()
-    collection = _collection(data)
-    queries = collection.load_queries(split)
-    index = BM25Index.build(collection.load_corpus(), k1=k1, b=b)
-    if save_index is not None:
-        index.save(save_index)
-    run = index.search(queries, k=k, exclude_self=exclude_self, show_progress=len(queries) > 5000)
-    write_run(run, out, tag="bm25", depth=k)
-    _report(run, out, began)
+    queries, lines = bm25_run_file(resolve_collection(data), split, out, k=k, params=BM25Params(k1=k1, b=b),
+                                   exclude_self=exclude_self, index_dir=index, n_threads=threads,
+                                   show_progress=err.is_terminal)
+    err.print(f"wrote {out}: {queries} queries, {lines} results in {time.perf_counter() - began:.1f} s",
+              highlight=False)
 
 
 @app.command("encode")

@@ -371,29 +371,44 @@ def groups_from_run(run: Run, qrels: Qrels, queries: Mapping[str, str], depth: i
     stats = GroupStats()
     groups: list[TrainingGroup] = []
     for qid, judged in qrels.items():
-        stats.seen += 1
-        relevant = [doc_id for doc_id, grade in judged.items() if grade >= 1]
-        if not relevant:
-            stats.skipped_no_positives += 1
-            continue
-        if qid not in queries:
-            stats.skipped_unknown_query += 1
-            continue
-        if qid not in run:
+        if qid in queries and qid not in run and any(grade >= 1 for grade in judged.values()):
+            stats.seen += 1
             stats.skipped_not_in_run += 1
             continue
-        negatives = _mined_negatives(ranked_ids(run, qid)[:depth], set(relevant) if exclude_positives else set(),
-                                     num_negatives_pool)
-        if len(negatives) < min_negatives:
-            stats.skipped_no_negatives += 1
+        group = group_from_ranking(qid, queries.get(qid), judged, ranked_ids(run, qid), depth, stats,
+                                   num_negatives_pool, exclude_positives, min_negatives)
+        if group is None:
             continue
-        group = TrainingGroup(qid, queries[qid], relevant, negatives)
         if scores_from_run is not None:
             group = _with_teacher_scores(group, scores_from_run)
         groups.append(group)
-        stats.kept += 1
     log_problems("groups_from_run", stats)
     return GroupSet(groups, stats)
+
+
+def group_from_ranking(qid: str, query: str | None, judged: Mapping[str, int], ranked: Sequence[str], depth: int,
+                       stats: GroupStats, num_negatives_pool: int | None = None, exclude_positives: bool = True,
+                       min_negatives: int = 1) -> TrainingGroup | None:
+    """One query's training group from its ranking (document ids best first), or None when it is skipped.
+
+    The rule of :func:`groups_from_run`, for one query at a time: a miner that streams its search results
+    builds and writes each group as its ranking arrives. ``stats`` counts the query as seen and as kept or
+    skipped (no positive, no query text, fewer than ``min_negatives`` negatives).
+    """
+    stats.seen += 1
+    relevant = [doc_id for doc_id, grade in judged.items() if grade >= 1]
+    if not relevant:
+        stats.skipped_no_positives += 1
+        return None
+    if query is None:
+        stats.skipped_unknown_query += 1
+        return None
+    negatives = _mined_negatives(ranked[:depth], set(relevant) if exclude_positives else set(), num_negatives_pool)
+    if len(negatives) < min_negatives:
+        stats.skipped_no_negatives += 1
+        return None
+    stats.kept += 1
+    return TrainingGroup(qid, query, relevant, negatives)
 
 
 def _mined_negatives(ranked: Sequence[str], excluded: Collection[str], pool: int | None) -> list[str]:

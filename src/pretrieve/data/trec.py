@@ -4,15 +4,17 @@ A run in memory is ``{query_id: {doc_id: score}}``. Writing sorts each query's d
 descending score (ties keep the order given), writes each score with ``repr`` so that reading it back
 gives the identical float (rounding could create ties that trec_eval breaks by doc id), refuses ids
 that the whitespace-separated format cannot hold and NaN scores, and is atomic; reading validates
-every line and reports the file, line and field of the first malformed one.
+every line and reports the file, line and field of the first malformed one. :class:`RunWriter` writes a run
+query by query as a search produces it (a stream: no run of all queries in memory).
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 import re
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import IO, Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
 
@@ -29,6 +31,46 @@ _WHITESPACE = re.compile(r"\s")
 def read_run(path: str | Path) -> Run:
     """Read a TREC run file; malformed lines raise :class:`InputError`."""
     run: Run = {}
+    for line_no, qid, doc_id, value in _iter_run_lines(path):
+        docs = run.setdefault(qid, {})
+        if doc_id in docs:
+            raise InputError(f"document '{doc_id}' retrieved twice for query '{qid}'", path=path,
+                             line=line_no, field="doc_id")
+        docs[doc_id] = value
+    if not run:
+        raise InputError("run file is empty", path=path)
+    return run
+
+
+def iter_run(path: str | Path) -> Iterator[tuple[str, dict[str, float]]]:
+    """Stream ``(query_id, {doc_id: score})`` one query at a time, for runs of any size.
+
+    The lines of a query must be contiguous (as every TREC run writer, this one included, writes them); a
+    query whose lines are split is an :class:`InputError`, as are the problems :func:`read_run` reports.
+    """
+    seen: set[str] = set()
+    qid: str | None = None
+    docs: dict[str, float] = {}
+    for line_no, line_qid, doc_id, value in _iter_run_lines(path):
+        if line_qid != qid:
+            if qid is not None:
+                yield qid, docs
+            if line_qid in seen:
+                raise InputError(f"the lines of query '{line_qid}' are not contiguous (sort the run by query to "
+                                 "stream it)", path=path, line=line_no, field="query_id")
+            seen.add(line_qid)
+            qid, docs = line_qid, {}
+        if doc_id in docs:
+            raise InputError(f"document '{doc_id}' retrieved twice for query '{qid}'", path=path,
+                             line=line_no, field="doc_id")
+        docs[doc_id] = value
+    if qid is None:
+        raise InputError("run file is empty", path=path)
+    yield qid, docs
+
+
+def _iter_run_lines(path: str | Path) -> Iterator[tuple[int, str, str, float]]:
+    """``(line_number, query_id, doc_id, score)`` of every non-blank line, validated."""
     for line_no, line in iter_lines(path):
         parts = line.split()
         if not parts:
@@ -46,14 +88,7 @@ def read_run(path: str | Path) -> Run:
                              field="score") from None
         if math.isnan(value):
             raise InputError("score is NaN", path=path, line=line_no, field="score")
-        docs = run.setdefault(qid, {})
-        if doc_id in docs:
-            raise InputError(f"document '{doc_id}' retrieved twice for query '{qid}'", path=path,
-                             line=line_no, field="doc_id")
-        docs[doc_id] = value
-    if not run:
-        raise InputError("run file is empty", path=path)
-    return run
+        yield line_no, qid, doc_id, value
 
 
 def write_run(run: Run, path: str | Path, tag: str = "pretrieve", depth: int | None = None) -> None:
@@ -62,20 +97,58 @@ def write_run(run: Run, path: str | Path, tag: str = "pretrieve", depth: int | N
     Scores are written exactly (``repr``); an id that is empty or contains whitespace, a tag with
     whitespace and a NaN score raise :class:`InputError` (the file would not read back).
     """
-    _check_trec_token(tag, "tag", path)
-    with atomic_open(path) as handle:
+    with open_run_writer(path, tag=tag, depth=depth) as writer:
         for qid, docs in run.items():
-            _check_trec_token(qid, "query_id", path)
-            ranked = sorted(docs.items(), key=lambda item: -item[1])
-            if depth is not None:
-                ranked = ranked[:depth]
-            for rank, (doc_id, score) in enumerate(ranked, start=1):
-                _check_trec_token(doc_id, "doc_id", path)
-                value = float(score)
-                if math.isnan(value):
-                    raise InputError(f"score of document '{doc_id}' for query '{qid}' is NaN", path=path,
-                                     field="score")
-                handle.write(f"{qid} Q0 {doc_id} {rank} {value!r} {tag}\n")
+            writer.write(qid, docs)
+
+
+class RunWriter:
+    """Writes a TREC run one query at a time, so a run of any size is never held in memory.
+
+    Each query's documents are sorted by descending score (stable for ties) and cut to ``depth``; the checks
+    of :func:`write_run` apply, and a query written twice is an :class:`InputError`. ``path`` only names the
+    file in error messages; :func:`open_run_writer` gives a writer whose file appears atomically.
+    """
+
+    def __init__(self, handle: IO[str], path: str | Path, tag: str = "pretrieve", depth: int | None = None):
+        _check_trec_token(tag, "tag", path)
+        self.handle = handle
+        self.path = path
+        self.tag = tag
+        self.depth = depth
+        self.queries = 0
+        self.lines = 0
+        self._seen: set[str] = set()
+
+    def write(self, qid: str, docs: Mapping[str, float] | Iterable[tuple[str, float]]) -> int:
+        """Append one query's ranking (``{doc_id: score}`` or ``(doc_id, score)`` pairs); returns its line count."""
+        _check_trec_token(qid, "query_id", self.path)
+        if qid in self._seen:
+            raise InputError(f"query '{qid}' written twice", path=self.path, field="query_id")
+        self._seen.add(qid)
+        items = docs.items() if isinstance(docs, Mapping) else docs
+        ranked = sorted(items, key=lambda item: -item[1])
+        if self.depth is not None:
+            ranked = ranked[:self.depth]
+        lines = []
+        for rank, (doc_id, score) in enumerate(ranked, start=1):
+            _check_trec_token(doc_id, "doc_id", self.path)
+            value = float(score)
+            if math.isnan(value):
+                raise InputError(f"score of document '{doc_id}' for query '{qid}' is NaN", path=self.path,
+                                 field="score")
+            lines.append(f"{qid} Q0 {doc_id} {rank} {value!r} {self.tag}\n")
+        self.handle.write("".join(lines))
+        self.queries += 1
+        self.lines += len(lines)
+        return len(lines)
+
+
+@contextlib.contextmanager
+def open_run_writer(path: str | Path, tag: str = "pretrieve", depth: int | None = None) -> Iterator[RunWriter]:
+    """A :class:`RunWriter` on a temporary file that replaces ``path`` only when the block succeeds."""
+    with atomic_open(path) as handle:
+        yield RunWriter(handle, path, tag=tag, depth=depth)
 
 
 def _check_trec_token(value: str, field: str, path: str | Path) -> None:

@@ -11,6 +11,9 @@
 * :mod:`~pretrieve.retrieval.fusion` — reciprocal rank fusion and normalised weighted sums of runs (ranx).
 
 Knows nothing about training: it reads checkpoints, it never writes them.
+
+The names below are imported on first use (PEP 562), so ``import pretrieve.retrieval.bm25`` (the ``bm25``
+command) does not import torch through the dense modules.
 """
 
 import importlib

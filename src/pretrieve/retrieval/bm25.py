@@ -1,4 +1,4 @@
-"""BM25 lexical retrieval over a BEIR corpus (bm25s backend): build, search, save, load.
+"""BM25 lexical retrieval over a BEIR corpus (bm25s backend): build, save, memory-map, search, mine negatives.
 
 Owns the lexical baseline and the first-stage negative miner. Every document is indexed as
 ``title + " " + text`` in one field, the "flat" setting of Pyserini's BEIR baselines.
@@ -16,24 +16,67 @@ k1=0.9/b=0.4 → 0.6762 (Pyserini flat reports 0.679); k1=1.2/b=0.75 → 0.6791;
 k1=1.5/b=0.75 → 0.6863; with the Porter (not Porter2) stemmer 0.6713; without stemming 0.6569.
 We keep the Pyserini defaults so numbers are comparable with published BEIR baselines.
 
-As in Lucene, a document is returned for a query only when it matches at least one query term
-(score > 0), so a run may hold fewer than ``k`` documents for a query; a query whose terms are
-all stopwords or unknown gets an empty ranking.
+As in Lucene, a document is returned for a query only when it matches at least one query term, so a run
+may hold fewer than ``k`` documents for a query; a query whose terms are all stopwords or unknown gets an
+empty ranking.
+
+Scale (MS MARCO's 8.8M passages, 500k training queries). Nothing here holds the corpus, the token lists of
+all documents or the results of all queries:
+
+* :func:`write_index` streams ``(id, text)`` pairs in chunks of :data:`CHUNK_DOCS`: each chunk is tokenised
+  with bm25s' tokenizer (one vocabulary, so token ids are exactly bm25s'), reduced to (document, term,
+  frequency) triples with numpy and spilled to disk; a second pass scores the triples with bm25s' own idf and
+  term-frequency functions and places them by counting sort straight into the memory-mapped CSC arrays that
+  ``bm25s.BM25.save`` writes (``data/indices/indptr.csc.index.npy``), so scores are bit-identical to
+  ``bm25s.BM25.index``. Peak memory is one chunk plus the document lengths and the vocabulary.
+* :meth:`BM25Index.load` opens a saved index with ``bm25s.BM25.load(mmap=True)``; document ids are a
+  memory-mapped ``doc_ids.npy``. A search reads only the posting lists of the query's terms.
+* :meth:`BM25Index.iter_search` scores batches of queries on several threads and yields each query's ranking
+  in input order as soon as it is ready; :func:`bm25_run_file` and :func:`bm25_negatives` write them to the
+  run / groups file as they come (:class:`~pretrieve.data.trec.RunWriter`,
+  :func:`~pretrieve.data.groups.group_from_ranking`).
+* :func:`corpus_index` builds the index of a collection's corpus, or reuses the one saved at ``index_dir`` when
+  it is current by :mod:`pretrieve.artifacts` (same analysis and scoring settings, same corpus content).
+
+Each query is scored over the documents its terms occur in (sum of the terms' posting-list entries in query
+order, float32, as bm25s does); when those postings cover a large share of the corpus a dense score array is
+used instead. Ties are broken by corpus order.
 """
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 import json
 import logging
 import os
+import shutil
+import tempfile
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Mapping, Sequence
+from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
 
-from pretrieve.data.beir import Corpus
+from pretrieve.data.beir import BeirCollection, Corpus
 from pretrieve.data.trec import Run
+from pretrieve.errors import ConfigError, InputError
+from pretrieve.io_utils import write_json
+
+logger = logging.getLogger(__name__)
+
+BM25_FORMAT = "pretrieve-bm25/2"
+ARTIFACT_KIND = "bm25-index"
+CHUNK_DOCS = 50_000
+QUERY_BATCH = 64
+_META_FILE = "pretrieve_bm25.json"
+_IDS_FILE = "doc_ids.npy"
+_SCRATCH = "_chunks"
+_METHODS = ("lucene", "robertson", "atire", "bm25l", "bm25+")
+#: A query is scored with a dense array over the whole corpus when its postings exceed this share of it.
+_DENSE_SHARE = 0.125
 
 
 def _import_bm25s():
@@ -43,15 +86,6 @@ def _import_bm25s():
     bm25s_logger = logging.getLogger("bm25s")
     bm25s_logger.setLevel(max(bm25s_logger.level, logging.WARNING))
     return bm25s
-from pretrieve.errors import ConfigError, InputError
-from pretrieve.io_utils import atomic_dir, write_json
-
-logger = logging.getLogger(__name__)
-
-BM25_FORMAT = "pretrieve-bm25/1"
-_META_FILE = "pretrieve_bm25.json"
-_IDS_FILE = "doc_ids.json"
-_METHODS = ("lucene", "robertson", "atire", "bm25l", "bm25+")
 
 
 @dataclass(frozen=True)
@@ -78,6 +112,10 @@ class BM25Params:
                 raise ConfigError(f"unknown stemmer '{self.stemmer}' (PyStemmer knows: "
                                   f"{', '.join(Stemmer.algorithms())})")
 
+    def settings(self) -> dict[str, Any]:
+        """What an index built with these parameters is recorded with (its freshness settings)."""
+        return {"format": BM25_FORMAT, **asdict(self)}
+
 
 def default_threads() -> int:
     """Threads for batch retrieval: every core this process may use."""
@@ -87,42 +125,214 @@ def default_threads() -> int:
         return max(1, os.cpu_count() or 1)
 
 
+def make_tokenizer(params: BM25Params):
+    """The bm25s tokenizer for ``params``: lower-case, split, drop stopwords, stem."""
+    bm25s = _import_bm25s()
+    import Stemmer
+
+    stemmer = Stemmer.Stemmer(params.stemmer) if params.stemmer else None
+    return bm25s.tokenization.Tokenizer(lower=True, stopwords=params.stopwords, stemmer=stemmer)
+
+
+# ------------------------------------------------------------------------------------------------ building
+class DuplicateDocumentId(InputError):
+    """Two documents share an id; ``rows`` are their 0-based positions in the stream."""
+
+    def __init__(self, doc_id: str, rows: tuple[int, int]):
+        self.doc_id = doc_id
+        self.rows = rows
+        super().__init__(f"duplicate document id '{doc_id}' (documents {rows[0] + 1} and {rows[1] + 1})")
+
+
+def write_index(documents: Iterable[tuple[str, str]], directory: str | Path, params: BM25Params | None = None,
+                show_progress: bool = False, chunk_docs: int = CHUNK_DOCS) -> int:
+    """Index ``(doc_id, text)`` pairs into ``directory`` (created; any content there is replaced).
+
+    Streams the documents in chunks (see the module docstring); returns the number of documents. The directory
+    holds bm25s' files (``bm25s.BM25.load`` reads it), the tokenizer's vocabulary and stopwords,
+    ``doc_ids.npy`` and ``pretrieve_bm25.json``.
+    """
+    from tqdm.auto import tqdm
+
+    _import_bm25s()
+    from bm25s import scoring
+
+    params = params or BM25Params()
+    params.validate()
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    scratch = directory / _SCRATCH
+    shutil.rmtree(scratch, ignore_errors=True)
+    scratch.mkdir()
+    tokenizer = make_tokenizer(params)
+    lengths_parts: list[np.ndarray] = []
+    ids_parts: list[np.ndarray] = []
+    chunk_files: list[Path] = []
+    doc_freq = np.zeros(0, dtype=np.int64)
+    num_docs = 0
+    with tqdm(desc="BM25 tokenise", unit="docs", disable=not show_progress) as progress:
+        for chunk in _batched(documents, chunk_docs):
+            ids, texts = zip(*chunk)
+            token_lists = list(tokenizer.streaming_tokenize(texts, update_vocab=True))
+            lengths = np.fromiter(map(len, token_lists), dtype=np.int64, count=len(token_lists))
+            terms = np.fromiter(itertools.chain.from_iterable(token_lists), dtype=np.int64,
+                                count=int(lengths.sum()))
+            del token_lists
+            rows = np.repeat(np.arange(num_docs, num_docs + len(chunk), dtype=np.int64), lengths)
+            keys, term_freq = np.unique((rows << 32) | terms, return_counts=True)  # by row, then term
+            triples = np.stack([keys >> 32, keys & 0xFFFFFFFF, term_freq]).astype(np.int32)
+            vocab_size = len(tokenizer.get_vocab_dict())
+            if vocab_size > len(doc_freq):
+                doc_freq = np.concatenate([doc_freq, np.zeros(vocab_size - len(doc_freq), dtype=np.int64)])
+            seen_terms, counts = np.unique(triples[1], return_counts=True)
+            doc_freq[seen_terms] += counts
+            chunk_files.append(scratch / f"{len(chunk_files)}.npy")
+            np.save(chunk_files[-1], triples)
+            lengths_parts.append(lengths.astype(np.int32))
+            ids_parts.append(_id_array(ids))
+            num_docs += len(chunk)
+            progress.update(len(chunk))
+    if num_docs == 0:
+        raise InputError("cannot build a BM25 index over an empty corpus")
+    doc_ids = np.concatenate(ids_parts)
+    del ids_parts
+    _check_unique(doc_ids)
+    lengths = np.concatenate(lengths_parts)
+    del lengths_parts
+
+    # bm25s' own idf / tf functions, fed exactly what BM25.index feeds them (so the scores are bit-identical)
+    retriever = _new_retriever(params)
+    avg_doc_len = lengths.astype(np.int64).mean()
+    frequencies = dict(enumerate(doc_freq.tolist()))
+    idf = scoring._build_idf_array(frequencies, n_docs=num_docs,
+                                   compute_idf_fn=scoring._select_idf_scorer(retriever.idf_method),
+                                   dtype=retriever.dtype)
+    nonoccurrence = None
+    if params.method in retriever.methods_requiring_nonoccurrence:
+        nonoccurrence = scoring._build_nonoccurrence_array(
+            frequencies, n_docs=num_docs, compute_idf_fn=scoring._select_idf_scorer(retriever.idf_method),
+            calculate_tfc_fn=scoring._select_tfc_scorer(params.method), l_d=avg_doc_len, l_avg=avg_doc_len,
+            k1=params.k1, b=params.b, delta=retriever.delta, dtype=retriever.dtype)
+    del frequencies
+    tfc = scoring._select_tfc_scorer(params.method)
+    indptr = np.zeros(len(doc_freq) + 1, dtype=np.int64)
+    np.cumsum(doc_freq, out=indptr[1:])
+    nnz = int(indptr[-1])
+    data = np.lib.format.open_memmap(directory / "data.csc.index.npy", mode="w+", dtype=retriever.dtype,
+                                     shape=(nnz,))
+    indices = np.lib.format.open_memmap(directory / "indices.csc.index.npy", mode="w+",
+                                        dtype=retriever.int_dtype, shape=(nnz,))
+    heads = indptr[:-1].copy()  # next free position of each term's posting list
+    for chunk_file in tqdm(chunk_files, desc="BM25 score", unit="chunks", disable=not show_progress):
+        rows, terms, term_freq = np.load(chunk_file)
+        chunk_file.unlink()
+        scores = idf[terms] * tfc(tf_array=term_freq.astype(np.float32), l_d=lengths[rows].astype(np.float64),
+                                  l_avg=avg_doc_len, k1=params.k1, b=params.b, delta=retriever.delta)
+        if nonoccurrence is not None:
+            scores -= nonoccurrence[terms]
+        order = np.argsort(terms, kind="stable")  # by term, rows ascending within a term (CSC order)
+        terms, rows, scores = terms[order], rows[order], scores[order]
+        seen_terms, starts, counts = np.unique(terms, return_index=True, return_counts=True)
+        positions = heads[terms] + (np.arange(len(terms)) - np.repeat(starts, counts))
+        data[positions] = scores.astype(retriever.dtype)
+        indices[positions] = rows
+        heads[seen_terms] += counts
+    data.flush()
+    indices.flush()
+    del data, indices
+    shutil.rmtree(scratch)
+    np.save(directory / "indptr.csc.index.npy", indptr)
+    _save_bm25s_metadata(retriever, tokenizer.get_vocab_dict(), num_docs, nonoccurrence, directory)
+    tokenizer.save_vocab(str(directory))
+    tokenizer.save_stopwords(str(directory))
+    np.save(directory / _IDS_FILE, doc_ids)
+    write_json(directory / _META_FILE, {"format": BM25_FORMAT, "params": asdict(params), "num_docs": num_docs,
+                                        "num_terms": len(doc_freq), "postings": nnz})
+    return num_docs
+
+
+def _batched(items: Iterable[Any], size: int) -> Iterator[list[Any]]:
+    iterator = iter(items)
+    while chunk := list(itertools.islice(iterator, size)):
+        yield chunk
+
+
+def _id_array(ids: Sequence[str]) -> np.ndarray:
+    array = np.array(ids, dtype=str)
+    if array.ndim != 1 or len(array) != len(ids):
+        raise InputError("document ids must be strings")
+    return array
+
+
+def _check_unique(doc_ids: np.ndarray) -> None:
+    order = np.argsort(doc_ids, kind="stable")
+    ordered = doc_ids[order]
+    repeated = np.flatnonzero(ordered[1:] == ordered[:-1])
+    if len(repeated):
+        first, second = sorted((int(order[repeated[0]]), int(order[repeated[0] + 1])))
+        raise DuplicateDocumentId(str(doc_ids[first]), (first, second))
+
+
+def _new_retriever(params: BM25Params):
+    bm25s = _import_bm25s()
+    return bm25s.BM25(k1=params.k1, b=params.b, method=params.method, backend="numpy")
+
+
+def _save_bm25s_metadata(retriever, vocab: dict, num_docs: int, nonoccurrence: np.ndarray | None,
+                         directory: Path) -> None:
+    """bm25s' ``params.index.json``, ``vocab.index.json`` (and non-occurrence array), written by ``BM25.save``
+    itself — given placeholder score arrays, so the real ones written above are not copied."""
+    placeholder = {"data": np.zeros(0, dtype=retriever.dtype), "indices": np.zeros(0, dtype=retriever.int_dtype),
+                   "indptr": np.zeros(1, dtype=np.int64), "num_docs": num_docs}
+    retriever.scores, retriever.vocab_dict, retriever.nonoccurrence_array = placeholder, vocab, nonoccurrence
+    with tempfile.TemporaryDirectory(dir=directory) as scratch:
+        retriever.save(scratch, show_progress=False)
+        for name in os.listdir(scratch):
+            if not name.endswith(".csc.index.npy"):
+                os.replace(os.path.join(scratch, name), directory / name)
+
+
+# ------------------------------------------------------------------------------------------------ the index
 class BM25Index:
     """A BM25 index over one corpus; rows are mapped back to the corpus' document ids."""
 
-    def __init__(self, retriever, tokenizer, doc_ids: list[str], params: BM25Params):
+    def __init__(self, retriever, tokenizer, doc_ids: np.ndarray, params: BM25Params):
         self.retriever = retriever
         self.tokenizer = tokenizer
         self.doc_ids = doc_ids
         self.params = params
+        self._data = retriever.scores["data"]
+        self._indices = retriever.scores["indices"]
+        self._indptr = retriever.scores["indptr"]
+        self._nonoccurrence = retriever.nonoccurrence_array
+        self._empty_token = tokenizer.word_to_id.get("")
 
     # ------------------------------------------------------------------ building
     @classmethod
     def build(cls, corpus: Corpus, k1: float = 0.9, b: float = 0.4, method: str = "lucene",
               stemmer: str | None = "english", stopwords: str | None = "en",
               show_progress: bool = False) -> "BM25Index":
-        """Tokenize ``title + text`` of every document and build the score matrix."""
+        """Index ``title + text`` of every document of an in-memory corpus (see :func:`corpus_index` for files)."""
         params = BM25Params(k1=k1, b=b, method=method, stemmer=stemmer, stopwords=stopwords)
-        return cls.build_from_texts(corpus.ids, corpus.full_texts(), params, show_progress=show_progress)
+        documents = ((corpus.ids[row], corpus.full_text(row)) for row in range(len(corpus)))
+        return cls.build_from_documents(documents, params, show_progress=show_progress)
 
     @classmethod
     def build_from_texts(cls, doc_ids: Sequence[str], texts: Sequence[str], params: BM25Params | None = None,
                          show_progress: bool = False) -> "BM25Index":
         """Build from parallel lists of ids and texts (what :meth:`build` does for a Corpus)."""
-        bm25s = _import_bm25s()
-
-        params = params or BM25Params()
-        params.validate()
         if len(doc_ids) != len(texts):
             raise InputError(f"{len(doc_ids)} document ids but {len(texts)} texts")
-        if not doc_ids:
-            raise InputError("cannot build a BM25 index over an empty corpus")
-        tokenizer = make_tokenizer(params)
-        token_ids = tokenizer.tokenize(list(texts), update_vocab=True, return_as="ids",
-                                       show_progress=show_progress)
-        retriever = bm25s.BM25(k1=params.k1, b=params.b, method=params.method)
-        retriever.index((token_ids, tokenizer.get_vocab_dict()), show_progress=show_progress)
-        return cls(retriever, tokenizer, list(doc_ids), params)
+        return cls.build_from_documents(zip(doc_ids, texts), params, show_progress=show_progress)
+
+    @classmethod
+    def build_from_documents(cls, documents: Iterable[tuple[str, str]], params: BM25Params | None = None,
+                             show_progress: bool = False) -> "BM25Index":
+        """Build from ``(doc_id, text)`` pairs and hold the index in memory (written to a temporary directory and
+        read back; use :func:`write_index` + :meth:`load` to keep it on disk, memory-mapped)."""
+        with tempfile.TemporaryDirectory(prefix="pretrieve-bm25-") as tmp:
+            write_index(documents, tmp, params, show_progress=show_progress)
+            return cls.load(tmp, mmap=False)
 
     def __len__(self) -> int:
         return len(self.doc_ids)
@@ -130,65 +340,120 @@ class BM25Index:
     # ------------------------------------------------------------------ searching
     def search(self, queries: Mapping[str, str], k: int = 1000, exclude_self: bool = False,
                n_threads: int | None = None, show_progress: bool = False) -> Run:
-        """Top-``k`` documents per query as a run ``{qid: {doc_id: score}}``.
+        """Top-``k`` documents per query as a run ``{qid: {doc_id: score}}`` (for query sets that fit in memory;
+        :meth:`iter_search` streams)."""
+        return {qid: dict(ranking) for qid, ranking in self.iter_search(queries.items(), k=k, exclude_self=exclude_self,
+                                                                        n_threads=n_threads,
+                                                                        show_progress=show_progress)}
 
-        ``exclude_self`` drops a document whose id equals the query id (ArguAna-style collections,
-        where each query is also a corpus document); ``k`` documents are still returned when the
-        corpus has them. ``n_threads`` (default: every usable core) parallelises the batch.
+    def iter_search(self, queries: Iterable[tuple[str, str]], k: int = 1000, exclude_self: bool = False,
+                    n_threads: int | None = None, batch_size: int = QUERY_BATCH, show_progress: bool = False,
+                    total: int | None = None) -> Iterator[tuple[str, list[tuple[str, float]]]]:
+        """``(query_id, [(doc_id, score), ...])`` best first, for each ``(query_id, text)`` in input order.
+
+        Queries are tokenised here and scored in batches of ``batch_size`` on ``n_threads`` threads (default:
+        every usable core; 0 or 1: this thread); at most two batches per thread are in flight, so memory does
+        not grow with the number of queries. ``exclude_self`` drops a document whose id equals the query id
+        (ArguAna-style collections); ``k`` documents are still returned when the corpus has them.
         """
-        qids, indices, scores = self.search_arrays(queries, k=k + (1 if exclude_self else 0),
-                                                   n_threads=n_threads, show_progress=show_progress)
-        run: Run = {}
-        for row, qid in enumerate(qids):
-            docs: dict[str, float] = {}
-            for idx, score in zip(indices[row].tolist(), scores[row].tolist()):
-                if score <= 0.0:
-                    break  # sorted descending: the rest match no query term
-                doc_id = self.doc_ids[idx]
-                if exclude_self and doc_id == qid:
-                    continue
-                docs[doc_id] = float(score)
-                if len(docs) == k:
-                    break
-            run[qid] = docs
-        return run
+        from tqdm.auto import tqdm
 
-    def search_arrays(self, queries: Mapping[str, str], k: int = 1000, n_threads: int | None = None,
-                      show_progress: bool = False) -> tuple[list[str], np.ndarray, np.ndarray]:
-        """Batch retrieval as arrays: ``(query_ids, rows [Q, k'], scores [Q, k'])``, ``k' = min(k, N)``.
-
-        Rows index :attr:`doc_ids`; scores are sorted descending and 0 marks a non-matching document.
-        """
         if k < 1:
             raise ConfigError(f"k must be >= 1, got {k}")
-        qids = list(queries)
-        if not qids:
-            return [], np.zeros((0, 0), dtype=np.int64), np.zeros((0, 0), dtype=np.float32)
-        k = min(k, len(self.doc_ids))
-        token_ids = self.tokenizer.tokenize([queries[q] for q in qids], update_vocab=False, return_as="ids",
-                                            show_progress=False)
         threads = default_threads() if n_threads is None else n_threads
-        indices, scores = self.retriever.retrieve(token_ids, k=k, show_progress=show_progress,
-                                                  n_threads=threads if len(qids) > 1 else 0)
-        return qids, np.asarray(indices, dtype=np.int64), np.asarray(scores, dtype=np.float32)
+        depth = min(k + (1 if exclude_self else 0), len(self.doc_ids))
+        batches = (self._tokenized(batch) for batch in _batched(queries, batch_size))
+        with tqdm(total=total, desc="BM25 search", unit="queries", disable=not show_progress) as progress:
+            for qids, results in self._scored(batches, depth, threads):
+                for qid, (rows, scores) in zip(qids, results):
+                    ranking = list(zip(self.doc_ids[rows].tolist(), scores.tolist()))
+                    if exclude_self:
+                        ranking = [(doc_id, score) for doc_id, score in ranking if doc_id != qid]
+                    yield qid, ranking[:k]
+                progress.update(len(qids))
+
+    def _tokenized(self, batch: list[tuple[str, str]]) -> tuple[list[str], list[np.ndarray]]:
+        qids = [qid for qid, _ in batch]
+        token_lists = self.tokenizer.streaming_tokenize([text for _, text in batch], update_vocab=False)
+        terms = [np.asarray([t for t in tokens if t != self._empty_token], dtype=np.int64) for tokens in token_lists]
+        return qids, terms
+
+    def _scored(self, batches: Iterator[tuple[list[str], list[np.ndarray]]], depth: int, threads: int):
+        def score_batch(batch):
+            qids, terms = batch
+            return qids, [self._top(query_terms, depth) for query_terms in terms]
+
+        if threads <= 1:
+            yield from map(score_batch, batches)
+            return
+        with ThreadPoolExecutor(max_workers=threads) as pool:
+            pending: deque = deque()
+            for batch in batches:
+                pending.append(pool.submit(score_batch, batch))
+                if len(pending) >= 2 * threads:
+                    yield pending.popleft().result()
+            while pending:
+                yield pending.popleft().result()
+
+    def _top(self, terms: np.ndarray, depth: int) -> tuple[np.ndarray, np.ndarray]:
+        """Rows and scores of the ``depth`` best documents matching at least one of ``terms`` (best first)."""
+        if len(terms) == 0:
+            return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.float32)
+        starts, ends = self._indptr[terms], self._indptr[terms + 1]
+        postings = int((ends - starts).sum())
+        if postings == 0:
+            return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.float32)
+        num_docs = len(self.doc_ids)
+        if postings > _DENSE_SHARE * num_docs:
+            totals = np.zeros(num_docs, dtype=self._data.dtype)
+            matched = np.zeros(num_docs, dtype=bool)
+            for start, end in zip(starts.tolist(), ends.tolist()):
+                rows = self._indices[start:end]
+                totals[rows] += self._data[start:end]  # rows are unique within one posting list
+                matched[rows] = True
+            candidates = np.flatnonzero(matched)
+            scores = totals[candidates]
+        else:
+            all_rows = np.concatenate([self._indices[s:e] for s, e in zip(starts.tolist(), ends.tolist())])
+            candidates, slot = np.unique(all_rows, return_inverse=True)
+            scores = np.zeros(len(candidates), dtype=self._data.dtype)
+            offset = 0
+            for start, end in zip(starts.tolist(), ends.tolist()):  # query-term order, as bm25s sums
+                scores[slot[offset:offset + end - start]] += self._data[start:end]
+                offset += end - start
+        if self._nonoccurrence is not None:
+            scores += self._nonoccurrence[terms].sum()
+        if len(candidates) > depth:
+            keep = np.argpartition(-scores, depth - 1)[:depth]
+            candidates, scores = candidates[keep], scores[keep]
+        order = np.lexsort((candidates, -scores))
+        return candidates[order].astype(np.int64), scores[order]
 
     # ------------------------------------------------------------------ persistence
     def save(self, path: str | Path) -> Path:
-        """Write the index (bm25s files + tokenizer vocabulary + document ids + params) atomically."""
+        """Write the index atomically to ``path`` (a copy of its files; no freshness record: see
+        :func:`corpus_index` for an index reused across runs)."""
+        from pretrieve.io_utils import atomic_dir
+
         path = Path(path)
         with atomic_dir(path) as tmp:
-            self.retriever.save(str(tmp), show_progress=False)
+            for name, array in (("data.csc.index.npy", self._data), ("indices.csc.index.npy", self._indices),
+                                ("indptr.csc.index.npy", self._indptr)):
+                np.save(tmp / name, array)
+            _save_bm25s_metadata(_new_retriever(self.params), self.tokenizer.get_vocab_dict(), len(self.doc_ids),
+                                 self._nonoccurrence, tmp)
             self.tokenizer.save_vocab(str(tmp))
             self.tokenizer.save_stopwords(str(tmp))
-            with open(tmp / _IDS_FILE, "w", encoding="utf-8") as handle:
-                json.dump(self.doc_ids, handle)
+            np.save(tmp / _IDS_FILE, np.asarray(self.doc_ids))
             write_json(tmp / _META_FILE, {"format": BM25_FORMAT, "params": asdict(self.params),
-                                          "num_docs": len(self.doc_ids)})
+                                          "num_docs": len(self.doc_ids), "num_terms": len(self._indptr) - 1,
+                                          "postings": len(self._data)})
         return path
 
     @classmethod
-    def load(cls, path: str | Path) -> "BM25Index":
-        """Load an index written by :meth:`save`."""
+    def load(cls, path: str | Path, mmap: bool = True) -> "BM25Index":
+        """Open an index written by :func:`write_index` / :meth:`save`; ``mmap`` maps its arrays instead of
+        reading them (``bm25s.BM25.load(mmap=True)``)."""
         bm25s = _import_bm25s()
 
         path = Path(path)
@@ -197,31 +462,184 @@ class BM25Index:
             raise InputError(f"not a pretrieve BM25 index ({_META_FILE} missing)", path=path)
         meta = json.loads(meta_path.read_text(encoding="utf-8"))
         if meta.get("format") != BM25_FORMAT:
-            raise InputError(f"unsupported BM25 index format {meta.get('format')!r} (expected {BM25_FORMAT})",
-                             path=meta_path, field="format")
+            raise InputError(f"unsupported BM25 index format {meta.get('format')!r} (expected {BM25_FORMAT}; "
+                             "build the index again)", path=meta_path, field="format")
         params = BM25Params(**meta["params"])
         tokenizer = make_tokenizer(params)
         tokenizer.load_vocab(str(path))
         tokenizer.load_stopwords(str(path))
-        retriever = bm25s.BM25.load(str(path), show_progress=False)
-        doc_ids = json.loads((path / _IDS_FILE).read_text(encoding="utf-8"))
+        # the search maps query words with the tokenizer's vocabulary; bm25s' copy of it is not needed
+        retriever = bm25s.BM25.load(str(path), mmap=mmap, load_vocab=False, show_progress=False)
+        doc_ids = np.load(path / _IDS_FILE, mmap_mode="r" if mmap else None)
         if len(doc_ids) != retriever.scores["num_docs"]:
             raise InputError(f"{len(doc_ids)} document ids for {retriever.scores['num_docs']} indexed documents",
                              path=path / _IDS_FILE)
         return cls(retriever, tokenizer, doc_ids, params)
 
 
-def make_tokenizer(params: BM25Params):
-    """The bm25s tokenizer for ``params``: lower-case, split, drop stopwords, stem."""
-    import bm25s
-    import Stemmer
+# ------------------------------------------------------------------------------------------- collections
+def corpus_documents(corpus_path: str | Path) -> Iterator[tuple[str, str]]:
+    """Stream ``(doc_id, title + " " + text)`` from a ``corpus.jsonl`` (validated line by line)."""
+    from pretrieve.data.beir import iter_corpus
 
-    stemmer = Stemmer.Stemmer(params.stemmer) if params.stemmer else None
-    return bm25s.tokenization.Tokenizer(lower=True, stopwords=params.stopwords, stemmer=stemmer)
+    for _, doc in iter_corpus(corpus_path):
+        yield doc.id, doc.full_text()
+
+
+@contextlib.contextmanager
+def corpus_index(corpus_path: str | Path, params: BM25Params | None = None, index_dir: str | Path | None = None,
+                 scratch_dir: str | Path | None = None, show_progress: bool = False) -> Iterator[BM25Index]:
+    """The memory-mapped BM25 index of a ``corpus.jsonl``.
+
+    With ``index_dir``, an index there is reused when :mod:`pretrieve.artifacts` finds it current (same
+    settings, same corpus content); otherwise it is built there atomically and recorded. Without, it is built
+    in a temporary directory (inside ``scratch_dir``, default the system's) removed when the block ends.
+    """
+    from pretrieve import artifacts
+
+    params = params or BM25Params()
+    params.validate()
+    corpus_path = Path(corpus_path)
+    if index_dir is not None:
+        index_dir = Path(index_dir)
+        inputs = {"corpus": corpus_path}
+        status = artifacts.check(index_dir, params.settings(), inputs, kind=ARTIFACT_KIND)
+        if status.current:
+            logger.info("reusing the BM25 index in %s", index_dir)
+        else:
+            if status.exists:
+                logger.info("rebuilding the BM25 index: %s", status.reason)
+            with artifacts.write_dir(index_dir, ARTIFACT_KIND, params.settings(), inputs) as tmp:
+                _write_corpus_index(corpus_path, tmp, params, show_progress)
+        yield BM25Index.load(index_dir)
+        return
+    if scratch_dir is not None:
+        Path(scratch_dir).mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix=".pretrieve-bm25-", dir=scratch_dir) as tmp:
+        _write_corpus_index(corpus_path, tmp, params, show_progress)
+        yield BM25Index.load(tmp)
+
+
+def _write_corpus_index(corpus_path: Path, directory: str | Path, params: BM25Params, show_progress: bool) -> None:
+    try:
+        write_index(corpus_documents(corpus_path), directory, params, show_progress=show_progress)
+    except DuplicateDocumentId as exc:  # name the lines (found again only on this error path)
+        lines = [line for row, (line, _) in enumerate(_corpus_lines(corpus_path)) if row in exc.rows]
+        raise InputError(f"duplicate document id '{exc.doc_id}' (first seen on line {lines[0]})", path=corpus_path,
+                         line=lines[1], field="_id") from None
+    except InputError as exc:
+        if exc.path is None:
+            raise InputError(exc.message, path=corpus_path) from None
+        raise
+
+
+def _corpus_lines(corpus_path: Path) -> Iterator[tuple[int, str]]:
+    from pretrieve.data.beir import iter_corpus
+
+    for line_no, doc in iter_corpus(corpus_path):
+        yield line_no, doc.id
 
 
 def bm25_run(corpus: Corpus, queries: Mapping[str, str], k: int = 1000, k1: float = 0.9, b: float = 0.4,
              exclude_self: bool = False) -> Run:
-    """Index ``corpus`` and search ``queries`` in one call (the ``pretrieve bm25`` command)."""
+    """Index an in-memory ``corpus`` and search ``queries`` in one call."""
     index = BM25Index.build(corpus, k1=k1, b=b)
     return index.search(queries, k=k, exclude_self=exclude_self)
+
+
+def bm25_run_file(data: str | Path | BeirCollection, split: str, out: str | Path, k: int = 1000,
+                  params: BM25Params | None = None, exclude_self: bool = False, index_dir: str | Path | None = None,
+                  n_threads: int | None = None, show_progress: bool = False) -> tuple[int, int]:
+    """``pretrieve bm25``: search the ``split`` queries of a collection and write the run to ``out`` as the
+    rankings come (TREC, atomically, recorded as an artefact). Returns ``(queries, lines)`` written."""
+    from pretrieve import artifacts
+    from pretrieve.data.trec import RunWriter
+
+    collection = data if isinstance(data, BeirCollection) else BeirCollection(Path(data))
+    params = params or BM25Params()
+    queries = collection.load_queries(split)  # validates the split before the index is built
+    out = Path(out)
+    settings = {"retriever": "bm25", **params.settings(), "split": split, "k": k, "exclude_self": exclude_self}
+    inputs = {"corpus": collection.corpus_path, "queries": collection.queries_path,
+              "qrels": collection.qrels_path(split)}
+    with corpus_index(collection.corpus_path, params, index_dir, scratch_dir=out.parent,
+                      show_progress=show_progress) as index:
+        with artifacts.write_file(out, kind="run", settings=settings, inputs=inputs) as tmp:
+            with open(tmp, "w", encoding="utf-8") as handle:
+                writer = RunWriter(handle, out, tag="bm25", depth=k)
+                for qid, ranking in index.iter_search(queries.items(), k=k, exclude_self=exclude_self,
+                                                      n_threads=n_threads, show_progress=show_progress,
+                                                      total=len(queries)):
+                    writer.write(qid, ranking)
+    return writer.queries, writer.lines
+
+
+# ---------------------------------------------------------------------------------------------- mining
+def bm25_negatives(data: str | Path | BeirCollection, split: str, out_groups: str | Path, depth: int = 1000,
+                   k1: float = 0.9, b: float = 0.4, run_out: str | Path | None = None, overwrite: bool = False,
+                   index_dir: str | Path | None = None, n_threads: int | None = None,
+                   show_progress: bool = False) -> Path:
+    """Stage-1 groups: the BM25 (Pyserini defaults) top-``depth`` of each ``split`` query minus its positives.
+
+    Paper 003 §3.4's first fine-tuning stage (K₁ = 1000). Queries are searched in qrels order and each group
+    (and run line, with ``run_out``) is written as its ranking arrives, so memory does not grow with the number
+    of training queries (:func:`pretrieve.data.groups.group_from_ranking` states which queries are skipped).
+    A groups file that is current (same settings, same collection files) is returned without recomputing,
+    unless ``overwrite``.
+    """
+    from pretrieve import artifacts
+    from pretrieve.data.groups import GroupStats, group_from_ranking
+    from pretrieve.data.trec import RunWriter
+
+    if depth < 1:
+        raise ConfigError(f"depth must be >= 1, got {depth}")
+    collection = data if isinstance(data, BeirCollection) else BeirCollection(Path(data))
+    out_groups = Path(out_groups)
+    params = BM25Params(k1=k1, b=b)
+    settings = {"retriever": "bm25", **params.settings(), "split": split, "depth": depth}
+    inputs = {"corpus": collection.corpus_path, "queries": collection.queries_path,
+              "qrels": collection.qrels_path(split)}
+    run_settings = {**settings, "k": depth}
+    if not overwrite and artifacts.is_current(out_groups, settings, inputs, kind="groups") and (
+            run_out is None or artifacts.is_current(run_out, run_settings, inputs, kind="run")):
+        logger.info("BM25 groups in %s are up to date; not recomputing", out_groups)
+        return out_groups
+    qrels = collection.load_qrels(split)
+    queries = load_query_texts(collection, qrels)
+    stats = GroupStats()
+    wanted = ((qid, queries[qid]) for qid, judged in qrels.items()
+              if qid in queries and any(grade >= 1 for grade in judged.values()))
+    with contextlib.ExitStack() as stack:
+        index = stack.enter_context(corpus_index(collection.corpus_path, params, index_dir,
+                                                 scratch_dir=out_groups.parent, show_progress=show_progress))
+        groups_tmp = stack.enter_context(artifacts.write_file(out_groups, kind="groups", settings=settings,
+                                                              inputs=inputs))
+        groups_file = stack.enter_context(open(groups_tmp, "w", encoding="utf-8"))
+        run_writer = None
+        if run_out is not None:
+            run_tmp = stack.enter_context(artifacts.write_file(run_out, kind="run", settings=run_settings,
+                                                               inputs=inputs))
+            run_writer = RunWriter(stack.enter_context(open(run_tmp, "w", encoding="utf-8")), run_out, tag="bm25",
+                                   depth=depth)
+        for qid, ranking in index.iter_search(wanted, k=depth, n_threads=n_threads, show_progress=show_progress,
+                                              total=len(qrels)):
+            if run_writer is not None:
+                run_writer.write(qid, ranking)
+            group = group_from_ranking(qid, queries[qid], qrels[qid], [doc_id for doc_id, _ in ranking], depth,
+                                       stats)
+            if group is not None:
+                groups_file.write(json.dumps(group.to_dict(), ensure_ascii=False) + "\n")
+        # queries the search was not asked for are counted as group_from_ranking would count them
+        for qid, judged in qrels.items():
+            if qid not in queries or not any(grade >= 1 for grade in judged.values()):
+                group_from_ranking(qid, queries.get(qid), judged, [], depth, stats)
+        if stats.kept == 0:
+            raise InputError(f"no training group could be built from split '{split}' ({stats.problems()})",
+                             path=collection.root)
+    logger.info("wrote %d groups to %s (%s)", stats.kept, out_groups, stats.as_dict())
+    return out_groups
+
+
+def load_query_texts(collection: BeirCollection, qrels: Mapping[str, Any]) -> dict[str, str]:
+    """The texts of the queries judged in ``qrels`` (others are not kept in memory)."""
+    return {qid: text for qid, text in collection.load_queries().items() if qid in qrels}

@@ -42,7 +42,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
@@ -55,6 +55,7 @@ from pretrieve.data.groups import TrainingGroup, sample_group_indices
 from pretrieve.errors import ConfigError, InputError
 from pretrieve.io_utils import write_json
 from pretrieve.train.loop import BOOKKEEPING, LoopConfig, finished_run, make_accelerator, train
+from pretrieve.train.settings import FinetuneSettings
 
 logger = logging.getLogger(__name__)
 
@@ -65,45 +66,9 @@ COSINE_TEMPERATURE = 0.05
 #: LoopConfig fields that do not change what a run computes (ignored when deciding whether a run is done).
 
 
-def _help(text: str) -> Any:
-    return {"help": text}
-
-
 @dataclass
-class FinetuneConfig(LoopConfig):
+class FinetuneConfig(FinetuneSettings, LoopConfig):
     """One fine-tuning stage: data, model, representation, loss and loop settings (module docstring: defaults)."""
-
-    model: str = field(default="", metadata=_help("Pre-trained encoder to start from (every stage starts from it)."))
-    data: str = field(default="", metadata=_help("Collection in BEIR layout."))
-    out: str = field(default="", metadata=_help("Output directory (checkpoints, logs, final/)."))
-    split: str = field(default="train", metadata=_help("Qrels split of the training queries."))
-    stage: int = field(default=1, metadata=_help("1: BM25 negatives; 2: mined negatives; 3: + distillation."))
-    groups: str | None = field(default=None, metadata=_help(
-        "Training groups JSONL; stage 1 builds BM25 groups when absent, stages 2/3 require it."))
-    num_negatives: int = field(default=7, metadata=_help("Hard negatives per query per step (papers: 15)."))
-    query_max_len: int = field(default=32, metadata=_help("Query token limit."))
-    passage_max_len: int = field(default=144, metadata=_help("Passage token limit (title + text)."))
-    representation: str = field(default="dense", metadata=_help("Representation type."))
-    pooling: str | None = field(default=None, metadata=_help(
-        "cls | mean; default: the checkpoint's sentence-transformers pooling, else cls (papers)."))
-    normalize: bool | None = field(default=None, metadata=_help(
-        "L2-normalise vectors; default: whether the checkpoint has a Normalize module."))
-    similarity: str = field(default="dot", metadata=_help("dot (papers) | cos."))
-    temperature: float | None = field(default=None, metadata=_help(
-        "Softmax temperature; default: 1 for dot products, 0.05 for cosine/normalised vectors."))
-    tied: bool = field(default=True, metadata=_help("Siamese towers (shared weights); false: separate towers."))
-    alpha: float = field(default=0.2, metadata=_help("Weight of the contrastive term in stage 3 (paper 003)."))
-    teacher_temperature: float = field(default=1.0, metadata=_help("Temperature of the teacher's softmax (stage 3)."))
-    in_batch: bool = field(default=True, metadata=_help("Use the other queries' passages as negatives too."))
-    gather: bool = field(default=True, metadata=_help("Cross-device negatives under DDP."))
-    bm25_depth: int = field(default=1000, metadata=_help("K1: BM25 depth of the stage-1 negatives."))
-    max_groups: int | None = field(default=None, metadata=_help("Train on the first N groups only (quick runs)."))
-    on_unknown: str = field(default="error", metadata=_help(
-        "Document ids missing from the corpus: error | skip (drop and count them)."))
-    # loop settings whose defaults differ for fine-tuning
-    batch_size: int = field(default=16, metadata=_help("Queries per optimizer step, all processes together."))
-    lr: float = field(default=2e-5, metadata=_help("Peak learning rate (papers: 2e-5)."))
-    epochs: float = field(default=3.0, metadata=_help("Epochs when max_steps is 0 (papers: 3)."))
 
     def loop(self) -> LoopConfig:
         return LoopConfig(**{f.name: getattr(self, f.name) for f in dataclasses.fields(LoopConfig)})
@@ -265,9 +230,9 @@ def groups_path(config: FinetuneConfig, collection: BeirCollection, is_main: boo
         raise ConfigError(missing_groups_message(config.stage))
     path = Path(config.out) / BM25_GROUPS_FILE
     if is_main:
-        from pretrieve.retrieval.mining import bm25_negatives
+        from pretrieve.retrieval.bm25 import bm25_negatives
 
-        bm25_negatives(collection, config.split, path, depth=config.bm25_depth)
+        bm25_negatives(collection, config.split, path, depth=config.bm25_depth, show_progress=config.show_progress)
     return path
 
 

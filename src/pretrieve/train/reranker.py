@@ -15,52 +15,42 @@ Inputs are ``[CLS] query [SEP] title + " " + text [SEP]`` cut to ``max_len`` tok
 cuts the passage for any usual query). Defaults: lr 3e-5 (SimLM's reranker scripts, ELECTRA-base), 7 negatives
 per query (group 8), batch 16 queries, 1 epoch, ``max_len`` 192.
 
-Scoring sorts the pairs by length and batches them under ``torch.inference_mode``; re-ranked runs and teacher
-groups are written atomically with a ``.meta.json`` sidecar, and a call whose output is current is skipped.
+Scoring streams (:class:`PairScorer`): the run is read query by query and the groups file group by group, pairs
+are tokenised batch by batch within a length-ordered chunk, and each query's ranking / each scored group is
+written as soon as its pairs are scored, so memory is one chunk whatever the number of pairs (MS MARCO's stage 3
+scores ~16M). ``precision`` ``auto`` scores in bf16 only where the hardware computes it natively (a GPU with bf16,
+a CPU with AVX512-BF16/AMX), else fp32. Outputs are written atomically and recorded by :mod:`pretrieve.artifacts`
+(settings + the model, run/groups, corpus and queries by content); a call whose output is current is skipped.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
 import torch
 
 from pretrieve.data.beir import BeirCollection, Corpus
-from pretrieve.data.groups import GroupSet, TrainingGroup, read_groups, sample_group_indices, write_groups
-from pretrieve.data.trec import Run, ranked_ids, read_run, write_run
+from pretrieve.data.groups import GroupSet, TrainingGroup, read_groups, sample_group_indices
+from pretrieve.data.trec import Run, ranked_ids
 from pretrieve.errors import ConfigError, InputError
 from pretrieve.io_utils import write_json
 from pretrieve.train.loop import LoopConfig, make_accelerator, read_logs, train
+from pretrieve.train.settings import RerankerSettings
 
 logger = logging.getLogger(__name__)
 
 CONFIG_FILE = "reranker_config.json"
 
 
-def _help(text: str) -> Any:
-    return {"help": text}
-
-
 @dataclass
-class RerankerConfig(LoopConfig):
+class RerankerConfig(RerankerSettings, LoopConfig):
     """Cross-encoder training: model, groups and loop settings."""
-
-    model: str = field(default="", metadata=_help("Encoder to initialise the cross-encoder from."))
-    data: str = field(default="", metadata=_help("Collection in BEIR layout (passage texts)."))
-    groups: str = field(default="", metadata=_help("Training groups JSONL (e.g. from `pretrieve mine`)."))
-    out: str = field(default="", metadata=_help("Output directory (checkpoints, logs, final/)."))
-    num_negatives: int = field(default=7, metadata=_help("Hard negatives per query per step."))
-    max_len: int = field(default=192, metadata=_help("Token limit of a (query, passage) pair."))
-    max_groups: int | None = field(default=None, metadata=_help("Train on the first N groups only."))
-    on_unknown: str = field(default="error", metadata=_help("Unknown document ids: error | skip."))
-    batch_size: int = field(default=16, metadata=_help("Queries per optimizer step."))
-    lr: float = field(default=3e-5, metadata=_help("Peak learning rate."))
-    epochs: float = field(default=1.0, metadata=_help("Epochs when max_steps is 0."))
 
     def loop(self) -> LoopConfig:
         return LoopConfig(**{f.name: getattr(self, f.name) for f in dataclasses.fields(LoopConfig)})
@@ -206,10 +196,50 @@ def build_reranker_config(file_values: Mapping[str, Any], flags: Mapping[str, An
 
 
 # ------------------------------------------------------------------------------------------- scoring
-class PairScorer:
-    """A trained cross-encoder + tokenizer that scores (query, passage) pairs in length-sorted batches."""
+PRECISIONS = ("auto", "fp32", "bf16")
+#: Pairs whose texts are ordered by length together before they are cut into batches (the sorting window).
+CHUNK_BATCHES = 32
 
-    def __init__(self, model_dir: str | Path, device: str = "auto", max_len: int | None = None, batch_size: int = 64):
+
+def native_bf16(device) -> bool:
+    """Whether ``device`` computes bf16 natively: a CUDA GPU that supports it, or a CPU with AVX512-BF16 or AMX.
+
+    On other CPUs (e.g. AVX2 only) bf16 autocast is emulated and several times slower than fp32.
+    """
+    import torch
+
+    if device.type == "cuda":
+        return bool(torch.cuda.is_bf16_supported())
+    if device.type != "cpu":
+        return False
+    try:
+        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as handle:
+            flags = next((line.split(":", 1)[1].split() for line in handle if line.startswith("flags")), [])
+    except OSError:
+        return False
+    return bool({"avx512_bf16", "amx_bf16"} & set(flags))
+
+
+def resolve_precision(precision: str, device) -> str:
+    """``fp32`` or ``bf16``: ``auto`` is bf16 only where the hardware computes it natively (:func:`native_bf16`)."""
+    if precision not in PRECISIONS:
+        raise ConfigError(f"precision must be one of {', '.join(PRECISIONS)}, got '{precision}'")
+    if precision == "auto":
+        return "bf16" if native_bf16(device) else "fp32"
+    return precision
+
+
+class PairScorer:
+    """A trained cross-encoder + tokenizer that scores (query, passage) pairs batch by batch.
+
+    Pairs are handled in chunks of ``CHUNK_BATCHES`` batches: a chunk is ordered by text length (so a batch pads
+    little), each batch is tokenised (padding by the tokenizer) and scored under ``torch.inference_mode`` (and
+    bf16 autocast when the resolved ``precision`` is bf16), then the scores are put back in input order. Memory
+    is one chunk, whatever the number of pairs.
+    """
+
+    def __init__(self, model_dir: str | Path, device: str = "auto", max_len: int | None = None, batch_size: int = 64,
+                 precision: str = "auto"):
         from transformers import AutoTokenizer
 
         from pretrieve.modeling.cross_encoder import CrossEncoder
@@ -218,10 +248,12 @@ class PairScorer:
         if batch_size < 1:
             raise ConfigError(f"batch size must be >= 1, got {batch_size}")
         self.device = resolve_device(device)
+        self.precision = resolve_precision(precision, self.device)
         self.model = CrossEncoder.load(model_dir).to(self.device).eval()
         self.tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
-        self.max_len = max_len or _trained_max_len(model_dir) or 192
+        self.max_len = max_len or trained_max_len(model_dir)
         self.batch_size = batch_size
+        self.chunk_pairs = batch_size * CHUNK_BATCHES
 
     def score(self, queries: Sequence[str], passages: Sequence[str], show_progress: bool = True,
               description: str = "rerank") -> np.ndarray:
@@ -230,45 +262,64 @@ class PairScorer:
 
         if len(queries) != len(passages):
             raise ValueError(f"{len(queries)} queries for {len(passages)} passages")
-        encoded = tokenize_pairs(self.tokenizer, queries, passages, self.max_len, padding=False)
-        order = sorted(range(len(queries)), key=lambda i: -len(encoded["input_ids"][i]))
         scores = np.empty(len(queries), dtype=np.float32)
-        keys = [key for key in ("input_ids", "attention_mask", "token_type_ids") if key in encoded]
-        with tqdm(total=len(order), desc=description, unit="pairs", disable=not show_progress) as progress:
-            for start in range(0, len(order), self.batch_size):
-                rows = order[start:start + self.batch_size]
-                features = [{key: encoded[key][i] for key in keys} for i in rows]
-                batch = self.tokenizer.pad(features, return_tensors="pt")
-                batch = {key: batch[key].to(self.device) for key in keys}
-                with torch.inference_mode():
-                    values = self.model.score(batch["input_ids"], batch["attention_mask"], batch.get("token_type_ids"))
-                scores[np.asarray(rows)] = values.float().cpu().numpy()
-                progress.update(len(rows))
+        with tqdm(total=len(queries), desc=description, unit="pairs", disable=not show_progress) as progress:
+            for start in range(0, len(queries), self.chunk_pairs):
+                end = min(start + self.chunk_pairs, len(queries))
+                scores[start:end] = self.score_chunk(queries[start:end], passages[start:end])
+                progress.update(end - start)
+        return scores
+
+    def score_chunk(self, queries: Sequence[str], passages: Sequence[str]) -> np.ndarray:
+        """Scores of one chunk of pairs (any size; callers keep it near :attr:`chunk_pairs`), in input order."""
+        import contextlib
+
+        import torch
+
+        order = sorted(range(len(queries)), key=lambda i: -(len(queries[i]) + len(passages[i])))
+        scores = np.empty(len(queries), dtype=np.float32)
+        autocast = (torch.autocast(self.device.type, dtype=torch.bfloat16) if self.precision == "bf16"
+                    else contextlib.nullcontext())
+        for start in range(0, len(order), self.batch_size):
+            rows = order[start:start + self.batch_size]
+            batch = tokenize_pairs(self.tokenizer, [queries[i] for i in rows], [passages[i] for i in rows],
+                                   self.max_len)
+            batch = {key: value.to(self.device) for key, value in batch.items()}
+            with torch.inference_mode(), autocast:
+                values = self.model.score(batch["input_ids"], batch["attention_mask"], batch.get("token_type_ids"))
+            scores[rows] = values.float().cpu().numpy()
         return scores
 
 
-def _trained_max_len(model_dir: str | Path) -> int | None:
+def trained_max_len(model_dir: str | Path) -> int:
+    """The pair length a reranker was trained with (its ``reranker_config.json``), else 192."""
     import json
 
     path = Path(str(model_dir)) / CONFIG_FILE
-    if not path.exists():
-        return None
-    return json.loads(path.read_text(encoding="utf-8")).get("settings", {}).get("max_len")
+    if path.exists():
+        value = json.loads(path.read_text(encoding="utf-8")).get("settings", {}).get("max_len")
+        if value:
+            return int(value)
+    return 192
 
 
 def score_candidates(scorer: PairScorer, corpus: Corpus, queries: Mapping[str, str],
                      candidates: Mapping[str, Sequence[str]], show_progress: bool = True) -> Run:
-    """``{qid: {doc_id: cross-encoder score}}`` for every candidate document of every query."""
+    """``{qid: {doc_id: cross-encoder score}}`` for every candidate document of every query (in memory)."""
     pairs = [(qid, doc_id) for qid, docs in candidates.items() for doc_id in docs]
-    missing = next((doc_id for _, doc_id in pairs if doc_id not in corpus), None)
-    if missing is not None:
-        raise InputError(f"document '{missing}' is not in the corpus", path=corpus.path)
+    _check_known(corpus, (doc_id for _, doc_id in pairs), corpus.path)
     scores = scorer.score([queries[qid] for qid, _ in pairs], [corpus.full_text(corpus.row(d)) for _, d in pairs],
                           show_progress=show_progress)
     run: Run = {qid: {} for qid in candidates}
     for (qid, doc_id), value in zip(pairs, scores.tolist()):
         run[qid][doc_id] = float(value)
     return run
+
+
+def _check_known(corpus: Corpus, doc_ids: Iterable[str], source: str | Path | None) -> None:
+    missing = next((doc_id for doc_id in doc_ids if doc_id not in corpus), None)
+    if missing is not None:
+        raise InputError(f"document '{missing}' is not in the corpus", path=source)
 
 
 def rerank(scorer: PairScorer, corpus: Corpus, queries: Mapping[str, str], run: Run, depth: int = 200,
@@ -283,67 +334,134 @@ def rerank(scorer: PairScorer, corpus: Corpus, queries: Mapping[str, str], run: 
     return score_candidates(scorer, corpus, queries, candidates, show_progress=show_progress)
 
 
+def _chunks_of_items(items: Iterable[Any], size_of, limit: int) -> Iterator[list[Any]]:
+    """Consecutive lists of ``items`` whose summed ``size_of`` reaches ``limit`` (the last may be smaller)."""
+    chunk: list[Any] = []
+    total = 0
+    for item in items:
+        chunk.append(item)
+        total += size_of(item)
+        if total >= limit:
+            yield chunk
+            chunk, total = [], 0
+    if chunk:
+        yield chunk
+
+
 def rerank_run_file(model_dir: str | Path, data: str | Path, split: str, run_path: str | Path, out: str | Path,
                     depth: int = 200, batch_size: int = 64, max_len: int | None = None, device: str = "auto",
-                    show_progress: bool = True, overwrite: bool = False) -> Path:
-    """``pretrieve reranker score``: re-rank a TREC run file's top-``depth`` and write the new run."""
-    from pretrieve.retrieval.encode import model_fingerprint
-    from pretrieve.retrieval.mining import output_is_current, write_output_meta
+                    show_progress: bool = True, overwrite: bool = False, precision: str = "auto") -> Path:
+    """``pretrieve reranker score``: re-rank the top-``depth`` of each query of a TREC run file and write the new run.
 
+    The run is read query by query (its lines grouped by query, as TREC runs are) and each query's new ranking is
+    written as soon as its pairs are scored, so memory does not grow with the run. A current output (same
+    settings, same model, run, corpus and queries) is kept unless ``overwrite``.
+    """
+    from tqdm.auto import tqdm
+
+    from pretrieve import artifacts
+    from pretrieve.data.trec import RunWriter, iter_run
+    from pretrieve.retrieval.encoder import resolve_device
+
+    if depth < 1:
+        raise ConfigError(f"depth must be >= 1, got {depth}")
     collection = BeirCollection(Path(data))
-    settings = {"reranker": str(Path(str(model_dir)).resolve()), "model_fingerprint": model_fingerprint(str(model_dir)),
-                "collection": str(collection.root.resolve()), "split": split, "run": str(Path(run_path).resolve()),
-                "run_mtime_ns": Path(run_path).stat().st_mtime_ns if Path(run_path).exists() else None,
-                "depth": depth, "max_len": max_len}
-    if not overwrite and output_is_current(out, settings):
+    if not Path(run_path).exists():
+        raise InputError("run file not found", path=run_path)
+    resolved = resolve_precision(precision, resolve_device(device))
+    settings = {"split": split, "depth": depth, "max_len": max_len or trained_max_len(model_dir),
+                "precision": resolved}
+    inputs = {"model": model_dir, "run": run_path, "corpus": collection.corpus_path,
+              "queries": collection.queries_path}
+    if not overwrite and artifacts.is_current(out, settings, inputs, kind="run"):
         logger.info("re-ranked run %s is up to date; not recomputing", out)
         return Path(out)
-    run = read_run(run_path)
-    scorer = PairScorer(model_dir, device=device, max_len=max_len, batch_size=batch_size)
-    reranked = rerank(scorer, collection.load_corpus(), collection.load_queries(split), run, depth=depth,
-                      show_progress=show_progress)
-    write_run(reranked, out, tag="rerank", depth=depth)
-    write_output_meta(out, settings)
+    queries = collection.load_queries(split)
+    corpus = collection.load_corpus()
+    scorer = PairScorer(model_dir, device=device, max_len=max_len, batch_size=batch_size, precision=resolved)
+    unknown: list[str] = []
+
+    def known_queries() -> Iterator[tuple[str, list[str]]]:
+        for qid, docs in iter_run(run_path):
+            if qid not in queries:
+                unknown.append(qid)
+                continue
+            top = sorted(docs, key=lambda doc_id: -docs[doc_id])[:depth]
+            _check_known(corpus, top, run_path)
+            yield qid, top
+
+    with artifacts.write_file(out, kind="run", settings=settings, inputs=inputs) as tmp, \
+            open(tmp, "w", encoding="utf-8") as handle, \
+            tqdm(desc="rerank", unit="queries", disable=not show_progress) as progress:
+        writer = RunWriter(handle, out, tag="rerank", depth=depth)
+        for chunk in _chunks_of_items(known_queries(), lambda item: len(item[1]), scorer.chunk_pairs):
+            pairs = [(queries[qid], corpus.full_text(corpus.row(doc_id))) for qid, top in chunk for doc_id in top]
+            scores = scorer.score_chunk([q for q, _ in pairs], [p for _, p in pairs]).tolist()
+            position = 0
+            for qid, top in chunk:
+                writer.write(qid, list(zip(top, scores[position:position + len(top)])))
+                position += len(top)
+            progress.update(len(chunk))
+    if unknown:
+        logger.warning("%d run queries have no text in split '%s' (e.g. '%s'); they are left out", len(unknown),
+                       split, unknown[0])
     return Path(out)
 
 
 def teacher_groups(model_dir: str | Path, data: str | Path, groups_path: str | Path, out: str | Path,
                    max_negatives: int | None = None, batch_size: int = 64, max_len: int | None = None,
-                   device: str = "auto", show_progress: bool = True, overwrite: bool = False) -> Path:
+                   device: str = "auto", show_progress: bool = True, overwrite: bool = False,
+                   precision: str = "auto") -> Path:
     """Stage-3 groups: the groups of ``groups_path`` (e.g. the stage-2 retriever's mined top-200 minus positives),
     their negatives cut to the first ``max_negatives`` (rank order), every positive and negative scored by the
-    reranker. Returns ``out``."""
-    from pretrieve.retrieval.encode import model_fingerprint
-    from pretrieve.retrieval.mining import output_is_current, write_output_meta
+    reranker. Returns ``out``.
+
+    Groups are read, scored and written a chunk at a time (:class:`PairScorer`), so memory does not grow with the
+    number of groups or pairs. A current output (same settings, same model, groups and corpus) is kept unless
+    ``overwrite``.
+    """
+    from tqdm.auto import tqdm
+
+    from pretrieve import artifacts
+    from pretrieve.data.groups import GroupStats, iter_groups
+    from pretrieve.retrieval.encoder import resolve_device
 
     if max_negatives is not None and max_negatives < 1:
         raise ConfigError(f"max_negatives must be >= 1, got {max_negatives}")
     collection = BeirCollection(Path(data))
     if not Path(groups_path).exists():
         raise InputError("groups file not found", path=groups_path)
-    settings = {"reranker": str(Path(str(model_dir)).resolve()), "model_fingerprint": model_fingerprint(str(model_dir)),
-                "collection": str(collection.root.resolve()), "groups": str(Path(groups_path).resolve()),
-                "groups_mtime_ns": Path(groups_path).stat().st_mtime_ns, "max_negatives": max_negatives,
-                "max_len": max_len}
-    if not overwrite and output_is_current(out, settings):
+    resolved = resolve_precision(precision, resolve_device(device))
+    settings = {"max_negatives": max_negatives, "max_len": max_len or trained_max_len(model_dir),
+                "precision": resolved}
+    inputs = {"model": model_dir, "groups": groups_path, "corpus": collection.corpus_path}
+    if not overwrite and artifacts.is_current(out, settings, inputs, kind="groups"):
         logger.info("teacher groups %s are up to date; not recomputing", out)
         return Path(out)
     corpus = collection.load_corpus()
-    groups = read_groups(groups_path, corpus=corpus)
-    scorer = PairScorer(model_dir, device=device, max_len=max_len, batch_size=batch_size)
-    cut = [(g, g.negatives[:max_negatives]) for g in groups]
-    pairs = [(g.query, doc_id) for g, negatives in cut for doc_id in (*g.positives, *negatives)]
-    scores = scorer.score([q for q, _ in pairs], [corpus.full_text(corpus.row(d)) for _, d in pairs],
-                          show_progress=show_progress, description="teacher scores").tolist()
-    scored: list[TrainingGroup] = []
-    position = 0
-    for group, negatives in cut:
-        count = len(group.positives) + len(negatives)
-        values = scores[position:position + count]
-        position += count
-        scored.append(TrainingGroup(group.query_id, group.query, group.positives, negatives,
-                                    values[:len(group.positives)], values[len(group.positives):]))
-    write_groups(scored, out)
-    write_output_meta(out, settings, stats=groups.stats.as_dict())
-    logger.info("wrote %d teacher-scored groups (%d pairs) to %s", len(scored), len(pairs), out)
+    scorer = PairScorer(model_dir, device=device, max_len=max_len, batch_size=batch_size, precision=resolved)
+    stats = GroupStats()
+    written = pairs_scored = 0
+    cut = ((group, group.negatives[:max_negatives]) for group in iter_groups(groups_path, corpus=corpus, stats=stats))
+    with artifacts.write_file(out, kind="groups", settings=settings, inputs=inputs) as tmp, \
+            open(tmp, "w", encoding="utf-8") as handle, \
+            tqdm(desc="teacher scores", unit="pairs", disable=not show_progress) as progress:
+        for chunk in _chunks_of_items(cut, lambda item: len(item[0].positives) + len(item[1]), scorer.chunk_pairs):
+            pairs = [(group.query, corpus.full_text(corpus.row(doc_id)))
+                     for group, negatives in chunk for doc_id in (*group.positives, *negatives)]
+            scores = scorer.score_chunk([q for q, _ in pairs], [p for _, p in pairs]).tolist()
+            position = 0
+            for group, negatives in chunk:
+                count = len(group.positives) + len(negatives)
+                values = scores[position:position + count]
+                position += count
+                scored = TrainingGroup(group.query_id, group.query, group.positives, negatives,
+                                       values[:len(group.positives)], values[len(group.positives):])
+                handle.write(json.dumps(scored.to_dict(), ensure_ascii=False) + "\n")
+                written += 1
+            pairs_scored += len(pairs)
+            progress.update(len(pairs))
+        if written == 0:
+            raise InputError(f"no usable group ({stats.problems()})", path=groups_path)
+    logger.info("wrote %d teacher-scored groups (%d pairs) to %s", written, pairs_scored, out)
     return Path(out)

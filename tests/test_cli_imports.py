@@ -1,0 +1,72 @@
+"""A command costs what its work costs: commands that need no model never import torch or transformers."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from test_bm25 import write_tiny_collection
+
+HEAVY = ("torch", "transformers", "sentence_transformers", "faiss")
+
+# Runs one CLI command in a fresh interpreter and prints which heavy modules it imported.
+RUN_AND_LIST_MODULES = """
+import sys
+from pretrieve.cli import app
+try:
+    app(sys.argv[1:], standalone_mode=False)
+except SystemExit as exc:
+    if exc.code not in (0, None):
+        raise
+print("HEAVY=" + ",".join(m for m in {heavy!r} if m in sys.modules))
+"""
+
+
+def _env() -> dict[str, str]:
+    src = str(Path(__file__).resolve().parents[1] / "src")
+    return {**os.environ, "PYTHONPATH": src + os.pathsep + os.environ.get("PYTHONPATH", ""), "OMP_NUM_THREADS": "1"}
+
+
+def heavy_modules_after(*args: str) -> list[str]:
+    result = subprocess.run([sys.executable, "-c", RUN_AND_LIST_MODULES.format(heavy=HEAVY), *args],
+                            capture_output=True, text=True, env=_env(), timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+    line = [line for line in result.stdout.splitlines() if line.startswith("HEAVY=")][-1]
+    return [name for name in line[len("HEAVY="):].split(",") if name]
+
+
+def test_bm25_evaluate_and_data_check_import_neither_torch_nor_transformers(tmp_path):
+    data = write_tiny_collection(tmp_path / "toy")
+    run = tmp_path / "bm25.trec"
+    assert heavy_modules_after("bm25", "--data", str(data), "--out", str(run), "--k", "3") == []
+    assert run.exists()
+    assert heavy_modules_after("evaluate", "--data", str(data), str(run)) == []
+    assert heavy_modules_after("data", "check", str(data)) == []
+    assert heavy_modules_after("--help") == []
+
+
+def test_a_model_command_still_gets_transformers_quiet_progress_bars():
+    """The transformers progress-bar setting is applied when transformers is imported, after the CLI started."""
+    code = ("import sys\nfrom pretrieve.cli import configure_logging\nconfigure_logging()\n"
+            "assert 'transformers' not in sys.modules\n"
+            "from transformers.utils import logging\nprint(logging.is_progress_bar_enabled())\n")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=_env(), timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.strip() == "False"
+
+
+def test_help_is_fast():
+    """`pretrieve --help` takes ~0.3 s on an idle 2-core machine (bar: 0.5 s); the bound here is generous
+    because the test machine is shared: importing torch alone takes ~2 s."""
+    began = time.perf_counter()
+    result = subprocess.run([sys.executable, "-m", "pretrieve", "--help"], capture_output=True, text=True,
+                            env=_env(), timeout=120)
+    elapsed = time.perf_counter() - began
+    assert result.returncode == 0 and "bm25" in result.stdout
+    if elapsed > 1.5:
+        pytest.fail(f"`pretrieve --help` took {elapsed:.2f} s")
