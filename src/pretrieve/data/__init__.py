@@ -1,7 +1,10 @@
 """Data layer: BEIR collections, TREC runs and qrels, training groups, pre-training texts.
 
 Knows nothing about models or training. Every reader validates its input and raises
-:class:`pretrieve.errors.InputError` naming file, line and field.
+:class:`pretrieve.errors.InputError` naming file, line and field. Large inputs: :mod:`pretrieve.data.arrow`
+(corpus, queries and groups as memory-mapped Arrow datasets, built in parts by :mod:`pretrieve.data.parallel`),
+:mod:`pretrieve.data.convert` (MS MARCO / TREC DL / Tevatron / ir_datasets into BEIR layout); both are imported
+on use, not here.
 """
 
 from pretrieve.data.beir import (BeirCollection, Corpus, Document, Qrels, QrelsCheck, check_qrels, iter_corpus,

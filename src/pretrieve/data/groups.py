@@ -10,7 +10,8 @@ the same order. Ids refer to a corpus; ids given as JSON integers are read as st
 
 This module owns reading, validating, writing, sampling and building groups:
 
-* :func:`read_groups` / :func:`iter_groups` stream a file. Malformed input is an
+* :func:`read_groups` / :func:`iter_groups` stream a file (:func:`pretrieve.data.arrow.groups_dataset` reads it
+  into a memory-mapped Arrow dataset with the same checks, for training at scale). Malformed input is an
   :class:`~pretrieve.errors.InputError` naming file, line and field: bad JSON, a missing field, a wrong
   type, an empty id, an id listed twice in one list, a score list whose length differs from its id
   list, a non-finite score. Softer problems are counted in :class:`GroupStats` and logged once:
