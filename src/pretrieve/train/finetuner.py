@@ -97,6 +97,9 @@ class FinetuneConfig(LoopConfig):
     max_groups: int | None = field(default=None, metadata=_help("Train on the first N groups only (quick runs)."))
     on_unknown: str = field(default="error", metadata=_help(
         "Document ids missing from the corpus: error | skip (drop and count them)."))
+    grad_cache_chunk: int | None = field(default=None, metadata=_help(
+        "Gradient caching: encode in sub-batches of this many texts (same gradients, one sub-batch of "
+        "activation memory, one extra forward pass); None: off."))
     # loop settings whose defaults differ for fine-tuning
     batch_size: int = field(default=16, metadata=_help("Queries per optimizer step, all processes together."))
     lr: float = field(default=2e-5, metadata=_help("Peak learning rate (papers: 2e-5)."))
@@ -125,6 +128,10 @@ class FinetuneConfig(LoopConfig):
             raise ConfigError(f"max_groups must be >= 1, got {self.max_groups}")
         if self.on_unknown not in ("error", "skip"):
             raise ConfigError(f"on_unknown must be 'error' or 'skip', got {self.on_unknown!r}")
+        if self.grad_cache_chunk is not None and (isinstance(self.grad_cache_chunk, bool)
+                                                  or not isinstance(self.grad_cache_chunk, int)
+                                                  or self.grad_cache_chunk < 1):
+            raise ConfigError(f"grad_cache_chunk must be an integer >= 1, got {self.grad_cache_chunk!r}")
 
     def settings(self) -> dict[str, Any]:
         """The resolved settings that determine the result (bookkeeping options left out)."""
@@ -353,6 +360,7 @@ def finetune(config: FinetuneConfig) -> Path:
     loss = RetrievalLoss(in_batch=config.in_batch, gather=config.gather, alpha=config.alpha,
                          teacher_temperature=config.teacher_temperature)
     model = DualEncoder.from_pretrained(model_path, representation=representation, tied=config.tied, loss=loss)
+    model.grad_cache_chunk = config.grad_cache_chunk
     collator = GroupCollator(tokenizer, corpus, config.num_negatives, config.query_max_len, config.passage_max_len,
                              teacher_scores=config.stage == 3)
     training = {"stage": config.stage, "query_max_len": config.query_max_len,
