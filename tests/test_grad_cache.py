@@ -168,3 +168,37 @@ def test_fine_tuning_with_grad_cache_matches_plain_fine_tuning(tmp_path, tokeniz
     for plain, cached in zip(logs["plain"], logs["cached"], strict=True):
         assert cached["loss"] == pytest.approx(plain["loss"], abs=1e-5)
     del model
+
+
+@pytest.mark.ddp
+def test_two_processes_plain_and_grad_cached_match_one_process(tmp_path, tokenizer):
+    """DDP without the unused-parameter search (dense towers, pooler frozen) and gradient caching with its
+    hand-made gradient averaging, each under 2 gloo processes, give the 1-process losses (cross-device negatives
+    make the 2-process batch the 1-process batch). A MoTE pre-training fed passages only leaves its query
+    experts unused: DDP searches for them and the run goes through."""
+    from test_finetune import write_collection
+    from test_pretrain import _run_cli
+
+    from pretrieve.train.loop import read_logs
+
+    make_model(tmp_path, tokenizer)
+    model = tmp_path / "tiny-0.0"
+    data = write_collection(tmp_path / "data")
+    common = ["finetune", "--model", str(model), "--data", str(data), "--batch-size", "4", "--num-negatives", "3",
+              "--steps", "3", "--lr", "5e-4", "--warmup-ratio", "0", "--log-every", "1", "--save-every", "0",
+              "--query-max-len", "16", "--passage-max-len", "32", "--bm25-depth", "20"]
+    _run_cli([*common, "--out", str(tmp_path / "one")])
+    _run_cli([*common, "--out", str(tmp_path / "two")], nproc=2)
+    _run_cli([*common, "--grad-cache-chunk", "3", "--out", str(tmp_path / "two-cached")], nproc=2)
+    one, two, cached = (read_logs(tmp_path / name) for name in ("one", "two", "two-cached"))
+    assert len(one) == len(two) == len(cached) == 3
+    for a, b, c in zip(one, two, cached):
+        assert b["loss"] == pytest.approx(a["loss"], abs=1e-5) and c["loss"] == pytest.approx(a["loss"], abs=1e-5)
+
+    corpus = tmp_path / "text.txt"
+    corpus.write_text("".join(f"passage {i} about tumor cells and protein {i % 7} growth.\n" for i in range(40)))
+    (tmp_path / "mote.yaml").write_text("base: bow\nmote: true\n")
+    _run_cli(["pretrain", "--model", str(model.parent / "tiny-0.0"), "--corpus", str(corpus), "--method",
+              str(tmp_path / "mote.yaml"), "--max-len", "24", "--batch-size", "4", "--steps", "2", "--save-every",
+              "0", "--log-every", "1", "--out", str(tmp_path / "mote")], nproc=2)
+    assert len(read_logs(tmp_path / "mote")) == 2
