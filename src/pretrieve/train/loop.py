@@ -77,7 +77,8 @@ logger = logging.getLogger(__name__)
 SCHEDULES = ("linear", "cosine", "constant")
 PRECISIONS = ("fp32", "bf16", "fp16")
 PROGRESS_KEY = "training_progress"
-"""Batch key of ``step / total_steps`` (0-d float tensor), added to every micro-batch by :class:`StepBatches`."""
+"""Batch key of ``step / total_steps`` (0-d float tensor), added to every micro-batch by :class:`StepBatches`
+(read by objectives with a weight schedule, e.g. :data:`pretrieve.modeling.objectives.bow.PROGRESS`)."""
 _FINITE_KEY = "_finite"
 
 
