@@ -13,11 +13,10 @@ input. Choices, each stated:
 * **Normalisation** — the target is the uniform distribution over the unique tokens (multi-hot / count),
   so ``loss_b = −(1/|T_b|) Σ_{v∈T_b} log softmax(h_proj)_v`` and the batch loss is the mean over
   examples with at least one target. Duplicates count once (eq. 12's ``T`` is "a set of tokenized input
-  text"). The bowdpr source is not in our offline reference index; the closest public implementation of
-  this loss by the RetroMAE/DupMAE authors (``bag_word_weight`` in staoxiao/RetroMAE) sets weight
-  ``1/n_tokens`` on each unique id, i.e. ours times ``|T_b| / n_tokens`` — a per-example rescaling that
-  down-weights repetitive texts. We keep the properly normalised distribution (a true cross-entropy
-  whose value is comparable across texts of different length).
+  text"). This is exactly the authors' released code (caskcsg/ir, bowdpr ``BoWPredictionCollator.
+  _get_bow_weights``: weight ``1/|set|`` on each unique id of the unmasked input above 998, i.e. without BERT's
+  special and ``[unused]`` tokens; ``bow_loss`` = ``mean_b −Σ_v w_bv log softmax``). The RetroMAE/DupMAE
+  authors' ``bag_word_weight`` instead puts ``1/n_tokens`` on each unique id (ours times ``|T_b| / n_tokens``).
 * **Weight schedule** — param ``cosine_decay_to`` (default None: the weight stays 1, as eq. 13 reads). The
   authors' released code (bowdpr, ``--bow_factor_cosine_decay_to 0.1`` in both pre-training phases, "used for
   stabilising the pre-training") multiplies the BoW loss by a cosine from 1 down to that floor over the run:
