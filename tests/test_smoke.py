@@ -37,6 +37,20 @@ def test_every_shipped_recipe_passes_its_smoke_run(path, tmp_path, tokenizer):
             logs = [json.loads(line) for line in (out / label / "logs.jsonl").read_text().splitlines()]
             assert [entry["step"] for entry in logs] == [1, 2], label
     assert (out / "results.md").exists()
+    # a second pre-training phase continues from the first; fine-tuning starts from the last phase
+    labels = _labels(stages)
+    phases = [label for label in labels if label.startswith("pretrain")]
+    for previous, phase in zip(phases, phases[1:]):
+        config = json.loads((out / phase / "final" / "pretrain_config.json").read_text())
+        assert config["model"] == str(out / previous / "final")
+    if phases and "finetune-s1" in labels:
+        config = json.loads((out / "finetune-s1" / "final" / "finetune_config.json").read_text())
+        assert config["config"]["model"] == str(out / phases[-1] / "final")
+    # the reranker and the teacher read the latest mined groups (mine-2 when there is one)
+    if "reranker" in labels:
+        mined = [label for label in labels[:labels.index("reranker")] if label.startswith("mine")]
+        settings = json.loads((out / "reranker" / "final" / "reranker_config.json").read_text())["settings"]
+        assert settings["groups"] == str(out / mined[-1] / "groups.jsonl")
 
 
 def _labels(stages: list[str]) -> list[str]:

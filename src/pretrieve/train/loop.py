@@ -306,6 +306,8 @@ def make_accelerator(config: LoopConfig):
     from accelerate.utils import DistributedDataParallelKwargs
 
     config.resolved_precision()  # a bad precision fails here, before any model is built
+    if config.bf16:
+        logger.warning("bf16: true is deprecated; write precision: bf16 (--precision bf16)")
     # Without an accelerator, accelerate only sets up multi-process (gloo) training under torchrun /
     # accelerate launch when told it runs on the CPU.
     # step_scheduler_with_optimizer=False: our batch_size is already global, so the schedule advances
