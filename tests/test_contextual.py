@@ -119,7 +119,9 @@ def test_context_ae_and_span_mlm_by_hand(tokenizer, spans):
 
 
 def test_context_ar_by_hand_and_routing(tokenizer, pairs_file):
-    method = method_from_mapping({"base": "cotmote", "context": {"pairs": str(pairs_file)}})
+    # both directions, one token-count mean, full causal attention (the options' defaults; the preset differs)
+    method = method_from_mapping({"base": "cotmote", "context": {"pairs": str(pairs_file)},
+                                  "objectives": ["mlm_spans", {"name": "context_ar", "params": {"num_layers": 1}}]})
     dataset = PairDataset(pairs_file, tokenizer, max_len=48)
     model, batch = setup(tokenizer, method, [dataset[i] for i in range(3)])
     assert is_mote(model.encoder.model)

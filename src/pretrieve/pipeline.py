@@ -32,9 +32,15 @@ Recipe (YAML or JSON)::
       # modes: [dense, sparse, hybrid, rrf] — retrievers fine-tuned with the sparse/hybrid representation
       #   get one row per search mode (finetune-s1-sparse, ...); default: one row, searched as trained
 
+Several ``pretrain`` stages are pre-training phases (paper 000: Wikipedia + BookCorpus, then MS MARCO): each
+continues from the previous one's encoder (fresh decoder heads, as the authors' released checkpoints hold only the
+encoder), in ``pretrain/``, ``pretrain-2/``, …; fine-tuning starts from the last.
+
 Stage semantics follow the papers: stages 2 and 3 re-initialise from the pre-trained checkpoint (not
 from the previous stage); ``mine`` uses the latest fine-tuned retriever (the stage-1 one) to mine the
-stage-2 negatives; ``teacher`` scores the mined groups with the reranker for stage 3.
+stage-2 negatives; ``teacher`` scores the mined groups with the reranker for stage 3. A second ``mine`` after stage 2
+(``mine-2/``, paper 003's K₃ negatives of the stage-2 retriever) replaces the mined groups the reranker and the
+teacher use.
 
 Outputs in ``out``: one directory per stage, ``runs/<retriever>__<collection>.trec`` for every
 evaluated run (re-evaluate any number with ``pretrieve evaluate``), ``results.json``, ``results.md``
@@ -138,10 +144,16 @@ def stage_entry(entry: Any, index: int) -> tuple[str, dict[str, Any]]:
 
 
 def run_recipe(path: str | Path, out: str | Path | None = None, show_progress: bool = True,
-               redo_changed: bool = False) -> dict[str, Any]:
-    """Execute (or resume) a recipe; returns the results dict also written to ``results.json``."""
+               redo_changed: bool = False, smoke: bool = False) -> dict[str, Any]:
+    """Execute (or resume) a recipe; returns the results dict also written to ``results.json``.
+
+    ``smoke``: the recipe made tiny (:mod:`pretrieve.smoke`), in ``<out>-smoke`` unless ``out`` is given."""
     recipe = load_recipe(path)
-    if out is not None:
+    if smoke:
+        from pretrieve.smoke import smoke_recipe
+
+        recipe = smoke_recipe(recipe, out)
+    elif out is not None:
         recipe["out"] = str(out)
     out_dir = Path(recipe["out"])
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -155,7 +167,8 @@ def run_recipe(path: str | Path, out: str | Path | None = None, show_progress: b
     for index, entry in enumerate(recipe["stages"]):
         kind, options = stage_entry(entry, index)
         counts[kind] = counts.get(kind, 0) + 1
-        label = kind if kind != "finetune" else f"finetune-s{options.get('stage', counts[kind])}"
+        label = (f"finetune-s{options.get('stage', counts[kind])}" if kind == "finetune"
+                 else kind if counts[kind] == 1 else f"{kind}-{counts[kind]}")   # pretrain, pretrain-2: phases
         started = time.perf_counter()
         logger.info("stage %d/%d: %s", index + 1, len(recipe["stages"]), label)
         rows = run_stage(kind, state, options, label, show_progress, redo_changed)
@@ -209,13 +222,13 @@ def stage_pretrain(state: RunState, options: dict[str, Any], label: str, show_pr
     from pretrieve.train.pretrainer import pretrain
     from pretrieve.train.run_config import build_pretrain_config
 
-    out = state.out / "pretrain"
+    out = state.out / label   # a second pretrain stage (pretrain-2) continues from the first's encoder
     values = _seeded(state, options)
     values.setdefault("corpus", str(state.data))
     values["corpus"] = str(resolve_collection_path(values["corpus"], state.recipe)) if not Path(
         str(values["corpus"])).exists() else values["corpus"]
     method = values.pop("method", "bow")
-    flags = {**values, "model": state.base_model, "out": str(out), "show_progress": show_progress}
+    flags = {**values, "model": state.init_model, "out": str(out), "show_progress": show_progress}
     config = build_pretrain_config({}, flags, {"method": method}, resume=True)
     state.pretrained = str(pretrain(config))   # skipped when finished with the same settings
 
@@ -245,7 +258,7 @@ def stage_mine(state: RunState, options: dict[str, Any], label: str, show_progre
         raise ConfigError("mine: needs a fine-tuned retriever earlier in the recipe (a 'finetune' stage)")
     values = dict(options)
     split = values.pop("split", "train")
-    out = state.out / "mine" / "groups.jsonl"
+    out = state.out / label / "groups.jsonl"   # mine-2 (paper 003: stage-2 negatives for stage 3) beside mine
     path = mine_negatives(retriever, state.data, split, out, cache_dir=_embedding_cache(state, retriever),
                           show_progress=show_progress, **values)
     state.groups["mined"] = str(path)
@@ -301,17 +314,18 @@ def stage_evaluate(state: RunState, options: dict[str, Any], label: str, show_pr
         qrels = collection.load_qrels(split)
         queries = None
         if options.get("bm25", False):
-            run_path = runs_dir / f"bm25__{collection_path.name}.trec"
+            run_path = runs_dir / f"bm25__{_run_tag(collection_path, split)}.trec"
             if not run_path.exists():
                 from pretrieve.retrieval.bm25 import BM25Index
 
                 queries = queries or collection.load_queries(split)
                 write_run(BM25Index.build(collection.load_corpus()).search(queries, k=depth), run_path, tag="bm25")
-            rows.append(_row("bm25", collection_path.name, run_path, evaluate(qrels, read_run(run_path), RESULT_MEASURES)))
+            rows.append(_row("bm25", _run_tag(collection_path, split), run_path,
+                             evaluate(qrels, read_run(run_path), RESULT_MEASURES)))
         for name, model_dir in retrievers.items():
             for label, mode in _labelled_modes(name, model_dir, modes):
                 run_path = _retriever_run(state, name, model_dir, collection, split, depth, label, mode, show_progress)
-                rows.append(_row(label, collection_path.name, run_path,
+                rows.append(_row(label, _run_tag(collection_path, split), run_path,
                                  evaluate(qrels, read_run(run_path), RESULT_MEASURES)))
         rerank_depth = options.get("rerank_depth")
         if rerank_depth and state.reranker is not None and state.retrievers:
@@ -350,14 +364,19 @@ def _retriever_run(state: RunState, name: str, model_dir: str, collection, split
     from pretrieve.data import write_run
     from pretrieve.retrieval.mining import dense_search
 
-    collection_name = collection.root.name
-    run_path = state.out / "runs" / f"{label}__{collection_name}.trec"
+    run_path = state.out / "runs" / f"{label}__{_run_tag(collection.root, split)}.trec"
     if not run_path.exists():
-        cache = state.out / "embeddings" / f"{name}__{collection_name}"
+        cache = state.out / "embeddings" / f"{name}__{collection.root.name}"   # the corpus: one cache per split
         run = dense_search(model_dir, collection.load_corpus(), collection.load_queries(split), k=depth,
                            cache_dir=cache, show_progress=show_progress, mode=mode)
         write_run(run, run_path, tag=label)
     return run_path
+
+
+def _run_tag(collection: Path, split: str) -> str:
+    """How runs and result rows name a collection: its directory name, ``name:split`` for a split other than test
+    (MS MARCO dev and TREC DL 2019 are two splits of one collection)."""
+    return collection.name if split == "test" else f"{collection.name}:{split}"
 
 
 def _collection_and_split(entry: str, default_split: str, recipe: Mapping[str, Any]) -> tuple[Path, str]:
@@ -383,10 +402,11 @@ def _rerank_row(state: RunState, name: str, collection_path: Path, split: str, d
     from pretrieve.evaluation import evaluate
     from pretrieve.train.reranker import rerank_run_file
 
-    source = runs_dir / f"{name}__{collection_path.name}.trec"
-    out = runs_dir / f"{name}+rerank@{depth}__{collection_path.name}.trec"
+    source = runs_dir / f"{name}__{_run_tag(collection_path, split)}.trec"
+    out = runs_dir / f"{name}+rerank@{depth}__{_run_tag(collection_path, split)}.trec"
     rerank_run_file(state.reranker, collection_path, split, source, out, depth=depth, show_progress=show_progress)
-    return _row(f"{name}+rerank@{depth}", collection_path.name, out, evaluate(qrels, read_run(out), RESULT_MEASURES))
+    return _row(f"{name}+rerank@{depth}", _run_tag(collection_path, split), out,
+                evaluate(qrels, read_run(out), RESULT_MEASURES))
 
 
 def _row(retriever: str, collection: str, run_path: Path, result) -> dict:

@@ -24,8 +24,9 @@ reranker_app = typer.Typer(help="Cross-encoder reranker: train on groups, re-ran
 app.add_typer(reranker_app, name="reranker")
 
 DATA_HELP = "Collection directory in BEIR layout."
-PRECISION_HELP = ("auto | fp32 | bf16; auto: bf16 only where the hardware computes it natively (a GPU with bf16, a CPU "
+SCORING_PRECISION_HELP = ("auto | fp32 | bf16; auto: bf16 only where the hardware computes it natively (a GPU with bf16, a CPU "
                   "with AVX512-BF16/AMX), else fp32.")
+PRECISION_HELP = "fp32 | bf16 | fp16 (autocast; fp16 with a GradScaler)."
 
 
 def _option(config_cls, name: str, *flags: str, extra: str = "", default_text: str | None = None, **kwargs):
@@ -104,10 +105,18 @@ def finetune_command(
     epochs: Optional[float] = _ft("epochs", "--epochs"),
     warmup_ratio: Optional[float] = typer.Option(None, "--warmup-ratio", help="Warmup share of the steps.",
                                                  show_default="0.1"),
+    warmup_steps: Optional[int] = typer.Option(None, "--warmup-steps", help="Warmup steps (overrides "
+                                               "--warmup-ratio)."),
     schedule: Optional[str] = typer.Option(None, "--schedule", help="linear | cosine | constant.",
                                             show_default="linear"),
-    bf16: Optional[bool] = typer.Option(None, "--bf16/--no-bf16", help="bf16 autocast.",
+    min_lr_ratio: Optional[float] = typer.Option(None, "--min-lr-ratio", help="Floor of the decay, as a fraction "
+                                                 "of --lr.", show_default="0"),
+    precision: Optional[str] = typer.Option(None, "--precision", help=PRECISION_HELP, show_default="fp32"),
+    bf16: Optional[bool] = typer.Option(None, "--bf16/--no-bf16", help="Deprecated: --precision bf16.",
                                         show_default="off"),
+    gradient_checkpointing: Optional[bool] = typer.Option(None, "--gradient-checkpointing",
+                                                          help="Recompute activations in the backward pass."),
+    grad_cache_chunk: Optional[int] = _ft("grad_cache_chunk", "--grad-cache-chunk"),
     seed: Optional[int] = typer.Option(None, "--seed", help="Seed of sampling, data order and init.",
                                         show_default="42"),
     save_every: Optional[int] = typer.Option(None, "--save-every", help="Checkpoint every N steps.",
@@ -126,8 +135,9 @@ def finetune_command(
                  teacher_temperature=teacher_temperature, in_batch=in_batch, gather=gather, bm25_depth=bm25_depth,
                  max_groups=max_groups, on_unknown=on_unknown, batch_size=batch_size,
                  micro_batch_size=micro_batch_size, lr=lr, max_steps=steps, epochs=epochs, warmup_ratio=warmup_ratio,
-                 schedule=schedule, bf16=bf16, seed=seed, save_every=save_every, log_every=log_every,
-                 num_workers=num_workers)
+                 warmup_steps=warmup_steps, schedule=schedule, min_lr_ratio=min_lr_ratio, precision=precision,
+                 bf16=bf16, gradient_checkpointing=gradient_checkpointing, grad_cache_chunk=grad_cache_chunk,
+                 seed=seed, save_every=save_every, log_every=log_every, num_workers=num_workers)
     run_config = build_finetune_config(_load_file(config), flags, resume=resume)
     final = finetune(run_config)
     typer.echo(f"fine-tuned retriever: {final}")
@@ -197,8 +207,17 @@ def reranker_train_command(
                                          show_default="0"),
     epochs: Optional[float] = _rr("epochs", "--epochs"),
     warmup_ratio: Optional[float] = typer.Option(None, "--warmup-ratio", help="Warmup share.", show_default="0.1"),
-    bf16: Optional[bool] = typer.Option(None, "--bf16/--no-bf16", help="bf16 autocast.",
+    warmup_steps: Optional[int] = typer.Option(None, "--warmup-steps", help="Warmup steps (overrides the ratio)."),
+    schedule: Optional[str] = typer.Option(None, "--schedule", help="linear | cosine | constant.",
+                                            show_default="linear"),
+    min_lr_ratio: Optional[float] = typer.Option(None, "--min-lr-ratio", help="Floor of the decay.",
+                                                 show_default="0"),
+    precision: Optional[str] = typer.Option(None, "--precision", help=PRECISION_HELP, show_default="fp32"),
+    bf16: Optional[bool] = typer.Option(None, "--bf16/--no-bf16", help="Deprecated: --precision bf16.",
                                         show_default="off"),
+    gradient_checkpointing: Optional[bool] = typer.Option(None, "--gradient-checkpointing",
+                                                          help="Recompute activations in the backward pass."),
+    num_workers: Optional[int] = typer.Option(None, "--num-workers", help="DataLoader workers.", show_default="0"),
     seed: Optional[int] = typer.Option(None, "--seed", help="Seed.", show_default="42"),
     save_every: Optional[int] = typer.Option(None, "--save-every", help="Checkpoint every N steps.",
                                               show_default="500"),
@@ -211,7 +230,9 @@ def reranker_train_command(
     flags = dict(model=model, data=_resolve_data(data), groups=str(groups) if groups else None,
                  out=str(out) if out else None, num_negatives=num_negatives, max_len=max_len, max_groups=max_groups,
                  batch_size=batch_size, micro_batch_size=micro_batch_size, lr=lr, max_steps=steps, epochs=epochs,
-                 warmup_ratio=warmup_ratio, bf16=bf16, seed=seed, save_every=save_every, log_every=log_every)
+                 warmup_ratio=warmup_ratio, warmup_steps=warmup_steps, schedule=schedule, min_lr_ratio=min_lr_ratio,
+                 precision=precision, bf16=bf16, gradient_checkpointing=gradient_checkpointing,
+                 num_workers=num_workers, seed=seed, save_every=save_every, log_every=log_every)
     final = train_reranker(build_reranker_config(_load_file(config), flags, resume=resume))
     typer.echo(f"reranker: {final}")
 
@@ -227,7 +248,7 @@ def reranker_score_command(
     batch_size: int = typer.Option(64, "--batch-size", min=1, help="Pairs per forward pass."),
     max_len: Optional[int] = typer.Option(None, "--max-len", min=4,
                                           help="Pair token limit; default: the training one."),
-    precision: str = typer.Option("auto", "--precision", help=PRECISION_HELP),
+    precision: str = typer.Option("auto", "--precision", help=SCORING_PRECISION_HELP),
     device: str = typer.Option("auto", "--device", help="cpu, cuda, cuda:1, ... or auto."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Recompute even when OUT is up to date."),
 ) -> None:
@@ -251,7 +272,7 @@ def reranker_teacher_command(
     batch_size: int = typer.Option(64, "--batch-size", min=1, help="Pairs per forward pass."),
     max_len: Optional[int] = typer.Option(None, "--max-len", min=4,
                                           help="Pair token limit; default: the training one."),
-    precision: str = typer.Option("auto", "--precision", help=PRECISION_HELP),
+    precision: str = typer.Option("auto", "--precision", help=SCORING_PRECISION_HELP),
     device: str = typer.Option("auto", "--device", help="cpu, cuda, cuda:1, ... or auto."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Recompute even when OUT is up to date."),
 ) -> None:

@@ -45,8 +45,16 @@ def pretrain_command(
     steps: Optional[int] = typer.Option(None, help="Optimizer steps (0 = use --epochs)", show_default="0"),
     epochs: Optional[float] = typer.Option(None, help="Epochs when --steps is 0", show_default="1"),
     warmup_ratio: Optional[float] = typer.Option(None, help="Warmup share of the steps", show_default="0.1"),
+    warmup_steps: Optional[int] = typer.Option(None, help="Warmup steps (overrides --warmup-ratio)"),
     schedule: Optional[str] = typer.Option(None, help="linear | cosine | constant", show_default="linear"),
-    bf16: Optional[bool] = typer.Option(None, "--bf16/--no-bf16", help="bf16 autocast", show_default="off"),
+    min_lr_ratio: Optional[float] = typer.Option(None, help="Floor of the decay, as a fraction of --lr "
+                                                 "(BoW authors: cosine to 0.1)", show_default="0"),
+    precision: Optional[str] = typer.Option(None, help="fp32 | bf16 | fp16 (autocast; fp16 with a GradScaler)",
+                                            show_default="fp32"),
+    bf16: Optional[bool] = typer.Option(None, "--bf16/--no-bf16", help="Deprecated: --precision bf16",
+                                        show_default="off"),
+    gradient_checkpointing: Optional[bool] = typer.Option(None, "--gradient-checkpointing",
+                                                          help="Recompute activations in the backward pass"),
     seed: Optional[int] = typer.Option(None, help="Seed of masking, data order and init", show_default="42"),
     save_every: Optional[int] = typer.Option(None, help="Checkpoint every N steps", show_default="500"),
     log_every: Optional[int] = typer.Option(None, help="Log every N steps", show_default="10"),
@@ -61,7 +69,9 @@ def pretrain_command(
 
     flags = dict(model=model, corpus=corpus, out=str(out) if out else None, max_len=max_len,
                  batch_size=batch_size, micro_batch_size=micro_batch_size, lr=lr, max_steps=steps,
-                 epochs=epochs, warmup_ratio=warmup_ratio, schedule=schedule, bf16=bf16, seed=seed,
+                 epochs=epochs, warmup_ratio=warmup_ratio, warmup_steps=warmup_steps, schedule=schedule,
+                 min_lr_ratio=min_lr_ratio, precision=precision, bf16=bf16,
+                 gradient_checkpointing=gradient_checkpointing, seed=seed,
                  save_every=save_every, log_every=log_every, num_workers=num_workers, num_proc=num_proc)
     method_flags = dict(method=method, objectives=objectives, weights=weights, encoder_mask=encoder_mask,
                         decoder_mask=decoder_mask, encoder_masker=encoder_masker, decoder_masker=decoder_masker)

@@ -18,6 +18,9 @@ def run_command(
     redo_changed: bool = typer.Option(False, "--redo-changed",
                                       help="A stage whose settings changed since it ran is moved aside "
                                            "(<dir>.replaced-<time>) and run again, instead of refused."),
+    smoke: bool = typer.Option(False, "--smoke", help="Check the recipe end to end on a CPU in a minute or two: "
+                               "every stage with a tiny random model of the same family, the data cut to a slice "
+                               "(or a generated fixture), 2 steps per training stage; output in <out>-smoke."),
 ) -> None:
     """Run (or resume) every stage of a recipe; finished stages are skipped."""
     from rich.console import Console
@@ -25,5 +28,5 @@ def run_command(
 
     from pretrieve.pipeline import results_markdown, run_recipe
 
-    results = run_recipe(recipe, out=out, show_progress=progress, redo_changed=redo_changed)
+    results = run_recipe(recipe, out=out, show_progress=progress, redo_changed=redo_changed, smoke=smoke)
     Console().print(Markdown(results_markdown(results)))

@@ -34,10 +34,14 @@ training queries with their positives (:func:`write_qrels_pairs`). The anchor is
 P-FFN in CoT-MoTE), the context the query (text type 0, Q-FFN), truncated to ``max_len`` and
 ``query_max_len`` tokens.
 
-Randomness: ``dataset[i]`` is a deterministic function of ``(seed, i)`` — its choices come from
-``numpy.random.default_rng([seed, i])``. The context of anchor ``i`` is therefore the same in every epoch, as
-in CoT-MAE, whose spans are sampled once offline; the masking of both spans comes from the collator's
-per-step generator.
+Randomness: ``dataset.draw(i, epoch)`` is a deterministic function of ``(seed, i, epoch)`` — its choices (the
+context kind of ``mixed``, the context span, the pseudo-query of a pair) come from
+``numpy.random.default_rng([seed, i])`` in epoch 0 and ``default_rng([seed, i, epoch])`` after; the training loop
+calls ``draw`` with the epoch, so an anchor gets a new context every time it is drawn (``redraw: true``, the
+default). That is what the authors' code does: CoT-MAE's collator picks the context kind and CoT-MAE-qc's the
+pseudo-query with ``random`` at every draw (only the span *candidates* are cut offline). ``redraw: false`` keeps
+the epoch-0 context of each anchor for the whole run (``dataset[i]`` is always the epoch-0 draw). The masking of
+both spans comes from the collator's per-step generator.
 
 Examples: ``input_ids`` / ``context_input_ids`` (with [CLS]/[SEP]), ``text_type`` / ``context_text_type``
 (0 = query, 1 = passage), ``context_kind``, and, for document spans, ``document`` with the token ranges
@@ -80,11 +84,13 @@ _CACHE_KIND = "span-cache"
 @dataclass(frozen=True)
 class ContextSpec:
     """Which context each anchor gets: ``kind`` (:data:`CONTEXT_KINDS`), the ``pairs`` file for ``pairs`` (needed
-    when the dataset is built; a preset leaves it empty), and the length limit ``query_max_len`` of queries."""
+    when the dataset is built; a preset leaves it empty), the length limit ``query_max_len`` of queries, and
+    whether the context is drawn again every epoch (``redraw``, the authors' behaviour; module docstring)."""
 
     kind: str = "mixed"
     pairs: str | None = None
     query_max_len: int = 32
+    redraw: bool = True
 
     def validate(self) -> "ContextSpec":
         if self.kind not in CONTEXT_KINDS:
@@ -93,10 +99,12 @@ class ContextSpec:
             raise ConfigError(f"context.pairs is only used with kind 'pairs' (kind is {self.kind!r})")
         if isinstance(self.query_max_len, bool) or not isinstance(self.query_max_len, int) or self.query_max_len < 3:
             raise ConfigError(f"context.query_max_len must be an integer ≥ 3, got {self.query_max_len!r}")
+        if not isinstance(self.redraw, bool):
+            raise ConfigError(f"context.redraw must be true or false, got {self.redraw!r}")
         return self
 
     def to_dict(self) -> dict[str, Any]:
-        return {"kind": self.kind, "pairs": self.pairs, "query_max_len": self.query_max_len}
+        return {"kind": self.kind, "pairs": self.pairs, "query_max_len": self.query_max_len, "redraw": self.redraw}
 
     @classmethod
     def from_dict(cls, data: Any, where: str = "context") -> "ContextSpec":
@@ -104,14 +112,14 @@ class ContextSpec:
             data = {"kind": data}
         if not isinstance(data, Mapping):
             raise ConfigError(f"{where}: expected a mapping or a kind name, got {type(data).__name__}")
-        unknown = sorted(set(data) - {"kind", "pairs", "query_max_len"})
+        unknown = sorted(set(data) - {"kind", "pairs", "query_max_len", "redraw"})
         if unknown:
             raise ConfigError(f"{where}: unknown field(s) {', '.join(unknown)}; known fields: kind, pairs, "
-                              "query_max_len")
+                              "query_max_len, redraw")
         kind = str(data.get("kind", "pairs" if data.get("pairs") else "mixed"))
         pairs = data.get("pairs")
         return cls(kind=kind, pairs=None if pairs is None else str(pairs),
-                   query_max_len=data.get("query_max_len", 32)).validate()
+                   query_max_len=data.get("query_max_len", 32), redraw=data.get("redraw", True)).validate()
 
 
 # -------------------------------------------------------------------------------------------- sentences
@@ -312,22 +320,27 @@ _SAMPLERS = {"nearby": nearby_range, "overlap": overlap_range, "random": random_
 class SpanDataset:
     """Anchor spans of a :class:`SpanCorpus` with a context span of the same document (module docstring)."""
 
-    def __init__(self, corpus: SpanCorpus, kind: str = "mixed", seed: int = 0):
+    def __init__(self, corpus: SpanCorpus, kind: str = "mixed", seed: int = 0, redraw: bool = True):
         if kind not in (*DOCUMENT_KINDS, "mixed"):
             raise ConfigError(f"document context kind must be one of {', '.join((*DOCUMENT_KINDS, 'mixed'))}, "
                               f"got {kind!r}")
         self.corpus = corpus
         self.kind = kind
         self.seed = int(seed)
+        self.redraw = bool(redraw)
         self.anchor_documents = np.repeat(np.arange(corpus.num_documents), np.diff(corpus.documents))
 
     def __len__(self) -> int:
         return len(self.anchor_documents)
 
     def __getitem__(self, index: int) -> dict[str, Any]:
+        return self.draw(index, 0)
+
+    def draw(self, index: int, epoch: int) -> dict[str, Any]:
+        """Anchor ``index`` with the context drawn for ``epoch`` (the epoch-0 one when ``redraw`` is off)."""
         if not 0 <= index < len(self):
             raise IndexError(index)
-        rng = np.random.default_rng([self.seed, int(index)])
+        rng = _draw_rng(self.seed, index, epoch if self.redraw else 0)
         corpus, doc = self.corpus, int(self.anchor_documents[index])
         kind = self.kind if self.kind != "mixed" else DOCUMENT_KINDS[int(rng.integers(len(DOCUMENT_KINDS)))]
         anchor = corpus.span_token_range(index)
@@ -345,9 +358,11 @@ class SpanDataset:
 class PairDataset:
     """(passage, query) pairs: the passage is the anchor (P-FFN), a query its context (Q-FFN)."""
 
-    def __init__(self, path: str | Path, tokenizer, max_len: int, query_max_len: int = 32, seed: int = 0):
+    def __init__(self, path: str | Path, tokenizer, max_len: int, query_max_len: int = 32, seed: int = 0,
+                 redraw: bool = True):
         self.path = Path(path)
         self.seed = int(seed)
+        self.redraw = bool(redraw)
         passages: list[str] = []
         queries: list[list[str]] = []
         for line_no, obj in iter_jsonl(self.path):
@@ -366,12 +381,21 @@ class PairDataset:
         return len(self.passages)
 
     def __getitem__(self, index: int) -> dict[str, Any]:
+        return self.draw(index, 0)
+
+    def draw(self, index: int, epoch: int) -> dict[str, Any]:
+        """Passage ``index`` with one of its queries, drawn for ``epoch`` (epoch 0's when ``redraw`` is off)."""
         if not 0 <= index < len(self):
             raise IndexError(index)
         start, end = int(self.offsets[index]), int(self.offsets[index + 1])
-        choice = start + int(np.random.default_rng([self.seed, int(index)]).integers(end - start))
+        choice = start + int(_draw_rng(self.seed, index, epoch if self.redraw else 0).integers(end - start))
         return {"input_ids": list(self.passages[index]), "context_input_ids": list(self.queries[choice]),
                 "text_type": PASSAGE_TYPE, "context_text_type": QUERY_TYPE, "context_kind": "pairs"}
+
+
+def _draw_rng(seed: int, index: int, epoch: int) -> np.random.Generator:
+    """The generator of one draw: ``[seed, index]`` in epoch 0 (so ``dataset[i]`` is unchanged), with the epoch after."""
+    return np.random.default_rng([seed, int(index)] if epoch == 0 else [seed, int(index), int(epoch)])
 
 
 def _pair_fields(obj: Mapping[str, Any], path: Path, line_no: int) -> tuple[str, list[str]]:
@@ -400,10 +424,11 @@ def build_span_dataset(spec: ContextSpec, source: str | Path | None, tokenizer, 
         raise ConfigError("context kind 'pairs' needs context.pairs: a JSONL file of {\"passage\", \"query\"} lines "
                           "(e.g. training queries with their positives, or docT5query pseudo-queries)")
     if spec.kind == "pairs":
-        return PairDataset(spec.pairs, tokenizer, max_len, spec.query_max_len, seed=seed)
+        return PairDataset(spec.pairs, tokenizer, max_len, spec.query_max_len, seed=seed, redraw=spec.redraw)
     if source is None:
         raise ConfigError("document context spans need the pre-training corpus")
-    return SpanDataset(SpanCorpus.build(source, tokenizer, max_len, cache_dir), spec.kind, seed=seed)
+    return SpanDataset(SpanCorpus.build(source, tokenizer, max_len, cache_dir), spec.kind, seed=seed,
+                       redraw=spec.redraw)
 
 
 def write_qrels_pairs(collection, split: str, out: str | Path, min_grade: int = 1) -> int:

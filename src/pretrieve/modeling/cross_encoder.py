@@ -45,6 +45,11 @@ class CrossEncoder(nn.Module):
 
     load = from_pretrained
 
+    def may_leave_parameters_unused(self) -> bool:
+        """A sequence-classification model uses all its parameters on every batch (BERT: pooler + classifier;
+        ELECTRA: its classification head), so DDP need not search for unused ones."""
+        return False
+
     @property
     def config(self):
         return self.model.config

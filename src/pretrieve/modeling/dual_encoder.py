@@ -110,6 +110,9 @@ class TransformerTower(Tower):
     def __init__(self, model: nn.Module):
         super().__init__()
         self.model = model
+        pooler = getattr(model, "pooler", None)
+        if isinstance(pooler, nn.Module):   # never used (a tower returns hidden states): frozen, so DDP need not
+            pooler.requires_grad_(False)    # search for unused parameters; its weights are exported unchanged
 
     @classmethod
     def from_pretrained(cls, name_or_path: str | Path) -> "TransformerTower":
@@ -211,7 +214,13 @@ class RetrievalLoss:
 
 # ----------------------------------------------------------------------------------------- dual encoder
 class DualEncoder(nn.Module):
-    """Query and passage towers + a representation; ``forward(batch) -> (loss, logs)``."""
+    """Query and passage towers + a representation; ``forward(batch) -> (loss, logs)``.
+
+    ``grad_cache_chunk`` (None by default): when set, the training loop steps the model with gradient caching in
+    sub-batches of that many texts (:mod:`pretrieve.train.grad_cache`).
+    """
+
+    grad_cache_chunk: int | None = None
 
     def __init__(self, query_tower: Tower, passage_tower: Tower | None = None,
                  representation: Representation | None = None, loss: RetrievalLoss | None = None):
@@ -276,8 +285,12 @@ class DualEncoder(nn.Module):
         return self.representation.score(q_rep, p_rep)
 
     def forward(self, batch: Mapping[str, Tensor]) -> tuple[Tensor, dict[str, Tensor]]:
-        q = self.encode_batch(batch, "query")
-        p = self.encode_batch(batch, "passage")
+        return self.loss(self.encode_batch(batch, "query"), self.encode_batch(batch, "passage"), batch)
+
+    def loss(self, q: Tensor, p: Tensor, batch: Mapping[str, Tensor]) -> tuple[Tensor, dict[str, Tensor]]:
+        """The fine-tuning loss of query and passage representations ``q`` ``[B, ·]`` / ``p`` ``[B·G, ·]`` (teacher
+        scores, when present, from ``batch``); split from :meth:`forward` so that gradient caching
+        (:mod:`pretrieve.train.grad_cache`) can compute it on cached representations."""
         options = self.representation.loss_options()
         temperature = self.representation.temperature
         settings = self.loss_config
@@ -301,6 +314,15 @@ class DualEncoder(nn.Module):
             own = group_scores(q.detach(), p.detach(), **options)
             logs["accuracy"] = (own.argmax(dim=1) == 0).float().mean()
         return loss, logs
+
+    def may_leave_parameters_unused(self) -> bool:
+        """Whether a training step may leave a trainable parameter without gradient (DDP then searches for them).
+
+        Every tower's parameters feed both representations' encoders, and a tower's pooler is frozen (a tower
+        returns hidden states, never the pooled output); left unused is only the MLM head of a masked-LM tower
+        (CoT-MoTE checkpoints load one) under a representation that does not project to the vocabulary.
+        """
+        return self.query_tower.kind == "mlm" and not self.representation.needs_mlm_head
 
     # ------------------------------------------------------------------ persistence
     def describe(self, training: Mapping[str, Any] | None = None) -> dict[str, Any]:

@@ -148,6 +148,11 @@ class Encoder(nn.Module):
             position_ids = self.position_ids(input_ids)
         return self.embeddings(input_ids=input_ids, position_ids=position_ids)
 
+    def embed_vectors(self, vectors: Tensor, position_ids: Tensor) -> Tensor:
+        """The embedding layer applied to given vectors ``[B, L, H]`` instead of token embeddings: + position (and
+        token-type 0) embeddings, LayerNorm, dropout (DupMAE's decoder query stream)."""
+        return self.embeddings(inputs_embeds=vectors, position_ids=position_ids)
+
     def position_embeddings(self, position_ids: Tensor) -> Tensor:
         """The raw absolute position embeddings (no LayerNorm, no dropout)."""
         return self.embeddings.position_embeddings(position_ids)

@@ -122,6 +122,19 @@ class PretrainModel(nn.Module):
         """The batch features the collator must produce for these objectives."""
         return set().union(*(type(objective).requires for objective in self.objectives.values()))
 
+    def may_leave_parameters_unused(self) -> bool:
+        """Whether a step may leave a trainable parameter without gradient (DDP then searches for them).
+
+        Every objective uses all the parameters it owns on every batch, and the encoder's body is used by the
+        main input; left unused can be the MLM head (no objective predicts tokens through it, e.g. ``cpdae``
+        alone) and the query experts of a MoTE encoder fed passages only (a method with ``mote`` but no
+        passage/query ``pairs`` context, which would put both text types in every batch).
+        """
+        uses_head = any(getattr(objective, "uses_mlm_head", True) for objective in self.objectives.values())
+        context = self.method.get("context") or {}
+        one_text_type = bool(self.method.get("mote")) and context.get("kind") != "pairs"
+        return not uses_head or one_text_type
+
     def forward(self, batch: Mapping[str, Tensor]) -> tuple[Tensor, dict[str, Tensor]]:
         """Encode the encoder-masked input once, then ``Σ wᵢ · lossᵢ``.
 

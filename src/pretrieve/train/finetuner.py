@@ -5,7 +5,10 @@ positives, its hard negatives) with the shared loop (:mod:`pretrieve.train.loop`
 DDP, checkpoints, exact resume) and exports it to ``<out>/final`` (:mod:`pretrieve.modeling.export`: a
 sentence-transformers folder for dense siamese models, so ``pretrieve dense --model <out>/final`` works).
 
-The three stages differ only in their groups and loss:
+The three stages differ only in their groups and loss (DupMAE's variants, paper 001 eq. 13 and 15, are settings:
+``num_negatives: 0`` in stage 1 trains on in-batch negatives only — the groups are then the qrels' positives,
+``qrels_groups.jsonl``, and no BM25 runs; ``alpha: 0`` in stage 3 keeps only the soft-label term, the teacher's
+distribution over each query's own group):
 
 ====== ====================================================================== ==============================
 stage  groups (``--groups``)                                                  loss
@@ -61,6 +64,7 @@ logger = logging.getLogger(__name__)
 
 STAGES = (1, 2, 3)
 BM25_GROUPS_FILE = "bm25_groups.jsonl"
+QRELS_GROUPS_FILE = "qrels_groups.jsonl"
 CONFIG_FILE = "finetune_config.json"
 COSINE_TEMPERATURE = 0.05
 #: LoopConfig fields that do not change what a run computes (ignored when deciding whether a run is done).
@@ -93,6 +97,10 @@ class FinetuneConfig(FinetuneSettings, LoopConfig):
             raise ConfigError(f"max_groups must be >= 1, got {self.max_groups}")
         if self.on_unknown not in ("error", "skip"):
             raise ConfigError(f"on_unknown must be 'error' or 'skip', got {self.on_unknown!r}")
+        if self.grad_cache_chunk is not None and (isinstance(self.grad_cache_chunk, bool)
+                                                  or not isinstance(self.grad_cache_chunk, int)
+                                                  or self.grad_cache_chunk < 1):
+            raise ConfigError(f"grad_cache_chunk must be an integer >= 1, got {self.grad_cache_chunk!r}")
 
     def settings(self) -> dict[str, Any]:
         """The resolved settings that determine the result (bookkeeping options left out)."""
@@ -228,12 +236,27 @@ def groups_path(config: FinetuneConfig, collection: BeirCollection, is_main: boo
         return path
     if config.stage != 1:
         raise ConfigError(missing_groups_message(config.stage))
+    if config.num_negatives == 0:   # in-batch negatives only (DupMAE eq. 13): positives from the qrels, no BM25
+        path = Path(config.out) / QRELS_GROUPS_FILE
+        if is_main:
+            write_qrels_groups(collection, config.split, path)
+        return path
     path = Path(config.out) / BM25_GROUPS_FILE
     if is_main:
         from pretrieve.retrieval.bm25 import bm25_negatives
 
         bm25_negatives(collection, config.split, path, depth=config.bm25_depth, show_progress=config.show_progress)
     return path
+
+
+def write_qrels_groups(collection: BeirCollection, split: str, path: Path) -> int:
+    """Groups of every judged-relevant (grade ≥ 1) document of each ``split`` query with a text, no negatives."""
+    from pretrieve.data.groups import write_groups
+
+    queries, qrels = collection.load_queries(split), collection.load_qrels(split)
+    groups = [TrainingGroup(qid, queries[qid], sorted(d for d, grade in judged.items() if grade >= 1), [])
+              for qid, judged in sorted(qrels.items()) if qid in queries and any(g >= 1 for g in judged.values())]
+    return write_groups(groups, path)
 
 
 def load_training_groups(config: FinetuneConfig, path: Path, corpus) -> "GroupsDataset":
@@ -339,6 +362,7 @@ def finetune(config: FinetuneConfig) -> Path:
     loss = RetrievalLoss(in_batch=config.in_batch, gather=config.gather, alpha=config.alpha,
                          teacher_temperature=config.teacher_temperature)
     model = DualEncoder.from_pretrained(model_path, representation=representation, tied=config.tied, loss=loss)
+    model.grad_cache_chunk = config.grad_cache_chunk
     collator = GroupCollator(tokenizer, CorpusTexts(corpus), config.num_negatives, config.query_max_len, config.passage_max_len,
                              teacher_scores=config.stage == 3)
     training = {"stage": config.stage, "query_max_len": config.query_max_len,

@@ -13,10 +13,29 @@ Contract: a *dataset* (``len`` + ``dataset[i]``), a *collator* ``collator(exampl
   accumulating 2) gives the same losses — for losses local to a micro-batch. A loss that looks across
   processes (cross-device in-batch negatives in fine-tuning) deliberately sees more negatives under DDP
   than under accumulation.
-* **Optimisation.** AdamW (no weight decay on biases and LayerNorm weights), warmup +
-  linear/cosine/constant schedule (transformers' schedulers), gradient clipping, bf16 autocast via
-  accelerate. Each micro-batch's loss is the model's own mean and gradients are averaged over
-  micro-batches (usual DDP semantics).
+  Datasets that re-draw part of an example every time it is drawn (CoT-MAE's context spans) expose
+  ``dataset.draw(index, epoch)``, which the loop calls instead of ``dataset[index]``; every micro-batch also
+  carries ``training_progress`` (``step / total_steps``, a 0-d float tensor) for objectives whose weight
+  follows the schedule (the BoW authors' cosine decay of the BoW weight).
+* **Optimisation.** AdamW (no weight decay on biases and LayerNorm weights), warmup (``warmup_ratio`` or
+  ``warmup_steps``) + linear/cosine/constant schedule (transformers' schedulers), optionally decaying to a
+  floor ``min_lr_ratio`` instead of 0 (the BoW authors' ``cosine`` with ``min_lr_ratio 0.1``), gradient
+  clipping. Each micro-batch's loss is the model's own mean and gradients are averaged over micro-batches
+  (usual DDP semantics).
+* **Precision** (``precision: fp32 | bf16 | fp16``; ``bf16: true`` is the deprecated spelling of ``precision:
+  bf16``): ``torch.autocast`` around the forward pass, and for fp16 a ``torch.amp.GradScaler`` (dynamic loss
+  scaling; its state is checkpointed). The loop owns both, on every device, rather than accelerate's
+  ``mixed_precision``, which on the CPU silently trains fp16 runs in fp32; on CUDA it is the same autocast +
+  GradScaler accelerate would use (:class:`MixedPrecision`).
+* **GPU efficiency.** Micro-batches are pinned (CUDA) and copied with ``non_blocking``; DataLoader workers
+  (``num_workers``) collate ahead of the GPU; per-step logs stay on the device and are copied to the host (and
+  all-reduced) once per ``log_every`` steps, so no step waits for the host (the fp16 GradScaler's overflow
+  check is the one per-step sync left, inherent to dynamic loss scaling); DDP searches for unused parameters
+  only when the model says it may leave some unused (:func:`leaves_parameters_unused`);
+  ``gradient_checkpointing`` recomputes the encoder's activations in the backward pass
+  (:func:`enable_gradient_checkpointing`); a model with ``grad_cache_chunk`` set (fine-tuning with in-batch
+  negatives) is stepped by :func:`pretrieve.train.grad_cache.grad_cached_step`; under several processes on
+  one node each process uses ``cores / processes`` threads unless ``OMP_NUM_THREADS`` says otherwise.
 * **Logging.** ``logs.jsonl`` (every ``log_every`` steps: each logged loss, learning rate, samples/s)
   and TensorBoard scalars under ``tb/``; a progress bar with ETA.
 * **Checkpoints.** Every ``save_every`` steps, atomically (:mod:`pretrieve.train.checkpoint`);
@@ -29,7 +48,8 @@ Contract: a *dataset* (``len`` + ``dataset[i]``), a *collator* ``collator(exampl
   finished.
 
 Distributed training: launch the same command with ``accelerate launch`` or ``torchrun``.
-A non-finite loss stops the run with :class:`FloatingPointError` (the last checkpoint stays usable).
+A non-finite loss stops the run with :class:`FloatingPointError` at the next log line or checkpoint, whichever
+comes first (no checkpoint is written after it, so the last one stays usable).
 """
 
 from __future__ import annotations
@@ -38,6 +58,7 @@ import contextlib
 import json
 import logging
 import math
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -54,6 +75,11 @@ from pretrieve.train import checkpoint as ckpt
 logger = logging.getLogger(__name__)
 
 SCHEDULES = ("linear", "cosine", "constant")
+PRECISIONS = ("fp32", "bf16", "fp16")
+PROGRESS_KEY = "training_progress"
+"""Batch key of ``step / total_steps`` (0-d float tensor), added to every micro-batch by :class:`StepBatches`
+(read by objectives with a weight schedule, e.g. :data:`pretrieve.modeling.objectives.bow.PROGRESS`)."""
+_FINITE_KEY = "_finite"
 
 
 @dataclass
@@ -65,11 +91,20 @@ class LoopConfig:
     lr: float = 1e-4
     weight_decay: float = 0.01
     warmup_ratio: float = 0.1
+    warmup_steps: int | None = None
+    """Warm-up steps; overrides ``warmup_ratio`` when set (the BoW authors: 4000 in pre-training)."""
     schedule: str = "linear"
+    min_lr_ratio: float | None = None
+    """Floor of the linear/cosine decay as a fraction of ``lr`` (the BoW authors: 0.1); None = 0."""
     max_steps: int = 0
     epochs: float = 1.0
     max_grad_norm: float = 1.0
     bf16: bool = False
+    """Deprecated: ``precision: bf16``."""
+    precision: str | None = None
+    """fp32 | bf16 | fp16 (autocast; fp16 with a GradScaler); None = bf16 when ``bf16`` is set, else fp32."""
+    gradient_checkpointing: bool = False
+    """Recompute the encoder's activations in the backward pass (less memory, ~30 % more compute)."""
     seed: int = 42
     save_every: int = 500
     keep_checkpoints: int = 2
@@ -81,6 +116,13 @@ class LoopConfig:
     def validate(self, world_size: int = 1) -> None:
         if self.schedule not in SCHEDULES:
             raise ConfigError(f"unknown schedule '{self.schedule}' (choose from {', '.join(SCHEDULES)})")
+        self.resolved_precision()
+        if self.min_lr_ratio is not None and not 0 <= self.min_lr_ratio < 1:
+            raise ConfigError(f"min_lr_ratio must be in [0, 1), got {self.min_lr_ratio}")
+        if self.min_lr_ratio and self.schedule == "constant":
+            raise ConfigError("min_lr_ratio is the floor of a decaying schedule: use schedule linear or cosine")
+        if self.warmup_steps is not None and (isinstance(self.warmup_steps, bool) or self.warmup_steps < 0):
+            raise ConfigError(f"warmup_steps must be an integer >= 0, got {self.warmup_steps!r}")
         if self.batch_size < 1 or self.lr <= 0:
             raise ConfigError("batch_size must be ≥ 1 and lr > 0")
         micro = self.micro(world_size)
@@ -89,6 +131,19 @@ class LoopConfig:
                               f"evenly over {world_size} process(es)")
         if self.max_steps < 0 or self.epochs <= 0:
             raise ConfigError("max_steps must be ≥ 0 and epochs > 0")
+
+    def resolved_precision(self) -> str:
+        """``precision``, or the deprecated ``bf16`` flag's meaning when it is unset."""
+        if self.precision is None:
+            return "bf16" if self.bf16 else "fp32"
+        if self.precision not in PRECISIONS:
+            raise ConfigError(f"unknown precision '{self.precision}' (choose from {', '.join(PRECISIONS)})")
+        if self.bf16 and self.precision != "bf16":
+            raise ConfigError(f"bf16: true (deprecated) contradicts precision: {self.precision}; drop bf16")
+        return self.precision
+
+    def warmup(self, total_steps: int) -> int:
+        return self.warmup_steps if self.warmup_steps is not None else int(self.warmup_ratio * total_steps)
 
     def micro(self, world_size: int) -> int:
         return self.micro_batch_size or max(1, self.batch_size // world_size)
@@ -113,7 +168,9 @@ class StepBatches(torch.utils.data.IterableDataset):
     """Yields ``(step, [collated micro-batches of this process])`` from ``start_step`` on.
 
     With ``num_workers`` > 0, worker ``w`` produces the steps ``s ≡ w (mod num_workers)``; the
-    DataLoader's round-robin over workers restores step order.
+    DataLoader's round-robin over workers restores step order. Examples come from ``dataset.draw(index,
+    epoch)`` when the dataset has it (re-drawn per epoch), else ``dataset[index]``; each micro-batch gets
+    :data:`PROGRESS_KEY`.
     """
 
     def __init__(self, dataset, collator, batch_size: int, micro_batch_size: int, seed: int, start_step: int,
@@ -146,9 +203,14 @@ class StepBatches(torch.utils.data.IterableDataset):
         return range(self.rank, self.batch_size // self.micro, self.world_size)
 
     def collate(self, step: int, j: int, indices: np.ndarray) -> dict[str, torch.Tensor]:
-        examples = [self.dataset[int(i)] for i in indices[j * self.micro:(j + 1) * self.micro]]
+        epoch = step // self.steps_per_epoch
+        draw = getattr(self.dataset, "draw", None)
+        rows = indices[j * self.micro:(j + 1) * self.micro]
+        examples = [draw(int(i), epoch) for i in rows] if draw is not None else [self.dataset[int(i)] for i in rows]
         generator = torch.Generator().manual_seed(micro_batch_seed(self.seed, step, j))
-        return self.collator(examples, generator=generator)
+        batch = self.collator(examples, generator=generator)
+        batch[PROGRESS_KEY] = torch.tensor(step / self.total_steps, dtype=torch.float32)
+        return batch
 
 
 def build_optimizer(model: torch.nn.Module, config: LoopConfig) -> torch.optim.Optimizer:
@@ -162,11 +224,29 @@ def build_optimizer(model: torch.nn.Module, config: LoopConfig) -> torch.optim.O
 
 
 def build_scheduler(optimizer, config: LoopConfig, total_steps: int):
+    """transformers' schedulers; with ``min_lr_ratio`` the decay ends at that fraction of the peak instead of 0
+    (cosine: transformers' ``cosine_with_min_lr``; linear: :func:`linear_with_floor`, the BoW authors' formula)."""
+    import functools
+
+    from torch.optim.lr_scheduler import LambdaLR
     from transformers import get_scheduler
 
+    warmup = config.warmup(total_steps)
+    floor = config.min_lr_ratio or 0.0
+    if floor and config.schedule == "cosine":
+        return get_scheduler("cosine_with_min_lr", optimizer, num_warmup_steps=warmup, num_training_steps=total_steps,
+                             scheduler_specific_kwargs={"min_lr_rate": floor})
+    if floor and config.schedule == "linear":
+        return LambdaLR(optimizer, functools.partial(linear_with_floor, warmup=warmup, total=total_steps, floor=floor))
     name = {"constant": "constant_with_warmup"}.get(config.schedule, config.schedule)
-    return get_scheduler(name, optimizer, num_warmup_steps=int(config.warmup_ratio * total_steps),
-                         num_training_steps=total_steps)
+    return get_scheduler(name, optimizer, num_warmup_steps=warmup, num_training_steps=total_steps)
+
+
+def linear_with_floor(step: int, *, warmup: int, total: int, floor: float) -> float:
+    """Learning-rate factor: linear warm-up to 1, then linear decay from 1 to ``floor`` at ``total``."""
+    if step < warmup:
+        return step / max(1, warmup)
+    return max(0.0, (total - step) / max(1, total - warmup)) * (1 - floor) + floor
 
 
 class LogWriter:
@@ -215,27 +295,133 @@ def read_logs(out_dir: str | Path) -> list[dict[str, float]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line] if path.exists() else []
 
 
-def _mean_logs(logs: list[dict[str, float]]) -> dict[str, float]:
-    keys = {key for entry in logs for key in entry}
-    return {key: float(np.mean([entry[key] for entry in logs if key in entry])) for key in sorted(keys)}
-
-
 def make_accelerator(config: LoopConfig):
+    """The accelerate ``Accelerator`` of a run (CPU gloo or CUDA NCCL under ``torchrun``/``accelerate launch``).
+
+    Mixed precision is the loop's (:class:`MixedPrecision`), not accelerate's. DDP's unused-parameter search is
+    switched on or off per model by :func:`train` (:func:`leaves_parameters_unused`), before ``prepare``. Under
+    several processes per node, each gets ``cores / processes`` intra-op threads (:func:`set_threads_per_rank`).
+    """
     from accelerate import Accelerator
     from accelerate.utils import DistributedDataParallelKwargs
 
-    # Objectives may leave shared parameters unused in a step (e.g. a head only some batches reach).
-    ddp = DistributedDataParallelKwargs(find_unused_parameters=True)
+    config.resolved_precision()  # a bad precision fails here, before any model is built
+    if config.bf16:
+        logger.warning("bf16: true is deprecated; write precision: bf16 (--precision bf16)")
     # Without an accelerator, accelerate only sets up multi-process (gloo) training under torchrun /
     # accelerate launch when told it runs on the CPU.
     # step_scheduler_with_optimizer=False: our batch_size is already global, so the schedule advances
     # once per optimizer step (accelerate would otherwise step it once per process).
-    return Accelerator(mixed_precision="bf16" if config.bf16 else "no", kwargs_handlers=[ddp],
-                       cpu=not torch.cuda.is_available(), step_scheduler_with_optimizer=False)
+    accelerator = Accelerator(mixed_precision="no", kwargs_handlers=[DistributedDataParallelKwargs()],
+                              cpu=not torch.cuda.is_available(), step_scheduler_with_optimizer=False)
+    set_threads_per_rank()
+    return accelerator
 
 
-# Settings that do not change what a run computes: how it is logged, checkpointed and fed.
-BOOKKEEPING = ("resume", "show_progress", "save_every", "keep_checkpoints", "log_every", "num_workers")
+def threads_per_rank(cores: int, local_processes: int) -> int:
+    """Intra-op threads for one of ``local_processes`` processes sharing ``cores`` cores (at least 1)."""
+    return max(1, cores // max(1, local_processes))
+
+
+def set_threads_per_rank(environ: Mapping[str, str] | None = None) -> int | None:
+    """Under several processes per node (``LOCAL_WORLD_SIZE`` > 1, set by torchrun and accelerate launch), give
+    each ``cores / processes`` threads — unless ``OMP_NUM_THREADS`` was set, which wins. Returns the number set."""
+    environ = os.environ if environ is None else environ
+    local = int(environ.get("LOCAL_WORLD_SIZE", "1") or 1)
+    if local <= 1 or "OMP_NUM_THREADS" in environ:
+        return None
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    threads = threads_per_rank(cores, local)
+    torch.set_num_threads(threads)
+    return threads
+
+
+def leaves_parameters_unused(model: torch.nn.Module) -> bool:
+    """Whether DDP must search for parameters a step leaves without gradient (``find_unused_parameters``).
+
+    Models say so with ``may_leave_parameters_unused()`` (pre-training: from the objectives and experts;
+    fine-tuning: from the towers and representation; see those classes); a model that does not say is searched.
+    """
+    decide = getattr(model, "may_leave_parameters_unused", None)
+    return True if decide is None else bool(decide())
+
+
+def enable_gradient_checkpointing(model: torch.nn.Module) -> int:
+    """Activation checkpointing in every outermost transformers model inside ``model`` (non-reentrant, so the
+    recomputed forward replays the same dropout masks); returns how many were switched on.
+
+    Refused for query/passage experts (CoT-MoTE): their routing is set per forward call, so the recomputed
+    forward of a query batch would be routed as the passage batch encoded last.
+    """
+    from transformers import PreTrainedModel
+
+    from pretrieve.modeling.mote import is_mote
+
+    found = [m for m in model.modules() if isinstance(m, PreTrainedModel)]
+    outermost = [m for m in found if not any(m is not other and any(m is sub for sub in other.modules())
+                                                 for other in found)]
+    if any(is_mote(m) for m in found):
+        raise ConfigError("gradient_checkpointing is not supported with query/passage experts (CoT-MoTE): the "
+                          "recomputed forward would be routed to the wrong expert")
+    enabled = 0
+    for m in outermost:
+        if getattr(m, "supports_gradient_checkpointing", False):
+            if hasattr(m, "activation_checkpointing_enable"):          # transformers ≥ 5.x's name
+                m.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+            else:
+                m.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            enabled += 1
+    if not enabled:
+        raise ConfigError("gradient_checkpointing: the model holds no transformers model that supports it")
+    return enabled
+
+
+def precision_settings(precision: str, device_type: str) -> tuple[torch.dtype | None, bool]:
+    """``(autocast dtype or None, use a GradScaler)`` of ``precision`` on ``device_type`` ("cpu", "cuda", ...).
+
+    fp16 always gets a GradScaler (its gradients underflow without loss scaling); bf16 has fp32's range and
+    needs none. The same settings on every device: torch supports fp16 autocast and GradScaler on the CPU too.
+    """
+    if precision not in PRECISIONS:
+        raise ConfigError(f"unknown precision '{precision}' (choose from {', '.join(PRECISIONS)})")
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
+    return dtype, precision == "fp16"
+
+
+class MixedPrecision:
+    """Autocast and (fp16) dynamic loss scaling for one device type, with ``torch.amp``."""
+
+    def __init__(self, precision: str = "fp32", device_type: str = "cpu"):
+        self.precision = precision
+        self.device_type = device_type
+        self.dtype, scaled = precision_settings(precision, device_type)
+        self.scaler = torch.amp.GradScaler(device_type) if scaled else None
+
+    def autocast(self):
+        if self.dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device_type, dtype=self.dtype)
+
+    def scale(self, loss: torch.Tensor) -> torch.Tensor:
+        return self.scaler.scale(loss) if self.scaler is not None else loss
+
+    def unscale_(self, optimizer) -> None:
+        if self.scaler is not None:
+            self.scaler.unscale_(optimizer)
+
+    def step(self, optimizer) -> None:
+        """``optimizer.step()``; with a GradScaler, skipped when the gradients overflowed, and the scale updated."""
+        if self.scaler is None:
+            optimizer.step()
+            return
+        self.scaler.step(optimizer)
+        self.scaler.update()
+
+
+# Settings that do not change what a run computes: how it is logged, checkpointed and fed, and how memory is
+# traded for compute (gradient checkpointing and gradient caching give the same gradients).
+BOOKKEEPING = ("resume", "show_progress", "save_every", "keep_checkpoints", "log_every", "num_workers",
+               "gradient_checkpointing", "grad_cache_chunk")
 # Settings that may also change between an interrupted run and its resumption: micro-batching splits the same
 # global batch, the cache only holds tokenized text, and the step budget only says how far the run goes.
 RESUMABLE_CHANGES = frozenset(BOOKKEEPING) | {"micro_batch_size", "cache_dir", "max_steps", "epochs"}
@@ -302,9 +488,16 @@ def train(model: torch.nn.Module, dataset, collator, config: LoopConfig, out_dir
     micro = config.micro(world)
     accum = config.batch_size // micro // world
 
+    if config.gradient_checkpointing:
+        enable_gradient_checkpointing(model)
+    if accelerator.ddp_handler is not None:
+        accelerator.ddp_handler.find_unused_parameters = leaves_parameters_unused(model)
+    precision = MixedPrecision(config.resolved_precision(), accelerator.device.type)
     optimizer = build_optimizer(model, config)
     scheduler = build_scheduler(optimizer, config, total_steps)
     model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
+    if precision.scaler is not None:
+        accelerator.register_for_checkpointing(precision.scaler)   # exact resume of fp16 loss scaling
 
     start_step = 0
     writer = LogWriter(out, accelerator.is_main_process)
@@ -322,27 +515,30 @@ def train(model: torch.nn.Module, dataset, collator, config: LoopConfig, out_dir
 
     batches = torch.utils.data.DataLoader(
         StepBatches(dataset, collator, config.batch_size, micro, config.seed, start_step, total_steps, rank, world),
-        batch_size=None, num_workers=config.num_workers,
+        batch_size=None, num_workers=config.num_workers, pin_memory=accelerator.device.type == "cuda",
         # A private generator: the DataLoader draws a base seed when iteration starts, which must not
         # consume the global RNG (dropout) — otherwise a resumed run would drift from the original.
         generator=torch.Generator().manual_seed(config.seed))
     progress = tqdm(total=total_steps, initial=start_step, desc=description, unit="step",
                     disable=not (config.show_progress and accelerator.is_main_process))
     model.train()
-    window: list[dict[str, float]] = []
+    window = LogWindow(accelerator)
     window_start = time.perf_counter()
     for step, micro_batches in batches:
-        step_logs = train_step(model, micro_batches, optimizer, scheduler, accelerator, accum, config.max_grad_norm)
-        window.append(step_logs)
+        window.add(step, train_step(model, micro_batches, optimizer, scheduler, accelerator, accum,
+                                    config.max_grad_norm, precision))
         done = step + 1
         progress.update(1)
-        progress.set_postfix(loss=f"{step_logs['loss']:.4f}")
         if done % config.log_every == 0 or done == total_steps:
             elapsed = time.perf_counter() - window_start
-            writer.write(done, _mean_logs(window) | {"lr": scheduler.get_last_lr()[0],
-                                                     "samples_per_s": len(window) * config.batch_size / elapsed})
-            window, window_start = [], time.perf_counter()
+            steps = window.steps
+            values = window.flush()
+            progress.set_postfix(loss=f"{values['loss']:.4f}")
+            writer.write(done, values | {"lr": scheduler.get_last_lr()[0],
+                                         "samples_per_s": steps * config.batch_size / elapsed})
+            window_start = time.perf_counter()
         if config.save_every and done % config.save_every == 0 and done < total_steps:
+            window.check_finite()
             ckpt.save_checkpoint(accelerator, out, done, state, config.keep_checkpoints)
     progress.close()
     writer.close()
@@ -357,27 +553,101 @@ def train(model: torch.nn.Module, dataset, collator, config: LoopConfig, out_dir
     return final_dir
 
 
-def train_step(model, micro_batches, optimizer, scheduler, accelerator, accum: int, max_grad_norm: float):
-    """One optimizer step over this process's micro-batches; returns logs averaged over the world."""
-    logs: list[dict[str, float]] = []
+def train_step(model, micro_batches, optimizer, scheduler, accelerator, accum: int, max_grad_norm: float,
+               precision: MixedPrecision | None = None) -> dict[str, torch.Tensor]:
+    """One optimizer step over this process's micro-batches.
+
+    Returns this process's logs as 0-d tensors on the device (means over its micro-batches, plus a finiteness
+    flag of the losses), without copying anything to the host: :class:`LogWindow` does that once per log line.
+    A model with ``grad_cache_chunk`` set is stepped by :func:`pretrieve.train.grad_cache.grad_cached_step`
+    (sub-batch re-forward with cached representation gradients; gradients averaged over processes by hand).
+    """
+    precision = precision or MixedPrecision("fp32", accelerator.device.type)
+    unwrapped = accelerator.unwrap_model(model)
+    chunk = getattr(unwrapped, "grad_cache_chunk", None)
+    sums: dict[str, torch.Tensor] = {}
+    finite = torch.ones((), dtype=torch.bool, device=accelerator.device)
     for i, batch in enumerate(micro_batches):
-        batch = {key: value.to(accelerator.device) for key, value in batch.items()}
-        last = i == len(micro_batches) - 1
-        context = contextlib.nullcontext() if last else accelerator.no_sync(model)
-        with context, accelerator.autocast():
-            loss, micro_logs = model(batch)
-            if not torch.isfinite(loss):
-                raise FloatingPointError(f"non-finite loss {loss.item()} ({micro_logs})")
-            accelerator.backward(loss / accum)
-        logs.append({"loss": float(loss.detach()), **{k: float(v) for k, v in micro_logs.items()}})
+        batch = {key: value.to(accelerator.device, non_blocking=True) for key, value in batch.items()}
+        if chunk:
+            from pretrieve.train.grad_cache import grad_cached_step
+
+            loss, micro_logs = grad_cached_step(unwrapped, batch, chunk, precision, 1.0 / accum)
+        else:
+            last = i == len(micro_batches) - 1
+            with contextlib.nullcontext() if last else accelerator.no_sync(model):
+                with precision.autocast():
+                    loss, micro_logs = model(batch)
+                accelerator.backward(precision.scale(loss / accum))
+        loss = loss.detach()
+        finite &= torch.isfinite(loss)
+        for key, value in {"loss": loss, **micro_logs}.items():
+            value = torch.as_tensor(value, device=accelerator.device).detach().float()
+            sums[key] = sums[key] + value if key in sums else value
+    if chunk and accelerator.num_processes > 1:
+        from pretrieve.train.grad_cache import average_gradients
+
+        average_gradients(unwrapped)
+    precision.unscale_(optimizer)
     if max_grad_norm and max_grad_norm > 0:
         accelerator.clip_grad_norm_(model.parameters(), max_grad_norm)
-    optimizer.step()
+    precision.step(optimizer)
     scheduler.step()
     optimizer.zero_grad(set_to_none=True)
-    local = _mean_logs(logs)
-    if accelerator.num_processes > 1:
-        keys = sorted(local)
-        values = accelerator.reduce(torch.tensor([local[k] for k in keys], device=accelerator.device), "mean")
-        local = dict(zip(keys, values.tolist()))
-    return local
+    logs = {key: value / len(micro_batches) for key, value in sums.items()}
+    logs[_FINITE_KEY] = finite.float()
+    return logs
+
+
+class LogWindow:
+    """The steps between two log lines: their logs summed on the device, copied to the host (and averaged over
+    processes with one all-reduce) only by :meth:`flush`, which also stops the run on a non-finite loss."""
+
+    def __init__(self, accelerator):
+        self.accelerator = accelerator
+        self.sums: dict[str, torch.Tensor] = {}
+        self.counts: dict[str, int] = {}
+        self.steps = 0
+        self.first_step: int | None = None
+        self.last_step: int | None = None
+
+    def add(self, step: int, logs: Mapping[str, torch.Tensor]) -> None:
+        for key, value in logs.items():
+            self.sums[key] = self.sums[key] + value if key in self.sums else value
+            self.counts[key] = self.counts.get(key, 0) + 1
+        self.steps += 1
+        self.first_step = step if self.first_step is None else self.first_step
+        self.last_step = step
+
+    def _host_means(self) -> dict[str, float]:
+        keys = sorted(self.sums)
+        values = torch.stack([self.sums[key] / self.counts[key] for key in keys])
+        if self.accelerator.num_processes > 1:
+            values = self.accelerator.reduce(values, "mean")
+        return dict(zip(keys, values.tolist()))
+
+    def _raise_if_not_finite(self, means: Mapping[str, float]) -> None:
+        if means.get(_FINITE_KEY, 1.0) < 1.0:
+            shown = ", ".join(f"{key} {value:.4g}" for key, value in means.items() if key != _FINITE_KEY)
+            raise FloatingPointError(f"non-finite loss between steps {self.first_step + 1} and {self.last_step + 1} "
+                                     f"(window means: {shown}); the last checkpoint is from before it")
+
+    def flush(self) -> dict[str, float]:
+        """Means over the window's steps (and processes); the window is emptied."""
+        if not self.steps:
+            return {}
+        means = self._host_means()
+        self._raise_if_not_finite(means)
+        self.__init__(self.accelerator)
+        means.pop(_FINITE_KEY, None)
+        return means
+
+    def check_finite(self) -> None:
+        """Raise (on every process) when a loss of the window so far was not finite; the window is kept."""
+        if not self.steps:
+            return
+        flag = self.sums[_FINITE_KEY] / self.counts[_FINITE_KEY]
+        if self.accelerator.num_processes > 1:
+            flag = self.accelerator.reduce(flag.reshape(1), "mean")[0]
+        if float(flag) < 1.0:
+            self._raise_if_not_finite(self._host_means())

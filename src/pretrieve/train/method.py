@@ -12,14 +12,16 @@ same hyper-parameters", namely the settings of RetroMAE (Xiao et al., 2022)):
 preset     encoder masker          decoder masker      objectives (weights)
 =========  ======================  ==================  =============================================
 mlm        whole-word, 0.30        —                   mlm (1) — "Further Pre-train" baseline
-bow        whole-word, 0.30        —                   mlm (1) + bow (1) — eq. 13; Table 6 ablates 0.15/0.30/0.45
+bow        whole-word, 0.30        —                   mlm (1) + bow (1, cosine-decayed to 0.1 as the authors'
+                                                       code) — eq. 13; Table 6 ablates 0.15/0.30/0.45
 ae         whole-word, 0.30        whole-word, 0.50    mlm (1) + ae (1), 1-layer decoder (eq. 4–5)
 ar         whole-word, 0.30        —                   mlm (1) + ar (1), 1-layer causal decoder (eq. 6–7)
 retromae   whole-word, 0.30        whole-word, 0.50    mlm (1) + enhanced (1) (eq. 8–10)
 cpdae      token, 0.15             —                   mlm_views (1) + cpdae (1; λ = 0.1, JS contrast, REC mean over |V|)
 cpdae-r    token, 0.15             —                   as cpdae, contrast on the dense [CLS] vectors
 cdmae      whole-word, 0.30        pmi, 0.50           mlm (1) + ae (1), 2 layers + linear projection head
-dupmae     whole-word, 0.30        whole-word, 0.50    mlm (1) + enhanced (1) + ot_bow (1) — paper 001 eq. 9
+dupmae     whole-word, 0.30        whole-word, 0.50    mlm (1) + enhanced (1; query stream through the embedding
+                                                       layer, the authors' code) + ot_bow (1) — paper 001 eq. 9
 =========  ======================  ==================  =============================================
 
 ``dupmae-code`` is ``dupmae`` with the authors' released OT-BoW (``variant: code``, weight 0.1); see
@@ -36,7 +38,8 @@ ablation (experts swapped during pre-training).
 preset         encoder masker       decoder masker      objectives; context; experts
 =============  ===================  ==================  =================================================
 cotmae         whole-word, 0.30     whole-word, 0.45    mlm_spans + context_ae (2 layers); mixed spans
-cotmote        whole-word, 0.30     —                   mlm_spans + context_ar (1 layer); pairs; MoTE
+cotmote        whole-word, 0.30     —                   mlm_spans + context_ar (1 layer, passage → query only,
+                                                        attention window 3); pairs; MoTE
 cotmote-swap   as cotmote, experts swapped in pre-training (Table 4)
 =============  ===================  ==================  =================================================
 
@@ -297,6 +300,11 @@ _ENCODER_MASKER = MaskerSpec(kind="wwm", ratio=0.3)
 _BERT_TOKEN_MASKER = MaskerSpec(kind="token", ratio=0.15)  # CPDAE §3.1.1: "the masking strategy in BERT"
 
 
+_BOW_DECAY = {"cosine_decay_to": 0.1}
+_DUPMAE_QUERY = {"query_stream": "embeddings"}
+_COTMOTE_DECODER = {"num_layers": 1, "direction_weights": [1.0, 0.0], "attention_window": 3}
+
+
 def _cpdae_preset(name: str, contrast: str) -> MethodConfig:
     return MethodConfig(name, _BERT_TOKEN_MASKER, (
         ObjectiveSpec("mlm_views"),
@@ -305,7 +313,8 @@ def _cpdae_preset(name: str, contrast: str) -> MethodConfig:
 
 PRESETS: dict[str, MethodConfig] = {
     "mlm": MethodConfig("mlm", _ENCODER_MASKER, (ObjectiveSpec("mlm"),)),
-    "bow": MethodConfig("bow", _ENCODER_MASKER, (ObjectiveSpec("mlm"), ObjectiveSpec("bow"))),
+    # BoW (paper 000): the authors' code decays the BoW weight by a cosine from 1 to 0.1 (objectives/bow.py)
+    "bow": MethodConfig("bow", _ENCODER_MASKER, (ObjectiveSpec("mlm"), ObjectiveSpec("bow", params=_BOW_DECAY))),
     "ae": MethodConfig("ae", _ENCODER_MASKER, (ObjectiveSpec("mlm"), ObjectiveSpec("ae", params={"num_layers": 1})),
                        decoder_masker=DEFAULT_DECODER_MASKER),
     "ar": MethodConfig("ar", _ENCODER_MASKER, (ObjectiveSpec("mlm"), ObjectiveSpec("ar", params={"num_layers": 1}))),
@@ -317,21 +326,23 @@ PRESETS: dict[str, MethodConfig] = {
                           (ObjectiveSpec("mlm"), ObjectiveSpec("ae", params={"num_layers": 2, "projection": True})),
                           decoder_masker=MaskerSpec(kind="pmi", ratio=0.5)),
     # DupMAE (paper 001 §3.2 eq. 9, masks §4); "-code": the authors' OT-BoW variant and 0.1 weight (ot_bow.py)
-    "dupmae": MethodConfig("dupmae", _ENCODER_MASKER, (ObjectiveSpec("mlm"), ObjectiveSpec("enhanced"),
+    # both: the decoder query stream through the embedding layer, as the authors' modeling_duplex.py (enhanced.py)
+    "dupmae": MethodConfig("dupmae", _ENCODER_MASKER, (ObjectiveSpec("mlm"), ObjectiveSpec("enhanced", params=_DUPMAE_QUERY),
                                                        ObjectiveSpec("ot_bow")), decoder_masker=DEFAULT_DECODER_MASKER),
     "dupmae-code": MethodConfig("dupmae-code", _ENCODER_MASKER, (
-        ObjectiveSpec("mlm"), ObjectiveSpec("enhanced"), ObjectiveSpec("ot_bow", 0.1, {"variant": "code"})),
-        decoder_masker=DEFAULT_DECODER_MASKER),
+        ObjectiveSpec("mlm"), ObjectiveSpec("enhanced", params=_DUPMAE_QUERY),
+        ObjectiveSpec("ot_bow", 0.1, {"variant": "code"})), decoder_masker=DEFAULT_DECODER_MASKER),
     # CoT-MAE (Wu et al. 2023): encoder 0.30, decoder 0.45, 2-layer AE decoder, mixed same-document spans
     "cotmae": MethodConfig("cotmae", _ENCODER_MASKER, (ObjectiveSpec("mlm_spans"),
                                                        ObjectiveSpec("context_ae", params={"num_layers": 2})),
                            decoder_masker=MaskerSpec(kind="wwm", ratio=0.45), context=ContextSpec(kind="mixed")),
-    # CoT-MoTE (paper 004 §3.2, §4.1): passage/query pairs, 1-layer auto-regressive decoder (eq. 12), MoTE experts
+    # CoT-MoTE (paper 004 §3.2, §4.1): passage/query pairs, 1-layer auto-regressive decoder generating the query
+    # from the passage's [CLS] only (eq. 12), attention window 3 (CoT-MAE-qc's code), MoTE experts
     "cotmote": MethodConfig("cotmote", _ENCODER_MASKER, (ObjectiveSpec("mlm_spans"),
-                                                         ObjectiveSpec("context_ar", params={"num_layers": 1})),
+                                                         ObjectiveSpec("context_ar", params=_COTMOTE_DECODER)),
                             context=ContextSpec(kind="pairs"), mote=True),
     "cotmote-swap": MethodConfig("cotmote-swap", _ENCODER_MASKER, (
-        ObjectiveSpec("mlm_spans"), ObjectiveSpec("context_ar", params={"num_layers": 1})),
+        ObjectiveSpec("mlm_spans"), ObjectiveSpec("context_ar", params=_COTMOTE_DECODER)),
         context=ContextSpec(kind="pairs"), mote=True, mote_swap=True),
 }
 

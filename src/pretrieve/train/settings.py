@@ -47,6 +47,9 @@ class FinetuneSettings:
     max_groups: int | None = field(default=None, metadata=_help("Train on the first N groups only (quick runs)."))
     on_unknown: str = field(default="error", metadata=_help(
         "Document ids missing from the corpus: error | skip (drop and count them)."))
+    grad_cache_chunk: int | None = field(default=None, metadata=_help(
+        "Gradient caching: encode in sub-batches of this many texts (same gradients, one sub-batch of "
+        "activation memory, one extra forward pass); None: off."))
     # loop settings whose defaults differ for fine-tuning
     batch_size: int = field(default=16, metadata=_help("Queries per optimizer step, all processes together."))
     lr: float = field(default=2e-5, metadata=_help("Peak learning rate (papers: 2e-5)."))

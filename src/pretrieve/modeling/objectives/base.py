@@ -62,6 +62,9 @@ class Objective(nn.Module):
 
     name: str = ""
     requires: frozenset[str] = frozenset()
+    uses_mlm_head: bool = True
+    """Whether the loss goes through the encoder's MLM head (``mlm_logits``) on every batch; an objective with its
+    own vocabulary decoder sets False (the training loop's DDP setup reads it)."""
 
     def __init__(self, encoder: Encoder, **params: Any):
         super().__init__()

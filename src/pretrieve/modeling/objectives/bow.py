@@ -13,11 +13,18 @@ input. Choices, each stated:
 * **Normalisation** — the target is the uniform distribution over the unique tokens (multi-hot / count),
   so ``loss_b = −(1/|T_b|) Σ_{v∈T_b} log softmax(h_proj)_v`` and the batch loss is the mean over
   examples with at least one target. Duplicates count once (eq. 12's ``T`` is "a set of tokenized input
-  text"). The bowdpr source is not in our offline reference index; the closest public implementation of
-  this loss by the RetroMAE/DupMAE authors (``bag_word_weight`` in staoxiao/RetroMAE) sets weight
-  ``1/n_tokens`` on each unique id, i.e. ours times ``|T_b| / n_tokens`` — a per-example rescaling that
-  down-weights repetitive texts. We keep the properly normalised distribution (a true cross-entropy
-  whose value is comparable across texts of different length).
+  text"). This is exactly the authors' released code (caskcsg/ir, bowdpr ``BoWPredictionCollator.
+  _get_bow_weights``: weight ``1/|set|`` on each unique id of the unmasked input above 998, i.e. without BERT's
+  special and ``[unused]`` tokens; ``bow_loss`` = ``mean_b −Σ_v w_bv log softmax``). The RetroMAE/DupMAE
+  authors' ``bag_word_weight`` instead puts ``1/n_tokens`` on each unique id (ours times ``|T_b| / n_tokens``).
+* **Weight schedule** — param ``cosine_decay_to`` (default None: the weight stays 1, as eq. 13 reads). The
+  authors' released code (bowdpr, ``--bow_factor_cosine_decay_to 0.1`` in both pre-training phases, "used for
+  stabilising the pre-training") multiplies the BoW loss by a cosine from 1 down to that floor over the run:
+  ``f(t) = floor + (1 − floor) · ½ (1 + cos(π t))`` with ``t = step / total_steps`` (the loop puts ``t`` in every
+  batch as ``training_progress``; without it, e.g. outside the loop, ``f = 1``). The ``bow`` preset uses 0.1.
+  Their code indexes the decay by accelerate's step counter, which counts micro-batches: with their gradient
+  accumulation of 4 (Wikipedia + BookCorpus) and 2 (MS MARCO) the factor reaches the floor after 1/4 and 1/2
+  of the run and stays there; we decay over the optimizer steps, the schedule the option's name describes.
 """
 
 from __future__ import annotations
@@ -27,6 +34,14 @@ from torch import Tensor
 
 from pretrieve.modeling.encoder import Encoder, EncoderOutput
 from pretrieve.modeling.objectives.base import Objective, ObjectiveOutput, full_precision, register_objective
+
+PROGRESS = "training_progress"
+"""Batch key of ``step / total_steps`` (put there by :class:`pretrieve.train.loop.StepBatches`)."""
+
+
+def cosine_decay(progress: Tensor, floor: float) -> Tensor:
+    """``floor + (1 − floor) · ½ (1 + cos(π · progress))``: 1 at the start, ``floor`` at the end (on the device)."""
+    return floor + (1.0 - floor) * 0.5 * (1.0 + torch.cos(torch.pi * progress.float()))
 
 
 def bow_cross_entropy(logits: Tensor, targets: Tensor) -> tuple[Tensor, Tensor]:
@@ -53,10 +68,23 @@ class BagOfWords(Objective):
     name = "bow"
     requires = frozenset({"bow_targets"})
 
-    def __init__(self, encoder: Encoder):
+    def __init__(self, encoder: Encoder, *, cosine_decay_to: float | None = None):
         super().__init__(encoder)
+        if cosine_decay_to is not None and (isinstance(cosine_decay_to, bool) or not isinstance(cosine_decay_to, (int, float))
+                                            or not 0 <= cosine_decay_to <= 1):
+            from pretrieve.errors import ConfigError
+
+            raise ConfigError(f"objective 'bow': cosine_decay_to must be a number in [0, 1] or null, "
+                              f"got {cosine_decay_to!r}")
+        self.cosine_decay_to = cosine_decay_to
 
     def forward(self, batch: dict[str, Tensor], enc: EncoderOutput, encoder: Encoder) -> ObjectiveOutput:
         logits = encoder.mlm_logits(enc.cls)
         loss, _ = bow_cross_entropy(logits, batch["bow_targets"])
-        return ObjectiveOutput(loss, {"loss": loss.detach()})
+        logs = {}
+        if self.cosine_decay_to is not None and PROGRESS in batch:
+            factor = cosine_decay(batch[PROGRESS], float(self.cosine_decay_to))
+            logs["cross_entropy"] = loss.detach()
+            logs["factor"] = factor.detach()
+            loss = loss * factor
+        return ObjectiveOutput(loss, {"loss": loss.detach(), **logs})

@@ -24,13 +24,30 @@ Objectives registered here:
   ``context_mlm_labels``, one mean), because CoT-MAE's encoder is an ordinary MLM over every span of the
   batch; it replaces ``mlm`` in the CoT presets (using both would count the anchors twice).
 
-Logged besides the loss: ``loss_to_context`` / ``loss_to_anchor`` (each direction's mean) and ``tokens``.
+Options of both decoders (objective params):
+
+* ``direction_weights`` — how the two directions are combined. ``null`` (default): one mean over every scored
+  token of both directions, as CoT-MAE's code does (its decoder sees the ``2B`` interleaved rows). ``[w_c, w_a]``:
+  each direction's own mean, then ``w_c · mean(anchor → context) + w_a · mean(context → anchor)``; a direction
+  weighted 0 is not decoded at all. With passage anchors (~144 tokens) and query contexts (~10 tokens), the
+  token-count mean lets passage reconstruction outweigh query generation 10–20×, while CoT-MoTE's eq. 12 is the
+  passage → query task only, and CoT-MAE-qc's code (which CoT-MoTE reuses) decodes only the context span from
+  the anchor's [CLS]: the ``cotmote`` preset uses ``[1, 0]``.
+* ``attention_window`` (``context_ar`` only; default null = full causal attention) — position ``i`` of the
+  decoder sees the bottleneck (position 0) and the ``attention_window`` most recent positions up to itself, as
+  :mod:`.autoregression`'s SEED option; CoT-MAE-qc's AR head uses ``--attn_window 3`` (its GPT-2 blocks get the
+  same triangular mask), and so does the ``cotmote`` preset.
+
+Logged besides the loss: ``loss_to_context`` / ``loss_to_anchor`` (each decoded direction's mean) and
+``tokens``.
 The decoder layers are our BERT-equivalent post-LN block (:mod:`.decoder_layers`); CoT-MAE-qc's AR head is a
 GPT-2 block (pre-LN + final LayerNorm) — we keep one block type for every decoder of the project, as
 :mod:`.autoregression` does for SEED.
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 import torch.nn.functional as F
@@ -64,44 +81,77 @@ def stack_padded(first: Tensor, second: Tensor, value: int) -> Tensor:
     return torch.cat([pad(first), pad(second)])
 
 
-def directional_loss(encoder: Encoder, decoded: Tensor, labels: Tensor, rows: int) -> tuple[Tensor, dict[str, Tensor]]:
-    """Mean CE over every scored token of the ``2B`` rows, plus each direction's own mean for the logs.
+def directional_loss(encoder: Encoder, decoded: Tensor, labels: Tensor, rows: int,
+                     weights: tuple[float, float] | None = None,
+                     directions: tuple[bool, bool] = (True, True)) -> tuple[Tensor, dict[str, Tensor]]:
+    """The decoders' loss over the decoded rows, plus each direction's own mean for the logs.
 
-    Rows ``[:rows]`` reconstruct the contexts from the anchors' [CLS], rows ``[rows:]`` the anchors."""
-    to_context, count_context = token_prediction_loss(encoder, decoded[:rows], labels[:rows])
-    to_anchor, count_anchor = token_prediction_loss(encoder, decoded[rows:], labels[rows:])
-    total = (count_context + count_anchor).clamp(min=1)
-    loss = (to_context * count_context + to_anchor * count_anchor) / total
-    logs = {"loss": loss.detach(), "loss_to_context": to_context.detach(), "loss_to_anchor": to_anchor.detach(),
-            "tokens": (count_context + count_anchor).detach()}
+    ``directions`` says which of (anchor → context, context → anchor) were decoded; the decoded rows hold the
+    first direction's ``rows`` rows first. ``weights`` None: the mean over every scored token; else the weighted
+    sum of the directions' means (module docstring)."""
+    names = ("to_context", "to_anchor")
+    means, counts, start = {}, {}, 0
+    for name, decoded_here in zip(names, directions):
+        if decoded_here:
+            means[name], counts[name] = token_prediction_loss(encoder, decoded[start:start + rows],
+                                                              labels[start:start + rows])
+            start += rows
+    if weights is None:
+        total = sum(counts.values()).clamp(min=1)
+        loss = sum(means[name] * counts[name] for name in means) / total
+    else:
+        loss = sum(weight * means[name] for name, weight in zip(names, weights) if name in means)
+    logs = {"loss": loss.detach(), "tokens": sum(counts.values()).detach(),
+            **{f"loss_{name}": mean.detach() for name, mean in means.items()}}
     return loss, logs
 
 
+def check_direction_weights(name: str, weights) -> tuple[float, float] | None:
+    if weights is None:
+        return None
+    if (not isinstance(weights, (list, tuple)) or len(weights) != 2
+            or any(isinstance(w, bool) or not isinstance(w, (int, float)) or not math.isfinite(w) or w < 0
+                   for w in weights) or not any(weights)):
+        raise ConfigError(f"objective '{name}': direction_weights must be null or two numbers >= 0, not both 0 "
+                          f"([anchor -> context, context -> anchor]), got {weights!r}")
+    return float(weights[0]), float(weights[1])
+
+
 class _ContextualDecoder(Objective):
-    """Shared parts: the decoder stack and the ``2B`` bottleneck vectors (anchors' then contexts' [CLS])."""
+    """Shared parts: the decoder stack, the direction weights and the bottleneck vectors (anchors' then
+    contexts' [CLS])."""
 
     default_layers = 1
 
-    def __init__(self, encoder: Encoder, *, num_layers: int | None = None):
+    def __init__(self, encoder: Encoder, *, num_layers: int | None = None,
+                 direction_weights: list[float] | None = None):
         super().__init__(encoder)
         layers = self.default_layers if num_layers is None else positive_int(self.name, "num_layers", num_layers)
         self.decoder = DecoderStack(encoder.config, layers)
-
-    @staticmethod
-    def bottlenecks(enc: EncoderOutput) -> Tensor:
-        """``[h_CLS(anchors); h_CLS(contexts)]`` → row ``i`` reconstructs the *other* span of its pair."""
-        return torch.cat([enc.cls, context_view(enc).cls])
+        self.direction_weights = check_direction_weights(self.name, direction_weights)
+        weights = self.direction_weights or (1.0, 1.0)
+        self.directions = (weights[0] > 0, weights[1] > 0)
 
     def other_spans(self, batch: dict[str, Tensor], enc: EncoderOutput, encoder: Encoder,
                     ids: tuple[str, str], labels: tuple[str, str]) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-        """The span each of the ``2B`` rows reconstructs (contexts' features for anchor rows, then anchors' for
-        context rows), named by ``ids`` / ``labels`` = (context key, anchor key): its token ids, labels,
-        attention mask (bool) and the decoder input ``[bottleneck; token embeddings]``."""
+        """The span each decoded row reconstructs (contexts' features for anchor rows, then anchors' for
+        context rows; only the directions with a weight > 0), named by ``ids`` / ``labels`` = (context key, anchor
+        key): its token ids, labels, attention mask (bool) and the decoder input ``[bottleneck; token
+        embeddings]``."""
         pad = int(getattr(encoder.config, "pad_token_id", None) or 0)
-        targets = stack_padded(batch[ids[0]], batch[ids[1]], pad)
-        target_labels = stack_padded(batch[labels[0]], batch[labels[1]], IGNORE_INDEX)
-        attention = stack_padded(batch["context_attention_mask"], batch["attention_mask"], 0).bool()
-        hidden = with_cls_first(self.bottlenecks(enc), encoder.embed_tokens(targets))
+        sides = [(batch[ids[0]], batch[labels[0]], batch["context_attention_mask"], enc.cls),
+                 (batch[ids[1]], batch[labels[1]], batch["attention_mask"], context_view(enc).cls)]
+        sides = [side for side, decoded in zip(sides, self.directions) if decoded]
+        if len(sides) == 1:   # one direction: its B rows at their own length
+            targets, target_labels, attention, bottlenecks = sides[0]
+            attention = attention.bool()
+        else:
+            (first, second) = sides
+            targets = stack_padded(first[0], second[0], pad)
+            target_labels = stack_padded(first[1], second[1], IGNORE_INDEX)
+            attention = stack_padded(first[2], second[2], 0).bool()
+            bottlenecks = torch.cat([first[3], second[3]])
+        hidden = with_cls_first(bottlenecks, encoder.embed_tokens(targets))
         return targets, target_labels, attention, hidden
 
 
@@ -119,7 +169,7 @@ class ContextAutoEncoding(_ContextualDecoder):
                                                         ("context_decoder_input_ids", "decoder_input_ids"),
                                                         ("context_decoder_labels", "decoder_labels"))
         decoded = self.decoder(hidden, attention.unsqueeze(1))
-        loss, logs = directional_loss(encoder, decoded, labels, rows)
+        loss, logs = directional_loss(encoder, decoded, labels, rows, self.direction_weights, self.directions)
         return ObjectiveOutput(loss, logs)
 
 
@@ -131,14 +181,22 @@ class ContextAutoRegression(_ContextualDecoder):
     requires = frozenset({"original", "context"})
     default_layers = 1
 
+    def __init__(self, encoder: Encoder, *, num_layers: int | None = None,
+                 direction_weights: list[float] | None = None, attention_window: int | None = None):
+        super().__init__(encoder, num_layers=num_layers, direction_weights=direction_weights)
+        if attention_window is not None:
+            positive_int(self.name, "attention_window", attention_window)
+        self.attention_window = attention_window
+
     def forward(self, batch: dict[str, Tensor], enc: EncoderOutput, encoder: Encoder) -> ObjectiveOutput:
         rows = batch["input_ids"].shape[0]
         targets, labels, attention, hidden = self.other_spans(batch, enc, encoder,
                                                               ("context_original_ids", "original_input_ids"),
                                                               ("context_original_labels", "original_labels"))
-        causal = causal_visibility(targets.shape[1], None, targets.device)
+        causal = causal_visibility(targets.shape[1], self.attention_window, targets.device)
         decoded = self.decoder(hidden, causal.unsqueeze(0) & attention.unsqueeze(1))
-        loss, logs = directional_loss(encoder, decoded[:, :-1], labels[:, 1:], rows)
+        loss, logs = directional_loss(encoder, decoded[:, :-1], labels[:, 1:], rows, self.direction_weights,
+                                      self.directions)
         return ObjectiveOutput(loss, logs)
 
 

@@ -234,6 +234,7 @@ class ContrastiveDiscriminativeAutoencoder(Objective):
     """CPDAE's MLP decoder with reconstruction + contrastive losses over two masked views (``REC + λ·CL``)."""
 
     name = "cpdae"
+    uses_mlm_head = False   # its own MLP decoder maps [CLS] to the vocabulary
     requires = frozenset({SECOND_VIEW, "bow_targets"})
 
     def __init__(self, encoder: Encoder, *, contrast: str = "js", cl_weight: float = 0.1,

@@ -1,0 +1,416 @@
+"""``pretrieve run RECIPE --smoke``: the same recipe — every stage, every option — made tiny, so that a recipe
+meant for 8 GPUs and days is checked end to end on a CPU in a minute or two.
+
+:func:`smoke_recipe` turns a loaded recipe into its smoke version; :func:`pretrieve.pipeline.run_recipe` runs it
+like any other. What changes, and nothing else:
+
+* **Models.** Every model the recipe names (the top-level ``model``, a reranker's ``model``) is replaced by a tiny
+  randomly initialised one of the same architecture family with the same tokenizer family: BERT (2 layers,
+  hidden 32, with an MLM head) for BERT-family names and checkpoints (``bert-base-uncased``, ``minilm``,
+  ``splade-tiny``, ``Shitao/RetroMAE``), ELECTRA (the same size) for ELECTRA names — both with the uncased
+  WordPiece vocabulary of the offline all-MiniLM-L6-v2 package, so nothing is downloaded. The family comes from
+  the checkpoint's ``config.json`` when it is local or cached, else from the name; another family is refused.
+* **Data.** Every collection (training ``data``, each ``evaluate`` collection, the pre-training ``corpus`` of
+  each phase, a pairs file) is cut to a slice when it exists locally — the first 300 passages and the queries of
+  the needed splits whose relevant passages are among them — or, when it is absent (``msmarco``,
+  ``hf:wikipedia``) or too small a slice results, replaced by a fixture in the same format generated here at
+  run time (a synthetic BEIR collection with the needed splits; multi-sentence plain text for pre-training;
+  passage/query pairs). Nothing is committed, nothing downloaded. Statistics files named in a method (PMI) are
+  dropped so the sliced corpus is counted.
+* **Budgets.** Steps (2 per training stage, a checkpoint after the first), batch sizes (4), negatives (≤ 3),
+  lengths (≤ 48 tokens), depths (BM25 30, mining 10, evaluation 20, re-ranking 10), the evaluated collections (the
+  first 3: each is the same code path on another fixture), warm-up (≤ 1 step) and
+  DataLoader workers (0); a DupMAE representation's dimensions become the tiny model's defaults. Precision,
+  gradient checkpointing, gradient caching, schedules, methods and their options are kept, so the smoke run
+  takes the same code paths.
+
+The output goes to ``<out>-smoke`` unless ``--out`` is given; results are meaningless as numbers.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import logging
+import os
+import random
+from pathlib import Path
+from typing import Any, Mapping
+
+from pretrieve.errors import ConfigError
+
+logger = logging.getLogger(__name__)
+
+SLICE_PASSAGES = 300
+MAX_EVAL_COLLECTIONS = 3
+MIN_TRAIN_QUERIES, MIN_EVAL_QUERIES = 8, 2
+MAX_TRAIN_QUERIES, MAX_EVAL_QUERIES = 24, 8
+STEPS = 2
+CAPS = {
+    "pretrain": {"max_len": (144, 48)},
+    "finetune": {"num_negatives": (7, 3), "query_max_len": (32, 16), "passage_max_len": (144, 48),
+                 "bm25_depth": (1000, 30)},
+    "reranker": {"num_negatives": (7, 3), "max_len": (192, 64)},
+}
+"""Per stage kind: option → (the stage's default, the smoke cap); a smaller value in the recipe is kept."""
+OPTIONAL_CAPS = {"grad_cache_chunk": 3, "warmup_steps": 1}
+"""Options capped only when the recipe sets them."""
+FIXED = {"batch_size": 4, "max_steps": STEPS, "save_every": 1, "log_every": 1, "num_workers": 0}
+"""Training options set outright; ``micro_batch_size`` and ``epochs`` are removed."""
+FAMILIES = ("bert", "electra")
+
+
+# ------------------------------------------------------------------------------------------------- recipe
+def smoke_recipe(recipe: Mapping[str, Any], out: str | Path | None = None) -> dict[str, Any]:
+    """The smoke version of ``recipe`` (a loaded recipe mapping); writes its tiny models and data under the new
+    ``out`` (default ``<recipe out>-smoke``)."""
+    smoke = copy.deepcopy(dict(recipe))
+    smoke["out"] = str(out) if out is not None else str(recipe["out"]).rstrip("/") + "-smoke"
+    smoke["name"] = f"{recipe.get('name', 'recipe')} (smoke)"
+    root = Path(smoke["out"])
+    models, data = root / "smoke-models", root / "smoke-data"
+    stages = [_stage(entry) for entry in smoke["stages"]]
+    splits = _needed_splits(smoke, stages)
+
+    smoke["model"] = tiny_model(smoke["model"], models)
+    smoke["data"] = str(smoke_collection(smoke["data"], splits[smoke["data"]], data, smoke))
+    smoke["finetune"] = _capped("finetune", smoke.get("finetune") or {}, defaults=True)
+    for kind, options in stages:
+        if kind in ("pretrain", "finetune", "reranker"):
+            # fine-tuning stages inherit the (capped) shared options: only their own values are capped
+            capped = _capped(kind, options, defaults=kind != "finetune")
+            options.clear()
+            options.update(capped)
+        if kind == "pretrain":
+            if "corpus" in options:
+                options["corpus"] = str(smoke_text_corpus(options["corpus"], data, smoke))
+            if "method" in options:
+                options["method"] = _smoke_method(options["method"], data, smoke)
+        elif kind == "reranker" and "model" in options:
+            options["model"] = tiny_model(options["model"], models)
+        elif kind == "mine":
+            options["depth"] = min(int(options.get("depth", 200)), 10)
+        elif kind == "teacher":
+            options["max_negatives"] = min(int(options.get("max_negatives", 31)), 3)
+        elif kind == "evaluate":
+            options["depth"] = min(int(options.get("depth", 1000)), 20)
+            if options.get("rerank_depth"):
+                options["rerank_depth"] = min(int(options["rerank_depth"]), 10)
+            entries = options.get("collections", [recipe["data"]])[:MAX_EVAL_COLLECTIONS]
+            options["collections"] = [_smoke_entry(entry, splits, data, smoke) for entry in entries]
+    smoke["stages"] = [{kind: options} for kind, options in stages]
+    smoke.pop("data_root", None)
+    return smoke
+
+
+def _stage(entry: Any) -> tuple[str, dict[str, Any]]:
+    if isinstance(entry, str):
+        return entry, {}
+    (kind, options), = entry.items()
+    return str(kind), dict(options or {})
+
+
+def _capped(kind: str, options: Mapping[str, Any], defaults: bool) -> dict[str, Any]:
+    """Training options within the smoke budget; with ``defaults``, options the recipe leaves at the stage's
+    default are capped too (written out)."""
+    values = dict(options)
+    for key, (default, cap) in CAPS[kind].items():
+        if key in values or defaults:
+            value = values.get(key, default)
+            values[key] = value if value is None else min(value, cap)
+    for key, cap in OPTIONAL_CAPS.items():
+        if values.get(key) is not None:
+            values[key] = min(values[key], cap)
+    representation = str(values.get("representation", ""))
+    if representation.startswith("dupmae:"):   # its dimensions are the base model's (384 of 768): tiny defaults
+        values["representation"] = "dupmae"
+    values.update(FIXED)
+    for key in ("micro_batch_size", "epochs", "show_progress"):
+        values.pop(key, None)
+    return values
+
+
+def _needed_splits(recipe: Mapping[str, Any], stages: list[tuple[str, dict]]) -> dict[str, set[str]]:
+    """Collection entry (as written in the recipe) → the qrels splits the recipe reads from it."""
+    splits: dict[str, set[str]] = {recipe["data"]: set()}
+    for kind, options in stages:
+        if kind in ("finetune", "mine"):
+            splits[recipe["data"]].add(options.get("split", recipe.get("finetune", {}).get("split", "train")))
+        if kind == "evaluate":
+            default = options.get("split", "test")
+            for entry in options.get("collections", [recipe["data"]]):
+                name, split = _name_and_split(entry, default)
+                splits.setdefault(name, set()).add(split)
+    return splits
+
+
+def _name_and_split(entry: Any, default: str) -> tuple[str, str]:
+    text = str(entry)
+    if ":" in text and not Path(text).exists():
+        name, _, split = text.partition(":")
+        return name, split or default
+    return text, default
+
+
+def _smoke_entry(entry: Any, splits: Mapping[str, set[str]], data: Path, recipe: Mapping[str, Any]) -> str:
+    name, split = _name_and_split(entry, "test")
+    path = smoke_collection(name, splits.get(name, {split}), data, recipe)
+    return f"{path}:{split}" if ":" in str(entry) and not Path(str(entry)).exists() else str(path)
+
+
+def _smoke_method(method: Any, data: Path, recipe: Mapping[str, Any]) -> Any:
+    """A method mapping with its pairs file sliced (or made) and PMI statistics files dropped."""
+    if not isinstance(method, Mapping):
+        return method
+    method = copy.deepcopy(dict(method))
+    context = method.get("context")
+    if isinstance(context, Mapping) and context.get("pairs"):
+        method["context"] = {**context, "pairs": str(smoke_pairs(context["pairs"], data, recipe))}
+    for key in ("decoder_masker", "encoder_masker"):
+        masker = method.get(key)
+        if isinstance(masker, Mapping) and isinstance(masker.get("params"), Mapping):
+            masker["params"] = {k: v for k, v in masker["params"].items() if k != "statistics"}
+    return method
+
+
+# ------------------------------------------------------------------------------------------------- models
+def model_family(name: str) -> str:
+    """``bert`` or ``electra``: from the checkpoint's config when it is local or cached, else from the name."""
+    from pretrieve.models import OFFLINE_MODELS
+
+    model_type = None
+    path = Path(os.path.expandvars(str(name))).expanduser()
+    try:
+        from transformers import AutoConfig
+
+        source = str(path) if path.exists() else str(name)
+        if path.exists() or str(name) not in OFFLINE_MODELS:
+            model_type = AutoConfig.from_pretrained(source, local_files_only=True).model_type
+    except (OSError, ValueError):
+        model_type = None
+    lowered = str(name).lower()
+    if model_type is None and str(name) in OFFLINE_MODELS:
+        model_type = "bert"   # minilm, splade-tiny: BERT bodies
+    if model_type is None:
+        model_type = "electra" if "electra" in lowered else "bert" if any(
+            key in lowered for key in ("bert", "minilm", "retromae", "splade", "cotmae", "condenser", "simlm")) else None
+    if model_type in ("bert", "electra"):
+        return model_type
+    raise ConfigError(f"smoke: no tiny stand-in for model '{name}' (family {model_type or 'unknown'}); smoke runs "
+                      f"know the families {', '.join(FAMILIES)}")
+
+
+def uncased_tokenizer():
+    """The uncased WordPiece tokenizer of the offline all-MiniLM-L6-v2 package (30,522 tokens)."""
+    from transformers import AutoTokenizer
+
+    from pretrieve.models import resolve_model
+
+    return AutoTokenizer.from_pretrained(resolve_model("minilm"))
+
+
+def tiny_model(name: str, directory: Path) -> str:
+    """A tiny random model of ``name``'s family, saved (once) under ``directory/<family>``; returns its path."""
+    family = model_family(name)
+    target = directory / family
+    if (target / "config.json").exists():
+        return str(target)
+    import torch
+
+    from pretrieve.io_utils import atomic_dir
+
+    size = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
+                max_position_embeddings=512)
+    tokenizer = uncased_tokenizer()
+    torch.manual_seed(0)
+    if family == "electra":
+        from transformers import ElectraConfig, ElectraForPreTraining
+
+        model = ElectraForPreTraining(ElectraConfig(vocab_size=len(tokenizer), embedding_size=32, **size))
+    else:
+        from transformers import BertConfig, BertForMaskedLM
+
+        model = BertForMaskedLM(BertConfig(vocab_size=len(tokenizer), **size))
+    with atomic_dir(target) as tmp:
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+    return str(target)
+
+
+# --------------------------------------------------------------------------------------------------- data
+def _local_collection(name: str, recipe: Mapping[str, Any]) -> Path | None:
+    """A collection directory on this machine (a path, or a name under the data roots), never downloaded."""
+    from pretrieve.pipeline import data_roots
+
+    path = Path(os.path.expandvars(str(name))).expanduser()
+    if (path / "corpus.jsonl").exists():
+        return path
+    for root in data_roots(recipe):
+        if (root / str(name) / "corpus.jsonl").exists():
+            return root / str(name)
+    return None
+
+
+def _safe_name(name: Any) -> str:
+    text = Path(str(name).rstrip("/")).name or "collection"
+    return "".join(c if c.isalnum() or c in "-_." else "-" for c in text.replace("hf:", "hf-"))
+
+
+def smoke_collection(name: str, splits: set[str], data: Path, recipe: Mapping[str, Any]) -> Path:
+    """A small BEIR collection standing for ``name`` with qrels for ``splits``: a slice of the local collection
+    when it gives enough queries, else a generated fixture. Written once under ``data/<name>``."""
+    target = data / _safe_name(name)
+    if (target / "corpus.jsonl").exists():
+        return target
+    source = _local_collection(name, recipe)
+    if source is None or not _write_slice(source, sorted(splits), target):
+        if source is not None:
+            logger.info("smoke: the first %d passages of %s hold too few judged queries; using a fixture",
+                        SLICE_PASSAGES, source)
+        write_fixture_collection(target, sorted(splits))
+    return target
+
+
+def _write_slice(source: Path, splits: list[str], target: Path) -> bool:
+    from pretrieve.data.beir import BeirCollection, iter_corpus
+
+    collection = BeirCollection(source)
+    documents = []
+    for _, document in iter_corpus(collection.corpus_path):
+        documents.append(document)
+        if len(documents) >= SLICE_PASSAGES:
+            break
+    kept = {document.id for document in documents}
+    queries = collection.load_queries()
+    chosen: dict[str, dict[str, dict[str, int]]] = {}
+    for split in splits:
+        if split not in collection.splits():
+            return False
+        judged = {qid: {doc: grade for doc, grade in docs.items() if doc in kept}
+                  for qid, docs in collection.load_qrels(split).items() if qid in queries}
+        judged = {qid: docs for qid, docs in judged.items() if any(grade >= 1 for grade in docs.values())}
+        wanted = MAX_TRAIN_QUERIES if split == "train" else MAX_EVAL_QUERIES
+        least = MIN_TRAIN_QUERIES if split == "train" else MIN_EVAL_QUERIES
+        if len(judged) < least:
+            return False
+        chosen[split] = dict(sorted(judged.items())[:wanted])
+    used = {qid for qrels in chosen.values() for qid in qrels}
+    _write_beir(target, [(d.id, d.title, d.text) for d in documents],
+                {qid: queries[qid] for qid in sorted(used)}, chosen)
+    return True
+
+
+def _write_beir(target: Path, documents: list[tuple[str, str, str]], queries: Mapping[str, str],
+                qrels: Mapping[str, Mapping[str, Mapping[str, int]]]) -> None:
+    from pretrieve.io_utils import atomic_dir
+
+    with atomic_dir(target) as tmp:
+        (tmp / "corpus.jsonl").write_text("".join(json.dumps({"_id": i, "title": t, "text": x}) + "\n"
+                                                  for i, t, x in documents), encoding="utf-8")
+        (tmp / "queries.jsonl").write_text("".join(json.dumps({"_id": q, "text": t}) + "\n"
+                                                   for q, t in queries.items()), encoding="utf-8")
+        (tmp / "qrels").mkdir()
+        for split, judged in qrels.items():
+            lines = [f"{qid}\t{doc}\t{grade}\n" for qid, docs in judged.items() for doc, grade in docs.items()]
+            (tmp / "qrels" / f"{split}.tsv").write_text("query-id\tcorpus-id\tscore\n" + "".join(lines),
+                                                       encoding="utf-8")
+
+
+_WORDS = ("protein cell tumor virus enzyme membrane gene receptor kinase tissue blood immune signal pathway "
+          "mutation infection vessel growth factor repair river flood solar energy market stock chess opening "
+          "volcano honey bee jazz glacier vaccine desert bridge ocean tide wheat harvest comet orbit forest fire "
+          "bird migration salt mining wind turbine coffee farming climate").split()
+_FILLER = ("the study reports that", "recent work shows", "in practice", "researchers found that",
+           "a survey explains how", "measurements suggest")
+
+
+def _topic(i: int) -> tuple[str, str]:
+    return _WORDS[(3 * i) % len(_WORDS)], _WORDS[(7 * i + 1) % len(_WORDS)]
+
+
+def _sentences(i: int, count: int, rng: random.Random) -> list[str]:
+    first, second = _topic(i)
+    sentences = []
+    for j in range(count):
+        extra = rng.sample(_WORDS, 3)
+        sentences.append(f"{rng.choice(_FILLER).capitalize()} {first} and {second} relate to {' '.join(extra)}.")
+    return sentences
+
+
+def write_fixture_collection(target: Path, splits: list[str], documents: int = 60) -> None:
+    """A synthetic BEIR collection: ``documents`` passages on two-word topics; per split, queries whose one
+    relevant passage shares their topic (train: 24 queries, other splits: 8), so BM25 and training have signal."""
+    rng = random.Random(0)
+    corpus = [(f"d{i}", f"{_topic(i)[0]} {_topic(i)[1]}".title(), " ".join(_sentences(i, 3, rng)))
+              for i in range(documents)]
+    queries: dict[str, str] = {}
+    qrels: dict[str, dict[str, dict[str, int]]] = {}
+    for s, split in enumerate(splits or ["test"]):
+        count = MAX_TRAIN_QUERIES if split == "train" else MAX_EVAL_QUERIES
+        qrels[split] = {}
+        for k in range(count):
+            doc = (k * 2 + s) % documents
+            qid = f"{split}-{k}"
+            first, second = _topic(doc)
+            queries[qid] = f"what is known about {first} and {second}"
+            qrels[split][qid] = {f"d{doc}": 1}
+    _write_beir(target, corpus, queries, qrels)
+
+
+def smoke_text_corpus(corpus: Any, data: Path, recipe: Mapping[str, Any]) -> Path:
+    """A pre-training corpus standing for ``corpus`` (a path, a collection name, ``hf:...`` or a list of them):
+    its first passages when it is local, else generated multi-sentence text (one passage per line)."""
+    sources = corpus if isinstance(corpus, (list, tuple)) else [corpus]
+    target = data / ("text-" + "+".join(_safe_name(source) for source in sources) + ".txt")
+    if target.exists():
+        return target
+    from pretrieve.io_utils import atomic_open
+
+    lines: list[str] = []
+    for source in sources:
+        lines.extend(_local_text(source, recipe))
+    if len(lines) < 40:
+        rng = random.Random(1)
+        lines = [" ".join(_sentences(i, 8, rng)) for i in range(80)]
+    with atomic_open(target) as handle:
+        handle.write("".join(line.replace("\n", " ") + "\n" for line in lines))
+    return target
+
+
+def _local_text(source: Any, recipe: Mapping[str, Any]) -> list[str]:
+    from pretrieve.data.pretrain_text import iter_pretrain_texts
+
+    path = Path(os.path.expandvars(str(source))).expanduser()
+    if not path.exists():
+        path = _local_collection(str(source), recipe)
+    if path is None or not path.exists():
+        return []
+    lines = []
+    for text in iter_pretrain_texts(path):
+        lines.append(text)
+        if len(lines) >= 200:
+            break
+    return lines
+
+
+def smoke_pairs(pairs: Any, data: Path, recipe: Mapping[str, Any]) -> Path:
+    """Passage/query pairs standing for ``pairs``: its first 100 lines when it is a local file, else pairs made
+    from the smoke training collection's train split (or generated)."""
+    target = data / "pairs.jsonl"
+    if target.exists():
+        return target
+    from pretrieve.io_utils import atomic_open
+
+    path = Path(os.path.expandvars(str(pairs))).expanduser()
+    lines: list[str] = []
+    if path.is_file():
+        with open(path, encoding="utf-8") as handle:
+            lines = [line for _, line in zip(range(100), handle) if line.strip()]
+    if not lines:
+        rng = random.Random(2)
+        lines = [json.dumps({"passage": " ".join(_sentences(i, 3, rng)),
+                             "queries": [f"what about {_topic(i)[0]} {_topic(i)[1]}", f"{_topic(i)[1]} facts"]}) + "\n"
+                 for i in range(40)]
+    with atomic_open(target) as handle:
+        handle.write("".join(line if line.endswith("\n") else line + "\n" for line in lines))
+    return target
