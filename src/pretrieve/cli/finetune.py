@@ -127,7 +127,7 @@ def finetune_command(
                  micro_batch_size=micro_batch_size, lr=lr, max_steps=steps, epochs=epochs, warmup_ratio=warmup_ratio,
                  schedule=schedule, bf16=bf16, seed=seed, save_every=save_every, log_every=log_every,
                  num_workers=num_workers)
-    run_config = build_finetune_config(_load_file(config), flags, resume=resume)
+    run_config = build_finetune_config(_load_file(config), flags, resume=resume, where=str(config or "config"))
     final = finetune(run_config)
     typer.echo(f"fine-tuned retriever: {final}")
 
@@ -206,7 +206,8 @@ def reranker_train_command(
                  out=str(out) if out else None, num_negatives=num_negatives, max_len=max_len, max_groups=max_groups,
                  batch_size=batch_size, micro_batch_size=micro_batch_size, lr=lr, max_steps=steps, epochs=epochs,
                  warmup_ratio=warmup_ratio, bf16=bf16, seed=seed, save_every=save_every, log_every=log_every)
-    final = train_reranker(build_reranker_config(_load_file(config), flags, resume=resume))
+    final = train_reranker(build_reranker_config(_load_file(config), flags, resume=resume,
+                                                 where=str(config or "config")))
     typer.echo(f"reranker: {final}")
 
 

@@ -62,6 +62,7 @@ def pretrain_command(
                  save_every=save_every, log_every=log_every, num_workers=num_workers)
     method_flags = dict(method=method, objectives=objectives, weights=weights, encoder_mask=encoder_mask,
                         decoder_mask=decoder_mask, encoder_masker=encoder_masker, decoder_masker=decoder_masker)
-    run_config = build_pretrain_config(_load_run_config(config), flags, method_flags, resume=resume)
+    run_config = build_pretrain_config(_load_run_config(config), flags, method_flags, resume=resume,
+                                       where=str(config or "config"))
     final = pretrain(run_config)
     typer.echo(f"pre-trained encoder: {final}")

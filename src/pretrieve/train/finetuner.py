@@ -49,15 +49,19 @@ import torch
 
 from pretrieve.data.beir import BeirCollection, Corpus
 from pretrieve.data.groups import GroupSet, TrainingGroup, read_groups, sample_group_indices
+from pretrieve import artifacts, outputs
 from pretrieve.errors import ConfigError, InputError
 from pretrieve.io_utils import write_json
-from pretrieve.train.loop import BOOKKEEPING, LoopConfig, finished_run, make_accelerator, train
+from pretrieve.train.loop import BOOKKEEPING, LoopConfig, check_restart, finished_run, make_accelerator, run_inputs, train
 
 logger = logging.getLogger(__name__)
 
 STAGES = (1, 2, 3)
 BM25_GROUPS_FILE = "bm25_groups.jsonl"
 CONFIG_FILE = "finetune_config.json"
+KIND = "retriever"
+# Paths: the run's inputs are compared by content (artifacts.fingerprint), never by where they are.
+PATH_SETTINGS = ("model", "data", "out", "groups")
 COSINE_TEMPERATURE = 0.05
 #: LoopConfig fields that do not change what a run computes (ignored when deciding whether a run is done).
 
@@ -127,8 +131,16 @@ class FinetuneConfig(LoopConfig):
             raise ConfigError(f"on_unknown must be 'error' or 'skip', got {self.on_unknown!r}")
 
     def settings(self) -> dict[str, Any]:
-        """The resolved settings that determine the result (bookkeeping options left out)."""
-        return {key: value for key, value in dataclasses.asdict(self).items() if key not in BOOKKEEPING}
+        """The resolved settings that determine the result (bookkeeping options and paths left out)."""
+        return {key: value for key, value in dataclasses.asdict(self).items()
+                if key not in BOOKKEEPING and key not in PATH_SETTINGS}
+
+    def inputs(self, model_path: str) -> tuple[dict[str, Path], dict[str, str]]:
+        """What the run is trained from, fingerprinted by content: the checkpoint, the collection's corpus, queries
+        and training qrels, and the groups file (stage 1 without one builds BM25 groups from those)."""
+        collection = BeirCollection(Path(self.data))
+        return run_inputs(model=model_path, corpus=collection.corpus_path, queries=collection.queries_path,
+                          qrels=collection.qrels_path(self.split), groups=self.groups)
 
 
 
@@ -289,19 +301,6 @@ def load_training_groups(config: FinetuneConfig, path: Path, corpus: Corpus) -> 
     return GroupSet(kept, groups.stats, path=str(path))
 
 
-def input_fingerprints(model_path: str, groups: str | Path | None) -> dict[str, str | None]:
-    """What a finished run was trained from: the checkpoint's weight files and the groups file's bytes.
-
-    Part of the recorded settings, so a stage whose inputs were regenerated (a re-trained reranker's new
-    teacher scores, a new pre-trained checkpoint) is never mistaken for finished.
-    """
-    from pretrieve.io_utils import file_digest
-    from pretrieve.retrieval.encode import model_fingerprint
-
-    digest = file_digest(groups) if groups is not None and Path(groups).is_file() else None
-    return {"model": model_fingerprint(model_path), "groups": digest}
-
-
 def _warn_if_not_pretrained(config: FinetuneConfig, model_path: str) -> None:
     if config.stage > 1 and (Path(model_path) / "dual_encoder.json").exists():
         logger.warning("%s is a fine-tuned dual encoder: the papers start every stage from the pre-trained "
@@ -310,7 +309,16 @@ def _warn_if_not_pretrained(config: FinetuneConfig, model_path: str) -> None:
 
 # --------------------------------------------------------------------------------------------- running
 def finetune(config: FinetuneConfig) -> Path:
-    """Run (resume, or skip when already finished) one fine-tuning stage; returns ``<out>/final``."""
+    """Run (resume, or skip when already finished) one fine-tuning stage; returns ``<out>/final``.
+
+    The output directory is checked and locked first (:func:`pretrieve.outputs.writing`)."""
+    config.check()
+    needed, largest = outputs.training_space(config.model, config.keep_checkpoints)
+    with outputs.writing(config.out, needed_bytes=needed, largest_file=largest):
+        return _finetune(config)
+
+
+def _finetune(config: FinetuneConfig) -> Path:
     from transformers import AutoConfig, AutoTokenizer
 
     from pretrieve.models import resolve_model
@@ -318,16 +326,18 @@ def finetune(config: FinetuneConfig) -> Path:
     from pretrieve.modeling.export import export_retriever
     from pretrieve.train.pretrainer import check_max_len
 
-    config.check()
     model_path = resolve_model(config.model)
     config = resolve_dense_settings(config, model_path)
     representation = build_representation(config, model_path)
     out = Path(config.out)
-    settings = {**config.settings(), "inputs": input_fingerprints(model_path, config.groups)}
-    done = finished_run(out, settings, CONFIG_FILE, marker="dual_encoder.json")
+    inputs, named = config.inputs(model_path)
+    settings = config.settings() | named
+    done = None if config.overwrite else finished_run(out, KIND, settings, inputs)
     if done is not None:
         logger.info("%s is complete with the same settings; not training again", done)
         return done
+    check_restart(out, config, files=(CONFIG_FILE,))
+    fingerprints = {name: artifacts.fingerprint(path) for name, path in inputs.items()}
     _warn_if_not_pretrained(config, model_path)
     try:
         model_config = AutoConfig.from_pretrained(model_path)
@@ -340,12 +350,11 @@ def finetune(config: FinetuneConfig) -> Path:
     config.validate(accelerator.num_processes)
     collection = BeirCollection(Path(config.data))
     corpus = collection.load_corpus()
-    if accelerator.is_main_process:
-        out.mkdir(parents=True, exist_ok=True)
-        write_json(out / CONFIG_FILE, {"settings": settings, "config": dataclasses.asdict(config)})
     path = groups_path(config, collection, accelerator.is_main_process)
     accelerator.wait_for_everyone()
     groups = load_training_groups(config, path, corpus)
+    if accelerator.is_main_process:   # only once the inputs are read: a failed start leaves no config behind
+        write_json(out / CONFIG_FILE, {"settings": settings, "config": dataclasses.asdict(config)})
     logger.info("stage %d: %d training groups from %s", config.stage, len(groups), path)
 
     tokenizer = AutoTokenizer.from_pretrained(model_path)
@@ -365,21 +374,20 @@ def finetune(config: FinetuneConfig) -> Path:
         export_retriever(unwrapped, tokenizer, directory, config.passage_max_len, training=training)
         write_json(directory / CONFIG_FILE, record)
 
-    return train(model, groups, collator, config.loop(), out, export, {"config": record["config"]},
-                 accelerator=accelerator, description=f"finetune stage {config.stage}")
+    return train(model, groups, collator, config.loop(), out, export, {"config": settings | {"inputs": fingerprints}},
+                 accelerator=accelerator, description=f"finetune stage {config.stage}",
+                 record={"kind": KIND, "settings": settings, "inputs": inputs})
 
 
 def build_finetune_config(file_values: Mapping[str, Any], flags: Mapping[str, Any],
-                          resume: bool = False) -> FinetuneConfig:
-    """A :class:`FinetuneConfig` from a config file's values overridden by the flags that were given."""
-    from pretrieve.train.run_config import check_keys, merge
+                          resume: bool = False, where: str = "finetune config") -> FinetuneConfig:
+    """A :class:`FinetuneConfig` from a config file's values overridden by the flags that were given (validated
+    and coerced by :mod:`pretrieve.options`; ``where`` prefixes errors in the file's values)."""
+    from pretrieve.options import build
+    from pretrieve.train.run_config import validated_values
 
-    values = merge(file_values, flags)
-    check_keys(values, {f.name for f in dataclasses.fields(FinetuneConfig)}, "finetune config")
+    values = validated_values(FinetuneConfig, file_values, flags, where)
     values["resume"] = resume or bool(values.get("resume", False))
-    try:
-        config = FinetuneConfig(**values)
-    except TypeError as exc:
-        raise ConfigError(f"finetune config: {exc}") from None
+    config = build(FinetuneConfig, values)
     config.check()
     return config

@@ -16,7 +16,9 @@ cuts the passage for any usual query). Defaults: lr 3e-5 (SimLM's reranker scrip
 per query (group 8), batch 16 queries, 1 epoch, ``max_len`` 192.
 
 Scoring sorts the pairs by length and batches them under ``torch.inference_mode``; re-ranked runs and teacher
-groups are written atomically with a ``.meta.json`` sidecar, and a call whose output is current is skipped.
+groups are artefacts (:mod:`pretrieve.artifacts`: written atomically with a sidecar recording their settings and
+the fingerprints of the reranker, the input run or groups and the corpus), and a call whose output is current is
+skipped.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ import torch
 from pretrieve.data.beir import BeirCollection, Corpus
 from pretrieve.data.groups import GroupSet, TrainingGroup, read_groups, sample_group_indices, write_groups
 from pretrieve.data.trec import Run, ranked_ids, read_run, write_run
+from pretrieve import artifacts, outputs
 from pretrieve.errors import ConfigError, InputError
 from pretrieve.io_utils import write_json
 from pretrieve.train.loop import LoopConfig, make_accelerator, read_logs, train
@@ -40,6 +43,9 @@ from pretrieve.train.loop import LoopConfig, make_accelerator, read_logs, train
 logger = logging.getLogger(__name__)
 
 CONFIG_FILE = "reranker_config.json"
+KIND = "reranker"
+# Paths: the run's inputs are compared by content (artifacts.fingerprint), never by where they are.
+PATH_SETTINGS = ("model", "data", "groups", "out")
 
 
 def _help(text: str) -> Any:
@@ -117,28 +123,39 @@ class PairGroupCollator:
 
 # ------------------------------------------------------------------------------------------ training
 def train_reranker(config: RerankerConfig) -> Path:
-    """Train (resume, or skip when finished with the same settings) a reranker; returns ``<out>/final``."""
+    """Train (resume, or skip when finished with the same settings) a reranker; returns ``<out>/final``.
+
+    The output directory is checked and locked first (:func:`pretrieve.outputs.writing`)."""
+    config.check()
+    needed, largest = outputs.training_space(config.model, config.keep_checkpoints)
+    with outputs.writing(config.out, needed_bytes=needed, largest_file=largest):
+        return _train_reranker(config)
+
+
+def _train_reranker(config: RerankerConfig) -> Path:
     from transformers import AutoTokenizer
 
     from pretrieve.models import resolve_model
     from pretrieve.modeling.cross_encoder import CrossEncoder
-    from pretrieve.train.finetuner import input_fingerprints
-    from pretrieve.train.loop import BOOKKEEPING, finished_run
+    from pretrieve.train.loop import BOOKKEEPING, check_restart, finished_run, run_inputs
 
-    config.check()
     model_path = resolve_model(config.model)
     out = Path(config.out)
-    settings = {k: v for k, v in dataclasses.asdict(config).items() if k not in BOOKKEEPING}
-    settings["inputs"] = input_fingerprints(model_path, config.groups)
-    done = finished_run(out, settings, CONFIG_FILE, marker="config.json")
+    if not Path(config.groups).exists():
+        raise InputError("training groups file not found", path=config.groups)
+    settings = {k: v for k, v in dataclasses.asdict(config).items() if k not in BOOKKEEPING and k not in PATH_SETTINGS}
+    inputs, named = run_inputs(model=model_path, corpus=BeirCollection(Path(config.data)).corpus_path,
+                               groups=config.groups)
+    settings |= named
+    done = None if config.overwrite else finished_run(out, KIND, settings, inputs)
     if done is not None:
         logger.info("%s is complete with the same settings; not training again", done)
         return done
+    check_restart(out, config, files=(CONFIG_FILE,))
+    fingerprints = {name: artifacts.fingerprint(path) for name, path in inputs.items()}
     accelerator = make_accelerator(config)
     config.validate(accelerator.num_processes)
     corpus = BeirCollection(Path(config.data)).load_corpus()
-    if not Path(config.groups).exists():
-        raise InputError("training groups file not found", path=config.groups)
     groups = read_groups(config.groups, corpus=corpus, on_unknown=config.on_unknown)
     kept = [g for g in groups if g.negatives]
     if len(kept) < len(groups):
@@ -162,8 +179,9 @@ def train_reranker(config: RerankerConfig) -> Path:
         tokenizer.save_pretrained(str(directory))
         write_json(directory / CONFIG_FILE, {"settings": settings, "groups_stats": groups.stats.as_dict()})
 
-    final = train(model, dataset, collator, config.loop(), out, export, {"config": settings},
-                  accelerator=accelerator, description="train reranker")
+    final = train(model, dataset, collator, config.loop(), out, export, {"config": settings | {"inputs": fingerprints}},
+                  accelerator=accelerator, description="train reranker",
+                  record={"kind": KIND, "settings": settings, "inputs": inputs})
     if accelerator.is_main_process:
         warn_if_not_learning(read_logs(out), 1 + config.num_negatives, out)
     return final
@@ -191,16 +209,15 @@ def warn_if_not_learning(logs: Sequence[Mapping[str, float]], group_size: int, o
 
 
 def build_reranker_config(file_values: Mapping[str, Any], flags: Mapping[str, Any],
-                          resume: bool = False) -> RerankerConfig:
-    from pretrieve.train.run_config import check_keys, merge
+                          resume: bool = False, where: str = "reranker config") -> RerankerConfig:
+    """A :class:`RerankerConfig` from a config file's values overridden by the given flags (validated and coerced
+    by :mod:`pretrieve.options`)."""
+    from pretrieve.options import build
+    from pretrieve.train.run_config import validated_values
 
-    values = merge(file_values, flags)
-    check_keys(values, {f.name for f in dataclasses.fields(RerankerConfig)}, "reranker config")
+    values = validated_values(RerankerConfig, file_values, flags, where)
     values["resume"] = resume or bool(values.get("resume", False))
-    try:
-        config = RerankerConfig(**values)
-    except TypeError as exc:
-        raise ConfigError(f"reranker config: {exc}") from None
+    config = build(RerankerConfig, values)
     config.check()
     return config
 
@@ -287,23 +304,25 @@ def rerank_run_file(model_dir: str | Path, data: str | Path, split: str, run_pat
                     depth: int = 200, batch_size: int = 64, max_len: int | None = None, device: str = "auto",
                     show_progress: bool = True, overwrite: bool = False) -> Path:
     """``pretrieve reranker score``: re-rank a TREC run file's top-``depth`` and write the new run."""
-    from pretrieve.retrieval.encode import model_fingerprint
-    from pretrieve.retrieval.mining import output_is_current, write_output_meta
-
     collection = BeirCollection(Path(data))
-    settings = {"reranker": str(Path(str(model_dir)).resolve()), "model_fingerprint": model_fingerprint(str(model_dir)),
-                "collection": str(collection.root.resolve()), "split": split, "run": str(Path(run_path).resolve()),
-                "run_mtime_ns": Path(run_path).stat().st_mtime_ns if Path(run_path).exists() else None,
-                "depth": depth, "max_len": max_len}
-    if not overwrite and output_is_current(out, settings):
+    outputs.check_writable(out, directory=False)
+    if not Path(run_path).exists():
+        raise InputError("run file not found", path=run_path)
+    settings = {"split": split, "depth": depth, "max_len": max_len}
+    inputs = {"reranker": Path(str(model_dir)), "run": Path(run_path), "corpus": collection.corpus_path,
+              "queries": collection.queries_path, "qrels": collection.qrels_path(split)}
+    status = artifacts.check(out, settings, inputs, kind="run")
+    if status.current and not overwrite:
         logger.info("re-ranked run %s is up to date; not recomputing", out)
         return Path(out)
+    if status.exists:
+        logger.info("recomputing %s: %s", out, status.reason)
     run = read_run(run_path)
     scorer = PairScorer(model_dir, device=device, max_len=max_len, batch_size=batch_size)
     reranked = rerank(scorer, collection.load_corpus(), collection.load_queries(split), run, depth=depth,
                       show_progress=show_progress)
-    write_run(reranked, out, tag="rerank", depth=depth)
-    write_output_meta(out, settings)
+    with artifacts.write_file(out, "run", settings, inputs) as tmp:
+        write_run(reranked, tmp, tag="rerank", depth=depth)
     return Path(out)
 
 
@@ -313,21 +332,20 @@ def teacher_groups(model_dir: str | Path, data: str | Path, groups_path: str | P
     """Stage-3 groups: the groups of ``groups_path`` (e.g. the stage-2 retriever's mined top-200 minus positives),
     their negatives cut to the first ``max_negatives`` (rank order), every positive and negative scored by the
     reranker. Returns ``out``."""
-    from pretrieve.retrieval.encode import model_fingerprint
-    from pretrieve.retrieval.mining import output_is_current, write_output_meta
-
     if max_negatives is not None and max_negatives < 1:
         raise ConfigError(f"max_negatives must be >= 1, got {max_negatives}")
     collection = BeirCollection(Path(data))
     if not Path(groups_path).exists():
         raise InputError("groups file not found", path=groups_path)
-    settings = {"reranker": str(Path(str(model_dir)).resolve()), "model_fingerprint": model_fingerprint(str(model_dir)),
-                "collection": str(collection.root.resolve()), "groups": str(Path(groups_path).resolve()),
-                "groups_mtime_ns": Path(groups_path).stat().st_mtime_ns, "max_negatives": max_negatives,
-                "max_len": max_len}
-    if not overwrite and output_is_current(out, settings):
+    outputs.check_writable(out, directory=False)
+    settings = {"max_negatives": max_negatives, "max_len": max_len}
+    inputs = {"reranker": Path(str(model_dir)), "groups": Path(groups_path), "corpus": collection.corpus_path}
+    status = artifacts.check(out, settings, inputs, kind="groups")
+    if status.current and not overwrite:
         logger.info("teacher groups %s are up to date; not recomputing", out)
         return Path(out)
+    if status.exists:
+        logger.info("recomputing %s: %s", out, status.reason)
     corpus = collection.load_corpus()
     groups = read_groups(groups_path, corpus=corpus)
     scorer = PairScorer(model_dir, device=device, max_len=max_len, batch_size=batch_size)
@@ -343,7 +361,7 @@ def teacher_groups(model_dir: str | Path, data: str | Path, groups_path: str | P
         position += count
         scored.append(TrainingGroup(group.query_id, group.query, group.positives, negatives,
                                     values[:len(group.positives)], values[len(group.positives):]))
-    write_groups(scored, out)
-    write_output_meta(out, settings, stats=groups.stats.as_dict())
+    with artifacts.write_file(out, "groups", settings, inputs) as tmp:
+        write_groups(scored, tmp)
     logger.info("wrote %d teacher-scored groups (%d pairs) to %s", len(scored), len(pairs), out)
     return Path(out)

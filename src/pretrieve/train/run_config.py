@@ -1,13 +1,15 @@
 """Run configurations from files and flags: YAML/JSON file first, command-line flags override it.
 
-Unknown keys are errors (a typo must not silently fall back to a default), and required settings
-missing from both the file and the flags are reported before any work starts.
+Every value goes through the one validating loader (:mod:`pretrieve.options`): unknown keys are errors (a typo
+must not silently fall back to a default; the message suggests the closest option), values are coerced to
+their declared types (``lr: 1e-4``, a string to YAML 1.1, is a float) or refused with the key's path, and
+required settings missing from both the file and the flags are reported before any work starts.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -15,8 +17,23 @@ import yaml
 
 from pretrieve.errors import ConfigError, InputError
 from pretrieve.models import resolve_model
+from pretrieve.options import validate
+from pretrieve.train.pretrainer import PretrainConfig
 
 METHOD_FLAG_KEYS = ("objectives", "weights", "encoder_mask", "decoder_mask", "encoder_masker", "decoder_masker")
+
+
+@dataclass
+class PretrainOptions(PretrainConfig):
+    """What a pre-training config file (or a recipe's ``pretrain`` stage) may set: the run's settings plus the
+    method overrides of the command line (applied to ``method``)."""
+
+    objectives: str | list[str] | None = None
+    weights: str | list[float] | None = None
+    encoder_mask: float | None = None
+    decoder_mask: float | None = None
+    encoder_masker: str | None = None
+    decoder_masker: str | None = None
 
 
 def load_config_file(path: str | Path) -> dict[str, Any]:
@@ -42,21 +59,20 @@ def merge(file_values: Mapping[str, Any], flags: Mapping[str, Any]) -> dict[str,
     return merged
 
 
-def check_keys(values: Mapping[str, Any], known: set[str], where: str) -> None:
-    unknown = sorted(set(values) - known)
-    if unknown:
-        raise ConfigError(f"{where}: unknown option(s) {', '.join(unknown)} (known: {', '.join(sorted(known))})")
+def validated_values(schema: type, file_values: Mapping[str, Any], flags: Mapping[str, Any],
+                     where: str = "config") -> dict[str, Any]:
+    """The config file's values (checked and coerced, errors prefixed by ``where``, e.g. the file's name) overridden
+    by the given flags, checked again as a whole."""
+    values = merge(validate(schema, file_values, where), flags)
+    return validate(schema, values)
 
 
 def build_pretrain_config(file_values: Mapping[str, Any], flags: Mapping[str, Any],
-                          method_flags: Mapping[str, Any], resume: bool = False):
+                          method_flags: Mapping[str, Any], resume: bool = False, where: str = "pretrain config"):
     """A validated :class:`PretrainConfig` with its method resolved (preset/file/mapping + flags)."""
     from pretrieve.train.method import apply_overrides, method_from_mapping, resolve_method
-    from pretrieve.train.pretrainer import PretrainConfig
 
-    known = {f.name for f in dataclasses.fields(PretrainConfig)} | set(METHOD_FLAG_KEYS)
-    values = merge(file_values, flags)
-    check_keys(values, known, "pretrain config")
+    values = validated_values(PretrainOptions, file_values, flags, where)
     method_value = method_flags.get("method") or values.pop("method", None) or "bow"
     overrides = {key: method_flags.get(key) if method_flags.get(key) is not None else values.pop(key, None)
                  for key in METHOD_FLAG_KEYS}
