@@ -18,12 +18,21 @@ def run_command(
     redo_changed: bool = typer.Option(False, "--redo-changed",
                                       help="A stage whose settings changed since it ran is moved aside "
                                            "(<dir>.replaced-<time>) and run again, instead of refused."),
+    data_root: Optional[Path] = typer.Option(None, "--data-root",
+                                             help="Directory holding collections as <name>/corpus.jsonl; searched "
+                                                  "first for the collections the recipe names (then the recipe's "
+                                                  "data_root, $PRETRIEVE_DATA, ../shared/data, the download "
+                                                  "cache)."),
 ) -> None:
-    """Run (or resume) every stage of a recipe; finished stages are skipped."""
+    """Run (or resume) every stage of a recipe; finished stages are skipped.
+
+    The whole recipe is checked first (every option of every stage, every collection), so a typo or a missing
+    collection is reported before anything trains. Stage times are printed at the end (and kept in results.md).
+    """
     from rich.console import Console
     from rich.markdown import Markdown
 
     from pretrieve.pipeline import results_markdown, run_recipe
 
-    results = run_recipe(recipe, out=out, show_progress=progress, redo_changed=redo_changed)
+    results = run_recipe(recipe, out=out, show_progress=progress, redo_changed=redo_changed, data_root=data_root)
     Console().print(Markdown(results_markdown(results)))

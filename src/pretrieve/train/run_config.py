@@ -67,21 +67,27 @@ def validated_values(schema: type, file_values: Mapping[str, Any], flags: Mappin
     return validate(schema, values)
 
 
-def build_pretrain_config(file_values: Mapping[str, Any], flags: Mapping[str, Any],
-                          method_flags: Mapping[str, Any], resume: bool = False, where: str = "pretrain config"):
-    """A validated :class:`PretrainConfig` with its method resolved (preset/file/mapping + flags)."""
+def resolve_pretrain_method(values: dict[str, Any], method_flags: Mapping[str, Any], where: str = "config"):
+    """Pop ``method`` and the method overrides from ``values`` (flags in ``method_flags`` win) and return the
+    resolved, validated :class:`~pretrieve.train.method.MethodConfig` (preset, file or mapping + overrides)."""
     from pretrieve.train.method import apply_overrides, method_from_mapping, resolve_method
 
-    values = validated_values(PretrainOptions, file_values, flags, where)
     method_value = method_flags.get("method") or values.pop("method", None) or "bow"
+    values.pop("method", None)
     overrides = {key: method_flags.get(key) if method_flags.get(key) is not None else values.pop(key, None)
                  for key in METHOD_FLAG_KEYS}
     for key in METHOD_FLAG_KEYS:
         values.pop(key, None)
     if isinstance(method_value, Mapping):
-        method = apply_overrides(method_from_mapping(method_value), where="config", **overrides)
-    else:
-        method = resolve_method(method_value, **overrides)
+        return apply_overrides(method_from_mapping(method_value, where=where), where=where, **overrides)
+    return resolve_method(method_value, **overrides)
+
+
+def build_pretrain_config(file_values: Mapping[str, Any], flags: Mapping[str, Any],
+                          method_flags: Mapping[str, Any], resume: bool = False, where: str = "pretrain config"):
+    """A validated :class:`PretrainConfig` with its method resolved (preset/file/mapping + flags)."""
+    values = validated_values(PretrainOptions, file_values, flags, where)
+    method = resolve_pretrain_method(values, method_flags)
     missing = [key for key in ("model", "corpus", "out") if not values.get(key)]
     if missing:
         raise ConfigError(f"missing required option(s): {', '.join('--' + m.replace('_', '-') for m in missing)}")
