@@ -394,9 +394,11 @@ def train(model: torch.nn.Module, dataset, collator, config: LoopConfig, out_dir
             step_logs = train_step(model, micro_batches, optimizer, scheduler, accelerator, accum,
                                    config.max_grad_norm)
         except FloatingPointError as exc:   # a non-finite loss, caught before its update
+            progress.close()
             stop_diverged(accelerator, out, done, guard.first_abnormal_step(done), str(exc))
         problem = guard.check(done, step_logs["loss"])
         if problem:
+            progress.close()
             stop_diverged(accelerator, out, done, guard.first_abnormal_step(done), problem)
         window.append(step_logs)
         progress.update(1)
@@ -407,7 +409,8 @@ def train(model: torch.nn.Module, dataset, collator, config: LoopConfig, out_dir
                                                      "samples_per_s": len(window) * config.batch_size / elapsed})
             window, window_start = [], time.perf_counter()
         if config.save_every and done % config.save_every == 0 and done < total_steps:
-            ckpt.save_checkpoint(accelerator, out, done, state, config.keep_checkpoints)
+            keep = config.keep_checkpoints if guard.steady(done - config.save_every) else 0   # 0: no pruning
+            ckpt.save_checkpoint(accelerator, out, done, state, keep)
     progress.close()
     writer.close()
 
@@ -424,41 +427,44 @@ def train(model: torch.nn.Module, dataset, collator, config: LoopConfig, out_dir
 
 # ------------------------------------------------------------------------------------------------ guards
 class DivergenceGuard:
-    """Watches the loss of every step: non-finite, or more than ``factor`` times the median of the (up to
-    ``window``) losses before it once ``warmup`` losses were seen, is divergence. ``factor`` 0 checks only for
-    non-finite losses. Every pretrieve loss is a cross-entropy/KL in nats (a few units at the start), so a
-    tenfold jump over the running median is far outside ordinary step-to-step noise."""
+    """Watches the loss of every step. A loss that is non-finite, or more than ``factor`` times the median of the
+    normal losses among the last ``window`` steps, is *abnormal* (abnormal losses never enter the reference, so it
+    stays the pre-divergence level while the loss explodes). Divergence is a non-finite loss, or an abnormal one
+    once ``warmup`` normal losses were seen, or ``warmup`` abnormal losses in a row (an explosion inside the
+    warm-up). ``factor`` 0 checks only for non-finite losses. Every pretrieve loss is a cross-entropy/KL in nats (a
+    few units at the start), so a tenfold jump over the running median is far outside ordinary step-to-step noise.
+    Abnormal losses date the divergence and stop checkpoint pruning (:meth:`steady`)."""
 
     def __init__(self, factor: float = 10.0, warmup: int = 5, window: int = 100):
         self.factor = factor
         self.warmup = warmup
         self.window = window
-        self.history: list[tuple[int, float]] = []
+        self.history: list[tuple[int, float, bool]] = []   # (step, loss, abnormal)
 
     def check(self, step: int, loss: float) -> str | None:
-        """None while the loss is sane; a description of the problem otherwise."""
-        previous = [value for _, value in self.history[-self.window:]]
-        self.history.append((step, float(loss)))
+        """None while the run is sane; a description of the divergence otherwise."""
+        recent = self.history[-self.window:]
+        normal = [value for _, value, abnormal in recent if not abnormal]
+        median = statistics.median(normal) if normal else 0.0
+        ratio_exceeded = bool(self.factor) and median > 0 and loss > self.factor * median
+        self.history.append((step, float(loss), not math.isfinite(loss) or ratio_exceeded))
         if not math.isfinite(loss):
             return f"the loss is {loss}"
-        if self.factor and len(previous) >= self.warmup:
-            median = statistics.median(previous)
-            if median > 0 and loss > self.factor * median:
-                return (f"the loss {loss:.4g} is {loss / median:.3g} times the median {median:.4g} of the last "
-                        f"{len(previous)} steps (divergence_factor {self.factor:g})")
+        in_a_row = len(self.history) >= self.warmup and all(a for _, _, a in self.history[-self.warmup:])
+        if ratio_exceeded and (len(normal) >= self.warmup or in_a_row):
+            return (f"the loss {loss:.4g} is {loss / median:.3g} times the median {median:.4g} of the "
+                    f"{len(normal)} normal losses before it (divergence_factor {self.factor:g})")
         return None
 
     def first_abnormal_step(self, default: int) -> int:
-        """The first step whose loss was non-finite or above ``factor`` × the median of the losses before it (a
-        loss may explode during the warm-up, before the check is armed); ``default`` when there is none."""
-        for index, (step, loss) in enumerate(self.history):
-            before = [value for _, value in self.history[max(0, index - self.window):index]]
-            if not math.isfinite(loss):
-                return step
-            if self.factor and before and statistics.median(before) > 0 \
-                    and loss > self.factor * statistics.median(before):
-                return step
-        return default
+        """The first abnormal step among the last ``window`` (the start of the divergence; a loss may explode
+        during the warm-up, before the check is armed), ``default`` when there is none."""
+        return next((step for step, _, abnormal in self.history[-self.window:] if abnormal), default)
+
+    def steady(self, since: int) -> bool:
+        """No abnormal loss from step ``since`` on: older checkpoints may be pruned (otherwise they are kept, so a
+        divergence still finds one from before it)."""
+        return not any(abnormal for step, _, abnormal in self.history if step >= since)
 
 
 def stop_diverged(accelerator, out: Path, step: int, first_bad: int, problem: str) -> None:
