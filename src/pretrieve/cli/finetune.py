@@ -164,8 +164,11 @@ def mine_command(
 ) -> None:
     """Hard negatives: each query's top-K by the retriever minus its positives, as training groups."""
     from pretrieve.errors import ConfigError
+    from pretrieve.outputs import check_writable, remove_leftovers
     from pretrieve.retrieval.mining import bm25_negatives, mine_negatives
 
+    check_writable(out, directory=False)
+    remove_leftovers(out.parent, depth=0)
     collection = _resolve_data(data)
     if bm25 == (model is not None):
         raise ConfigError("give either --model (dense mining) or --bm25")
