@@ -25,7 +25,7 @@ from pretrieve.errors import ConfigError
 _MESSAGES = {
     "float_parsing": "expected a number", "float_type": "expected a number", "finite_number": "expected a finite number",
     "int_parsing": "expected an integer", "int_type": "expected an integer",
-    "int_from_float": "expected an integer, got a number with a fractional part",
+    "int_from_float": "expected an integer",
     "bool_parsing": "expected true or false", "bool_type": "expected true or false",
     "string_type": "expected a string", "list_type": "expected a list", "dict_type": "expected a mapping",
     "tuple_type": "expected a list", "literal_error": "not one of the accepted values",

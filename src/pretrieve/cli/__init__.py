@@ -98,7 +98,9 @@ class CompactLoadReport:
                 modules = by_status.setdefault(cells[1].lower(), [])
                 if module not in modules:
                     modules.append(module)
-        source = first.split("from:", 1)[-1].strip()
+        from pretrieve.models import model_label
+
+        source = model_label(first.split("from:", 1)[-1].strip())
         model = first.split(" LOAD REPORT", 1)[0].strip()
         parts = [f"{self.LABELS.get(status, status)}: {', '.join(modules)}" for status, modules in by_status.items()]
         record.msg = f"{model} from {source}: " + ("; ".join(parts) if parts else "see --verbose")

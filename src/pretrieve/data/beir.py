@@ -149,6 +149,7 @@ def load_qrels(path: str | Path) -> Qrels:
     """
     qrels: Qrels = {}
     first = True
+    columns: tuple[int, int] | None = None   # (count, line) of the first data line: every line has as many
     for line_no, line in iter_lines(path):
         parts = _split_columns(line)
         if not parts:
@@ -156,7 +157,13 @@ def load_qrels(path: str | Path) -> Qrels:
         if first:
             first = False
             if _is_qrels_header(parts):
+                columns = (len(parts), line_no)
                 continue  # header line, e.g. "query-id corpus-id score"
+        if columns is not None and columns[0] in (3, 4) and len(parts) in (3, 4) and len(parts) != columns[0]:
+            layout = "query-id, corpus-id, score" if columns[0] == 3 else "query-id, iteration, doc-id, relevance"
+            extra = "an extra" if len(parts) > columns[0] else "a missing"
+            raise InputError(f"{len(parts)} columns where line {columns[1]} has {columns[0]} ({layout}): "
+                             f"{extra} column", path=path, line=line_no)
         if len(parts) == 3:
             qid, doc_id, grade = parts
         elif len(parts) == 4:
@@ -164,6 +171,8 @@ def load_qrels(path: str | Path) -> Qrels:
         else:
             raise InputError(f"expected 3 (BEIR) or 4 (TREC) columns, got {len(parts)}",
                              path=path, line=line_no)
+        if columns is None:
+            columns = (len(parts), line_no)
         if not qid or not doc_id:
             raise InputError("empty id", path=path, line=line_no, field="query-id" if not qid else "corpus-id")
         if not _is_int(grade):

@@ -59,7 +59,12 @@ def iter_pretrain_texts(path: str | Path) -> Iterator[str]:
     """Stream the passages of a pre-training source (see the module docstring)."""
     file, kind = resolve_text_source(path)
     if kind == "beir":
-        for _, doc in iter_corpus(file):
+        first_line: dict[str, int] = {}
+        for line_no, doc in iter_corpus(file):
+            seen = first_line.setdefault(doc.id, line_no)
+            if seen != line_no:   # as every other reader of a corpus refuses them
+                raise InputError(f"duplicate document id '{doc.id}' (first seen on line {seen})", path=file,
+                                 line=line_no, field="_id")
             yield doc.full_text()
     elif kind == "jsonl":
         for line_no, obj in iter_jsonl(file):

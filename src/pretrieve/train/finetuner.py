@@ -1,4 +1,4 @@
-"""Retriever fine-tuning, stages 1–3 (paper 003 §3.4, paper 001 eq. 13–15, paper 004 §3.3, paper 000 §4.1).
+"""Retriever fine-tuning, stages 1–3 (CDMAE, Li et al. 2023, §3.4, DupMAE (Xiao & Liu 2022) eq. 13–15, CoT-MoTE (Ma et al. 2023) §3.3, Drop your Decoder (Ma et al. 2024) §4.1).
 
 :func:`finetune` trains a :class:`~pretrieve.modeling.dual_encoder.DualEncoder` on training groups (a query, its
 positives, its hard negatives) with the shared loop (:mod:`pretrieve.train.loop`: data order, accumulation,
@@ -20,14 +20,14 @@ stage  groups (``--groups``)                                                  lo
 
 Every stage starts again from the *pre-trained* checkpoint (``--model``), not from the previous stage:
 "At each of the three training stages, retrievers are initialized with the same pre-trained checkpoint"
-(paper 003 §3.4; SimLM and Tevatron's recipes do the same). Earlier stages only supply negatives.
+(CDMAE, Li et al. 2023, §3.4; SimLM and Tevatron's recipes do the same). Earlier stages only supply negatives.
 
 Sampling (:class:`GroupCollator`): each step draws, per query, one positive uniformly and ``num_negatives``
 distinct negatives (:func:`pretrieve.data.groups.sample_group_indices`) from the generator the loop seeds per
 (seed, step, micro-batch) — so resume is exact. Queries (``query_max_len`` 32) and passages (title + " " +
-text, ``passage_max_len`` 144: paper 000 §4.1's MS MARCO length) are tokenized with dynamic padding.
+text, ``passage_max_len`` 144: Drop your Decoder (Ma et al. 2024) §4.1's MS MARCO length) are tokenized with dynamic padding.
 
-Defaults. The papers fine-tune with batch 64, 15 negatives (group 16; paper 003: group 32, swapped with the
+Defaults. The papers fine-tune with batch 64, 15 negatives (group 16; CDMAE (Li et al. 2023): group 32, swapped with the
 batch in stage 3), lr 2e-5, 3 epochs, dot product with τ = 1 on [CLS] vectors. The defaults here keep the
 papers' lr, epochs, lengths, similarity and α but use batch 16 and 7 negatives (group 8), which fits a CPU
 or a small GPU; set ``batch_size: 64`` and ``num_negatives: 15`` in a config file to match the papers.
@@ -93,7 +93,7 @@ class FinetuneConfig(LoopConfig):
     temperature: float | None = field(default=None, metadata=_help(
         "Softmax temperature; default: 1 for dot products, 0.05 for cosine/normalised vectors."))
     tied: bool = field(default=True, metadata=_help("Siamese towers (shared weights); false: separate towers."))
-    alpha: float = field(default=0.2, metadata=_help("Weight of the contrastive term in stage 3 (paper 003)."))
+    alpha: float = field(default=0.2, metadata=_help("Weight of the contrastive term in stage 3 (CDMAE, Li et al. 2023)."))
     teacher_temperature: float = field(default=1.0, metadata=_help("Temperature of the teacher's softmax (stage 3)."))
     in_batch: bool = field(default=True, metadata=_help("Use the other queries' passages as negatives too."))
     gather: bool = field(default=True, metadata=_help("Cross-device negatives under DDP."))
@@ -222,9 +222,9 @@ def resolve_dense_settings(config: FinetuneConfig, model_path: str) -> FinetuneC
 
 
 def build_representation(config: FinetuneConfig, model_path: str | None = None):
-    """``dense`` (pooling/normalize/similarity settings), ``dupmae[:<spec>]`` (paper 001 eq. 10–12, e.g.
+    """``dense`` (pooling/normalize/similarity settings), ``dupmae[:<spec>]`` (DupMAE, Xiao & Liu 2022, eq. 10–12, e.g.
     ``dupmae:cls:384,ot:260``; :mod:`pretrieve.modeling.dupmae`), or ``sparse[:<spec>]`` / ``hybrid[:<spec>]``
-    (paper 004 eq. 4–6, e.g. ``hybrid:lq=3e-4,ld=1e-4``; :mod:`pretrieve.modeling.sparse`)."""
+    (CoT-MoTE, Ma et al. 2023, eq. 4–6, e.g. ``hybrid:lq=3e-4,ld=1e-4``; :mod:`pretrieve.modeling.sparse`)."""
     from pretrieve.modeling.representations import REPRESENTATIONS, DenseRepresentation
 
     kind, _, spec = config.representation.partition(":")
@@ -234,7 +234,7 @@ def build_representation(config: FinetuneConfig, model_path: str | None = None):
 
         return DupMAERepresentation.for_model(spec, str(model_path or resolve_model(config.model)),
                                               temperature=1.0 if config.temperature is None else config.temperature)
-    if kind in ("sparse", "hybrid"):  # SPLADE vector / [CLS] + SPLADE (paper 004 eq. 4–6), pretrieve.modeling.sparse
+    if kind in ("sparse", "hybrid"):  # SPLADE vector / [CLS] + SPLADE (CoT-MoTE, Ma et al. 2023, eq. 4–6), pretrieve.modeling.sparse
         from pretrieve.modeling.sparse import representation_from_spec
         from pretrieve.models import resolve_model
 

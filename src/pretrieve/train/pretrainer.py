@@ -9,7 +9,7 @@ A run whose ``final`` already exists is not trained again when its sidecar recor
 same inputs (the starting checkpoint's and the corpus's content), and is refused (naming what differs) when it
 does not, as fine-tuning does (:func:`pretrieve.train.loop.finished_run`).
 
-Defaults follow paper 000 §4 where they fit a small machine (paper: AdamW, lr 3e-4, batch 2048,
+Defaults follow Drop your Decoder (Ma et al. 2024) §4 where they fit a small machine (paper: AdamW, lr 3e-4, batch 2048,
 max-len 512 on Wikipedia/BookCorpus, 144 on MS MARCO, 20 epochs); the recipes set the papers' values.
 """
 

@@ -1,7 +1,7 @@
 """The cross-encoder reranker: training on groups, re-ranking runs, teacher scores for stage 3.
 
 * :func:`train_reranker` — listwise cross-entropy over each query's group (positive + ``num_negatives`` hard
-  negatives, no in-batch negatives; paper 003 §3.4) on the shared loop (:mod:`pretrieve.train.loop`); the
+  negatives, no in-batch negatives; CDMAE (Li et al. 2023) §3.4) on the shared loop (:mod:`pretrieve.train.loop`); the
   model is exported to ``<out>/final`` (``AutoModelForSequenceClassification`` + tokenizer).
 * :func:`rerank` / :func:`rerank_run_file` — score the top-``depth`` of every query of a run and order them by
   the cross-encoder (``pretrieve reranker score``); documents below ``depth`` are dropped from the output.
