@@ -8,6 +8,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
-# Collections: $PRETRIEVE_DATA, else ../shared/data beside the checkout, else /work/shared/data.
+# Collections: $PRETRIEVE_DATA, else ../shared/data beside the checkout, else the download cache
+# (SciFact and Cranfield are downloaded by name on first use); or point the recipe at your copies:
+#   .venv/bin/pretrieve run configs/scifact-cpu.yaml --data-root DIR   (DIR/scifact, DIR/cranfield)
 .venv/bin/pretrieve run configs/scifact-cpu.yaml
 cat outputs/scifact-cpu/results.md

@@ -16,13 +16,9 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def shared_data_dir() -> Path:
-    """Where the real BEIR-layout collections live: env PRETRIEVE_DATA, else ../shared/data beside the
-    checkout, else /work/shared/data (the workplace's shared folder)."""
+    """Where the real BEIR-layout collections live: env PRETRIEVE_DATA, else ../shared/data beside the checkout."""
     if "PRETRIEVE_DATA" in os.environ:
         return Path(os.environ["PRETRIEVE_DATA"])
-    for candidate in (REPO.parent / "shared" / "data", Path("/work/shared/data")):
-        if candidate.is_dir():
-            return candidate
     return REPO.parent / "shared" / "data"
 
 

@@ -144,9 +144,9 @@ def test_finished_run_is_reused_with_the_same_settings_and_refused_with_others(t
     again = _config(tiny_mlm_dir, small_corpus, tmp_path / "run", max_steps=2, log_every=5, resume=True,
                     cache_dir=str(tmp_path / "other-cache"))          # bookkeeping and cache may differ
     assert pretrain(again) == final and (final / "model.safetensors").read_bytes() == weights
-    with pytest.raises(ConfigError, match=r"holds a finished run with different settings \(max_steps\)"):
+    with pytest.raises(ConfigError, match=r"holds a finished run with different settings \(max_steps: 2 -> 3\)"):
         pretrain(_config(tiny_mlm_dir, small_corpus, tmp_path / "run", max_steps=3))
-    with pytest.raises(ConfigError, match=r"different settings \(method\)"):
+    with pytest.raises(ConfigError, match=r"different settings \(method: "):
         pretrain(_config(tiny_mlm_dir, small_corpus, tmp_path / "run", max_steps=2, method="mlm"))
 
 

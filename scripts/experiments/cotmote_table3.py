@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""CoT-MoTE on SciFact in the layout of paper 004's Table 3, and its embedding analysis (App. A.1, Fig. 4).
+"""CoT-MoTE on SciFact in the layout of CoT-MoTE (Ma et al. 2023)'s Table 3, and its embedding analysis (App. A.1, Fig. 4).
 
 Everything goes through the package (pre-training, fine-tuning, search, evaluation, significance, divergence);
 this script only fixes the settings, runs the stages in order and writes the tables:

@@ -65,12 +65,23 @@ def _normalise(value: Any) -> Any:
     return json.loads(json.dumps(value, default=str, sort_keys=True))
 
 
+# SHA-1 of files this process already read, keyed by what identifies an unchanged file: a run checks the same
+# inputs (a base model, a corpus) several times, and hashes them once.
+_DIGESTS: dict[tuple[str, int, int, int, int], str] = {}
+
+
 def _sha1_file(path: Path) -> str:
+    stat = path.stat()
+    key = (str(path.resolve()), stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns)
+    known = _DIGESTS.get(key)
+    if known is not None:
+        return known
     digest = hashlib.sha1()
     with open(path, "rb") as handle:
         for chunk in iter(lambda: handle.read(_CHUNK), b""):
             digest.update(chunk)
-    return digest.hexdigest()
+    _DIGESTS[key] = digest.hexdigest()
+    return _DIGESTS[key]
 
 
 def _content_files(path: Path) -> list[tuple[str, Path]]:
@@ -234,7 +245,7 @@ def check(path: str | Path, settings: Mapping[str, Any] | None = None,
                                 f"({describe_changes(recorded_settings, settings or {}, differing)})",
                          differing, exists=True)
     recorded_inputs = sidecar.get("inputs", {})
-    current_inputs = {name: fingerprint(value) for name, value in (inputs or {}).items()}
+    current_inputs = {name: _fingerprint_or_none(value) for name, value in (inputs or {}).items()}
     changed = sorted(name for name in set(recorded_inputs) | set(current_inputs)
                      if recorded_inputs.get(name) != current_inputs.get(name))
     if changed:
@@ -264,6 +275,14 @@ def fingerprint(path: str | Path) -> str:
     if sidecar is not None and content_problem(path, sidecar.get("content", {})) is None:
         return "sha1:" + str(sidecar["content"]["sha1"])
     return "sha1:" + describe_content(path)["sha1"]
+
+
+def _fingerprint_or_none(path: str | Path) -> str | None:
+    """The fingerprint of an input, None when it does not exist (then nothing made from it is current)."""
+    try:
+        return fingerprint(path)
+    except FileNotFoundError:
+        return None
 
 
 def remove_stale_temporaries(directory: str | Path, older_than: float | None = None) -> list[Path]:

@@ -48,3 +48,16 @@ class StaleOutputError(ConfigError):
     def __init__(self, message: str, directory: str | Path):
         self.directory = Path(directory)
         super().__init__(message)
+
+
+class OutputBusyError(PretrieveError):
+    """Another pretrieve process holds the lock of an output directory."""
+
+
+class TrainingDiverged(PretrieveError):
+    """The training loss became non-finite or exploded; the run was stopped (checkpoints after it removed)."""
+
+
+class InexactResumeError(PretrieveError):
+    """A checkpoint's state (RNG, optimizer, scheduler) could not be fully restored: resuming would not continue
+    the interrupted run exactly."""

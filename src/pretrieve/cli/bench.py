@@ -25,7 +25,7 @@ from rich.console import Console
 from pretrieve.cli import app
 from pretrieve.errors import InputError
 
-bench_app = typer.Typer(help="Benchmarks: pre-training step speed (paper 000 Table 4), masking latency, "
+bench_app = typer.Typer(help="Benchmarks: pre-training step speed (Drop your Decoder, Ma et al. 2024, Table 4), masking latency, "
                              "encoding throughput, and retrieval quality per pre-training method (Tables 5/6).",
                         no_args_is_help=True)
 app.add_typer(bench_app, name="bench")
@@ -124,7 +124,7 @@ def bench_pretrain_command(
     threads: Optional[int] = typer.Option(None, help="torch intra-op threads (default: torch's choice)."),
     out: Optional[Path] = typer.Option(None, help="Write the report to FILE.md and the numbers to FILE.json."),
 ) -> None:
-    """Pre-training step speed per method, paper 000 Table 4 on this machine."""
+    """Pre-training step speed per method, Drop your Decoder (Ma et al. 2024) Table 4 on this machine."""
     from pretrieve.bench.pretrain_speed import PretrainBenchSettings, bench_pretrain, load_texts, result_markdown
     from pretrieve.bench.report import environment, environment_lines
 
@@ -152,8 +152,8 @@ def bench_pretrain_command(
 
 @bench_app.command("masking")
 def bench_masking_command(
-    batch_size: int = typer.Option(128, min=1, help="Sequences per batch (paper 003 Table 6: 128)."),
-    max_len: int = typer.Option(150, min=2, help="Sequence length (paper 003 Table 6: 150)."),
+    batch_size: int = typer.Option(128, min=1, help="Sequences per batch (CDMAE, Li et al. 2023, Table 6: 128)."),
+    max_len: int = typer.Option(150, min=2, help="Sequence length (CDMAE, Li et al. 2023, Table 6: 150)."),
     repeats: int = typer.Option(20, min=1, help="Timed rounds (median reported)."),
     corpus: Optional[str] = typer.Option(None, help="Texts: BEIR dir / JSONL / text file; default: synthetic. "
                                          "Also the source of the pmi kind's n-gram statistics (whole corpus)."),
@@ -167,7 +167,7 @@ def bench_masking_command(
     threads: Optional[int] = typer.Option(None, help="torch intra-op threads (default: torch's choice)."),
     out: Optional[Path] = typer.Option(None, help="Write the report to FILE.md and the numbers to FILE.json."),
 ) -> None:
-    """Per-batch masking latency (paper 003 Table 6 setting), all kinds interleaved in one process."""
+    """Per-batch masking latency (CDMAE, Li et al. 2023, Table 6 setting), all kinds interleaved in one process."""
     from pretrieve.bench.pretrain_speed import load_texts
     from pretrieve.bench.report import environment, environment_lines, markdown_table
     from pretrieve.masking.latency import masking_latency
@@ -285,7 +285,7 @@ def bench_quality_command(
     progress: bool = typer.Option(False, "--progress/--no-progress", help="Progress bars of each stage."),
     threads: Optional[int] = typer.Option(None, help="torch intra-op threads (default: torch's choice)."),
 ) -> None:
-    """Retrieval quality per pre-training method at an equal budget (paper 000 Tables 5/6), with coverage."""
+    """Retrieval quality per pre-training method at an equal budget (Drop your Decoder, Ma et al. 2024, Tables 5/6), with coverage."""
     from pretrieve.bench import quality
 
     _quiet_logging()

@@ -24,9 +24,13 @@ reranker_app = typer.Typer(help="Cross-encoder reranker: train on groups, re-ran
 app.add_typer(reranker_app, name="reranker")
 
 DATA_HELP = "Collection directory in BEIR layout."
-SCORING_PRECISION_HELP = ("auto | fp32 | bf16; auto: bf16 only where the hardware computes it natively (a GPU with bf16, a CPU "
-                  "with AVX512-BF16/AMX), else fp32.")
+SCORING_PRECISION_HELP = ("auto | fp32 | bf16; auto: bf16 only where the hardware computes it natively (a GPU "
+                          "with bf16, a CPU with AVX512-BF16/AMX), else fp32.")
 PRECISION_HELP = "fp32 | bf16 | fp16 (autocast; fp16 with a GradScaler)."
+REQUIRED = "Required (here or in --config)."
+OVERWRITE_HELP = "Discard a previous run in --out (checkpoints, final/, logs) and start afresh."
+INEXACT_HELP = ("Resume even when a checkpoint's RNG state cannot be restored (warns; losses differ from an "
+                "uninterrupted run).")
 
 
 def _option(config_cls, name: str, *flags: str, extra: str = "", default_text: str | None = None, **kwargs):
@@ -70,9 +74,10 @@ def _resolve_data(data: Optional[str]) -> Optional[str]:
 # ------------------------------------------------------------------------------------------ finetune
 @app.command("finetune")
 def finetune_command(
-    model: Optional[str] = _ft("model", "--model", "-m", extra="Path, offline alias (minilm) or hub name."),
-    data: Optional[str] = _ft("data", "--data", "-d"),
-    out: Optional[Path] = _ft("out", "--out", "-o"),
+    model: Optional[str] = _ft("model", "--model", "-m", extra="Path, offline alias (minilm) or hub name. "
+                               + REQUIRED),
+    data: Optional[str] = _ft("data", "--data", "-d", extra=REQUIRED),
+    out: Optional[Path] = _ft("out", "--out", "-o", extra=REQUIRED),
     stage: Optional[int] = _ft("stage", "--stage"),
     groups: Optional[Path] = _ft("groups", "--groups"),
     config: Optional[Path] = typer.Option(None, "--config", help="YAML/JSON file with any of these options "
@@ -124,6 +129,8 @@ def finetune_command(
     log_every: Optional[int] = typer.Option(None, "--log-every", help="Log every N steps.", show_default="10"),
     num_workers: Optional[int] = typer.Option(None, "--num-workers", help="DataLoader workers.", show_default="0"),
     resume: bool = typer.Option(False, "--resume", help="Continue from the newest checkpoint in --out."),
+    overwrite: bool = typer.Option(False, "--overwrite", help=OVERWRITE_HELP),
+    allow_inexact_resume: bool = typer.Option(False, "--allow-inexact-resume", help=INEXACT_HELP),
 ) -> None:
     """Fine-tune a dual-encoder retriever (stage 1, 2 or 3); OUT/final is a sentence-transformers model."""
     from pretrieve.train.finetuner import build_finetune_config, finetune
@@ -137,8 +144,9 @@ def finetune_command(
                  micro_batch_size=micro_batch_size, lr=lr, max_steps=steps, epochs=epochs, warmup_ratio=warmup_ratio,
                  warmup_steps=warmup_steps, schedule=schedule, min_lr_ratio=min_lr_ratio, precision=precision,
                  bf16=bf16, gradient_checkpointing=gradient_checkpointing, grad_cache_chunk=grad_cache_chunk,
-                 seed=seed, save_every=save_every, log_every=log_every, num_workers=num_workers)
-    run_config = build_finetune_config(_load_file(config), flags, resume=resume)
+                 seed=seed, save_every=save_every, log_every=log_every, num_workers=num_workers,
+                 overwrite=overwrite or None, allow_inexact_resume=allow_inexact_resume or None)
+    run_config = build_finetune_config(_load_file(config), flags, resume=resume, where=str(config or "config"))
     final = finetune(run_config)
     typer.echo(f"fine-tuned retriever: {final}")
 
@@ -169,7 +177,10 @@ def mine_command(
 ) -> None:
     """Hard negatives: each query's top-K by the retriever minus its positives, as training groups."""
     from pretrieve.errors import ConfigError
+    from pretrieve.outputs import check_writable, remove_leftovers
 
+    check_writable(out, directory=False)
+    remove_leftovers(out.parent, depth=0)
     collection = _resolve_data(data)
     if bm25 == (model is not None):
         raise ConfigError("give either --model (dense mining) or --bm25")
@@ -191,10 +202,10 @@ def mine_command(
 # ------------------------------------------------------------------------------------------ reranker
 @reranker_app.command("train")
 def reranker_train_command(
-    model: Optional[str] = _rr("model", "--model", "-m", extra="Path, alias or hub name."),
-    data: Optional[str] = _rr("data", "--data", "-d"),
-    groups: Optional[Path] = _rr("groups", "--groups"),
-    out: Optional[Path] = _rr("out", "--out", "-o"),
+    model: Optional[str] = _rr("model", "--model", "-m", extra="Path, alias or hub name. " + REQUIRED),
+    data: Optional[str] = _rr("data", "--data", "-d", extra=REQUIRED),
+    groups: Optional[Path] = _rr("groups", "--groups", extra=REQUIRED),
+    out: Optional[Path] = _rr("out", "--out", "-o", extra=REQUIRED),
     config: Optional[Path] = typer.Option(None, "--config", help="YAML/JSON file with any of these options."),
     num_negatives: Optional[int] = _rr("num_negatives", "--num-negatives"),
     max_len: Optional[int] = _rr("max_len", "--max-len"),
@@ -223,6 +234,8 @@ def reranker_train_command(
                                               show_default="500"),
     log_every: Optional[int] = typer.Option(None, "--log-every", help="Log every N steps.", show_default="10"),
     resume: bool = typer.Option(False, "--resume", help="Continue from the newest checkpoint in --out."),
+    overwrite: bool = typer.Option(False, "--overwrite", help=OVERWRITE_HELP),
+    allow_inexact_resume: bool = typer.Option(False, "--allow-inexact-resume", help=INEXACT_HELP),
 ) -> None:
     """Train a cross-encoder with listwise cross-entropy over each query's group (no in-batch negatives)."""
     from pretrieve.train.reranker import build_reranker_config, train_reranker
@@ -232,8 +245,10 @@ def reranker_train_command(
                  batch_size=batch_size, micro_batch_size=micro_batch_size, lr=lr, max_steps=steps, epochs=epochs,
                  warmup_ratio=warmup_ratio, warmup_steps=warmup_steps, schedule=schedule, min_lr_ratio=min_lr_ratio,
                  precision=precision, bf16=bf16, gradient_checkpointing=gradient_checkpointing,
-                 num_workers=num_workers, seed=seed, save_every=save_every, log_every=log_every)
-    final = train_reranker(build_reranker_config(_load_file(config), flags, resume=resume))
+                 num_workers=num_workers, seed=seed, save_every=save_every, log_every=log_every,
+                 overwrite=overwrite or None, allow_inexact_resume=allow_inexact_resume or None)
+    final = train_reranker(build_reranker_config(_load_file(config), flags, resume=resume,
+                                                 where=str(config or "config")))
     typer.echo(f"reranker: {final}")
 
 

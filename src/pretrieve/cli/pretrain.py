@@ -9,6 +9,12 @@ import typer
 
 from pretrieve.cli import app
 
+#: The method presets (pretrieve.train.method.PRESETS, listed here so that --help does not import torch; a test
+#: keeps the two equal).
+PRESET_NAMES = ("mlm", "bow", "ae", "ar", "retromae", "cpdae", "cpdae-r", "cdmae", "dupmae", "dupmae-code", "cotmae",
+                "cotmote", "cotmote-swap")
+REQUIRED = "Required (here or in --config)."
+
 
 def _load_run_config(path: Optional[Path]) -> dict:
     if path is None:
@@ -21,13 +27,13 @@ def _load_run_config(path: Optional[Path]) -> dict:
 @app.command("pretrain")
 def pretrain_command(
     model: Optional[str] = typer.Option(None, help="Encoder to start from: local path, offline alias "
-                                        "(minilm, splade-tiny) or hub name (bert-base-uncased)."),
+                                        "(minilm, splade-tiny) or hub name (bert-base-uncased). " + REQUIRED),
     corpus: Optional[str] = typer.Option(None, help="Pre-training text: BEIR directory, corpus.jsonl, "
                                          "JSONL with 'text', plain text (one document per line), a datasets "
-                                         "save_to_disk directory (DIR[@SPLIT]), or hf:NAME[:CONFIG][@SPLIT]."),
-    out: Optional[Path] = typer.Option(None, help="Output directory (checkpoints, logs, final/)."),
-    method: Optional[str] = typer.Option(None, help="Preset (mlm, ae, ar, retromae, bow, ...) or a "
-                                         "method YAML/JSON file. Default: bow."),
+                                         "save_to_disk directory (DIR[@SPLIT]), or hf:NAME[:CONFIG][@SPLIT]. " + REQUIRED),
+    out: Optional[Path] = typer.Option(None, help="Output directory (checkpoints, logs, final/). " + REQUIRED),
+    method: Optional[str] = typer.Option(None, help="Preset: " + ", ".join(PRESET_NAMES) + " (docs/methods.md); "
+                                         "or a method YAML/JSON file. Default: bow."),
     config: Optional[Path] = typer.Option(None, help="YAML/JSON file with any of these options "
                                           "(flags given here override it)."),
     objectives: Optional[str] = typer.Option(None, help="Comma-separated objectives, e.g. mlm,bow,enhanced."),
@@ -62,6 +68,14 @@ def pretrain_command(
     num_proc: Optional[int] = typer.Option(None, help="Processes that build the token cache",
                                            show_default="one per 16 MB of input, up to the CPUs"),
     resume: bool = typer.Option(False, "--resume", help="Continue from the newest checkpoint in --out."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Discard a previous run in --out (checkpoints, "
+                                   "final/, logs) and start afresh."),
+    allow_inexact_resume: bool = typer.Option(False, "--allow-inexact-resume", help="Resume even when a "
+                                              "checkpoint's RNG state cannot be restored (warns; losses differ "
+                                              "from an uninterrupted run)."),
+    divergence_factor: Optional[float] = typer.Option(None, help="Stop when the loss exceeds this multiple of "
+                                                      "its running median (0: only non-finite losses)",
+                                                      show_default="10"),
 ) -> None:
     """Pre-train an encoder; the result in OUT/final loads with AutoModel.from_pretrained."""
     from pretrieve.train.run_config import build_pretrain_config
@@ -72,9 +86,12 @@ def pretrain_command(
                  epochs=epochs, warmup_ratio=warmup_ratio, warmup_steps=warmup_steps, schedule=schedule,
                  min_lr_ratio=min_lr_ratio, precision=precision, bf16=bf16,
                  gradient_checkpointing=gradient_checkpointing, seed=seed,
-                 save_every=save_every, log_every=log_every, num_workers=num_workers, num_proc=num_proc)
+                 save_every=save_every, log_every=log_every, num_workers=num_workers, num_proc=num_proc,
+                 overwrite=overwrite or None, allow_inexact_resume=allow_inexact_resume or None,
+                 divergence_factor=divergence_factor)
     method_flags = dict(method=method, objectives=objectives, weights=weights, encoder_mask=encoder_mask,
                         decoder_mask=decoder_mask, encoder_masker=encoder_masker, decoder_masker=decoder_masker)
-    run_config = build_pretrain_config(_load_run_config(config), flags, method_flags, resume=resume)
+    run_config = build_pretrain_config(_load_run_config(config), flags, method_flags, resume=resume,
+                                       where=str(config or "config"))
     final = pretrain(run_config)
     typer.echo(f"pre-trained encoder: {final}")

@@ -21,12 +21,22 @@ def run_command(
     smoke: bool = typer.Option(False, "--smoke", help="Check the recipe end to end on a CPU in a minute or two: "
                                "every stage with a tiny random model of the same family, the data cut to a slice "
                                "(or a generated fixture), 2 steps per training stage; output in <out>-smoke."),
+    data_root: Optional[Path] = typer.Option(None, "--data-root",
+                                             help="Directory holding collections as <name>/corpus.jsonl; searched "
+                                                  "first for the collections the recipe names (then the recipe's "
+                                                  "data_root, $PRETRIEVE_DATA, ../shared/data, the download "
+                                                  "cache)."),
 ) -> None:
-    """Run (or resume) every stage of a recipe; finished stages are skipped."""
+    """Run (or resume) every stage of a recipe; finished stages are skipped.
+
+    The whole recipe is checked first (every option of every stage, every collection), so a typo or a missing
+    collection is reported before anything trains. Stage times are printed at the end (and kept in results.md).
+    """
     from rich.console import Console
     from rich.markdown import Markdown
 
     from pretrieve.pipeline import results_markdown, run_recipe
 
-    results = run_recipe(recipe, out=out, show_progress=progress, redo_changed=redo_changed, smoke=smoke)
+    results = run_recipe(recipe, out=out, show_progress=progress, redo_changed=redo_changed, smoke=smoke,
+                         data_root=data_root)
     Console().print(Markdown(results_markdown(results)))

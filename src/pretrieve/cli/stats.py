@@ -1,6 +1,6 @@
 """``pretrieve stats pmi``: precompute the corpus n-gram statistics of importance-aware (PMI) masking.
 
-CDMAE's ``pmi`` masker (paper 003 §3.2) ranks tokens by their average mutual information over the n-grams of
+CDMAE's ``pmi`` masker (CDMAE, Li et al. 2023, §3.2) ranks tokens by their average mutual information over the n-grams of
 the pre-training corpus (:mod:`pretrieve.masking.pmi`). A pre-training run counts them itself when it starts;
 this command counts them once, ahead of time, and saves them where runs can point at them with the masker
 parameter ``statistics`` (``decoder_masker: {kind: pmi, ratio: 0.5, params: {statistics: DIR}}`` in a method
@@ -91,7 +91,7 @@ def pmi_command(
                                "plain text (one passage per line)."),
     model: str = typer.Option("minilm", help="Tokenizer: checkpoint directory or offline alias (statistics are "
                               "over its token ids)."),
-    window: int = typer.Option(4, min=2, max=8, help="Longest n-gram L (paper 003 §3.2: 4)."),
+    window: int = typer.Option(4, min=2, max=8, help="Longest n-gram L (CDMAE, Li et al. 2023, §3.2: 4)."),
     max_len: int = typer.Option(DEFAULT_MAX_LEN, min=8, help="Tokens per pre-training example (chunking; use "
                                 "the run's max_len)."),
     cache_dir: Optional[Path] = typer.Option(None, help="Token cache directory", show_default="$PRETRIEVE_CACHE/"

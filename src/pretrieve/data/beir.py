@@ -182,6 +182,7 @@ def iter_qrels(path: str | Path) -> Iterator[tuple[int, str, str, int]]:
     """Stream ``(line_number, query_id, doc_id, grade)`` from a qrels file (see :func:`load_qrels` for the formats
     and checks), without holding the judgments."""
     first = True
+    columns: tuple[int, int] | None = None   # (count, line) of the first data line: every line has as many
     for line_no, line in iter_lines(path):
         parts = _split_columns(line)
         if not parts:
@@ -189,7 +190,13 @@ def iter_qrels(path: str | Path) -> Iterator[tuple[int, str, str, int]]:
         if first:
             first = False
             if _is_qrels_header(parts):
+                columns = (len(parts), line_no)
                 continue  # header line, e.g. "query-id corpus-id score"
+        if columns is not None and columns[0] in (3, 4) and len(parts) in (3, 4) and len(parts) != columns[0]:
+            layout = "query-id, corpus-id, score" if columns[0] == 3 else "query-id, iteration, doc-id, relevance"
+            extra = "an extra" if len(parts) > columns[0] else "a missing"
+            raise InputError(f"{len(parts)} columns where line {columns[1]} has {columns[0]} ({layout}): "
+                             f"{extra} column", path=path, line=line_no)
         if len(parts) == 3:
             qid, doc_id, grade = parts
         elif len(parts) == 4:
@@ -197,6 +204,8 @@ def iter_qrels(path: str | Path) -> Iterator[tuple[int, str, str, int]]:
         else:
             raise InputError(f"expected 3 (BEIR) or 4 (TREC) columns, got {len(parts)}",
                              path=path, line=line_no)
+        if columns is None:
+            columns = (len(parts), line_no)
         if not qid or not doc_id:
             raise InputError("empty id", path=path, line=line_no, field="query-id" if not qid else "corpus-id")
         if not _is_int(grade):

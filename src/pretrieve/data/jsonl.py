@@ -92,7 +92,9 @@ def parse_json_object(line: str, path: str | Path, line_no: int) -> dict[str, An
     try:
         obj = json.loads(line)
     except json.JSONDecodeError as exc:
-        raise InputError(f"invalid JSON ({exc.msg} at column {exc.colno})", path=path, line=line_no) from None
+        # some messages end in "at" ("Unterminated string starting at"): the column completes them
+        message = exc.msg[:-3] if exc.msg.endswith(" at") else exc.msg
+        raise InputError(f"invalid JSON ({message} at column {exc.colno})", path=path, line=line_no) from None
     if not isinstance(obj, dict):
         raise InputError(f"expected a JSON object, got {type(obj).__name__}", path=path, line=line_no)
     return obj

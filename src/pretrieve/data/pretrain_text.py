@@ -155,7 +155,12 @@ def iter_pretrain_texts(source: str | Path | TextSource, start: int = 0, end: in
     a byte range of a file (at line starts) or a row range of a dataset."""
     source = resolve_text_source(source)
     if source.kind == "beir":
-        for _, doc in _iter_beir(source.path, start, end):
+        first_line: dict[str, int] = {}   # duplicates within this part (a part of a parallel build holds its own)
+        for line_no, doc in _iter_beir(source.path, start, end):
+            seen = first_line.setdefault(doc.id, line_no)
+            if seen != line_no:   # as every other reader of a corpus refuses them
+                raise InputError(f"duplicate document id '{doc.id}' (first seen on line {seen})", path=source.path,
+                                 line=line_no, field="_id")
             yield doc.full_text()
     elif source.kind == "jsonl":
         for line_no, obj in iter_jsonl(source.path, start, end):

@@ -2,8 +2,12 @@
 
 ``KNOWN_COLLECTIONS`` lists the BEIR datasets published as zips by UKP Darmstadt, with the md5
 checksums from the BEIR README (github.com/beir-cellar/beir, "Available Datasets" table) and the splits
-that table lists. CQADupStack is left out: its zip holds one sub-collection per forum, not one BEIR
-directory. :func:`resolve_collection` turns a name or a path into a directory in BEIR layout,
+that table lists, and Cranfield (Cleverdon 1967; ir_datasets name ``cranfield``), downloaded as the original
+SMART files from the University of Glasgow (the archive and md5 ir_datasets uses) and converted to BEIR layout:
+documents keep their ids (title = ``.T``, text = ``.W``), queries are numbered 1–225 in file order (the
+numbering ``cranqrel`` uses; the ``.I`` numbers of ``cran.qry`` skip values), and the grades 1 (complete answer)
+… 4 (minimum interest) become 4 … 1, so that higher is more relevant; ``-1`` (no interest) is left out.
+CQADupStack is left out: its zip holds one sub-collection per forum, not one BEIR directory. :func:`resolve_collection` turns a name or a path into a directory in BEIR layout,
 downloading into a cache only when needed; :func:`check_collection` validates a directory and counts
 what it holds (the ``pretrieve data check`` command).
 
@@ -30,6 +34,8 @@ from pretrieve.errors import InputError
 from pretrieve.io_utils import atomic_dir
 
 BEIR_URL = "https://public.ukp.informatik.tu-darmstadt.de/thakur/BEIR/datasets/{name}.zip"
+#: The SMART distribution of Cranfield (cran.all.1400, cran.qry, cranqrel) that ir_datasets downloads as well.
+CRANFIELD_URL = "http://ir.dcs.gla.ac.uk/resources/test_collections/cran/cran.tar.gz"
 DOWNLOAD_TIMEOUT_S = 60
 OFFLINE_ENV = "PRETRIEVE_OFFLINE"
 CACHE_ENV = "PRETRIEVE_CACHE"
@@ -44,6 +50,7 @@ class CollectionInfo:
     md5: str | None
     splits: tuple[str, ...]
     description: str
+    archive: str = "beir-zip"      # how the download is unpacked: "beir-zip" or "cranfield-smart" (converted)
 
 
 def _beir(name: str, md5: str, splits: tuple[str, ...], description: str) -> CollectionInfo:
@@ -79,6 +86,9 @@ KNOWN_COLLECTIONS: dict[str, CollectionInfo] = {info.name: info for info in (
           "Climate-FEVER fact checking, 5.42M Wikipedia abstracts"),
     _beir("scifact", "5f7d1de60b170fc8027bb7898e2efca1", ("train", "test"),
           "SciFact scientific claim verification, 5.2K abstracts"),
+    CollectionInfo("cranfield", CRANFIELD_URL, "1730f7be572d95a5a4b56c59a7b900a5", ("test",),
+                   "Cranfield aeronautics abstracts (ir_datasets: cranfield), 1.4K documents, 225 queries, "
+                   "graded qrels", archive="cranfield-smart"),
 )}
 
 
@@ -174,7 +184,10 @@ def _download_and_unpack(info: CollectionInfo, target: Path) -> Path:
             if actual != info.md5:
                 raise InputError(f"checksum mismatch for '{info.name}': expected md5 {info.md5}, got {actual} "
                                  f"(corrupt or changed download; retry, or pass a local path)", path=info.url)
-        _unpack(archive, target, info.name)
+        if info.archive == "cranfield-smart":
+            _convert_cranfield(archive, target)
+        else:
+            _unpack(archive, target, info.name)
     finally:
         archive.unlink(missing_ok=True)
     return target
@@ -198,6 +211,55 @@ def _unpack(archive: Path, target: Path, name: str) -> None:
             shutil.rmtree(staging)
     except zipfile.BadZipFile as exc:
         raise InputError(f"downloaded archive of '{name}' is not a valid zip ({exc})", path=archive) from None
+
+
+def _convert_cranfield(archive: Path, target: Path) -> None:
+    """The SMART files of Cranfield (a ``.tar.gz``) → a BEIR-layout directory, atomically (module docstring)."""
+    import io
+    import json
+    import tarfile
+
+    try:
+        with tarfile.open(archive, "r:*") as tar:
+            members = {Path(m.name).name: m for m in tar.getmembers() if m.isfile()}
+            missing = [name for name in ("cran.all.1400", "cran.qry", "cranqrel") if name not in members]
+            if missing:
+                raise InputError(f"Cranfield archive lacks {', '.join(missing)}", path=archive)
+            read = {name: io.TextIOWrapper(tar.extractfile(members[name]), encoding="utf-8", errors="replace").read()
+                    for name in ("cran.all.1400", "cran.qry", "cranqrel")}
+    except tarfile.TarError as exc:
+        raise InputError(f"downloaded archive of 'cranfield' is not a valid tar.gz ({exc})", path=archive) from None
+    docs = [{"_id": record["I"], "title": record.get("T", ""), "text": record.get("W", "")}
+            for record in _smart_records(read["cran.all.1400"])]
+    queries = [{"_id": str(number), "text": record.get("W", "")}
+               for number, record in enumerate(_smart_records(read["cran.qry"]), start=1)]
+    qrels = []
+    for line in read["cranqrel"].splitlines():
+        parts = line.split()
+        if len(parts) >= 3 and parts[2].lstrip("-").isdigit() and 1 <= int(parts[2]) <= 4:
+            qrels.append((parts[0], parts[1], 5 - int(parts[2])))
+    with atomic_dir(target) as tmp:
+        (tmp / "corpus.jsonl").write_text("".join(json.dumps(d) + "\n" for d in docs), encoding="utf-8")
+        (tmp / "queries.jsonl").write_text("".join(json.dumps(q) + "\n" for q in queries), encoding="utf-8")
+        (tmp / "qrels").mkdir()
+        (tmp / "qrels" / "test.tsv").write_text("query-id\tcorpus-id\tscore\n" + "".join(
+            f"{qid}\t{doc}\t{grade}\n" for qid, doc, grade in qrels), encoding="utf-8")
+
+
+def _smart_records(text: str) -> list[dict[str, str]]:
+    """``.I <id>`` records with ``.T``/``.A``/``.B``/``.W`` fields (lines of a field joined by spaces)."""
+    records: list[dict[str, str]] = []
+    field = None
+    for line in text.splitlines():
+        if line.startswith(".I"):
+            records.append({"I": line[2:].strip().lstrip("0") or "0"})
+            field = None
+        elif len(line) >= 2 and line[0] == "." and line[1] in "TABW" and line[2:].strip() == "":
+            field = line[1]
+        elif records and field is not None:
+            value = records[-1].get(field, "")
+            records[-1][field] = (value + " " + line.strip()).strip()
+    return records
 
 
 def _collection_root(staging: Path) -> Path | None:

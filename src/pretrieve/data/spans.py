@@ -1,7 +1,7 @@
 """Contextual spans for CoT-MAE / CoT-MoTE pre-training: an anchor span and a context span per example.
 
 CoT-MAE (Wu et al., 2023) cuts each document into sentence-packed spans and pairs every anchor span with a
-*contextual* span of the same document; CoT-MoTE (paper 004 §4.1) and CoT-MAE-qc use a passage and one of
+*contextual* span of the same document; CoT-MoTE (Ma et al. 2023, §4.1) and CoT-MAE-qc use a passage and one of
 its (pseudo-)queries instead. Each example holds both texts and a text type per side; the model encodes both
 and each span's [CLS] vector reconstructs the other (:mod:`pretrieve.modeling.objectives.contextual`).
 

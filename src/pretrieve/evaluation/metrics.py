@@ -164,6 +164,13 @@ class RunEvaluator:
         self.missing = missing
         self.ignore_identical_ids = ignore_identical_ids
         self.judged_queries = tuple(qrels)
+        without_relevant = sum(1 for docs in qrels.values() if not any(int(g) > 0 for g in docs.values()))
+        if without_relevant == len(qrels):
+            logger.warning("the qrels have no relevant judgment (every grade is 0 or negative): every measure is 0 "
+                           "for every run")
+        elif without_relevant:
+            logger.warning("%d of %d judged queries have no relevant document (grade > 0): they score 0 in every "
+                           "measure", without_relevant, len(qrels))
         plain_qrels = {qid: {doc_id: int(grade) for doc_id, grade in docs.items()} for qid, docs in qrels.items()}
         by_provider: dict[Any, list[Measure]] = {}
         for measure in dict.fromkeys(self.measures.values()):

@@ -1,7 +1,7 @@
 """Position-specific attention masks of RetroMAE's enhanced decoding (two-stream decoder).
 
-This module owns the [B, L, L] visibility matrices of the enhanced decoder (RetroMAE, paper 001
-§3.1 eq. 5; paper 000 eq. 8-10): the query stream at position ``i`` reconstructs token ``x_i`` from
+This module owns the [B, L, L] visibility matrices of the enhanced decoder (RetroMAE, DupMAE (Xiao & Liu 2022)
+§3.1 eq. 5; Drop your Decoder (Ma et al. 2024) eq. 8-10): the query stream at position ``i`` reconstructs token ``x_i`` from
 the sentence embedding (position 0) and a random sample ``s(X_{≠i})`` of the other tokens, never from
 itself.
 

@@ -10,7 +10,7 @@ Kinds:
   default; ~10× slower);
 * ``pmi``: CDMAE's importance-aware masking (token-level Algorithm 1: AMI look-ups of every n-gram of the
   batch, Gaussian noise, top-k, 80/10/10; ``ImportanceMasker``) — compare with ``random``, the same
-  selection rule without importance (paper 003 Table 6: batch 128, length 150). Its n-gram statistics are
+  selection rule without importance (CDMAE, Li et al. 2023, Table 6: batch 128, length 150). Its n-gram statistics are
   ``pmi_statistics`` when given, else counted from ``texts`` before timing starts. Not in
   ``DEFAULT_KINDS``.
 

@@ -1,11 +1,11 @@
-"""Corpus n-gram statistics, PMI/AMI token importance and importance-aware masking (CDMAE, paper 003 §3.2).
+"""Corpus n-gram statistics, PMI/AMI token importance and importance-aware masking (CDMAE, CDMAE (Li et al. 2023) §3.2).
 
 This module owns everything CDMAE adds on the data side: counting the n-grams of a pre-training corpus,
 turning the counts into a per-token importance (average mutual information, AMI), and masking the most
 important tokens first (Algorithm 1), for an MLM decoder (:class:`ImportanceMasker`) or for RetroMAE's
 position-specific attention masks (:func:`importance_enhanced_mask`).
 
-Definitions (paper 003 eq. 7–8), with natural logarithms:
+Definitions (CDMAE, Li et al. 2023, eq. 7–8), with natural logarithms:
 
 * ``p(g) = count(g) / N_n`` for an n-gram ``g`` of order ``n``, ``N_n`` = the number of n-gram positions of
   the corpus ("the number of all the n-grams in the corpus"); n-grams never cross a chunk boundary;
@@ -50,7 +50,7 @@ Choices, each stated:
   orders at once: one dense probe of every key's home slot, then only the ~1/6 of keys that must probe
   further are followed. AMI of a 128 × 150 batch: ~0.6 ms on one core (SciFact statistics); the whole
   ``pmi`` masker 1.7–1.8× the token-level random masker, measured side by side with
-  :func:`pretrieve.masking.latency.masking_latency` (kind ``"pmi"``; paper 003 Table 6 reports 2.75×).
+  :func:`pretrieve.masking.latency.masking_latency` (kind ``"pmi"``; CDMAE (Li et al. 2023) Table 6 reports 2.75×).
   The table costs 12 B per slot, 4–8 slots per stored n-gram (SciFact: 24 MB; load 1/2 would halve it but
   make look-ups ~50 % slower), held by each collating process.
   Precomputing AMI per corpus token was the alternative; it would need the dataset to hand the collator
@@ -82,7 +82,7 @@ from pretrieve.masking.enhanced import visible_per_row
 from pretrieve.masking.vocab import VocabInfo
 from pretrieve.masking.whole_word import MaskedInput, RandomMasker
 
-DEFAULT_WINDOW = 4  # L (paper 003 §3.2)
+DEFAULT_WINDOW = 4  # L (CDMAE, Li et al. 2023, §3.2)
 DEFAULT_SIGMA = 1.0  # σ of Algorithm 1's Gaussian perturbation (footnote 3)
 MAX_WINDOW = 8
 PMI_MASKER_DEFAULTS: dict[str, Any] = {"window": DEFAULT_WINDOW, "sigma": DEFAULT_SIGMA, "whole_word": False,
@@ -309,7 +309,7 @@ class NgramStatistics:
         """Smoothed inverse document frequency per token id, ``log((1 + N) / (1 + df))`` (float32 [V]).
 
         Documents are the corpus chunks (the pre-training examples). Used by CPDAE's IDF-weighted
-        reconstruction ablation (paper 002 Table 2).
+        reconstruction ablation (CPDAE, Ma et al. 2022, Table 2).
         """
         return np.log((1.0 + self.num_docs) / (1.0 + self.doc_freq)).astype(np.float32)
 

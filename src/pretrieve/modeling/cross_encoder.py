@@ -2,7 +2,7 @@
 
 :class:`CrossEncoder` wraps ``AutoModelForSequenceClassification(num_labels=1)`` (the papers' teacher is
 initialised from ELECTRA-base following SimLM; any encoder checkpoint works — the classification head is created
-when the checkpoint has none). Training (paper 003 §3.4) is the retriever's listwise contrastive loss with the
+when the checkpoint has none). Training (CDMAE, Li et al. 2023, §3.4) is the retriever's listwise contrastive loss with the
 parametric score ``s_ce(q, d) = CE(concat(q, d))`` and **no in-batch negatives**: each query's group of
 ``G`` pairs (positive first) is a softmax over its own ``G`` scores
 (:func:`pretrieve.modeling.losses.listwise_ce`), as in RetroMAE's and SimLM's rerankers.

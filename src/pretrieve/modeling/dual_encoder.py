@@ -8,10 +8,10 @@ token_type_ids, text_type) -> [B, L, H]``, where ``text_type`` is ``"query"`` or
   head) and is chosen automatically when the representation needs the head (``needs_mlm_head``).
 
 Both accept ``text_type`` and pass it down (the MaskedLM encoder as its 0/1 tensor), so a later tower that
-routes query and passage tokens to different FFN experts (CoT-MoTE, paper 004) registers itself with
+routes query and passage tokens to different FFN experts (CoT-MoTE, CoT-MoTE (Ma et al. 2023)) registers itself with
 :func:`register_tower` and plugs in without changing the dual encoder or the trainer.
 
-Siamese or separate (paper 004 §2): ``tied=True`` (default, papers 000/001/003 and 004's shared attention) uses
+Siamese or separate (CoT-MoTE, Ma et al. 2023, §2): ``tied=True`` (default, Drop your Decoder, DupMAE, CDMAE, and CoT-MoTE's shared attention) uses
 one tower for both sides; ``tied=False`` holds two copies initialised from the same checkpoint that are trained
 independently ("fully separated"). The model stores only distinct modules, so a tied model's state holds one
 tower (no shared tensors in checkpoints).
@@ -20,7 +20,7 @@ Loss (:class:`RetrievalLoss`). ``model(batch) -> (loss, logs)`` with ``batch`` h
 ``query_input_ids`` / ``query_attention_mask`` (``[B, Lq]``, optional ``query_token_type_ids``) and passages
 ``passage_*`` (``[B·G, Lp]``, each query's group contiguous, its positive first) and, for distillation,
 ``teacher_scores`` ``[B, G]``. Without teacher scores the loss is InfoNCE over in-batch + hard negatives
-(paper 003 eq. 10, paper 001 eq. 14); with them it is ``KL(P_teacher ‖ P_student) + α · InfoNCE`` (paper 003
+(CDMAE, Li et al. 2023, eq. 10, DupMAE (Xiao & Liu 2022) eq. 14); with them it is ``KL(P_teacher ‖ P_student) + α · InfoNCE`` (CDMAE (Li et al. 2023)
 eq. 11, α = 0.2). ``gather=True`` scores against the passages of every process under DDP (cross-device
 negatives; a no-op in one process). Note that cross-device negatives make a W-process run differ from one
 process accumulating W micro-batches (each micro-batch then sees only its own in-batch negatives); with
@@ -195,9 +195,9 @@ class RetrievalLoss:
     """Fine-tuning loss settings (the representation owns the similarity and the temperature τ).
 
     Args:
-        in_batch: the other queries' passages are negatives too (papers 001 eq. 14 and 003 eq. 10).
+        in_batch: the other queries' passages are negatives too (DupMAE eq. 14, CDMAE eq. 10).
         gather: cross-device negatives under DDP (no-op in one process).
-        alpha: weight of the contrastive term in the distillation stage (paper 003: 0.2, after SimLM).
+        alpha: weight of the contrastive term in the distillation stage (CDMAE (Li et al. 2023): 0.2, after SimLM).
         teacher_temperature: temperature of the teacher's softmax in the KL term (papers: 1).
     """
 

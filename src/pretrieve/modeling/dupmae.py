@@ -1,4 +1,4 @@
-"""The DupMAE representation (paper 001 §3.2 "Representation", eq. 10–12): [CLS] reduced + sparse OT vector.
+"""The DupMAE representation (DupMAE, Xiao & Liu 2022, §3.2 "Representation", eq. 10–12): [CLS] reduced + sparse OT vector.
 
 For a text ``X`` with last hidden states ``h``:
 

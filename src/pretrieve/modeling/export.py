@@ -24,7 +24,7 @@ is *not* a sentence-transformers model (sentence-transformers has no notion of t
 load ``path/query`` for queries and ``path/passage`` for passages, or ``DualEncoder.load(path)``.
 Representations other than dense (sparse, DupMAE) get no sentence-transformers files.
 
-**CoT-MoTE models** (query and passage FFN experts, paper 004) cannot be expressed in sentence-transformers,
+**CoT-MoTE models** (query and passage FFN experts, CoT-MoTE (Ma et al. 2023)) cannot be expressed in sentence-transformers,
 which runs one network on every text: ``SentenceTransformer(path)`` (through ``AutoModel``) loads the *passage*
 expert — the one stored under BERT's parameter names — and ignores the query expert, so it would encode
 queries through P-FFN. The export still writes the sentence-transformers files (pretrieve's own loaders read

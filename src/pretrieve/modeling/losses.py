@@ -8,18 +8,18 @@ Batch layout (Tevatron's): ``q`` is ``[B, ...]``; ``p`` is ``[B·G, ...]`` where
 ``i`` are the contiguous rows ``p[i·G : (i+1)·G]``, the positive first (row ``i·G``) and then its ``G − 1``
 hard negatives. So the positive of query ``i`` is candidate ``i·G`` of the batch.
 
-Contrastive loss (paper 003 eq. 10; paper 001 eq. 13–14)::
+Contrastive loss (CDMAE, Li et al. 2023, eq. 10; DupMAE (Xiao & Liu 2022) eq. 13–14)::
 
     L_cont = mean_i [ −s(q_i, d_i⁺)/τ + log Σ_{d ∈ C_i} exp(s(q_i, d)/τ) ]
 
 with ``C_i`` = every passage of the batch (``in_batch=True``: the other queries' positives and hard
-negatives become negatives, ``B·G − 1`` negatives per query, as in paper 003 §4.3 "Scaling Hard Negatives") or
+negatives become negatives, ``B·G − 1`` negatives per query, as in CDMAE (Li et al. 2023) §4.3 "Scaling Hard Negatives") or
 only query ``i``'s own group (``in_batch=False``). With ``gather=True`` under ``torch.distributed`` the batch
 is the concatenation of all processes' batches (cross-device negatives); see
 :mod:`pretrieve.modeling.distributed` for the gradient scaling that makes that exact under DDP.
 
-Scores and temperature. The papers use the plain dot product ``s(q, d) = q·d`` with τ = 1 (paper 003 §3.4,
-paper 001 eq. 13–15, Tevatron's default). Cosine similarity bounds ``s`` to [−1, 1], so with τ = 1 the
+Scores and temperature. The papers use the plain dot product ``s(q, d) = q·d`` with τ = 1 (CDMAE, Li et al. 2023, §3.4,
+DupMAE (Xiao & Liu 2022) eq. 13–15, Tevatron's default). Cosine similarity bounds ``s`` to [−1, 1], so with τ = 1 the
 softmax can hardly separate a positive from negatives; use τ ≈ 0.01–0.05 with ``similarity="cos"`` (SimLM
 0.01, BGE/FlagEmbedding 0.02, Contriever 0.05). ``temperature`` divides the scores in every loss here.
 
@@ -57,7 +57,7 @@ ScoreFn = Callable[[Tensor, Tensor], Tensor]
 """``score_fn(q, p)`` returns the ``[len(q), len(p)]`` relevance matrix of every query with every passage."""
 
 ALPHA_PAPER_003 = 0.2
-"""Weight of the contrastive term in the distillation stage (paper 003 §4.1, following SimLM)."""
+"""Weight of the contrastive term in the distillation stage (CDMAE, Li et al. 2023, §4.1, following SimLM)."""
 
 
 # ---------------------------------------------------------------------------------------------- scores
@@ -147,7 +147,7 @@ def contrastive_loss(q: Tensor, p: Tensor, temperature: float = 1.0, similarity:
         temperature: τ dividing the scores (1 for dot products as in the papers; ≈0.01–0.05 for cosine).
         similarity: ``"dot"`` or ``"cos"``; ignored in favour of ``score_fn`` when that is given (then it
             must stay ``"dot"``, the default, to avoid an ambiguous call).
-        in_batch: every passage of the batch is a candidate for every query (paper 003 eq. 10, paper 001
+        in_batch: every passage of the batch is a candidate for every query (CDMAE, Li et al. 2023, eq. 10, DupMAE (Xiao & Liu 2022)
             eq. 14); False: only the query's own group (the positive and its hard negatives).
         score_fn: custom ``score_fn(q, p) -> [len(q), len(p)]``.
         gather: with ``in_batch`` under ``torch.distributed``, score the gathered queries against the gathered
@@ -186,14 +186,14 @@ def contrastive_loss(q: Tensor, p: Tensor, temperature: float = 1.0, similarity:
 def distillation_loss(student_scores: Tensor, teacher_scores: Tensor, temperature: float = 1.0) -> Tensor:
     """``KL(P_teacher ‖ P_student)`` over each query's own group, summed over the group, mean over queries.
 
-    ``P = softmax(scores / temperature)`` over the ``G`` candidates of each query (paper 003 eq. 11: the
+    ``P = softmax(scores / temperature)`` over the ``G`` candidates of each query (CDMAE, Li et al. 2023, eq. 11: the
     cross-encoder teacher scores only the query's positive and hard negatives, so no in-batch candidates).
     ``temperature`` divides both score sets (Hinton et al.'s soft targets; the papers use 1); there is no
     ``T²`` factor — multiply by it when sweeping T if comparable gradient magnitudes matter.
 
     Reduction, ``batchmean``: Σ_g p_t (log p_t − log p_s) for each query, averaged over the queries — eq. 11
     averaged over the batch, and what SimLM (``KLDivLoss(reduction="batchmean", log_target=True)``), which
-    paper 003 follows, computes. The other reference implementations differ:
+    CDMAE (Li et al. 2023) follows, computes. The other reference implementations differ:
     RetroMAE/DupMAE's bi-encoder fine-tuning uses ``nn.KLDivLoss(reduction="mean")``, a mean over all B·G
     elements, i.e. this KL divided by ``G`` (a distillation term ``G`` times weaker against the contrastive
     one); FlagEmbedding's current ``kl_div`` is the soft-label cross-entropy −Σ p_t log p_s (DupMAE eq. 15),
@@ -223,7 +223,7 @@ def combined_distillation_loss(q: Tensor, p: Tensor, teacher_scores: Tensor, alp
                                similarity: Similarity = "dot", in_batch: bool = True,
                                score_fn: ScoreFn | None = None, gather: bool = False,
                                scale_grad_by_world_size: bool = True) -> DistillationLoss:
-    """Paper 003's stage-3 loss ``L = L_kl + α · L_cont`` (eq. 10–11, α = 0.2 following SimLM).
+    """CDMAE's (Li et al. 2023) stage-3 loss ``L = L_kl + α · L_cont`` (eq. 10–11, α = 0.2 following SimLM).
 
     ``L_kl`` = :func:`distillation_loss` between the student's own-group scores ``s(q, d)/temperature`` and
     the teacher's ``teacher_scores / teacher_temperature`` (``[B, G]``, same layout as the groups: column 0
@@ -259,7 +259,7 @@ def combined_distillation_loss(q: Tensor, p: Tensor, teacher_scores: Tensor, alp
 def listwise_ce(scores: Tensor, temperature: float = 1.0) -> Tensor:
     """Listwise cross-entropy of ``[B, G]`` scores with the positive in column 0; mean over queries.
 
-    The cross-encoder reranker's loss (paper 003 §3.4: the retriever's contrastive loss with ``s_ce`` and no
+    The cross-encoder reranker's loss (CDMAE, Li et al. 2023, §3.4: the retriever's contrastive loss with ``s_ce`` and no
     in-batch negatives; RetroMAE's reranker), and :func:`contrastive_loss` with ``in_batch=False``.
     """
     _check_temperature("temperature", temperature)

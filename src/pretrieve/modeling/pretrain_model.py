@@ -1,7 +1,7 @@
 """The pre-training model: one encoder, a weighted set of objectives, one loss.
 
 :class:`PretrainModel` encodes the encoder-masked input once and sums ``wᵢ · lossᵢ`` over the method's
-objectives (paper 000 eq. 13 is ``mlm + bow`` with weights 1, 1). It knows nothing of files beyond its own
+objectives (Drop your Decoder, Ma et al. 2024, eq. 13 is ``mlm + bow`` with weights 1, 1). It knows nothing of files beyond its own
 checkpoint layout, nor of the CLI or the trainer; the method arrives as plain data (the ``to_dict()`` of
 :class:`pretrieve.train.method.MethodConfig`, or any mapping with an ``objectives`` list of
 ``{name, weight, params}``), so this module does not import the training package.
@@ -25,7 +25,7 @@ back to its own length. With BERT-style attention masks the extra padding does n
 positions' outputs. Per-example ``text_type`` (MoTE routing) is forwarded to :meth:`Encoder.forward`.
 
 CoT-MoTE: a method with ``mote: true`` gives the encoder query/passage FFN experts
-(:func:`pretrieve.modeling.mote.enable_mote`) before training; ``mote_swap: true`` (paper 004 Table 4) hands the
+(:func:`pretrieve.modeling.mote.enable_mote`) before training; ``mote_swap: true`` (CoT-MoTE, Ma et al. 2023, Table 4) hands the
 encoder swapped text types, so queries train the passage expert and passages the query expert.
 """
 
@@ -107,7 +107,7 @@ class PretrainModel(nn.Module):
         if not self.objectives:
             raise ConfigError("a method needs at least one objective")
         _check_no_shared_parameters(encoder, self.objectives)
-        if self.method.get("mote"):  # CoT-MoTE: query/passage FFN experts, both copies of the FFN (paper 004 §3.1)
+        if self.method.get("mote"):  # CoT-MoTE: query/passage FFN experts, both copies of the FFN (CoT-MoTE, Ma et al. 2023, §3.1)
             enable_mote(encoder.model)
         self.swap_experts = bool(self.method.get("mote_swap"))  # Table 4 ablation: queries → P-FFN, passages → Q-FFN
         required = self.required_features()

@@ -15,7 +15,7 @@ A :class:`Representation` is the pluggable part of :class:`~pretrieve.modeling.d
 
 :class:`DenseRepresentation` is the papers' representation: one vector per text, pooled from the last hidden
 states (``cls``: the first real token, the papers' choice for BERT; ``mean``: the average over real tokens,
-what all-MiniLM-L6-v2 was trained with), optionally L2-normalised, scored by dot product (papers 000/001/003/004:
+what all-MiniLM-L6-v2 was trained with), optionally L2-normalised, scored by dot product (Drop your Decoder, DupMAE, CDMAE, CoT-MoTE:
 ``s(q, d) = q·d``, τ = 1) or cosine similarity (τ ≈ 0.01–0.05). Pooling reproduces sentence-transformers'
 arithmetic exactly (first non-padding position; ``sum(h·mask) / clamp(sum(mask), 1e-9)``), so the exported
 model (:mod:`pretrieve.modeling.export`) encodes the same vectors in sentence-transformers and in
@@ -174,5 +174,5 @@ class DenseRepresentation(Representation):
 
 # Representations defined in their own modules register themselves on import (the import sits at the end so
 # that they can subclass Representation; a saved model's "type" must be known before DualEncoder.load).
-from pretrieve.modeling import dupmae as _dupmae  # noqa: E402,F401  (registers "dupmae", paper 001 eq. 10–12)
-from pretrieve.modeling import sparse as _sparse  # noqa: E402,F401  (registers "sparse", "hybrid": paper 004 eq. 4–6)
+from pretrieve.modeling import dupmae as _dupmae  # noqa: E402,F401  (registers "dupmae", DupMAE (Xiao & Liu 2022) eq. 10–12)
+from pretrieve.modeling import sparse as _sparse  # noqa: E402,F401  (registers "sparse", "hybrid": CoT-MoTE (Ma et al. 2023) eq. 4–6)

@@ -1,8 +1,8 @@
-"""SPLADE-style sparse representations (paper 004 eq. 4) and the dense + sparse hybrid (eq. 5–6, 13).
+"""SPLADE-style sparse representations (CoT-MoTE, Ma et al. 2023, eq. 4) and the dense + sparse hybrid (eq. 5–6, 13).
 
 **Sparse vector (eq. 4).** The last hidden states go through the MLM head (transform, LayerNorm, the tied
 ``Eᵀ`` + bias), then ``log(1 + ReLU(·))`` and a max over the sequence:
-``w_j = max_i log(1 + ReLU(h_iᵀ E_j + b_j))`` — SPLADE v2's max pooling, which paper 004 writes as
+``w_j = max_i log(1 + ReLU(h_iᵀ E_j + b_j))`` — SPLADE v2's max pooling, which CoT-MoTE (Ma et al. 2023) writes as
 "ReLU and log saturation … pooling". Special tokens and padding are excluded: the pooled positions are the
 attended ones except each row's first and last ([CLS] … [SEP] of a single tokenized text; SPLADE itself
 pools over [CLS] and [SEP] too — the issue asks for them to be left out). A row with no ordinary token gets the
@@ -14,7 +14,7 @@ of the max logit, so the pooling reuses DupMAE's memory-bounded max over the log
 Paria et al. 2020 as used by SPLADE) is added to the contrastive loss through
 :meth:`~pretrieve.modeling.representations.Representation.regularization`; the passage term covers every
 passage of the batch (positives and hard negatives). Defaults ``λ_q = 3e-4``, ``λ_d = 1e-4`` (the order of
-magnitude SPLADE uses; neither paper 004 nor CoT-MAE v2 prints theirs); SPLADE's quadratic warm-up of λ is not
+magnitude SPLADE uses; neither CoT-MoTE (Ma et al. 2023) nor CoT-MAE v2 prints theirs); SPLADE's quadratic warm-up of λ is not
 applied (the representation does not see the training step).
 
 **Hybrid (eq. 5–6, 13).** One row per text, ``[h_CLS (H) ; w (V)]``; the relevance is

@@ -581,7 +581,7 @@ def bm25_negatives(data: str | Path | BeirCollection, split: str, out_groups: st
                    show_progress: bool = False) -> Path:
     """Stage-1 groups: the BM25 (Pyserini defaults) top-``depth`` of each ``split`` query minus its positives.
 
-    Paper 003 §3.4's first fine-tuning stage (K₁ = 1000). Queries are searched in qrels order and each group
+    CDMAE (Li et al. 2023) §3.4's first fine-tuning stage (K₁ = 1000). Queries are searched in qrels order and each group
     (and run line, with ``run_out``) is written as its ranking arrives, so memory does not grow with the number
     of training queries (:func:`pretrieve.data.groups.group_from_ranking` states which queries are skipped).
     A groups file that is current (same settings, same collection files) is returned without recomputing,

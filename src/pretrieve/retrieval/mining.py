@@ -1,6 +1,6 @@
 """Hard-negative mining: training groups from a retriever's top-K minus the judged positives.
 
-* :func:`bm25_negatives` — stage 1 of the fine-tuning pipeline (paper 003 §3.4): BM25's top-K₁ (1000)
+* :func:`bm25_negatives` — stage 1 of the fine-tuning pipeline (CDMAE, Li et al. 2023, §3.4): BM25's top-K₁ (1000)
   for every training query, minus its positives.
 * :func:`mine_negatives` — stages 2 and 3: the fine-tuned dense retriever's top-K₂/K₃ (200), minus positives
   (``pretrieve mine``). The corpus and the queries are encoded with :class:`DenseEncoder` (from the

@@ -1,7 +1,7 @@
 """A sparse inverted index: exact top-k retrieval by sparse dot product (scipy.sparse).
 
 :class:`SparseIndex` holds one sparse vector per document over a vocabulary of ``dim`` terms — DupMAE's
-top-k ordinary-token vectors (paper 001 eq. 11), SPLADE-style term weights, any bag of weighted terms — in two
+top-k ordinary-token vectors (DupMAE, Xiao & Liu 2022, eq. 11), SPLADE-style term weights, any bag of weighted terms — in two
 scipy layouts built from the same data:
 
 * the **forward** matrix ``[N, dim]`` (CSR: a row = one document's (term, weight) pairs), what is stored and

@@ -1,4 +1,4 @@
-"""Search with a model fine-tuned with the ``sparse`` or ``hybrid`` representation (paper 004 eq. 4–6, Table 3).
+"""Search with a model fine-tuned with the ``sparse`` or ``hybrid`` representation (CoT-MoTE, Ma et al. 2023, eq. 4–6, Table 3).
 
 A model whose ``dual_encoder.json`` declares ``"representation": {"type": "sparse" | "hybrid", ...}``
 (:mod:`pretrieve.modeling.sparse`) encodes a text into a SPLADE vector ``w`` (``[V]``, mostly zeros) and, for

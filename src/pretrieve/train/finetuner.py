@@ -1,11 +1,11 @@
-"""Retriever fine-tuning, stages 1–3 (paper 003 §3.4, paper 001 eq. 13–15, paper 004 §3.3, paper 000 §4.1).
+"""Retriever fine-tuning, stages 1–3 (CDMAE, Li et al. 2023, §3.4, DupMAE (Xiao & Liu 2022) eq. 13–15, CoT-MoTE (Ma et al. 2023) §3.3, Drop your Decoder (Ma et al. 2024) §4.1).
 
 :func:`finetune` trains a :class:`~pretrieve.modeling.dual_encoder.DualEncoder` on training groups (a query, its
 positives, its hard negatives) with the shared loop (:mod:`pretrieve.train.loop`: data order, accumulation,
 DDP, checkpoints, exact resume) and exports it to ``<out>/final`` (:mod:`pretrieve.modeling.export`: a
 sentence-transformers folder for dense siamese models, so ``pretrieve dense --model <out>/final`` works).
 
-The three stages differ only in their groups and loss (DupMAE's variants, paper 001 eq. 13 and 15, are settings:
+The three stages differ only in their groups and loss (DupMAE's variants, DupMAE (Xiao & Liu 2022) eq. 13 and 15, are settings:
 ``num_negatives: 0`` in stage 1 trains on in-batch negatives only — the groups are then the qrels' positives,
 ``qrels_groups.jsonl``, and no BM25 runs; ``alpha: 0`` in stage 3 keeps only the soft-label term, the teacher's
 distribution over each query's own group):
@@ -23,16 +23,16 @@ stage  groups (``--groups``)                                                  lo
 
 Every stage starts again from the *pre-trained* checkpoint (``--model``), not from the previous stage:
 "At each of the three training stages, retrievers are initialized with the same pre-trained checkpoint"
-(paper 003 §3.4; SimLM and Tevatron's recipes do the same). Earlier stages only supply negatives.
+(CDMAE, Li et al. 2023, §3.4; SimLM and Tevatron's recipes do the same). Earlier stages only supply negatives.
 
 Sampling (:class:`GroupCollator`): each step draws, per query, one positive uniformly and ``num_negatives``
 distinct negatives (:func:`pretrieve.data.groups.sample_group_indices`) from the generator the loop seeds per
 (seed, step, micro-batch) — so resume is exact. Queries (``query_max_len`` 32) and passages (title + " " +
-text, ``passage_max_len`` 144: paper 000 §4.1's MS MARCO length) are tokenized with dynamic padding. The corpus and
+text, ``passage_max_len`` 144: Drop your Decoder (Ma et al. 2024) §4.1's MS MARCO length) are tokenized with dynamic padding. The corpus and
 the groups are read as memory-mapped Arrow datasets (:mod:`pretrieve.data.arrow`, built once by the main process
 and reused while current), so no rank holds the passages or the groups as Python objects.
 
-Defaults. The papers fine-tune with batch 64, 15 negatives (group 16; paper 003: group 32, swapped with the
+Defaults. The papers fine-tune with batch 64, 15 negatives (group 16; CDMAE (Li et al. 2023): group 32, swapped with the
 batch in stage 3), lr 2e-5, 3 epochs, dot product with τ = 1 on [CLS] vectors. The defaults here keep the
 papers' lr, epochs, lengths, similarity and α but use batch 16 and 7 negatives (group 8), which fits a CPU
 or a small GPU; set ``batch_size: 64`` and ``num_negatives: 15`` in a config file to match the papers.
@@ -55,9 +55,10 @@ import torch
 from pretrieve.data.arrow import CorpusTexts, GroupsDataset
 from pretrieve.data.beir import BeirCollection, Corpus
 from pretrieve.data.groups import TrainingGroup, sample_group_indices
+from pretrieve import artifacts, outputs
 from pretrieve.errors import ConfigError, InputError
 from pretrieve.io_utils import write_json
-from pretrieve.train.loop import BOOKKEEPING, LoopConfig, finished_run, make_accelerator, train
+from pretrieve.train.loop import BOOKKEEPING, LoopConfig, check_restart, finished_run, make_accelerator, run_inputs, train
 from pretrieve.train.settings import FinetuneSettings
 
 logger = logging.getLogger(__name__)
@@ -66,6 +67,9 @@ STAGES = (1, 2, 3)
 BM25_GROUPS_FILE = "bm25_groups.jsonl"
 QRELS_GROUPS_FILE = "qrels_groups.jsonl"
 CONFIG_FILE = "finetune_config.json"
+KIND = "retriever"
+# Paths: the run's inputs are compared by content (artifacts.fingerprint), never by where they are.
+PATH_SETTINGS = ("model", "data", "out", "groups")
 COSINE_TEMPERATURE = 0.05
 #: LoopConfig fields that do not change what a run computes (ignored when deciding whether a run is done).
 
@@ -103,8 +107,16 @@ class FinetuneConfig(FinetuneSettings, LoopConfig):
             raise ConfigError(f"grad_cache_chunk must be an integer >= 1, got {self.grad_cache_chunk!r}")
 
     def settings(self) -> dict[str, Any]:
-        """The resolved settings that determine the result (bookkeeping options left out)."""
-        return {key: value for key, value in dataclasses.asdict(self).items() if key not in BOOKKEEPING}
+        """The resolved settings that determine the result (bookkeeping options and paths left out)."""
+        return {key: value for key, value in dataclasses.asdict(self).items()
+                if key not in BOOKKEEPING and key not in PATH_SETTINGS}
+
+    def inputs(self, model_path: str) -> tuple[dict[str, Path], dict[str, str]]:
+        """What the run is trained from, fingerprinted by content: the checkpoint, the collection's corpus, queries
+        and training qrels, and the groups file (stage 1 without one builds BM25 groups from those)."""
+        collection = BeirCollection(Path(self.data))
+        return run_inputs(model=model_path, corpus=collection.corpus_path, queries=collection.queries_path,
+                          qrels=collection.qrels_path(self.split), groups=self.groups)
 
 
 
@@ -186,9 +198,9 @@ def resolve_dense_settings(config: FinetuneConfig, model_path: str) -> FinetuneC
 
 
 def build_representation(config: FinetuneConfig, model_path: str | None = None):
-    """``dense`` (pooling/normalize/similarity settings), ``dupmae[:<spec>]`` (paper 001 eq. 10–12, e.g.
+    """``dense`` (pooling/normalize/similarity settings), ``dupmae[:<spec>]`` (DupMAE, Xiao & Liu 2022, eq. 10–12, e.g.
     ``dupmae:cls:384,ot:260``; :mod:`pretrieve.modeling.dupmae`), or ``sparse[:<spec>]`` / ``hybrid[:<spec>]``
-    (paper 004 eq. 4–6, e.g. ``hybrid:lq=3e-4,ld=1e-4``; :mod:`pretrieve.modeling.sparse`)."""
+    (CoT-MoTE, Ma et al. 2023, eq. 4–6, e.g. ``hybrid:lq=3e-4,ld=1e-4``; :mod:`pretrieve.modeling.sparse`)."""
     from pretrieve.modeling.representations import REPRESENTATIONS, DenseRepresentation
 
     kind, _, spec = config.representation.partition(":")
@@ -198,7 +210,7 @@ def build_representation(config: FinetuneConfig, model_path: str | None = None):
 
         return DupMAERepresentation.for_model(spec, str(model_path or resolve_model(config.model)),
                                               temperature=1.0 if config.temperature is None else config.temperature)
-    if kind in ("sparse", "hybrid"):  # SPLADE vector / [CLS] + SPLADE (paper 004 eq. 4–6), pretrieve.modeling.sparse
+    if kind in ("sparse", "hybrid"):  # SPLADE vector / [CLS] + SPLADE (CoT-MoTE, Ma et al. 2023, eq. 4–6), pretrieve.modeling.sparse
         from pretrieve.modeling.sparse import representation_from_spec
         from pretrieve.models import resolve_model
 
@@ -292,19 +304,6 @@ def load_training_groups(config: FinetuneConfig, path: Path, corpus) -> "GroupsD
     return groups.select(range(int(keep[0]), int(keep[-1]) + 1) if contiguous else keep)
 
 
-def input_fingerprints(model_path: str, groups: str | Path | None) -> dict[str, str | None]:
-    """What a finished run was trained from: the checkpoint's weight files and the groups file's bytes.
-
-    Part of the recorded settings, so a stage whose inputs were regenerated (a re-trained reranker's new
-    teacher scores, a new pre-trained checkpoint) is never mistaken for finished.
-    """
-    from pretrieve.io_utils import file_digest
-    from pretrieve.retrieval.encode import model_fingerprint
-
-    digest = file_digest(groups) if groups is not None and Path(groups).is_file() else None
-    return {"model": model_fingerprint(model_path), "groups": digest}
-
-
 def _warn_if_not_pretrained(config: FinetuneConfig, model_path: str) -> None:
     if config.stage > 1 and (Path(model_path) / "dual_encoder.json").exists():
         logger.warning("%s is a fine-tuned dual encoder: the papers start every stage from the pre-trained "
@@ -313,7 +312,16 @@ def _warn_if_not_pretrained(config: FinetuneConfig, model_path: str) -> None:
 
 # --------------------------------------------------------------------------------------------- running
 def finetune(config: FinetuneConfig) -> Path:
-    """Run (resume, or skip when already finished) one fine-tuning stage; returns ``<out>/final``."""
+    """Run (resume, or skip when already finished) one fine-tuning stage; returns ``<out>/final``.
+
+    The output directory is checked and locked first (:func:`pretrieve.outputs.writing`)."""
+    config.check()
+    needed, largest = outputs.training_space(config.model, config.keep_checkpoints)
+    with outputs.writing(config.out, needed_bytes=needed, largest_file=largest):
+        return _finetune(config)
+
+
+def _finetune(config: FinetuneConfig) -> Path:
     from transformers import AutoConfig, AutoTokenizer
 
     from pretrieve.models import resolve_model
@@ -321,16 +329,18 @@ def finetune(config: FinetuneConfig) -> Path:
     from pretrieve.modeling.export import export_retriever
     from pretrieve.train.pretrainer import check_max_len
 
-    config.check()
     model_path = resolve_model(config.model)
     config = resolve_dense_settings(config, model_path)
     representation = build_representation(config, model_path)
     out = Path(config.out)
-    settings = {**config.settings(), "inputs": input_fingerprints(model_path, config.groups)}
-    done = finished_run(out, settings, CONFIG_FILE, marker="dual_encoder.json")
+    inputs, named = config.inputs(model_path)
+    settings = config.settings() | named
+    done = None if config.overwrite else finished_run(out, KIND, settings, inputs)
     if done is not None:
         logger.info("%s is complete with the same settings; not training again", done)
         return done
+    check_restart(out, config, files=(CONFIG_FILE,))
+    fingerprints = {name: artifacts.fingerprint(path) for name, path in inputs.items()}
     _warn_if_not_pretrained(config, model_path)
     try:
         model_config = AutoConfig.from_pretrained(model_path)
@@ -342,9 +352,6 @@ def finetune(config: FinetuneConfig) -> Path:
     accelerator = make_accelerator(config)
     config.validate(accelerator.num_processes)
     collection = BeirCollection(Path(config.data))
-    if accelerator.is_main_process:
-        out.mkdir(parents=True, exist_ok=True)
-        write_json(out / CONFIG_FILE, {"settings": settings, "config": dataclasses.asdict(config)})
     path = groups_path(config, collection, accelerator.is_main_process)
     # Corpus and groups as memory-mapped Arrow datasets, built once by the main process; the others then open them.
     corpus = groups = None
@@ -355,6 +362,8 @@ def finetune(config: FinetuneConfig) -> Path:
     if corpus is None:
         corpus = collection.corpus_dataset()
         groups = load_training_groups(config, path, corpus)
+    if accelerator.is_main_process:   # only once the inputs are read: a failed start leaves no config behind
+        write_json(out / CONFIG_FILE, {"settings": settings, "config": dataclasses.asdict(config)})
     logger.info("stage %d: %d training groups from %s", config.stage, len(groups), path)
 
     tokenizer = AutoTokenizer.from_pretrained(model_path)
@@ -375,21 +384,20 @@ def finetune(config: FinetuneConfig) -> Path:
         export_retriever(unwrapped, tokenizer, directory, config.passage_max_len, training=training)
         write_json(directory / CONFIG_FILE, record)
 
-    return train(model, groups, collator, config.loop(), out, export, {"config": record["config"]},
-                 accelerator=accelerator, description=f"finetune stage {config.stage}")
+    return train(model, groups, collator, config.loop(), out, export, {"config": settings | {"inputs": fingerprints}},
+                 accelerator=accelerator, description=f"finetune stage {config.stage}",
+                 record={"kind": KIND, "settings": settings, "inputs": inputs})
 
 
 def build_finetune_config(file_values: Mapping[str, Any], flags: Mapping[str, Any],
-                          resume: bool = False) -> FinetuneConfig:
-    """A :class:`FinetuneConfig` from a config file's values overridden by the flags that were given."""
-    from pretrieve.train.run_config import check_keys, merge
+                          resume: bool = False, where: str = "finetune config") -> FinetuneConfig:
+    """A :class:`FinetuneConfig` from a config file's values overridden by the flags that were given (validated
+    and coerced by :mod:`pretrieve.options`; ``where`` prefixes errors in the file's values)."""
+    from pretrieve.options import build
+    from pretrieve.train.run_config import validated_values
 
-    values = merge(file_values, flags)
-    check_keys(values, {f.name for f in dataclasses.fields(FinetuneConfig)}, "finetune config")
+    values = validated_values(FinetuneConfig, file_values, flags, where)
     values["resume"] = resume or bool(values.get("resume", False))
-    try:
-        config = FinetuneConfig(**values)
-    except TypeError as exc:
-        raise ConfigError(f"finetune config: {exc}") from None
+    config = build(FinetuneConfig, values)
     config.check()
     return config

@@ -44,12 +44,19 @@ Contract: a *dataset* (``len`` + ``dataset[i]``), a *collator* ``collator(exampl
   and the step budget aside): resuming under other settings would silently mix two runs, so it is refused
   with the differing keys (:func:`check_resumable`).
 * **Export.** ``export(unwrapped_model, directory)`` writes the final artefact into a temporary
-  directory that is renamed to ``<out>/final`` only when complete, so its existence means the run
-  finished.
+  directory that is renamed to ``<out>/final`` only when complete; its sidecar (:mod:`pretrieve.artifacts`)
+  records the run's settings and the fingerprints of its inputs, and :func:`finished_run` asks it whether a
+  finished run may be reused (settings compare content, never where files live: a copied output directory is
+  still current).
+* **Guards.** A re-run on an output that holds checkpoints is refused unless it says ``resume`` or
+  ``overwrite`` (:func:`check_restart`); a resume that cannot restore every process's RNG state stops with
+  :class:`~pretrieve.errors.InexactResumeError` unless ``allow_inexact_resume`` (:func:`load_checkpoint`); a
+  loss that is non-finite or more than ``divergence_factor`` times the running median of the losses before it
+  stops the run with :class:`~pretrieve.errors.TrainingDiverged` and removes the checkpoints written from the
+  first abnormal step on, so the newest kept checkpoint is one from before the divergence
+  (:class:`DivergenceGuard`).
 
 Distributed training: launch the same command with ``accelerate launch`` or ``torchrun``.
-A non-finite loss stops the run with :class:`FloatingPointError` at the next log line or checkpoint, whichever
-comes first (no checkpoint is written after it, so the last one stays usable).
 """
 
 from __future__ import annotations
@@ -59,6 +66,9 @@ import json
 import logging
 import math
 import os
+import random
+import shutil
+import statistics
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -67,8 +77,9 @@ from typing import Any, Callable, Collection, Iterator, Mapping
 import numpy as np
 import torch
 
-from pretrieve.errors import ConfigError, StaleOutputError
-from pretrieve.io_utils import atomic_dir, write_json
+from pretrieve import artifacts
+from pretrieve.errors import ConfigError, InexactResumeError, StaleOutputError, TrainingDiverged
+from pretrieve.io_utils import write_json
 from pretrieve.provenance import provenance
 from pretrieve.train import checkpoint as ckpt
 
@@ -112,6 +123,10 @@ class LoopConfig:
     num_workers: int = 0
     resume: bool = False
     show_progress: bool = True
+    overwrite: bool = False
+    allow_inexact_resume: bool = False
+    divergence_factor: float = 10.0
+    divergence_warmup: int = 5
 
     def validate(self, world_size: int = 1) -> None:
         if self.schedule not in SCHEDULES:
@@ -131,6 +146,11 @@ class LoopConfig:
                               f"evenly over {world_size} process(es)")
         if self.max_steps < 0 or self.epochs <= 0:
             raise ConfigError("max_steps must be ≥ 0 and epochs > 0")
+        if self.divergence_factor < 0 or (0 < self.divergence_factor <= 1) or self.divergence_warmup < 1:
+            raise ConfigError("divergence_factor must be > 1 (0 turns the check off) and divergence_warmup ≥ 1")
+        if self.resume and self.overwrite:
+            raise ConfigError("--resume continues the run in the output directory and --overwrite discards it: "
+                              "give one of them")
 
     def resolved_precision(self) -> str:
         """``precision``, or the deprecated ``bf16`` flag's meaning when it is unset."""
@@ -421,39 +441,74 @@ class MixedPrecision:
 # Settings that do not change what a run computes: how it is logged, checkpointed and fed, and how memory is
 # traded for compute (gradient checkpointing and gradient caching give the same gradients).
 BOOKKEEPING = ("resume", "show_progress", "save_every", "keep_checkpoints", "log_every", "num_workers",
-               "gradient_checkpointing", "grad_cache_chunk")
+               "gradient_checkpointing", "grad_cache_chunk", "overwrite", "allow_inexact_resume", "divergence_factor",
+               "divergence_warmup")
 # Settings that may also change between an interrupted run and its resumption: micro-batching splits the same
 # global batch, the cache only holds tokenized text, and the step budget only says how far the run goes.
 RESUMABLE_CHANGES = frozenset(BOOKKEEPING) | {"micro_batch_size", "cache_dir", "max_steps", "epochs"}
 
 
-def differing_settings(recorded: Mapping[str, Any], current: Mapping[str, Any],
-                       ignore: Collection[str] = ()) -> list[str]:
-    """Keys (outside ``ignore``) whose values differ once ``current`` is JSON-normalised as ``recorded`` was."""
-    current = json.loads(json.dumps(dict(current), default=str))
-    return sorted(name for name in set(recorded) | set(current)
-                  if name not in ignore and recorded.get(name) != current.get(name))
+def finished_run(out: str | Path, kind: str, settings: Mapping[str, Any], inputs: Mapping[str, str | Path],
+                 ignore: Collection[str] = ()) -> Path | None:
+    """``<out>/final`` when it holds a complete run of ``kind`` made with these settings from these inputs (its
+    sidecar says so, :func:`pretrieve.artifacts.check`); None when there is no finished run (or only an
+    incomplete one); a :class:`StaleOutputError` naming what differs when it was made otherwise.
 
-
-def finished_run(out: str | Path, settings: dict[str, Any], config_file: str, marker: str,
-                 key: str | None = "settings", ignore: tuple[str, ...] = ()) -> Path | None:
-    """``<out>/final`` when it holds a complete run (``marker`` and ``config_file`` present) with these
-    settings; None when there is none; a :class:`StaleOutputError` naming the differing settings otherwise.
-
-    ``config_file`` records the settings under ``key`` (the whole file when None); keys in ``ignore`` are
-    not compared.
+    ``settings`` keys in ``ignore`` are not compared; inputs (model weights, corpus, groups) compare by content.
     """
     final = Path(out) / "final"
-    saved = final / config_file
-    if not (final / marker).exists() or not saved.exists():
-        return None
-    recorded = json.loads(saved.read_text(encoding="utf-8"))
-    recorded = recorded.get(key, {}) if key else recorded
-    differing = differing_settings(recorded, settings, ignore)
-    if differing:
-        raise StaleOutputError(f"{final} holds a finished run with different settings ({', '.join(differing)}); "
-                               "choose another --out or remove it", out)
-    return final
+    status = artifacts.check(final, settings, inputs, kind=kind, ignore=ignore)
+    if status.current:
+        return final
+    sidecar = artifacts.read_sidecar(final) if status.exists else None
+    if sidecar is not None and sidecar.get("kind") != kind:
+        raise StaleOutputError(f"{final} holds a {sidecar.get('kind')}, not a {kind}; choose another --out", out)
+    if status.differing:
+        recorded = sidecar.get("settings", {}) if sidecar else {}
+        changed = artifacts.differing_values(recorded, settings, ignore)
+        what = (f"different settings ({artifacts.describe_changes(recorded, settings, changed)})" if changed
+                else f"different inputs ({', '.join(status.differing)} changed)")
+        raise StaleOutputError(f"{final} holds a finished run with {what}; choose another --out, or rerun with "
+                               "--overwrite to replace it", out)
+    if status.exists:
+        logger.info("%s is not a complete, recorded run (%s): training (again)", final, status.reason)
+    return None
+
+
+def run_inputs(**paths: str | Path | None) -> tuple[dict[str, Path], dict[str, str]]:
+    """Split a run's inputs into local files/directories (fingerprinted by content) and names (a hub model):
+    ``({"model": Path(...)}, {})`` or ``({}, {"model": "bert-base-uncased"})``; None values are left out."""
+    local, named = {}, {}
+    for name, value in paths.items():
+        if value is None:
+            continue
+        if Path(str(value)).exists():
+            local[name] = Path(str(value))
+        else:
+            named[name] = str(value)
+    return local, named
+
+
+def check_restart(out: str | Path, config: LoopConfig, files: Collection[str] = ()) -> None:
+    """Before a run starts without ``resume``: refuse an output directory that holds a previous run's checkpoints
+    (naming ``--resume`` and ``--overwrite``); with ``overwrite``, remove that run (checkpoints, ``final/``,
+    logs and ``files``) first."""
+    out = Path(out)
+    previous = [out / name for name in ("checkpoints", "final", "logs.jsonl", "tb", *files) if (out / name).exists()]
+    if config.resume or not previous:
+        return
+    if config.overwrite:
+        for path in previous:
+            if path.is_dir() and not path.is_symlink():
+                shutil.rmtree(path)
+            else:
+                path.unlink()
+        logger.info("--overwrite: removed the previous run in %s", out)
+        return
+    checkpoints = ckpt.list_checkpoints(out)
+    if checkpoints:
+        raise ConfigError(f"{out} holds checkpoints of a previous run (up to step {checkpoints[-1][0]}); continue it "
+                          "with --resume, or start afresh with --overwrite (deletes them), or choose another --out")
 
 
 def check_resumable(checkpoint: Path, state: Mapping[str, Any], run_info: dict[str, Any]) -> None:
@@ -462,22 +517,22 @@ def check_resumable(checkpoint: Path, state: Mapping[str, Any], run_info: dict[s
     recorded, current = state.get("config"), run_info.get("config")
     if not isinstance(recorded, dict) or not isinstance(current, dict):
         return
-    differing = differing_settings(recorded, current, RESUMABLE_CHANGES)
+    differing = artifacts.differing_values(recorded, current, RESUMABLE_CHANGES)
     if differing:
-        def shown(value: Any) -> str:
-            text = json.dumps(value, default=str)
-            return text if len(text) <= 60 else text[:57] + "..."
-
-        changes = "; ".join(f"{key}: {shown(recorded.get(key))} -> {shown(current.get(key))}" for key in differing)
+        changes = artifacts.describe_changes(recorded, current, differing)
         raise StaleOutputError(f"{checkpoint} was written by a run with other settings ({changes}); resume with "
-                               f"the same settings, or start afresh in another output directory (or remove "
-                               f"{checkpoint.parent})", checkpoint.parent.parent)
+                               f"the same settings, or start afresh with --overwrite or in another output "
+                               "directory", checkpoint.parent.parent)
 
 
 def train(model: torch.nn.Module, dataset, collator, config: LoopConfig, out_dir: str | Path,
           export: Callable[[torch.nn.Module, Path], None], run_info: dict[str, Any],
-          accelerator=None, description: str = "train") -> Path:
-    """Train ``model`` and export it to ``<out_dir>/final``; returns that directory."""
+          accelerator=None, description: str = "train", record: Mapping[str, Any] | None = None) -> Path:
+    """Train ``model`` and export it to ``<out_dir>/final``; returns that directory.
+
+    ``record`` (``{"kind", "settings", "inputs"}``) describes the export in its sidecar (:mod:`pretrieve.artifacts`),
+    which :func:`finished_run` reads to decide whether the run is finished and current.
+    """
     from tqdm.auto import tqdm
 
     accelerator = accelerator or make_accelerator(config)
@@ -505,7 +560,7 @@ def train(model: torch.nn.Module, dataset, collator, config: LoopConfig, out_dir
     if resume_from is not None:
         resumed_state = ckpt.read_state(resume_from)
         check_resumable(resume_from, resumed_state, run_info)
-        accelerator.load_state(str(resume_from))
+        load_checkpoint(accelerator, resume_from, config.allow_inexact_resume)
         start_step = resumed_state["step"]
         writer.truncate_after(start_step)
         logger.info("resumed from %s (step %d)", resume_from, start_step)
@@ -524,12 +579,20 @@ def train(model: torch.nn.Module, dataset, collator, config: LoopConfig, out_dir
     model.train()
     window = LogWindow(accelerator)
     window_start = time.perf_counter()
+    guard = DivergenceGuard(config.divergence_factor, config.divergence_warmup)
     for step, micro_batches in batches:
+        done = step + 1
         window.add(step, train_step(model, micro_batches, optimizer, scheduler, accelerator, accum,
                                     config.max_grad_norm, precision))
-        done = step + 1
         progress.update(1)
-        if done % config.log_every == 0 or done == total_steps:
+        log_now = done % config.log_every == 0 or done == total_steps
+        save_now = bool(config.save_every) and done % config.save_every == 0 and done < total_steps
+        if log_now or save_now:   # the guard sees every step's loss, copied to the host once per window
+            problem = window.check_divergence(guard)
+            if problem:
+                progress.close()
+                stop_diverged(accelerator, out, done, guard.first_abnormal_step(done), problem)
+        if log_now:
             elapsed = time.perf_counter() - window_start
             steps = window.steps
             values = window.flush()
@@ -537,20 +600,120 @@ def train(model: torch.nn.Module, dataset, collator, config: LoopConfig, out_dir
             writer.write(done, values | {"lr": scheduler.get_last_lr()[0],
                                          "samples_per_s": steps * config.batch_size / elapsed})
             window_start = time.perf_counter()
-        if config.save_every and done % config.save_every == 0 and done < total_steps:
-            window.check_finite()
-            ckpt.save_checkpoint(accelerator, out, done, state, config.keep_checkpoints)
+        if save_now:
+            keep = config.keep_checkpoints if guard.steady(done - config.save_every) else 0   # 0: no pruning
+            ckpt.save_checkpoint(accelerator, out, done, state, keep)
     progress.close()
     writer.close()
 
     final_dir = out / "final"
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
-        with atomic_dir(final_dir) as tmp:
+        record = dict(record or {"kind": "model"})
+        with artifacts.write_dir(final_dir, record["kind"], record.get("settings"), record.get("inputs")) as tmp:
             export(accelerator.unwrap_model(model), tmp)
             write_json(tmp / "provenance.json", provenance({"seed": config.seed, "steps": total_steps}))
     accelerator.wait_for_everyone()
     return final_dir
+
+
+# ------------------------------------------------------------------------------------------------ guards
+class DivergenceGuard:
+    """Watches the loss of every step. A loss that is non-finite, or more than ``factor`` times the median of the
+    normal losses among the last ``window`` steps, is *abnormal* (abnormal losses never enter the reference, so it
+    stays the pre-divergence level while the loss explodes). Divergence is a non-finite loss, or an abnormal one
+    once ``warmup`` normal losses were seen, or ``warmup`` abnormal losses in a row (an explosion inside the
+    warm-up). ``factor`` 0 checks only for non-finite losses. Every pretrieve loss is a cross-entropy/KL in nats (a
+    few units at the start), so a tenfold jump over the running median is far outside ordinary step-to-step noise.
+    Abnormal losses date the divergence and stop checkpoint pruning (:meth:`steady`)."""
+
+    def __init__(self, factor: float = 10.0, warmup: int = 5, window: int = 100):
+        self.factor = factor
+        self.warmup = warmup
+        self.window = window
+        self.history: list[tuple[int, float, bool]] = []   # (step, loss, abnormal)
+
+    def check(self, step: int, loss: float) -> str | None:
+        """None while the run is sane; a description of the divergence otherwise."""
+        recent = self.history[-self.window:]
+        normal = [value for _, value, abnormal in recent if not abnormal]
+        median = statistics.median(normal) if normal else 0.0
+        ratio_exceeded = bool(self.factor) and median > 0 and loss > self.factor * median
+        self.history.append((step, float(loss), not math.isfinite(loss) or ratio_exceeded))
+        if not math.isfinite(loss):
+            return f"the loss is {loss}"
+        in_a_row = len(self.history) >= self.warmup and all(a for _, _, a in self.history[-self.warmup:])
+        if ratio_exceeded and (len(normal) >= self.warmup or in_a_row):
+            return (f"the loss {loss:.4g} is {loss / median:.3g} times the median {median:.4g} of the "
+                    f"{len(normal)} normal losses before it (divergence_factor {self.factor:g})")
+        return None
+
+    def first_abnormal_step(self, default: int) -> int:
+        """The first abnormal step among the last ``window`` (the start of the divergence; a loss may explode
+        during the warm-up, before the check is armed), ``default`` when there is none."""
+        return next((step for step, _, abnormal in self.history[-self.window:] if abnormal), default)
+
+    def steady(self, since: int) -> bool:
+        """No abnormal loss from step ``since`` on: older checkpoints may be pruned (otherwise they are kept, so a
+        divergence still finds one from before it)."""
+        return not any(abnormal for step, _, abnormal in self.history if step >= since)
+
+
+def stop_diverged(accelerator, out: Path, step: int, first_bad: int, problem: str) -> None:
+    """Remove the checkpoints whose weights produced (or followed) the first abnormal loss and stop the run.
+
+    The loss logged at step ``s`` is computed with the weights after ``s - 1`` updates, i.e. those of
+    checkpoint ``step-(s-1)``: checkpoints from ``first_bad - 1`` on are removed.
+    """
+    accelerator.wait_for_everyone()
+    removed = []
+    if accelerator.is_main_process:
+        for saved, path in ckpt.list_checkpoints(out):
+            if saved >= first_bad - 1:
+                shutil.rmtree(path, ignore_errors=True)
+                removed.append(saved)
+    accelerator.wait_for_everyone()
+    kept = ckpt.latest_checkpoint(out)
+    where = f"step {step}" + (f" (abnormal from step {first_bad})" if first_bad < step else "")
+    detail = (f"removed the checkpoints of steps {', '.join(map(str, removed))}; " if removed else "")
+    last = f"the newest kept checkpoint is {kept.name}" if kept else "no checkpoint from before it is kept"
+    raise TrainingDiverged(f"training diverged at {where}: {problem}; {detail}{last}. Lower the learning rate "
+                           "(--lr) and start again with --overwrite or in another --out (divergence_factor: 0 "
+                           "turns the ratio check off)")
+
+
+def load_checkpoint(accelerator, checkpoint: Path, allow_inexact: bool = False) -> None:
+    """``accelerator.load_state(checkpoint)``, checked: every process's RNG state must be restored exactly
+    (accelerate only logs, at INFO, when it cannot read a ``random_states_<rank>.pkl``). A process that could not
+    restore it fails the resume on every process (:class:`InexactResumeError` naming the file), or, with
+    ``allow_inexact``, gets a warning and continues (its losses will differ from the uninterrupted run's).
+    Missing model/optimizer/scheduler files fail in accelerate itself."""
+    rng_file = checkpoint / f"random_states_{accelerator.process_index}.pkl"
+    problem = None
+    expected = None
+    try:
+        expected = torch.load(rng_file, map_location="cpu", weights_only=False)
+        for key in ("random_state", "numpy_random_seed", "torch_manual_seed"):
+            if key not in expected:
+                raise ValueError(f"it holds no '{key}'")
+    except Exception as exc:  # noqa: BLE001 - any unreadable state is reported the same way
+        problem = f"{rng_file}: cannot restore the random number generators' state ({exc.__class__.__name__}: {exc})"
+    accelerator.load_state(str(checkpoint))
+    if problem is None and not (torch.equal(torch.get_rng_state(), expected["torch_manual_seed"])
+                                and random.getstate() == expected["random_state"]):
+        problem = f"{rng_file}: the random number generators' state was not restored"
+    failed = torch.tensor([0.0 if problem is None else 1.0], device=accelerator.device)
+    if accelerator.num_processes > 1:
+        failed = accelerator.reduce(failed, "sum")
+    if float(failed.item()) == 0:
+        return
+    problem = problem or f"another process could not restore its random number generators from {checkpoint}"
+    if not allow_inexact:
+        raise InexactResumeError(f"{problem}: the run would not continue exactly as it was interrupted. Resume "
+                                 "from an earlier checkpoint (remove this one), start afresh with --overwrite, or "
+                                 "accept an inexact continuation with --allow-inexact-resume")
+    logger.warning("INEXACT RESUME (--allow-inexact-resume): %s; the losses from here on will differ from an "
+                   "uninterrupted run's", problem)
 
 
 def train_step(model, micro_batches, optimizer, scheduler, accelerator, accum: int, max_grad_norm: float,
@@ -610,6 +773,7 @@ class LogWindow:
         self.steps = 0
         self.first_step: int | None = None
         self.last_step: int | None = None
+        self.step_losses: list[tuple[int, torch.Tensor]] = []   # (step, loss) not yet seen by the guard
 
     def add(self, step: int, logs: Mapping[str, torch.Tensor]) -> None:
         for key, value in logs.items():
@@ -618,6 +782,23 @@ class LogWindow:
         self.steps += 1
         self.first_step = step if self.first_step is None else self.first_step
         self.last_step = step
+        self.step_losses.append((step, logs["loss"]))
+
+    def check_divergence(self, guard: "DivergenceGuard") -> str | None:
+        """Feed the losses of the steps since the last check (averaged over processes, copied to the host in one
+        transfer) to ``guard`` in step order; its description of a divergence, or None."""
+        if not self.step_losses:
+            return None
+        steps = [step for step, _ in self.step_losses]
+        losses = torch.stack([loss for _, loss in self.step_losses])
+        if self.accelerator.num_processes > 1:
+            losses = self.accelerator.reduce(losses, "mean")
+        self.step_losses = []
+        for step, loss in zip(steps, losses.tolist()):
+            problem = guard.check(step + 1, loss)
+            if problem:
+                return problem
+        return None
 
     def _host_means(self) -> dict[str, float]:
         keys = sorted(self.sums)
@@ -641,13 +822,3 @@ class LogWindow:
         self.__init__(self.accelerator)
         means.pop(_FINITE_KEY, None)
         return means
-
-    def check_finite(self) -> None:
-        """Raise (on every process) when a loss of the window so far was not finite; the window is kept."""
-        if not self.steps:
-            return
-        flag = self.sums[_FINITE_KEY] / self.counts[_FINITE_KEY]
-        if self.accelerator.num_processes > 1:
-            flag = self.accelerator.reduce(flag.reshape(1), "mean")[0]
-        if float(flag) < 1.0:
-            self._raise_if_not_finite(self._host_means())

@@ -5,7 +5,7 @@ the papers are presets, and users write new combinations in a YAML/JSON file or 
 Everything is validated here, before any model is built, and every mistake raises
 :class:`~pretrieve.errors.ConfigError` with the accepted values.
 
-Presets (paper 000 = "Drop your Decoder", SIGIR'24; its §3.2 and §4.1 reproduce every MAE baseline "with the
+Presets (Drop your Decoder, Ma et al. 2024, = "Drop your Decoder", SIGIR'24; its §3.2 and §4.1 reproduce every MAE baseline "with the
 same hyper-parameters", namely the settings of RetroMAE (Xiao et al., 2022)):
 
 =========  ======================  ==================  =============================================
@@ -21,13 +21,13 @@ cpdae      token, 0.15             —                   mlm_views (1) + cpdae (
 cpdae-r    token, 0.15             —                   as cpdae, contrast on the dense [CLS] vectors
 cdmae      whole-word, 0.30        pmi, 0.50           mlm (1) + ae (1), 2 layers + linear projection head
 dupmae     whole-word, 0.30        whole-word, 0.50    mlm (1) + enhanced (1; query stream through the embedding
-                                                       layer, the authors' code) + ot_bow (1) — paper 001 eq. 9
+                                                       layer, the authors' code) + ot_bow (1) — DupMAE (Xiao & Liu 2022) eq. 9
 =========  ======================  ==================  =============================================
 
 ``dupmae-code`` is ``dupmae`` with the authors' released OT-BoW (``variant: code``, weight 0.1); see
 :mod:`pretrieve.modeling.objectives.ot_bow`.
 
-CoT-MAE / CoT-MoTE (paper 004; :mod:`pretrieve.modeling.objectives.contextual`, :mod:`pretrieve.data.spans`,
+CoT-MAE / CoT-MoTE (CoT-MoTE (Ma et al. 2023); :mod:`pretrieve.modeling.objectives.contextual`, :mod:`pretrieve.data.spans`,
 :mod:`pretrieve.modeling.mote`). Three method fields, all optional (old ``method.json`` files stay loadable):
 ``context`` — where each anchor's context span comes from (``{kind: mixed|nearby|overlap|random}`` spans of
 the same document, or ``{kind: pairs, pairs: <jsonl>}`` passage/query pairs), required by objectives that need
@@ -45,13 +45,13 @@ cotmote-swap   as cotmote, experts swapped in pre-training (Table 4)
 
 ``cotmote`` needs the pairs file: ``{base: cotmote, context: {pairs: pairs.jsonl}}``.
 
-CPDAE (paper 002): each text is masked twice with BERT's token masking (15 %, §3.1.1); eq. 6 is
+CPDAE (Ma et al. 2022): each text is masked twice with BERT's token masking (15 %, §3.1.1); eq. 6 is
 ``REC + MLM + λ·CL`` with λ = 0.1 (§4.1.3). The MLM term is the mean over the masked tokens of *both* views
 (both are ordinary masked inputs of the encoder): objective ``mlm_views``; ``cpdae`` holds ``REC + λ·CL``
 (see :mod:`pretrieve.modeling.objectives.cpdae`). Ablations (Table 2): objective params
 ``contrast: none`` (w/o CL) and ``idf: <statistics dir>`` (IDF-REC).
 
-CDMAE (paper 003): encoder masking unchanged (RetroMAE's whole-word 0.3), decoder masking importance-aware
+CDMAE (Li et al. 2023): encoder masking unchanged (RetroMAE's whole-word 0.3), decoder masking importance-aware
 (``pmi``: AMI over n-grams up to L = 4, Gaussian noise σ = 1, Algorithm 1) at 0.5 (§4.1); a 2-layer decoder
 fed ``W·h_CLS + b`` (eq. 4); ``L = L_enc + L_dec`` (eq. 9) where "each loss is normalised": both are means
 over their masked tokens (eq. 3 and 6 sum over the masked set; dividing by its size is the normalisation),
@@ -63,8 +63,8 @@ Masker parameters (``params``) exist for the ``pmi`` kind only: ``window`` (L = 
 to the collator; or a path: a statistics directory or a text source to count); see
 :mod:`pretrieve.masking.pmi`. They are filled with their defaults, so the saved method records them.
 
-The encoder ratio 0.3 and decoder ratio 0.5 are RetroMAE's BERT-base settings (also DupMAE's, paper 001
-§4 "Implementation details"). Paper 000 does not print the ratio of its main runs; Table 6 reports BoW at
+The encoder ratio 0.3 and decoder ratio 0.5 are RetroMAE's BERT-base settings (also DupMAE's, DupMAE (Xiao & Liu 2022)
+§4 "Implementation details"). Drop your Decoder (Ma et al. 2024) does not print the ratio of its main runs; Table 6 reports BoW at
 15 %, 30 % and 45 % (30 % is within noise of the best). The "Further Pre-train" MLM baseline uses the same
 0.3 so that the presets differ only in their decoder (override with ``encoder_mask=0.15`` for BERT's ratio).
 
@@ -196,7 +196,7 @@ class MethodConfig:
     mote: bool = False
     """Query/passage FFN experts in the encoder (CoT-MoTE)."""
     mote_swap: bool = False
-    """Swap the experts' inputs during pre-training (paper 004 Table 4 ablation)."""
+    """Swap the experts' inputs during pre-training (CoT-MoTE, Ma et al. 2023, Table 4 ablation)."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "objectives", tuple(self.objectives))
@@ -313,7 +313,7 @@ def _cpdae_preset(name: str, contrast: str) -> MethodConfig:
 
 PRESETS: dict[str, MethodConfig] = {
     "mlm": MethodConfig("mlm", _ENCODER_MASKER, (ObjectiveSpec("mlm"),)),
-    # BoW (paper 000): the authors' code decays the BoW weight by a cosine from 1 to 0.1 (objectives/bow.py)
+    # BoW (Drop your Decoder, Ma et al. 2024): the authors' code decays the BoW weight by a cosine from 1 to 0.1 (objectives/bow.py)
     "bow": MethodConfig("bow", _ENCODER_MASKER, (ObjectiveSpec("mlm"), ObjectiveSpec("bow", params=_BOW_DECAY))),
     "ae": MethodConfig("ae", _ENCODER_MASKER, (ObjectiveSpec("mlm"), ObjectiveSpec("ae", params={"num_layers": 1})),
                        decoder_masker=DEFAULT_DECODER_MASKER),
@@ -325,7 +325,7 @@ PRESETS: dict[str, MethodConfig] = {
     "cdmae": MethodConfig("cdmae", _ENCODER_MASKER,
                           (ObjectiveSpec("mlm"), ObjectiveSpec("ae", params={"num_layers": 2, "projection": True})),
                           decoder_masker=MaskerSpec(kind="pmi", ratio=0.5)),
-    # DupMAE (paper 001 §3.2 eq. 9, masks §4); "-code": the authors' OT-BoW variant and 0.1 weight (ot_bow.py)
+    # DupMAE (Xiao & Liu 2022, §3.2 eq. 9, masks §4); "-code": the authors' OT-BoW variant and 0.1 weight (ot_bow.py)
     # both: the decoder query stream through the embedding layer, as the authors' modeling_duplex.py (enhanced.py)
     "dupmae": MethodConfig("dupmae", _ENCODER_MASKER, (ObjectiveSpec("mlm"), ObjectiveSpec("enhanced", params=_DUPMAE_QUERY),
                                                        ObjectiveSpec("ot_bow")), decoder_masker=DEFAULT_DECODER_MASKER),
@@ -336,7 +336,7 @@ PRESETS: dict[str, MethodConfig] = {
     "cotmae": MethodConfig("cotmae", _ENCODER_MASKER, (ObjectiveSpec("mlm_spans"),
                                                        ObjectiveSpec("context_ae", params={"num_layers": 2})),
                            decoder_masker=MaskerSpec(kind="wwm", ratio=0.45), context=ContextSpec(kind="mixed")),
-    # CoT-MoTE (paper 004 §3.2, §4.1): passage/query pairs, 1-layer auto-regressive decoder generating the query
+    # CoT-MoTE (Ma et al. 2023, §3.2, §4.1): passage/query pairs, 1-layer auto-regressive decoder generating the query
     # from the passage's [CLS] only (eq. 12), attention window 3 (CoT-MAE-qc's code), MoTE experts
     "cotmote": MethodConfig("cotmote", _ENCODER_MASKER, (ObjectiveSpec("mlm_spans"),
                                                          ObjectiveSpec("context_ar", params=_COTMOTE_DECODER)),

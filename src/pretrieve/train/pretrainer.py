@@ -5,10 +5,11 @@ the collator, and hands them to :func:`pretrieve.train.loop.train` (data order, 
 checkpoints and resume are documented there). The exported ``<out>/final`` holds the encoder loadable
 with ``AutoModel.from_pretrained`` / ``AutoModelForMaskedLM.from_pretrained``, the decoder heads and
 ``method.json`` beside it for continued pre-training, the tokenizer, the resolved config and provenance.
-A run whose ``final`` already exists is not trained again when its recorded settings are the same, and is
-refused (naming the differing settings) when they are not, as fine-tuning does.
+A run whose ``final`` already exists is not trained again when its sidecar records the same settings and the
+same inputs (the starting checkpoint's and the corpus's content), and is refused (naming what differs) when it
+does not, as fine-tuning does (:func:`pretrieve.train.loop.finished_run`).
 
-Defaults follow paper 000 §4 where they fit a small machine (paper: AdamW, lr 3e-4, batch 2048,
+Defaults follow Drop your Decoder (Ma et al. 2024) §4 where they fit a small machine (paper: AdamW, lr 3e-4, batch 2048,
 max-len 512 on Wikipedia/BookCorpus, 144 on MS MARCO, 20 epochs); the recipes set the papers' values.
 """
 
@@ -22,15 +23,19 @@ from typing import Any
 
 import torch
 
+from pretrieve import artifacts, outputs
 from pretrieve.errors import ConfigError
 from pretrieve.io_utils import write_json
-from pretrieve.train.loop import BOOKKEEPING, LoopConfig, finished_run, make_accelerator, train
+from pretrieve.train.loop import BOOKKEEPING, LoopConfig, check_restart, finished_run, make_accelerator, run_inputs, train
 
 logger = logging.getLogger(__name__)
 
 CONFIG_FILE = "pretrain_config.json"
-# Not compared when deciding whether a finished run can be reused: bookkeeping, and where files live.
-NOT_COMPARED = (*BOOKKEEPING, "out", "cache_dir", "micro_batch_size", "num_proc")
+KIND = "pretrained-model"
+# Not compared when deciding whether a finished run can be reused: bookkeeping (where files live is not a setting).
+NOT_COMPARED = (*BOOKKEEPING, "micro_batch_size", "num_proc")   # num_proc: how fast the token cache is built
+# Paths: the run's inputs are compared by content (artifacts.fingerprint), never by where they are.
+PATH_SETTINGS = ("model", "corpus", "out", "cache_dir")
 
 
 @dataclass
@@ -71,8 +76,27 @@ def resolved_method(config: PretrainConfig):
     return config.method if isinstance(config.method, MethodConfig) else resolve_method(config.method)
 
 
+def run_settings(config: PretrainConfig, method) -> tuple[dict[str, Any], dict[str, Path]]:
+    """``(settings, inputs)`` of a pre-training run: the resolved settings without paths, and its inputs (the
+    starting checkpoint and the corpus file) to fingerprint by content."""
+    from pretrieve.data.pretrain_text import resolve_text_source
+
+    resolved = dataclasses.asdict(config) | {"method": method.to_dict()}
+    settings = {key: value for key, value in resolved.items() if key not in PATH_SETTINGS}
+    inputs, named = run_inputs(model=config.model, corpus=resolve_text_source(config.corpus)[0])
+    return settings | named, inputs
+
+
 def pretrain(config: PretrainConfig) -> Path:
-    """Run (or resume) pre-training; returns the directory of the exported final model."""
+    """Run (or resume) pre-training; returns the directory of the exported final model.
+
+    The output directory is checked and locked first (:func:`pretrieve.outputs.writing`)."""
+    needed, largest = outputs.training_space(config.model, config.keep_checkpoints)
+    with outputs.writing(config.out, needed_bytes=needed, largest_file=largest):
+        return _pretrain(config)
+
+
+def _pretrain(config: PretrainConfig) -> Path:
     from transformers import AutoTokenizer, AutoConfig
 
     from pretrieve.data.pretrain_text import TokenizedCorpus
@@ -82,12 +106,14 @@ def pretrain(config: PretrainConfig) -> Path:
 
     method = resolved_method(config)
     out = Path(config.out)
-    # num_proc only changes how fast the token cache is built, not what is trained: not part of the run's settings
-    resolved = {k: v for k, v in dataclasses.asdict(config).items() if k != "num_proc"} | {"method": method.to_dict()}
-    done = finished_run(out, resolved, CONFIG_FILE, marker="method.json", key=None, ignore=NOT_COMPARED)
+    resolved = dataclasses.asdict(config) | {"method": method.to_dict()}
+    settings, inputs = run_settings(config, method)
+    done = None if config.overwrite else finished_run(out, KIND, settings, inputs, ignore=NOT_COMPARED)
     if done is not None:
         logger.info("%s is complete with the same settings; not training again", done)
         return done
+    check_restart(out, config, files=(CONFIG_FILE,))
+    fingerprints = {name: artifacts.fingerprint(path) for name, path in inputs.items()}
     check_max_len(config.max_len, AutoConfig.from_pretrained(config.model))
     accelerator = make_accelerator(config)
     config.validate(accelerator.num_processes)
@@ -131,5 +157,6 @@ def pretrain(config: PretrainConfig) -> Path:
         tokenizer.save_pretrained(directory)
         write_json(directory / CONFIG_FILE, resolved)
 
-    return train(model, dataset, collator, config.loop(), out, export, {"config": resolved},
-                 accelerator=accelerator, description=f"pretrain {method.name}")
+    return train(model, dataset, collator, config.loop(), out, export, {"config": settings | {"inputs": fingerprints}},
+                 accelerator=accelerator, description=f"pretrain {method.name}",
+                 record={"kind": KIND, "settings": settings, "inputs": inputs})

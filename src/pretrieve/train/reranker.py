@@ -1,7 +1,7 @@
 """The cross-encoder reranker: training on groups, re-ranking runs, teacher scores for stage 3.
 
 * :func:`train_reranker` — listwise cross-entropy over each query's group (positive + ``num_negatives`` hard
-  negatives, no in-batch negatives; paper 003 §3.4) on the shared loop (:mod:`pretrieve.train.loop`); the
+  negatives, no in-batch negatives; CDMAE (Li et al. 2023) §3.4) on the shared loop (:mod:`pretrieve.train.loop`); the
   model is exported to ``<out>/final`` (``AutoModelForSequenceClassification`` + tokenizer).
 * :func:`rerank` / :func:`rerank_run_file` — score the top-``depth`` of every query of a run and order them by
   the cross-encoder (``pretrieve reranker score``); documents below ``depth`` are dropped from the output.
@@ -38,6 +38,7 @@ import torch
 from pretrieve.data.beir import BeirCollection, Corpus
 from pretrieve.data.groups import GroupSet, TrainingGroup, read_groups, sample_group_indices
 from pretrieve.data.trec import Run, ranked_ids
+from pretrieve import artifacts, outputs
 from pretrieve.errors import ConfigError, InputError
 from pretrieve.io_utils import write_json
 from pretrieve.train.loop import LoopConfig, make_accelerator, read_logs, train
@@ -46,6 +47,9 @@ from pretrieve.train.settings import RerankerSettings
 logger = logging.getLogger(__name__)
 
 CONFIG_FILE = "reranker_config.json"
+KIND = "reranker"
+# Paths: the run's inputs are compared by content (artifacts.fingerprint), never by where they are.
+PATH_SETTINGS = ("model", "data", "groups", "out")
 
 
 @dataclass
@@ -107,28 +111,39 @@ class PairGroupCollator:
 
 # ------------------------------------------------------------------------------------------ training
 def train_reranker(config: RerankerConfig) -> Path:
-    """Train (resume, or skip when finished with the same settings) a reranker; returns ``<out>/final``."""
+    """Train (resume, or skip when finished with the same settings) a reranker; returns ``<out>/final``.
+
+    The output directory is checked and locked first (:func:`pretrieve.outputs.writing`)."""
+    config.check()
+    needed, largest = outputs.training_space(config.model, config.keep_checkpoints)
+    with outputs.writing(config.out, needed_bytes=needed, largest_file=largest):
+        return _train_reranker(config)
+
+
+def _train_reranker(config: RerankerConfig) -> Path:
     from transformers import AutoTokenizer
 
     from pretrieve.models import resolve_model
     from pretrieve.modeling.cross_encoder import CrossEncoder
-    from pretrieve.train.finetuner import input_fingerprints
-    from pretrieve.train.loop import BOOKKEEPING, finished_run
+    from pretrieve.train.loop import BOOKKEEPING, check_restart, finished_run, run_inputs
 
-    config.check()
     model_path = resolve_model(config.model)
     out = Path(config.out)
-    settings = {k: v for k, v in dataclasses.asdict(config).items() if k not in BOOKKEEPING}
-    settings["inputs"] = input_fingerprints(model_path, config.groups)
-    done = finished_run(out, settings, CONFIG_FILE, marker="config.json")
+    if not Path(config.groups).exists():
+        raise InputError("training groups file not found", path=config.groups)
+    settings = {k: v for k, v in dataclasses.asdict(config).items() if k not in BOOKKEEPING and k not in PATH_SETTINGS}
+    inputs, named = run_inputs(model=model_path, corpus=BeirCollection(Path(config.data)).corpus_path,
+                               groups=config.groups)
+    settings |= named
+    done = None if config.overwrite else finished_run(out, KIND, settings, inputs)
     if done is not None:
         logger.info("%s is complete with the same settings; not training again", done)
         return done
+    check_restart(out, config, files=(CONFIG_FILE,))
+    fingerprints = {name: artifacts.fingerprint(path) for name, path in inputs.items()}
     accelerator = make_accelerator(config)
     config.validate(accelerator.num_processes)
     corpus = BeirCollection(Path(config.data)).load_corpus()
-    if not Path(config.groups).exists():
-        raise InputError("training groups file not found", path=config.groups)
     groups = read_groups(config.groups, corpus=corpus, on_unknown=config.on_unknown)
     kept = [g for g in groups if g.negatives]
     if len(kept) < len(groups):
@@ -152,8 +167,9 @@ def train_reranker(config: RerankerConfig) -> Path:
         tokenizer.save_pretrained(str(directory))
         write_json(directory / CONFIG_FILE, {"settings": settings, "groups_stats": groups.stats.as_dict()})
 
-    final = train(model, dataset, collator, config.loop(), out, export, {"config": settings},
-                  accelerator=accelerator, description="train reranker")
+    final = train(model, dataset, collator, config.loop(), out, export, {"config": settings | {"inputs": fingerprints}},
+                  accelerator=accelerator, description="train reranker",
+                  record={"kind": KIND, "settings": settings, "inputs": inputs})
     if accelerator.is_main_process:
         warn_if_not_learning(read_logs(out), 1 + config.num_negatives, out)
     return final
@@ -181,16 +197,15 @@ def warn_if_not_learning(logs: Sequence[Mapping[str, float]], group_size: int, o
 
 
 def build_reranker_config(file_values: Mapping[str, Any], flags: Mapping[str, Any],
-                          resume: bool = False) -> RerankerConfig:
-    from pretrieve.train.run_config import check_keys, merge
+                          resume: bool = False, where: str = "reranker config") -> RerankerConfig:
+    """A :class:`RerankerConfig` from a config file's values overridden by the given flags (validated and coerced
+    by :mod:`pretrieve.options`)."""
+    from pretrieve.options import build
+    from pretrieve.train.run_config import validated_values
 
-    values = merge(file_values, flags)
-    check_keys(values, {f.name for f in dataclasses.fields(RerankerConfig)}, "reranker config")
+    values = validated_values(RerankerConfig, file_values, flags, where)
     values["resume"] = resume or bool(values.get("resume", False))
-    try:
-        config = RerankerConfig(**values)
-    except TypeError as exc:
-        raise ConfigError(f"reranker config: {exc}") from None
+    config = build(RerankerConfig, values)
     config.check()
     return config
 
@@ -359,13 +374,13 @@ def rerank_run_file(model_dir: str | Path, data: str | Path, split: str, run_pat
     """
     from tqdm.auto import tqdm
 
-    from pretrieve import artifacts
     from pretrieve.data.trec import RunWriter, iter_run
     from pretrieve.retrieval.encoder import resolve_device
 
     if depth < 1:
         raise ConfigError(f"depth must be >= 1, got {depth}")
     collection = BeirCollection(Path(data))
+    outputs.check_writable(out, directory=False)
     if not Path(run_path).exists():
         raise InputError("run file not found", path=run_path)
     resolved = resolve_precision(precision, resolve_device(device))
@@ -373,9 +388,12 @@ def rerank_run_file(model_dir: str | Path, data: str | Path, split: str, run_pat
                 "precision": resolved}
     inputs = {"model": model_dir, "run": run_path, "corpus": collection.corpus_path,
               "queries": collection.queries_path}
-    if not overwrite and artifacts.is_current(out, settings, inputs, kind="run"):
+    status = artifacts.check(out, settings, inputs, kind="run")
+    if status.current and not overwrite:
         logger.info("re-ranked run %s is up to date; not recomputing", out)
         return Path(out)
+    if status.exists:
+        logger.info("recomputing %s: %s", out, status.reason)
     queries = collection.load_queries(split)
     corpus = collection.load_corpus()
     scorer = PairScorer(model_dir, device=device, max_len=max_len, batch_size=batch_size, precision=resolved)
@@ -422,7 +440,6 @@ def teacher_groups(model_dir: str | Path, data: str | Path, groups_path: str | P
     """
     from tqdm.auto import tqdm
 
-    from pretrieve import artifacts
     from pretrieve.data.groups import GroupStats, iter_groups
     from pretrieve.retrieval.encoder import resolve_device
 
@@ -435,9 +452,13 @@ def teacher_groups(model_dir: str | Path, data: str | Path, groups_path: str | P
     settings = {"max_negatives": max_negatives, "max_len": max_len or trained_max_len(model_dir),
                 "precision": resolved}
     inputs = {"model": model_dir, "groups": groups_path, "corpus": collection.corpus_path}
-    if not overwrite and artifacts.is_current(out, settings, inputs, kind="groups"):
+    outputs.check_writable(out, directory=False)
+    status = artifacts.check(out, settings, inputs, kind="groups")
+    if status.current and not overwrite:
         logger.info("teacher groups %s are up to date; not recomputing", out)
         return Path(out)
+    if status.exists:
+        logger.info("recomputing %s: %s", out, status.reason)
     corpus = collection.load_corpus()
     scorer = PairScorer(model_dir, device=device, max_len=max_len, batch_size=batch_size, precision=resolved)
     stats = GroupStats()

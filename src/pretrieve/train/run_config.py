@@ -1,13 +1,15 @@
 """Run configurations from files and flags: YAML/JSON file first, command-line flags override it.
 
-Unknown keys are errors (a typo must not silently fall back to a default), and required settings
-missing from both the file and the flags are reported before any work starts.
+Every value goes through the one validating loader (:mod:`pretrieve.options`): unknown keys are errors (a typo
+must not silently fall back to a default; the message suggests the closest option), values are coerced to
+their declared types (``lr: 1e-4``, a string to YAML 1.1, is a float) or refused with the key's path, and
+required settings missing from both the file and the flags are reported before any work starts.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -15,8 +17,23 @@ import yaml
 
 from pretrieve.errors import ConfigError, InputError
 from pretrieve.models import resolve_model
+from pretrieve.options import validate
+from pretrieve.train.pretrainer import PretrainConfig
 
 METHOD_FLAG_KEYS = ("objectives", "weights", "encoder_mask", "decoder_mask", "encoder_masker", "decoder_masker")
+
+
+@dataclass
+class PretrainOptions(PretrainConfig):
+    """What a pre-training config file (or a recipe's ``pretrain`` stage) may set: the run's settings plus the
+    method overrides of the command line (applied to ``method``)."""
+
+    objectives: str | list[str] | None = None
+    weights: str | list[float] | None = None
+    encoder_mask: float | None = None
+    decoder_mask: float | None = None
+    encoder_masker: str | None = None
+    decoder_masker: str | None = None
 
 
 def load_config_file(path: str | Path) -> dict[str, Any]:
@@ -42,30 +59,35 @@ def merge(file_values: Mapping[str, Any], flags: Mapping[str, Any]) -> dict[str,
     return merged
 
 
-def check_keys(values: Mapping[str, Any], known: set[str], where: str) -> None:
-    unknown = sorted(set(values) - known)
-    if unknown:
-        raise ConfigError(f"{where}: unknown option(s) {', '.join(unknown)} (known: {', '.join(sorted(known))})")
+def validated_values(schema: type, file_values: Mapping[str, Any], flags: Mapping[str, Any],
+                     where: str = "config") -> dict[str, Any]:
+    """The config file's values (checked and coerced, errors prefixed by ``where``, e.g. the file's name) overridden
+    by the given flags, checked again as a whole."""
+    values = merge(validate(schema, file_values, where), flags)
+    return validate(schema, values)
 
 
-def build_pretrain_config(file_values: Mapping[str, Any], flags: Mapping[str, Any],
-                          method_flags: Mapping[str, Any], resume: bool = False):
-    """A validated :class:`PretrainConfig` with its method resolved (preset/file/mapping + flags)."""
+def resolve_pretrain_method(values: dict[str, Any], method_flags: Mapping[str, Any], where: str = "config"):
+    """Pop ``method`` and the method overrides from ``values`` (flags in ``method_flags`` win) and return the
+    resolved, validated :class:`~pretrieve.train.method.MethodConfig` (preset, file or mapping + overrides)."""
     from pretrieve.train.method import apply_overrides, method_from_mapping, resolve_method
-    from pretrieve.train.pretrainer import PretrainConfig
 
-    known = {f.name for f in dataclasses.fields(PretrainConfig)} | set(METHOD_FLAG_KEYS)
-    values = merge(file_values, flags)
-    check_keys(values, known, "pretrain config")
     method_value = method_flags.get("method") or values.pop("method", None) or "bow"
+    values.pop("method", None)
     overrides = {key: method_flags.get(key) if method_flags.get(key) is not None else values.pop(key, None)
                  for key in METHOD_FLAG_KEYS}
     for key in METHOD_FLAG_KEYS:
         values.pop(key, None)
     if isinstance(method_value, Mapping):
-        method = apply_overrides(method_from_mapping(method_value), where="config", **overrides)
-    else:
-        method = resolve_method(method_value, **overrides)
+        return apply_overrides(method_from_mapping(method_value, where=where), where=where, **overrides)
+    return resolve_method(method_value, **overrides)
+
+
+def build_pretrain_config(file_values: Mapping[str, Any], flags: Mapping[str, Any],
+                          method_flags: Mapping[str, Any], resume: bool = False, where: str = "pretrain config"):
+    """A validated :class:`PretrainConfig` with its method resolved (preset/file/mapping + flags)."""
+    values = validated_values(PretrainOptions, file_values, flags, where)
+    method = resolve_pretrain_method(values, method_flags)
     missing = [key for key in ("model", "corpus", "out") if not values.get(key)]
     if missing:
         raise ConfigError(f"missing required option(s): {', '.join('--' + m.replace('_', '-') for m in missing)}")

@@ -39,7 +39,7 @@ class FinetuneSettings:
     temperature: float | None = field(default=None, metadata=_help(
         "Softmax temperature; default: 1 for dot products, 0.05 for cosine/normalised vectors."))
     tied: bool = field(default=True, metadata=_help("Siamese towers (shared weights); false: separate towers."))
-    alpha: float = field(default=0.2, metadata=_help("Weight of the contrastive term in stage 3 (paper 003)."))
+    alpha: float = field(default=0.2, metadata=_help("Weight of the contrastive term in stage 3 (CDMAE, Li et al. 2023)."))
     teacher_temperature: float = field(default=1.0, metadata=_help("Temperature of the teacher's softmax (stage 3)."))
     in_batch: bool = field(default=True, metadata=_help("Use the other queries' passages as negatives too."))
     gather: bool = field(default=True, metadata=_help("Cross-device negatives under DDP."))

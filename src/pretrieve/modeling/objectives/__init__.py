@@ -1,10 +1,10 @@
 """Pre-training objectives ("heads") and their registry.
 
-Importing this package registers the built-in objectives: ``mlm`` (encoder MLM, paper 000 eq. 3), ``bow``
+Importing this package registers the built-in objectives: ``mlm`` (encoder MLM, Drop your Decoder (Ma et al. 2024) eq. 3), ``bow``
 (bag-of-words prediction, eq. 11–13), ``ae`` (auto-encoding decoder, eq. 4–5), ``ar`` (auto-regressive
 decoder, eq. 6–7), ``enhanced`` (RetroMAE enhanced decoding, eq. 8–10), ``cpdae`` / ``mlm_views`` (CPDAE,
-paper 002), ``ot_bow`` (DupMAE's ordinary-token bag of words, paper 001) and ``context_ae`` /
-``context_ar`` / ``mlm_spans`` (CoT-MAE's contextual decoders, paper 004). A new objective is one new module
+CPDAE (Ma et al. 2022)), ``ot_bow`` (DupMAE's ordinary-token bag of words, DupMAE (Xiao & Liu 2022)) and ``context_ae`` /
+``context_ar`` / ``mlm_spans`` (CoT-MAE's contextual decoders, CoT-MoTE (Ma et al. 2023)). A new objective is one new module
 here with a ``@register_objective`` class, plus its import below.
 """
 

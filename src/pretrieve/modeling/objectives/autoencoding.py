@@ -1,4 +1,4 @@
-"""Auto-encoding decoder (paper 000 eq. 4–5; RetroMAE without enhanced decoding, Condenser-style).
+"""Auto-encoding decoder (Drop your Decoder, Ma et al. 2024, eq. 4–5; RetroMAE without enhanced decoding, Condenser-style).
 
 The decoder input is the text masked again by the *decoder* masker (a larger ratio, ``r_Dec > r_Enc``) with
 its first token replaced by the encoder's sentence representation (eq. 4):
@@ -10,11 +10,11 @@ reaches the encoder only through ``h_CLS`` (the bottleneck). Choices:
   LayerNorm + dropout, shared weights), as RetroMAE's ``decoder_embeddings = lm.bert.embeddings``;
   position 0 is the raw last-layer [CLS] vector (no extra position embedding or LayerNorm);
 * the decoder is ``num_layers`` post-LN BERT blocks (:mod:`.decoder_layers`), bidirectional self-attention
-  restricted to non-padding keys. Paper 000 reproduces RetroMAE's one-layer decoder (default 1);
+  restricted to non-padding keys. Drop your Decoder (Ma et al. 2024) reproduces RetroMAE's one-layer decoder (default 1);
   CDMAE uses 2;
 * the loss is the mean CE over the decoder-masked positions (``decoder_labels != -100``), scored through
   the encoder's (shared) MLM head after gathering those positions;
-* ``projection=True`` (CDMAE, paper 003 eq. 4 and Table 4) puts a linear bottleneck head between encoder
+* ``projection=True`` (CDMAE, CDMAE (Li et al. 2023) eq. 4 and Table 4) puts a linear bottleneck head between encoder
   and decoder: position 0 of the decoder input is ``h_b = W·h_CLS + b`` instead of ``h_CLS``. ``W`` is
   ``d_dec × d_enc`` with ``d_dec = d_enc`` here (the decoder blocks are sized from the encoder's config),
   initialised like the decoder layers (``N(0, initializer_range)``, zero bias); it belongs to the decoder

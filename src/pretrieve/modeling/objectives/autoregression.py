@@ -1,4 +1,4 @@
-"""Auto-regressive decoder (paper 000 eq. 6–7; SEED-Encoder, Lu et al. 2021).
+"""Auto-regressive decoder (Drop your Decoder, Ma et al. 2024, eq. 6–7; SEED-Encoder, Lu et al. 2021).
 
 The decoder input is the *original* text with its first token replaced by the encoder's sentence vector
 (eq. 6): ``t_Dec = {h_CLS, t_1, …, t_n, [SEP]}``; a causal decoder predicts every token from the ones
@@ -8,7 +8,7 @@ before it (eq. 7, ``CE(Dec(t_Dec[:i−1]), t_i), i ∈ (0, n]``). Choices:
   ``t_1 … t_n`` — special tokens ([SEP]) and padding are not predicted (``original_labels``), so exactly
   ``i ∈ (0, n]`` of eq. 7; the loss is the mean over those tokens of the batch;
 * inputs 1… are embedded by the encoder's shared embedding layer; position 0 is the raw [CLS] vector;
-* ``num_layers`` post-LN BERT blocks with a causal mask. Paper 000 describes SEED as "merely a single-layer
+* ``num_layers`` post-LN BERT blocks with a causal mask. Drop your Decoder (Ma et al. 2024) describes SEED as "merely a single-layer
   auto-regressive decoder" and reproduces it with RetroMAE's settings, so the default is 1;
 * ``attention_window`` (default ``None`` = full causal attention, as eq. 7) optionally applies SEED's
   attention-span restriction: position ``i`` sees ``h_CLS`` plus the ``attention_window`` most recent

@@ -2,7 +2,7 @@
 
 An objective turns (batch, encoder output, encoder) into a scalar loss plus logs. Everything a method does
 beyond encoding the masked input once is an objective: MLM, bag-of-words prediction, the auto-encoding,
-auto-regressive and enhanced decoders of paper 000, and later DupMAE's OT-BoW, CPDAE's MLP decoder,
+auto-regressive and enhanced decoders of Drop your Decoder (Ma et al. 2024), and later DupMAE's OT-BoW, CPDAE's MLP decoder,
 CDMAE's bottleneck decoder, CoT-MAE's context decoder. Adding one is one new file::
 
     @register_objective

@@ -1,4 +1,4 @@
-"""Bag-of-words prediction from the [CLS] vector (paper 000 §3.3, Algorithm 2, eq. 11–13).
+"""Bag-of-words prediction from the [CLS] vector (Drop your Decoder, Ma et al. 2024, §3.3, Algorithm 2, eq. 11–13).
 
 ``h_proj = h_CLS · Eᵀ`` (eq. 11) projects the sentence representation to the vocabulary, and
 ``L_Dec = CE(h_CLS Eᵀ, T)`` (eq. 12) is a multi-label cross-entropy against the token *set* ``T`` of the

@@ -1,4 +1,4 @@
-"""CoT-MAE's contextual decoders (Wu et al., 2023; paper 004 eq. 10–12): each span's [CLS] vector, with the
+"""CoT-MAE's contextual decoders (Wu et al., 2023; CoT-MoTE (Ma et al. 2023) eq. 10–12): each span's [CLS] vector, with the
 embeddings of the *other* span of its pair, reconstructs that other span.
 
 A batch holds ``B`` anchors (the encoder-masked main input) and their ``B`` context spans (batch feature

@@ -1,4 +1,4 @@
-"""CPDAE (paper 002, Ma et al., CIKM'22): an MLP decoder that reconstructs the input's *set* of words from the
+"""CPDAE (CPDAE (Ma et al. 2022), Ma et al., CIKM'22): an MLP decoder that reconstructs the input's *set* of words from the
 [CLS] vector, and a contrastive loss between the decoded word distributions of two masked views of a text.
 
 Objectives registered here:

@@ -1,6 +1,6 @@
 """The shallow transformer blocks that MAE-style decoders add on top of the encoder.
 
-One post-LayerNorm block (paper 000 eq. 9: ``A = softmax(qᵀk/√d + M)·v``, ``h = LN(FFN(A) + A)``), sized from
+One post-LayerNorm block (Drop your Decoder, Ma et al. 2024, eq. 9: ``A = softmax(qᵀk/√d + M)·v``, ``h = LN(FFN(A) + A)``), sized from
 the encoder's config, serves every decoder:
 
 * auto-encoding (eq. 4–5) and auto-regression (eq. 6–7): self-attention, ``query_states`` only;

@@ -1,4 +1,4 @@
-"""Enhanced decoding (paper 000 eq. 8–10; RetroMAE, Xiao et al. 2022; DupMAE §3.1 eq. 2–5).
+"""Enhanced decoding (Drop your Decoder, Ma et al. 2024, eq. 8–10; RetroMAE, Xiao et al. 2022; DupMAE §3.1 eq. 2–5).
 
 Two streams feed one attention layer:
 

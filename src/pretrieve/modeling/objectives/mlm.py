@@ -1,4 +1,4 @@
-"""Encoder masked language modelling (paper 000 eq. 3).
+"""Encoder masked language modelling (Drop your Decoder, Ma et al. 2024, eq. 3).
 
 ``L_enc = CE(Enc(mask(t)), t_i), i ∈ M``: the encoder's own MLM head predicts the original token at every
 position the encoder masker selected (``mlm_labels != -100``; the label is the original id whether the

@@ -1,5 +1,5 @@
 """DupMAE's ordinary-token (OT) decoding: bag-of-words from the max-pooled vocabulary projection of every
-ordinary token (paper 001 §3.2, eq. 6–8), and the OT max-pool the DupMAE representation reuses (eq. 11).
+ordinary token (DupMAE, Xiao & Liu 2022, §3.2, eq. 6–8), and the OT max-pool the DupMAE representation reuses (eq. 11).
 
 Paper, step by step, and what we do:
 
@@ -16,7 +16,7 @@ Paper, step by step, and what we do:
   which grows with the text length and would outweigh the token-averaged MLM and decoder losses of eq. 9 by
   a factor of |set(X)| (≈ 60–100); we use the properly normalised form — the target is the uniform
   distribution over ``set(X)``, i.e. :func:`~pretrieve.modeling.objectives.bow.bow_cross_entropy`, the same
-  loss as paper 000's BoW — so that eq. 9's weights 1 : 1 : 1 are meaningful. Mean over examples.
+  loss as Drop your Decoder's (Ma et al. 2024) BoW — so that eq. 9's weights 1 : 1 : 1 are meaningful. Mean over examples.
 
 ``variant="code"`` reproduces staoxiao/RetroMAE ``modeling_duplex.py`` instead: the max-pool runs over every
 attended non-[CLS] position *including the masked ones* (``logits[:, 1:]`` with padding pushed to −1000), and

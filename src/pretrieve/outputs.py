@@ -1,0 +1,225 @@
+"""Output locations: checked before the work starts, locked while a command writes them, left clean.
+
+* :func:`check_writable` — the preflight: a directory (or a file's directory) that cannot be created or written,
+  a file where a directory should be, a parent that is a file, a file-size limit (``ulimit -f``) or free disk
+  space smaller than what the command will write are reported as one-line errors before anything expensive runs.
+* :func:`writing` — the context of a command that writes an output directory (``pretrain``, ``finetune``,
+  ``reranker train``, ``run``): preflight, then an exclusive lock (``filelock``: an ``flock`` on
+  ``<out>/.pretrieve.lock``, released when the process exits, also after a crash or ``kill -9``) that makes a
+  second writer fail at once with the first one's PID; temporary files that killed atomic writes left behind are
+  removed (:func:`pretrieve.artifacts.remove_stale_temporaries`); a command that fails leaves no directory it
+  created empty. Under ``torchrun``/``accelerate launch`` only the process of rank 0 takes the lock (the others
+  write into the same directory as its helpers).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import socket
+import tempfile
+import time
+from pathlib import Path
+from typing import Iterator
+
+from pretrieve.errors import InputError, OutputBusyError
+
+LOCK_FILE = ".pretrieve.lock"
+#: How deep below an output directory leftovers of killed atomic writes are looked for.
+CLEANUP_DEPTH = 3
+
+
+def process_rank() -> int:
+    """This process's global rank under torchrun / accelerate launch (0 otherwise)."""
+    for name in ("RANK", "LOCAL_RANK"):
+        value = os.environ.get(name)
+        if value and value.isdigit():
+            return int(value)
+    return 0
+
+
+def _first_existing(path: Path) -> Path:
+    while not path.exists() and not path.is_symlink() and path != path.parent:
+        path = path.parent
+    return path
+
+
+def check_writable(path: str | Path, directory: bool = True, needed_bytes: int = 0,
+                   largest_file: int = 0) -> None:
+    """Raise a one-line :class:`InputError` unless ``path`` (a directory, or a file when ``directory`` is False)
+    can be created and written, and ``needed_bytes`` (in all) and a file of ``largest_file`` bytes fit."""
+    path = Path(path)
+    if path.exists() or path.is_symlink():
+        if directory and not path.is_dir():
+            raise InputError("exists and is not a directory (an output directory was expected here)", path=path)
+        if not directory and path.is_dir():
+            raise InputError("is a directory (an output file was expected here)", path=path)
+        place = path if directory else path.parent
+    else:
+        place = _first_existing(path.parent)
+        if not place.is_dir():
+            raise InputError(f"cannot be created: {place} is a file, not a directory", path=path)
+    _probe(place, path)
+    _check_space(place, path, needed_bytes, largest_file)
+
+
+def _probe(place: Path, path: Path) -> None:
+    """Create and remove a temporary file in ``place`` (permission bits, read-only mounts and ACLs all answer)."""
+    try:
+        fd, name = tempfile.mkstemp(prefix=".pretrieve-probe.", suffix=".tmp", dir=place)
+        os.close(fd)
+        os.unlink(name)
+    except OSError as exc:
+        where = "" if place == path else f" ({place} is not writable)"
+        raise InputError(f"cannot write here{where}: {exc.strerror or exc}", path=path) from None
+
+
+def _check_space(place: Path, path: Path, needed_bytes: int, largest_file: int) -> None:
+    import resource
+
+    if largest_file:
+        soft, _ = resource.getrlimit(resource.RLIMIT_FSIZE)
+        if soft != resource.RLIM_INFINITY and soft < largest_file:
+            raise InputError(f"the file-size limit (ulimit -f: {_size(soft)}) is below the {_size(largest_file)} "
+                             "files this command writes (checkpoints, model weights); raise it", path=path)
+    if needed_bytes:
+        free = shutil.disk_usage(place).free
+        if free < needed_bytes:
+            raise InputError(f"only {_size(free)} free on this file system; this command writes about "
+                             f"{_size(needed_bytes)}", path=path)
+
+
+def _size(n: int) -> str:
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if n < 1024 or unit == "TB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n} B"
+
+
+def weights_bytes(model: str | Path) -> int:
+    """Bytes of a local checkpoint's weight files (0 for a hub name): the size estimates of the preflight."""
+    root = Path(str(model))
+    if not root.is_dir():
+        return 0
+    return sum(p.stat().st_size for p in root.iterdir() if p.suffix in (".safetensors", ".bin") and p.is_file())
+
+
+def training_space(model: str | Path, keep_checkpoints: int) -> tuple[int, int]:
+    """``(needed_bytes, largest_file)`` a training run writes: each checkpoint holds the weights and AdamW's two
+    moments (3x the weights, the optimizer file 2x), the export one more copy of the weights."""
+    weights = weights_bytes(model)
+    return weights * (3 * max(1, keep_checkpoints) + 1), 2 * weights
+
+
+class DirectoryLock:
+    """An exclusive lock on an output directory (``filelock.FileLock`` on ``<dir>/.pretrieve.lock``).
+
+    The holder writes its PID, host and start time into the lock file, so the process refused can name it.
+    """
+
+    def __init__(self, directory: str | Path):
+        from filelock import FileLock
+
+        self.directory = Path(directory)
+        self.path = self.directory / LOCK_FILE
+        self._lock = FileLock(str(self.path), timeout=0)
+
+    def acquire(self) -> None:
+        from filelock import Timeout
+
+        try:
+            self._lock.acquire()
+        except Timeout:
+            raise OutputBusyError(f"{self.directory} is being written by another pretrieve process "
+                                  f"({self.holder()}); wait for it to finish or choose another output "
+                                  "directory") from None
+        with open(self.path, "w", encoding="utf-8") as handle:
+            handle.write(f"pid {os.getpid()} on {socket.gethostname()} since "
+                         f"{time.strftime('%Y-%m-%d %H:%M:%S')}\n")
+
+    def holder(self) -> str:
+        try:
+            text = self.path.read_text(encoding="utf-8").strip()
+        except OSError:
+            text = ""
+        return text.replace("pid", "PID", 1) if text else "PID unknown"
+
+    def release(self) -> None:
+        self._lock.release()
+
+    def __enter__(self) -> "DirectoryLock":
+        self.acquire()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+
+def remove_leftovers(directory: str | Path, depth: int = CLEANUP_DEPTH) -> list[Path]:
+    """Remove temporaries of killed atomic writes in ``directory`` and its sub-directories (``depth`` levels)."""
+    from pretrieve.artifacts import remove_stale_temporaries
+
+    directory = Path(directory)
+    removed = remove_stale_temporaries(directory)
+    if depth > 0 and directory.is_dir():
+        for child in sorted(directory.iterdir()):
+            if child.is_dir() and not child.is_symlink() and not child.name.startswith("."):
+                removed += remove_leftovers(child, depth - 1)
+    return removed
+
+
+@contextlib.contextmanager
+def writing(out: str | Path, lock: bool = True, needed_bytes: int = 0, largest_file: int = 0) -> Iterator[Path]:
+    """The context of a command writing the directory ``out`` (see the module docstring)."""
+    import logging
+
+    out = Path(out)
+    check_writable(out, directory=True, needed_bytes=needed_bytes, largest_file=largest_file)
+    created = _missing_parents(out)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise InputError(f"cannot create the output directory: {exc.strerror or exc}", path=out) from None
+    holder = DirectoryLock(out) if lock and process_rank() == 0 else contextlib.nullcontext()
+    try:
+        with holder:
+            removed = remove_leftovers(out) if process_rank() == 0 else []
+            if removed:
+                logging.getLogger(__name__).info("removed %d leftover temporary file(s) of interrupted writes in %s",
+                                                 len(removed), out)
+            yield out
+    except BaseException:
+        _remove_empty(out, created)
+        raise
+
+
+def _missing_parents(path: Path) -> list[Path]:
+    """``path`` and its ancestors that do not exist yet (deepest first)."""
+    missing = []
+    while not path.exists() and path != path.parent:
+        missing.append(path)
+        path = path.parent
+    return missing
+
+
+def _remove_empty(out: Path, created: list[Path]) -> None:
+    """After a failure: remove empty sub-directories of ``out`` and the directories this command created, if they
+    hold nothing but the lock file (a failed run must not leave an empty ``cache/`` or output directory)."""
+    if not out.is_dir():
+        return
+    for child in sorted(out.rglob("*"), key=lambda p: -len(p.parts)):
+        if child.is_dir() and not child.is_symlink():
+            with contextlib.suppress(OSError):
+                child.rmdir()   # only succeeds when empty
+    for directory in created:
+        entries = list(directory.iterdir()) if directory.is_dir() else []
+        if all(entry.name == LOCK_FILE for entry in entries):
+            with contextlib.suppress(OSError):
+                for entry in entries:
+                    entry.unlink()
+                directory.rmdir()
+        else:
+            break
+
