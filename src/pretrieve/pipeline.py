@@ -341,12 +341,13 @@ def check_stage_order(recipe: Mapping[str, Any], where: str = "recipe") -> None:
 
 
 def recipe_collections(recipe: Mapping[str, Any]) -> list[str]:
-    """Every collection a (validated) recipe names: its ``data``, a pre-training ``corpus`` that is not a file,
-    and each ``evaluate`` collection (without its ``:split``)."""
+    """Every collection a (validated) recipe names: its ``data``, a pre-training ``corpus`` that is neither a file
+    nor a hub dataset (``hf:NAME``), and each ``evaluate`` collection (without its ``:split``)."""
     names = [str(recipe["data"])]
     for kind, _, options in stage_labels(recipe):
-        if kind == "pretrain" and options.get("corpus") and not Path(str(options["corpus"])).expanduser().exists():
-            names.append(str(options["corpus"]))
+        corpus = str(options.get("corpus") or "")
+        if kind == "pretrain" and corpus and not corpus.startswith("hf:") and not Path(corpus).expanduser().exists():
+            names.append(corpus)   # a collection name (a hub dataset, hf:NAME, is the pre-trainer's to load)
         if kind == "evaluate":
             for entry in options.get("collections") or [recipe["data"]]:
                 names.append(_split_collection(str(entry))[0])

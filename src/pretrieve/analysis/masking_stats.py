@@ -1,5 +1,5 @@
 """Which tokens a masker picks: the share of stopwords and punctuation among masked tokens and the most
-often masked terms, for random vs importance-aware masking on the same corpus (CDMAE, CDMAE (Li et al. 2023) Fig. 2, §3.2:
+often masked terms, for random vs importance-aware masking on the same corpus (CDMAE (Li et al. 2023) Fig. 2, §3.2:
 "40 % of the masked tokens produced by the 15 % ratio random masking method in BERT pre-training are
 stop-words or punctuation").
 

@@ -6,7 +6,7 @@
   (rows = checkpoints, columns = k) and the top-20 tokens of the first texts with ✓/✗, and writes
   ``coverage.json``, ``coverage.png`` (ratio vs k, one line per checkpoint) and ``provenance.json`` into
   ``--out``.
-* ``masking-stats`` — which tokens random vs importance-aware (PMI) masking picks (CDMAE, CDMAE (Li et al. 2023) Fig. 2):
+* ``masking-stats`` — which tokens random vs importance-aware (PMI) masking picks (CDMAE (Li et al. 2023) Fig. 2):
   share of stopwords and punctuation among the masked tokens and the top masked terms
   (:func:`pretrieve.analysis.masking_stats.compare_maskers`). The corpus is tokenised into the pre-training
   chunk cache; the n-gram statistics are those of the *whole* corpus (counted once and cached beside the

@@ -1,4 +1,4 @@
-"""Corpus n-gram statistics, PMI/AMI token importance and importance-aware masking (CDMAE, CDMAE (Li et al. 2023) §3.2).
+"""Corpus n-gram statistics, PMI/AMI token importance and importance-aware masking (CDMAE (Li et al. 2023) §3.2).
 
 This module owns everything CDMAE adds on the data side: counting the n-grams of a pre-training corpus,
 turning the counts into a per-token importance (average mutual information, AMI), and masking the most

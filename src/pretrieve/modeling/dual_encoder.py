@@ -8,7 +8,7 @@ token_type_ids, text_type) -> [B, L, H]``, where ``text_type`` is ``"query"`` or
   head) and is chosen automatically when the representation needs the head (``needs_mlm_head``).
 
 Both accept ``text_type`` and pass it down (the MaskedLM encoder as its 0/1 tensor), so a later tower that
-routes query and passage tokens to different FFN experts (CoT-MoTE, CoT-MoTE (Ma et al. 2023)) registers itself with
+routes query and passage tokens to different FFN experts (CoT-MoTE (Ma et al. 2023)) registers itself with
 :func:`register_tower` and plugs in without changing the dual encoder or the trainer.
 
 Siamese or separate (CoT-MoTE, Ma et al. 2023, §2): ``tied=True`` (default, Drop your Decoder, DupMAE, CDMAE, and CoT-MoTE's shared attention) uses

@@ -1,4 +1,4 @@
-"""Mixture of Textual Experts (CoT-MoTE, CoT-MoTE (Ma et al. 2023) §3.1, eq. 7–9): one shared self-attention per layer, two
+"""Mixture of Textual Experts (CoT-MoTE (Ma et al. 2023) §3.1, eq. 7–9): one shared self-attention per layer, two
 feed-forward experts — Q-FFN for queries, P-FFN for passages — chosen by the text type of each input.
 
 What this module owns:

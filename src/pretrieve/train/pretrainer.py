@@ -83,7 +83,10 @@ def run_settings(config: PretrainConfig, method) -> tuple[dict[str, Any], dict[s
 
     resolved = dataclasses.asdict(config) | {"method": method.to_dict()}
     settings = {key: value for key, value in resolved.items() if key not in PATH_SETTINGS}
-    inputs, named = run_inputs(model=config.model, corpus=resolve_text_source(config.corpus)[0])
+    source = resolve_text_source(config.corpus)   # a file or a save_to_disk directory by content; a hub name by name
+    inputs, named = run_inputs(model=config.model, corpus=source.path or str(source))
+    if source.split:
+        named["corpus_split"] = source.split
     return settings | named, inputs
 
 

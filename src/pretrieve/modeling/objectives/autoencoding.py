@@ -14,7 +14,7 @@ reaches the encoder only through ``h_CLS`` (the bottleneck). Choices:
   CDMAE uses 2;
 * the loss is the mean CE over the decoder-masked positions (``decoder_labels != -100``), scored through
   the encoder's (shared) MLM head after gathering those positions;
-* ``projection=True`` (CDMAE, CDMAE (Li et al. 2023) eq. 4 and Table 4) puts a linear bottleneck head between encoder
+* ``projection=True`` (CDMAE (Li et al. 2023) eq. 4 and Table 4) puts a linear bottleneck head between encoder
   and decoder: position 0 of the decoder input is ``h_b = W·h_CLS + b`` instead of ``h_CLS``. ``W`` is
   ``d_dec × d_enc`` with ``d_dec = d_enc`` here (the decoder blocks are sized from the encoder's config),
   initialised like the decoder layers (``N(0, initializer_range)``, zero bias); it belongs to the decoder
