@@ -306,6 +306,7 @@ def rerank_run_file(model_dir: str | Path, data: str | Path, split: str, run_pat
     """``pretrieve reranker score``: re-rank a TREC run file's top-``depth`` and write the new run."""
     collection = BeirCollection(Path(data))
     outputs.check_writable(out, directory=False)
+    outputs.remove_leftovers(Path(out).parent, depth=0)
     if not Path(run_path).exists():
         raise InputError("run file not found", path=run_path)
     settings = {"split": split, "depth": depth, "max_len": max_len}
@@ -338,6 +339,7 @@ def teacher_groups(model_dir: str | Path, data: str | Path, groups_path: str | P
     if not Path(groups_path).exists():
         raise InputError("groups file not found", path=groups_path)
     outputs.check_writable(out, directory=False)
+    outputs.remove_leftovers(Path(out).parent, depth=0)
     settings = {"max_negatives": max_negatives, "max_len": max_len}
     inputs = {"reranker": Path(str(model_dir)), "groups": Path(groups_path), "corpus": collection.corpus_path}
     status = artifacts.check(out, settings, inputs, kind="groups")
