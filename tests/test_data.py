@@ -399,7 +399,8 @@ def test_registry_lists_beir_collections():
     assert scifact.url == "https://public.ukp.informatik.tu-darmstadt.de/thakur/BEIR/datasets/scifact.zip"
     assert scifact.md5 == "5f7d1de60b170fc8027bb7898e2efca1" and scifact.splits == ("train", "test")
     for info in registry.KNOWN_COLLECTIONS.values():
-        assert info.url.endswith(f"/{info.name}.zip") and info.description
+        archive = f"/{info.name}.zip" if info.archive == "beir-zip" else ".tar.gz"   # Cranfield: the SMART files
+        assert info.url.endswith(archive) and info.description
         assert info.md5 is None or len(info.md5) == 32
 
 

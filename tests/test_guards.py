@@ -111,6 +111,14 @@ def test_a_corrupted_rng_state_file_makes_resume_fail_loudly(tiny_mlm_dir, corpu
     with caplog.at_level("WARNING", logger="pretrieve.train.loop"):
         final = pretrain(_config(tiny_mlm_dir, corpus, out, resume=True, allow_inexact_resume=True))
     assert (final / "model.safetensors").exists() and "INEXACT RESUME" in caplog.text
+    # an optimizer state that cannot be read stops any resume, with the checkpoint named
+    _interrupt_at(monkeypatch, 4)
+    with pytest.raises(KeyboardInterrupt):
+        pretrain(_config(tiny_mlm_dir, corpus, tmp_path / "second"))
+    monkeypatch.undo()
+    (tmp_path / "second" / "checkpoints" / "step-2" / "optimizer.bin").write_bytes(b"truncated")
+    with pytest.raises(InexactResumeError, match=r"step-2: cannot restore the training state"):
+        pretrain(_config(tiny_mlm_dir, corpus, tmp_path / "second", resume=True, allow_inexact_resume=True))
 
 
 # ------------------------------------------------------------------------------------------ restarts

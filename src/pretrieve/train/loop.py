@@ -687,7 +687,7 @@ def load_checkpoint(accelerator, checkpoint: Path, allow_inexact: bool = False) 
     (accelerate only logs, at INFO, when it cannot read a ``random_states_<rank>.pkl``). A process that could not
     restore it fails the resume on every process (:class:`InexactResumeError` naming the file), or, with
     ``allow_inexact``, gets a warning and continues (its losses will differ from the uninterrupted run's).
-    Missing model/optimizer/scheduler files fail in accelerate itself."""
+    A model, optimizer or scheduler state that cannot be loaded always stops the resume."""
     rng_file = checkpoint / f"random_states_{accelerator.process_index}.pkl"
     problem = None
     expected = None
@@ -698,7 +698,12 @@ def load_checkpoint(accelerator, checkpoint: Path, allow_inexact: bool = False) 
                 raise ValueError(f"it holds no '{key}'")
     except Exception as exc:  # noqa: BLE001 - any unreadable state is reported the same way
         problem = f"{rng_file}: cannot restore the random number generators' state ({exc.__class__.__name__}: {exc})"
-    accelerator.load_state(str(checkpoint))
+    try:
+        accelerator.load_state(str(checkpoint))
+    except Exception as exc:  # noqa: BLE001 - a missing or corrupt model/optimizer/scheduler file: cannot continue
+        raise InexactResumeError(f"{checkpoint}: cannot restore the training state ({exc.__class__.__name__}: "
+                                 f"{str(exc)[:200]}); resume from an earlier checkpoint (remove this one) or start "
+                                 "afresh with --overwrite") from None
     if problem is None and not (torch.equal(torch.get_rng_state(), expected["torch_manual_seed"])
                                 and random.getstate() == expected["random_state"]):
         problem = f"{rng_file}: the random number generators' state was not restored"

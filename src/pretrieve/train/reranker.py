@@ -381,6 +381,7 @@ def rerank_run_file(model_dir: str | Path, data: str | Path, split: str, run_pat
         raise ConfigError(f"depth must be >= 1, got {depth}")
     collection = BeirCollection(Path(data))
     outputs.check_writable(out, directory=False)
+    outputs.remove_leftovers(Path(out).parent, depth=0)
     if not Path(run_path).exists():
         raise InputError("run file not found", path=run_path)
     resolved = resolve_precision(precision, resolve_device(device))
@@ -453,6 +454,7 @@ def teacher_groups(model_dir: str | Path, data: str | Path, groups_path: str | P
                 "precision": resolved}
     inputs = {"model": model_dir, "groups": groups_path, "corpus": collection.corpus_path}
     outputs.check_writable(out, directory=False)
+    outputs.remove_leftovers(Path(out).parent, depth=0)
     status = artifacts.check(out, settings, inputs, kind="groups")
     if status.current and not overwrite:
         logger.info("teacher groups %s are up to date; not recomputing", out)
