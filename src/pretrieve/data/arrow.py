@@ -386,8 +386,7 @@ def build(table: str, path: str | Path, *, num_proc: int | None = None, cache_di
             raise InputError(_EMPTY[table], path=path)
         _write_state(tmp, names, table, hashlib.sha1(json.dumps([settings, rows]).encode()).hexdigest()[:16])
         if table in _ID_KIND:
-            _write_id_index(tmp, np.concatenate([np.frombuffer(r.hashes, dtype="<u8") for r in results]),
-                            path, ranges, meta["parts"], _ID_KIND[table])
+            _write_id_index(tmp, results, path, ranges, meta["parts"], _ID_KIND[table])
         (tmp / META_FILE).write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
     return target
 
@@ -405,11 +404,16 @@ def _write_state(directory: Path, names: list[str], table: str, fingerprint: str
                                                  encoding="utf-8")
 
 
-def _write_id_index(directory: Path, hashes: np.ndarray, source: Path, ranges, part_rows: list[int],
+def _write_id_index(directory: Path, results: list["_PartResult"], source: Path, ranges, part_rows: list[int],
                     kind: str) -> None:
-    """Sort the id hashes (stable: rows ascending among equal hashes), refuse duplicate ids, save both arrays."""
+    """Sort the parts' id hashes (stable: rows ascending among equal hashes), refuse duplicate ids, save the sorted
+    hashes and their rows. Holds 24 bytes per row at most (hashes, their order, the sorted hashes)."""
+    hashes = np.concatenate([np.frombuffer(result.hashes, dtype="<u8") for result in results])
+    for result in results:
+        result.hashes = b""
     order = np.argsort(hashes, kind="stable")
     ordered = hashes[order]
+    del hashes
     same = np.nonzero(ordered[1:] == ordered[:-1])[0]
     if len(same):
         ids = read_column(directory, "_id")
@@ -430,7 +434,7 @@ def _write_id_index(directory: Path, hashes: np.ndarray, source: Path, ranges, p
             raise InputError(duplicate_id_message(kind, ids[second].as_py(), lines[0]), path=source,
                              line=lines[1], field="_id")
     np.save(directory / HASHES_FILE, ordered)
-    np.save(directory / ROWS_FILE, order.astype(np.int64))
+    np.save(directory / ROWS_FILE, order)
 
 
 def _lines_of_rows(source: Path, ranges, part_rows: list[int], rows: list[int]) -> list[int]:
