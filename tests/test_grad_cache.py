@@ -192,8 +192,8 @@ def test_two_processes_plain_and_grad_cached_match_one_process(tmp_path, tokeniz
     _run_cli([*common, "--grad-cache-chunk", "3", "--out", str(tmp_path / "two-cached")], nproc=2)
     one, two, cached = (read_logs(tmp_path / name) for name in ("one", "two", "two-cached"))
     assert len(one) == len(two) == len(cached) == 3
-    for a, b, c in zip(one, two, cached):
-        assert b["loss"] == pytest.approx(a["loss"], abs=1e-5) and c["loss"] == pytest.approx(a["loss"], abs=1e-5)
+    for a, b, c in zip(one, two, cached):   # float32 sums in another order: relative 1e-5 (a loss of ~2.8)
+        assert b["loss"] == pytest.approx(a["loss"], rel=1e-5) and c["loss"] == pytest.approx(a["loss"], rel=1e-5)
 
     corpus = tmp_path / "text.txt"
     corpus.write_text("".join(f"passage {i} about tumor cells and protein {i % 7} growth.\n" for i in range(40)))
