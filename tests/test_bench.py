@@ -153,9 +153,13 @@ def test_cli_bench_encode(tmp_path, minilm):
 
     result = CliRunner().invoke(app, ["bench", "encode", "--model", str(minilm), "--data",
                                       str(_tiny_collection(tmp_path / "toy")), "--num-texts", "4",
-                                      "--batch-size", "4", "--max-length", "32", "--repeats", "1",
-                                      "--out", str(tmp_path / "encode.md")])
+                                      "--batch-size", "4", "--max-length", "32", "--repeats", "2",
+                                      "--precisions", "fp32,auto,int8", "--out", str(tmp_path / "encode.md")])
     assert result.exit_code == 0, result.output
     data = json.loads((tmp_path / "encode.json").read_text())
-    assert set(data["variants"]) == {"pretrieve_fp32", "pretrieve_bf16", "sentence_transformers_fp32"}
-    assert data["max_abs_diff_fp32_vs_st"] < 1e-4
+    auto = f"pretrieve_auto({data['auto']})"
+    assert set(data["variants"]) == {"pretrieve_fp32", auto, "pretrieve_int8", "sentence_transformers_fp32"}
+    variants = data["variants"]
+    assert variants["pretrieve_fp32"]["max_abs_diff_vs_st"] < 1e-4 and len(variants["pretrieve_int8"]["runs_s"]) == 2
+    assert variants["pretrieve_int8"]["min_cosine_vs_st"] > 0.95 and variants["sentence_transformers_fp32"]["vs_st"] == 1
+    assert variants["pretrieve_fp32"]["vs_fp32"] == 1 and "min cos vs ST" in (tmp_path / "encode.md").read_text()

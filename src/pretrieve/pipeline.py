@@ -287,6 +287,7 @@ def stage_evaluate(state: RunState, options: dict[str, Any], label: str, show_pr
     default_split = options.get("split", "test")
     depth = int(options.get("depth", 1000))
     modes = _search_modes(options.get("modes"))
+    encoding = {key: options[key] for key in ("precision", "batch_size") if key in options}
     collections = [_collection_and_split(c, default_split, state.recipe)
                    for c in options.get("collections", [state.recipe["data"]])]
     retrievers = dict(state.retrievers)
@@ -310,13 +311,15 @@ def stage_evaluate(state: RunState, options: dict[str, Any], label: str, show_pr
             rows.append(_row("bm25", collection_path.name, run_path, evaluate(qrels, read_run(run_path), RESULT_MEASURES)))
         for name, model_dir in retrievers.items():
             for label, mode in _labelled_modes(name, model_dir, modes):
-                run_path = _retriever_run(state, name, model_dir, collection, split, depth, label, mode, show_progress)
+                run_path = _retriever_run(state, name, model_dir, collection, split, depth, label, mode, show_progress,
+                                          encoding)
                 rows.append(_row(label, collection_path.name, run_path,
                                  evaluate(qrels, read_run(run_path), RESULT_MEASURES)))
         rerank_depth = options.get("rerank_depth")
         if rerank_depth and state.reranker is not None and state.retrievers:
             name = _reranked_retriever(state, options.get("rerank"))
-            _retriever_run(state, name, state.retrievers[name], collection, split, depth, name, None, show_progress)
+            _retriever_run(state, name, state.retrievers[name], collection, split, depth, name, None, show_progress,
+                           encoding)
             rows.append(_rerank_row(state, name, collection_path, split, int(rerank_depth), runs_dir, qrels,
                                     show_progress))
     return rows
@@ -324,7 +327,7 @@ def stage_evaluate(state: RunState, options: dict[str, Any], label: str, show_pr
 
 def _search_modes(value: Any) -> list[str] | None:
     """The evaluate stage's ``modes`` option: None, or a list of sparse/hybrid search modes."""
-    from pretrieve.retrieval.sparse_search import SEARCH_MODES
+    from pretrieve.retrieval.index.sparse import SEARCH_MODES
 
     if value is None:
         return None
@@ -337,25 +340,29 @@ def _search_modes(value: Any) -> list[str] | None:
 def _labelled_modes(name: str, model_dir: str, modes: list[str] | None) -> list[tuple[str, str | None]]:
     """``[(row label, search mode)]``: one row per mode (``finetune-s1-sparse``) for a model fine-tuned with the
     sparse/hybrid representation when ``modes`` is given, else one row searched as trained."""
-    from pretrieve.retrieval.sparse_search import is_sparse_model
+    from pretrieve.retrieval.load import retriever_kind
 
-    if modes and is_sparse_model(model_dir):
+    if modes and retriever_kind(model_dir) in ("sparse", "hybrid"):
         return [(f"{name}-{mode}", mode) for mode in modes]
     return [(name, None)]
 
 
 def _retriever_run(state: RunState, name: str, model_dir: str, collection, split: str, depth: int, label: str,
-                   mode: str | None, show_progress: bool) -> Path:
-    """``runs/<label>__<collection>.trec``, searched now unless it exists (one corpus cache per retriever)."""
+                   mode: str | None, show_progress: bool, encoding: Mapping[str, Any] | None = None) -> Path:
+    """``runs/<label>__<collection>.trec``, searched now unless it exists (one corpus index per retriever);
+    ``encoding``: the evaluate stage's ``precision`` / ``batch_size``."""
     from pretrieve.data import write_run
-    from pretrieve.retrieval.mining import dense_search
+    from pretrieve.retrieval.load import load_retriever
+    from pretrieve.retrieval.search import search
 
     collection_name = collection.root.name
     run_path = state.out / "runs" / f"{label}__{collection_name}.trec"
     if not run_path.exists():
         cache = state.out / "embeddings" / f"{name}__{collection_name}"
-        run = dense_search(model_dir, collection.load_corpus(), collection.load_queries(split), k=depth,
-                           cache_dir=cache, show_progress=show_progress, mode=mode)
+        encoding = dict(encoding or {})
+        retriever = load_retriever(model_dir, precision=encoding.get("precision", "auto"))
+        run = search(retriever, collection.load_queries(split), collection.load_corpus(), k=depth, cache_dir=cache,
+                     mode=mode, batch_size=int(encoding.get("batch_size", 64)), show_progress=show_progress)
         write_run(run, run_path, tag=label)
     return run_path
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 import re
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import Iterable, Iterator, Sequence
 
 import numpy as np
 
@@ -62,20 +62,25 @@ def write_run(run: Run, path: str | Path, tag: str = "pretrieve", depth: int | N
     Scores are written exactly (``repr``); an id that is empty or contains whitespace, a tag with
     whitespace and a NaN score raise :class:`InputError` (the file would not read back).
     """
-    _check_trec_token(tag, "tag", path)
     with atomic_open(path) as handle:
-        for qid, docs in run.items():
-            _check_trec_token(qid, "query_id", path)
-            ranked = sorted(docs.items(), key=lambda item: -item[1])
-            if depth is not None:
-                ranked = ranked[:depth]
-            for rank, (doc_id, score) in enumerate(ranked, start=1):
-                _check_trec_token(doc_id, "doc_id", path)
-                value = float(score)
-                if math.isnan(value):
-                    raise InputError(f"score of document '{doc_id}' for query '{qid}' is NaN", path=path,
-                                     field="score")
-                handle.write(f"{qid} Q0 {doc_id} {rank} {value!r} {tag}\n")
+        handle.writelines(run_lines(run, path, tag=tag, depth=depth))
+
+
+def run_lines(run: Run, path: str | Path, tag: str = "pretrieve", depth: int | None = None) -> Iterator[str]:
+    """The TREC lines of ``run`` (see :func:`write_run`); a stream of runs writes them block by block."""
+    _check_trec_token(tag, "tag", path)
+    for qid, docs in run.items():
+        _check_trec_token(qid, "query_id", path)
+        ranked = sorted(docs.items(), key=lambda item: -item[1])
+        if depth is not None:
+            ranked = ranked[:depth]
+        for rank, (doc_id, score) in enumerate(ranked, start=1):
+            _check_trec_token(doc_id, "doc_id", path)
+            value = float(score)
+            if math.isnan(value):
+                raise InputError(f"score of document '{doc_id}' for query '{qid}' is NaN", path=path,
+                                 field="score")
+            yield f"{qid} Q0 {doc_id} {rank} {value!r} {tag}\n"
 
 
 def _check_trec_token(value: str, field: str, path: str | Path) -> None:

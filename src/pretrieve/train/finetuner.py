@@ -186,7 +186,7 @@ def resolve_dense_settings(config: FinetuneConfig, model_path: str) -> FinetuneC
 
     Non-dense representations (``dupmae:...``) ignore pooling/normalisation; their temperature defaults to 1
     (the papers' plain dot product)."""
-    from pretrieve.retrieval.encoder import ModelFiles, read_sentence_transformers_config
+    from pretrieve.retrieval.load import ModelFiles, read_sentence_transformers_config
 
     if config.representation != "dense":
         return dataclasses.replace(config, temperature=1.0 if config.temperature is None else config.temperature)
@@ -296,7 +296,7 @@ def input_fingerprints(model_path: str, groups: str | Path | None) -> dict[str, 
     teacher scores, a new pre-trained checkpoint) is never mistaken for finished.
     """
     from pretrieve.io_utils import file_digest
-    from pretrieve.retrieval.encode import model_fingerprint
+    from pretrieve.retrieval.load import model_fingerprint
 
     digest = file_digest(groups) if groups is not None and Path(groups).is_file() else None
     return {"model": model_fingerprint(model_path), "groups": digest}

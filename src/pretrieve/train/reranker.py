@@ -213,7 +213,7 @@ class PairScorer:
         from transformers import AutoTokenizer
 
         from pretrieve.modeling.cross_encoder import CrossEncoder
-        from pretrieve.retrieval.encoder import resolve_device
+        from pretrieve.retrieval.load import resolve_device
 
         if batch_size < 1:
             raise ConfigError(f"batch size must be >= 1, got {batch_size}")
@@ -287,7 +287,7 @@ def rerank_run_file(model_dir: str | Path, data: str | Path, split: str, run_pat
                     depth: int = 200, batch_size: int = 64, max_len: int | None = None, device: str = "auto",
                     show_progress: bool = True, overwrite: bool = False) -> Path:
     """``pretrieve reranker score``: re-rank a TREC run file's top-``depth`` and write the new run."""
-    from pretrieve.retrieval.encode import model_fingerprint
+    from pretrieve.retrieval.load import model_fingerprint
     from pretrieve.retrieval.mining import output_is_current, write_output_meta
 
     collection = BeirCollection(Path(data))
@@ -313,7 +313,7 @@ def teacher_groups(model_dir: str | Path, data: str | Path, groups_path: str | P
     """Stage-3 groups: the groups of ``groups_path`` (e.g. the stage-2 retriever's mined top-200 minus positives),
     their negatives cut to the first ``max_negatives`` (rank order), every positive and negative scored by the
     reranker. Returns ``out``."""
-    from pretrieve.retrieval.encode import model_fingerprint
+    from pretrieve.retrieval.load import model_fingerprint
     from pretrieve.retrieval.mining import output_is_current, write_output_meta
 
     if max_negatives is not None and max_negatives < 1:
