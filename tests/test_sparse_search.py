@@ -22,7 +22,7 @@ from pretrieve.modeling.export import export_retriever
 from pretrieve.modeling.sparse import HybridRepresentation, SparseRepresentation
 from pretrieve.retrieval.batches import encode_all
 from pretrieve.retrieval.index import SearchOptions
-from pretrieve.retrieval.index.sparse import SpladeIndex, resolve_mode, rrf_fuse
+from pretrieve.retrieval.index.sparse import SparseIndex, SpladeIndex, resolve_mode, rrf_fuse
 from pretrieve.retrieval.load import load_retriever, retriever_kind
 from pretrieve.retrieval.search import search
 
@@ -226,6 +226,53 @@ def test_index_round_trip_and_storage(hybrid_dir, synthetic, tmp_path):
     storage = index.storage()
     assert storage["dense_bytes"] == 32 * 4
     assert storage["sparse_bytes"] == pytest.approx(encoded["sparse"].nnz / len(corpus) * (4 + 2) + 4 * 301 / 300)
+
+
+def test_three_shards_give_every_mode_of_one_index(hybrid_dir, synthetic, tmp_path):
+    """The index format and the streaming merge are the same for every kind: a hybrid model's corpus in three
+    shards searches like one index holding the same vectors, in each mode — RRF included (it fuses the global
+    rankings, not the shards')."""
+    import scipy.sparse as sp
+
+    from pretrieve.retrieval.index import find_shards, open_index
+    from pretrieve.retrieval.search import build_index
+
+    corpus, queries = synthetic
+    retriever = load_retriever(hybrid_dir, device="cpu", precision="fp32")
+    for shard in range(3):
+        build_index(retriever, corpus, tmp_path / "three", shard=shard, num_shards=3, batch_size=16,
+                    show_progress=False)
+    shards = [SpladeIndex.load(open_index(path)) for path in find_shards(tmp_path / "three")]
+    whole = SpladeIndex(corpus.ids, SparseIndex(sp.vstack([s.sparse.matrix for s in shards]), corpus.ids),
+                        np.concatenate([s.dense for s in shards]))
+    encoded = encode_all(retriever.query, list(queries.values()))
+    for mode in ("dense", "sparse", "hybrid"):                 # the exact top-k of the same vectors
+        three = search(retriever, queries, tmp_path / "three", k=30, mode=mode, show_progress=False)
+        reference = whole.scores(encoded, mode, dense_weight=ALPHA, sparse_weight=BETA).astype(np.float64)
+        assert_top_k(three, list(queries), corpus, reference, 30)
+    run = search(retriever, queries, tmp_path / "three", k=20, mode="rrf", show_progress=False)
+    full = [search(retriever, queries, tmp_path / "three", k=len(corpus), mode=mode, show_progress=False)
+            for mode in ("dense", "sparse")]                    # the global rankings, merged over the shards
+    for qid in queries:
+        fused: dict[int, float] = {}
+        for ranking in full:
+            rows = sorted((corpus.row(doc) for doc in ranking[qid]),
+                          key=lambda row: (-ranking[qid][corpus.ids[row]], row))
+            for rank, row in enumerate(rows, start=1):
+                fused[row] = fused.get(row, 0.0) + 1.0 / (60 + rank)
+        expected = sorted(fused, key=lambda row: (-fused[row], row))[:20]
+        assert [corpus.row(doc) for doc in sorted(run[qid], key=lambda d: (-run[qid][d], corpus.row(d)))] == expected
+
+
+def test_int8_and_bf16_dual_encoders_search_close_to_fp32(hybrid_dir, synthetic, tmp_path):
+    """Every precision runs through the same loader and encoder for every kind; the cache keeps them apart."""
+    corpus, queries = synthetic
+    exact = dense_search(hybrid_dir, corpus, queries, k=20, cache_dir=tmp_path, mode="sparse")
+    for precision in ("int8", "bf16"):
+        run = dense_search(hybrid_dir, corpus, queries, k=20, cache_dir=tmp_path, mode="sparse", precision=precision)
+        assert json.loads((tmp_path / INDEX_DIR / "meta.json").read_text())["precision"] == precision
+        overlap = np.mean([len(set(run[q]) & set(exact[q])) / 20 for q in queries])
+        assert overlap >= 0.6, (precision, overlap)
 
 
 # ------------------------------------------------------------------------------------------------ MoTE routing
