@@ -144,14 +144,12 @@ def search_blocks(retriever: Retriever, queries: Mapping[str, str], index_or_cor
         query_ids = list(queries)
         block = query_block or getattr(search_backend, "QUERY_BLOCK", None) or max(
             256, DEFAULT_QUERY_ELEMENTS // k)
-        searchers: dict[tuple[int, str | None], Any] = {}
+        searchers: dict[int, Any] = {}
         for first in range(0, len(query_ids), block):
             ids = query_ids[first:first + block]
             encoded = encode_all(retriever.query, [queries[q] for q in ids], batch_size,
                                  show_progress=show_progress and first == 0 and len(query_ids) > batch_size,
                                  description="encode queries")
-            if len(shards) > 1:
-                searchers.clear()   # one shard's searcher in memory at a time
             scores, rows = _search(search_backend, shards, encoded, k, mode, options, searchers)
             yield _run_of(ids, scores, rows, shards)
 
@@ -172,26 +170,33 @@ def _search(search_backend, shards: Sequence[IndexDir], encoded: Mapping[str, An
     if mode == "rrf":
         from pretrieve.retrieval.index.sparse import rrf_fuse
 
-        total = sum(shard.count for shard in shards)
-        depth = min(total, max(k, options.rrf_depth))
-        rankings = [_search(search_backend, shards, encoded, depth, part, options, searchers)[1]
-                    for part in ("dense", "sparse")]
-        return rrf_fuse(rankings, k, rrf_k=options.rrf_k)
+        depth = min(sum(shard.count for shard in shards), max(k, options.rrf_depth))
+        rankings = _search_shards(search_backend, shards, encoded, depth, ("dense", "sparse"), options, searchers)
+        return rrf_fuse([rows for _, rows in rankings], k, rrf_k=options.rrf_k)
+    return _search_shards(search_backend, shards, encoded, k, (mode,), options, searchers)[0]
+
+
+def _search_shards(search_backend, shards: Sequence[IndexDir], encoded: Mapping[str, Any], k: int,
+                   modes: Sequence[str | None], options: SearchOptions,
+                   searchers: dict) -> list[tuple[np.ndarray, np.ndarray]]:
+    """One pass over the shards — one shard's searcher in memory at a time (a lone shard's is kept in
+    ``searchers`` for the next query block) — merging each mode's top-``k`` as the shards come."""
     count = _query_count(encoded)
-    scores = np.zeros((count, 0), np.float32)
-    rows = np.zeros((count, 0), np.int64)
+    merged = [(np.zeros((count, 0), np.float32), np.zeros((count, 0), np.int64)) for _ in modes]
     offset = 0
     for position, shard in enumerate(shards):
-        key = (position, mode)
-        if key not in searchers:
-            searchers[key] = search_backend.open_searcher(shard, options, mode)
-        shard_scores, shard_rows = searchers[key].search(encoded, k, mode)
-        shard_rows = np.asarray(shard_rows, dtype=np.int64)
-        found = shard_rows >= 0
-        scores, rows = merge_topk([scores, np.where(found, shard_scores, -np.inf).astype(np.float32)],
-                                  [rows, np.where(found, shard_rows + offset, -1)], k)
+        searcher = searchers.get(position) or search_backend.open_searcher(shard, options, modes[0])
+        if len(shards) == 1:
+            searchers[position] = searcher
+        for i, mode in enumerate(modes):
+            shard_scores, shard_rows = searcher.search(encoded, k, mode)
+            shard_rows = np.asarray(shard_rows, dtype=np.int64)
+            found = shard_rows >= 0
+            merged[i] = merge_topk([merged[i][0], np.where(found, shard_scores, -np.inf).astype(np.float32)],
+                                   [merged[i][1], np.where(found, shard_rows + offset, -1)], k)
+        del searcher
         offset += shard.count
-    return scores, rows
+    return merged
 
 
 def _query_count(encoded: Mapping[str, Any]) -> int:

@@ -447,20 +447,22 @@ def rrf_fuse(rankings: Sequence[np.ndarray], k: int, rrf_k: int = RRF_K) -> tupl
 
 
 class SparseSearcher:
-    """Searches one sparse/hybrid index directory in a mode (a FAISS index for ``dense`` with a factory)."""
+    """Searches one sparse/hybrid index directory in any mode (a FAISS index for ``dense`` with a factory,
+    built on first use)."""
 
-    def __init__(self, index: IndexDir, options, mode: str):
+    def __init__(self, index: IndexDir, options):
+        self.directory = index
         self.index = SpladeIndex.load(index)
         self.options = options
         self.dense = None
-        if mode == "dense" and options.factory != "Flat":
-            from pretrieve.retrieval.index.dense import DenseSearcher
-
-            self.dense = DenseSearcher(index, options)
 
     def search(self, queries: Mapping[str, Any], k: int, mode: str | None = None) -> tuple[np.ndarray, np.ndarray]:
         mode = mode or ("hybrid" if self.index.dense is not None else "sparse")
-        if mode == "dense" and self.dense is not None:
+        if mode == "dense" and self.options.factory != "Flat":
+            if self.dense is None:
+                from pretrieve.retrieval.index.dense import DenseSearcher
+
+                self.dense = DenseSearcher(self.directory, self.options)
             return self.dense.search(queries, k)
         return self.index.search(queries, k, mode, dense_weight=self.options.dense_weight,
                                  sparse_weight=self.options.sparse_weight, rrf_k=self.options.rrf_k,
@@ -468,4 +470,4 @@ class SparseSearcher:
 
 
 def open_searcher(index: IndexDir, options, mode: str | None = None) -> SparseSearcher:
-    return SparseSearcher(index, options, mode or index.kind)
+    return SparseSearcher(index, options)
