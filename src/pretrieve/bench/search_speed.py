@@ -34,7 +34,8 @@ import numpy as np
 
 from pretrieve.retrieval.index import SearchOptions, open_index, write_parts, writing
 
-DEFAULT_FACTORIES = ("IVF4096,Flat@nprobe=32", "IVF4096,SQ8@nprobe=32", "IVF4096,PQ96@nprobe=64", "HNSW32@ef=128")
+DEFAULT_FACTORIES = ("IVF1024,Flat@nprobe=16", "IVF1024,Flat@nprobe=32", "IVF1024,SQ8@nprobe=32",
+                     "IVF1024,PQ48@nprobe=32", "HNSW32@ef=128")
 
 
 def parse_factory(text: str) -> tuple[str, dict[str, int]]:
@@ -110,7 +111,7 @@ def _timed_search(searcher, queries: np.ndarray, k: int) -> tuple[float, np.ndar
 
 def ann_benchmark(index_path: Path, queries: np.ndarray, query_ids: Sequence[str],
                   qrels: Mapping[str, Mapping[str, int]] | None, factories: Sequence[str] = DEFAULT_FACTORIES,
-                  k: int = 1000, repeats: int = 3, train_size: int | None = 200_000) -> dict[str, Any]:
+                  k: int = 1000, repeats: int = 3, train_size: int | None = 100_000) -> dict[str, Any]:
     """Exact vs each factory over the index at ``index_path`` (see the module docstring)."""
     from pretrieve.evaluation import evaluate
     from pretrieve.retrieval.index.dense import DenseSearcher

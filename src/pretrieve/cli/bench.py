@@ -252,12 +252,13 @@ def bench_ann_command(
     data: str = typer.Option(..., "--data", "-d", help="Collection (BEIR layout): its passages are the real vectors, "
                              "its test queries and qrels are searched."),
     size: int = typer.Option(1_000_000, min=1, help="Vectors in the synthetic collection (real ones included)."),
-    factories: str = typer.Option("IVF4096,Flat@nprobe=32;IVF4096,SQ8@nprobe=32;IVF4096,PQ96@nprobe=64;HNSW32@ef=128",
-                                  help="FAISS factories to compare with exact search, ';'-separated, "
-                                  "with search parameters after '@' (nprobe=N, ef=N)."),
+    factories: Optional[str] = typer.Option(None, help="FAISS factories to compare with exact search, ';'-separated, "
+                                            "with search parameters after '@' (nprobe=N, ef=N).",
+                                            show_default="IVF1024,Flat@nprobe=16;IVF1024,Flat@nprobe=32;"
+                                                         "IVF1024,SQ8@nprobe=32;IVF1024,PQ48@nprobe=32;HNSW32@ef=128"),
     k: int = typer.Option(1000, min=10, help="Depth searched (recall@100 and @1000 against exact)."),
     repeats: int = typer.Option(3, min=1, help="Interleaved search rounds (medians reported)."),
-    train_size: int = typer.Option(200_000, min=1000, help="Vectors sampled to train IVF / PQ indexes."),
+    train_size: int = typer.Option(100_000, min=1000, help="Vectors sampled to train IVF / PQ indexes."),
     split: str = typer.Option("test", help="Qrels split of the queries."),
     seed: int = typer.Option(0, help="Seed of the synthetic vectors."),
     threads: Optional[int] = typer.Option(None, help="torch intra-op threads (default: torch's choice)."),
@@ -292,7 +293,8 @@ def bench_ann_command(
         search_speed.write_vectors(synthetic, search_speed.synthetic_chunks(vectors, size, spread, seed), ids,
                                    settings)
     result = search_speed.ann_benchmark(synthetic, query_vectors, query_ids, collection.load_qrels(split),
-                                        factories=[f for f in factories.split(";") if f], k=k, repeats=repeats,
+                                        factories=[f for f in factories.split(";") if f] if factories
+                                        else search_speed.DEFAULT_FACTORIES, k=k, repeats=repeats,
                                         train_size=train_size)
     result.update(spread=spread, real_vectors=real.count, real_nn_cosine=search_speed.nearest_neighbour_cosine(vectors))
     headers = ["index", "build s", "search s", "speed-up", "recall@100 vs exact", "recall@1000 vs exact",
