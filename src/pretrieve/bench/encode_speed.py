@@ -3,7 +3,8 @@
 All variants run in one process on the same texts, batch size and maximum length. Each is warmed up on one
 batch, then the variants are timed **interleaved** — round 1 runs every variant once, round 2 again, … — so a
 change of load on a shared machine hits all of them alike; the median passages/second over ``repeats`` rounds
-is reported, with the ratio to sentence-transformers and to pretrieve fp32. The vectors of every variant are
+is reported, with the ratio to sentence-transformers and to pretrieve fp32 — both as the ratio of the medians and as
+the median of the per-round ratios (``*_paired``: each ratio compares two runs made seconds apart). The vectors of every variant are
 compared with sentence-transformers' fp32 vectors (max |Δ| and the smallest cosine), so a speed-up can never
 hide a change of output. ``auto`` is the precision :func:`pretrieve.retrieval.batches.resolve_precision` picks
 on this machine (reported as ``auto→bf16`` or ``auto→fp32``).
@@ -75,8 +76,10 @@ def encoding_throughput(model_path: str | Path, texts: Sequence[str], batch_size
         results["variants"][name] = entry
     for base, key in (("sentence_transformers_fp32", "vs_st"), ("pretrieve_fp32", "vs_fp32")):
         if base in results["variants"]:
-            for entry in results["variants"].values():
+            for name, entry in results["variants"].items():
                 entry[key] = round(results["variants"][base]["median_s"] / entry["median_s"], 3)
+                entry[f"{key}_paired"] = round(statistics.median(
+                    b / s for b, s in zip(seconds[base], seconds[name])), 3)
     return results
 
 
