@@ -4,7 +4,10 @@ All variants run in one process on the same texts, batch size and maximum length
 batch, then the variants are timed **interleaved** — round 1 runs every variant once, round 2 again, … — so a
 change of load on a shared machine hits all of them alike; the median passages/second over ``repeats`` rounds
 is reported, with the ratio to sentence-transformers and to pretrieve fp32 — both as the ratio of the medians and as
-the median of the per-round ratios (``*_paired``: each ratio compares two runs made seconds apart). The vectors of every variant are
+the median of the per-round ratios (``*_paired``: each ratio compares two runs made seconds apart) — and the same
+on the process's **CPU time** (``cpu_*``, ``*_cpu``): on a shared machine a run with one torch thread waits for the
+core now and then, which wall-clock time counts and CPU time does not (the tokenizer thread's work is counted
+for every variant alike). The vectors of every variant are
 compared with sentence-transformers' fp32 vectors (max |Δ| and the smallest cosine), so a speed-up can never
 hide a change of output. ``auto`` is the precision :func:`pretrieve.retrieval.batches.resolve_precision` picks
 on this machine (reported as ``auto→bf16`` or ``auto→fp32``).
@@ -56,12 +59,14 @@ def encoding_throughput(model_path: str | Path, texts: Sequence[str], batch_size
     for warm in warmups.values():
         warm()
     seconds: dict[str, list[float]] = {name: [] for name in variants}
+    cpu: dict[str, list[float]] = {name: [] for name in variants}
     outputs: dict[str, np.ndarray] = {}
     for _ in range(repeats):
         for name, run in variants.items():
-            began = time.perf_counter()
+            began, began_cpu = time.perf_counter(), time.process_time()
             outputs[name] = run()
             seconds[name].append(time.perf_counter() - began)
+            cpu[name].append(time.process_time() - began_cpu)
     results: dict[str, Any] = {"model": str(model_path), "passages": len(texts), "batch_size": batch_size,
                                "max_length": max_length, "repeats": repeats, "threads": torch.get_num_threads(),
                                "auto": resolved_auto, "variants": {}}
@@ -69,7 +74,8 @@ def encoding_throughput(model_path: str | Path, texts: Sequence[str], batch_size
     for name, runs in seconds.items():
         median = statistics.median(runs)
         entry = {"median_s": round(median, 3), "passages_per_s": round(len(texts) / median, 2),
-                 "runs_s": [round(s, 3) for s in runs]}
+                 "runs_s": [round(s, 3) for s in runs], "cpu_median_s": round(statistics.median(cpu[name]), 3),
+                 "cpu_runs_s": [round(s, 3) for s in cpu[name]]}
         if reference is not None:
             entry["max_abs_diff_vs_st"] = float(np.abs(outputs[name] - reference).max())
             entry["min_cosine_vs_st"] = float(_cosines(outputs[name], reference).min())
@@ -80,6 +86,7 @@ def encoding_throughput(model_path: str | Path, texts: Sequence[str], batch_size
                 entry[key] = round(results["variants"][base]["median_s"] / entry["median_s"], 3)
                 entry[f"{key}_paired"] = round(statistics.median(
                     b / s for b, s in zip(seconds[base], seconds[name])), 3)
+                entry[f"{key}_cpu"] = round(results["variants"][base]["cpu_median_s"] / entry["cpu_median_s"], 3)
     return results
 
 
