@@ -153,9 +153,47 @@ def test_cli_bench_encode(tmp_path, minilm):
 
     result = CliRunner().invoke(app, ["bench", "encode", "--model", str(minilm), "--data",
                                       str(_tiny_collection(tmp_path / "toy")), "--num-texts", "4",
-                                      "--batch-size", "4", "--max-length", "32", "--repeats", "1",
-                                      "--out", str(tmp_path / "encode.md")])
+                                      "--batch-size", "4", "--max-length", "32", "--repeats", "2",
+                                      "--precisions", "fp32,auto,int8", "--out", str(tmp_path / "encode.md")])
     assert result.exit_code == 0, result.output
     data = json.loads((tmp_path / "encode.json").read_text())
-    assert set(data["variants"]) == {"pretrieve_fp32", "pretrieve_bf16", "sentence_transformers_fp32"}
-    assert data["max_abs_diff_fp32_vs_st"] < 1e-4
+    auto = f"pretrieve_auto({data['auto']})"
+    assert set(data["variants"]) == {"pretrieve_fp32", auto, "pretrieve_int8", "sentence_transformers_fp32"}
+    variants = data["variants"]
+    assert variants["pretrieve_fp32"]["max_abs_diff_vs_st"] < 1e-4 and len(variants["pretrieve_int8"]["runs_s"]) == 2
+    assert variants["pretrieve_int8"]["min_cosine_vs_st"] > 0.95 and variants["sentence_transformers_fp32"]["vs_st"] == 1
+    assert variants["pretrieve_fp32"]["vs_fp32"] == 1 and "min cos vs ST" in (tmp_path / "encode.md").read_text()
+
+
+def test_cli_bench_ann_and_search_memory(tmp_path, minilm):
+    """Approximate vs exact on a synthetic collection grown from a real one: exact search and an IVF index that
+    probes every cell find the exact top-k (recall 1); the synthetic vectors are reused while current."""
+    from typer.testing import CliRunner
+
+    from pretrieve.cli import app
+    from test_finetune import write_collection
+
+    data = write_collection(tmp_path / "toy")
+    runner = CliRunner()
+    args = ["bench", "ann", "--work", str(tmp_path / "work"), "--model", str(minilm), "--data", str(data),
+            "--size", "3000", "--factories", "IVF8,Flat@nprobe=8;IVF8,Flat@nprobe=1", "--k", "100", "--repeats", "1",
+            "--train-size", "1000", "--out", str(tmp_path / "ann.md")]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    report = json.loads((tmp_path / "ann.json").read_text())
+    factories = report["factories"]
+    assert report["vectors"] == 3000 and report["real_vectors"] == 40 and report["queries"] == 4
+    assert factories["Flat (exact)"]["recall@100_vs_exact"] == 1.0 and factories["Flat (exact)"]["speedup"] == 1.0
+    assert factories["IVF8,Flat@nprobe=8"]["recall@100_vs_exact"] == 1.0          # every cell probed: exhaustive
+    assert factories["IVF8,Flat@nprobe=1"]["recall@100_vs_exact"] <= 1.0
+    assert 0.0 <= factories["IVF8,Flat@nprobe=8"]["nDCG@10"] <= 1.0
+    vectors = tmp_path / "work" / "synthetic-3000" / "embeddings.npy"
+    stamp = vectors.stat().st_mtime_ns
+    assert runner.invoke(app, args).exit_code == 0 and vectors.stat().st_mtime_ns == stamp
+
+    result = runner.invoke(app, ["bench", "search-memory", "--work", str(tmp_path / "mem"), "--size", "3000",
+                                 "--dim", "16", "--shards", "3", "--queries", "5", "--k", "10",
+                                 "--out", str(tmp_path / "mem.md")])
+    assert result.exit_code == 0, result.output
+    memory = json.loads((tmp_path / "mem.json").read_text())
+    assert memory["shards"] == 3 and memory["vectors"] == 3000 and memory["peak_rss_mib"] > 0

@@ -1,4 +1,5 @@
-"""Dense retrieval: pooling by hand, sentence-transformers compatibility, encoding, shards, FAISS, CLI."""
+"""Dense retrieval: pooling by hand, sentence-transformers compatibility, the batch encoder (padding, sources,
+precisions), index shards and their freshness, FAISS (exact streaming search, factories, the GPU path), CLI."""
 
 from __future__ import annotations
 
@@ -13,10 +14,12 @@ import torch
 from pretrieve.data.beir import Corpus
 from pretrieve.data.trec import read_run
 from pretrieve.errors import ConfigError, InputError
-from pretrieve.retrieval.encode import (encode_corpus, encode_queries, encode_texts, find_shards, load_shard,
-                                        shard_bounds)
-from pretrieve.retrieval.encoder import DenseEncoder, exclude_prompt, pool
-from pretrieve.retrieval.faiss_search import FaissIndex, merge_topk, search_embeddings, search_shards
+from pretrieve.modeling.sentence_transformer import exclude_prompt, pool
+from pretrieve.retrieval.batches import encode_all
+from pretrieve.retrieval.index import find_shards, open_index, shard_bounds
+from pretrieve.retrieval.index.dense import FaissIndex, exact_search, merge_topk
+from pretrieve.retrieval.load import load_dense_encoder, load_retriever
+from pretrieve.retrieval.search import build_index, search
 
 TEXTS = [
     "Cats sleep most of the day.",
@@ -25,6 +28,16 @@ TEXTS = [
     "Protein folding is predicted from sequence by deep networks trained on structures.",
     "Rain is expected in the north, with strong winds along the coast.",
 ]
+
+
+def encode_texts(retriever, texts, batch_size: int = 64, side: str = "passage", **options) -> np.ndarray:
+    """The batch encoder's vectors of ``texts`` through one side of a retriever."""
+    return encode_all(getattr(retriever, side), texts, batch_size, **options)["embeddings"]
+
+
+def dense(path, **options):
+    """A dense retriever in fp32 on the CPU (exact comparisons)."""
+    return load_retriever(path, device="cpu", precision=options.pop("precision", "fp32"), **options)
 
 
 # ------------------------------------------------------------------------------------ pooling by hand
@@ -77,9 +90,11 @@ def test_encoder_cls_and_mean_equal_hand_pooling_of_the_model(tiny_bert_dir):
     model = AutoModel.from_pretrained(tiny_bert_dir).eval()
     tokenizer = AutoTokenizer.from_pretrained(tiny_bert_dir)
     for mode in ("cls", "mean"):
-        encoder = DenseEncoder.load(tiny_bert_dir, pooling=mode)
+        retriever = dense(tiny_bert_dir, pooling=mode)
+        encoder = retriever.passage_encoder
         assert encoder.normalize is False and encoder.max_length == 160  # min(tokenizer 512, positions 160)
-        got = encode_texts(encoder, TEXTS, batch_size=2, show_progress=False)
+        assert retriever.kind == "dense" and retriever.query_encoder is encoder
+        got = encode_texts(retriever, TEXTS, batch_size=2)
         for i, text in enumerate(TEXTS):  # one text at a time: no padding at all
             inputs = tokenizer(text, return_tensors="pt")
             with torch.no_grad():
@@ -89,21 +104,71 @@ def test_encoder_cls_and_mean_equal_hand_pooling_of_the_model(tiny_bert_dir):
 
 
 def test_encode_texts_keeps_input_order_and_is_padding_invariant(tiny_bert_dir):
-    encoder = DenseEncoder.load(tiny_bert_dir, pooling="mean", normalize=True)
-    batched = encode_texts(encoder, TEXTS, batch_size=3, show_progress=False)
-    single = np.stack([encode_texts(encoder, [t], batch_size=1, show_progress=False)[0] for t in TEXTS])
+    retriever = dense(tiny_bert_dir, pooling="mean", normalize=True)
+    batched = encode_texts(retriever, TEXTS, batch_size=3)
+    single = np.stack([encode_texts(retriever, [t], batch_size=1)[0] for t in TEXTS])
     np.testing.assert_allclose(batched, single, atol=1e-5)
     np.testing.assert_allclose(np.linalg.norm(batched, axis=1), 1.0, atol=1e-5)
-    assert encode_texts(encoder, [], show_progress=False).shape == (0, encoder.dim)
-    bf16 = encode_texts(encoder, TEXTS, batch_size=3, bf16=True, show_progress=False)
+    assert encode_texts(retriever, []).shape == (0, retriever.passage_encoder.dim)
+    windowed = encode_texts(retriever, TEXTS, batch_size=2, window=2)       # windows of 2 texts, same order
+    np.testing.assert_allclose(windowed, batched, atol=1e-5)
+    bf16 = encode_texts(dense(tiny_bert_dir, pooling="mean", normalize=True, precision="bf16"), TEXTS, batch_size=3)
     assert bf16.dtype == np.float32 and np.abs(bf16 - batched).max() < 0.1
 
 
+def test_pad_rows_by_hand_on_both_sides():
+    from pretrieve.retrieval.batches import pad_rows
+
+    ids, mask = pad_rows([[5, 6, 7], [8], [9, 10]], pad_id=0)
+    assert ids.tolist() == [[5, 6, 7], [8, 0, 0], [9, 10, 0]] and mask.tolist() == [[1, 1, 1], [1, 0, 0], [1, 1, 0]]
+    ids, mask = pad_rows([[5, 6, 7], [8], [9, 10]], pad_id=-1, left=True)
+    assert ids.tolist() == [[5, 6, 7], [-1, -1, 8], [-1, 9, 10]] and mask.tolist() == [[1, 1, 1], [0, 0, 1], [0, 1, 1]]
+
+
+def test_any_sliceable_source_of_texts_and_a_contiguous_slice(tiny_bert_dir):
+    """A list, a corpus and a dataset-like source whose slices are dicts of columns give the same vectors."""
+    from pretrieve.retrieval.batches import encode_windows
+
+    class Columns:   # what datasets.Dataset[i:j] returns: a dict of lists
+        def __init__(self, corpus):
+            self.corpus = corpus
+
+        def __len__(self):
+            return len(self.corpus)
+
+        def __getitem__(self, rows):
+            return {"_id": self.corpus.ids[rows], "title": self.corpus.titles[rows], "text": self.corpus.texts[rows]}
+
+    retriever = dense(tiny_bert_dir, pooling="mean")
+    corpus = tiny_corpus(9)
+    expected = encode_texts(retriever, corpus.full_texts(), batch_size=4)
+    np.testing.assert_allclose(encode_texts(retriever, corpus, batch_size=4), expected, atol=1e-6)
+    np.testing.assert_allclose(encode_texts(retriever, Columns(corpus), batch_size=4), expected, atol=1e-6)
+    windows = list(encode_windows(retriever.passage, corpus, batch_size=2, start=3, end=8, window=2))
+    assert [first for first, _ in windows] == [3, 5, 7]
+    np.testing.assert_allclose(np.concatenate([w["embeddings"] for _, w in windows]), expected[3:8], atol=1e-6)
+    with pytest.raises(ConfigError):
+        list(encode_windows(retriever.passage, corpus, start=5, end=20))
+
+
+def test_a_tokenizer_error_in_the_background_thread_reaches_the_caller(tiny_bert_dir):
+    retriever = dense(tiny_bert_dir, pooling="cls")
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("tokenizer exploded")
+
+    retriever.passage.tokenizer = broken
+    with pytest.raises(RuntimeError, match="exploded"):
+        encode_texts(retriever, TEXTS)
+
+
 def test_max_length_truncates(tiny_bert_dir):
-    encoder = DenseEncoder.load(tiny_bert_dir, pooling="cls", max_length=8)
+    encoder = load_dense_encoder(tiny_bert_dir, pooling="cls", max_length=8)
     long_text = " ".join(["protein"] * 50)
     assert len(encoder.tokenize([long_text]).input_ids[0]) == 8
     assert len(encoder.tokenize([long_text], max_length=20).input_ids[0]) == 20
+    side = load_retriever(tiny_bert_dir, pooling="cls", max_length=8, device="cpu").passage
+    assert side.max_length == 8
 
 
 # ------------------------------------------------------------------------ sentence-transformers checkpoints
@@ -156,18 +221,18 @@ def test_sentence_transformers_checkpoint_matches_sentence_transformers(case, tm
     checkpoint = make_st_checkpoint(tmp_path / "st", tiny_bert_dir, **ST_CASES[case])
     texts = TEXTS + ["a much longer text " * 20]  # truncated at max_seq_length 24
     reference = st.SentenceTransformer(str(checkpoint), device="cpu").encode(texts, batch_size=4)
-    encoder = DenseEncoder.load(checkpoint)
-    assert encoder.sentence_transformers and encoder.max_length == 24
-    ours = encode_texts(encoder, texts, batch_size=3, show_progress=False)
+    retriever = dense(checkpoint)
+    assert retriever.passage_encoder.sentence_transformers and retriever.passage.max_length == 24
+    ours = encode_texts(retriever, texts, batch_size=3)
     assert ours.shape == reference.shape
     np.testing.assert_allclose(ours, reference, atol=1e-5)
 
 
 def test_explicit_arguments_override_the_checkpoint(tmp_path, tiny_bert_dir):
     checkpoint = make_st_checkpoint(tmp_path / "st", tiny_bert_dir, pooling=LEGACY_MEAN)
-    default = DenseEncoder.load(checkpoint)
+    default = load_dense_encoder(checkpoint)
     assert (default.pooling, default.normalize, default.max_length) == (("mean",), True, 24)
-    override = DenseEncoder.load(checkpoint, pooling="cls", normalize=False, max_length=12)
+    override = load_dense_encoder(checkpoint, pooling="cls", normalize=False, max_length=12)
     assert (override.pooling, override.normalize, override.max_length) == (("cls",), False, 12)
 
 
@@ -175,11 +240,13 @@ def test_unsupported_modules_and_bad_paths_are_clear_errors(tmp_path, tiny_bert_
     checkpoint = make_st_checkpoint(tmp_path / "st", tiny_bert_dir, pooling=LEGACY_MEAN, normalize=False,
                                     extra_modules=[{"path": "2_LSTM", "type": "sentence_transformers.models.LSTM"}])
     with pytest.raises(ConfigError, match="LSTM"):
-        DenseEncoder.load(checkpoint)
+        load_dense_encoder(checkpoint)
     with pytest.raises(InputError):
-        DenseEncoder.load(tmp_path / "does-not-exist")
+        load_dense_encoder(tmp_path / "does-not-exist")
     with pytest.raises(ConfigError):
-        DenseEncoder.load(tiny_bert_dir, pooling="median")
+        load_retriever(tiny_bert_dir, pooling="median")
+    with pytest.raises(ConfigError, match="precision"):
+        load_retriever(tiny_bert_dir, precision="fp8")
 
 
 @pytest.mark.parametrize("include_prompt", [True, False])
@@ -188,14 +255,16 @@ def test_prompts_are_read_from_the_config(include_prompt, tmp_path, tiny_bert_di
                                                                              "include_prompt": include_prompt})
     (checkpoint / "config_sentence_transformers.json").write_text(json.dumps(
         {"prompts": {"query": "query: ", "passage": "passage: "}, "default_prompt_name": None}))
-    encoder = DenseEncoder.load(checkpoint)
+    retriever = dense(checkpoint)
+    encoder = retriever.passage_encoder
     assert (encoder.query_prompt, encoder.passage_prompt) == ("query: ", "passage: ")
     assert encoder.include_prompt is include_prompt
+    assert (retriever.query.prompt, retriever.passage.prompt) == ("query: ", "passage: ")
     st = pytest.importorskip("sentence_transformers")
     model = st.SentenceTransformer(str(checkpoint), device="cpu")
-    _, ours = encode_queries(encoder, {"q": TEXTS[0]}, show_progress=False)
+    ours = encode_texts(retriever, [TEXTS[0]], side="query")
     np.testing.assert_allclose(ours, model.encode_query([TEXTS[0]]), atol=1e-5)
-    passages = encode_texts(encoder, TEXTS, prompt=encoder.passage_prompt, show_progress=False)
+    passages = encode_texts(retriever, TEXTS)
     # sentence-transformers 6 injects a default "document": "" prompt, so its encode_document would skip
     # "passage"; we follow the documented candidate order document → passage → corpus of saved prompts.
     np.testing.assert_allclose(passages, model.encode(TEXTS, prompt_name="passage"), atol=1e-5)
@@ -247,6 +316,121 @@ def test_merge_topk_is_a_stable_merge():
     assert merged_docs.tolist() == [["a", "c", "d"]] and merged_scores.tolist() == [[3.0, 3.0, 2.0]]
 
 
+@pytest.mark.parametrize("metric", ["ip", "l2"])
+def test_streaming_exact_search_equals_brute_force(metric, tmp_path):
+    """Blocks of 7 rows read from the .npy file (not mapped), merged as they come = brute force over all rows."""
+    rng = np.random.default_rng(4)
+    docs = rng.standard_normal((101, 12)).astype(np.float32)
+    queries = rng.standard_normal((6, 12)).astype(np.float32)
+    np.save(tmp_path / "embeddings.npy", docs)
+    scores, rows = exact_search(queries, tmp_path / "embeddings.npy", k=20, metric=metric, block_rows=7)
+    brute = queries @ docs.T if metric == "ip" else -((queries[:, None] - docs[None]) ** 2).sum(-1)
+    expected = np.argsort(-brute, axis=1, kind="stable")[:, :20]
+    np.testing.assert_array_equal(rows, expected)
+    np.testing.assert_allclose(scores, np.take_along_axis(brute, expected, axis=1), rtol=1e-4, atol=1e-4)
+    in_memory = exact_search(queries, docs, k=200, metric=metric, block_rows=1000)
+    assert in_memory[1].shape == (6, 101)                                       # k clamped to the row count
+    with pytest.raises(InputError):
+        exact_search(queries[:, :5], docs, k=3)
+
+
+def test_gpu_path_is_taken_when_faiss_reports_a_gpu(monkeypatch, tmp_path):
+    """A faked FAISS GPU: exact blocks and approximate indexes go through index_cpu_to_all_gpus, results equal
+    the CPU's; asking for a GPU where FAISS sees none is a one-line error."""
+    import faiss
+
+    from pretrieve.retrieval.index import SearchOptions
+    from pretrieve.retrieval.index.dense import use_gpus
+
+    rng = np.random.default_rng(5)
+    docs = rng.standard_normal((300, 8)).astype(np.float32)
+    queries = rng.standard_normal((4, 8)).astype(np.float32)
+    cpu = exact_search(queries, docs, k=10, block_rows=64, use_gpu=False)
+    with pytest.raises(ConfigError, match="GPU"):
+        exact_search(queries, docs, k=10, use_gpu=True)
+    cloned = []
+    monkeypatch.setattr(faiss, "get_num_gpus", lambda: 2, raising=False)
+    monkeypatch.setattr(faiss, "index_cpu_to_all_gpus", lambda index: cloned.append(index) or index, raising=False)
+    assert use_gpus(None) is True and use_gpus(False) is False
+    gpu = exact_search(queries, docs, k=10, block_rows=64)                     # default: on the GPU when there is one
+    assert len(cloned) == 5                                                     # one flat index per block
+    np.testing.assert_array_equal(gpu[1], cpu[1])
+    np.testing.assert_allclose(gpu[0], cpu[0], rtol=1e-5)
+    retriever_index = build_vectors_index(tmp_path / "idx", docs)
+    from pretrieve.retrieval.index.dense import DenseSearcher
+
+    searcher = DenseSearcher(open_index(retriever_index), SearchOptions(factory="IVF4,Flat", nprobe=4))
+    assert cloned[-1] is searcher.faiss.index and len(cloned) == 6             # the IVF index went to the GPUs
+
+
+def build_vectors_index(path: Path, vectors: np.ndarray) -> Path:
+    """A dense index directory holding ``vectors`` (as the batch encoder would write it)."""
+    from pretrieve.retrieval.index import save_arrays, writing
+
+    ids = [f"d{i}" for i in range(len(vectors))]
+    with writing(path, "dense", ids, {"passage": {"dim": vectors.shape[1]}}, {"test": 1}) as tmp:
+        save_arrays(tmp, {"embeddings": vectors})
+    return path
+
+
+def test_approximate_index_is_built_once_and_rebuilt_when_its_vectors_change(tmp_path):
+    from pretrieve.retrieval.index import SearchOptions
+    from pretrieve.retrieval.index.dense import DenseSearcher
+
+    rng = np.random.default_rng(6)
+    docs = rng.standard_normal((500, 8)).astype(np.float32)
+    docs /= np.linalg.norm(docs, axis=1, keepdims=True)          # unit vectors: each one's best match is itself
+    path = build_vectors_index(tmp_path / "shard-0-of-1", docs)
+    options = SearchOptions(factory="IVF8,Flat", nprobe=8)
+    first = DenseSearcher(open_index(path), options)
+    cached = tmp_path / "shard-0-of-1.IVF8_Flat.ip"
+    assert (cached / "index.faiss").exists() and find_shards(tmp_path) == [path]   # a sibling, not a shard
+    stamp = (cached / "index.faiss").stat().st_mtime_ns
+    again = DenseSearcher(open_index(path), options)
+    assert (cached / "index.faiss").stat().st_mtime_ns == stamp                   # reused
+    queries = docs[:5] + 0.001
+    assert again.search({"embeddings": queries}, 1)[1][:, 0].tolist() == [0, 1, 2, 3, 4]
+    assert np.array_equal(first.search({"embeddings": queries}, 3)[1], again.search({"embeddings": queries}, 3)[1])
+    build_vectors_index(path, docs[::-1].copy())                                # other vectors: rebuilt
+    rebuilt = DenseSearcher(open_index(path), options)
+    assert rebuilt.search({"embeddings": queries}, 1)[1][:, 0].tolist() == [499, 498, 497, 496, 495]
+
+
+# ------------------------------------------------------------------------------------ precision
+def test_auto_precision_follows_the_hardware(monkeypatch):
+    from pretrieve.retrieval import batches
+
+    cpu = torch.device("cpu")
+    monkeypatch.setattr(batches, "cpu_flags", lambda: frozenset({"avx2", "fma"}))
+    assert batches.resolve_precision("auto", cpu) == "fp32"                   # AVX2 only: bf16 would be emulated
+    for flag in ("avx512_bf16", "amx_bf16"):
+        monkeypatch.setattr(batches, "cpu_flags", lambda flag=flag: frozenset({"avx2", flag}))
+        assert batches.resolve_precision("auto", cpu) == "bf16"
+    cuda = torch.device("cuda")
+    for supported, expected in ((True, "bf16"), (False, "fp32")):
+        monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda supported=supported: supported)
+        assert batches.resolve_precision("auto", cuda) == expected
+    assert batches.resolve_precision("fp16", cuda) == "fp16"
+    with pytest.raises(ConfigError, match="CPU only"):
+        batches.resolve_precision("int8", cuda)
+    with pytest.raises(ConfigError, match="unknown precision"):
+        batches.resolve_precision("fp64", cpu)
+
+
+def test_int8_quantises_the_linear_layers_and_stays_close_to_fp32(tmp_path, tiny_bert_dir):
+    checkpoint = make_st_checkpoint(tmp_path / "st", tiny_bert_dir, pooling=LEGACY_MEAN)
+    fp32 = dense(checkpoint)
+    int8 = dense(checkpoint, precision="int8")
+    assert int8.precision == "int8" and int8.settings()["precision"] == "int8"
+    modules = list(int8.passage_encoder.model.modules())
+    assert any(type(m).__module__.startswith("torch.ao.nn.quantized.dynamic") for m in modules)
+    assert not any(isinstance(m, torch.nn.Linear) for m in modules)           # every linear layer quantised
+    texts = TEXTS * 4
+    a, b = encode_texts(fp32, texts), encode_texts(int8, texts)
+    cosines = (a * b).sum(1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))
+    assert cosines.min() > 0.98 and not np.allclose(a, b, atol=1e-6)
+
+
 # ------------------------------------------------------------------------------------ shards + cache
 def tiny_corpus(n: int = 23) -> Corpus:
     words = ["protein", "cell", "market", "rain", "dog", "cat", "gene", "virus", "stock", "wind", "river", "brain"]
@@ -262,66 +446,78 @@ def test_shard_bounds_cover_the_corpus_contiguously():
 
 
 def test_three_shards_give_the_same_run_as_one(tmp_path, tiny_bert_dir):
-    encoder = DenseEncoder.load(tiny_bert_dir, pooling="mean", normalize=True)
+    retriever = dense(tiny_bert_dir, pooling="mean", normalize=True)
     corpus = tiny_corpus()
     queries = {"q1": "protein gene", "q2": "stock market wind", "q3": "cat"}
     for shard in range(3):
-        encode_corpus(encoder, corpus, tmp_path / "three", shard=shard, num_shards=3, batch_size=4,
-                      show_progress=False)
-    encode_corpus(encoder, corpus, tmp_path / "one", batch_size=8, show_progress=False)
-    one = load_shard(tmp_path / "one" / "shard-0-of-1")
-    parts = [load_shard(d) for d in find_shards(tmp_path / "three")]
-    assert sum((p.ids for p in parts), []) == corpus.ids == one.ids
-    np.testing.assert_allclose(np.concatenate([p.embeddings for p in parts]), one.embeddings, atol=1e-6)
-    assert parts[1].meta["rows"] == [7, 15] and parts[1].meta["count"] == 8
+        build_index(retriever, corpus, tmp_path / "three", shard=shard, num_shards=3, batch_size=4,
+                    show_progress=False)
+    build_index(retriever, corpus, tmp_path / "one", batch_size=8, show_progress=False)
+    one = open_index(tmp_path / "one" / "shard-0-of-1")
+    parts = [open_index(d) for d in find_shards(tmp_path / "three")]
+    assert sum((p.id_list() for p in parts), []) == corpus.ids == one.id_list()
+    np.testing.assert_allclose(np.concatenate([p.array("embeddings") for p in parts]), one.array("embeddings"),
+                               atol=1e-6)
+    assert parts[1].meta["rows"] == [7, 15] and parts[1].count == 8
 
-    run_three = search_embeddings(encoder, queries, tmp_path / "three", k=10, show_progress=False)
-    run_one = search_embeddings(encoder, queries, tmp_path / "one", k=10, show_progress=False)
+    run_three = search(retriever, queries, tmp_path / "three", k=10, show_progress=False)
+    run_one = search(retriever, queries, tmp_path / "one", k=10, show_progress=False)
     assert {q: list(d) for q, d in run_three.items()} == {q: list(d) for q, d in run_one.items()}
     for qid in queries:
         assert run_three[qid] == pytest.approx(run_one[qid], abs=1e-5)
-    query_ids, query_emb = encode_queries(encoder, queries, show_progress=False)
-    brute = query_emb @ one.embeddings.T
-    for q, qid in enumerate(query_ids):
+    query_emb = encode_texts(retriever, list(queries.values()), side="query")
+    brute = query_emb @ one.array("embeddings").T
+    for q, qid in enumerate(queries):
         assert list(run_one[qid]) == [corpus.ids[i] for i in np.argsort(-brute[q], kind="stable")[:10]]
+    blocks = [search(retriever, {q: queries[q]}, tmp_path / "three", k=10, query_block=1, show_progress=False)
+              for q in queries]                                                 # query blocks of one
+    merged = {q: d for block in blocks for q, d in block.items()}
+    assert {q: list(d) for q, d in merged.items()} == {q: list(d) for q, d in run_three.items()}
+    assert all(merged[q] == pytest.approx(run_three[q], abs=1e-5) for q in queries)   # padding changes the last bits
 
     shutil.rmtree(tmp_path / "three" / "shard-1-of-3")
     with pytest.raises(InputError, match="missing shard"):
         find_shards(tmp_path / "three")
 
 
-def test_encoded_shards_are_cached_until_settings_change(tmp_path, tiny_bert_dir, monkeypatch):
-    import pretrieve.retrieval.encode as encode_module
+def test_encoded_shards_are_reused_only_while_current(tmp_path, tiny_bert_dir, monkeypatch):
+    """Same model, settings and texts: reused; other pooling, an edited passage, or a zero-byte / truncated
+    embeddings.npy (freshness contract): re-encoded, never reported cached."""
+    import pretrieve.retrieval.search as search_module
 
-    encoder = DenseEncoder.load(tiny_bert_dir, pooling="cls")
+    retriever = dense(tiny_bert_dir, pooling="cls")
     corpus = tiny_corpus(6)
-    shard_dir = encode_corpus(encoder, corpus, tmp_path, show_progress=False)
-    stamp = (shard_dir / "embeddings.npy").stat().st_mtime_ns
-
-    def fail(*args, **kwargs):
-        raise AssertionError("re-encoded a cached shard")
-
-    monkeypatch.setattr(encode_module, "encode_texts", fail)
-    assert encode_corpus(encoder, corpus, tmp_path, show_progress=False) == shard_dir
-    assert (shard_dir / "embeddings.npy").stat().st_mtime_ns == stamp
-    monkeypatch.undo()
-    encoder.pooling = ("mean",)
-    encode_corpus(encoder, corpus, tmp_path, show_progress=False)
+    shard_dir = build_index(retriever, corpus, tmp_path, show_progress=False)
+    embeddings = shard_dir / "embeddings.npy"
+    stamp = embeddings.stat().st_mtime_ns
+    calls = []
+    original = search_module.encode_windows
+    monkeypatch.setattr(search_module, "encode_windows", lambda *a, **kw: calls.append(1) or original(*a, **kw))
+    assert build_index(retriever, corpus, tmp_path, show_progress=False) == shard_dir
+    assert embeddings.stat().st_mtime_ns == stamp and calls == []
     meta = json.loads((shard_dir / "meta.json").read_text())
-    assert meta["pooling"] == "mean" and meta["dim"] == 32 and meta["count"] == 6
+    assert meta["passage"]["pooling"] == "cls" and meta["count"] == 6
+
+    mean = dense(tiny_bert_dir, pooling="mean")
+    build_index(mean, corpus, tmp_path, show_progress=False)
+    assert len(calls) == 1 and json.loads((shard_dir / "meta.json").read_text())["passage"]["pooling"] == "mean"
     corpus.texts[3] = "an edited passage"
-    encode_corpus(encoder, corpus, tmp_path, show_progress=False)
-    assert json.loads((shard_dir / "meta.json").read_text())["content_sha1"] != meta["content_sha1"]
+    build_index(mean, corpus, tmp_path, show_progress=False)
+    assert len(calls) == 2
+    for damage in (lambda path: path.write_bytes(b""), lambda path: path.write_bytes(path.read_bytes()[:-16])):
+        damage(embeddings)
+        with pytest.raises(InputError, match="incomplete or modified"):
+            open_index(shard_dir)
+        build_index(mean, corpus, tmp_path, show_progress=False)
+        assert open_index(shard_dir).array("embeddings").shape == (6, 32)
+    assert len(calls) == 4
 
 
 def test_query_encoder_must_match_the_passage_vectors(tmp_path, tiny_bert_dir):
-    encode_corpus(DenseEncoder.load(tiny_bert_dir, pooling="cls"), tiny_corpus(5), tmp_path, show_progress=False)
-    wider = DenseEncoder.load(tiny_bert_dir, pooling="cls+mean")
+    build_index(dense(tiny_bert_dir, pooling="cls"), tiny_corpus(5), tmp_path, show_progress=False)
+    wider = dense(tiny_bert_dir, pooling="cls+mean")
     with pytest.raises(InputError, match="64-d"):
-        search_embeddings(wider, {"q": "cat"}, tmp_path, k=3, show_progress=False)
-    query_emb = np.zeros((1, 32), np.float32)
-    with pytest.raises(InputError):
-        search_shards(query_emb, ["q1", "q2"], tmp_path, k=3)
+        search(wider, {"q": "cat"}, tmp_path, k=3, show_progress=False)
 
 
 # ----------------------------------------------------------------------------- real model vs sentence-transformers
@@ -340,9 +536,10 @@ def test_minilm_matches_sentence_transformers_on_scifact_sample(scifact, minilm)
     texts = [corpus.full_text(i) for i in rows]
     doc_ids = [corpus.ids[i] for i in rows]
 
-    encoder = DenseEncoder.load(minilm)
-    ours_docs = encode_texts(encoder, texts, batch_size=32, show_progress=False)
-    query_ids, ours_queries = encode_queries(encoder, queries, show_progress=False)
+    retriever = dense(minilm)
+    ours_docs = encode_texts(retriever, texts, batch_size=32)
+    query_ids = list(queries)
+    ours_queries = encode_texts(retriever, [queries[q] for q in query_ids], side="query")
     model = st.SentenceTransformer(str(minilm), device="cpu")
     ref_docs = model.encode(texts, batch_size=32)
     ref_queries = model.encode([queries[q] for q in query_ids], batch_size=32)

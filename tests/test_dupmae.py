@@ -21,7 +21,10 @@ from pretrieve.modeling import Encoder, PretrainModel, build_objective
 from pretrieve.modeling.dual_encoder import DualEncoder, MaskedLMTower
 from pretrieve.modeling.dupmae import PAPER_INDEX_BITS, DupMAERepresentation, parse_spec
 from pretrieve.modeling.objectives.ot_bow import max_pool_logits, ordinary_token_mask
-from pretrieve.retrieval.hybrid import DupMAEIndex, encode_dupmae, is_dupmae_model, load_dupmae_model
+from pretrieve.retrieval.batches import encode_all
+from pretrieve.retrieval.index.dupmae import DupMAEIndex
+from pretrieve.retrieval.load import load_retriever, retriever_kind
+from pretrieve.retrieval.search import search
 from pretrieve.train.collator import PretrainCollator, unique_token_ids
 from pretrieve.train.method import preset
 
@@ -313,19 +316,21 @@ def dupmae_finetuned(dupmae_pretrained, tiny_collection, tmp_path_factory) -> Pa
     return out / "final"
 
 
-def test_finetuned_model_is_searched_exactly_through_mining(dupmae_finetuned, tiny_collection, tmp_path):
+def test_finetuned_model_is_searched_exactly_through_the_one_search_path(dupmae_finetuned, tiny_collection,
+                                                                         tmp_path):
     from pretrieve.data.beir import BeirCollection
-    from pretrieve.retrieval.mining import dense_search
 
     final = dupmae_finetuned
-    assert is_dupmae_model(final) and (final / "representation.safetensors").exists()
+    assert retriever_kind(final) == "dupmae" and (final / "representation.safetensors").exists()
 
     collection = BeirCollection(tiny_collection)
     corpus, queries = collection.load_corpus(), collection.load_queries("train")
-    run = dense_search(final, corpus, queries, k=len(corpus), cache_dir=tmp_path / "cache", show_progress=False)
-    assert (tmp_path / "cache" / "dupmae-index" / "meta.json").exists()
+    retriever = load_retriever(final, device="cpu", precision="fp32")
+    run = search(retriever, queries, corpus, k=len(corpus), cache_dir=tmp_path / "cache", show_progress=False)
+    assert json.loads((tmp_path / "cache" / "shard-0-of-1" / "meta.json").read_text())["kind"] == "dupmae"
 
-    model, tokenizer, passage_len, query_len = load_dupmae_model(final, device="cpu")
+    model, tokenizer = retriever.model, retriever.passage.tokenizer
+    passage_len, query_len = retriever.passage.max_length, retriever.query.max_length
     assert (passage_len, query_len) == (32, 16)
     texts = corpus.full_texts()
     with torch.no_grad():
@@ -339,9 +344,9 @@ def test_finetuned_model_is_searched_exactly_through_mining(dupmae_finetuned, ti
     got_scores = np.array([sorted(run[q].values(), reverse=True) for q in query_ids])
     _assert_exact(got_scores, got_rows, reference, len(corpus))
     # the threshold algorithm (not brute force) on the real model's vectors: shallow start, top 5
-    index = DupMAEIndex.load(tmp_path / "cache" / "dupmae-index")
-    encoded = encode_dupmae(model, tokenizer, [queries[q] for q in query_ids], "query", 16)
-    scores, rows = index.search(encoded.dense, encoded.ot, 5, initial_depth=5)
+    index = DupMAEIndex.load(tmp_path / "cache" / "shard-0-of-1")
+    encoded = encode_all(retriever.query, [queries[q] for q in query_ids])
+    scores, rows = index.search(encoded["embeddings"], encoded["ot"], 5, initial_depth=5)
     _assert_exact(scores, rows, reference, 5)
     storage = index.storage()                      # cls:16 floats + 8 OT entries with uint16 term ids
     assert storage["dense_bytes"] == 16 * 4 and storage["ot_entries"] <= 8
@@ -355,18 +360,17 @@ def test_cli_dense_gives_the_mining_run_of_a_dupmae_model(dupmae_finetuned, tiny
     from pretrieve.data.beir import BeirCollection
     from pretrieve.data.trec import read_run
     from pretrieve.errors import ConfigError
-    from pretrieve.retrieval.mining import dense_search
 
     collection = BeirCollection(tiny_collection)
     corpus, queries = collection.load_corpus(), collection.load_queries("train")
-    expected = dense_search(dupmae_finetuned, corpus, queries, k=25, device="cpu", show_progress=False)
+    expected = search(load_retriever(dupmae_finetuned, device="cpu"), queries, corpus, k=25, show_progress=False)
     out = tmp_path / "run.trec"
     runner = CliRunner()
     result = runner.invoke(app, ["dense", "--model", str(dupmae_finetuned), "--data", str(tiny_collection),
                                  "--split", "train", "--out", str(out), "--k", "25", "--device", "cpu",
                                  "--cache", str(tmp_path / "cache")])
     assert result.exit_code == 0, result.output
-    assert (tmp_path / "cache" / "dupmae-index" / "meta.json").exists()      # the two-index search, not FAISS
+    assert json.loads((tmp_path / "cache" / "shard-0-of-1" / "meta.json").read_text())["kind"] == "dupmae"
     got = read_run(out)
     assert set(got) == set(expected) == set(queries)
     for qid in expected:

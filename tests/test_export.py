@@ -1,4 +1,4 @@
-"""Export: sentence-transformers and pretrieve's DenseEncoder load the fine-tuned retriever and encode alike;
+"""Export: sentence-transformers and pretrieve's loader load the fine-tuned retriever and encode alike;
 a CoT-MoTE export warns that sentence-transformers runs its passage expert only."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import torch
 from pretrieve.modeling.dual_encoder import DualEncoder
 from pretrieve.modeling.export import export_retriever
 from pretrieve.modeling.representations import DenseRepresentation
-from pretrieve.retrieval.encoder import DenseEncoder
+from pretrieve.retrieval.load import load_dense_encoder, load_retriever
 
 TEXTS = ["what causes rain?", "Protein folding is predicted from sequence by deep networks. " * 12, "dogs",
          "The stock market fell sharply on Monday after the announcement of new tariffs."]
@@ -37,7 +37,7 @@ def test_sentence_transformers_and_dense_encoder_agree(tiny_bert_dir, tokenizer,
     st = SentenceTransformer(str(out), device="cpu")
     assert st.max_seq_length == MAX_LEN
     st_vectors = st.encode(TEXTS, convert_to_numpy=True, batch_size=2)
-    encoder = DenseEncoder.load(out)
+    encoder = load_dense_encoder(out)
     assert encoder.pooling == (pooling,) and encoder.normalize is normalize and encoder.max_length == MAX_LEN
     ours = encoder.embed(TEXTS).numpy()
     np.testing.assert_allclose(st_vectors, ours, atol=1e-5)
@@ -52,7 +52,7 @@ def test_cosine_model_gets_a_normalize_module(tiny_bert_dir, tokenizer, tmp_path
     out = export_retriever(model, tokenizer, tmp_path / "cos", MAX_LEN)
     modules = json.loads((out / "modules.json").read_text())
     assert [m["type"].rsplit(".", 1)[1] for m in modules] == ["Transformer", "Pooling", "Normalize"]
-    vectors = DenseEncoder.load(out).embed(TEXTS).numpy()
+    vectors = load_dense_encoder(out).embed(TEXTS).numpy()
     np.testing.assert_allclose(np.linalg.norm(vectors, axis=1), 1.0, atol=1e-5)
     raw = model_vectors(model, tokenizer, TEXTS, "passage")  # trained on cosine: same direction
     np.testing.assert_allclose(vectors, raw / np.linalg.norm(raw, axis=1, keepdims=True), atol=1e-5)
@@ -61,7 +61,6 @@ def test_cosine_model_gets_a_normalize_module(tiny_bert_dir, tokenizer, tmp_path
 def test_separate_towers_are_two_sentence_transformers_folders(tiny_bert_dir, tokenizer, tmp_path):
     from sentence_transformers import SentenceTransformer
 
-    from pretrieve.retrieval.mining import load_retriever_encoders
 
     model = DualEncoder.from_pretrained(tiny_bert_dir, DenseRepresentation("mean"), tied=False)
     with torch.no_grad():
@@ -69,7 +68,8 @@ def test_separate_towers_are_two_sentence_transformers_folders(tiny_bert_dir, to
             param.add_(0.01 * torch.randn_like(param))
     out = export_retriever(model, tokenizer, tmp_path / "sep", MAX_LEN)
     assert not (out / "modules.json").exists() and (out / "dual_encoder.json").exists()
-    query_encoder, passage_encoder = load_retriever_encoders(out, device="cpu")
+    retriever = load_retriever(out, device="cpu", precision="fp32")
+    query_encoder, passage_encoder = retriever.query_encoder, retriever.passage_encoder
     for side, encoder in (("query", query_encoder), ("passage", passage_encoder)):
         expected = model_vectors(model, tokenizer, TEXTS, side)
         np.testing.assert_allclose(encoder.embed(TEXTS).numpy(), expected, atol=1e-5)
@@ -105,7 +105,6 @@ def test_mote_export_warns_that_sentence_transformers_runs_the_passage_expert_on
     from pretrieve.modeling import Encoder
     from pretrieve.modeling.export import MoTEExportWarning
     from pretrieve.modeling.mote import enable_mote, expert_parameters
-    from pretrieve.retrieval.mining import load_retriever_encoders
 
     torch.manual_seed(0)
     encoder = Encoder.from_config(tiny_bert_config())
@@ -125,7 +124,8 @@ def test_mote_export_warns_that_sentence_transformers_runs_the_passage_expert_on
     queries = model_vectors(model, tokenizer, TEXTS, "query")
     np.testing.assert_allclose(st_vectors, passages, atol=1e-5)               # P-FFN for every text
     assert not np.allclose(st_vectors, queries, atol=1e-3)
-    query_encoder, passage_encoder = load_retriever_encoders(out, device="cpu")
+    retriever = load_retriever(out, device="cpu", precision="fp32")
+    query_encoder, passage_encoder = retriever.query_encoder, retriever.passage_encoder
     np.testing.assert_allclose(query_encoder.embed(TEXTS).numpy(), queries, atol=1e-5)
     np.testing.assert_allclose(passage_encoder.embed(TEXTS).numpy(), passages, atol=1e-5)
 

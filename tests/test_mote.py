@@ -178,7 +178,7 @@ def test_other_families_and_unsupported_layouts():
 
 def test_dense_retrieval_encoders_route_a_mote_export(tmp_path, tokenizer):
     from pretrieve.modeling.export import export_retriever
-    from pretrieve.retrieval.mining import load_retriever_encoders
+    from pretrieve.retrieval.load import load_retriever
 
     encoder = tiny_encoder().float()
     enable_mote(encoder.model)
@@ -187,7 +187,8 @@ def test_dense_retrieval_encoders_route_a_mote_export(tmp_path, tokenizer):
     tokenizer.save_pretrained(tmp_path / "mote")
     model = DualEncoder.from_pretrained(tmp_path / "mote").eval()
     export_retriever(model, tokenizer, tmp_path / "export", max_seq_length=32)
-    query_encoder, passage_encoder = load_retriever_encoders(tmp_path / "export", device="cpu")
+    retriever = load_retriever(tmp_path / "export", device="cpu", precision="fp32")
+    query_encoder, passage_encoder = retriever.query_encoder, retriever.passage_encoder
     texts = ["what causes rain", "protein folding"]
     batch = tokenizer(texts, padding=True, return_tensors="pt")
     with torch.no_grad():

@@ -1,5 +1,6 @@
 """The sparse inverted index: exact top-k against brute force (dense and sparse queries), candidate scoring,
-construction from top-k pairs, ties, storage accounting (uint16 term ids), save/load and input errors."""
+construction from top-k pairs, ties, storage accounting (uint16 term ids), save/load in the index format (a
+damaged file is refused) and input errors."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import pytest
 import scipy.sparse as sp
 
 from pretrieve.errors import ConfigError, InputError
-from pretrieve.retrieval.sparse_index import SparseIndex, term_id_dtype, top_k_rows
+from pretrieve.retrieval.index.sparse import SparseIndex, term_id_dtype, top_k_rows
 
 N, V, K_DOC = 1500, 800, 25
 
@@ -85,13 +86,12 @@ def test_storage_accounting_and_save_load_round_trip(corpus, tmp_path):
     assert storage["per_entry"] == 4 + 2 and storage["entries_per_document"] == K_DOC     # uint16 term ids
     assert storage["per_document"] == pytest.approx(K_DOC * 6 + (N + 1) * 4 / N)
     path = index.save(tmp_path / "sparse")
-    with np.load(path / "sparse.npz") as saved:
-        assert saved["indices"].dtype == np.uint16 and saved["indptr"].dtype == np.int32
-        on_disk = saved["data"].nbytes + saved["indices"].nbytes + saved["indptr"].nbytes
-    assert on_disk == storage["total"]
+    saved = {part: np.load(path / f"sparse.{part}.npy") for part in ("data", "indices", "indptr")}
+    assert saved["indices"].dtype == np.uint16 and saved["indptr"].dtype == np.int32
+    assert sum(array.nbytes for array in saved.values()) == storage["total"]
     loaded = SparseIndex.load(path)
-    assert loaded.ids == index.ids and (loaded.matrix != index.matrix).nnz == 0
-    assert sp.load_npz(path / "sparse.npz").shape == (N, V)                  # still a scipy .npz
+    assert list(loaded.ids) == index.ids and (loaded.matrix != index.matrix).nnz == 0
+    assert sp.csr_matrix((saved["data"], saved["indices"], saved["indptr"])).shape[0] == N   # plain scipy CSR arrays
     queries = np.random.default_rng(5).standard_normal((3, V))
     for original, reread in zip(index.search(queries, 7), loaded.search(queries, 7)):
         assert np.array_equal(original, reread)                              # identical results, not just close
@@ -111,14 +111,16 @@ def test_term_ids_are_uint16_up_to_65536_terms_else_int32(dim, stored, tmp_path)
     assert np.array_equal(loaded.search(queries, 10)[1], index.search(queries, 10)[1])
 
 
-def test_format_1_files_with_int32_term_ids_still_load(corpus, tmp_path):
+def test_a_damaged_or_interrupted_index_is_refused(corpus, tmp_path):
     indices, values, _ = corpus
-    index = SparseIndex.from_topk(indices, values, V)
-    path = index.save(tmp_path / "old")
-    sp.save_npz(path / "sparse.npz", index.matrix, compressed=False)        # what format 1 wrote
-    meta = json.loads((path / "sparse_meta.json").read_text())
-    (path / "sparse_meta.json").write_text(json.dumps({**meta, "format": "pretrieve-sparse/1"}))
-    assert (SparseIndex.load(path).matrix != index.matrix).nnz == 0
+    path = SparseIndex.from_topk(indices, values, V).save(tmp_path / "s")
+    data = path / "sparse.data.npy"
+    data.write_bytes(data.read_bytes()[:-8])                                 # truncated after it was written
+    with pytest.raises(InputError, match="incomplete or modified.*sparse.data.npy"):
+        SparseIndex.load(path)
+    (path / "artifact.json").unlink()                                        # no record of how it was written
+    with pytest.raises(InputError, match="no record"):
+        SparseIndex.load(path)
 
 
 def test_bad_inputs_raise_clear_errors(corpus, tmp_path):
@@ -130,5 +132,5 @@ def test_bad_inputs_raise_clear_errors(corpus, tmp_path):
         index.search(np.zeros((1, V)), 0)
     with pytest.raises(InputError, match="ids"):
         SparseIndex(index.matrix, ids=["only-one"])
-    with pytest.raises(InputError, match="not a pretrieve sparse index"):
+    with pytest.raises(InputError, match="not a pretrieve index"):
         SparseIndex.load(tmp_path)

@@ -15,7 +15,7 @@ from pretrieve.modeling.dual_encoder import DualEncoder, MaskedLMTower
 from pretrieve.modeling.representations import representation_from_config
 from pretrieve.modeling.sparse import (HybridRepresentation, SparseRepresentation, content_positions, parse_spec,
                                        representation_from_spec)
-from pretrieve.retrieval.sparse_index import SparseIndex
+from pretrieve.retrieval.index.sparse import SparseIndex
 from pretrieve.modeling.losses import contrastive_loss, flops_regularizer
 
 from test_dual_encoder import make_batch

@@ -20,15 +20,25 @@ from pretrieve.modeling import Encoder
 from pretrieve.modeling.dual_encoder import DualEncoder
 from pretrieve.modeling.export import export_retriever
 from pretrieve.modeling.sparse import HybridRepresentation, SparseRepresentation
-from pretrieve.retrieval.mining import dense_search
-from pretrieve.retrieval.sparse_search import (INDEX_DIR, SpladeIndex, encode_texts, is_sparse_model, resolve_mode,
-                                               rrf_fuse)
+from pretrieve.retrieval.batches import encode_all
+from pretrieve.retrieval.index import SearchOptions
+from pretrieve.retrieval.index.sparse import SparseIndex, SpladeIndex, resolve_mode, rrf_fuse
+from pretrieve.retrieval.load import load_retriever, retriever_kind
+from pretrieve.retrieval.search import search
 
 from test_finetune import write_collection
 
 QUERY_LEN, PASSAGE_LEN = 12, 24
 ALPHA, BETA = 0.7, 1.3
 MLM_BIAS = -0.35   # a random MLM head gives every term a positive logit; this bias leaves a few hundred per text
+INDEX_DIR = "shard-0-of-1"
+
+
+def dense_search(model_dir, corpus, queries, k, cache_dir=None, mode=None, precision="fp32", **options):
+    """The one search path (:func:`pretrieve.retrieval.search.search`) with the model loaded on the CPU."""
+    retriever = load_retriever(model_dir, device="cpu", precision=precision)
+    return search(retriever, queries, corpus, k=k, cache_dir=cache_dir, mode=mode, show_progress=False,
+                  options=SearchOptions(**options))
 
 
 @pytest.fixture(scope="module")
@@ -120,43 +130,50 @@ def test_hybrid_sparse_and_dense_top_100_equal_brute_force(hybrid_dir, synthetic
         assert np.allclose(model.score(*reps).numpy(), references["hybrid"], atol=1e-8)
     cache = tmp_path / "cache"
     for mode in ("hybrid", "sparse", "dense"):
-        run = dense_search(hybrid_dir, corpus, queries, k=100, cache_dir=cache, show_progress=False, mode=mode)
+        run = dense_search(hybrid_dir, corpus, queries, k=100, cache_dir=cache, mode=mode)
         assert_top_k(run, list(queries), corpus, references[mode], 100)
-    default = dense_search(hybrid_dir, corpus, queries, k=100, cache_dir=cache, show_progress=False)
-    assert default == dense_search(hybrid_dir, corpus, queries, k=100, cache_dir=cache, show_progress=False,
+    default = dense_search(hybrid_dir, corpus, queries, k=100, cache_dir=cache)
+    assert default == dense_search(hybrid_dir, corpus, queries, k=100, cache_dir=cache,
                                    mode="hybrid")                            # a hybrid model searches as trained
     meta = json.loads((cache / INDEX_DIR / "meta.json").read_text())
-    assert meta["settings"]["max_length"] == PASSAGE_LEN and meta["settings"]["representation"]["dense_weight"] == ALPHA
+    assert meta["passage"]["max_length"] == PASSAGE_LEN and meta["passage"]["representation"]["dense_weight"] == ALPHA
+    approximate = dense_search(hybrid_dir, corpus, queries, k=10, cache_dir=cache, mode="dense", factory="HNSW16",
+                               ef_search=300)                                # a FAISS index for the [CLS] part
+    exact = dense_search(hybrid_dir, corpus, queries, k=10, cache_dir=cache, mode="dense")
+    assert (cache / f"{INDEX_DIR}.HNSW16.ip" / "index.faiss").exists()
+    assert np.mean([len(set(approximate[q]) & set(exact[q])) / 10 for q in queries]) >= 0.9
 
 
 def test_sparse_model_searches_sparse_by_default_and_refuses_dense_modes(sparse_mlm_dir, synthetic, tmp_path):
     corpus, queries = synthetic
     model_dir = saved_model(sparse_mlm_dir, SparseRepresentation(), tmp_path / "sparse")
-    assert is_sparse_model(model_dir) and resolve_mode("sparse", None) == "sparse"
+    assert retriever_kind(model_dir) == "sparse" and resolve_mode("sparse", None) == "sparse"
     _, (_, q_sparse), (_, p_sparse) = reference_parts(model_dir, corpus, queries)
-    run = dense_search(model_dir, corpus, queries, k=100, show_progress=False)
+    run = dense_search(model_dir, corpus, queries, k=100)
     assert_top_k(run, list(queries), corpus, q_sparse @ p_sparse.T, 100)
     for mode in ("dense", "hybrid", "rrf"):
         with pytest.raises(ConfigError, match="needs the dense"):
-            dense_search(model_dir, corpus, queries, k=5, show_progress=False, mode=mode)
+            dense_search(model_dir, corpus, queries, k=5, mode=mode)
 
 
 def test_weights_can_be_overridden_and_the_cache_is_reused(hybrid_dir, synthetic, tmp_path, monkeypatch):
-    from pretrieve.retrieval import sparse_search as module
+    from pretrieve.retrieval import search as module
 
     corpus, queries = synthetic
     _, (q_dense, q_sparse), (p_dense, p_sparse) = reference_parts(hybrid_dir, corpus, queries)
     cache = tmp_path / "cache"
-    module.sparse_search(hybrid_dir, corpus, queries, k=3, cache_dir=cache, show_progress=False)
+    dense_search(hybrid_dir, corpus, queries, k=3, cache_dir=cache)
     calls = []
-    original = module.encode_texts
-    monkeypatch.setattr(module, "encode_texts", lambda *a, **kw: calls.append(a[3]) or original(*a, **kw))
-    run = module.sparse_search(hybrid_dir, corpus, queries, k=50, cache_dir=cache, show_progress=False,
-                               dense_weight=0.0, sparse_weight=2.0)
+    windows, everything = module.encode_windows, module.encode_all
+    monkeypatch.setattr(module, "encode_windows", lambda side, *a, **kw: calls.append(side.text_type)
+                        or windows(side, *a, **kw))
+    monkeypatch.setattr(module, "encode_all", lambda side, *a, **kw: calls.append(side.text_type)
+                        or everything(side, *a, **kw))
+    run = dense_search(hybrid_dir, corpus, queries, k=50, cache_dir=cache, dense_weight=0.0, sparse_weight=2.0)
     assert calls == ["query"]                                                   # passages came from the cache
     assert_top_k(run, list(queries), corpus, 2.0 * (q_sparse @ p_sparse.T), 50)
     changed = Corpus(corpus.ids, corpus.titles, corpus.texts[:-1] + ["a different last passage"])
-    module.sparse_search(hybrid_dir, changed, queries, k=3, cache_dir=cache, show_progress=False)
+    dense_search(hybrid_dir, changed, queries, k=3, cache_dir=cache)
     assert calls[1:] == ["passage", "query"]                                    # edited texts: re-encoded
 
 
@@ -178,8 +195,8 @@ def test_rrf_mode_fuses_the_exact_dense_and_sparse_rankings(hybrid_dir, syntheti
     above; deep ranks hold float32 near-ties, so the hand fusion starts from the searched rankings)."""
     corpus, queries = synthetic
     cache = tmp_path / "cache"
-    run = dense_search(hybrid_dir, corpus, queries, k=20, cache_dir=cache, show_progress=False, mode="rrf")
-    full = [dense_search(hybrid_dir, corpus, queries, k=len(corpus), cache_dir=cache, show_progress=False, mode=mode)
+    run = dense_search(hybrid_dir, corpus, queries, k=20, cache_dir=cache, mode="rrf")
+    full = [dense_search(hybrid_dir, corpus, queries, k=len(corpus), cache_dir=cache, mode=mode)
             for mode in ("dense", "sparse")]
     for qid in queries:
         fused: dict[int, float] = {}
@@ -195,29 +212,73 @@ def test_rrf_mode_fuses_the_exact_dense_and_sparse_rankings(hybrid_dir, syntheti
 
 def test_index_round_trip_and_storage(hybrid_dir, synthetic, tmp_path):
     corpus, queries = synthetic
-    model = DualEncoder.load(hybrid_dir).eval()
-    from transformers import AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(str(hybrid_dir))
-    encoded = encode_texts(model, tokenizer, corpus.full_texts(), "passage", PASSAGE_LEN, batch_size=7)
+    retriever = load_retriever(hybrid_dir, device="cpu", precision="fp32")
+    assert (retriever.passage.max_length, retriever.query.max_length) == (PASSAGE_LEN, QUERY_LEN)
+    encoded = encode_all(retriever.passage, corpus.full_texts(), batch_size=7)
     index = SpladeIndex.from_encoded(corpus.ids, encoded, meta={"settings": {"x": 1}})
     loaded = SpladeIndex.load(index.save(tmp_path / "index"))
     assert loaded.ids == index.ids and loaded.meta == {"settings": {"x": 1}} and np.array_equal(loaded.dense, index.dense)
-    q = encode_texts(model, tokenizer, list(queries.values()), "query", QUERY_LEN)
+    q = encode_all(retriever.query, list(queries.values()))
     for mode in ("dense", "sparse", "hybrid", "rrf"):
         assert np.array_equal(loaded.search(q, 30, mode)[1], index.search(q, 30, mode)[1])
     one_at_a_time = index.search(q, 30, "hybrid", block_elements=1)                # one query per score block
     assert np.array_equal(one_at_a_time[1], index.search(q, 30, "hybrid")[1])
     storage = index.storage()
     assert storage["dense_bytes"] == 32 * 4
-    assert storage["sparse_bytes"] == pytest.approx(encoded.sparse.nnz / len(corpus) * (4 + 2) + 4 * 301 / 300)
+    assert storage["sparse_bytes"] == pytest.approx(encoded["sparse"].nnz / len(corpus) * (4 + 2) + 4 * 301 / 300)
+
+
+def test_three_shards_give_every_mode_of_one_index(hybrid_dir, synthetic, tmp_path):
+    """The index format and the streaming merge are the same for every kind: a hybrid model's corpus in three
+    shards searches like one index holding the same vectors, in each mode — RRF included (it fuses the global
+    rankings, not the shards')."""
+    import scipy.sparse as sp
+
+    from pretrieve.retrieval.index import find_shards, open_index
+    from pretrieve.retrieval.search import build_index
+
+    corpus, queries = synthetic
+    retriever = load_retriever(hybrid_dir, device="cpu", precision="fp32")
+    for shard in range(3):
+        build_index(retriever, corpus, tmp_path / "three", shard=shard, num_shards=3, batch_size=16,
+                    show_progress=False)
+    shards = [SpladeIndex.load(open_index(path)) for path in find_shards(tmp_path / "three")]
+    whole = SpladeIndex(corpus.ids, SparseIndex(sp.vstack([s.sparse.matrix for s in shards]), corpus.ids),
+                        np.concatenate([s.dense for s in shards]))
+    encoded = encode_all(retriever.query, list(queries.values()))
+    for mode in ("dense", "sparse", "hybrid"):                 # the exact top-k of the same vectors
+        three = search(retriever, queries, tmp_path / "three", k=30, mode=mode, show_progress=False)
+        reference = whole.scores(encoded, mode, dense_weight=ALPHA, sparse_weight=BETA).astype(np.float64)
+        assert_top_k(three, list(queries), corpus, reference, 30)
+    run = search(retriever, queries, tmp_path / "three", k=20, mode="rrf", show_progress=False)
+    full = [search(retriever, queries, tmp_path / "three", k=len(corpus), mode=mode, show_progress=False)
+            for mode in ("dense", "sparse")]                    # the global rankings, merged over the shards
+    for qid in queries:
+        fused: dict[int, float] = {}
+        for ranking in full:
+            rows = sorted((corpus.row(doc) for doc in ranking[qid]),
+                          key=lambda row: (-ranking[qid][corpus.ids[row]], row))
+            for rank, row in enumerate(rows, start=1):
+                fused[row] = fused.get(row, 0.0) + 1.0 / (60 + rank)
+        expected = sorted(fused, key=lambda row: (-fused[row], row))[:20]
+        assert [corpus.row(doc) for doc in sorted(run[qid], key=lambda d: (-run[qid][d], corpus.row(d)))] == expected
+
+
+def test_int8_and_bf16_dual_encoders_search_close_to_fp32(hybrid_dir, synthetic, tmp_path):
+    """Every precision runs through the same loader and encoder for every kind; the cache keeps them apart."""
+    corpus, queries = synthetic
+    exact = dense_search(hybrid_dir, corpus, queries, k=20, cache_dir=tmp_path, mode="sparse")
+    for precision in ("int8", "bf16"):
+        run = dense_search(hybrid_dir, corpus, queries, k=20, cache_dir=tmp_path, mode="sparse", precision=precision)
+        assert json.loads((tmp_path / INDEX_DIR / "meta.json").read_text())["precision"] == precision
+        overlap = np.mean([len(set(run[q]) & set(exact[q])) / 20 for q in queries])
+        assert overlap >= 0.6, (precision, overlap)
 
 
 # ------------------------------------------------------------------------------------------------ MoTE routing
 def test_mote_model_encodes_queries_through_q_ffn_and_passages_through_p_ffn(tokenizer, synthetic, tmp_path):
     from pretrieve.modeling.mote import enable_mote, expert_parameters, routed_views
     from pretrieve.modeling.sparse import content_positions
-    from pretrieve.retrieval.hybrid import load_dual_encoder
 
     corpus, queries = synthetic
     torch.manual_seed(0)
@@ -232,7 +293,8 @@ def test_mote_model_encodes_queries_through_q_ffn_and_passages_through_p_ffn(tok
     tokenizer.save_pretrained(tmp_path / "mote")
     model_dir = saved_model(tmp_path / "mote", HybridRepresentation(32), tmp_path / "final")
 
-    model, loaded_tokenizer, passage_len, query_len = load_dual_encoder(model_dir, device="cpu")
+    retriever = load_retriever(model_dir, device="cpu", precision="fp32")
+    passage_len, query_len = retriever.passage.max_length, retriever.query.max_length
     query_texts = list(queries.values())
     query_view, passage_view = routed_views(Encoder.from_pretrained(model_dir).eval().model)
 
@@ -246,13 +308,14 @@ def test_mote_model_encodes_queries_through_q_ffn_and_passages_through_p_ffn(tok
         splade = torch.log1p(torch.relu(out.logits.masked_fill(~keep, -1e9).max(dim=1).values))
         return out.hidden_states[-1][:, 0].numpy(), splade.numpy()
 
-    encoded = encode_texts(model, loaded_tokenizer, query_texts, "query", query_len)
+    encoded = encode_all(retriever.query, query_texts)
     q_dense, q_sparse = by_view(query_view, query_texts, query_len)
     qp_dense, qp_sparse = by_view(passage_view, query_texts, query_len)
-    assert np.allclose(encoded.dense, q_dense, atol=1e-5) and np.allclose(encoded.sparse.toarray(), q_sparse, atol=1e-5)
+    assert np.allclose(encoded["embeddings"], q_dense, atol=1e-5)
+    assert np.allclose(encoded["sparse"].toarray(), q_sparse, atol=1e-5)
     assert not np.allclose(q_dense, qp_dense, atol=1e-3)                      # the experts do differ
 
-    run = dense_search(model_dir, corpus, queries, k=50, cache_dir=tmp_path / "cache", show_progress=False)
+    run = dense_search(model_dir, corpus, queries, k=50, cache_dir=tmp_path / "cache")
     index = SpladeIndex.load(tmp_path / "cache" / INDEX_DIR)
     p_dense, p_sparse = by_view(passage_view, corpus.full_texts(), passage_len)
     assert np.allclose(index.dense, p_dense, atol=1e-5) and np.allclose(index.sparse.matrix.toarray(), p_sparse,
@@ -282,11 +345,11 @@ def test_cli_dense_mode_sparse_gives_the_python_api_run(sparse_mlm_dir, tiny_col
                                  "--query-max-len", "16", "--bm25-depth", "10"])
     assert result.exit_code == 0, result.output
     final = out / "final"
-    assert is_sparse_model(final) and json.loads((final / "dual_encoder.json").read_text())[
+    assert retriever_kind(final) == "sparse" and json.loads((final / "dual_encoder.json").read_text())[
         "representation"]["type"] == "sparse"
     collection = BeirCollection(tiny_collection)
     corpus, queries = collection.load_corpus(), collection.load_queries("test")
-    expected = dense_search(final, corpus, queries, k=15, mode="sparse", device="cpu", show_progress=False)
+    expected = dense_search(final, corpus, queries, k=15, mode="sparse", precision="auto")
     for flags in (["--mode", "sparse"], []):                                 # a sparse model searches sparse anyway
         run_file = tmp_path / "run.trec"
         result = runner.invoke(app, ["dense", "--model", str(final), "--data", str(tiny_collection), "--out",
@@ -306,9 +369,9 @@ def test_cli_dense_mode_sparse_gives_the_python_api_run(sparse_mlm_dir, tiny_col
 def test_mode_is_refused_for_models_without_a_sparse_part(tiny_bert_dir, synthetic):
     corpus, queries = synthetic
     with pytest.raises(ConfigError, match="sparse or hybrid"):
-        dense_search(tiny_bert_dir, corpus, queries, k=5, show_progress=False, mode="sparse")
+        dense_search(tiny_bert_dir, corpus, queries, k=5, mode="sparse")
     with pytest.raises(ConfigError, match="unknown search mode"):
-        dense_search(tiny_bert_dir, corpus, queries, k=5, show_progress=False, mode="fused")
+        dense_search(tiny_bert_dir, corpus, queries, k=5, mode="fused")
 
 
 # ---------------------------------------------------------------------------------------------- recipe
@@ -322,8 +385,8 @@ def test_recipe_evaluates_one_row_per_mode(sparse_mlm_dir, tiny_collection, tmp_
               "finetune": {**fast, "num_negatives": 2, "query_max_len": 16, "passage_max_len": 32,
                            "bm25_depth": 10, "representation": "hybrid"},
               "stages": [{"finetune": {"stage": 1}},
-                         {"evaluate": {"split": "test", "depth": 20, "zero_shot": True,
-                                       "modes": ["dense", "sparse", "hybrid"]}}]}
+                         {"evaluate": {"split": "test", "depth": 20, "zero_shot": True, "precision": "fp32",
+                                       "batch_size": 8, "modes": ["dense", "sparse", "hybrid"]}}]}
     path = tmp_path / "recipe.yaml"
     path.write_text(yaml.safe_dump(recipe))
     rows = run_recipe(path, show_progress=False)["rows"]
@@ -334,11 +397,12 @@ def test_recipe_evaluates_one_row_per_mode(sparse_mlm_dir, tiny_collection, tmp_
     corpus, queries = collection.load_corpus(), collection.load_queries("test")
     for row in rows[1:]:
         mode = row["retriever"].rsplit("-", 1)[1]
-        expected = dense_search(final, corpus, queries, k=20, mode=mode, show_progress=False)
+        expected = dense_search(final, corpus, queries, k=20, mode=mode)
         got = read(row["run"])
         assert {q: sorted(d, key=lambda x: -d[x]) for q, d in got.items()} == \
             {q: sorted(d, key=lambda x: -d[x]) for q, d in expected.items()}
     index_dirs = list((tmp_path / "out" / "embeddings").glob(f"finetune-s1__*/{INDEX_DIR}"))
+    assert json.loads((index_dirs[0] / "meta.json").read_text())["precision"] == "fp32"
     assert len(index_dirs) == 1                                                 # one corpus encoding for all modes
     with pytest.raises(ConfigError, match="modes"):
         recipe["stages"][1]["evaluate"]["modes"] = ["dense", "bm25"]

@@ -14,8 +14,8 @@ this script only fixes the settings, runs the stages in order and writes the tab
    checkpoint), *fully separate* (``tied: false``, both towers from the siamese checkpoint) and *CoT-MoTE*
    (tied, from the MoTE checkpoint: queries through Q-FFN, passages through P-FFN).
 4. **evaluation** — the 300 test queries, every model searched in the four modes of
-   ``pretrieve.retrieval.sparse_search`` (dense / sparse / hybrid / rrf, exact, top 1000) through
-   ``retrieval.mining.dense_search`` (what ``pretrieve dense --mode`` runs); nDCG@10 and R@100; paired t-tests
+   ``pretrieve.retrieval.index.sparse`` (dense / sparse / hybrid / rrf, exact, top 1000) through
+   ``retrieval.search.search`` (what ``pretrieve dense --mode`` runs); nDCG@10 and R@100; paired t-tests
    (``pretrieve.evaluation.significance``) of MoTE and of fully separate against siamese, per mode and measure.
    splade-tiny as shipped, wrapped as a hybrid dual encoder, is a reference row.
 5. **analysis** — KL/JS between the query and passage [CLS] embeddings of 400 train pairs
@@ -119,17 +119,19 @@ def evaluate_models(models: dict[str, Path], data: Path, out: Path) -> dict:
     from pretrieve.data.beir import BeirCollection
     from pretrieve.data.trec import read_run, write_run
     from pretrieve.evaluation import evaluate
-    from pretrieve.retrieval.mining import dense_search
+    from pretrieve.retrieval.load import load_retriever
+    from pretrieve.retrieval.search import search
 
     collection = BeirCollection(data)
     corpus, queries, qrels = collection.load_corpus(), collection.load_queries("test"), collection.load_qrels("test")
     results = {}
     for name, model_dir in models.items():
+        retriever = load_retriever(model_dir, precision="fp32")
         for mode in MODES:
             path = out / "runs" / f"{name}-{mode}.trec"
             if not path.exists():
-                run = dense_search(model_dir, corpus, queries, k=DEPTH, cache_dir=out / "cache" / name,
-                                   show_progress=False, mode=mode)
+                run = search(retriever, queries, corpus, k=DEPTH, cache_dir=out / "cache" / name,
+                             show_progress=False, mode=mode)
                 write_run(run, path, tag=f"{name}-{mode}")
             results[(name, mode)] = evaluate(qrels, read_run(path), MEASURES)
     return results
@@ -152,17 +154,18 @@ def significance(results: dict) -> dict:
 def sparsity(models: dict[str, Path], data: Path, out: Path) -> dict:
     """Average non-zeros per passage (from the cached index) and per test query; bytes per passage stored."""
     from pretrieve.data.beir import BeirCollection
-    from pretrieve.retrieval.hybrid import load_dual_encoder
-    from pretrieve.retrieval.sparse_search import INDEX_DIR, SpladeIndex, encode_texts
+    from pretrieve.retrieval.batches import encode_all
+    from pretrieve.retrieval.index import find_shards
+    from pretrieve.retrieval.index.sparse import SpladeIndex
+    from pretrieve.retrieval.load import load_retriever
 
     queries = list(BeirCollection(data).load_queries("test").values())
     stats = {}
     for name, model_dir in models.items():
-        index = SpladeIndex.load(out / "cache" / name / INDEX_DIR)
-        model, tokenizer, _, query_len = load_dual_encoder(model_dir, device="cpu")
-        encoded = encode_texts(model, tokenizer, queries, "query", query_len)
+        index = SpladeIndex.load(find_shards(out / "cache" / name)[0])
+        encoded = encode_all(load_retriever(model_dir, device="cpu", precision="fp32").query, queries)
         storage = index.storage()
-        stats[name] = {"passage_terms": storage["sparse_entries"], "query_terms": encoded.sparse.nnz / len(queries),
+        stats[name] = {"passage_terms": storage["sparse_entries"], "query_terms": encoded["sparse"].nnz / len(queries),
                        "sparse_bytes_per_passage": storage["sparse_bytes"],
                        "sparse_bytes_per_passage_int32_ids": storage["sparse_bytes"] + 2 * storage["sparse_entries"],
                        "dense_bytes_per_passage": storage["dense_bytes"]}
@@ -173,15 +176,15 @@ def divergence(models: dict[str, Path], data: Path, figure: Path) -> dict:
     """App. A.1: KL/JS of the query vs passage [CLS] embeddings of 400 train pairs, and the t-SNE panels."""
     from pretrieve.analysis.divergence import embedding_divergence, plot_tsne, sample_pairs
     from pretrieve.data.beir import BeirCollection
-    from pretrieve.retrieval.hybrid import load_dual_encoder
-    from pretrieve.retrieval.sparse_search import encode_texts
+    from pretrieve.retrieval.batches import encode_all
+    from pretrieve.retrieval.load import load_retriever
 
     pairs = sample_pairs(BeirCollection(data), "train", PAIRS_FOR_ANALYSIS, seed=SEED)
     results = {}
     for name, model_dir in models.items():
-        model, tokenizer, passage_len, query_len = load_dual_encoder(model_dir, device="cpu")
-        queries = encode_texts(model, tokenizer, [pair[0] for pair in pairs], "query", query_len).dense
-        passages = encode_texts(model, tokenizer, [pair[1] for pair in pairs], "passage", passage_len).dense
+        retriever = load_retriever(model_dir, device="cpu", precision="fp32")
+        queries = encode_all(retriever.query, [pair[0] for pair in pairs])["embeddings"]
+        passages = encode_all(retriever.passage, [pair[1] for pair in pairs])["embeddings"]
         results[MODELS[name]] = embedding_divergence(queries, passages, seed=SEED)
     plot_tsne(results, figure, title=f"SciFact train pairs ({len(pairs)}), dense [CLS] after fine-tuning, "
                                      "t-SNE (cosine)")

@@ -561,7 +561,9 @@ class MineOptions:
     max_length: int | None = None
     query_max_length: int | None = None
     device: str = "auto"
-    bf16: bool = False
+    precision: str = "auto"       # auto: bf16 only where the hardware has it natively, else fp32
+    factory: str = "Flat"         # a FAISS index factory string for dense vectors; Flat: exact
+    bf16: bool = False            # deprecated spelling of precision: bf16
 
 
 @stage("mine", MineOptions)
@@ -609,6 +611,7 @@ class TeacherOptions:
     batch_size: int = 64
     max_len: int | None = None
     device: str = "auto"
+    precision: str = "auto"
 
 
 @stage("teacher", TeacherOptions)
@@ -641,6 +644,8 @@ class EvaluateOptions:
     rerank_depth: int | None = None
     rerank: str | None = None
     modes: list[str] | str | None = None
+    precision: str = "auto"       # of the encoders: auto, fp32, bf16, fp16, int8
+    batch_size: int = 64          # texts per forward pass when encoding
 
 
 def _check_evaluate(options: dict[str, Any], where: str) -> None:
@@ -657,6 +662,7 @@ def stage_evaluate(state: RunState, options: dict[str, Any], label: str, show_pr
     default_split = options.get("split", "test")
     depth = int(options.get("depth", 1000))
     modes = _search_modes(options.get("modes"))
+    encoding = {key: options[key] for key in ("precision", "batch_size") if key in options}
     collections = [_collection_and_split(c, default_split, state)
                    for c in options.get("collections") or [state.recipe["data"]]]
     retrievers = dict(state.retrievers)
@@ -676,13 +682,14 @@ def stage_evaluate(state: RunState, options: dict[str, Any], label: str, show_pr
         for name, model_dir in retrievers.items():
             for row_label, mode in _labelled_modes(name, model_dir, modes):
                 run_path = _retriever_run(state, name, model_dir, collection, split, depth, row_label, mode,
-                                          show_progress)
+                                          show_progress, encoding)
                 rows.append(_row(row_label, _run_tag(collection_path, split), run_path,
                                  evaluate(qrels, read_run(run_path), RESULT_MEASURES)))
         rerank_depth = options.get("rerank_depth")
         if rerank_depth and state.reranker is not None and state.retrievers:
             name = _reranked_retriever(state, options.get("rerank"))
-            _retriever_run(state, name, state.retrievers[name], collection, split, depth, name, None, show_progress)
+            _retriever_run(state, name, state.retrievers[name], collection, split, depth, name, None, show_progress,
+                           encoding)
             rows.append(_rerank_row(state, name, collection_path, split, int(rerank_depth), runs_dir, qrels,
                                     show_progress))
     return rows
@@ -690,7 +697,7 @@ def stage_evaluate(state: RunState, options: dict[str, Any], label: str, show_pr
 
 def _search_modes(value: Any) -> list[str] | None:
     """The evaluate stage's ``modes`` option: None, or a list of sparse/hybrid search modes."""
-    from pretrieve.retrieval.sparse_search import SEARCH_MODES
+    from pretrieve.retrieval.index.sparse import SEARCH_MODES
 
     if value is None:
         return None
@@ -703,9 +710,9 @@ def _search_modes(value: Any) -> list[str] | None:
 def _labelled_modes(name: str, model_dir: str, modes: list[str] | None) -> list[tuple[str, str | None]]:
     """``[(row label, search mode)]``: one row per mode (``finetune-s1-sparse``) for a model fine-tuned with the
     sparse/hybrid representation when ``modes`` is given, else one row searched as trained."""
-    from pretrieve.retrieval.sparse_search import is_sparse_model
+    from pretrieve.retrieval.load import retriever_kind
 
-    if modes and is_sparse_model(model_dir):
+    if modes and retriever_kind(model_dir) in ("sparse", "hybrid"):
         return [(f"{name}-{mode}", mode) for mode in modes]
     return [(name, None)]
 
@@ -743,21 +750,26 @@ def _bm25_run(state: RunState, collection, split: str, depth: int) -> Path:
 
 
 def _retriever_run(state: RunState, name: str, model_dir: str, collection, split: str, depth: int, label: str,
-                   mode: str | None, show_progress: bool) -> Path:
-    """``runs/<label>__<collection>.trec``, searched now unless current: made by these weights (by content) from
-    this corpus, queries and split, to this depth and in this search mode, and intact (one corpus cache per
-    retriever)."""
+                   mode: str | None, show_progress: bool, encoding: Mapping[str, Any] | None = None) -> Path:
+    """``runs/<label>__<collection>[:split].trec``, searched now unless current: made by these weights (by content)
+    from this corpus, queries and split, to this depth, in this search mode and precision, and intact (one corpus
+    index per retriever, shared with mining). ``encoding``: the evaluate stage's ``precision`` / ``batch_size``."""
     from pretrieve.data import write_run
-    from pretrieve.retrieval.mining import dense_search
+    from pretrieve.retrieval.batches import resolve_precision
+    from pretrieve.retrieval.load import load_retriever, resolve_device
+    from pretrieve.retrieval.search import search
 
-    collection_name = collection.root.name   # the corpus: one embedding cache per collection, whatever the split
+    encoding = dict(encoding or {})
+    precision = resolve_precision(encoding.get("precision", "auto"), resolve_device("auto"))
+    collection_name = collection.root.name   # the corpus: one index per collection, whatever the split
     run_path = state.out / "runs" / f"{label}__{_run_tag(collection.root, split)}.trec"
     inputs, named = _run_file_inputs(collection, split, model_dir)
-    settings = {"split": split, "depth": depth, "mode": mode, **named}
+    settings = {"split": split, "depth": depth, "mode": mode, "precision": precision, **named}
     if not _current_run(run_path, settings, inputs):
         cache = state.out / "embeddings" / f"{name}__{collection_name}"
-        run = dense_search(model_dir, collection.load_corpus(), collection.load_queries(split), k=depth,
-                           cache_dir=cache, show_progress=show_progress, mode=mode)
+        retriever = load_retriever(model_dir, precision=precision)
+        run = search(retriever, collection.load_queries(split), collection.load_corpus(), k=depth, cache_dir=cache,
+                     mode=mode, batch_size=int(encoding.get("batch_size", 64)), show_progress=show_progress)
         with artifacts.write_file(run_path, "run", settings, inputs) as tmp:
             write_run(run, tmp, tag=label)
     return run_path

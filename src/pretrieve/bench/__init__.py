@@ -6,6 +6,6 @@
   ``FILE.md`` + ``FILE.json`` pair every ``pretrieve bench`` command writes.
 
 Masking latency and encoding throughput live beside what they measure
-(:mod:`pretrieve.masking.latency`, :mod:`pretrieve.retrieval.throughput`); ``pretrieve bench`` calls them.
+(:mod:`pretrieve.masking.latency`, :mod:`pretrieve.bench.encode_speed`); ``pretrieve bench`` calls them.
 Results are in ``docs/benchmarks.md``.
 """

@@ -1,7 +1,7 @@
 """``pretrieve bench pretrain | masking | encode | quality``: speed and quality benchmarks on this machine.
 
 Thin wrappers: parse options, call :func:`pretrieve.bench.pretrain_speed.bench_pretrain`,
-:func:`pretrieve.masking.latency.masking_latency` or :func:`pretrieve.retrieval.throughput.encoding_throughput`,
+:func:`pretrieve.masking.latency.masking_latency` or :func:`pretrieve.bench.encode_speed.encoding_throughput`,
 print a markdown report (stdout) and, with ``--out FILE.md``, write it plus ``FILE.json``. Progress goes to
 stderr. ``bench masking --kinds ...,pmi`` times CDMAE's importance-aware masker with the n-gram statistics of the
 whole ``--corpus`` (or ``--statistics``, e.g. a directory of ``pretrieve stats pmi``); counted before timing.
@@ -215,36 +215,145 @@ def bench_encode_command(
     num_texts: int = typer.Option(512, min=1, help="Passages encoded per run (the first N of the corpus)."),
     batch_size: int = typer.Option(64, min=1, help="Encoding batch size."),
     max_length: int = typer.Option(256, min=8, help="Maximum tokens per passage."),
-    repeats: int = typer.Option(3, min=1, help="Timed runs per variant (median reported)."),
-    bf16: bool = typer.Option(True, "--bf16/--no-bf16", help="Also measure bf16 autocast."),
+    repeats: int = typer.Option(3, min=1, help="Interleaved rounds (every variant once per round; median reported)."),
+    precisions: str = typer.Option("fp32,auto,bf16,int8", help="pretrieve precisions to measure (comma-separated: "
+                                   "auto, fp32, bf16, fp16, int8)."),
     threads: Optional[int] = typer.Option(None, help="torch intra-op threads (default: torch's choice)."),
     out: Optional[Path] = typer.Option(None, help="Write the report to FILE.md and the numbers to FILE.json."),
 ) -> None:
-    """Encoding throughput: pretrieve fp32/bf16 vs sentence-transformers on the same passages."""
+    """Encoding throughput: pretrieve at each precision vs sentence-transformers fp32, interleaved rounds."""
+    from pretrieve.bench.encode_speed import encoding_throughput
     from pretrieve.bench.pretrain_speed import load_texts
     from pretrieve.bench.report import environment, environment_lines, markdown_table
     from pretrieve.data.registry import resolve_collection
     from pretrieve.models import resolve_model
-    from pretrieve.retrieval.throughput import encoding_throughput
 
     _quiet_logging()
     _set_threads(threads)
     texts = load_texts(resolve_collection(data), num_texts, tokenizer=None)
     result = encoding_throughput(resolve_model(model), texts, batch_size=batch_size, max_length=max_length,
-                                 repeats=repeats, include_bf16=bf16)
-    variants = result["variants"]
-    st = variants.get("sentence_transformers_fp32", {}).get("passages_per_s")
-    rows = [[name, v["passages_per_s"], v["median_s"], None if st is None else v["passages_per_s"] / st]
-            for name, v in variants.items()]
+                                 repeats=repeats, precisions=_split(precisions, "precision"))
+    rows = [[name, v["passages_per_s"], v["median_s"], v["cpu_median_s"], v.get("vs_st"), v.get("vs_st_cpu"),
+             v.get("vs_fp32"), v.get("vs_fp32_paired"), v.get("vs_fp32_cpu"), v.get("max_abs_diff_vs_st"),
+             v.get("min_cosine_vs_st")] for name, v in result["variants"].items()]
     env = environment()
     lines = ["## Encoding throughput", "", *environment_lines(env),
              f"- model {model}, {result['passages']} passages of {data}, batch {batch_size}, max length "
-             f"{result['max_length']}, median of {repeats} runs", "",
-             markdown_table(["variant", "passages/s", "median s", "vs sentence-transformers"], rows, digits=2)]
-    for key in ("max_abs_diff_fp32_vs_st", "max_abs_diff_bf16_vs_fp32"):
-        if key in result:
-            lines.append(f"- {key.replace('_', ' ')}: {result[key]:.2e}")
+             f"{result['max_length']}, median of {repeats} interleaved rounds; auto = {result['auto']} here", "",
+             markdown_table(["variant", "passages/s", "median s", "CPU s", "vs sentence-transformers", "(CPU time)",
+                             "vs pretrieve fp32", "(paired)", "(CPU time)", "max |Δ| vs ST", "min cos vs ST"], rows,
+                            digits=3)]
     _emit("\n".join(lines), {"environment": env, **result}, out)
+
+
+@bench_app.command("ann")
+def bench_ann_command(
+    work: Path = typer.Option(..., help="Working directory: the real index, the synthetic vectors and their FAISS "
+                              "indexes (reused when current)."),
+    model: str = typer.Option("minilm", help="Retriever whose vectors are scaled up: path or offline alias."),
+    data: str = typer.Option(..., "--data", "-d", help="Collection (BEIR layout): its passages are the real vectors, "
+                             "its test queries and qrels are searched."),
+    size: int = typer.Option(1_000_000, min=1, help="Vectors in the synthetic collection (real ones included)."),
+    factories: Optional[str] = typer.Option(None, help="FAISS factories to compare with exact search, ';'-separated, "
+                                            "with search parameters after '@' (nprobe=N, ef=N).",
+                                            show_default="IVF1024,Flat@nprobe=16;IVF1024,Flat@nprobe=32;"
+                                                         "IVF1024,SQ8@nprobe=32;IVF1024,PQ48@nprobe=32;HNSW32@ef=128"),
+    k: int = typer.Option(1000, min=10, help="Depth searched (recall@100 and @1000 against exact)."),
+    repeats: int = typer.Option(3, min=1, help="Interleaved search rounds (medians reported)."),
+    train_size: int = typer.Option(100_000, min=1000, help="Vectors sampled to train IVF / PQ indexes."),
+    split: str = typer.Option("test", help="Qrels split of the queries."),
+    seed: int = typer.Option(0, help="Seed of the synthetic vectors."),
+    threads: Optional[int] = typer.Option(None, help="torch intra-op threads (default: torch's choice)."),
+    out: Optional[Path] = typer.Option(None, help="Write the report to FILE.md and the numbers to FILE.json."),
+) -> None:
+    """Approximate FAISS indexes vs exact search on SIZE vectors with a real retriever's statistics."""
+    import numpy as np
+
+    from pretrieve.bench import search_speed
+    from pretrieve.bench.report import environment, environment_lines, markdown_table
+    from pretrieve.data.beir import BeirCollection
+    from pretrieve.data.registry import resolve_collection
+    from pretrieve.retrieval.batches import encode_all
+    from pretrieve.retrieval.index import open_index
+    from pretrieve.retrieval.load import load_retriever
+    from pretrieve.retrieval.search import build_index
+
+    _quiet_logging()
+    _set_threads(threads)
+    collection = BeirCollection(resolve_collection(data))
+    retriever = load_retriever(model, device="cpu", precision="fp32")
+    real = open_index(build_index(retriever, collection.load_corpus(), work / "real", show_progress=True))
+    queries = collection.load_queries(split)
+    query_ids = list(queries)
+    query_vectors = encode_all(retriever.query, [queries[q] for q in query_ids])["embeddings"]
+    vectors = np.asarray(real.array("embeddings"))
+    spread = search_speed.matching_spread(vectors)
+    settings = {"size": size, "spread": spread, "seed": seed, "real": str(real.meta.get("model"))}
+    synthetic = work / f"synthetic-{size}"
+    if not search_speed.is_current(synthetic, settings):
+        ids = real.id_list() + [f"synthetic-{i}" for i in range(size - real.count)]
+        search_speed.write_vectors(synthetic, search_speed.synthetic_chunks(vectors, size, spread, seed), ids,
+                                   settings)
+    result = search_speed.ann_benchmark(synthetic, query_vectors, query_ids, collection.load_qrels(split),
+                                        factories=[f for f in factories.split(";") if f] if factories
+                                        else search_speed.DEFAULT_FACTORIES, k=k, repeats=repeats,
+                                        train_size=train_size)
+    result.update(spread=spread, real_vectors=real.count, real_nn_cosine=search_speed.nearest_neighbour_cosine(vectors))
+    headers = ["index", "build s", "search s", "speed-up", "recall@100 vs exact", "recall@1000 vs exact",
+               "nDCG@10", "R@100", "R@1000"]
+    rows = [[name, v["build_s"], v["search_s"], v["speedup"], v.get("recall@100_vs_exact"),
+             v.get("recall@1000_vs_exact"), v.get("nDCG@10"), v.get("R@100"), v.get("R@1000")]
+            for name, v in result["factories"].items()]
+    env = environment()
+    lines = ["## Approximate vs exact dense search", "", *environment_lines(env),
+             f"- {result['vectors']:,} vectors ({result['dim']}-d): {real.count:,} real {model} passage vectors of "
+             f"{data} + synthetic ones (spread {spread}), {len(query_ids)} {split} queries, k = {k}, medians of "
+             f"{repeats} interleaved rounds", "", markdown_table(headers, rows, digits=4)]
+    _emit("\n".join(lines), {"environment": env, **result}, out)
+
+
+@bench_app.command("search-memory")
+def bench_search_memory_command(
+    work: Path = typer.Option(..., help="Directory for the sharded index (reused when current)."),
+    size: int = typer.Option(1_000_000, min=1, help="Vectors."),
+    dim: int = typer.Option(768, min=1, help="Vector dimension."),
+    shards: int = typer.Option(4, min=1, help="Shards (contiguous row ranges)."),
+    queries: int = typer.Option(300, min=1, help="Random queries searched."),
+    k: int = typer.Option(1000, min=1, help="Depth."),
+    out: Optional[Path] = typer.Option(None, help="Write the report to FILE.md and the numbers to FILE.json."),
+) -> None:
+    """Peak RSS of exact search over a sharded index of SIZE random unit vectors, in a fresh process."""
+    import numpy as np
+
+    from pretrieve.bench import search_speed
+    from pretrieve.bench.report import environment, environment_lines
+    from pretrieve.retrieval.index import shard_bounds, shard_dir_name
+
+    rng = np.random.default_rng(0)
+    root = work / f"random-{size}x{dim}"
+    for shard in range(shards):
+        start, end = shard_bounds(size, shard, shards)
+        settings = {"size": size, "dim": dim, "shard": shard, "num_shards": shards, "seed": 0}
+        path = root / shard_dir_name(shard, shards)
+        if not search_speed.is_current(path, settings):
+            chunks = (_unit(np.random.default_rng([shard, first]), min(1 << 16, end - first), dim)
+                      for first in range(start, end, 1 << 16))
+            search_speed.write_vectors(path, chunks, [f"d{i}" for i in range(start, end)], settings)
+    result = search_speed.exact_search_peak_rss(root, _unit(rng, queries, dim), k=k)
+    env = environment()
+    lines = ["## Peak memory of exact sharded search", "", *environment_lines(env),
+             f"- {result['vectors']:,} × {dim}-d float32 vectors in {result['shards']} shards of "
+             f"{result['largest_shard_mib']:.0f} MiB; {queries} queries, k = {k}", "",
+             f"- peak RSS {result['peak_rss_mib']:.0f} MiB (process baseline {result['baseline_rss_mib']:.0f} MiB); "
+             f"bar: one shard + 512 MiB = {result['bar_mib']:.0f} MiB; search {result['search_s']} s"]
+    _emit("\n".join(lines), {"environment": env, **result}, out)
+
+
+def _unit(rng, count: int, dim: int):
+    import numpy as np
+
+    vectors = rng.standard_normal((count, dim), dtype=np.float32)
+    return vectors / np.linalg.norm(vectors, axis=1, keepdims=True)
 
 
 @bench_app.command("quality")

@@ -155,7 +155,8 @@ def finetune_command(
 @app.command("mine")
 def mine_command(
     data: str = typer.Option(..., "--data", "-d", help=DATA_HELP),
-    out: Path = typer.Option(..., "--out", "-o", help="Groups JSONL to write (a .meta.json sidecar goes beside it)."),
+    out: Path = typer.Option(..., "--out", "-o", help="Groups JSONL to write (an .artifact.json sidecar goes beside "
+                             "it)."),
     model: Optional[str] = typer.Option(None, "--model", "-m", help="Fine-tuned retriever (e.g. STAGE1/final) or "
                                         "any dense checkpoint; omit with --bm25."),
     bm25: bool = typer.Option(False, "--bm25", help="Mine with BM25 instead of a dense model (stage-1 negatives)."),
@@ -163,7 +164,7 @@ def mine_command(
     depth: Optional[int] = typer.Option(None, "--depth", min=1, help="Top-K searched; negatives are the top-K minus "
                                         "positives.", show_default="200 dense (K2/K3), 1000 BM25 (K1)"),
     run_out: Optional[Path] = typer.Option(None, "--run-out", help="Also write the retrieval run (TREC) here."),
-    cache: Optional[Path] = typer.Option(None, "--cache", help="Keep the corpus embeddings here (dense)."),
+    cache: Optional[Path] = typer.Option(None, "--cache", help="Keep the corpus index here (model mining)."),
     bm25_index: Optional[Path] = typer.Option(None, "--bm25-index", help="Keep the BM25 index here and reuse it "
                                               "while the corpus is unchanged (--bm25); default: a temporary index."),
     batch_size: int = typer.Option(64, "--batch-size", min=1, help="Texts per forward pass (dense)."),
@@ -171,7 +172,10 @@ def mine_command(
                                              help="Passage token limit; default: the model's max_seq_length."),
     query_max_length: Optional[int] = typer.Option(None, "--query-max-length", min=2, help="Query token limit; "
                                                    "default: the length the model was fine-tuned with."),
-    bf16: bool = typer.Option(False, "--bf16", help="bf16 autocast for encoding (dense)."),
+    precision: str = typer.Option("auto", "--precision", help="Encoder precision: auto (bf16 where the hardware "
+                                  "has it natively, else fp32), fp32, bf16, fp16 or int8 (CPU)."),
+    factory: str = typer.Option("Flat", "--factory", help="FAISS index for dense vectors (Flat = exact)."),
+    bf16: bool = typer.Option(False, "--bf16", hidden=True, help="Same as --precision bf16."),
     device: str = typer.Option("auto", "--device", help="cpu, cuda, cuda:1, ... or auto."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Recompute even when OUT is up to date."),
 ) -> None:
@@ -195,7 +199,8 @@ def mine_command(
 
         path = mine_negatives(resolve_model(model), collection, split, out, depth=depth or 200,
                               batch_size=batch_size, max_length=max_length, query_max_length=query_max_length,
-                              cache_dir=cache, run_out=run_out, device=device, bf16=bf16, overwrite=overwrite)
+                              cache_dir=cache, run_out=run_out, device=device,
+                              precision="bf16" if bf16 else precision, factory=factory, overwrite=overwrite)
     err.print(f"training groups: {path}", highlight=False)
 
 

@@ -1,8 +1,10 @@
 """``pretrieve bm25 | encode | search | dense``: first-stage retrieval runs from the command line.
 
 Thin wrappers over :mod:`pretrieve.retrieval`: parse options, load the collection, call one function,
-write the run (TREC format, atomically) and print one summary line. Progress bars (with ETA) go to
-stderr.
+write the run (TREC format, atomically) and print one summary line. ``encode``, ``search`` and ``dense`` all
+load the model with :func:`~pretrieve.retrieval.load.load_retriever` and go through
+:func:`~pretrieve.retrieval.search.build_index` / :func:`~pretrieve.retrieval.search.search`, for every kind of
+retriever. Progress bars (with ETA) go to stderr. Imports of the retrieval stack happen inside the commands.
 """
 
 from __future__ import annotations
@@ -12,47 +14,67 @@ from pathlib import Path
 from typing import Optional
 
 import typer
-
-from pretrieve.errors import ConfigError
 from rich.console import Console
 
 from pretrieve.cli import app
 from pretrieve.data.beir import BeirCollection
 from pretrieve.data.registry import resolve_collection
 from pretrieve.data.trec import write_run
+from pretrieve.errors import ConfigError
 
 err = Console(stderr=True)
 
 DATA_HELP = "Collection directory in BEIR layout (or a known collection name)."
-MODEL_HELP = "Encoder: a local checkpoint directory (sentence-transformers or Hugging Face) or a hub name."
+MODEL_HELP = ("Retriever: a local checkpoint directory (sentence-transformers, Hugging Face, or fine-tuned by "
+              "pretrieve) or a hub name.")
 POOLING_HELP = ("Pooling: cls | mean | max | lasttoken | weightedmean | mean_sqrt_len_tokens (join with '+'); "
-                "default: the checkpoint's sentence-transformers Pooling config, else cls.")
+                "default: the checkpoint's sentence-transformers Pooling config, else cls. Plain checkpoints only.")
 NORMALIZE_HELP = "L2-normalise vectors; default: whether the checkpoint has a sentence-transformers Normalize module."
 MODE_HELP = ("Search of a model fine-tuned with the sparse/hybrid representation: dense ([CLS] part), sparse "
              "(SPLADE part, inverted index), hybrid (alpha*dense + beta*sparse with the trained weights) or rrf "
              "(reciprocal rank fusion, k=60, of the dense and sparse top 1000); default: as trained.")
-
-
+PRECISION_HELP = ("Encoder precision: auto (bf16 where the hardware computes it natively — CUDA with bf16, CPU "
+                  "with AVX512-BF16/AMX — else fp32), fp32, bf16, fp16 (autocast) or int8 (dynamic quantisation of "
+                  "the linear layers, CPU).")
+FACTORY_HELP = ("faiss.index_factory string for dense vectors: Flat (exact), HNSW32, IVF4096,Flat, IVF4096,PQ64, "
+                "IVF4096,SQ8, SQfp16, ... (built once per index and kept beside it).")
+GPU_HELP = "Search on the GPU(s) (FAISS with GPU support); default: when FAISS sees a GPU."
 
 
 def _collection(data: str) -> BeirCollection:
     return BeirCollection(resolve_collection(data))
 
 
-def _load_encoder(model: str, pooling: Optional[str], normalize: Optional[bool], max_length: Optional[int],
-                  device: str):
-    from pretrieve.retrieval.encoder import DenseEncoder
-
-    encoder = DenseEncoder.load(model, pooling=pooling, normalize=normalize, max_length=max_length, device=device)
-    settings = encoder.describe()
-    err.print(f"encoder {model}: pooling={settings['pooling']} normalize={settings['normalize']} "
-              f"max_length={settings['max_length']} dim={settings['dim']} device={encoder.device}", highlight=False)
-    return encoder
+def _precision(precision: str, bf16: bool) -> str:
+    return "bf16" if bf16 else precision
 
 
-def _is_pretrieve_retriever(model: str) -> bool:
-    """Whether ``model`` is a dual encoder saved by ``pretrieve finetune`` (it has ``dual_encoder.json``)."""
-    return (Path(model) / "dual_encoder.json").exists()
+def _load(model: str, device: str, precision: str, max_length: Optional[int] = None,
+          query_max_length: Optional[int] = None, pooling: Optional[str] = None, normalize: Optional[bool] = None):
+    from pretrieve.retrieval.load import load_retriever
+
+    retriever = load_retriever(model, device=device, precision=precision, max_length=max_length,
+                               query_max_length=query_max_length, pooling=pooling, normalize=normalize)
+    passage = retriever.passage.settings
+    details = (f"pooling={passage['pooling']} normalize={passage['normalize']} dim={passage['dim']} "
+               if retriever.kind == "dense" else "")
+    err.print(f"retriever {model}: kind={retriever.kind} {details}max_length={retriever.passage.max_length} "
+              f"precision={retriever.precision} device={retriever.passage.device}", highlight=False)
+    return retriever
+
+
+def _options(factory: str = "Flat", metric: str = "ip", nprobe: Optional[int] = None,
+             ef_search: Optional[int] = None, gpu: Optional[bool] = None):
+    from pretrieve.retrieval.index import SearchOptions
+
+    return SearchOptions(factory=factory, metric=metric, nprobe=nprobe, ef_search=ef_search, use_gpu=gpu)
+
+
+def _check_mode(mode: Optional[str]) -> None:
+    from pretrieve.retrieval.index.sparse import SEARCH_MODES
+
+    if mode is not None and mode not in SEARCH_MODES:
+        raise ConfigError(f"--mode must be one of {', '.join(SEARCH_MODES)}, got '{mode}'")
 
 
 def _report(run: dict, out: Path, began: float) -> None:
@@ -92,63 +114,69 @@ def bm25(
 def encode(
     model: str = typer.Option(..., "--model", "-m", help=MODEL_HELP),
     data: str = typer.Option(..., "--data", "-d", help=DATA_HELP),
-    out: Path = typer.Option(..., "--out", "-o", help="Embeddings directory (shards go to OUT/shard-I-of-N)."),
+    out: Path = typer.Option(..., "--out", "-o", help="Index directory (shards go to OUT/shard-I-of-N)."),
     shard: int = typer.Option(0, "--shard", min=0, help="Which shard of the corpus to encode (0-based)."),
     num_shards: int = typer.Option(1, "--num-shards", min=1, help="Number of contiguous corpus shards."),
     batch_size: int = typer.Option(64, "--batch-size", min=1, help="Passages per forward pass."),
     max_length: Optional[int] = typer.Option(None, "--max-length", min=2,
-                                             help="Passage token limit; default: the model's max_seq_length."),
+                                             help="Passage token limit; default: the model's."),
     pooling: Optional[str] = typer.Option(None, "--pooling", help=POOLING_HELP),
     normalize: Optional[bool] = typer.Option(None, "--normalize/--no-normalize", help=NORMALIZE_HELP,
                                              show_default=False),
-    bf16: bool = typer.Option(False, "--bf16", help="bf16 autocast (CPU or GPU); vectors are stored as float32."),
+    precision: str = typer.Option("auto", "--precision", help=PRECISION_HELP),
+    bf16: bool = typer.Option(False, "--bf16", hidden=True, help="Same as --precision bf16."),
     device: str = typer.Option("auto", "--device", help="cpu, cuda, cuda:1, ... or auto."),
-    overwrite: bool = typer.Option(False, "--overwrite", help="Re-encode even when a matching shard exists."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Re-encode even when the shard is current."),
 ) -> None:
-    """Encode one corpus shard into EMB_DIR (skipped when already encoded with the same settings)."""
-    from pretrieve.retrieval.encode import encode_corpus
+    """Encode one corpus shard into OUT (skipped when it is current: same model, settings and passages)."""
+    from pretrieve.retrieval.search import build_index
 
-    encoder = _load_encoder(model, pooling, normalize, max_length, device)
+    retriever = _load(model, device, _precision(precision, bf16), max_length=max_length, pooling=pooling,
+                      normalize=normalize)
     corpus = _collection(data).load_corpus()
     began = time.perf_counter()
-    shard_dir = encode_corpus(encoder, corpus, out, shard=shard, num_shards=num_shards, batch_size=batch_size,
-                              max_length=max_length, bf16=bf16, overwrite=overwrite)
-    err.print(f"embeddings in {shard_dir} ({time.perf_counter() - began:.1f} s)", highlight=False)
+    shard_dir = build_index(retriever, corpus, out, shard=shard, num_shards=num_shards, batch_size=batch_size,
+                            overwrite=overwrite)
+    err.print(f"index shard in {shard_dir} ({time.perf_counter() - began:.1f} s)", highlight=False)
 
 
 @app.command("search")
 def search(
-    model: str = typer.Option(..., "--model", "-m", help=MODEL_HELP + " Must be the passage encoder's."),
+    model: str = typer.Option(..., "--model", "-m", help=MODEL_HELP + " The one that encoded the index."),
     data: str = typer.Option(..., "--data", "-d", help=DATA_HELP),
-    index: Path = typer.Option(..., "--index", help="Embeddings directory written by `pretrieve encode`."),
+    index: Path = typer.Option(..., "--index", help="Index directory written by `pretrieve encode` (or --cache)."),
     out: Path = typer.Option(..., "--out", "-o", help="Run file to write (TREC format)."),
     split: str = typer.Option("test", "--split", "-s", help="Qrels split whose judged queries are searched."),
     k: int = typer.Option(1000, "--k", min=1, help="Documents retrieved per query."),
-    factory: str = typer.Option("Flat", "--factory", help="faiss.index_factory string: Flat (exact), HNSW32, "
-                                                          "IVF256,Flat, ..."),
+    factory: str = typer.Option("Flat", "--factory", help=FACTORY_HELP),
     metric: str = typer.Option("ip", "--metric", help="ip (inner product) or l2."),
     nprobe: Optional[int] = typer.Option(None, "--nprobe", min=1, help="IVF cells visited per query."),
     ef_search: Optional[int] = typer.Option(None, "--ef-search", min=1, help="HNSW efSearch."),
+    gpu: Optional[bool] = typer.Option(None, "--gpu/--no-gpu", help=GPU_HELP, show_default=False),
+    mode: Optional[str] = typer.Option(None, "--mode", help=MODE_HELP),
     batch_size: int = typer.Option(64, "--batch-size", min=1, help="Queries per forward pass."),
     query_max_length: Optional[int] = typer.Option(None, "--query-max-length", min=2,
-                                                   help="Query token limit; default: the model's max_seq_length."),
+                                                   help="Query token limit; default: the model's."),
     pooling: Optional[str] = typer.Option(None, "--pooling", help=POOLING_HELP),
     normalize: Optional[bool] = typer.Option(None, "--normalize/--no-normalize", help=NORMALIZE_HELP,
                                              show_default=False),
-    bf16: bool = typer.Option(False, "--bf16", help="bf16 autocast for the query encoder."),
+    precision: str = typer.Option("auto", "--precision", help=PRECISION_HELP),
+    bf16: bool = typer.Option(False, "--bf16", hidden=True, help="Same as --precision bf16."),
     device: str = typer.Option("auto", "--device", help="cpu, cuda, cuda:1, ... or auto."),
 ) -> None:
-    """Encode the split's queries and search every shard in INDEX; write the merged run."""
-    from pretrieve.retrieval.encode import find_shards
-    from pretrieve.retrieval.faiss_search import search_embeddings
+    """Encode the split's queries and search every shard of INDEX (streaming top-k merge); write the run."""
+    from pretrieve.retrieval.index import find_shards
+    from pretrieve.retrieval.search import search as search_index
 
     began = time.perf_counter()
-    find_shards(index)  # fail on a missing or incomplete embeddings directory before loading the model
+    _check_mode(mode)
+    find_shards(index)  # fail on a missing or incomplete index before loading the model
     queries = _collection(data).load_queries(split)
-    encoder = _load_encoder(model, pooling, normalize, None, device)
-    run = search_embeddings(encoder, queries, index, k=k, factory=factory, metric=metric, batch_size=batch_size,
-                            query_max_length=query_max_length, bf16=bf16, nprobe=nprobe, ef_search=ef_search)
-    write_run(run, out, tag="dense", depth=k)
+    retriever = _load(model, device, _precision(precision, bf16), query_max_length=query_max_length,
+                      pooling=pooling, normalize=normalize)
+    run = search_index(retriever, queries, index, k=k, mode=mode, batch_size=batch_size,
+                       options=_options(factory, metric, nprobe, ef_search, gpu))
+    write_run(run, out, tag=mode or retriever.kind, depth=k)
     _report(run, out, began)
 
 
@@ -158,53 +186,42 @@ def dense(
     data: str = typer.Option(..., "--data", "-d", help=DATA_HELP),
     out: Path = typer.Option(..., "--out", "-o", help="Run file to write (TREC format)."),
     split: str = typer.Option("test", "--split", "-s", help="Qrels split whose judged queries are searched."),
-    cache: Optional[Path] = typer.Option(None, "--cache", help="Keep corpus embeddings here and reuse them; "
-                                                               "default: a temporary directory."),
+    cache: Optional[Path] = typer.Option(None, "--cache", help="Keep the corpus index here and reuse it while it "
+                                                               "is current; default: a temporary directory."),
     k: int = typer.Option(1000, "--k", min=1, help="Documents retrieved per query."),
-    factory: str = typer.Option("Flat", "--factory", help="faiss.index_factory string (Flat = exact)."),
+    factory: str = typer.Option("Flat", "--factory", help=FACTORY_HELP),
+    nprobe: Optional[int] = typer.Option(None, "--nprobe", min=1, help="IVF cells visited per query."),
+    ef_search: Optional[int] = typer.Option(None, "--ef-search", min=1, help="HNSW efSearch."),
+    gpu: Optional[bool] = typer.Option(None, "--gpu/--no-gpu", help=GPU_HELP, show_default=False),
     batch_size: int = typer.Option(64, "--batch-size", min=1, help="Texts per forward pass."),
     max_length: Optional[int] = typer.Option(None, "--max-length", min=2,
-                                             help="Passage token limit; default: the model's max_seq_length."),
+                                             help="Passage token limit; default: the model's."),
     query_max_length: Optional[int] = typer.Option(None, "--query-max-length", min=2,
-                                                   help="Query token limit; default: the model's max_seq_length."),
+                                                   help="Query token limit; default: the model's (the trained "
+                                                        "one for a fine-tuned retriever)."),
     pooling: Optional[str] = typer.Option(None, "--pooling", help=POOLING_HELP),
     normalize: Optional[bool] = typer.Option(None, "--normalize/--no-normalize", help=NORMALIZE_HELP,
                                              show_default=False),
-    bf16: bool = typer.Option(False, "--bf16", help="bf16 autocast; vectors are stored as float32."),
+    precision: str = typer.Option("auto", "--precision", help=PRECISION_HELP),
+    bf16: bool = typer.Option(False, "--bf16", hidden=True, help="Same as --precision bf16."),
     device: str = typer.Option("auto", "--device", help="cpu, cuda, cuda:1, ... or auto."),
     mode: Optional[str] = typer.Option(None, "--mode", help=MODE_HELP),
 ) -> None:
-    """Encode the corpus and the split's queries, search exactly, write the run.
+    """Encode the corpus and the split's queries, search, write the run.
 
-    A model fine-tuned by pretrieve is searched as it was trained (separate towers, CoT-MoTE experts, DupMAE's
-    CLS+OT score, sparse/hybrid representations); --mode picks another search of a sparse/hybrid model.
+    Every retriever is searched the way it was trained (separate towers, CoT-MoTE experts, DupMAE's CLS+OT
+    score, sparse/hybrid representations); --mode picks another search of a sparse/hybrid model, --factory an
+    approximate FAISS index for dense vectors.
     """
-    from pretrieve.retrieval.faiss_search import dense_run
-    from pretrieve.retrieval.sparse_search import SEARCH_MODES
+    from pretrieve.retrieval.search import search as search_corpus
 
     began = time.perf_counter()
-    if mode is not None and mode not in SEARCH_MODES:
-        raise ConfigError(f"--mode must be one of {', '.join(SEARCH_MODES)}, got '{mode}'")
+    _check_mode(mode)
     collection = _collection(data)
     queries = collection.load_queries(split)
-    corpus = collection.load_corpus()
-    if _is_pretrieve_retriever(model):
-        # A fine-tuned pretrieve retriever: separate query/passage towers, DupMAE's CLS+OT representation,
-        # sparse/hybrid (SPLADE) representations and CoT-MoTE experts are searched the way the model was trained.
-        from pretrieve.retrieval.mining import dense_search
-
-        if pooling is not None or normalize is not None or factory != "Flat":
-            raise ConfigError("--pooling/--normalize/--factory do not apply to a fine-tuned pretrieve retriever "
-                              "(its representation is saved with it)")
-        run = dense_search(model, corpus, queries, k=k, cache_dir=cache, batch_size=batch_size,
-                           max_length=max_length, query_max_length=query_max_length, device=device, bf16=bf16,
-                           mode=mode)
-    else:
-        if mode not in (None, "dense"):
-            raise ConfigError(f"--mode {mode} needs a pretrieve retriever fine-tuned with the sparse or hybrid "
-                              f"representation; {model} is a plain dense encoder")
-        encoder = _load_encoder(model, pooling, normalize, None, device)
-        run = dense_run(encoder, corpus, queries, k=k, cache_dir=cache, factory=factory, batch_size=batch_size,
-                        max_length=max_length, query_max_length=query_max_length, bf16=bf16)
+    retriever = _load(model, device, _precision(precision, bf16), max_length=max_length,
+                      query_max_length=query_max_length, pooling=pooling, normalize=normalize)
+    run = search_corpus(retriever, queries, collection.load_corpus(), k=k, cache_dir=cache, mode=mode,
+                        batch_size=batch_size, options=_options(factory, "ip", nprobe, ef_search, gpu))
     write_run(run, out, tag=mode or "dense", depth=k)
     _report(run, out, began)

@@ -102,12 +102,36 @@ def write_run(run: Run, path: str | Path, tag: str = "pretrieve", depth: int | N
             writer.write(qid, docs)
 
 
+def run_lines(run: Run, path: str | Path, tag: str = "pretrieve", depth: int | None = None) -> Iterator[str]:
+    """The TREC lines of ``run`` (see :func:`write_run`); a stream of runs writes them block by block."""
+    _check_trec_token(tag, "tag", path)
+    for qid, docs in run.items():
+        yield from query_lines(qid, docs, path, tag, depth)
+
+
+def query_lines(qid: str, docs: Mapping[str, float] | Iterable[tuple[str, float]], path: str | Path,
+                tag: str = "pretrieve", depth: int | None = None) -> list[str]:
+    """One query's TREC lines: documents by descending score (stable for ties), cut to ``depth``, checked."""
+    _check_trec_token(qid, "query_id", path)
+    items = docs.items() if isinstance(docs, Mapping) else docs
+    ranked = sorted(items, key=lambda item: -item[1])
+    if depth is not None:
+        ranked = ranked[:depth]
+    lines = []
+    for rank, (doc_id, score) in enumerate(ranked, start=1):
+        _check_trec_token(doc_id, "doc_id", path)
+        value = float(score)
+        if math.isnan(value):
+            raise InputError(f"score of document '{doc_id}' for query '{qid}' is NaN", path=path, field="score")
+        lines.append(f"{qid} Q0 {doc_id} {rank} {value!r} {tag}\n")
+    return lines
+
+
 class RunWriter:
     """Writes a TREC run one query at a time, so a run of any size is never held in memory.
 
-    Each query's documents are sorted by descending score (stable for ties) and cut to ``depth``; the checks
-    of :func:`write_run` apply, and a query written twice is an :class:`InputError`. ``path`` only names the
-    file in error messages; :func:`open_run_writer` gives a writer whose file appears atomically.
+    Each query's lines are :func:`query_lines`; a query written twice is an :class:`InputError`. ``path`` only
+    names the file in error messages; :func:`open_run_writer` gives a writer whose file appears atomically.
     """
 
     def __init__(self, handle: IO[str], path: str | Path, tag: str = "pretrieve", depth: int | None = None):
@@ -122,22 +146,10 @@ class RunWriter:
 
     def write(self, qid: str, docs: Mapping[str, float] | Iterable[tuple[str, float]]) -> int:
         """Append one query's ranking (``{doc_id: score}`` or ``(doc_id, score)`` pairs); returns its line count."""
-        _check_trec_token(qid, "query_id", self.path)
         if qid in self._seen:
             raise InputError(f"query '{qid}' written twice", path=self.path, field="query_id")
+        lines = query_lines(qid, docs, self.path, self.tag, self.depth)
         self._seen.add(qid)
-        items = docs.items() if isinstance(docs, Mapping) else docs
-        ranked = sorted(items, key=lambda item: -item[1])
-        if self.depth is not None:
-            ranked = ranked[:self.depth]
-        lines = []
-        for rank, (doc_id, score) in enumerate(ranked, start=1):
-            _check_trec_token(doc_id, "doc_id", self.path)
-            value = float(score)
-            if math.isnan(value):
-                raise InputError(f"score of document '{doc_id}' for query '{qid}' is NaN", path=self.path,
-                                 field="score")
-            lines.append(f"{qid} Q0 {doc_id} {rank} {value!r} {self.tag}\n")
         self.handle.write("".join(lines))
         self.queries += 1
         self.lines += len(lines)

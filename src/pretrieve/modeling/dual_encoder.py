@@ -355,10 +355,10 @@ class DualEncoder(nn.Module):
         return directory
 
     @classmethod
-    def load(cls, directory: str | Path) -> "DualEncoder":
-        """Load a model written by :meth:`save`."""
+    def load(cls, directory: str | Path, info: Mapping[str, Any] | None = None) -> "DualEncoder":
+        """Load a model written by :meth:`save` (``info``: its ``dual_encoder.json`` when already read)."""
         directory = Path(directory)
-        info = read_dual_encoder_config(directory)
+        info = read_dual_encoder_config(directory) if info is None else info
         representation = representation_from_config(info["representation"])
         weights = directory / REPRESENTATION_WEIGHTS
         if weights.exists():

@@ -29,8 +29,8 @@ part absent in the one-part variants), the *full* ``μ`` for queries and passage
 does not know which side it encodes). :meth:`~DupMAERepresentation.score` sparsifies the passage side —
 top-``k`` of each passage's ``μ`` kept, the rest zero — so the training loss (eq. 13–15) optimises exactly
 eq. 12: gradients flow into the kept values (the selection itself is not differentiable, as in any top-k).
-Search (:mod:`pretrieve.retrieval.hybrid`) stores ``ĥ_d`` in FAISS and ``(I_d, μ_d[I_d])`` in a sparse
-inverted index (:mod:`pretrieve.retrieval.sparse_index`).
+Search (:mod:`pretrieve.retrieval.index.dupmae`) stores ``ĥ_d`` in FAISS and ``(I_d, μ_d[I_d])`` in a sparse
+inverted index (:mod:`pretrieve.retrieval.index.sparse`).
 
 Storage per passage (:meth:`DupMAERepresentation.storage_bytes`): ``4·d′`` bytes of fp32 dense values plus
 ``k`` (index, value) pairs. The paper counts an index as < 15 bits (⌈log₂ 30522⌉ = 15): CLS:384,OT:260 is
@@ -177,7 +177,7 @@ class DupMAERepresentation(Representation):
         """Bytes per passage: dense values + ``k`` (index, value) pairs. The paper's accounting is
         ``index_bytes = PAPER_INDEX_BITS / 8`` (see the module docstring); our index stores 2 + 4 for vocabularies of
         ≤ 65,536 entries, 4 + 4 above (plus a 4-byte row pointer per passage, see
-        :meth:`pretrieve.retrieval.sparse_index.SparseIndex.storage_bytes`)."""
+        :meth:`pretrieve.retrieval.index.sparse.SparseIndex.storage_bytes`)."""
         return self.dense_dim * dense_bytes + (self.ot_k or 0) * (index_bytes + value_bytes)
 
     # ------------------------------------------------------------------ computation

@@ -14,7 +14,7 @@ and, for dense representations, the sentence-transformers files beside every tow
   representations, else ``"dot"``; no prompts.
 
 So a siamese dense model loads with ``sentence_transformers.SentenceTransformer(path)`` and with
-``pretrieve.retrieval.DenseEncoder.load(path)`` (``pretrieve dense --model path``), and both encode the same
+``pretrieve.retrieval.load.load_retriever(path)`` (``pretrieve dense --model path``), and both encode the same
 vectors the model computed in training (with a Normalize module added for cosine-trained models, which changes
 no cosine score).
 
@@ -29,7 +29,7 @@ which runs one network on every text: ``SentenceTransformer(path)`` (through ``A
 expert — the one stored under BERT's parameter names — and ignores the query expert, so it would encode
 queries through P-FFN. The export still writes the sentence-transformers files (pretrieve's own loaders read
 their pooling, normalisation and length, and route the experts:
-:func:`pretrieve.retrieval.mining.load_retriever_encoders`, ``pretrieve dense``), but it warns
+:func:`pretrieve.retrieval.load.load_retriever`, ``pretrieve dense``), but it warns
 (:class:`MoTEExportWarning`) and records ``"mote_passage_expert_only": true`` in
 ``config_sentence_transformers.json``; use the folder with pretrieve, or with sentence-transformers for
 passages only.
@@ -57,7 +57,7 @@ class MoTEExportWarning(UserWarning):
 MOTE_WARNING = ("{path}: this CoT-MoTE model routes queries through its query FFN expert, which "
                 "sentence-transformers cannot do — SentenceTransformer('{path}') loads the passage expert only and "
                 "would encode queries with it. Search it with pretrieve (pretrieve dense / "
-                "retrieval.mining.load_retriever_encoders), which routes both experts.")
+                "retrieval.load.load_retriever), which routes both experts.")
 
 POOLING_KEYS = {"cls": "pooling_mode_cls_token", "mean": "pooling_mode_mean_tokens"}
 _ALL_POOLING_KEYS = ("pooling_mode_cls_token", "pooling_mode_mean_tokens", "pooling_mode_max_tokens",

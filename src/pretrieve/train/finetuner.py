@@ -174,7 +174,7 @@ def resolve_dense_settings(config: FinetuneConfig, model_path: str) -> FinetuneC
 
     Non-dense representations (``dupmae:...``) ignore pooling/normalisation; their temperature defaults to 1
     (the papers' plain dot product)."""
-    from pretrieve.retrieval.encoder import ModelFiles, read_sentence_transformers_config
+    from pretrieve.retrieval.load import ModelFiles, read_sentence_transformers_config
 
     if config.representation != "dense":
         return dataclasses.replace(config, temperature=1.0 if config.temperature is None else config.temperature)

@@ -41,6 +41,7 @@ from pretrieve.data.trec import Run, ranked_ids
 from pretrieve import artifacts, outputs
 from pretrieve.errors import ConfigError, InputError
 from pretrieve.io_utils import write_json
+from pretrieve.retrieval.batches import native_bf16
 from pretrieve.train.loop import LoopConfig, make_accelerator, read_logs, train
 from pretrieve.train.settings import RerankerSettings
 
@@ -216,27 +217,9 @@ PRECISIONS = ("auto", "fp32", "bf16")
 CHUNK_BATCHES = 32
 
 
-def native_bf16(device) -> bool:
-    """Whether ``device`` computes bf16 natively: a CUDA GPU that supports it, or a CPU with AVX512-BF16 or AMX.
-
-    On other CPUs (e.g. AVX2 only) bf16 autocast is emulated and several times slower than fp32.
-    """
-    import torch
-
-    if device.type == "cuda":
-        return bool(torch.cuda.is_bf16_supported())
-    if device.type != "cpu":
-        return False
-    try:
-        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as handle:
-            flags = next((line.split(":", 1)[1].split() for line in handle if line.startswith("flags")), [])
-    except OSError:
-        return False
-    return bool({"avx512_bf16", "amx_bf16"} & set(flags))
-
-
 def resolve_precision(precision: str, device) -> str:
-    """``fp32`` or ``bf16``: ``auto`` is bf16 only where the hardware computes it natively (:func:`native_bf16`)."""
+    """``fp32`` or ``bf16``: ``auto`` is bf16 only where the hardware computes it natively
+    (:func:`pretrieve.retrieval.batches.native_bf16`, the one capability check of encoders and cross-encoders)."""
     if precision not in PRECISIONS:
         raise ConfigError(f"precision must be one of {', '.join(PRECISIONS)}, got '{precision}'")
     if precision == "auto":
@@ -258,7 +241,7 @@ class PairScorer:
         from transformers import AutoTokenizer
 
         from pretrieve.modeling.cross_encoder import CrossEncoder
-        from pretrieve.retrieval.encoder import resolve_device
+        from pretrieve.retrieval.load import resolve_device
 
         if batch_size < 1:
             raise ConfigError(f"batch size must be >= 1, got {batch_size}")
@@ -375,7 +358,7 @@ def rerank_run_file(model_dir: str | Path, data: str | Path, split: str, run_pat
     from tqdm.auto import tqdm
 
     from pretrieve.data.trec import RunWriter, iter_run
-    from pretrieve.retrieval.encoder import resolve_device
+    from pretrieve.retrieval.load import resolve_device
 
     if depth < 1:
         raise ConfigError(f"depth must be >= 1, got {depth}")
@@ -442,7 +425,7 @@ def teacher_groups(model_dir: str | Path, data: str | Path, groups_path: str | P
     from tqdm.auto import tqdm
 
     from pretrieve.data.groups import GroupStats, iter_groups
-    from pretrieve.retrieval.encoder import resolve_device
+    from pretrieve.retrieval.load import resolve_device
 
     if max_negatives is not None and max_negatives < 1:
         raise ConfigError(f"max_negatives must be >= 1, got {max_negatives}")

@@ -1,0 +1,362 @@
+"""The one streaming batch encoder: texts → per-text outputs, window by window, for every kind of retriever.
+
+:func:`encode_windows` is what every encoder run goes through (corpus shards, queries, mining, the recipe's
+evaluate stage). It takes one *side* of a retriever (:class:`~pretrieve.retrieval.load.Side`: a tokenizer, a
+maximum length, an optional prompt and a ``forward(batch) → outputs`` function) and any sized, sliceable source
+of texts (a list, a :class:`~pretrieve.data.beir.Corpus` through :func:`text_source`, a ``datasets.Dataset``
+whose ``ds[i:j]`` is a dict of columns), and yields the outputs window by window in input order:
+
+* the texts of a window (``window`` texts, 8,192 by default) are tokenised by the tokenizer's batch call in a
+  **background thread** (fast tokenizers release the GIL), while the model works on the previous batches;
+* within a window the texts are **sorted by token length** (longest first: minimal padding, and an
+  out-of-memory batch shows up at once) and cut into batches of ``batch_size``;
+* a batch is padded by array operations (:func:`pad_rows`), not a Python loop over rows;
+* the model runs under ``torch.inference_mode`` and the chosen precision; its outputs (dense float32 rows, or
+  ``scipy.sparse`` CSR rows) are put back into input order when the window is complete.
+
+Memory is one window of outputs plus a few batches of tokens, whatever the corpus size; a rank can encode a
+contiguous slice (``start``/``end``, shard ``i`` of ``n``). :func:`encode_all` concatenates the windows (queries);
+:func:`pretrieve.retrieval.index.write_parts` writes them to disk as they come (corpora).
+
+**Precision** (:func:`resolve_precision`): ``fp32``; ``bf16`` / ``fp16`` autocast (outputs stored as float32);
+``int8`` — dynamic quantisation of every ``nn.Linear`` (``torch.ao.quantization.quantize_dynamic``, weights
+int8, activations quantised per batch; CPU only); ``auto`` — ``bf16`` where the hardware computes it natively
+(a CUDA device with bf16 support; a CPU with AVX512-BF16 or AMX-BF16, read from ``/proc/cpuinfo``), else
+``fp32``. On a CPU without native bf16 the autocast emulates it and runs several times *slower* than fp32, which
+is why ``auto`` never picks it there.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import logging
+import queue
+import threading
+import time
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Sequence
+
+import numpy as np
+import scipy.sparse as sp
+import torch
+
+from pretrieve.errors import ConfigError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from pretrieve.retrieval.load import Side
+
+logger = logging.getLogger(__name__)
+
+PRECISIONS = ("auto", "fp32", "bf16", "fp16", "int8")
+DEFAULT_WINDOW = 8192
+NATIVE_BF16_CPU_FLAGS = ("avx512_bf16", "amx_bf16")
+
+
+# ------------------------------------------------------------------------------------------------ precision
+@lru_cache(maxsize=1)
+def cpu_flags() -> frozenset[str]:
+    """The CPU feature flags of ``/proc/cpuinfo`` (empty where there is no such file)."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as handle:
+            for line in handle:
+                if line.startswith(("flags", "Features")):
+                    return frozenset(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return frozenset()
+
+
+def native_bf16(device: torch.device) -> bool:
+    """Whether ``device`` computes bf16 natively (so bf16 autocast is faster than fp32, not emulated)."""
+    if device.type == "cuda":
+        return bool(torch.cuda.is_bf16_supported())
+    if device.type == "cpu":
+        return any(flag in cpu_flags() for flag in NATIVE_BF16_CPU_FLAGS)
+    return False
+
+
+def resolve_precision(precision: str, device: torch.device) -> str:
+    """``auto`` → ``bf16`` or ``fp32`` by :func:`native_bf16`; checks the others against the device."""
+    if precision not in PRECISIONS:
+        raise ConfigError(f"unknown precision '{precision}' (choose from {', '.join(PRECISIONS)})")
+    if precision == "auto":
+        return "bf16" if native_bf16(device) else "fp32"
+    if precision == "int8" and device.type != "cpu":
+        raise ConfigError("precision int8 (dynamic quantisation) runs on the CPU only; use bf16 or fp16 on "
+                          f"{device.type}")
+    return precision
+
+
+def autocast(device: torch.device, precision: str):
+    """The autocast context of ``precision`` on ``device`` (a no-op for fp32 and int8)."""
+    if precision == "bf16":
+        return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
+    if precision == "fp16":
+        return torch.autocast(device_type=device.type, dtype=torch.float16)
+    return contextlib.nullcontext()
+
+
+def quantize_int8(module: torch.nn.Module) -> torch.nn.Module:
+    """Dynamic int8 quantisation of every ``nn.Linear`` of ``module`` (in place; CPU inference only): weights
+    int8 per output channel, activations quantised per batch (``torch.ao.quantization.quantize_dynamic``)."""
+    import warnings
+
+    with warnings.catch_warnings():   # torch marks eager-mode quantisation deprecated in favour of torchao
+        warnings.simplefilter("ignore", DeprecationWarning)
+        warnings.simplefilter("ignore", UserWarning)
+        from torch.ao.quantization import per_channel_dynamic_qconfig, quantize_dynamic
+
+        return quantize_dynamic(module.cpu().eval(), {torch.nn.Linear: per_channel_dynamic_qconfig},
+                                dtype=torch.qint8, inplace=True)
+
+
+# --------------------------------------------------------------------------------------------- text sources
+class CorpusTexts:
+    """A sliceable view of a corpus's passages (title + text) without materialising them."""
+
+    def __init__(self, corpus) -> None:
+        self.corpus = corpus
+
+    def __len__(self) -> int:
+        return len(self.corpus)
+
+    def __getitem__(self, rows: slice) -> list[str]:
+        start, stop, _ = rows.indices(len(self.corpus))
+        return [self.corpus.full_text(i) for i in range(start, stop)]
+
+
+def text_source(texts: Any) -> Any:
+    """``texts`` as a sized source whose ``[i:j]`` gives a list of strings: a corpus (``full_text``) becomes
+    its passages, a ``datasets.Dataset`` its ``title`` + ``text`` columns, a list stays a list."""
+    if hasattr(texts, "full_text") and hasattr(texts, "ids"):
+        return CorpusTexts(texts)
+    return texts
+
+
+def text_slice(source: Any, start: int, end: int) -> list[str]:
+    """Texts ``start:end`` of a source: a list/sequence, or a dataset whose slice is a dict of columns
+    (``title`` + ``text`` joined as passages are everywhere, else its ``text`` or only column)."""
+    part = source[start:end]
+    if isinstance(part, Mapping):
+        from pretrieve.data.beir import join_title
+
+        if "text" in part:
+            titles = part.get("title")
+            if titles is None:
+                return [str(text) for text in part["text"]]
+            return [join_title(title or "", text) for title, text in zip(titles, part["text"])]
+        if len(part) == 1:
+            return [str(text) for text in next(iter(part.values()))]
+        raise ConfigError(f"a dataset of texts needs a 'text' column (and optionally 'title'); it has "
+                          f"{', '.join(part)}")
+    return [text if isinstance(text, str) else str(text) for text in part]
+
+
+# -------------------------------------------------------------------------------------------------- batches
+def pad_rows(rows: Sequence[Sequence[int]], pad_id: int, left: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """Pad token-id rows into ``(ids [B, L], attention_mask [B, L])`` int64 arrays without a loop over rows."""
+    lengths = np.fromiter(map(len, rows), dtype=np.int64, count=len(rows))
+    longest = int(lengths.max()) if len(rows) else 0
+    flat = np.fromiter(itertools.chain.from_iterable(rows), dtype=np.int64, count=int(lengths.sum()))
+    positions = np.arange(longest)[None, :]
+    mask = positions >= (longest - lengths)[:, None] if left else positions < lengths[:, None]
+    ids = np.full((len(rows), longest), pad_id, dtype=np.int64)
+    ids[mask] = flat   # row-major order of the mask = the rows' tokens in order, for either padding side
+    return ids, mask.astype(np.int64)
+
+
+def tokenize(side: "Side", texts: Sequence[str]) -> tuple[list[list[int]], list[list[int]] | None]:
+    """Unpadded token ids (and token type ids when the model takes them), prompt prepended, truncated."""
+    inputs = [side.prompt + text for text in texts] if side.prompt else list(texts)
+    encoded = side.tokenizer(inputs, truncation=True, max_length=side.max_length, padding=False,
+                             return_attention_mask=False)
+    types = encoded.get("token_type_ids") if "token_type_ids" in side.tokenizer.model_input_names else None
+    return encoded["input_ids"], types
+
+
+@dataclass
+class Batch:
+    """One padded batch: its rows within the window and the model inputs (numpy, moved to the device later)."""
+
+    rows: np.ndarray
+    inputs: dict[str, np.ndarray]
+
+
+def window_batches(side: "Side", texts: Sequence[str], batch_size: int) -> list[Batch]:
+    """Tokenise a window, sort it by length (longest first, stable) and pad it into batches."""
+    ids, types = tokenize(side, texts)
+    lengths = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
+    order = np.argsort(-lengths, kind="stable")
+    pad_id = side.tokenizer.pad_token_id if side.tokenizer.pad_token_id is not None else 0
+    left = getattr(side.tokenizer, "padding_side", "right") == "left"
+    batches = []
+    for first in range(0, len(order), batch_size):
+        rows = order[first:first + batch_size]
+        input_ids, mask = pad_rows([ids[i] for i in rows], pad_id, left)
+        inputs = {"input_ids": input_ids, "attention_mask": mask}
+        if types is not None:
+            inputs["token_type_ids"] = pad_rows([types[i] for i in rows], 0, left)[0]
+        batches.append(Batch(rows, inputs))
+    return batches
+
+
+def _background(produce: Callable[[], Iterator[Any]], prefetch: int) -> Iterator[Any]:
+    """Run the generator ``produce()`` in a daemon thread, ``prefetch`` items ahead; errors are re-raised here."""
+    items: queue.Queue = queue.Queue(maxsize=max(1, prefetch))
+    stop = threading.Event()
+    done = object()
+
+    def work() -> None:
+        try:
+            for item in produce():
+                while not stop.is_set():
+                    try:
+                        items.put(item, timeout=0.1)
+                        break
+                    except queue.Full:
+                        continue
+                if stop.is_set():
+                    return
+            items.put(done)
+        except BaseException as exc:  # noqa: BLE001 - handed to the consumer
+            items.put(exc)
+
+    thread = threading.Thread(target=work, name="pretrieve-tokenize", daemon=True)
+    thread.start()
+    try:
+        while True:
+            item = items.get()
+            if item is done:
+                return
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+    finally:
+        stop.set()
+        thread.join(timeout=5)
+
+
+# -------------------------------------------------------------------------------------------------- encoding
+def encode_windows(side: "Side", texts: Any, batch_size: int = 64, start: int = 0, end: int | None = None,
+                   window: int = DEFAULT_WINDOW, show_progress: bool = False,
+                   description: str = "encode") -> Iterator[tuple[int, dict[str, Any]]]:
+    """Yield ``(first row, outputs)`` for consecutive windows of ``texts[start:end]``, outputs in input order.
+
+    ``outputs`` maps a part name (``"embeddings"``, ``"sparse"``, …: what the side's ``forward`` returns) to a
+    float32 ``[n, width]`` array or a CSR ``[n, V]`` matrix for the window's ``n`` texts.
+    """
+    if batch_size < 1:
+        raise ConfigError(f"batch size must be >= 1, got {batch_size}")
+    if window < 1:
+        raise ConfigError(f"window must be >= 1, got {window}")
+    source = text_source(texts)
+    end = len(source) if end is None else end
+    if not 0 <= start <= end <= len(source):
+        raise ConfigError(f"rows {start}:{end} are outside the {len(source)} texts")
+    window = max(window, batch_size)
+
+    def produce() -> Iterator[tuple[int, int, list[Batch]]]:
+        for first in range(start, end, window):
+            last = min(end, first + window)
+            yield first, last - first, window_batches(side, text_slice(source, first, last), batch_size)
+
+    with progress_bar(end - start, description, enabled=show_progress) as advance:
+        for first, count, batches in _background(produce, prefetch=2):
+            collected: list[tuple[np.ndarray, dict[str, Any]]] = []
+            for batch in batches:
+                inputs = {key: torch.from_numpy(value).to(side.device) for key, value in batch.inputs.items()}
+                with torch.inference_mode(), autocast(side.device, side.precision):
+                    outputs = side.forward(inputs)
+                collected.append((batch.rows, outputs))
+                advance(len(batch.rows))
+            yield first, _in_input_order(collected, count)
+
+
+def _in_input_order(collected: list[tuple[np.ndarray, dict[str, Any]]], count: int) -> dict[str, Any]:
+    """Scatter the batches' outputs (rows in sorted order) back into the window's input order."""
+    if not collected:
+        return {}
+    order = np.concatenate([rows for rows, _ in collected])
+    inverse = np.empty_like(order)
+    inverse[order] = np.arange(len(order))
+    merged: dict[str, Any] = {}
+    for name in collected[0][1]:
+        parts = [outputs[name] for _, outputs in collected]
+        if sp.issparse(parts[0]):
+            merged[name] = sp.vstack(parts, format="csr")[inverse]
+        else:
+            stacked = np.concatenate(parts)
+            merged[name] = stacked[inverse]
+    return merged
+
+
+def encode_all(side: "Side", texts: Any, batch_size: int = 64, window: int = DEFAULT_WINDOW,
+               show_progress: bool = False, description: str = "encode") -> dict[str, Any]:
+    """Every output of ``texts`` in memory (queries, small collections): the windows concatenated."""
+    windows = [outputs for _, outputs in encode_windows(side, texts, batch_size, window=window,
+                                                        show_progress=show_progress, description=description)]
+    if not windows:
+        return side.empty_outputs()
+    return {name: sp.vstack([w[name] for w in windows], format="csr") if sp.issparse(windows[0][name])
+            else np.concatenate([w[name] for w in windows]) for name in windows[0]}
+
+
+# -------------------------------------------------------------------------------------------------- progress
+@contextlib.contextmanager
+def progress_bar(total: int, description: str, enabled: bool = True,
+                 unit: str = "texts") -> Iterator[Callable[[int], None]]:
+    """A rich progress bar on stderr (count, rate, elapsed, ETA); yields ``advance(n)``.
+
+    When stderr is not a terminal (batch jobs, log files) the same figures are logged every 10 %.
+    """
+    if not enabled or total == 0:
+        yield lambda n: None
+        return
+    from rich.console import Console
+
+    console = Console(stderr=True)
+    if not console.is_terminal:
+        yield _logging_progress(total, description, unit)
+        return
+    from rich.progress import (BarColumn, MofNCompleteColumn, Progress, ProgressColumn, TextColumn,
+                               TimeElapsedColumn, TimeRemainingColumn)
+    from rich.text import Text
+
+    class RateColumn(ProgressColumn):
+        def render(self, task) -> Text:  # the average since the start, not rich's short window
+            elapsed = task.finished_time if task.finished else task.elapsed
+            speed = task.completed / elapsed if elapsed else None
+            return Text(f"{speed:,.1f} {unit}/s" if speed else f"? {unit}/s", style="progress.data.speed")
+
+    columns = (TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), RateColumn(),
+               TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn())
+    with Progress(*columns, console=console, transient=False) as progress:
+        task = progress.add_task(description, total=total)
+        yield lambda n: progress.advance(task, n)
+
+
+def _logging_progress(total: int, description: str, unit: str) -> Callable[[int], None]:
+    """``advance(n)`` that logs count, rate and ETA at every completed tenth of ``total``."""
+    began = time.perf_counter()
+    state = {"done": 0, "next": max(1, total // 10)}
+
+    def advance(n: int) -> None:
+        state["done"] += n
+        if state["done"] < state["next"] and state["done"] < total:
+            return
+        while state["next"] <= state["done"]:
+            state["next"] += max(1, total // 10)
+        elapsed = time.perf_counter() - began
+        rate = state["done"] / elapsed if elapsed > 0 else float("inf")
+        eta = (total - state["done"]) / rate if rate > 0 else 0.0
+        logger.info("%s: %d/%d %s (%.0f%%), %.1f %s/s, elapsed %s, ETA %s", description, state["done"], total, unit,
+                    100 * state["done"] / total, rate, unit, _clock(elapsed), _clock(eta))
+
+    return advance
+
+
+def _clock(seconds: float) -> str:
+    seconds = int(round(seconds))
+    return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"

@@ -1,0 +1,369 @@
+"""The one on-disk index format, for every representation, and the registry of search back-ends.
+
+An **index directory** holds the encoded passages of one contiguous slice of a corpus::
+
+    meta.json          format, kind (dense | dupmae | sparse | hybrid), count, rows, what encoded it
+    ids.npy            document ids, UTF-8 bytes (``S<n>``), memory-mapped on load
+    embeddings.npy     float32 [N, d]: the dense vector of every kind that has one (dense, DupMAE's [CLS], hybrid)
+    <part>.data.npy    a sparse part as CSR arrays: float32 values,
+    <part>.indices.npy term ids (uint16 up to 65,536 terms, else int32), and
+    <part>.indptr.npy  row pointers (int32 below 2³¹ entries, else int64) — ``sparse`` (SPLADE), ``ot`` (DupMAE)
+    artifact.json      the freshness sidecar (:mod:`pretrieve.artifacts`): settings, input fingerprints, and the
+                       size and SHA-1 of every file above
+
+It is written atomically through :func:`pretrieve.artifacts.write_dir` (:func:`writing`), and a corpus index is
+reused only when :func:`pretrieve.artifacts.check` says it was made by the same model weights, settings and texts
+(:func:`is_current`): a zero-byte or truncated ``embeddings.npy`` is re-encoded, never reported cached.
+:func:`open_index` refuses a directory whose files no longer match its sidecar.
+
+A corpus too large for one directory is split into **shards**: ``shard-I-of-N`` directories (contiguous row
+ranges, :func:`shard_bounds`), each an index directory, searched one at a time with a streaming top-k merge
+(:mod:`pretrieve.retrieval.search`); :func:`find_shards` returns the complete set or says what is missing.
+
+Parts are streamed to disk window by window as the batch encoder produces them (:func:`write_parts`), so
+encoding needs memory for one window, not for the corpus. Each representation kind has a back-end module
+(:data:`BACKENDS`) that turns an opened directory into a searcher: :mod:`~pretrieve.retrieval.index.dense`
+(FAISS), :mod:`~pretrieve.retrieval.index.dupmae` (CLS + OT), :mod:`~pretrieve.retrieval.index.sparse`
+(sparse and hybrid). Adding a representation = one modeling file + one back-end module registered here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import json
+import re
+import struct
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import ModuleType
+from typing import Any, Iterable, Iterator, Mapping, Sequence
+
+import numpy as np
+import scipy.sparse as sp
+
+from pretrieve import artifacts
+from pretrieve.errors import ConfigError, InputError
+from pretrieve.io_utils import write_json
+
+INDEX_FORMAT = "pretrieve-index/1"
+ARTIFACT_KIND = "index"
+META_FILE = "meta.json"
+IDS_FILE = "ids.npy"
+EMBEDDINGS = "embeddings"
+_SHARD_DIR = re.compile(r"^shard-(\d+)-of-(\d+)$")
+UINT16_TERMS = 1 << 16
+"""Vocabularies up to this size store their term ids as uint16."""
+
+#: representation kind → back-end module
+BACKENDS: dict[str, str] = {
+    "dense": "pretrieve.retrieval.index.dense",
+    "dupmae": "pretrieve.retrieval.index.dupmae",
+    "sparse": "pretrieve.retrieval.index.sparse",
+    "hybrid": "pretrieve.retrieval.index.sparse",
+}
+
+
+@dataclass
+class SearchOptions:
+    """How an index is searched (each back-end reads the fields it knows).
+
+    ``factory`` / ``metric`` / ``nprobe`` / ``ef_search`` / ``train_size``: the FAISS index of dense vectors
+    (``Flat`` = exact); ``use_gpu``: None = when FAISS sees a GPU; ``block_rows``: vectors per exact-search block;
+    ``dense_weight`` / ``sparse_weight``: α, β of the hybrid score (None: as trained); ``rrf_k`` / ``rrf_depth``:
+    reciprocal rank fusion of the dense and sparse rankings.
+    """
+
+    factory: str = "Flat"
+    metric: str = "ip"
+    nprobe: int | None = None
+    ef_search: int | None = None
+    train_size: int | None = None
+    use_gpu: bool | None = None
+    block_rows: int = 1 << 16
+    dense_weight: float | None = None
+    sparse_weight: float | None = None
+    rrf_k: int = 60
+    rrf_depth: int = 1000
+
+
+def backend(kind: str) -> ModuleType:
+    """The back-end module searching indexes of representation ``kind``."""
+    if kind not in BACKENDS:
+        raise ConfigError(f"no search back-end for representation '{kind}' (known: {', '.join(BACKENDS)})")
+    return importlib.import_module(BACKENDS[kind])
+
+
+# ------------------------------------------------------------------------------------------------- shards
+def shard_bounds(num_rows: int, shard: int, num_shards: int) -> tuple[int, int]:
+    """Row range ``[start, end)`` of shard ``shard`` of ``num_shards`` (contiguous, sizes differ by ≤ 1)."""
+    if num_shards < 1:
+        raise ConfigError(f"number of shards must be >= 1, got {num_shards}")
+    if not 0 <= shard < num_shards:
+        raise ConfigError(f"shard must be in [0, {num_shards - 1}], got {shard}")
+    return num_rows * shard // num_shards, num_rows * (shard + 1) // num_shards
+
+
+def shard_dir_name(shard: int, num_shards: int) -> str:
+    return f"shard-{shard}-of-{num_shards}"
+
+
+def find_shards(root: str | Path) -> list[Path]:
+    """The complete set of shard directories in ``root`` (or ``root`` itself if it is an index), in order.
+
+    Missing shards, or shards of different splittings mixed in one directory, raise :class:`InputError`.
+    """
+    root = Path(root)
+    if (root / META_FILE).exists():
+        return [root]
+    if not root.is_dir():
+        raise InputError("index directory not found", path=root)
+    found: dict[int, dict[int, Path]] = {}
+    for child in root.iterdir():
+        match = _SHARD_DIR.match(child.name)
+        if match and child.is_dir():
+            found.setdefault(int(match.group(2)), {})[int(match.group(1))] = child
+    if not found:
+        raise InputError("no index shards (shard-I-of-N directories) found; run `pretrieve encode` first",
+                         path=root)
+    if len(found) > 1:
+        raise InputError(f"shards of different splittings mixed ({', '.join(f'of-{n}' for n in sorted(found))}); "
+                         "keep one", path=root)
+    (num_shards, shards), = found.items()
+    missing = sorted(set(range(num_shards)) - set(shards))
+    if missing:
+        raise InputError(f"missing shard(s) {', '.join(map(str, missing))} of {num_shards}; run `pretrieve encode "
+                         f"--shard I --num-shards {num_shards}` for them", path=root)
+    return [shards[i] for i in range(num_shards)]
+
+
+# --------------------------------------------------------------------------------------------- reading
+@dataclass
+class IndexDir:
+    """An index directory as opened: its path and ``meta.json``; arrays and ids are read on demand."""
+
+    path: Path
+    meta: dict[str, Any]
+    _ids: np.ndarray | None = field(default=None, repr=False)
+
+    @property
+    def kind(self) -> str:
+        return str(self.meta["kind"])
+
+    @property
+    def count(self) -> int:
+        return int(self.meta["count"])
+
+    @property
+    def first_row(self) -> int:
+        """The corpus row of this directory's first passage (0 unless it is a shard)."""
+        return int((self.meta.get("rows") or [0])[0])
+
+    @property
+    def ids(self) -> np.ndarray:
+        """Document ids as a memory-mapped bytes array (decode with :func:`decode_ids`)."""
+        if self._ids is None:
+            self._ids = np.load(self.path / IDS_FILE, mmap_mode="r")
+        return self._ids
+
+    def id_list(self) -> list[str]:
+        return decode_ids(self.ids)
+
+    def has(self, name: str) -> bool:
+        return (self.path / f"{name}.npy").exists() or (self.path / f"{name}.data.npy").exists()
+
+    def array(self, name: str, mmap: bool = True) -> np.ndarray:
+        """A dense part (``<name>.npy``), memory-mapped by default."""
+        return np.load(self.path / f"{name}.npy", mmap_mode="r" if mmap else None)
+
+    def matrix(self, name: str) -> sp.csr_matrix:
+        """A sparse part (``<name>.{data,indices,indptr}.npy``) as a CSR matrix in memory (int32 term ids)."""
+        return load_csr(self.path, name, int(self.meta["parts"][name]["columns"]))
+
+
+def open_index(path: str | Path, kind: str | None = None) -> IndexDir:
+    """Open an index directory, refusing one that is not ours, incomplete, or modified since it was written."""
+    path = Path(path)
+    try:
+        meta = json.loads((path / META_FILE).read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError):
+        raise InputError(f"not a pretrieve index ({META_FILE} missing or unreadable)", path=path) from None
+    if not isinstance(meta, dict) or meta.get("format") != INDEX_FORMAT:
+        raise InputError(f"not a pretrieve index of format {INDEX_FORMAT} (found {meta.get('format')!r}); "
+                         "encode it again", path=path)
+    sidecar = artifacts.read_sidecar(path)
+    problem = ("it has no record of how it was written (interrupted?)" if sidecar is None
+               else artifacts.content_problem(path, sidecar.get("content", {})))
+    if problem:
+        raise InputError(f"incomplete or modified index: {problem}; encode it again", path=path)
+    if kind is not None and meta.get("kind") != kind:
+        raise InputError(f"a '{meta.get('kind')}' index, not a '{kind}' one", path=path)
+    return IndexDir(path, meta)
+
+
+def is_current(path: str | Path, settings: Mapping[str, Any], inputs: Mapping[str, str | Path]) -> artifacts.Freshness:
+    """Whether the index at ``path`` was written with ``settings`` from ``inputs`` and is intact."""
+    return artifacts.check(path, settings, inputs, kind=ARTIFACT_KIND)
+
+
+# ---------------------------------------------------------------------------------------------- writing
+@contextlib.contextmanager
+def writing(path: str | Path, kind: str, ids: Sequence[str], meta: Mapping[str, Any],
+            settings: Mapping[str, Any], inputs: Mapping[str, str | Path] | None = None) -> Iterator[Path]:
+    """Write an index directory atomically: yields a temporary directory for the parts; ``ids.npy`` and
+    ``meta.json`` are added, then the directory replaces ``path`` and its freshness sidecar is recorded.
+    ``meta`` gains ``parts``: name → {"columns"} for every part found (the writer's ``part_info``)."""
+    with artifacts.write_dir(path, kind=ARTIFACT_KIND, settings=settings, inputs=inputs or {}) as tmp:
+        yield tmp
+        save_ids(tmp, ids)
+        parts = _read_part_info(tmp)
+        write_json(tmp / META_FILE, {"format": INDEX_FORMAT, "kind": kind, "count": len(ids), **meta,
+                                     "parts": parts})
+
+
+def _read_part_info(directory: Path) -> dict[str, Any]:
+    info_file = directory / ".parts.json"
+    if not info_file.exists():
+        return {}
+    info = json.loads(info_file.read_text(encoding="utf-8"))
+    info_file.unlink()
+    return info
+
+
+def _note_parts(directory: Path, info: Mapping[str, Any]) -> None:
+    """Remember the parts written into ``directory`` (read back by :func:`writing` into ``meta.json``)."""
+    info_file = directory / ".parts.json"
+    known = json.loads(info_file.read_text(encoding="utf-8")) if info_file.exists() else {}
+    known.update(info)
+    info_file.write_text(json.dumps(known), encoding="utf-8")
+
+
+def save_ids(directory: Path, ids: Sequence[str]) -> None:
+    encoded = [str(doc_id).encode("utf-8") for doc_id in ids]
+    width = max((len(doc_id) for doc_id in encoded), default=1)
+    np.save(directory / IDS_FILE, np.array(encoded, dtype=f"S{max(1, width)}"))
+
+
+def decode_ids(ids: np.ndarray) -> list[str]:
+    return [doc_id.decode("utf-8") for doc_id in ids.tolist()]
+
+
+def save_arrays(directory: Path, parts: Mapping[str, Any]) -> None:
+    """Write whole parts (arrays or CSR matrices) into an index directory being written."""
+    write_parts(directory, [parts])
+
+
+def term_id_dtype(dim: int) -> type:
+    """The narrowest stored type for term ids in ``[0, dim)``: uint16 up to 65,536 terms, else int32 (int64 beyond)."""
+    if dim <= UINT16_TERMS:
+        return np.uint16
+    return np.int32 if dim <= np.iinfo(np.int32).max else np.int64
+
+
+def row_pointer_dtype(nnz: int) -> type:
+    """Row pointers: int32 below 2³¹ stored entries, else int64 (scipy's own rule)."""
+    return np.int32 if nnz <= np.iinfo(np.int32).max else np.int64
+
+
+class ArrayWriter:
+    """Appends rows to an ``.npy`` file whose header (the final shape) is written when it is closed."""
+
+    HEADER = 128
+
+    def __init__(self, path: Path, dtype: Any):
+        self.path = path
+        self.dtype = np.dtype(dtype)
+        self.width: int | None = None
+        self.rows = 0
+        self.handle = open(path, "wb")
+        self.handle.write(b"\0" * self.HEADER)
+
+    def append(self, array: np.ndarray) -> None:
+        array = np.ascontiguousarray(array, dtype=self.dtype)
+        width = array.shape[1] if array.ndim == 2 else 0
+        if self.width is None:
+            self.width = width
+        elif width != self.width:
+            raise ValueError(f"{self.path.name}: rows of width {width} after rows of width {self.width}")
+        self.handle.write(array.tobytes())
+        self.rows += array.shape[0]
+
+    def close(self) -> None:
+        shape = (self.rows, self.width) if self.width else (self.rows,)
+        header = repr({"descr": np.lib.format.dtype_to_descr(self.dtype), "fortran_order": False, "shape": shape})
+        body = header.ljust(self.HEADER - 10 - 1) + "\n"
+        self.handle.seek(0)
+        self.handle.write(b"\x93NUMPY\x01\x00" + struct.pack("<H", len(body)) + body.encode("latin1"))
+        self.handle.close()
+
+
+def write_parts(directory: str | Path, windows: Iterable[Mapping[str, Any]],
+                columns: Mapping[str, int] | None = None) -> int:
+    """Stream windows of outputs (name → ``[n, w]`` array or CSR ``[n, V]``) into ``directory`` as they come:
+    arrays to ``<name>.npy`` (float32, or int32 for integer parts), CSR parts to their three arrays. Returns the
+    number of rows. ``columns`` gives the vocabulary size of sparse parts (term-id width) when known."""
+    directory = Path(directory)
+    writers: dict[str, Any] = {}
+    info: dict[str, Any] = {}
+    rows = 0
+    try:
+        for outputs in windows:
+            count = None
+            for name, value in outputs.items():
+                if sp.issparse(value):
+                    value = sp.csr_matrix(value)
+                    if name not in writers:
+                        vocab = int((columns or {}).get(name, value.shape[1]))
+                        writers[name] = _CsrWriter(directory, name, vocab)
+                        info[name] = {"columns": vocab, "sparse": True}
+                    writers[name].append(value)
+                else:
+                    value = np.asarray(value)
+                    if name not in writers:
+                        dtype = np.int32 if np.issubdtype(value.dtype, np.integer) else np.float32
+                        writers[name] = ArrayWriter(directory / f"{name}.npy", dtype)
+                        info[name] = {"columns": int(value.shape[1]) if value.ndim == 2 else 0}
+                    writers[name].append(value)
+                count = value.shape[0]
+            rows += count or 0
+    finally:
+        for writer in writers.values():
+            writer.close()
+    _note_parts(directory, info)
+    return rows
+
+
+class _CsrWriter:
+    """Appends CSR rows to ``<name>.data.npy`` / ``.indices.npy`` / ``.indptr.npy``."""
+
+    def __init__(self, directory: Path, name: str, vocab: int):
+        self.vocab = vocab
+        self.data = ArrayWriter(directory / f"{name}.data.npy", np.float32)
+        self.indices = ArrayWriter(directory / f"{name}.indices.npy", term_id_dtype(vocab))
+        self.indptr_path = directory / f"{name}.indptr.npy"
+        self.counts: list[np.ndarray] = []
+
+    def append(self, matrix: sp.csr_matrix) -> None:
+        if matrix.shape[1] != self.vocab:
+            raise ValueError(f"sparse rows of {matrix.shape[1]} columns for a vocabulary of {self.vocab}")
+        matrix.sort_indices()
+        self.data.append(matrix.data.astype(np.float32))
+        self.indices.append(matrix.indices)
+        self.counts.append(np.diff(matrix.indptr).astype(np.int64))
+
+    def close(self) -> None:
+        self.data.close()
+        self.indices.close()
+        counts = np.concatenate(self.counts) if self.counts else np.zeros(0, np.int64)
+        indptr = np.concatenate([[0], np.cumsum(counts)])
+        np.save(self.indptr_path, indptr.astype(row_pointer_dtype(int(indptr[-1]))))
+
+
+def load_csr(directory: str | Path, name: str, columns: int) -> sp.csr_matrix:
+    """Read a sparse part written by :func:`write_parts` (term ids widened to int32 for scipy's products)."""
+    directory = Path(directory)
+    data = np.load(directory / f"{name}.data.npy")
+    indices = np.load(directory / f"{name}.indices.npy")
+    indptr = np.load(directory / f"{name}.indptr.npy")
+    index_type = np.int32 if columns <= np.iinfo(np.int32).max else np.int64
+    return sp.csr_matrix((data, indices.astype(index_type), indptr), shape=(len(indptr) - 1, columns))

@@ -1,0 +1,318 @@
+"""Dense back-end: FAISS search over the ``embeddings`` of an index directory, exact or approximate, CPU or GPU.
+
+Every representation whose passages are dense vectors is searched here: sentence-transformers and Hugging Face
+encoders, pretrieve's fine-tuned dense retrievers (siamese, separate towers, CoT-MoTE experts), and the dense
+part of a hybrid model (``--mode dense``).
+
+**Exact search** (``factory="Flat"``, the default and the reference) streams the vectors: they are read from
+disk ``block_rows`` at a time (file reads, not a mapping of the whole file), each block is searched with
+``faiss.knn`` (inner product or L2), and the per-block top-k are merged into a running top-k (:func:`merge_topk`,
+stable: earlier rows win ties). Peak memory is one block of vectors plus the top-k arrays, not the shard.
+
+**Approximate search** takes any ``faiss.index_factory`` string — ``"HNSW32"``, ``"IVF4096,Flat"``,
+``"IVF4096,PQ64"``, ``"IVF4096,SQ8"``, ``"Flat"`` with ``SQfp16`` (``"SQfp16"``) … — for every dense-vector
+representation, fine-tuned retrievers included. The index is built once per index directory (trained on its
+vectors or a random sample of ``train_size`` of them) and kept as a sibling directory
+``<index>.<factory>.<metric>/`` in the same on-disk format, reused only while :func:`pretrieve.artifacts.check`
+says it was built from the same vectors with the same settings. ``nprobe`` (IVF) and ``ef_search`` (HNSW) are
+applied when it is opened. Measured recall against exact search: docs/benchmarks.md.
+
+**GPU.** When the installed FAISS has GPU support and sees a GPU (``faiss.get_num_gpus() > 0``), searches run on
+every GPU (``faiss.index_cpu_to_all_gpus``): exact blocks through a GPU flat index, approximate indexes cloned to
+the GPUs (index types without a GPU implementation, e.g. HNSW, stay on the CPU with a warning). ``use_gpu=False``
+forces the CPU; ``use_gpu=True`` without a GPU is a :class:`~pretrieve.errors.ConfigError`. The ``faiss-cpu``
+wheel reports no GPU, so it always searches on the CPU.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+from pretrieve import artifacts
+from pretrieve.errors import ConfigError, InputError
+from pretrieve.retrieval.index import EMBEDDINGS, IndexDir, open_index, writing
+
+logger = logging.getLogger(__name__)
+
+KINDS = ("dense",)
+METRICS = ("ip", "l2")
+DEFAULT_BLOCK_ROWS = 1 << 16
+_FAISS_FILE = "index.faiss"
+
+
+def _faiss():
+    import faiss
+
+    return faiss
+
+
+def _metric(metric: str) -> int:
+    faiss = _faiss()
+    if metric == "ip":
+        return faiss.METRIC_INNER_PRODUCT
+    if metric == "l2":
+        return faiss.METRIC_L2
+    raise ConfigError(f"unknown metric '{metric}' (choose from {', '.join(METRICS)})")
+
+
+def as_float32(array: np.ndarray) -> np.ndarray:
+    """C-contiguous float32 (what FAISS requires)."""
+    return np.ascontiguousarray(array, dtype=np.float32)
+
+
+def first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0] if text else type(exc).__name__
+
+
+def factory_slug(factory: str, metric: str) -> str:
+    """A file-name-safe name for a factory string, e.g. ``IVF256,Flat`` → ``IVF256_Flat.ip``."""
+    return re.sub(r"[^A-Za-z0-9]+", "_", factory).strip("_") + f".{metric}"
+
+
+# --------------------------------------------------------------------------------------------------- GPU
+def gpu_count() -> int:
+    """GPUs the installed FAISS can use (0 for the faiss-cpu wheel)."""
+    get = getattr(_faiss(), "get_num_gpus", None)
+    return int(get()) if get is not None else 0
+
+
+def use_gpus(requested: bool | None) -> bool:
+    """``None`` → whether a GPU is available; ``True`` without one is an error."""
+    available = gpu_count() > 0
+    if requested and not available:
+        raise ConfigError("GPU search was requested but the installed FAISS sees no GPU (faiss-cpu, or no device); "
+                          "install a FAISS build with GPU support or search on the CPU")
+    return available if requested is None else bool(requested)
+
+
+def to_gpus(index, where: str = "index"):
+    """``index`` cloned to every GPU; indexes FAISS cannot put on a GPU stay on the CPU (logged)."""
+    try:
+        return _faiss().index_cpu_to_all_gpus(index)
+    except (RuntimeError, AttributeError) as exc:
+        logger.warning("%s stays on the CPU: FAISS cannot put it on the GPU (%s)", where, first_line(exc))
+        return index
+
+
+# ------------------------------------------------------------------------------------------ FAISS index
+class FaissIndex:
+    """A FAISS index whose rows map to document ids."""
+
+    def __init__(self, index, ids: Sequence[str], factory: str = "Flat", metric: str = "ip"):
+        if index.ntotal != len(ids):
+            raise InputError(f"index holds {index.ntotal} vectors but {len(ids)} ids were given")
+        self.index = index
+        self.ids = list(ids)
+        self.factory = factory
+        self.metric = metric
+
+    @classmethod
+    def build(cls, embeddings: np.ndarray, ids: Sequence[str], factory: str = "Flat", metric: str = "ip",
+              nprobe: int | None = None, ef_search: int | None = None, train_size: int | None = None,
+              seed: int = 0) -> "FaissIndex":
+        """Index ``embeddings [N, d]`` (float32); train first when the index type needs it."""
+        faiss = _faiss()
+        if embeddings.ndim != 2:
+            raise InputError(f"embeddings must be a 2-d array, got shape {embeddings.shape}")
+        if len(embeddings) != len(ids):
+            raise InputError(f"{len(embeddings)} vectors but {len(ids)} ids")
+        try:
+            index = faiss.index_factory(int(embeddings.shape[1]), factory, _metric(metric))
+        except RuntimeError as exc:
+            raise ConfigError(f"invalid FAISS factory string '{factory}': {first_line(exc)}") from None
+        if not index.is_trained:
+            sample = embeddings
+            if train_size is not None and train_size < len(embeddings):
+                rows = np.sort(np.random.default_rng(seed).choice(len(embeddings), size=train_size, replace=False))
+                sample = embeddings[rows]
+            try:
+                index.train(as_float32(sample))
+            except RuntimeError as exc:
+                raise ConfigError(f"cannot train FAISS index '{factory}' on {len(sample)} vectors: "
+                                  f"{first_line(exc)}") from None
+        for start in range(0, len(embeddings), DEFAULT_BLOCK_ROWS):   # add block by block: no full float32 copy
+            index.add(as_float32(embeddings[start:start + DEFAULT_BLOCK_ROWS]))
+        built = cls(index, ids, factory, metric)
+        built.set_search_params(nprobe=nprobe, ef_search=ef_search)
+        return built
+
+    def set_search_params(self, nprobe: int | None = None, ef_search: int | None = None) -> None:
+        """IVF ``nprobe`` / HNSW ``efSearch`` (ignored, with a warning, by index types without them)."""
+        faiss = _faiss()
+        for name, value in (("nprobe", nprobe), ("efSearch", ef_search)):
+            if value is None:
+                continue
+            try:
+                faiss.ParameterSpace().set_index_parameter(self.index, name, int(value))
+            except RuntimeError:
+                logger.warning("FAISS index '%s' has no parameter %s; ignored", self.factory, name)
+
+    def to_gpus(self) -> "FaissIndex":
+        self.index = to_gpus(self.index, f"FAISS index '{self.factory}'")
+        return self
+
+    def __len__(self) -> int:
+        return self.index.ntotal
+
+    @property
+    def dim(self) -> int:
+        return self.index.d
+
+    def search(self, query_emb: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """Top-``k`` per query: ``(scores [Q, k'], rows [Q, k'])`` with ``k' = min(k, N)``, best first.
+
+        For ``metric="l2"`` scores are negated squared distances, so larger is always better.
+        """
+        if k < 1:
+            raise ConfigError(f"k must be >= 1, got {k}")
+        queries = as_float32(query_emb)
+        if queries.ndim != 2 or queries.shape[1] != self.dim:
+            raise InputError(f"query embeddings of shape {queries.shape} do not match index dimension {self.dim}")
+        k = min(k, len(self))
+        if len(queries) == 0 or k == 0:
+            return np.zeros((len(queries), 0), np.float32), np.zeros((len(queries), 0), np.int64)
+        scores, rows = self.index.search(queries, k)
+        if self.metric == "l2":
+            scores = -scores
+        return scores, rows
+
+    def search_run(self, query_emb: np.ndarray, query_ids: Sequence[str], k: int):
+        from pretrieve.data.trec import run_from_arrays
+
+        scores, rows = self.search(query_emb, k)
+        return run_from_arrays(query_ids, self.ids, rows, scores)
+
+    def save(self, path: str | Path, settings: dict | None = None, inputs: dict | None = None) -> Path:
+        """Write the index (``index.faiss``) as an index directory of kind ``faiss``, atomically."""
+        path = Path(path)
+        meta = {"factory": self.factory, "metric": self.metric, "dim": self.dim}
+        with writing(path, "faiss", self.ids, meta, settings or meta, inputs) as tmp:
+            _faiss().write_index(_faiss().index_gpu_to_cpu(self.index) if _on_gpu(self.index) else self.index,
+                                 str(tmp / _FAISS_FILE))
+        return path
+
+    @classmethod
+    def load(cls, path: str | Path, nprobe: int | None = None, ef_search: int | None = None) -> "FaissIndex":
+        index_dir = open_index(path, kind="faiss")
+        loaded = cls(_faiss().read_index(str(index_dir.path / _FAISS_FILE)), index_dir.id_list(),
+                     index_dir.meta["factory"], index_dir.meta["metric"])
+        loaded.set_search_params(nprobe=nprobe, ef_search=ef_search)
+        return loaded
+
+
+def _on_gpu(index) -> bool:
+    return "Gpu" in type(index).__name__
+
+
+# ------------------------------------------------------------------------------------------- top-k merge
+def merge_topk(scores: Sequence[np.ndarray], rows: Sequence[np.ndarray], k: int) -> tuple[np.ndarray, np.ndarray]:
+    """Merge per-block/per-shard ``[Q, k_i]`` results into the top-``k`` per query (stable: earlier lists win ties)."""
+    merged_scores = np.concatenate(scores, axis=1)
+    merged_rows = np.concatenate(rows, axis=1)
+    order = np.argsort(-merged_scores, axis=1, kind="stable")[:, :k]
+    return np.take_along_axis(merged_scores, order, axis=1), np.take_along_axis(merged_rows, order, axis=1)
+
+
+# ----------------------------------------------------------------------------------------- exact search
+def read_rows(path: Path, start: int, end: int) -> np.ndarray:
+    """Rows ``start:end`` of a 2-d ``.npy`` file by a file read (nothing stays mapped), as float32."""
+    header = np.load(path, mmap_mode="r")
+    dtype, width, offset = header.dtype, header.shape[1], header.offset
+    del header
+    with open(path, "rb") as handle:
+        handle.seek(offset + start * width * dtype.itemsize)
+        block = np.fromfile(handle, dtype=dtype, count=(end - start) * width)
+    return as_float32(block.reshape(end - start, width))
+
+
+def exact_search(queries: np.ndarray, vectors: Path | np.ndarray, k: int, metric: str = "ip",
+                 block_rows: int = DEFAULT_BLOCK_ROWS, use_gpu: bool | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Exact top-``k`` of ``queries [Q, d]`` over ``vectors`` (an ``.npy`` path, streamed ``block_rows`` at a time,
+    or an array): ``(scores [Q, k'], rows [Q, k'])``, ``k' = min(k, N)``, best first, ties by row."""
+    faiss = _faiss()
+    if k < 1:
+        raise ConfigError(f"k must be >= 1, got {k}")
+    queries = as_float32(queries)
+    count = int(np.load(vectors, mmap_mode="r").shape[0]) if isinstance(vectors, Path) else len(vectors)
+    width = int(np.load(vectors, mmap_mode="r").shape[1]) if isinstance(vectors, Path) else vectors.shape[1]
+    if queries.ndim != 2 or queries.shape[1] != width:
+        raise InputError(f"query embeddings of shape {queries.shape} do not match index dimension {width}")
+    gpu = use_gpus(use_gpu)
+    scores = np.zeros((len(queries), 0), np.float32)
+    rows = np.zeros((len(queries), 0), np.int64)
+    if len(queries) == 0:
+        return scores, rows
+    for start in range(0, count, block_rows):
+        end = min(count, start + block_rows)
+        block = read_rows(vectors, start, end) if isinstance(vectors, Path) else as_float32(vectors[start:end])
+        depth = min(k, end - start)
+        if gpu:
+            flat = faiss.IndexFlat(block.shape[1], _metric(metric))
+            flat.add(block)
+            block_scores, block_rows_found = to_gpus(flat, "exact search").search(queries, depth)
+        else:
+            block_scores, block_rows_found = faiss.knn(queries, block, depth, metric=_metric(metric))
+        if metric == "l2":
+            block_scores = -block_scores
+        scores, rows = merge_topk([scores, block_scores], [rows, block_rows_found.astype(np.int64) + start], k)
+    return scores, rows
+
+
+# ------------------------------------------------------------------------------------------------ search
+def resolve_mode(kind: str, mode: str | None) -> str | None:
+    if mode not in (None, "dense"):
+        from pretrieve.retrieval.index.sparse import SEARCH_MODES
+
+        if mode not in SEARCH_MODES:
+            raise ConfigError(f"unknown search mode '{mode}' (choose from {', '.join(SEARCH_MODES)})")
+        raise ConfigError(f"search mode '{mode}' needs a model fine-tuned with the sparse or hybrid representation; "
+                          f"this is a '{kind}' retriever, searched only as trained")
+    return None
+
+
+def approximate_index(index: IndexDir, options) -> FaissIndex:
+    """The FAISS index of ``options.factory`` over an index directory's vectors, built once and reused."""
+    cache = index.path.with_name(f"{index.path.name}.{factory_slug(options.factory, options.metric)}")
+    settings = {"factory": options.factory, "metric": options.metric, "train_size": options.train_size, "seed": 0}
+    inputs = {"embeddings": index.path}
+    status = artifacts.check(cache, settings, inputs, kind="index")
+    if status.current:
+        built = FaissIndex.load(cache, nprobe=options.nprobe, ef_search=options.ef_search)
+    else:
+        if status.exists:
+            logger.info("rebuilding %s: %s", cache, status.reason)
+        logger.info("building FAISS index '%s' over %d vectors of %s", options.factory, index.count, index.path)
+        built = FaissIndex.build(index.array(EMBEDDINGS), index.id_list(), options.factory, options.metric,
+                                 nprobe=options.nprobe, ef_search=options.ef_search, train_size=options.train_size)
+        built.save(cache, settings=settings, inputs=inputs)
+    return built.to_gpus() if use_gpus(options.use_gpu) else built
+
+
+class DenseSearcher:
+    """Searches the ``embeddings`` of one index directory (exact streaming search or a FAISS index)."""
+
+    def __init__(self, index: IndexDir, options):
+        if not index.has(EMBEDDINGS):
+            raise InputError("this index has no dense vectors (embeddings.npy)", path=index.path)
+        self.index = index
+        self.options = options
+        self.faiss = None if options.factory == "Flat" else approximate_index(index, options)
+
+    def search(self, queries: dict[str, Any], k: int, mode: str | None = None) -> tuple[np.ndarray, np.ndarray]:
+        vectors = queries.get(EMBEDDINGS)
+        if vectors is None:
+            raise InputError("dense search needs query vectors")
+        if self.faiss is not None:
+            return self.faiss.search(vectors, k)
+        return exact_search(vectors, self.index.path / f"{EMBEDDINGS}.npy", k, self.options.metric,
+                            self.options.block_rows, self.options.use_gpu)
+
+
+def open_searcher(index: IndexDir, options, mode: str | None = None) -> DenseSearcher:
+    return DenseSearcher(index, options)

@@ -1,0 +1,250 @@
+"""DupMAE back-end: the [CLS] part in FAISS, the sparse OT part in an inverted index, combined exactly (eq. 12).
+
+A passage is stored as ``ĥ_d`` (``d′`` floats: ``embeddings.npy``, searched through FAISS) and ``(I_d, μ_d[I_d])``
+(its top-``k`` OT entries: the ``ot`` CSR part, a :class:`~pretrieve.retrieval.index.sparse.SparseIndex`); a query
+as ``ĥ_q`` and its *full* OT vector ``μ_q`` (eq. 12 of "RetroMAE v2 / DupMAE: Duplex Masked Auto-Encoder" sums
+``μ_q[i] μ_d[i]`` over the document's indices, see :mod:`pretrieve.modeling.dupmae`).
+
+Exact two-index search (:meth:`DupMAEIndex.search`) — a threshold algorithm (Fagin et al.) with exact
+rescoring: for depth ``c`` take the top-``c`` of each index, rescore the union of the candidates exactly with
+eq. 12 (dense dot product from the stored vectors + sparse dot product from the forward rows), and keep the
+best ``k``. A document in neither list has a dense score ≤ the dense list's ``c``-th score and a sparse score
+≤ the sparse list's ``c``-th score, so its total is at most their sum; when the ``k``-th rescored candidate
+reaches that bound the result is certified exact, otherwise the query is searched again at depth ``4c``
+(until ``c = N``, which is brute force). Start depth: ``2k``. The guarantee needs exact component searches
+(FAISS ``Flat``, the default; the sparse index is always exact). Ties at the bound are resolved in favour of
+the candidates; float32 sums computed in a different order can differ in the last bits, so "exact" means
+equal to brute-force eq. 12 up to float32 rounding. With DupMAE's dense query OT vectors the sparse search
+visits every posting list — ``N·k`` multiply-adds per query, the same as a flat dense index of dimension ``k``
+(the paper's "same computation cost" argument). One-part variants (``cls:…`` or ``ot:…``) search their single
+index directly.
+
+Storage per passage (:meth:`DupMAEIndex.storage`): FAISS Flat keeps ``4·d′`` bytes; the sparse index stores
+``k·(4 + 2)`` bytes plus a 4-byte row pointer (float32 values, uint16 term ids: BERT-size vocabularies are below
+2¹⁶) — ``cls:384,ot:260`` takes 1536 + 1560 + 4 = 3100 bytes against the paper's 3063.5 (15-bit indices, reported
+beside it as ``paper_bytes``) and 3072 for ``cls:768``.
+
+Queries are searched in blocks of :data:`QUERY_BLOCK` (their full OT vectors are ``V`` floats each).
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+import scipy.sparse as sp
+import torch
+
+from pretrieve.data.trec import Run, run_from_arrays
+from pretrieve.errors import ConfigError, InputError
+from pretrieve.retrieval.index import EMBEDDINGS, IndexDir, open_index, save_arrays, writing
+from pretrieve.retrieval.index.dense import FaissIndex, as_float32
+from pretrieve.retrieval.index.sparse import SparseIndex, top_k_rows, topk_matrix
+
+logger = logging.getLogger(__name__)
+
+KINDS = ("dupmae",)
+QUERY_BLOCK = 256
+PAPER_INDEX_BYTES = 15 / 8
+"""The paper's bytes per OT index (15 bits, §4.2)."""
+_OWN_META = ("format", "kind", "count", "parts", "factory")
+
+
+# ------------------------------------------------------------------------------------------------ index
+class DupMAEIndex:
+    """Dense [CLS] vectors in FAISS + sparse OT vectors in a :class:`SparseIndex`; exact eq. 12 search."""
+
+    def __init__(self, ids: Sequence[str], dense: np.ndarray | None = None, sparse: SparseIndex | None = None,
+                 factory: str = "Flat", meta: Mapping[str, Any] | None = None):
+        if dense is None and sparse is None:
+            raise ConfigError("a DupMAE index needs a dense part, a sparse part, or both")
+        self.ids = ids
+        self.dense = None if dense is None else as_float32(dense)
+        self.sparse = sparse
+        for name, size in (("dense", None if dense is None else len(dense)),
+                           ("sparse", None if sparse is None else len(sparse))):
+            if size is not None and size != len(self.ids):
+                raise InputError(f"the {name} part holds {size} passages but {len(self.ids)} ids were given")
+        self.factory = factory
+        self.meta = dict(meta or {})
+        self.faiss = None if self.dense is None else FaissIndex.build(self.dense, self.ids, factory, "ip")
+
+    @classmethod
+    def build(cls, ids: Sequence[str], dense: np.ndarray | None = None, ot_indices: np.ndarray | None = None,
+              ot_values: np.ndarray | None = None, vocab_size: int | None = None, factory: str = "Flat",
+              meta: Mapping[str, Any] | None = None) -> "DupMAEIndex":
+        """From ``ĥ_d [N, d′]`` and/or the top-k OT pairs ``(indices [N, k], values [N, k])`` over ``vocab_size``."""
+        sparse = None
+        if ot_indices is not None:
+            if ot_values is None or vocab_size is None:
+                raise ConfigError("the OT part needs indices, values and the vocabulary size")
+            sparse = SparseIndex.from_topk(ot_indices, ot_values, vocab_size, ids)
+        return cls(ids, dense, sparse, factory, meta)
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    # ------------------------------------------------------------------ scoring
+    def exact_scores(self, dense_queries: np.ndarray | None, ot_queries: np.ndarray | None,
+                     rows: np.ndarray) -> np.ndarray:
+        """Eq. 12 of query ``q`` with passages ``rows[q]`` (``[Q, C]``, ``-1`` → ``-inf``)."""
+        rows = np.asarray(rows, dtype=np.int64)
+        total = np.zeros(rows.shape, dtype=np.float32)
+        if self.dense is not None:
+            queries = as_float32(dense_queries)
+            for q in range(rows.shape[0]):
+                total[q] = self.dense[np.maximum(rows[q], 0)] @ queries[q]
+        if self.sparse is not None:
+            total += np.where(rows >= 0, self.sparse.score_rows(ot_queries, np.maximum(rows, 0)), 0.0)
+        return np.where(rows >= 0, total, -np.inf).astype(np.float32)
+
+    def brute_force_scores(self, dense_queries: np.ndarray | None, ot_queries: np.ndarray | None) -> np.ndarray:
+        """Eq. 12 of every query with every passage, ``[Q, N]`` (reference for tests and small corpora)."""
+        scores = None
+        if self.dense is not None:
+            scores = as_float32(dense_queries) @ self.dense.T
+        if self.sparse is not None:
+            sparse = self.sparse.score_all(ot_queries)
+            scores = sparse if scores is None else scores + sparse
+        return scores
+
+    def search(self, dense_queries: np.ndarray | None, ot_queries: np.ndarray | None, k: int,
+               initial_depth: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """Exact top-``k`` by eq. 12: ``(scores [Q, k'], rows [Q, k'])``, ``k' = min(k, N)``, best first."""
+        if k < 1:
+            raise ConfigError(f"k must be >= 1, got {k}")
+        self._check_queries(dense_queries, ot_queries)
+        if self.sparse is None:
+            return self.faiss.search(dense_queries, k)
+        if self.dense is None:
+            return self.sparse.search(ot_queries, k)
+        count, size, k = ot_queries.shape[0], len(self), min(k, len(self))
+        out_scores = np.zeros((count, k), dtype=np.float32)
+        out_rows = np.zeros((count, k), dtype=np.int64)
+        pending = np.arange(count)
+        depth = min(size, max(k, initial_depth or 2 * k))
+        while pending.size:
+            dense_q, ot_q = as_float32(dense_queries)[pending], ot_queries[pending]
+            dense_scores, dense_rows = self.faiss.search(dense_q, depth)
+            sparse_scores, sparse_rows = self.sparse.search(ot_q, depth)
+            candidates = union_rows(dense_rows, sparse_rows)
+            exact = self.exact_scores(dense_q, ot_q, candidates)
+            best = top_k_rows(exact, k)
+            scores = np.take_along_axis(exact, best, axis=1)
+            if depth >= size:
+                certified = np.ones(len(pending), dtype=bool)
+            else:
+                certified = scores[:, -1] >= dense_scores[:, -1] + sparse_scores[:, -1]
+            done = pending[certified]
+            out_scores[done] = scores[certified]
+            out_rows[done] = np.take_along_axis(candidates, best, axis=1)[certified]
+            pending = pending[~certified]
+            depth = min(size, depth * 4)
+        return out_scores, out_rows
+
+    def search_run(self, dense_queries: np.ndarray | None, ot_queries: np.ndarray | None,
+                   query_ids: Sequence[str], k: int) -> Run:
+        scores, rows = self.search(dense_queries, ot_queries, k)
+        return run_from_arrays(query_ids, self.ids, rows, scores)
+
+    def _check_queries(self, dense_queries, ot_queries) -> None:
+        if self.dense is not None and dense_queries is None:
+            raise InputError("this index has a dense [CLS] part: dense query vectors are required")
+        if self.sparse is not None and ot_queries is None:
+            raise InputError("this index has a sparse OT part: query OT vectors are required")
+        if self.dense is not None and self.sparse is not None and len(dense_queries) != ot_queries.shape[0]:
+            raise InputError(f"{len(dense_queries)} dense but {ot_queries.shape[0]} OT query vectors")
+
+    # ------------------------------------------------------------------ storage
+    def storage(self) -> dict[str, float]:
+        """Bytes per passage: the dense part (fp32), the sparse part as stored (CSR) and per the paper."""
+        dense = 0.0 if self.dense is None else float(self.dense.shape[1] * self.dense.itemsize)
+        sparse = 0.0 if self.sparse is None else self.sparse.storage_bytes()["per_document"]
+        entries = 0.0 if self.sparse is None else self.sparse.storage_bytes()["entries_per_document"]
+        return {"dense_bytes": dense, "sparse_bytes": sparse, "total_bytes": dense + sparse,
+                "ot_entries": entries, "paper_bytes": dense + entries * (4 + PAPER_INDEX_BYTES)}
+
+    # ------------------------------------------------------------------ persistence
+    def save(self, path: str | Path) -> Path:
+        """Write an index directory (``embeddings.npy``, the ``ot`` CSR part, ids, meta), atomically."""
+        meta = {"factory": self.factory, **self.meta}
+        with writing(path, "dupmae", list(self.ids), meta, meta) as tmp:
+            parts: dict[str, Any] = {}
+            if self.dense is not None:
+                parts[EMBEDDINGS] = self.dense
+            if self.sparse is not None:
+                parts["ot"] = self.sparse.matrix
+            save_arrays(tmp, parts)
+        return Path(path)
+
+    @classmethod
+    def load(cls, path: str | Path | IndexDir, factory: str | None = None) -> "DupMAEIndex":
+        index = path if isinstance(path, IndexDir) else open_index(path)
+        if index.kind != "dupmae":
+            raise InputError(f"a '{index.kind}' index, not a DupMAE one", path=index.path)
+        ids = index.id_list()
+        dense = index.array(EMBEDDINGS, mmap=False) if index.has(EMBEDDINGS) else None
+        sparse = SparseIndex(index.matrix("ot"), ids) if index.has("ot") else None
+        meta = {key: value for key, value in index.meta.items() if key not in _OWN_META}
+        return cls(ids, dense, sparse, factory or index.meta.get("factory", "Flat"), meta)
+
+
+def union_rows(first: np.ndarray, second: np.ndarray) -> np.ndarray:
+    """Per query, the distinct rows of two candidate lists, ascending, padded with ``-1`` → ``[Q, C]``."""
+    merged = np.sort(np.concatenate([first, second], axis=1), axis=1)
+    repeat = np.zeros(merged.shape, dtype=bool)
+    repeat[:, 1:] = merged[:, 1:] == merged[:, :-1]
+    merged[repeat | (merged < 0)] = -1
+    return merged
+
+
+# ------------------------------------------------------------------------------------------- encoding
+def outputs(representation, rep: torch.Tensor, text_type: str) -> dict[str, Any]:
+    """A batch of DupMAE representation rows → ``embeddings`` (ĥ) and ``ot``: the full OT vectors ``[B, V]`` of
+    queries (eq. 12), the top-``k`` OT entries of passages as CSR rows (eq. 11)."""
+    dense, ot = representation.split(rep.float())
+    parts: dict[str, Any] = {}
+    if dense is not None:
+        parts[EMBEDDINGS] = dense.cpu().numpy().astype(np.float32)
+    if ot is not None and text_type == "query":
+        parts["ot"] = ot.cpu().numpy().astype(np.float32)
+    elif ot is not None:
+        values, indices = representation.sparsify(ot)
+        parts["ot"] = topk_matrix(indices.cpu().numpy(), values.cpu().numpy(), int(ot.shape[1]))
+    return parts
+
+
+def empty_outputs(representation, vocab_size: int, text_type: str) -> dict[str, Any]:
+    parts: dict[str, Any] = {}
+    if representation.dense_dim:
+        parts[EMBEDDINGS] = np.zeros((0, representation.dense_dim), np.float32)
+    if representation.ot_k is not None:
+        parts["ot"] = (np.zeros((0, vocab_size), np.float32) if text_type == "query"
+                       else sp.csr_matrix((0, vocab_size), dtype=np.float32))
+    return parts
+
+
+# ---------------------------------------------------------------------------------------------- search
+def resolve_mode(kind: str, mode: str | None) -> str | None:
+    if mode is not None:
+        from pretrieve.retrieval.index.dense import resolve_mode as dense_mode
+
+        dense_mode(kind, mode)
+    return None
+
+
+class DupMAESearcher:
+    def __init__(self, index: IndexDir, options):
+        if options.factory != "Flat":
+            logger.warning("DupMAE search with FAISS '%s' for the [CLS] part: the result is no longer certified "
+                           "exact", options.factory)
+        self.index = DupMAEIndex.load(index, factory=options.factory)
+
+    def search(self, queries: Mapping[str, Any], k: int, mode: str | None = None) -> tuple[np.ndarray, np.ndarray]:
+        return self.index.search(queries.get(EMBEDDINGS), queries.get("ot"), k)
+
+
+def open_searcher(index: IndexDir, options, mode: str | None = None) -> DupMAESearcher:
+    return DupMAESearcher(index, options)

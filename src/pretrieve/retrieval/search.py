@@ -1,0 +1,262 @@
+"""The one search path: ``search(retriever, queries, index_or_corpus, k)`` → a run, for every kind of retriever.
+
+``pretrieve dense``, ``pretrieve search``, ``pretrieve mine``, the recipe's evaluate and mine stages and mining all
+call :func:`search` (or :func:`search_blocks`, its streaming form):
+
+1. **Index.** ``index_or_corpus`` is either an index (a directory written by :func:`build_index` /
+   ``pretrieve encode``: one index directory or ``shard-I-of-N`` directories) or a corpus. A corpus is encoded
+   into ``cache_dir/shard-0-of-1`` (a temporary directory without ``cache_dir``) by :func:`build_index`, which
+   reuses an index that :mod:`pretrieve.artifacts` certifies was made by the same model weights, settings and
+   texts, and otherwise streams the passages through the batch encoder (:mod:`pretrieve.retrieval.batches`)
+   into the index format (:mod:`pretrieve.retrieval.index`) — memory is one window, not the corpus.
+2. **Queries** are encoded and searched ``query_block`` at a time (results can be written as they come).
+3. **Shards** are searched one after the other by the kind's back-end (dense: FAISS, exact or approximate;
+   DupMAE: CLS + OT; sparse/hybrid: inverted index) and their top-k merged as they come (stable: earlier shards
+   win ties), so peak memory is one shard's searcher, not the corpus. Rows are global corpus rows until the end,
+   when they become document ids. Exact per-shard top-k merged give the exact global top-k; reciprocal rank
+   fusion (``mode="rrf"``) fuses the *global* dense and sparse rankings.
+
+A corpus index of one model and collection is shared by every mode and every later call (mining and evaluation
+of the same model read the same encoding).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import logging
+import tempfile
+from dataclasses import replace
+from pathlib import Path
+from typing import Any, Iterator, Mapping, Sequence
+
+import numpy as np
+
+from pretrieve.data.trec import Run
+from pretrieve.errors import ConfigError, InputError
+from pretrieve.retrieval.batches import DEFAULT_WINDOW, encode_all, encode_windows, text_slice, text_source
+from pretrieve.retrieval.index import (IndexDir, SearchOptions, backend, decode_ids, find_shards, is_current,
+                                       open_index, shard_bounds, shard_dir_name, write_parts, writing)
+from pretrieve.retrieval.index.dense import merge_topk
+from pretrieve.retrieval.load import Retriever
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_QUERY_ELEMENTS = 1 << 24
+"""Query blocks hold at most this many (query, result) pairs: 16,384 queries at k = 1000."""
+
+
+# ------------------------------------------------------------------------------------------------ indexing
+def corpus_ids(corpus: Any, start: int, end: int) -> list[str]:
+    """Document ids ``start:end`` of a corpus (``ids``), or of a dataset (``_id`` / ``id`` column)."""
+    if hasattr(corpus, "ids"):
+        return [str(doc_id) for doc_id in corpus.ids[start:end]]
+    part = corpus[start:end]
+    for column in ("_id", "id", "doc_id", "docid"):
+        if isinstance(part, Mapping) and column in part:
+            return [str(doc_id) for doc_id in part[column]]
+    raise ConfigError("the corpus has no document ids (an 'ids' attribute or an '_id'/'id' column)")
+
+
+def content_hash(corpus: Any, start: int, end: int, window: int = DEFAULT_WINDOW) -> str:
+    """SHA-1 over the ids and passages of rows ``start:end``: any edit of those passages invalidates their index."""
+    source = text_source(corpus)
+    digest = hashlib.sha1()
+    for first in range(start, end, window):
+        last = min(end, first + window)
+        for doc_id, text in zip(corpus_ids(corpus, first, last), text_slice(source, first, last)):
+            digest.update(doc_id.encode("utf-8"))
+            digest.update(b"\0")
+            digest.update(text.encode("utf-8"))
+            digest.update(b"\1")
+    return digest.hexdigest()
+
+
+def build_index(retriever: Retriever, corpus: Any, out_dir: str | Path, shard: int = 0, num_shards: int = 1,
+                batch_size: int = 64, show_progress: bool = True, overwrite: bool = False,
+                window: int = DEFAULT_WINDOW) -> Path:
+    """Encode shard ``shard`` of ``num_shards`` (a contiguous row range) of ``corpus`` with the retriever's passage
+    side into ``out_dir/shard-{i}-of-{n}``; an index made by the same model, settings and texts is reused."""
+    source = text_source(corpus)
+    start, end = shard_bounds(len(source), shard, num_shards)
+    shard_dir = Path(out_dir) / shard_dir_name(shard, num_shards)
+    settings = {**retriever.settings(), "shard": shard, "num_shards": num_shards, "rows": [start, end],
+                "content_sha1": content_hash(corpus, start, end, window)}
+    status = is_current(shard_dir, settings, retriever.inputs())
+    if status.current and not overwrite:
+        logger.info("index %s is current (same model, settings and texts); not re-encoding", shard_dir)
+        return shard_dir
+    if status.exists:
+        logger.info("re-encoding %s: %s", shard_dir, status.reason)
+    meta = {"rows": [start, end], "shard": shard, "num_shards": num_shards, "model": retriever.name,
+            "precision": retriever.precision, "passage": retriever.passage.settings}
+    columns = {name: value.shape[1] for name, value in retriever.passage.empty_outputs().items()}
+    with writing(shard_dir, retriever.kind, corpus_ids(corpus, start, end), meta, settings,
+                 retriever.inputs()) as tmp:
+        windows = (outputs for _, outputs in encode_windows(
+            retriever.passage, source, batch_size, start, end, window=window, show_progress=show_progress,
+            description=f"encode shard {shard + 1}/{num_shards}" if num_shards > 1 else "encode passages"))
+        if not write_parts(tmp, windows, columns=columns):
+            write_parts(tmp, [retriever.passage.empty_outputs()], columns=columns)
+    return shard_dir
+
+
+def _is_index(value: Any) -> bool:
+    return isinstance(value, (str, Path))
+
+
+# ------------------------------------------------------------------------------------------------- search
+def search(retriever: Retriever, queries: Mapping[str, str], index_or_corpus: Any, k: int = 1000,
+           cache_dir: str | Path | None = None, mode: str | None = None, options: SearchOptions | None = None,
+           batch_size: int = 64, query_block: int | None = None, show_progress: bool = True) -> Run:
+    """Top-``k`` of ``queries`` (``{qid: text}``) over an index directory or a corpus (see the module docstring).
+
+    ``mode``: a search mode of sparse/hybrid retrievers (``dense`` / ``sparse`` / ``hybrid`` / ``rrf``; default:
+    as trained); ``options``: FAISS factory, metric, GPU use, hybrid weights … (:class:`SearchOptions`).
+    """
+    run: Run = {}
+    for block in search_blocks(retriever, queries, index_or_corpus, k, cache_dir=cache_dir, mode=mode,
+                               options=options, batch_size=batch_size, query_block=query_block,
+                               show_progress=show_progress):
+        run.update(block)
+    return run
+
+
+def search_blocks(retriever: Retriever, queries: Mapping[str, str], index_or_corpus: Any, k: int = 1000,
+                  cache_dir: str | Path | None = None, mode: str | None = None,
+                  options: SearchOptions | None = None, batch_size: int = 64, query_block: int | None = None,
+                  show_progress: bool = True) -> Iterator[Run]:
+    """:func:`search`, one run per block of ``query_block`` queries (in the order of ``queries``), as they come."""
+    if k < 1:
+        raise ConfigError(f"k must be >= 1, got {k}")
+    search_backend = backend(retriever.kind)
+    mode = search_backend.resolve_mode(retriever.kind, mode)
+    options = _resolved_options(retriever, options or SearchOptions())
+    with contextlib.ExitStack() as stack:
+        if _is_index(index_or_corpus):
+            root = Path(index_or_corpus)
+        else:
+            root = Path(cache_dir) if cache_dir is not None else Path(
+                stack.enter_context(tempfile.TemporaryDirectory(prefix="pretrieve-index-")))
+            build_index(retriever, index_or_corpus, root, batch_size=batch_size, show_progress=show_progress)
+        shards = [open_index(path) for path in find_shards(root)]
+        check_compatible(retriever, shards, root)
+        query_ids = list(queries)
+        block = query_block or getattr(search_backend, "QUERY_BLOCK", None) or max(
+            256, DEFAULT_QUERY_ELEMENTS // k)
+        searchers: dict[int, Any] = {}
+        for first in range(0, len(query_ids), block):
+            ids = query_ids[first:first + block]
+            encoded = encode_all(retriever.query, [queries[q] for q in ids], batch_size,
+                                 show_progress=show_progress and first == 0 and len(query_ids) > batch_size,
+                                 description="encode queries")
+            scores, rows = _search(search_backend, shards, encoded, k, mode, options, searchers)
+            yield _run_of(ids, scores, rows, shards)
+
+
+def _resolved_options(retriever: Retriever, options: SearchOptions) -> SearchOptions:
+    """Hybrid weights default to the ones the model was trained with."""
+    if retriever.kind not in ("sparse", "hybrid"):
+        return options
+    from pretrieve.retrieval.index.sparse import hybrid_weights
+
+    alpha, beta = hybrid_weights(retriever.representation, options.dense_weight, options.sparse_weight)
+    return replace(options, dense_weight=alpha, sparse_weight=beta)
+
+
+def _search(search_backend, shards: Sequence[IndexDir], encoded: Mapping[str, Any], k: int, mode: str | None,
+            options: SearchOptions, searchers: dict) -> tuple[np.ndarray, np.ndarray]:
+    """Global top-``k`` over all shards: ``(scores [Q, k'], global rows [Q, k'])``, row ``-1`` = no result."""
+    if mode == "rrf":
+        from pretrieve.retrieval.index.sparse import rrf_fuse
+
+        depth = min(sum(shard.count for shard in shards), max(k, options.rrf_depth))
+        rankings = _search_shards(search_backend, shards, encoded, depth, ("dense", "sparse"), options, searchers)
+        return rrf_fuse([rows for _, rows in rankings], k, rrf_k=options.rrf_k)
+    return _search_shards(search_backend, shards, encoded, k, (mode,), options, searchers)[0]
+
+
+def _search_shards(search_backend, shards: Sequence[IndexDir], encoded: Mapping[str, Any], k: int,
+                   modes: Sequence[str | None], options: SearchOptions,
+                   searchers: dict) -> list[tuple[np.ndarray, np.ndarray]]:
+    """One pass over the shards — one shard's searcher in memory at a time (a lone shard's is kept in
+    ``searchers`` for the next query block) — merging each mode's top-``k`` as the shards come."""
+    count = _query_count(encoded)
+    merged = [(np.zeros((count, 0), np.float32), np.zeros((count, 0), np.int64)) for _ in modes]
+    offset = 0
+    for position, shard in enumerate(shards):
+        searcher = searchers.get(position) or search_backend.open_searcher(shard, options, modes[0])
+        if len(shards) == 1:
+            searchers[position] = searcher
+        for i, mode in enumerate(modes):
+            shard_scores, shard_rows = searcher.search(encoded, k, mode)
+            shard_rows = np.asarray(shard_rows, dtype=np.int64)
+            found = shard_rows >= 0
+            merged[i] = merge_topk([merged[i][0], np.where(found, shard_scores, -np.inf).astype(np.float32)],
+                                   [merged[i][1], np.where(found, shard_rows + offset, -1)], k)
+        del searcher
+        offset += shard.count
+    return merged
+
+
+def _query_count(encoded: Mapping[str, Any]) -> int:
+    return next(iter(encoded.values())).shape[0] if encoded else 0
+
+
+def _run_of(query_ids: Sequence[str], scores: np.ndarray, rows: np.ndarray, shards: Sequence[IndexDir]) -> Run:
+    """Global rows → document ids (only the rows found are looked up)."""
+    offsets = np.cumsum([0] + [shard.count for shard in shards])
+    found = rows >= 0
+    doc_ids = np.empty(rows.shape, dtype=object)
+    if found.any():
+        wanted = rows[found]
+        shard_of = np.searchsorted(offsets, wanted, side="right") - 1
+        names = np.empty(len(wanted), dtype=object)
+        for position in np.unique(shard_of):
+            at = shard_of == position
+            names[at] = decode_ids(shards[position].ids[wanted[at] - offsets[position]])
+        doc_ids[found] = names
+    run: Run = {}
+    for q, qid in enumerate(query_ids):
+        keep = found[q] & np.isfinite(scores[q])
+        run[qid] = {doc: float(score) for doc, score in zip(doc_ids[q][keep].tolist(), scores[q][keep].tolist())}
+    return run
+
+
+# -------------------------------------------------------------------------------------------- compatibility
+def describe_shards(shards: Sequence[IndexDir], root: Path) -> dict[str, Any]:
+    """The kind and passage settings shared by all shards; shards that disagree raise :class:`InputError`."""
+    reference: dict[str, Any] | None = None
+    for shard in shards:
+        settings = {"kind": shard.kind, "precision": shard.meta.get("precision"),
+                    "passage": shard.meta.get("passage"), "model": shard.meta.get("model")}
+        if reference is None:
+            reference = settings
+        elif settings != reference:
+            raise InputError(f"shards were encoded with different settings: {settings} vs {reference}",
+                             path=shard.path)
+    return reference or {}
+
+
+def check_compatible(retriever: Retriever, shards: Sequence[IndexDir], root: Path) -> None:
+    """Raise when the retriever's queries cannot be compared with the indexed passages; warn when their encoders'
+    settings differ."""
+    indexed = describe_shards(shards, root)
+    if indexed.get("kind") != retriever.kind:
+        raise InputError(f"the index holds '{indexed.get('kind')}' passages but {retriever.name} is a "
+                         f"'{retriever.kind}' retriever", path=root)
+    passage, query = indexed.get("passage") or {}, retriever.query.settings
+    if retriever.kind == "dense":
+        if passage.get("dim") != query.get("dim"):
+            raise InputError(f"passages were encoded into {passage.get('dim')}-d vectors but the query encoder "
+                             f"gives {query.get('dim')}-d ones ({indexed.get('model')} vs {retriever.name})",
+                             path=root)
+        differing = [f"{key}: {passage.get(key)!r} vs {query.get(key)!r}" for key in ("pooling", "normalize")
+                     if passage.get(key) != query.get(key)]
+        if indexed.get("model") != retriever.name:
+            differing.insert(0, f"model: {indexed.get('model')} vs {retriever.name}")
+        if differing:
+            logger.warning("query encoder differs from the one that encoded %s (%s)", root, "; ".join(differing))
+    elif passage.get("representation") != query.get("representation"):
+        raise InputError(f"the index was encoded with another representation ({passage.get('representation')} vs "
+                         f"{query.get('representation')})", path=root)
