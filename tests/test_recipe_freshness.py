@@ -17,7 +17,7 @@ from pretrieve.train import loop
 from test_finetune import write_collection
 
 FAST = {"max_steps": 4, "batch_size": 4, "warmup_ratio": 0.0, "log_every": 1, "save_every": 2}
-RUN = Path("runs") / "finetune-s1__train.trec"
+RUN = Path("runs") / "finetune-s1__train:train.trec"   # collection "train", split "train" (not test)
 
 
 @pytest.fixture(scope="module")
