@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from pretrieve import artifacts
 from pretrieve.errors import ConfigError
 from pretrieve.pipeline import load_recipe, run_recipe
 from pretrieve.smoke import model_family, smoke_recipe, write_fixture_collection
@@ -49,8 +50,8 @@ def test_every_shipped_recipe_passes_its_smoke_run(path, tmp_path, tokenizer):
     # the reranker and the teacher read the latest mined groups (mine-2 when there is one)
     if "reranker" in labels:
         mined = [label for label in labels[:labels.index("reranker")] if label.startswith("mine")]
-        settings = json.loads((out / "reranker" / "final" / "reranker_config.json").read_text())["settings"]
-        assert settings["groups"] == str(out / mined[-1] / "groups.jsonl")
+        recorded = artifacts.read_sidecar(out / "reranker" / "final")["inputs"]   # inputs by content
+        assert recorded["groups"] == artifacts.fingerprint(out / mined[-1] / "groups.jsonl")
 
 
 def _labels(stages: list[str]) -> list[str]:
