@@ -302,3 +302,30 @@ def test_pair_methods_get_the_training_pairs_and_overrides_parse(tiny_mlm_dir, c
     file.write_text("lr: 3.0e-5\nmethods:\n  dupmae: {representation: dupmae}\n")
     values, per_method = quality.split_finetune_overrides(quality.parse_overrides(str(file), "finetune"), "ft")
     assert values == {"lr": 3e-5} and per_method == {"dupmae": {"representation": "dupmae"}}
+
+
+# ------------------------------------------------------------------------------------- a retrieval-ready base
+def test_a_retrieval_ready_base_gets_its_own_pooling_and_a_gentler_budget(tiny_mlm_dir, minilm):
+    pretrain, finetune = quality.defaults_for_base(str(minilm))
+    assert finetune["pooling"] == "mean" and finetune["normalize"] is True and finetune["temperature"] == 0.05
+    assert finetune["lr"] == 2e-5 and pretrain["lr"] == 5e-5
+    assert quality.defaults_for_base(str(tiny_mlm_dir)) == (quality.DEFAULT_PRETRAIN, quality.DEFAULT_FINETUNE)
+
+
+def test_a_mean_pooling_base_without_mlm_head_runs_through(tiny_bert_dir, collections, tmp_path):
+    """A MiniLM-like checkpoint (sentence-transformers mean pooling + Normalize, no MLM head): pre-training creates
+    the head, fine-tuning and evaluation use mean pooling and normalised vectors."""
+    from test_dense import LEGACY_MEAN, make_st_checkpoint
+
+    base = make_st_checkpoint(tmp_path / "st", tiny_bert_dir, pooling=LEGACY_MEAN)
+    _, finetune = quality.defaults_for_base(str(base))
+    finetune.update({k: v for k, v in FINETUNE.items() if k != "pooling"})
+    settings = settings_for(base, collections, tmp_path / "q", ("none", "mlm"), seeds=(3,), finetune=finetune)
+    summary = quality.run_quality_bench(settings)
+    assert all(entry["status"] == "done" for entry in summary["methods"].values())
+    for method in ("none", "mlm"):
+        config = json.loads((tmp_path / "q" / method / "seed3" / "finetune-s1" / "final" / "finetune_config.json")
+                            .read_text())["config"]
+        assert config["pooling"] == "mean" and config["normalize"] is True and config["temperature"] == 0.05
+    assert summary["methods"]["mlm"]["coverage"]["head_created"] is False      # pre-training trained the new head
+    assert summary["methods"]["none"]["coverage"]["head_created"] is True

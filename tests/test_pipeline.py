@@ -174,3 +174,94 @@ def test_set_aside_never_reuses_a_name(tmp_path):
         names.append(set_aside(tmp_path / "stage"))
     assert len(set(names)) == 3 and [(n / "f").read_text() for n in names] == ["a", "b", "c"]
     assert not (tmp_path / "stage").exists()
+
+
+def _fusion_recipe(tmp_path: Path, model: Path, train: Path, zero_shot: Path, **evaluate) -> Path:
+    recipe = {
+        "name": "tiny-fusion", "out": str(tmp_path / "out"), "model": str(model), "data": str(train), "seed": 7,
+        "finetune": {**FAST, "num_negatives": 2, "query_max_len": 16, "passage_max_len": 32, "bm25_depth": 20,
+                     "lr": 5e-4},
+        "stages": [
+            {"finetune": {"stage": 1}},
+            {"fuse": {"name": "rrf-zero-shot", "runs": ["bm25", "zero-shot"], "method": "rrf"}},
+            {"fuse": {"name": "final", "runs": ["bm25", "finetune-s1"], "method": "wsum", "norm": "zscore",
+                      "step": 0.25, "depth": 20}},
+            {"evaluate": {"collections": [str(train), str(zero_shot)], "split": "test", "zero_shot": True,
+                          "bm25": True, "depth": 20, "final": "final", "compare": ["bm25", "zero-shot", "rrf-zero-shot"],
+                          **evaluate}},
+        ],
+    }
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    path = tmp_path / "recipe.yaml"
+    path.write_text(yaml.safe_dump(recipe))
+    return path
+
+
+def assert_same_run(run: dict, expected: dict) -> None:
+    assert run.keys() == expected.keys()
+    for qid, docs in run.items():
+        assert docs == pytest.approx(expected[qid], abs=1e-12), qid
+
+
+def test_fuse_stage_fits_on_train_only_and_adds_tested_rows(tiny_mlm_dir, collections, tmp_path, monkeypatch):
+    from pretrieve import pipeline
+    from pretrieve.data import read_run
+    from pretrieve.retrieval.fusion import FusionSpec, fuse_runs
+
+    from test_fusion import forbid_test_qrels
+
+    real_fuse = pipeline.STAGES["fuse"]
+    opened: list[str] = []
+
+    def fuse_without_test_qrels(*args, **kwargs):      # the fuse stage may read train qrels, never test qrels
+        with forbid_test_qrels(monkeypatch) as names:
+            try:
+                return real_fuse(*args, **kwargs)
+            finally:
+                opened.extend(names)
+
+    monkeypatch.setitem(pipeline.STAGES, "fuse", fuse_without_test_qrels)
+    train, other = collections
+    results = run_recipe(_fusion_recipe(tmp_path, tiny_mlm_dir, train, other), show_progress=False)
+    out = tmp_path / "out"
+    assert any(name.endswith("qrels/train.tsv") for name in opened)
+    rows = {(row["retriever"], row["collection"]): row for row in results["rows"]}
+    assert set(rows) == {(r, c) for r in ("bm25", "zero-shot", "finetune-s1", "rrf-zero-shot", "final")
+                         for c in ("train", "other")}
+    fitted = json.loads((out / "fuse" / "final" / "fusion.json").read_text())
+    assert fitted["method"] == "wsum" and fitted["norm"] == "zscore" and fitted["fit"]["split"] == "train"
+    assert (out / "runs" / "finetune-s1.train__train.trec").exists() and (out / "runs" / "bm25.train__train.trec").exists()
+    spec = FusionSpec.from_dict(fitted)
+    for collection in ("train", "other"):      # the zero-shot collection uses the weights fitted on train
+        expected = fuse_runs([read_run(out / "runs" / f"bm25__{collection}.trec"),
+                              read_run(out / "runs" / f"finetune-s1__{collection}.trec")], spec)
+        assert_same_run(read_run(out / "runs" / f"final__{collection}.trec"), expected)
+        untrained = fuse_runs([read_run(out / "runs" / f"bm25__{collection}.trec"),
+                               read_run(out / "runs" / f"zero-shot__{collection}.trec")], FusionSpec("rrf"))
+        assert_same_run(read_run(out / "runs" / f"rrf-zero-shot__{collection}.trec"), untrained)
+        final = rows[("final", collection)]
+        assert final["final"] and set(final["vs"]) == {"bm25", "zero-shot", "rrf-zero-shot"}
+        assert all(0.0 <= test["p_value"] <= 1.0 or test["mean_difference"] == 0 for test in final["vs"].values())
+    markdown = (out / "results.md").read_text()
+    assert "Which row to use: `final`" in markdown and f"pretrieve run {tmp_path / 'recipe.yaml'}" in markdown
+    assert "Paired two-sided t-tests" in markdown and "`final`: wsum(zscore;" in markdown
+
+    fused = out / "runs" / "final__other.trec"
+    before = fused.stat().st_mtime_ns
+    again = run_recipe(_fusion_recipe(tmp_path, tiny_mlm_dir, train, other), show_progress=False)
+    assert again["rows"] == results["rows"] and fused.stat().st_mtime_ns == before    # current: not rewritten
+
+
+@pytest.mark.parametrize("stage, message", [
+    ({"fuse": {"runs": ["bm25"]}}, "two or more distinct"),
+    ({"fuse": {"runs": ["bm25", "finetune-s7"]}}, "unknown retriever 'finetune-s7'"),
+    ({"fuse": {"runs": ["bm25", "zero-shot"], "method": "wsum", "fit_split": "test"}}, "never 'test'"),
+    ({"fuse": {"runs": ["bm25", "zero-shot"], "weight": 0.5}}, "unknown option"),
+    ({"fuse": {"runs": ["bm25", "zero-shot"], "method": "wsum", "norm": "minmax", "weights": [0.5, 0.6]}}, "sum to 1"),
+])
+def test_fuse_stage_errors_are_clear(tmp_path, collections, stage, message):
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(yaml.safe_dump({"out": str(tmp_path / "o"), "model": "minilm", "data": str(collections[0]),
+                                      "stages": [stage]}))
+    with pytest.raises(ConfigError, match=message):
+        run_recipe(recipe, show_progress=False)

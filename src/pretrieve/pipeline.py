@@ -35,8 +35,11 @@ Recipe (YAML or JSON)::
       - reranker: {epochs: 1}
       - teacher: {max_negatives: 31}
       - finetune: {stage: 3}
+      - fuse: {name: rrf-zero-shot, runs: [bm25, zero-shot], method: rrf}      # untrained fusion
+      - fuse: {name: final, runs: [bm25, finetune-s2], method: wsum, norm: zscore}   # weights fitted on train
       - evaluate: {collections: [scifact, cranfield], split: test, bm25: true, zero_shot: true,
-                   rerank_depth: 100, rerank: finetune-s2}   # a collection may name its split: "msmarco:dev"
+                   rerank_depth: 100, rerank: finetune-s2,   # a collection may name its split: "msmarco:dev"
+                   final: final, compare: [bm25, zero-shot, rrf-zero-shot]}   # paired t-tests + closing paragraph
       # modes: [dense, sparse, hybrid, rrf] — retrievers fine-tuned with the sparse/hybrid representation
       #   get one row per search mode (finetune-s1-sparse, ...); default: one row, searched as trained
 
@@ -55,7 +58,10 @@ Stage semantics follow the papers: stages 2 and 3 re-initialise from the pre-tra
 from the previous stage); ``mine`` uses the latest fine-tuned retriever (the stage-1 one) to mine the
 stage-2 negatives; ``teacher`` scores the mined groups with the reranker for stage 3. A second ``mine`` after stage 2
 (``mine-2/``, CDMAE's (Li et al. 2023) K₃ negatives of the stage-2 retriever) replaces the mined groups the reranker and the
-teacher use.
+teacher use. ``fuse`` defines a fused
+retriever (:func:`stage_fuse`: reciprocal rank fusion, or a normalised weighted sum whose weights are fitted on the
+training collection's ``train`` queries only); ``evaluate`` adds its rows on every collection and, with ``final``
+and ``compare``, paired t-tests of the final row and a closing paragraph in ``results.md``.
 
 Outputs in ``out``: one directory per stage, ``runs/<retriever>__<collection>.trec`` for every
 evaluated run (re-evaluate any number with ``pretrieve evaluate``), ``results.json``, ``results.md``
@@ -94,6 +100,7 @@ class RunState:
     retrievers: dict[str, str] = field(default_factory=dict)   # name → exported retriever dir, in order
     groups: dict[str, str] = field(default_factory=dict)       # "mined" / "teacher" → groups JSONL
     reranker: str | None = None
+    fusions: dict[str, dict[str, Any]] = field(default_factory=dict)   # name → {"runs": [...], "spec": FusionSpec}
     timings: dict[str, float] = field(default_factory=dict)
     collections: dict[str, Path] = field(default_factory=dict)  # every collection name of the recipe → its path
 
@@ -401,6 +408,7 @@ def _run_recipe(recipe: dict[str, Any], path: str | Path, out_dir: Path, collect
         if rows:
             results["rows"].extend(rows)
     results["timings_s"] = state.timings
+    results["command"] = f"pretrieve run {path}"
     write_results(out_dir, results, recipe)
     return results
 
@@ -646,6 +654,8 @@ class EvaluateOptions:
     modes: list[str] | str | None = None
     precision: str = "auto"       # of the encoders: auto, fp32, bf16, fp16, int8
     batch_size: int = 64          # texts per forward pass when encoding
+    final: str | None = None      # the row to use: paired t-tests against 'compare' and a closing paragraph
+    compare: list[str] = field(default_factory=list)
 
 
 def _check_evaluate(options: dict[str, Any], where: str) -> None:
@@ -659,6 +669,7 @@ def stage_evaluate(state: RunState, options: dict[str, Any], label: str, show_pr
     from pretrieve.data import BeirCollection, read_run
     from pretrieve.evaluation import evaluate
 
+    _check_final_options(state, options)
     default_split = options.get("split", "test")
     depth = int(options.get("depth", 1000))
     modes = _search_modes(options.get("modes"))
@@ -692,6 +703,8 @@ def stage_evaluate(state: RunState, options: dict[str, Any], label: str, show_pr
                            encoding)
             rows.append(_rerank_row(state, name, collection_path, split, int(rerank_depth), runs_dir, qrels,
                                     show_progress))
+        rows.extend(_fusion_rows(state, collection, split, depth, qrels, show_progress))
+        _mark_final(rows, options, _run_tag(collection_path, split), qrels)
     return rows
 
 
@@ -812,6 +825,191 @@ def _rerank_row(state: RunState, name: str, collection_path: Path, split: str, d
                 evaluate(qrels, read_run(out), RESULT_MEASURES))
 
 
+# -------------------------------------------------------------------------------------------- fusion
+@dataclass
+class FuseOptions:
+    """Options of the ``fuse`` stage (:func:`stage_fuse`)."""
+
+    runs: list[str] = field(default_factory=list)   # two or more: bm25, zero-shot, finetune-sN, finetune-sN+rerank@K
+    name: str | None = None        # default: fuse-<run>+<run>...
+    method: str = "rrf"            # rrf | wsum | auto (auto: rrf or wsum and its normalisation, chosen on train queries)
+    norm: str | None = None        # wsum: minmax | zscore
+    weights: list[float] | None = None   # wsum: convex weights; none: fitted on the training queries
+    k: int = 60                    # rrf's k
+    depth: int = 1000
+    fit_split: str = "train"       # never test
+    step: float = 0.05             # weight grid step when fitting
+    measure: str = "nDCG@10"       # what the fit maximises
+
+
+@stage("fuse", FuseOptions)
+def stage_fuse(state: RunState, options: dict[str, Any], label: str, show_progress: bool) -> None:
+    """A fused retriever: ``runs`` (``bm25``, ``zero-shot``, fine-tuned retrievers such as ``finetune-s2``, or
+    ``finetune-s2+rerank@100``) combined by ``method`` rrf | wsum | auto (:mod:`pretrieve.retrieval.fusion`).
+
+    ``wsum`` / ``auto`` without explicit ``weights`` fit the weights (``auto``: also rrf vs wsum and the
+    normalisation) on the training collection's ``fit_split`` (default ``train``) queries: every component
+    searches those queries (``runs/<component>.<split>__<collection>.trec``) and only that split's qrels are
+    read; the fitted fusion is stored in ``fuse/<name>/fusion.json`` (reused while its inputs are unchanged).
+    The ``evaluate`` stage then adds one row per fusion and evaluated collection — zero-shot collections use the
+    fusion fitted on the training collection.
+    """
+    from pretrieve.retrieval import fusion
+
+    components = options.get("runs")
+    if not isinstance(components, list) or len(components) < 2 or len(set(map(str, components))) != len(components):
+        raise ConfigError(f"{label}: 'runs' must list two or more distinct retrievers to fuse, got {components!r}")
+    components = [str(c) for c in components]
+    for component in components:
+        _component_source(state, component, label)
+    name = str(options.get("name") or "fuse-" + "+".join(components))
+    if not name or any(ch.isspace() or ch in "/\\" for ch in name) or name in state.fusions:
+        raise ConfigError(f"{label}: fusion name {name!r} must be new, non-empty, without spaces or slashes")
+    method = str(options.get("method", "rrf"))
+    norm = options.get("norm")
+    weights = options.get("weights")
+    depth = int(options.get("depth", fusion.DEFAULT_DEPTH))
+    k = int(options.get("k", fusion.RRF_K))
+    if weights is not None or method == "rrf":
+        if method == "auto":
+            raise ConfigError(f"{label}: method 'auto' chooses on training queries; it takes no 'weights'")
+        spec = fusion.FusionSpec(method, norm or ("minmax" if method == "wsum" else None),
+                                 tuple(float(w) for w in weights) if weights is not None else None, k=k,
+                                 depth=depth).check(len(components))
+    else:
+        spec = _fit_fusion(state, name, components, fusion.parse_candidates(method, norm),
+                           str(options.get("fit_split", "train")), str(options.get("measure", fusion.DEFAULT_FIT_MEASURE)),
+                           float(options.get("step", fusion.DEFAULT_STEP)), depth, k, show_progress)
+    state.fusions[name] = {"runs": components, "spec": spec}
+    logger.info("%s: %s = %s of %s", label, name, spec.describe(), ", ".join(components))
+
+
+def _component_source(state: RunState, component: str, where: str) -> tuple[str, str | None, int | None]:
+    """``(kind, model, rerank depth)`` of a fusion component: ``("bm25", None, None)``, ``("dense", model dir,
+    None)`` or ``("rerank", retriever label, depth)``."""
+    if component == "bm25":
+        return "bm25", None, None
+    if component == "zero-shot":
+        return "dense", state.base_model, None
+    if component in state.retrievers:
+        return "dense", state.retrievers[component], None
+    base, sep, depth = component.partition("+rerank@")
+    if sep and base in state.retrievers and depth.isdigit() and int(depth) > 0:
+        if state.reranker is None:
+            raise ConfigError(f"{where}: {component} needs a 'reranker' stage earlier in the recipe")
+        return "rerank", base, int(depth)
+    known = ["bm25", "zero-shot", *state.retrievers] + [f"{r}+rerank@N" for r in state.retrievers if state.reranker]
+    raise ConfigError(f"{where}: unknown retriever {component!r} to fuse (known so far: {', '.join(known)})")
+
+
+def _component_run(state: RunState, component: str, collection, split: str, depth: int, run_name: str,
+                   show_progress: bool) -> Path:
+    """``runs/<run_name>__<collection>.trec``: the component's run on the split's judged queries (searched unless
+    it exists; dense retrievers share one corpus-embedding cache per collection with the evaluate stage)."""
+    kind, model, rerank_depth = _component_source(state, component, "fuse")
+    path = state.out / "runs" / f"{run_name}__{_run_tag(collection.root, split)}.trec"
+    if kind == "bm25":
+        return _bm25_run(state, collection, split, depth)
+    if kind == "dense":
+        return _retriever_run(state, component, model, collection, split, depth, run_name, None, show_progress)
+    from pretrieve.train.reranker import rerank_run_file
+
+    source_name = model if run_name == component else f"{model}.{split}"
+    source = _component_run(state, model, collection, split, depth, source_name, show_progress)
+    return rerank_run_file(state.reranker, collection.root, split, source, path, depth=rerank_depth,
+                           show_progress=show_progress)
+
+
+def _fit_fusion(state: RunState, name: str, components: list[str], candidates, split: str, measure: str,
+                step: float, depth: int, k: int, show_progress: bool):
+    """The fusion fitted on the training collection's ``split`` queries (never ``test``), stored and reused."""
+    import json
+
+    from pretrieve import artifacts
+    from pretrieve.data import BeirCollection
+    from pretrieve.retrieval import fusion
+
+    if split == fusion.TEST_SPLIT:
+        raise ConfigError(f"fuse: {name}: fit_split must be a training split, never '{split}'")
+    collection = BeirCollection(state.data)
+    qrels_path = collection.qrels_path(split)          # that split's qrels only; checked before any search
+    train_runs = {f"run:{c}": _component_run(state, c, collection, split, depth, f"{c}.{split}", show_progress)
+                  for c in components}
+    path = state.out / "fuse" / name / "fusion.json"
+    settings = {"runs": components, "candidates": [list(c) for c in candidates], "split": split, "measure": measure,
+                "step": step, "depth": depth, "k": k}
+    inputs = {**train_runs, "qrels": qrels_path}
+    if artifacts.is_current(path, settings, inputs, kind="fusion"):
+        return fusion.FusionSpec.from_dict(json.loads(path.read_text(encoding="utf-8")))
+    spec = fusion.fit_on_split(list(train_runs.values()), collection.root, split, candidates=candidates,
+                               measure=measure, step=step, depth=depth, k=k)
+    with artifacts.write_file(path, kind="fusion", settings=settings, inputs=inputs) as tmp:
+        tmp.write_text(json.dumps(spec.to_dict(), indent=2), encoding="utf-8")
+    return spec
+
+
+def _fusion_rows(state: RunState, collection, split: str, depth: int, qrels, show_progress: bool) -> list[dict]:
+    """One row per fusion of the recipe on this collection: ``runs/<fusion>__<collection>.trec``."""
+    from pretrieve import artifacts
+    from pretrieve.data import read_run
+    from pretrieve.evaluation import evaluate
+    from pretrieve.retrieval import fusion
+
+    rows = []
+    for name, entry in state.fusions.items():
+        spec = entry["spec"]
+        sources = [_component_run(state, c, collection, split, depth, c, show_progress) for c in entry["runs"]]
+        path = state.out / "runs" / f"{name}__{_run_tag(collection.root, split)}.trec"
+        inputs = {f"run{i + 1}": p for i, p in enumerate(sources)}
+        fitted = state.out / "fuse" / name / "fusion.json"
+        fit_inputs = {"fusion": fitted} if spec.fit and fitted.exists() else {}
+        if not artifacts.is_current(path, fusion.fusion_settings(spec), {**inputs, **fit_inputs}, kind="run"):
+            fusion.write_fused_run(sources, path, spec, tag=name, fit_inputs=fit_inputs)
+        row = _row(name, _run_tag(collection.root, split), path, evaluate(qrels, read_run(path), RESULT_MEASURES))
+        row["fusion"] = {"runs": entry["runs"], "method": spec.describe(), "fit": fusion.fit_record(spec)}
+        rows.append(row)
+    return rows
+
+
+def _check_final_options(state: RunState, options: Mapping[str, Any]) -> None:
+    """The evaluate stage's ``final`` (the row to use) and ``compare`` (rows it is tested against) name rows."""
+    final, compare = options.get("final"), options.get("compare", [])
+    if final is None:
+        if compare:
+            raise ConfigError("evaluate: 'compare' needs 'final' (the row the comparisons are made for)")
+        return
+    if not isinstance(compare, list):
+        raise ConfigError(f"evaluate: 'compare' must be a list of row names, got {compare!r}")
+    known = (["bm25"] if options.get("bm25") else []) + (["zero-shot"] if options.get("zero_shot") else []) \
+        + list(state.retrievers) + list(state.fusions)
+    for name in [final, *compare]:
+        if name not in known and "+rerank@" not in str(name):
+            raise ConfigError(f"evaluate: no row named {name!r} (rows: {', '.join(known)})")
+
+
+def _mark_final(rows: list[dict], options: Mapping[str, Any], collection: str, qrels) -> None:
+    """Paired two-sided t-tests (nDCG@10, per query) of the ``final`` row against each ``compare`` row of this
+    collection, stored in the final row as ``vs``."""
+    from pretrieve.data import read_run
+    from pretrieve.evaluation import compare, evaluate
+
+    final = options.get("final")
+    if final is None:
+        return
+    here = {row["retriever"]: row for row in rows if row["collection"] == collection}
+    if final not in here:
+        raise ConfigError(f"evaluate: final row {final!r} was not evaluated on {collection}")
+    measure = RESULT_MEASURES[0]
+    result = evaluate(qrels, read_run(here[final]["run"]), [measure])
+    here[final]["final"] = True
+    here[final]["vs"] = {}
+    for name in options.get("compare", []):
+        if name not in here:
+            raise ConfigError(f"evaluate: comparison row {name!r} was not evaluated on {collection}")
+        baseline = evaluate(qrels, read_run(here[name]["run"]), [measure])
+        here[final]["vs"][name] = {"measure": measure, **compare(baseline, result, measure, test="ttest").to_dict()}
+
+
 def _row(retriever: str, collection: str, run_path: Path, result) -> dict:
     return {"retriever": retriever, "collection": collection, "run": str(run_path),
             **{measure: round(result.aggregate[measure], 4) for measure in RESULT_MEASURES}}
@@ -831,4 +1029,63 @@ def results_markdown(results: Mapping[str, Any]) -> str:
         lines += [f"| {label} | {seconds:.1f} |" for label, seconds in timings.items()]
         lines += [f"| total | {sum(timings.values()):.1f} |", "",
                   "A stage found finished and current takes about 0 s (it was not run again).", ""]
+    lines += _fusion_lines(results) + _final_lines(results)
     return "\n".join(lines)
+
+
+def _fusion_lines(results: Mapping[str, Any]) -> list[str]:
+    """What each fused row is (components, fusion, and where its weights were fitted)."""
+    fused = {row["retriever"]: row["fusion"] for row in results["rows"] if row.get("fusion")}
+    lines = []
+    for name, info in fused.items():
+        fit = info.get("fit")
+        how = (f", weights fitted on the {fit['queries']} `{fit['split']}` queries of the training collection "
+               f"({fit['measure']} {fit['score']:.4f} there)" if fit else "")
+        lines.append(f"- `{name}`: {info['method']} of {' + '.join(f'`{r}`' for r in info['runs'])}{how}")
+    return (["Fused rows:", "", *lines, ""]) if lines else []
+
+
+def _final_lines(results: Mapping[str, Any]) -> list[str]:
+    """The paired t-tests of the final row and one closing paragraph: which row to use, what each stage added, and
+    the command behind every number."""
+    finals = [row for row in results["rows"] if row.get("final")]
+    if not finals:
+        return []
+    measure = RESULT_MEASURES[0]
+    names = list(dict.fromkeys(name for row in finals for name in row["vs"]))
+    final = finals[0]["retriever"]
+    lines = [f"Paired two-sided t-tests of `{final}` against each baseline ({measure} per query; "
+             "Δ = final − baseline, ▲/▼: p ≤ 0.05):", "",
+             "| collection | " + " | ".join(f"vs `{n}`: Δ (p)" for n in names) + " |", "|---|" + "---|" * len(names)]
+    for row in finals:
+        cells = []
+        for name in names:
+            test = row["vs"].get(name)
+            if not test:
+                cells.append("—")
+                continue
+            mark = ("▲" if test["mean_difference"] > 0 else "▼") if test.get("significant") else ""
+            p = test.get("p_value")
+            cells.append(f"{test['mean_difference']:+.4f}{mark} (p = {p:.2g})" if p is not None else "—")
+        lines.append(f"| {row['collection']} | " + " | ".join(cells) + " |")
+    scores = {(row["retriever"], row["collection"]): row[measure] for row in results["rows"]}
+    collections = [row["collection"] for row in finals]
+    fused = {row["retriever"] for row in results["rows"] if row.get("fusion")}
+    trained = [name for name in dict.fromkeys(row["retriever"] for row in results["rows"])
+               if name not in ("bm25", "zero-shot", final) and name not in fused and "+rerank@" not in name]
+    chain = (["zero-shot"] if any(name == "zero-shot" for name, _ in scores) else []) + trained + [final]
+
+    def differences(better: str, worse: str) -> str:
+        return " / ".join(f"{scores[(better, c)] - scores[(worse, c)]:+.4f}" for c in collections
+                          if (better, c) in scores and (worse, c) in scores)
+
+    steps = [f"`{a}` → `{b}` {differences(b, a)}" for a, b in zip(chain, chain[1:])]
+    text = (f"**Which row to use: `{final}`** — {measure} "
+            + " / ".join(f"{scores[(final, c)]:.4f}" for c in collections) + f" on {' / '.join(collections)}; "
+            + "; ".join(f"{differences(final, n)} over `{n}`" for n in names) + ". "
+            + (f"What each stage added ({measure}, {' / '.join(collections)}): " + "; ".join(steps) + ". "
+               if steps else "")
+            + f"Every number here comes from the runs in `runs/`; `{results.get('command', 'pretrieve run RECIPE')}` "
+            "reproduces all of them (finished stages are skipped; delete the output directory to recompute).")
+    return lines + ["", text, ""]
+

@@ -371,14 +371,16 @@ def bench_quality_command(
                                               "for several: the first is in-domain, the others zero-shot.",
                                               show_default="--train"),
     budget: Optional[int] = typer.Option(None, "--budget", min=1, help="Pre-training steps of every method",
-                                         show_default="100; 30 with --quick"),
+                                         show_default="100; 30 with --quick; minilm-like bases 40"),
     seeds: int = typer.Option(1, "--seeds", min=1, help="Repetitions: seeds --seed, --seed+1, ..."),
     seed: int = typer.Option(42, "--seed", help="First seed."),
     quick: bool = typer.Option(False, "--quick", help="Small budget for a first look (30 pre-training steps × 16, "
                                "30 fine-tuning steps × 16)."),
-    batch_size: Optional[int] = typer.Option(None, min=1, help="Pre-training batch size", show_default="32; 16 quick"),
+    batch_size: Optional[int] = typer.Option(None, min=1, help="Pre-training batch size",
+                                            show_default="32; 16 quick or minilm-like bases"),
     max_len: Optional[int] = typer.Option(None, min=8, help="Pre-training max length", show_default="144; 128 quick"),
-    lr: Optional[float] = typer.Option(None, help="Pre-training learning rate", show_default="3e-4"),
+    lr: Optional[float] = typer.Option(None, help="Pre-training learning rate",
+                                       show_default="3e-4; 5e-5 for minilm-like bases"),
     finetune: Optional[str] = typer.Option(None, help="Stage-1 fine-tuning overrides: a YAML/JSON file (keys of "
                                            "`pretrieve finetune --config`, plus 'methods: {NAME: {...}}' per method) "
                                            "or key=value,key=value."),
@@ -405,7 +407,7 @@ def bench_quality_command(
     else:
         if train is None:
             raise InputError("give --train DIR (the fine-tuning collection)", field="train")
-        pretrain = dict(quality.QUICK_PRETRAIN if quick else quality.DEFAULT_PRETRAIN)
+        pretrain, finetune_defaults = quality.defaults_for_base(base, quick)
         for key, value in (("max_steps", budget), ("batch_size", batch_size), ("max_len", max_len), ("lr", lr)):
             if value is not None:
                 pretrain[key] = value
@@ -415,7 +417,7 @@ def bench_quality_command(
             base=base, train=train, out=str(out), methods=tuple(_split(methods, "method")),
             pretrain_data=pretrain_data, eval=tuple(e for entry in eval_ or [] for e in _split(entry, "eval")),
             seeds=tuple(range(seed, seed + seeds)), pretrain=pretrain,
-            finetune={**(quality.QUICK_FINETUNE if quick else quality.DEFAULT_FINETUNE), **finetune_values},
+            finetune={**finetune_defaults, **finetune_values},
             finetune_per_method=per_method, split=split, depth=depth, coverage_texts=coverage_texts, alpha=alpha,
             retry_failed=retry_failed, keep_checkpoints=keep_checkpoints, show_progress=progress)
         started = time.perf_counter()
