@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import json
 from pathlib import Path
 
@@ -216,11 +218,11 @@ def test_fuse_stage_fits_on_train_only_and_adds_tested_rows(tiny_mlm_dir, collec
     def fuse_without_test_qrels(*args, **kwargs):      # the fuse stage may read train qrels, never test qrels
         with forbid_test_qrels(monkeypatch) as names:
             try:
-                return real_fuse(*args, **kwargs)
+                return real_fuse.run(*args, **kwargs)
             finally:
                 opened.extend(names)
 
-    monkeypatch.setitem(pipeline.STAGES, "fuse", fuse_without_test_qrels)
+    monkeypatch.setitem(pipeline.STAGES, "fuse", dataclasses.replace(real_fuse, run=fuse_without_test_qrels))
     train, other = collections
     results = run_recipe(_fusion_recipe(tmp_path, tiny_mlm_dir, train, other), show_progress=False)
     out = tmp_path / "out"
@@ -230,7 +232,8 @@ def test_fuse_stage_fits_on_train_only_and_adds_tested_rows(tiny_mlm_dir, collec
                          for c in ("train", "other")}
     fitted = json.loads((out / "fuse" / "final" / "fusion.json").read_text())
     assert fitted["method"] == "wsum" and fitted["norm"] == "zscore" and fitted["fit"]["split"] == "train"
-    assert (out / "runs" / "finetune-s1.train__train.trec").exists() and (out / "runs" / "bm25.train__train.trec").exists()
+    # the training queries' runs (split "train" of the collection "train")
+    assert (out / "runs" / "finetune-s1.train__train:train.trec").exists() and (out / "runs" / "bm25__train:train.trec").exists()
     spec = FusionSpec.from_dict(fitted)
     for collection in ("train", "other"):      # the zero-shot collection uses the weights fitted on train
         expected = fuse_runs([read_run(out / "runs" / f"bm25__{collection}.trec"),
