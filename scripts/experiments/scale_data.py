@@ -15,7 +15,8 @@ from a real corpus's passages, default SciFact) in a work directory, then measur
 Reported per stage: wall time, CPU time of the process and its workers (``resource.getrusage`` self +
 children), the peak RSS of the main process (``ru_maxrss``), of the largest worker and of the sum over the process
 tree (psutil, sampled every 50 ms; a worker's ``ru_maxrss`` is not used: a spawned child is forked from the main
-process before it execs, and Linux keeps that image's RSS as its high-water mark). Nothing here is committed data: the work directory is scratch.
+process before it execs, and Linux keeps that image's RSS as its high-water mark). Nothing here is committed data:
+the work directory is scratch.
 
 Usage::
 
