@@ -6,12 +6,17 @@ from a real corpus's passages, default SciFact) in a work directory, then measur
 
 * ``arrow`` — :func:`pretrieve.data.arrow.corpus_dataset` (build, then one lookup of 1,000 ids);
 * ``tokens`` — :meth:`pretrieve.data.pretrain_text.TokenizedCorpus.build` with the all-MiniLM-L6-v2 tokenizer,
-  ``max_len`` 144 (as ``pretrieve pretrain``).
+  ``max_len`` 144 (as ``pretrieve pretrain``);
+* ``groups`` — :func:`pretrieve.data.arrow.groups_dataset` of ``size / 10`` training groups (1 positive + 30
+  negatives drawn at random) checked against the corpus's Arrow dataset (built first, not measured);
+  ``groups-python`` — the same file through :func:`pretrieve.data.groups.read_groups` with
+  ``Corpus.load`` (what fine-tuning did before).
 
 Reported per stage: wall time, CPU time of the process and its workers (``resource.getrusage`` self +
 children), the peak RSS of the main process (``ru_maxrss``), of the largest worker and of the sum over the process
 tree (psutil, sampled every 50 ms; a worker's ``ru_maxrss`` is not used: a spawned child is forked from the main
-process before it execs, and Linux keeps that image's RSS as its high-water mark). Nothing here is committed data: the work directory is scratch.
+process before it execs, and Linux keeps that image's RSS as its high-water mark). Nothing here is committed data:
+the work directory is scratch.
 
 Usage::
 
@@ -51,6 +56,25 @@ def make_corpus(path: Path, size: int, source: Path, seed: int = 0, words: int =
             text = " ".join(" ".join(picked).split()[:words])
             out.write(json.dumps({"_id": str(i), "title": "", "text": text}) + "\n")
     tmp.replace(path)
+
+
+def make_groups(corpus: Path, cache: Path, negatives: int = 30, seed: int = 0) -> Path:
+    """``passages / 10`` groups of random document ids of ``corpus`` (ids are row numbers), written once."""
+    import numpy as np
+
+    size = sum(1 for _ in open(corpus, "rb"))
+    path = cache.parent / f"groups-{size}.jsonl"
+    if path.exists():
+        return path
+    rng = np.random.default_rng(seed)
+    tmp = path.with_suffix(".tmp")
+    with open(tmp, "w", encoding="utf-8") as out:
+        for q in range(max(1, size // 10)):
+            ids = [str(i) for i in rng.choice(size, negatives + 1, replace=False)]
+            out.write(json.dumps({"query_id": f"q{q}", "query": f"query {q}", "positives": ids[:1],
+                                  "negatives": ids[1:]}) + "\n")
+    tmp.replace(path)
+    return path
 
 
 class TreeSampler(threading.Thread):
@@ -95,12 +119,22 @@ def measure(stage: str, corpus: str, cache: str, num_proc: int | None) -> dict:
     from pretrieve.data import arrow  # noqa: F401 - imported before the baseline is taken
     from pretrieve.data.pretrain_text import TokenizedCorpus
 
+    if stage in ("groups", "groups-python"):  # inputs prepared before the measurement
+        groups_file = make_groups(Path(corpus), Path(cache))
+        corpus_arrow = arrow.corpus_dataset(corpus, num_proc=num_proc, cache_dir=cache) if stage == "groups" else None
     base_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     sampler = TreeSampler()
     sampler.start()
     self0, child0 = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
     began = time.perf_counter()
-    if stage == "arrow":
+    if stage == "groups":
+        rows = len(arrow.groups_dataset(groups_file, corpus=corpus_arrow, num_proc=num_proc, cache_dir=cache))
+    elif stage == "groups-python":
+        from pretrieve.data.beir import Corpus
+        from pretrieve.data.groups import read_groups
+
+        rows = len(read_groups(groups_file, corpus=Corpus.load(corpus)))
+    elif stage == "arrow":
         dataset = arrow.corpus_dataset(corpus, num_proc=num_proc, cache_dir=cache)
         index = arrow.id_index(dataset)
         ids = [str(i) for i in range(0, len(dataset), max(1, len(dataset) // 1000))]
@@ -129,7 +163,7 @@ def main() -> None:
                         default=Path(os.environ.get("PRETRIEVE_DATA", Path(__file__).resolve().parents[3] / "shared"
                                                     / "data")) / "scifact" / "corpus.jsonl")
     parser.add_argument("--num-proc", type=int, default=None)
-    parser.add_argument("--stages", default="arrow,tokens")
+    parser.add_argument("--stages", default="arrow,tokens", help="arrow, tokens, groups, groups-python")
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--child", nargs=4, metavar=("STAGE", "CORPUS", "CACHE", "NUM_PROC"), help=argparse.SUPPRESS)
     args = parser.parse_args()

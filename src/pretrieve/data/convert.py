@@ -22,7 +22,7 @@
 
 Everything streams: memory does not grow with the number of passages, queries or groups (duplicate ids are found
 from an array of 64-bit id hashes, 16 bytes per id, sorted at the end; a hash match is confirmed by re-reading the
-two lines). Malformed input is an :class:`~pretrieve.errors.InputError` naming the input file, line and field;
+two lines; documents and queries from ir_datasets are taken as it gives them). Malformed input is an :class:`~pretrieve.errors.InputError` naming the input file, line and field;
 outputs are written atomically through :mod:`pretrieve.artifacts` (so later stages fingerprint them cheaply).
 Each kind given replaces that output file; kinds not given are left as they are.
 """

@@ -15,6 +15,7 @@ pickled copy. Gzipped files cannot be split: they are read as one part.
 from __future__ import annotations
 
 import contextlib
+import logging
 import math
 import multiprocessing
 import os
@@ -23,6 +24,8 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
 from pretrieve.errors import ConfigError, InputError
+
+logger = logging.getLogger(__name__)
 
 #: Files smaller than this per process are not worth starting a process for.
 MIN_BYTES_PER_PROCESS = 16 << 20
@@ -158,21 +161,31 @@ def run_parts(fn: Callable[[Any], Any], tasks: Sequence[Any], num_proc: int, *,
             results.append(result)
         return results
     from concurrent.futures import ProcessPoolExecutor
+    from concurrent.futures.process import BrokenProcessPool
 
     context = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(max_workers=min(num_proc, len(tasks)), mp_context=context,
-                             initializer=_initialise, initargs=(initializer, initargs)) as pool:
-        futures = [pool.submit(_guarded, fn, task) for task in tasks]
-        try:
-            for future in futures:
-                result = future.result()
-                if isinstance(result, _Failure):
-                    _raise(result)
-                if on_result is not None:
-                    on_result(result)
-                results.append(result)
-        except BaseException:
-            for future in futures:
-                future.cancel()
-            raise
+    try:
+        with ProcessPoolExecutor(max_workers=min(num_proc, len(tasks)), mp_context=context,
+                                 initializer=_initialise, initargs=(initializer, initargs)) as pool:
+            futures = [pool.submit(_guarded, fn, task) for task in tasks]
+            try:
+                for future in futures:
+                    result = future.result()
+                    if isinstance(result, _Failure):
+                        _raise(result)
+                    if on_result is not None:
+                        on_result(result)
+                    results.append(result)
+            except BaseException:
+                for future in futures:
+                    future.cancel()
+                raise
+    except BrokenProcessPool as exc:
+        # A worker died: killed (memory), or it could not start because the calling script has no
+        # `if __name__ == "__main__":` guard (spawned workers re-import it). Finish the remaining parts here.
+        logger.warning("worker processes failed (%s); a script that starts processes needs `if __name__ == "
+                       "\"__main__\":`. Continuing the remaining %d of %d parts in this process", exc,
+                       len(tasks) - len(results), len(tasks))
+        results.extend(run_parts(fn, tasks[len(results):], 1, initializer=initializer, initargs=initargs,
+                                 on_result=on_result))
     return results

@@ -90,7 +90,8 @@ class TextSource:
 
     def __str__(self) -> str:
         if self.name:
-            return HF_PREFIX + self.name + (f":{self.config}" if self.config else "") + (f"@{self.split}" if self.split else "")
+            config = f":{self.config}" if self.config else ""
+            return HF_PREFIX + self.name + config + (f"@{self.split}" if self.split else "")
         return self.path + (f"@{self.split}" if self.split and not self.is_file else "")
 
 
@@ -379,8 +380,8 @@ def _tokenize_unit(unit: _Unit) -> _UnitResult:
     return _UnitResult(passages, chunks, tokens)
 
 
-def _tokenize_to(directory: Path, source: TextSource, dataset, parts, tokenizer, max_len: int, min_chunk: int, num_proc: int,
-                 show_progress: bool) -> dict:
+def _tokenize_to(directory: Path, source: TextSource, dataset, parts, tokenizer, max_len: int, min_chunk: int,
+                 num_proc: int, show_progress: bool) -> dict:
     """Tokenize the parts (``num_proc`` processes) and join them into ``tokens.npy`` / ``offsets.npy``."""
     from tqdm.auto import tqdm
 

@@ -47,12 +47,11 @@ import dataclasses
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 import numpy as np
 import torch
 
-from pretrieve.data.arrow import CorpusTexts, GroupsDataset
 from pretrieve.data.beir import BeirCollection, Corpus
 from pretrieve.data.groups import TrainingGroup, sample_group_indices
 from pretrieve import artifacts, outputs
@@ -60,6 +59,9 @@ from pretrieve.errors import ConfigError, InputError
 from pretrieve.io_utils import write_json
 from pretrieve.train.loop import BOOKKEEPING, LoopConfig, check_restart, finished_run, make_accelerator, run_inputs, train
 from pretrieve.train.settings import FinetuneSettings
+
+if TYPE_CHECKING:
+    from pretrieve.data.arrow import CorpusTexts, GroupsDataset
 
 logger = logging.getLogger(__name__)
 
@@ -372,8 +374,10 @@ def _finetune(config: FinetuneConfig) -> Path:
                          teacher_temperature=config.teacher_temperature)
     model = DualEncoder.from_pretrained(model_path, representation=representation, tied=config.tied, loss=loss)
     model.grad_cache_chunk = config.grad_cache_chunk
-    collator = GroupCollator(tokenizer, CorpusTexts(corpus), config.num_negatives, config.query_max_len, config.passage_max_len,
-                             teacher_scores=config.stage == 3)
+    from pretrieve.data.arrow import CorpusTexts
+
+    collator = GroupCollator(tokenizer, CorpusTexts(corpus), config.num_negatives, config.query_max_len,
+                             config.passage_max_len, teacher_scores=config.stage == 3)
     training = {"stage": config.stage, "query_max_len": config.query_max_len,
                 "passage_max_len": config.passage_max_len, "num_negatives": config.num_negatives,
                 "groups": str(path), "init": model_path}
