@@ -145,14 +145,17 @@ def _ranx_inputs(runs: Sequence[Run], spec: FusionSpec) -> tuple[list[str], list
     prepared = [_prepared(run, queries, spec.depth, ranks=spec.method == "rrf") for run in runs]
     if spec.method == "wsum":
         prepared = _fill_unretrieved(prepared, queries)
-    return queries, _to_ranx(prepared)
+    return queries, _to_ranx(prepared, spec.norm if spec.method == "wsum" else None)
 
 
-def _combine(ranx_runs: list[Any], queries: Sequence[str], spec: FusionSpec) -> dict[str, dict[str, float]]:
+def _combine(ranx_runs: list[Any], queries: Sequence[str], spec: FusionSpec,
+             cut: bool = True) -> dict[str, dict[str, float]]:
+    """Fuse prepared ranx runs; each query's top ``spec.depth`` (``cut``), else every fused document."""
     from pretrieve.data.trec import top_k
 
     fused = _ranx_fuse(ranx_runs, spec) if ranx_runs else {}
-    return top_k({qid: fused.get(qid, {}) for qid in queries}, spec.depth)
+    fused = {qid: fused.get(qid, {}) for qid in queries}
+    return top_k(fused, spec.depth) if cut else fused
 
 
 def _prepared(run: Run, queries: Sequence[str], depth: int, ranks: bool) -> dict[str, dict[str, float]]:
@@ -185,22 +188,25 @@ def _fill_unretrieved(runs: list[dict[str, dict[str, float]]], queries: Sequence
     return runs
 
 
-def _to_ranx(runs: list[dict[str, dict[str, float]]]) -> list[Any]:
-    """ranx runs over the queries some run retrieved for (ranx needs the same query ids in every run, each with
-    an entry: a run that retrieved nothing for a query gets a placeholder no other run has, dropped later)."""
+def _to_ranx(runs: list[dict[str, dict[str, float]]], norm: str | None = None) -> list[Any]:
+    """ranx runs over the queries some run retrieved for, normalised per query by ranx when ``norm`` is given
+    (ranx needs the same query ids in every run, each with an entry: a run that retrieved nothing for a query
+    gets a placeholder no other run has, dropped after fusion)."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")   # numba's type-safety notes
         from ranx import Run as RanxRun
+        from ranx import normalize
 
         queries = [qid for qid in runs[0] if any(run[qid] for run in runs)]
         if not queries:
             return []
-        return [RanxRun({qid: dict(run[qid]) or {_placeholder(i): 0.0} for qid in queries}, name=f"run{i}")
-                for i, run in enumerate(runs)]
+        ranx_runs = [RanxRun({qid: dict(run[qid]) or {_placeholder(i): 0.0} for qid in queries}, name=f"run{i}")
+                     for i, run in enumerate(runs)]
+        return [normalize(run, _RANX_NORMS[norm]) for run in ranx_runs] if norm else ranx_runs
 
 
 def _ranx_fuse(ranx_runs: list[Any], spec: FusionSpec) -> dict[str, dict[str, float]]:
-    """``ranx.fuse``: rrf, or wsum after min-max / zmuv normalisation."""
+    """``ranx.fuse``: rrf, or wsum of runs that :func:`_to_ranx` normalised (min-max / zmuv)."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         from ranx import fuse
@@ -210,7 +216,7 @@ def _ranx_fuse(ranx_runs: list[Any], spec: FusionSpec) -> dict[str, dict[str, fl
             fused = fuse(ranx_runs, norm=None, method="rrf", params={"k": spec.k})
         else:
             weights = list(spec.weights) if spec.weights is not None else [1.0 / n_runs] * n_runs
-            fused = fuse(ranx_runs, norm=_RANX_NORMS[spec.norm], method="wsum", params={"weights": weights})
+            fused = fuse(ranx_runs, norm=None, method="wsum", params={"weights": weights})
         result = fused.to_dict()
     placeholders = {_placeholder(i) for i in range(n_runs)}
     return {qid: {doc_id: float(score) for doc_id, score in docs.items() if doc_id not in placeholders}
@@ -255,7 +261,8 @@ def fit_fusion(train_runs: Sequence[Run], train_qrels: Qrels,
                  [FusionSpec("wsum", norm, weights, depth=depth) for weights in simplex_grid(len(train_runs), step)])
         queries, ranx_runs = _ranx_inputs(train_runs, specs[0].check(len(train_runs)))   # prepared once
         for spec in specs:
-            score = evaluator(_combine(ranx_runs, queries, spec.check(len(train_runs)))).aggregate[measure]
+            fused = _combine(ranx_runs, queries, spec.check(len(train_runs)), cut=not _cut_irrelevant(measure, depth))
+            score = evaluator(fused).aggregate[measure]
             trials.append((score, _distance_from_uniform(spec, len(train_runs)), spec))
     best_score, _, best = max(trials, key=lambda t: (round(t[0], 12), -t[1]))
     singles = {f"run{i}": evaluator(run).aggregate[measure] for i, run in enumerate(train_runs)}
@@ -265,6 +272,15 @@ def fit_fusion(train_runs: Sequence[Run], train_qrels: Qrels,
     logger.info("fitted %s on %d %s queries: %s %.4f (single runs: %s)", best.describe(), len(judged), split,
                 measure, best_score, ", ".join(f"{v:.4f}" for v in singles.values()))
     return replace(best, fit=report)
+
+
+def _cut_irrelevant(measure: str, depth: int) -> bool:
+    """Whether cutting the fused run to ``depth`` cannot change ``measure`` (a cutoff measure @k with k ≤ depth),
+    so the fit may skip the cut."""
+    import re
+
+    match = re.search(r"@(\d+)$", measure)
+    return bool(match) and int(match.group(1)) <= depth
 
 
 def simplex_grid(n: int, step: float) -> list[tuple[float, ...]]:
