@@ -67,10 +67,12 @@ from pretrieve.errors import ConfigError, InputError
 from pretrieve.modeling.sentence_transformer import (DenseEncoder, DenseLayer, activation_from_name,
                                                      parse_pooling)
 from pretrieve.retrieval.batches import quantize_int8, resolve_precision
+from pretrieve.retrieval.index import BACKENDS, backend
 
 logger = logging.getLogger(__name__)
 
-KINDS = ("dense", "dupmae", "sparse", "hybrid")
+KINDS = tuple(BACKENDS)
+"""Representation kinds with a search back-end (:data:`pretrieve.retrieval.index.BACKENDS`)."""
 DUAL_ENCODER_CONFIG = "dual_encoder.json"
 DEFAULT_PASSAGE_LENGTH, DEFAULT_QUERY_LENGTH = 144, 32
 """Lengths of a fine-tuned non-dense model whose ``dual_encoder.json`` records none (the fine-tuning defaults)."""
@@ -349,9 +351,10 @@ def read_retriever_config(path: str | Path) -> dict[str, Any] | None:
     return read_dual_encoder_config(path)
 
 
-def retriever_kind(path: str | Path) -> str:
-    """The representation kind of a model without loading it: ``dense`` unless its ``dual_encoder.json`` says."""
-    config = read_retriever_config(path)
+def retriever_kind(path: str | Path, config: Mapping[str, Any] | None = None) -> str:
+    """The representation kind of a model without loading it: ``dense`` unless its ``dual_encoder.json`` (read
+    here unless given as ``config``) says otherwise."""
+    config = read_retriever_config(path) if config is None else config
     kind = str(((config or {}).get("representation") or {}).get("type", "dense"))
     if kind not in KINDS:
         raise ConfigError(f"{path}: representation '{kind}' has no search back-end (known: {', '.join(KINDS)})")
@@ -468,14 +471,11 @@ def load_retriever(name_or_path: str | Path, device: str | torch.device = "auto"
     to plain dense checkpoints only (a fine-tuned retriever's representation is saved with it).
     """
     from pretrieve.models import resolve_model
-    from pretrieve.retrieval.index import backend
 
     resolved = resolve_model(name_or_path)
     path = Path(resolved) if Path(resolved).is_dir() else None
     config = read_retriever_config(path) if path is not None else None
-    kind = str(((config or {}).get("representation") or {}).get("type", "dense"))
-    if kind not in KINDS:
-        raise ConfigError(f"{resolved}: representation '{kind}' has no search back-end (known: {', '.join(KINDS)})")
+    kind = retriever_kind(resolved, config or {})
     if config is not None and (pooling is not None or normalize is not None):
         raise ConfigError("--pooling/--normalize do not apply to a retriever fine-tuned by pretrieve (its "
                           "representation is saved with it)")

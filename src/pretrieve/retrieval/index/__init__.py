@@ -7,7 +7,8 @@ An **index directory** holds the encoded passages of one contiguous slice of a c
     embeddings.npy     float32 [N, d]: the dense vector of every kind that has one (dense, DupMAE's [CLS], hybrid)
     <part>.data.npy    a sparse part as CSR arrays: float32 values,
     <part>.indices.npy term ids (uint16 up to 65,536 terms, else int32), and
-    <part>.indptr.npy  row pointers (int32 below 2³¹ entries, else int64) — ``sparse`` (SPLADE), ``ot`` (DupMAE)
+    <part>.indptr.npy  row pointers (int32 below 2³¹ entries, else int64), and ``<part>.shape.npy`` [rows, vocabulary]
+                       — ``sparse`` (SPLADE), ``ot`` (DupMAE)
     artifact.json      the freshness sidecar (:mod:`pretrieve.artifacts`): settings, input fingerprints, and the
                        size and SHA-1 of every file above
 
@@ -177,8 +178,8 @@ class IndexDir:
         return np.load(self.path / f"{name}.npy", mmap_mode="r" if mmap else None)
 
     def matrix(self, name: str) -> sp.csr_matrix:
-        """A sparse part (``<name>.{data,indices,indptr}.npy``) as a CSR matrix in memory (int32 term ids)."""
-        return load_csr(self.path, name, int(self.meta["parts"][name]["columns"]))
+        """A sparse part (``<name>.{data,indices,indptr,shape}.npy``) as a CSR matrix in memory (int32 term ids)."""
+        return load_csr(self.path, name)
 
 
 def open_index(path: str | Path, kind: str | None = None) -> IndexDir:
@@ -211,31 +212,14 @@ def is_current(path: str | Path, settings: Mapping[str, Any], inputs: Mapping[st
 def writing(path: str | Path, kind: str, ids: Sequence[str], meta: Mapping[str, Any],
             settings: Mapping[str, Any], inputs: Mapping[str, str | Path] | None = None) -> Iterator[Path]:
     """Write an index directory atomically: yields a temporary directory for the parts; ``ids.npy`` and
-    ``meta.json`` are added, then the directory replaces ``path`` and its freshness sidecar is recorded.
-    ``meta`` gains ``parts``: name → {"columns"} for every part found (the writer's ``part_info``)."""
+    ``meta.json`` (with ``parts``: the names of the parts found) are added, then the directory replaces ``path``
+    and its freshness sidecar is recorded."""
     with artifacts.write_dir(path, kind=ARTIFACT_KIND, settings=settings, inputs=inputs or {}) as tmp:
         yield tmp
         save_ids(tmp, ids)
-        parts = _read_part_info(tmp)
+        parts = sorted({file.name.split(".")[0] for file in tmp.glob("*.npy") if file.name != IDS_FILE})
         write_json(tmp / META_FILE, {"format": INDEX_FORMAT, "kind": kind, "count": len(ids), **meta,
                                      "parts": parts})
-
-
-def _read_part_info(directory: Path) -> dict[str, Any]:
-    info_file = directory / ".parts.json"
-    if not info_file.exists():
-        return {}
-    info = json.loads(info_file.read_text(encoding="utf-8"))
-    info_file.unlink()
-    return info
-
-
-def _note_parts(directory: Path, info: Mapping[str, Any]) -> None:
-    """Remember the parts written into ``directory`` (read back by :func:`writing` into ``meta.json``)."""
-    info_file = directory / ".parts.json"
-    known = json.loads(info_file.read_text(encoding="utf-8")) if info_file.exists() else {}
-    known.update(info)
-    info_file.write_text(json.dumps(known), encoding="utf-8")
 
 
 def save_ids(directory: Path, ids: Sequence[str]) -> None:
@@ -300,11 +284,10 @@ class ArrayWriter:
 def write_parts(directory: str | Path, windows: Iterable[Mapping[str, Any]],
                 columns: Mapping[str, int] | None = None) -> int:
     """Stream windows of outputs (name → ``[n, w]`` array or CSR ``[n, V]``) into ``directory`` as they come:
-    arrays to ``<name>.npy`` (float32, or int32 for integer parts), CSR parts to their three arrays. Returns the
-    number of rows. ``columns`` gives the vocabulary size of sparse parts (term-id width) when known."""
+    arrays to ``<name>.npy`` (float32, or int32 for integer parts), CSR parts to their arrays. Returns the number
+    of rows. ``columns`` gives the vocabulary size of sparse parts (term-id width) when known."""
     directory = Path(directory)
     writers: dict[str, Any] = {}
-    info: dict[str, Any] = {}
     rows = 0
     try:
         for outputs in windows:
@@ -313,31 +296,27 @@ def write_parts(directory: str | Path, windows: Iterable[Mapping[str, Any]],
                 if sp.issparse(value):
                     value = sp.csr_matrix(value)
                     if name not in writers:
-                        vocab = int((columns or {}).get(name, value.shape[1]))
-                        writers[name] = _CsrWriter(directory, name, vocab)
-                        info[name] = {"columns": vocab, "sparse": True}
-                    writers[name].append(value)
+                        writers[name] = _CsrWriter(directory, name, int((columns or {}).get(name, value.shape[1])))
                 else:
                     value = np.asarray(value)
                     if name not in writers:
                         dtype = np.int32 if np.issubdtype(value.dtype, np.integer) else np.float32
                         writers[name] = ArrayWriter(directory / f"{name}.npy", dtype)
-                        info[name] = {"columns": int(value.shape[1]) if value.ndim == 2 else 0}
-                    writers[name].append(value)
+                writers[name].append(value)
                 count = value.shape[0]
             rows += count or 0
     finally:
         for writer in writers.values():
             writer.close()
-    _note_parts(directory, info)
     return rows
 
 
 class _CsrWriter:
-    """Appends CSR rows to ``<name>.data.npy`` / ``.indices.npy`` / ``.indptr.npy``."""
+    """Appends CSR rows to ``<name>.data.npy`` / ``.indices.npy`` / ``.indptr.npy`` (+ ``.shape.npy``)."""
 
     def __init__(self, directory: Path, name: str, vocab: int):
         self.vocab = vocab
+        self.shape_path = directory / f"{name}.shape.npy"
         self.data = ArrayWriter(directory / f"{name}.data.npy", np.float32)
         self.indices = ArrayWriter(directory / f"{name}.indices.npy", term_id_dtype(vocab))
         self.indptr_path = directory / f"{name}.indptr.npy"
@@ -357,13 +336,15 @@ class _CsrWriter:
         counts = np.concatenate(self.counts) if self.counts else np.zeros(0, np.int64)
         indptr = np.concatenate([[0], np.cumsum(counts)])
         np.save(self.indptr_path, indptr.astype(row_pointer_dtype(int(indptr[-1]))))
+        np.save(self.shape_path, np.array([len(indptr) - 1, self.vocab], dtype=np.int64))
 
 
-def load_csr(directory: str | Path, name: str, columns: int) -> sp.csr_matrix:
+def load_csr(directory: str | Path, name: str) -> sp.csr_matrix:
     """Read a sparse part written by :func:`write_parts` (term ids widened to int32 for scipy's products)."""
     directory = Path(directory)
+    rows, columns = (int(size) for size in np.load(directory / f"{name}.shape.npy"))
     data = np.load(directory / f"{name}.data.npy")
     indices = np.load(directory / f"{name}.indices.npy")
     indptr = np.load(directory / f"{name}.indptr.npy")
     index_type = np.int32 if columns <= np.iinfo(np.int32).max else np.int64
-    return sp.csr_matrix((data, indices.astype(index_type), indptr), shape=(len(indptr) - 1, columns))
+    return sp.csr_matrix((data, indices.astype(index_type), indptr), shape=(rows, columns))
