@@ -31,12 +31,10 @@ CLEANUP_DEPTH = 3
 
 
 def process_rank() -> int:
-    """This process's global rank under torchrun / accelerate launch (0 otherwise)."""
-    for name in ("RANK", "LOCAL_RANK"):
-        value = os.environ.get(name)
-        if value and value.isdigit():
-            return int(value)
-    return 0
+    """This process's global rank under torchrun / accelerate launch (0 otherwise): :func:`pretrieve.ranks.rank`."""
+    from pretrieve.ranks import rank
+
+    return rank()
 
 
 def _first_existing(path: Path) -> Path:

@@ -78,7 +78,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from pretrieve import artifacts, outputs
+from pretrieve import artifacts, outputs, ranks
 from pretrieve.errors import ConfigError, InputError, StaleOutputError
 from pretrieve.io_utils import atomic_open
 from pretrieve.options import join_path, validate
@@ -160,6 +160,7 @@ class RecipeOptions:
     data_root: str | None = None
     seed: int = 42
     finetune: dict[str, Any] = field(default_factory=dict)
+    dist_timeout_minutes: float | None = None   # under torchrun: the longest a rank waits (pretrieve.ranks: 60)
 
 
 # ------------------------------------------------------------------------------------------ loading
@@ -255,6 +256,11 @@ def validate_recipe(recipe: Mapping[str, Any], where: str = "recipe") -> dict[st
         if key not in recipe:
             raise InputError(f"recipe has no '{key}'", path=where)
     values = validate(RecipeOptions, recipe, where)
+    if values.get("dist_timeout_minutes") is not None:
+        try:
+            ranks.check_timeout(values["dist_timeout_minutes"], "dist_timeout_minutes")
+        except ConfigError as exc:
+            raise InputError(str(exc), path=where, field="dist_timeout_minutes") from None
     stages = values["stages"]
     if not isinstance(stages, list) or not stages:
         raise InputError("'stages' must be a non-empty list", path=where, field="stages")
@@ -370,25 +376,36 @@ def _split_collection(entry: str) -> tuple[str, str]:
 
 
 def run_recipe(path: str | Path, out: str | Path | None = None, show_progress: bool = True,
-               redo_changed: bool = False, data_root: str | Path | None = None, smoke: bool = False) -> dict[str, Any]:
+               redo_changed: bool = False, data_root: str | Path | None = None, smoke: bool = False,
+               dist_timeout_minutes: float | None = None) -> dict[str, Any]:
     """Execute (or resume) a recipe; returns the results dict also written to ``results.json``.
 
     The whole recipe is validated and every collection found before anything is written. ``smoke``: the recipe
-    made tiny (:mod:`pretrieve.smoke`), in ``<out>-smoke`` unless ``out`` is given."""
+    made tiny (:mod:`pretrieve.smoke`), in ``<out>-smoke`` unless ``out`` is given.
+
+    Under ``torchrun`` / ``accelerate launch`` every rank runs this: work that happens once (the smoke fixtures,
+    downloads, the results files) is rank 0's while the others wait, the other stages split their work by rank
+    (:mod:`pretrieve.ranks`); ``dist_timeout_minutes`` (else the recipe's) bounds every wait."""
     recipe = load_recipe(path)
+    if dist_timeout_minutes is not None:
+        ranks.check_timeout(dist_timeout_minutes, "--dist-timeout-minutes")
+    ranks.init(dist_timeout_minutes or recipe.get("dist_timeout_minutes"))
     if smoke:
         from pretrieve.smoke import smoke_recipe
 
-        recipe = smoke_recipe(recipe, out)
+        recipe = ranks.once("prepare the smoke recipe", lambda: smoke_recipe(recipe, out))
     elif out is not None:
         recipe["out"] = str(out)
     from pretrieve.models import resolve_model
 
-    collections = resolve_collections(recipe_collections(recipe), recipe, data_root)
-    base_model = resolve_model(recipe["model"])
+    collections = ranks.once("find the collections",
+                             lambda: resolve_collections(recipe_collections(recipe), recipe, data_root))
+    base_model = ranks.once("find the model", lambda: resolve_model(recipe["model"]))
     out_dir = Path(recipe["out"])
     with outputs.writing(out_dir):
-        return _run_recipe(recipe, path, out_dir, collections, base_model, show_progress, redo_changed)
+        results = _run_recipe(recipe, path, out_dir, collections, base_model, show_progress, redo_changed)
+    ranks.finish()
+    return results
 
 
 def _run_recipe(recipe: dict[str, Any], path: str | Path, out_dir: Path, collections: dict[str, Path],
@@ -397,19 +414,30 @@ def _run_recipe(recipe: dict[str, Any], path: str | Path, out_dir: Path, collect
 
     state = RunState(recipe=recipe, out=out_dir, data=collections[str(recipe["data"])], base_model=base_model,
                      collections=collections)
-    write_json(out_dir / "recipe.resolved.json", {**recipe, "data": str(state.data), "model": state.base_model})
+    if ranks.is_main():
+        write_json(out_dir / "recipe.resolved.json", {**recipe, "data": str(state.data), "model": state.base_model})
     results: dict[str, Any] = {"recipe": recipe.get("name") or Path(path).stem, "rows": []}
     labels = stage_labels(recipe)
+    rank_timings: dict[str, list[float]] = {}
     for index, (kind, label, options) in enumerate(labels):
-        started = time.perf_counter()
+        started, waited = time.perf_counter(), ranks.waited()
         logger.info("stage %d/%d: %s", index + 1, len(labels), label)
-        rows = run_stage(kind, state, options, label, show_progress, redo_changed)
+        with ranks.guard(label):
+            rows = run_stage(kind, state, options, label, show_progress, redo_changed)
         state.timings[label] = round(time.perf_counter() - started, 1)
+        if ranks.active():   # per rank: seconds in the stage, of which waiting for the other ranks
+            mine = {"s": state.timings[label], "waiting_s": round(ranks.waited() - waited, 1)}
+            rank_timings[label] = ranks.gather(mine, label)
+            logger.info("%s: per rank %s", label, rank_timings[label])
         if rows:
             results["rows"].extend(rows)
     results["timings_s"] = state.timings
+    if rank_timings:
+        results["rank_timings_s"] = rank_timings
     results["command"] = f"pretrieve run {path}"
-    write_results(out_dir, results, recipe)
+    if ranks.is_main():
+        write_results(out_dir, results, recipe)
+    ranks.barrier("write the results")
     return results
 
 
@@ -417,7 +445,8 @@ def write_results(out_dir: Path, results: Mapping[str, Any], recipe: Mapping[str
     """``results.json`` and ``results.md``, as artefacts made from the recipe's settings and its run files."""
     import json
 
-    settings = {"recipe": {key: value for key, value in recipe.items() if key not in ("out", "data_root")}}
+    settings = {"recipe": {key: value for key, value in recipe.items()
+                           if key not in ("out", "data_root", "dist_timeout_minutes")}}
     inputs = results_inputs(out_dir, results)
     with artifacts.write_file(out_dir / "results.json", "results", settings, inputs) as tmp:
         tmp.write_text(json.dumps(results, indent=2, default=str) + "\n", encoding="utf-8")
@@ -747,18 +776,15 @@ def _current_run(run_path: Path, settings: Mapping[str, Any], inputs: Mapping[st
 
 
 def _bm25_run(state: RunState, collection, split: str, depth: int) -> Path:
-    """``runs/bm25__<collection>[:split].trec``, searched now unless current."""
-    from pretrieve.data import write_run
-    from pretrieve.retrieval.bm25 import BM25Index
+    """``runs/bm25__<collection>[:split].trec``, searched now unless current (the streamed BM25 path,
+    :func:`pretrieve.retrieval.bm25.bm25_run_file`: one memory-mapped index per collection in ``bm25-index/``,
+    queries split by rank)."""
+    from pretrieve.retrieval.bm25 import bm25_run_file, bm25_run_record
 
     run_path = state.out / "runs" / f"bm25__{_run_tag(collection.root, split)}.trec"
-    inputs, named = _run_file_inputs(collection, split)
-    settings = {"retriever": "bm25", "split": split, "depth": depth, **named}
-    if not _current_run(run_path, settings, inputs):
-        queries = collection.load_queries(split)
-        run = BM25Index.build(collection.load_corpus()).search(queries, k=depth)
-        with artifacts.write_file(run_path, "run", settings, inputs) as tmp:
-            write_run(run, tmp, tag="bm25")
+    settings, inputs = bm25_run_record(collection, split, depth)
+    if not ranks.broadcast(_current_run(run_path, settings, inputs), f"check {run_path.name}"):
+        bm25_run_file(collection, split, run_path, k=depth, index_dir=state.out / "bm25-index" / collection.root.name)
     return run_path
 
 
@@ -766,11 +792,13 @@ def _retriever_run(state: RunState, name: str, model_dir: str, collection, split
                    mode: str | None, show_progress: bool, encoding: Mapping[str, Any] | None = None) -> Path:
     """``runs/<label>__<collection>[:split].trec``, searched now unless current: made by these weights (by content)
     from this corpus, queries and split, to this depth, in this search mode and precision, and intact (one corpus
-    index per retriever, shared with mining). ``encoding``: the evaluate stage's ``precision`` / ``batch_size``."""
+    index per retriever, shared with mining). ``encoding``: the evaluate stage's ``precision`` / ``batch_size``.
+    Under several ranks each encodes a slice of the corpus (merged into one index) and searches a slice of the
+    queries (merged into the run file)."""
     from pretrieve.data import write_run
     from pretrieve.retrieval.batches import resolve_precision
     from pretrieve.retrieval.load import load_retriever, resolve_device
-    from pretrieve.retrieval.search import search
+    from pretrieve.retrieval.search import encode_corpus, query_block_size, search
 
     encoding = dict(encoding or {})
     precision = resolve_precision(encoding.get("precision", "auto"), resolve_device("auto"))
@@ -778,13 +806,22 @@ def _retriever_run(state: RunState, name: str, model_dir: str, collection, split
     run_path = state.out / "runs" / f"{label}__{_run_tag(collection.root, split)}.trec"
     inputs, named = _run_file_inputs(collection, split, model_dir)
     settings = {"split": split, "depth": depth, "mode": mode, "precision": precision, **named}
-    if not _current_run(run_path, settings, inputs):
-        cache = state.out / "embeddings" / f"{name}__{collection_name}"
+    if not ranks.broadcast(_current_run(run_path, settings, inputs), f"check {run_path.name}"):
+        batch_size = int(encoding.get("batch_size", 64))
         retriever = load_retriever(model_dir, precision=precision)
-        run = search(retriever, collection.load_queries(split), collection.load_corpus(), k=depth, cache_dir=cache,
-                     mode=mode, batch_size=int(encoding.get("batch_size", 64)), show_progress=show_progress)
-        with artifacts.write_file(run_path, "run", settings, inputs) as tmp:
-            write_run(run, tmp, tag=label)
+        from pretrieve.data.arrow import built_once
+
+        index = encode_corpus(retriever, built_once(collection.corpus_dataset), state.out / "embeddings" /
+                              f"{name}__{collection_name}", batch_size=batch_size, show_progress=show_progress)
+        queries = list(collection.load_queries(split).items())
+
+        def write_part(start: int, end: int, paths: list[Path]) -> None:
+            run = search(retriever, dict(queries[start:end]), index, k=depth, mode=mode, batch_size=batch_size,
+                         show_progress=show_progress)
+            write_run(run, paths[0], tag=label)
+
+        ranks.split_files([(run_path, "run", settings, inputs)], len(queries), write_part, f"search {label}",
+                          unit=query_block_size(retriever, depth))
     return run_path
 
 
@@ -939,13 +976,16 @@ def _fit_fusion(state: RunState, name: str, components: list[str], candidates, s
     settings = {"runs": components, "candidates": [list(c) for c in candidates], "split": split, "measure": measure,
                 "step": step, "depth": depth, "k": k}
     inputs = {**train_runs, "qrels": qrels_path}
-    if artifacts.is_current(path, settings, inputs, kind="fusion"):
-        return fusion.FusionSpec.from_dict(json.loads(path.read_text(encoding="utf-8")))
-    spec = fusion.fit_on_split(list(train_runs.values()), collection.root, split, candidates=candidates,
-                               measure=measure, step=step, depth=depth, k=k)
-    with artifacts.write_file(path, kind="fusion", settings=settings, inputs=inputs) as tmp:
-        tmp.write_text(json.dumps(spec.to_dict(), indent=2), encoding="utf-8")
-    return spec
+    def fit() -> None:
+        if artifacts.is_current(path, settings, inputs, kind="fusion"):
+            return
+        spec = fusion.fit_on_split(list(train_runs.values()), collection.root, split, candidates=candidates,
+                                   measure=measure, step=step, depth=depth, k=k)
+        with artifacts.write_file(path, kind="fusion", settings=settings, inputs=inputs) as tmp:
+            tmp.write_text(json.dumps(spec.to_dict(), indent=2), encoding="utf-8")
+
+    ranks.once(f"fit the fusion {name}", fit)
+    return fusion.FusionSpec.from_dict(json.loads(path.read_text(encoding="utf-8")))
 
 
 def _fusion_rows(state: RunState, collection, split: str, depth: int, qrels, show_progress: bool) -> list[dict]:
@@ -963,8 +1003,11 @@ def _fusion_rows(state: RunState, collection, split: str, depth: int, qrels, sho
         inputs = {f"run{i + 1}": p for i, p in enumerate(sources)}
         fitted = state.out / "fuse" / name / "fusion.json"
         fit_inputs = {"fusion": fitted} if spec.fit and fitted.exists() else {}
-        if not artifacts.is_current(path, fusion.fusion_settings(spec), {**inputs, **fit_inputs}, kind="run"):
-            fusion.write_fused_run(sources, path, spec, tag=name, fit_inputs=fit_inputs)
+        def fuse() -> None:   # rank 0 decides and writes: the others wait for the file
+            if not artifacts.is_current(path, fusion.fusion_settings(spec), {**inputs, **fit_inputs}, kind="run"):
+                fusion.write_fused_run(sources, path, spec, tag=name, fit_inputs=fit_inputs)
+
+        ranks.once(f"fuse {name}", fuse)
         row = _row(name, _run_tag(collection.root, split), path, evaluate(qrels, read_run(path), RESULT_MEASURES))
         row["fusion"] = {"runs": entry["runs"], "method": spec.describe(), "fit": fusion.fit_record(spec)}
         rows.append(row)
@@ -1024,7 +1067,19 @@ def results_markdown(results: Mapping[str, Any]) -> str:
                      + " | ".join(f"{row[m]:.4f}" for m in RESULT_MEASURES) + " |")
     lines += ["", "Runs are in `runs/`; re-evaluate any of them with `pretrieve evaluate --data DIR --split test RUN`.", ""]
     timings = results.get("timings_s") or {}
-    if timings:
+    per_rank = results.get("rank_timings_s") or {}
+    if timings and per_rank:
+        world = len(next(iter(per_rank.values())))
+        lines += ["## Stage times", "", "| stage | " + " | ".join(f"rank {r}: s (waiting)" for r in range(world))
+                  + " |", "|---|" + "---|" * world]
+        lines += [f"| {label} | " + " | ".join(f"{t['s']:.1f} ({t['waiting_s']:.1f})" for t in per_rank.get(label, []))
+                  + " |" for label in timings]
+        totals = [(sum(v[r]["s"] for v in per_rank.values()), sum(v[r]["waiting_s"] for v in per_rank.values()))
+                  for r in range(world)]
+        lines += ["| total | " + " | ".join(f"{s:.1f} ({w:.1f})" for s, w in totals) + " |", "",
+                  "Waiting: seconds a rank spent at barriers for the others (work done once, or a slower rank). "
+                  "A stage found finished and current takes about 0 s (it was not run again).", ""]
+    elif timings:
         lines += ["## Stage times", "", "| stage | seconds |", "|---|---|"]
         lines += [f"| {label} | {seconds:.1f} |" for label, seconds in timings.items()]
         lines += [f"| total | {sum(timings.values()):.1f} |", "",

@@ -26,17 +26,26 @@ def run_command(
                                                   "first for the collections the recipe names (then the recipe's "
                                                   "data_root, $PRETRIEVE_DATA, ../shared/data, the download "
                                                   "cache)."),
+    dist_timeout_minutes: Optional[float] = typer.Option(
+        None, "--dist-timeout-minutes", help="Under torchrun / accelerate launch: the longest a rank waits for the "
+        "others (default: the recipe's dist_timeout_minutes, else 60); a rank that died or hangs is then named in "
+        "a one-line error. See docs/distributed.md."),
 ) -> None:
     """Run (or resume) every stage of a recipe; finished stages are skipped.
 
     The whole recipe is checked first (every option of every stage, every collection), so a typo or a missing
     collection is reported before anything trains. Stage times are printed at the end (and kept in results.md).
+    Under torchrun --nproc_per_node N -m pretrieve run (or accelerate launch) every stage splits its work across
+    the ranks (docs/distributed.md).
     """
     from rich.console import Console
     from rich.markdown import Markdown
 
     from pretrieve.pipeline import results_markdown, run_recipe
 
-    results = run_recipe(recipe, out=out, show_progress=progress, redo_changed=redo_changed, smoke=smoke,
-                         data_root=data_root)
-    Console().print(Markdown(results_markdown(results)))
+    from pretrieve import ranks
+
+    results = run_recipe(recipe, out=out, show_progress=progress and ranks.is_main(), redo_changed=redo_changed,
+                         smoke=smoke, data_root=data_root, dist_timeout_minutes=dist_timeout_minutes)
+    if ranks.is_main():
+        Console().print(Markdown(results_markdown(results)))

@@ -38,7 +38,8 @@ same settings, same input content (the source file's fingerprint; for groups als
 
 **Multi-rank.** Rows are in file order, so a rank takes a contiguous slice:
 ``dataset.select(range(a, b))`` or ``dataset.shard(world, rank, contiguous=True)`` (no copy, no cache file).
-Build on one process first (the others then find it current). ``map``/``filter``/non-contiguous ``select``
+Build on one process first (the others then find it current; :func:`built_once` does that under several
+ranks). ``map``/``filter``/non-contiguous ``select``
 write ``datasets`` cache files beside the data unless given ``keep_in_memory=True`` or a ``cache_file_name``
 elsewhere; a file added to the directory makes it not current (it is then rebuilt), so pass one of those.
 """
@@ -51,7 +52,7 @@ import logging
 import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -216,6 +217,10 @@ class CorpusTexts:
     def __contains__(self, doc_id: object) -> bool:
         return doc_id in self.index
 
+    def missing(self, ids: Sequence[str]) -> set[str]:
+        """The ids of ``ids`` the corpus does not have (one batched lookup)."""
+        return self.index.missing(ids)
+
     def texts_of(self, ids: Sequence[str], sep: str = " ") -> list[str]:
         """``title + sep + text`` of each id, in order (KeyError for an unknown id)."""
         from pretrieve.data.beir import join_title
@@ -305,6 +310,16 @@ def groups_dataset(path: str | Path, corpus: "datasets.Dataset | str | Path | No
     stats = GroupStats(**meta["stats"])
     log_problems(str(path), stats)
     return GroupsDataset(load(directory), stats, str(path))
+
+
+def built_once(make: Callable[[], Any], what: str = "convert to Arrow") -> Any:
+    """``make()`` (one of this module's builders) on every rank of a launched run: rank 0 builds (or finds current)
+    the cached dataset while the others wait, then every rank opens it (:func:`pretrieve.ranks.once`)."""
+    from pretrieve import ranks
+
+    if ranks.active():
+        ranks.once(what, lambda: (make(), None)[1])
+    return make()
 
 
 def load(directory: str | Path) -> "datasets.Dataset":

@@ -100,6 +100,12 @@ class GroupStats:
     def as_dict(self) -> dict[str, int]:
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
+    def add(self, other: "GroupStats") -> "GroupStats":
+        """Add ``other``'s counts to these (e.g. the parts of several ranks); returns self."""
+        for name in (f.name for f in fields(self)):
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+        return self
+
     def problems(self) -> dict[str, int]:
         """The non-zero counts other than ``seen`` and ``kept``."""
         return {k: v for k, v in self.as_dict().items() if v and k not in ("seen", "kept")}
@@ -235,9 +241,15 @@ def _score_list(obj: dict[str, Any], name: str, expected: int, ids_name: str, pa
 def check_known(group: TrainingGroup, corpus: Container[str], on_unknown: OnUnknown, stats: GroupStats,
                  path: str | Path, line: int) -> TrainingGroup:
     """Raise on (or drop and count) ids the corpus does not have."""
-    known = _membership(corpus)
-    if all(map(known.__contains__, group.positives)) and all(map(known.__contains__, group.negatives)):
-        return group
+    if hasattr(corpus, "missing"):   # an Arrow corpus (pretrieve.data.arrow): one batched lookup per group
+        absent = corpus.missing([*group.positives, *group.negatives])
+        if not absent:
+            return group
+        known: Container[str] = _Except(absent)
+    else:
+        known = _membership(corpus)
+        if all(map(known.__contains__, group.positives)) and all(map(known.__contains__, group.negatives)):
+            return group
     kept: dict[str, tuple[list[str], list[float] | None]] = {}
     for name, ids, scores in (("positives", group.positives, group.positive_scores),
                               ("negatives", group.negatives, group.negative_scores)):
@@ -252,6 +264,16 @@ def check_known(group: TrainingGroup, corpus: Container[str], on_unknown: OnUnkn
         kept[name] = ([ids[i] for i in keep], None if scores is None else [scores[i] for i in keep])
     return TrainingGroup(group.query_id, group.query, kept["positives"][0], kept["negatives"][0],
                          kept["positives"][1], kept["negatives"][1])
+
+
+class _Except:
+    """Every id but the given ones (the ids of one group an Arrow corpus does not have)."""
+
+    def __init__(self, absent: set[str]):
+        self.absent = absent
+
+    def __contains__(self, doc_id: object) -> bool:
+        return doc_id not in self.absent
 
 
 def _membership(corpus: Container[str]) -> Container[str]:

@@ -551,27 +551,60 @@ def bm25_run_file(data: str | Path | BeirCollection, split: str, out: str | Path
                   params: BM25Params | None = None, exclude_self: bool = False, index_dir: str | Path | None = None,
                   n_threads: int | None = None, show_progress: bool = False) -> tuple[int, int]:
     """``pretrieve bm25``: search the ``split`` queries of a collection and write the run to ``out`` as the
-    rankings come (TREC, atomically, recorded as an artefact). Returns ``(queries, lines)`` written."""
-    from pretrieve import artifacts
+    rankings come (TREC, atomically, recorded as an artefact). Returns ``(queries, lines)`` written.
+
+    Under several ranks (:mod:`pretrieve.ranks`) the index is built once and each rank searches a contiguous slice
+    of the queries; the file is the one a single process writes."""
+    from pretrieve import ranks
     from pretrieve.data.trec import RunWriter
 
     collection = data if isinstance(data, BeirCollection) else BeirCollection(Path(data))
     params = params or BM25Params()
-    queries = collection.load_queries(split)  # validates the split before the index is built
+    queries = list(collection.load_queries(split).items())  # validates the split before the index is built
     out = Path(out)
+    settings, inputs = bm25_run_record(collection, split, k, params, exclude_self)
+    with shared_corpus_index(collection.corpus_path, params, index_dir, scratch_dir=out.parent,
+                             show_progress=show_progress) as index:
+        def write_part(start: int, end: int, paths: list[Path]) -> tuple[int, int]:
+            with open(paths[0], "w", encoding="utf-8") as handle:
+                writer = RunWriter(handle, out, tag="bm25", depth=k)
+                for qid, ranking in index.iter_search(queries[start:end], k=k, exclude_self=exclude_self,
+                                                      n_threads=n_threads, show_progress=show_progress,
+                                                      total=end - start):
+                    writer.write(qid, ranking)
+            return writer.queries, writer.lines
+
+        written = ranks.split_files([(out, "run", settings, inputs)], len(queries), write_part, "BM25 run")
+    return sum(q for q, _ in written), sum(lines for _, lines in written)
+
+
+def bm25_run_record(collection: BeirCollection, split: str, k: int, params: BM25Params | None = None,
+                    exclude_self: bool = False) -> tuple[dict[str, Any], dict[str, Path]]:
+    """``(settings, inputs)`` recorded with a BM25 run file (what :func:`pretrieve.artifacts.check` compares)."""
+    params = params or BM25Params()
     settings = {"retriever": "bm25", **params.settings(), "split": split, "k": k, "exclude_self": exclude_self}
     inputs = {"corpus": collection.corpus_path, "queries": collection.queries_path,
               "qrels": collection.qrels_path(split)}
-    with corpus_index(collection.corpus_path, params, index_dir, scratch_dir=out.parent,
-                      show_progress=show_progress) as index:
-        with artifacts.write_file(out, kind="run", settings=settings, inputs=inputs) as tmp:
-            with open(tmp, "w", encoding="utf-8") as handle:
-                writer = RunWriter(handle, out, tag="bm25", depth=k)
-                for qid, ranking in index.iter_search(queries.items(), k=k, exclude_self=exclude_self,
-                                                      n_threads=n_threads, show_progress=show_progress,
-                                                      total=len(queries)):
-                    writer.write(qid, ranking)
-    return writer.queries, writer.lines
+    return settings, inputs
+
+
+@contextlib.contextmanager
+def shared_corpus_index(corpus_path: str | Path, params: BM25Params, index_dir: str | Path | None = None,
+                        scratch_dir: str | Path | None = None, show_progress: bool = False) -> Iterator[BM25Index]:
+    """:func:`corpus_index`, built once when several ranks run (:mod:`pretrieve.ranks`): rank 0 builds it (in
+    ``index_dir``, default ``scratch_dir/.bm25-index``) while the others wait, then every rank memory-maps it."""
+    from pretrieve import ranks
+
+    if ranks.active() and index_dir is None:
+        index_dir = Path(scratch_dir or ".") / ".bm25-index"
+    if ranks.active():
+        def build() -> None:
+            with corpus_index(corpus_path, params, index_dir, scratch_dir=scratch_dir, show_progress=show_progress):
+                pass
+
+        ranks.once("build the BM25 index", build)
+    with corpus_index(corpus_path, params, index_dir, scratch_dir=scratch_dir, show_progress=show_progress) as index:
+        yield index
 
 
 # ---------------------------------------------------------------------------------------------- mining
@@ -585,9 +618,10 @@ def bm25_negatives(data: str | Path | BeirCollection, split: str, out_groups: st
     (and run line, with ``run_out``) is written as its ranking arrives, so memory does not grow with the number
     of training queries (:func:`pretrieve.data.groups.group_from_ranking` states which queries are skipped).
     A groups file that is current (same settings, same collection files) is returned without recomputing,
-    unless ``overwrite``.
+    unless ``overwrite``. Under several ranks (:mod:`pretrieve.ranks`) every rank calls this: the index is built
+    once and each rank searches a contiguous slice of the training queries; the files are a single process's.
     """
-    from pretrieve import artifacts
+    from pretrieve import artifacts, ranks
     from pretrieve.data.groups import GroupStats, group_from_ranking
     from pretrieve.data.trec import RunWriter
 
@@ -600,43 +634,53 @@ def bm25_negatives(data: str | Path | BeirCollection, split: str, out_groups: st
     inputs = {"corpus": collection.corpus_path, "queries": collection.queries_path,
               "qrels": collection.qrels_path(split)}
     run_settings = {**settings, "k": depth}
-    if not overwrite and artifacts.is_current(out_groups, settings, inputs, kind="groups") and (
-            run_out is None or artifacts.is_current(run_out, run_settings, inputs, kind="run")):
+    current = not overwrite and artifacts.is_current(out_groups, settings, inputs, kind="groups") and (
+        run_out is None or artifacts.is_current(run_out, run_settings, inputs, kind="run"))
+    if ranks.broadcast(current, "check the BM25 groups"):
         logger.info("BM25 groups in %s are up to date; not recomputing", out_groups)
         return out_groups
     qrels = collection.load_qrels(split)
     queries = load_query_texts(collection, qrels)
-    stats = GroupStats()
-    wanted = ((qid, queries[qid]) for qid, judged in qrels.items()
-              if qid in queries and any(grade >= 1 for grade in judged.values()))
-    with contextlib.ExitStack() as stack:
-        index = stack.enter_context(corpus_index(collection.corpus_path, params, index_dir,
-                                                 scratch_dir=out_groups.parent, show_progress=show_progress))
-        groups_tmp = stack.enter_context(artifacts.write_file(out_groups, kind="groups", settings=settings,
-                                                              inputs=inputs))
-        groups_file = stack.enter_context(open(groups_tmp, "w", encoding="utf-8"))
-        run_writer = None
-        if run_out is not None:
-            run_tmp = stack.enter_context(artifacts.write_file(run_out, kind="run", settings=run_settings,
-                                                               inputs=inputs))
-            run_writer = RunWriter(stack.enter_context(open(run_tmp, "w", encoding="utf-8")), run_out, tag="bm25",
-                                   depth=depth)
-        for qid, ranking in index.iter_search(wanted, k=depth, n_threads=n_threads, show_progress=show_progress,
-                                              total=len(qrels)):
-            if run_writer is not None:
-                run_writer.write(qid, ranking)
-            group = group_from_ranking(qid, queries[qid], qrels[qid], [doc_id for doc_id, _ in ranking], depth,
-                                       stats)
-            if group is not None:
-                groups_file.write(json.dumps(group.to_dict(), ensure_ascii=False) + "\n")
-        # queries the search was not asked for are counted as group_from_ranking would count them
-        for qid, judged in qrels.items():
-            if qid not in queries or not any(grade >= 1 for grade in judged.values()):
-                group_from_ranking(qid, queries.get(qid), judged, [], depth, stats)
-        if stats.kept == 0:
-            raise InputError(f"no training group could be built from split '{split}' ({stats.problems()})",
-                             path=collection.root)
-    logger.info("wrote %d groups to %s (%s)", stats.kept, out_groups, stats.as_dict())
+    wanted = [(qid, queries[qid]) for qid, judged in qrels.items()
+              if qid in queries and any(grade >= 1 for grade in judged.values())]
+    outputs = [(out_groups, "groups", settings, inputs)]
+    if run_out is not None:
+        outputs.append((Path(run_out), "run", run_settings, inputs))
+
+    with shared_corpus_index(collection.corpus_path, params, index_dir, scratch_dir=out_groups.parent,
+                             show_progress=show_progress) as index:
+        def write_part(start: int, end: int, paths: list[Path]) -> GroupStats:
+            stats = GroupStats()
+            with contextlib.ExitStack() as stack:
+                groups_file = stack.enter_context(open(paths[0], "w", encoding="utf-8"))
+                run_writer = None
+                if run_out is not None:
+                    run_writer = RunWriter(stack.enter_context(open(paths[1], "w", encoding="utf-8")), run_out,
+                                           tag="bm25", depth=depth)
+                for qid, ranking in index.iter_search(wanted[start:end], k=depth, n_threads=n_threads,
+                                                      show_progress=show_progress, total=end - start):
+                    if run_writer is not None:
+                        run_writer.write(qid, ranking)
+                    group = group_from_ranking(qid, queries[qid], qrels[qid], [doc_id for doc_id, _ in ranking],
+                                               depth, stats)
+                    if group is not None:
+                        groups_file.write(json.dumps(group.to_dict(), ensure_ascii=False) + "\n")
+            return stats
+
+        def check(parts: list[GroupStats]) -> None:
+            stats = GroupStats()
+            for part in parts:
+                stats.add(part)
+            # queries the search was not asked for are counted as group_from_ranking would count them
+            for qid, judged in qrels.items():
+                if qid not in queries or not any(grade >= 1 for grade in judged.values()):
+                    group_from_ranking(qid, queries.get(qid), judged, [], depth, stats)
+            if stats.kept == 0:
+                raise InputError(f"no training group could be built from split '{split}' ({stats.problems()})",
+                                 path=collection.root)
+            logger.info("wrote %d groups to %s (%s)", stats.kept, out_groups, stats.as_dict())
+
+        ranks.split_files(outputs, len(wanted), write_part, "BM25 negatives", check=check)
     return out_groups
 
 

@@ -21,7 +21,6 @@ current returns it without recomputing, so a recipe can be re-run and resumed st
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Mapping
@@ -32,7 +31,6 @@ from pretrieve.data.groups import GroupStats, groups_from_run
 from pretrieve.data.jsonl import write_jsonl
 from pretrieve.data.trec import Run, run_lines
 from pretrieve.errors import ConfigError, InputError
-from pretrieve.io_utils import atomic_open
 
 logger = logging.getLogger(__name__)
 
@@ -77,37 +75,27 @@ def _check_depth(depth: int) -> None:
         raise ConfigError(f"depth must be >= 1, got {depth}")
 
 
-def write_mined_groups(blocks: Iterable[tuple[Run, Mapping[str, Mapping[str, int]]]], queries: Mapping[str, str],
-                       depth: int, out_groups: str | Path, settings: Mapping[str, Any],
-                       inputs: Mapping[str, str | Path], run_out: str | Path | None = None,
-                       tag: str = "pretrieve", where: Path | None = None) -> GroupStats:
-    """Groups of top-``depth`` minus positives, written as each ``(run, qrels)`` block comes (and the runs to
-    ``run_out`` when asked); the groups file is recorded with ``settings`` and ``inputs``."""
+def write_group_lines(blocks: Iterable[tuple[Run, Mapping[str, Mapping[str, int]]]], queries: Mapping[str, str],
+                      depth: int, groups_path: Path, run_path: Path | None = None, tag: str = "pretrieve",
+                      run_name: str | Path | None = None) -> GroupStats:
+    """Write the groups of each ``(run, qrels)`` block to ``groups_path`` (and its run lines to ``run_path``) as
+    the blocks come, plain files (the caller makes them atomic); returns the counts."""
     stats = GroupStats()
 
     def rows(run_handle) -> Iterator[dict[str, Any]]:
         for run, qrels in blocks:
             groups = groups_from_run(run, qrels, queries, depth=depth)
-            for name in (f.name for f in dataclasses.fields(GroupStats)):
-                setattr(stats, name, getattr(stats, name) + getattr(groups.stats, name))
+            stats.add(groups.stats)
             if run_handle is not None:
-                run_handle.writelines(run_lines(run, run_out, tag=tag, depth=depth))
+                run_handle.writelines(run_lines(run, run_name or run_path, tag=tag, depth=depth))
             for group in groups:
                 yield group.to_dict()
 
-    with contextlib_nullable(run_out) as run_handle:
-        with artifacts.write_file(out_groups, kind=GROUPS_KIND, settings=settings, inputs=inputs) as tmp:
-            if write_jsonl(tmp, rows(run_handle)) == 0:
-                raise InputError(f"no training group could be built ({stats.problems()})", path=where)
-    logger.info("wrote %d groups to %s (%s)", stats.kept, out_groups, stats.as_dict())
-    return stats
-
-
-def contextlib_nullable(path: str | Path | None):
-    """``atomic_open(path)``, or a context yielding None without a path."""
     import contextlib
 
-    return atomic_open(path) if path is not None else contextlib.nullcontext(None)
+    with (open(run_path, "w", encoding="utf-8") if run_path is not None else contextlib.nullcontext()) as handle:
+        write_jsonl(groups_path, rows(handle))
+    return stats
 
 
 def _qrels_blocks(qrels: Mapping[str, Mapping[str, int]], size: int) -> Iterator[dict[str, Mapping[str, int]]]:
@@ -134,11 +122,13 @@ def mine_negatives(model_dir: str | Path, data: str | Path | BeirCollection, spl
     import contextlib
     import tempfile
 
+    from pretrieve import ranks
+    from pretrieve.data.arrow import built_once
     from pretrieve.models import resolve_model
     from pretrieve.retrieval.batches import resolve_precision
     from pretrieve.retrieval.index import SearchOptions
     from pretrieve.retrieval.load import load_retriever, resolve_device
-    from pretrieve.retrieval.search import build_index, search
+    from pretrieve.retrieval.search import encode_corpus, search
 
     _check_depth(depth)
     if bf16:
@@ -150,28 +140,46 @@ def mine_negatives(model_dir: str | Path, data: str | Path | BeirCollection, spl
                 "max_length": max_length, "query_max_length": query_max_length, "factory": factory,
                 "precision": resolve_precision(precision, resolve_device(device))}
     inputs = {**({"model": Path(resolved)} if local else {}), **collection_inputs(collection, split)}
-    if not overwrite and output_is_current(out_groups, settings, inputs):
+    if ranks.broadcast(not overwrite and output_is_current(out_groups, settings, inputs), "check the mined groups"):
         logger.info("mined groups in %s are up to date; not recomputing", out_groups)
         return Path(out_groups)
+    if ranks.active() and cache_dir is None:
+        raise ConfigError("mining under several ranks needs a cache_dir that every rank shares (for the corpus index)")
     retriever = load_retriever(resolved, device=device, precision=precision, max_length=max_length,
                                query_max_length=query_max_length)
     queries = collection.load_queries(split)
-    qrels = collection.load_qrels(split)
+    qrels = list(collection.load_qrels(split).items())
     options = SearchOptions(factory=factory)
     block = query_block or max(256, (1 << 24) // depth)
+    tag = "dense" if retriever.kind == "dense" else retriever.kind
+    outputs = [(Path(out_groups), GROUPS_KIND, settings, inputs)]
+    if run_out is not None:
+        outputs.append((Path(run_out), "run", settings, inputs))
     with contextlib.ExitStack() as stack:
         root = Path(cache_dir) if cache_dir is not None else Path(
             stack.enter_context(tempfile.TemporaryDirectory(prefix="pretrieve-mine-")))
-        build_index(retriever, collection.load_corpus(), root, batch_size=batch_size, show_progress=show_progress)
+        encode_corpus(retriever, built_once(collection.corpus_dataset), root, batch_size=batch_size,
+                      show_progress=show_progress)
 
-        def blocks() -> Iterator[tuple[Run, Mapping[str, Mapping[str, int]]]]:
-            for part in _qrels_blocks(qrels, block):
-                searchable = {qid: queries[qid] for qid, judged in part.items()
-                              if qid in queries and any(grade >= 1 for grade in judged.values())}
-                run = search(retriever, searchable, root, k=depth, options=options, batch_size=batch_size,
-                             query_block=block, show_progress=show_progress) if searchable else {}
-                yield run, part
+        def write_part(start: int, end: int, paths: list[Path]) -> GroupStats:
+            def blocks() -> Iterator[tuple[Run, Mapping[str, Mapping[str, int]]]]:
+                for part in _qrels_blocks(dict(qrels[start:end]), block):
+                    searchable = {qid: queries[qid] for qid, judged in part.items()
+                                  if qid in queries and any(grade >= 1 for grade in judged.values())}
+                    run = search(retriever, searchable, root, k=depth, options=options, batch_size=batch_size,
+                                 query_block=block, show_progress=show_progress) if searchable else {}
+                    yield run, part
 
-        write_mined_groups(blocks(), queries, depth, out_groups, settings, inputs, run_out=run_out,
-                           tag="dense" if retriever.kind == "dense" else retriever.kind, where=collection.root)
+            return write_group_lines(blocks(), queries, depth, paths[0], paths[1] if run_out is not None else None,
+                                     tag=tag, run_name=run_out)
+
+        def check(parts: list[GroupStats]) -> None:
+            stats = GroupStats()
+            for part in parts:
+                stats.add(part)
+            if stats.kept == 0:
+                raise InputError(f"no training group could be built ({stats.problems()})", path=collection.root)
+            logger.info("wrote %d groups to %s (%s)", stats.kept, out_groups, stats.as_dict())
+
+        ranks.split_files(outputs, len(qrels), write_part, "mine negatives", check=check, unit=block)
     return Path(out_groups)

@@ -5,7 +5,8 @@ call :func:`search` (or :func:`search_blocks`, its streaming form):
 
 1. **Index.** ``index_or_corpus`` is either an index (a directory written by :func:`build_index` /
    ``pretrieve encode``: one index directory or ``shard-I-of-N`` directories) or a corpus. A corpus is encoded
-   into ``cache_dir/shard-0-of-1`` (a temporary directory without ``cache_dir``) by :func:`build_index`, which
+   into ``cache_dir/shard-0-of-1`` (a temporary directory without ``cache_dir``) by :func:`encode_corpus` (under
+   several ranks: each encodes a slice, rank 0 merges them into that same index) / :func:`build_index`, which
    reuses an index that :mod:`pretrieve.artifacts` certifies was made by the same model weights, settings and
    texts, and otherwise streams the passages through the batch encoder (:mod:`pretrieve.retrieval.batches`)
    into the index format (:mod:`pretrieve.retrieval.index`) — memory is one window, not the corpus.
@@ -77,28 +78,114 @@ def build_index(retriever: Retriever, corpus: Any, out_dir: str | Path, shard: i
                 window: int = DEFAULT_WINDOW) -> Path:
     """Encode shard ``shard`` of ``num_shards`` (a contiguous row range) of ``corpus`` with the retriever's passage
     side into ``out_dir/shard-{i}-of-{n}``; an index made by the same model, settings and texts is reused."""
-    source = text_source(corpus)
-    start, end = shard_bounds(len(source), shard, num_shards)
-    shard_dir = Path(out_dir) / shard_dir_name(shard, num_shards)
-    settings = {**retriever.settings(), "shard": shard, "num_shards": num_shards, "rows": [start, end],
-                "content_sha1": content_hash(corpus, start, end, window)}
-    status = is_current(shard_dir, settings, retriever.inputs())
+    shard_dir, settings, meta = _index_record(retriever, corpus, out_dir, shard, num_shards, window)
+    description = f"encode shard {shard + 1}/{num_shards}" if num_shards > 1 else "encode passages"
+    return _write_index(retriever, corpus, shard_dir, settings, meta, batch_size, show_progress, overwrite, window,
+                        description)
+
+
+def _write_index(retriever: Retriever, corpus: Any, directory: Path, settings: dict[str, Any], meta: dict[str, Any],
+                 batch_size: int, show_progress: bool, overwrite: bool, window: int, description: str) -> Path:
+    """Encode rows ``meta["rows"]`` of ``corpus`` into the index ``directory`` unless it is current."""
+    start, end = meta["rows"]
+    status = is_current(directory, settings, retriever.inputs())
     if status.current and not overwrite:
-        logger.info("index %s is current (same model, settings and texts); not re-encoding", shard_dir)
-        return shard_dir
+        logger.info("index %s is current (same model, settings and texts); not re-encoding", directory)
+        return directory
     if status.exists:
-        logger.info("re-encoding %s: %s", shard_dir, status.reason)
-    meta = {"rows": [start, end], "shard": shard, "num_shards": num_shards, "model": retriever.name,
-            "precision": retriever.precision, "passage": retriever.passage.settings}
-    columns = {name: value.shape[1] for name, value in retriever.passage.empty_outputs().items()}
-    with writing(shard_dir, retriever.kind, corpus_ids(corpus, start, end), meta, settings,
+        logger.info("re-encoding %s: %s", directory, status.reason)
+    columns = _columns(retriever)
+    with writing(directory, retriever.kind, corpus_ids(corpus, start, end), meta, settings,
                  retriever.inputs()) as tmp:
         windows = (outputs for _, outputs in encode_windows(
-            retriever.passage, source, batch_size, start, end, window=window, show_progress=show_progress,
-            description=f"encode shard {shard + 1}/{num_shards}" if num_shards > 1 else "encode passages"))
+            retriever.passage, text_source(corpus), batch_size, start, end, window=window,
+            show_progress=show_progress, description=description))
         if not write_parts(tmp, windows, columns=columns):
             write_parts(tmp, [retriever.passage.empty_outputs()], columns=columns)
-    return shard_dir
+    return directory
+
+
+def _index_record(retriever: Retriever, corpus: Any, out_dir: str | Path, shard: int, num_shards: int,
+                  window: int = DEFAULT_WINDOW, rows: tuple[int, int] | None = None
+                  ) -> tuple[Path, dict[str, Any], dict[str, Any]]:
+    """``(directory, settings, meta)`` of shard ``shard`` of ``num_shards`` of ``corpus`` (what its sidecar and
+    ``meta.json`` record; the settings hold the SHA-1 of the shard's texts); ``rows`` overrides its row range."""
+    start, end = rows or shard_bounds(len(text_source(corpus)), shard, num_shards)
+    settings = {**retriever.settings(), "shard": shard, "num_shards": num_shards, "rows": [start, end],
+                "content_sha1": content_hash(corpus, start, end, window)}
+    meta = {"rows": [start, end], "shard": shard, "num_shards": num_shards, "model": retriever.name,
+            "precision": retriever.precision, "passage": retriever.passage.settings}
+    return Path(out_dir) / shard_dir_name(shard, num_shards), settings, meta
+
+
+def _columns(retriever: Retriever) -> dict[str, int]:
+    return {name: value.shape[1] for name, value in retriever.passage.empty_outputs().items()}
+
+
+RANK_PARTS = ".rank-parts"
+"""Where the ranks of a launched run put their slices of a corpus index before rank 0 merges them."""
+
+
+def encode_corpus(retriever: Retriever, corpus: Any, root: str | Path, batch_size: int = 64,
+                  show_progress: bool = True, window: int = DEFAULT_WINDOW) -> Path:
+    """The index of a whole corpus, ``root/shard-0-of-1`` (:func:`build_index`), reused while current.
+
+    Under several ranks (:mod:`pretrieve.ranks`; every rank calls this) each rank encodes a contiguous run of whole
+    encoding windows (``window`` passages, the unit a single process sorts by length and batches, so every vector is
+    computed from the very same batch) into ``root/.rank-parts``, and rank 0 merges the parts, in order, into the
+    index a single process writes (same files, same record): later searches, by any number of ranks, read one index
+    and rank ties exactly as a single process does. A corpus of fewer windows than ranks leaves ranks idle here.
+    Returns ``root``."""
+    from pretrieve import ranks
+
+    root = Path(root)
+    if not ranks.active():
+        build_index(retriever, corpus, root, batch_size=batch_size, show_progress=show_progress, window=window)
+        return root
+    record = None
+    if ranks.is_main():
+        with ranks.guard("check the corpus index"):
+            record = _index_record(retriever, corpus, root, 0, 1, window)
+    current = ranks.broadcast(record is not None and is_current(record[0], record[1], retriever.inputs()).current,
+                              "check the corpus index")
+    if current:
+        logger.info("index %s is current (same model, settings and texts); not re-encoding", root)
+        return root
+    count, unit, world = len(text_source(corpus)), max(window, batch_size), ranks.world_size()
+    slices = [ranks.bounds(count, r, world, unit=unit) for r in range(world)]
+    parts = [root / RANK_PARTS / f"rows-{start}-{end}" for start, end in slices]
+    with ranks.guard("encode the corpus"):
+        start, end = slices[ranks.rank()]
+        directory, settings, meta = _index_record(retriever, corpus, root, 0, 1, window, rows=(start, end))
+        _write_index(retriever, corpus, parts[ranks.rank()], settings, meta, batch_size, show_progress, False,
+                     window, f"encode rows {start}-{end} (rank {ranks.rank()})")
+    ranks.barrier("encode the corpus")
+    if ranks.is_main():
+        with ranks.guard("merge the corpus index"):
+            directory, settings, meta = record
+            start, end = meta["rows"]
+            with writing(directory, retriever.kind, corpus_ids(corpus, start, end), meta, settings,
+                         retriever.inputs()) as tmp:
+                write_parts(tmp, _part_windows(parts), columns=_columns(retriever))
+            import shutil
+
+            shutil.rmtree(root / RANK_PARTS, ignore_errors=True)
+    ranks.barrier("merge the corpus index")
+    return root
+
+
+def _part_windows(directories: Sequence[Path], rows: int = 1 << 16) -> Iterator[dict[str, Any]]:
+    """The parts of index directories, in order, ``rows`` rows at a time (dense parts read from disk, sparse parts
+    one directory's matrix at a time)."""
+    for directory in directories:
+        index = open_index(directory)
+        names = index.meta.get("parts") or []
+        sparse = {name: index.matrix(name) for name in names if not (directory / f"{name}.npy").exists()}
+        for first in range(0, index.count, rows):
+            last = min(index.count, first + rows)
+            yield {name: (sparse[name][first:last] if name in sparse else np.asarray(index.array(name)[first:last]))
+                   for name in names}
+        del sparse
 
 
 def _is_index(value: Any) -> bool:
@@ -136,14 +223,16 @@ def search_blocks(retriever: Retriever, queries: Mapping[str, str], index_or_cor
         if _is_index(index_or_corpus):
             root = Path(index_or_corpus)
         else:
-            root = Path(cache_dir) if cache_dir is not None else Path(
-                stack.enter_context(tempfile.TemporaryDirectory(prefix="pretrieve-index-")))
-            build_index(retriever, index_or_corpus, root, batch_size=batch_size, show_progress=show_progress)
+            if cache_dir is not None:   # shared by the ranks of a launched run (each must call this)
+                root = encode_corpus(retriever, index_or_corpus, cache_dir, batch_size=batch_size,
+                                     show_progress=show_progress)
+            else:
+                root = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="pretrieve-index-")))
+                build_index(retriever, index_or_corpus, root, batch_size=batch_size, show_progress=show_progress)
         shards = [open_index(path) for path in find_shards(root)]
         check_compatible(retriever, shards, root)
         query_ids = list(queries)
-        block = query_block or getattr(search_backend, "QUERY_BLOCK", None) or max(
-            256, DEFAULT_QUERY_ELEMENTS // k)
+        block = query_block_size(retriever, k, query_block)
         searchers: dict[int, Any] = {}
         for first in range(0, len(query_ids), block):
             ids = query_ids[first:first + block]
@@ -152,6 +241,12 @@ def search_blocks(retriever: Retriever, queries: Mapping[str, str], index_or_cor
                                  description="encode queries")
             scores, rows = _search(search_backend, shards, encoded, k, mode, options, searchers)
             yield _run_of(ids, scores, rows, shards)
+
+
+def query_block_size(retriever: Retriever, k: int, query_block: int | None = None) -> int:
+    """How many queries :func:`search_blocks` encodes and searches at once (the unit by which ranks split queries,
+    so that each block is computed exactly as in one process)."""
+    return query_block or getattr(backend(retriever.kind), "QUERY_BLOCK", None) or max(256, DEFAULT_QUERY_ELEMENTS // k)
 
 
 def _resolved_options(retriever: Retriever, options: SearchOptions) -> SearchOptions:

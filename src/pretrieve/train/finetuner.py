@@ -54,7 +54,7 @@ import torch
 
 from pretrieve.data.beir import BeirCollection, Corpus
 from pretrieve.data.groups import TrainingGroup, sample_group_indices
-from pretrieve import artifacts, outputs
+from pretrieve import artifacts, outputs, ranks
 from pretrieve.errors import ConfigError, InputError
 from pretrieve.io_utils import write_json
 from pretrieve.train.loop import BOOKKEEPING, LoopConfig, check_restart, finished_run, make_accelerator, run_inputs, train
@@ -241,8 +241,9 @@ def missing_groups_message(stage: int) -> str:
             "and pass --groups teacher.jsonl")
 
 
-def groups_path(config: FinetuneConfig, collection: BeirCollection, is_main: bool) -> Path:
-    """The groups file of this stage: the given one, or (stage 1) the cached BM25 groups."""
+def groups_path(config: FinetuneConfig, collection: BeirCollection) -> Path:
+    """The groups file of this stage: the given one, or (stage 1) the cached BM25 groups (every rank of a launched
+    run calls this: the work is split or done once, :mod:`pretrieve.ranks`)."""
     if config.groups:
         path = Path(config.groups)
         if not path.exists():
@@ -252,15 +253,13 @@ def groups_path(config: FinetuneConfig, collection: BeirCollection, is_main: boo
         raise ConfigError(missing_groups_message(config.stage))
     if config.num_negatives == 0:   # in-batch negatives only (DupMAE eq. 13): positives from the qrels, no BM25
         path = Path(config.out) / QRELS_GROUPS_FILE
-        if is_main:
-            write_qrels_groups(collection, config.split, path)
+        ranks.once("write the qrels groups", lambda: write_qrels_groups(collection, config.split, path))
         return path
-    path = Path(config.out) / BM25_GROUPS_FILE
-    if is_main:
-        from pretrieve.retrieval.bm25 import bm25_negatives
+    from pretrieve.retrieval.bm25 import bm25_negatives
 
-        bm25_negatives(collection, config.split, path, depth=config.bm25_depth, show_progress=config.show_progress)
-    return path
+    # every rank: the BM25 index is built once, then each rank searches a slice of the training queries
+    return bm25_negatives(collection, config.split, Path(config.out) / BM25_GROUPS_FILE, depth=config.bm25_depth,
+                          show_progress=config.show_progress and ranks.is_main())
 
 
 def write_qrels_groups(collection: BeirCollection, split: str, path: Path) -> int:
@@ -354,13 +353,14 @@ def _finetune(config: FinetuneConfig) -> Path:
     accelerator = make_accelerator(config)
     config.validate(accelerator.num_processes)
     collection = BeirCollection(Path(config.data))
-    path = groups_path(config, collection, accelerator.is_main_process)
+    path = groups_path(config, collection)
     # Corpus and groups as memory-mapped Arrow datasets, built once by the main process; the others then open them.
     corpus = groups = None
     if accelerator.is_main_process:
-        corpus = collection.corpus_dataset()
-        groups = load_training_groups(config, path, corpus)
-    accelerator.wait_for_everyone()
+        with ranks.guard("read the training groups"):
+            corpus = collection.corpus_dataset()
+            groups = load_training_groups(config, path, corpus)
+    ranks.barrier("read the training groups")
     if corpus is None:
         corpus = collection.corpus_dataset()
         groups = load_training_groups(config, path, corpus)

@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from pretrieve import artifacts, outputs
+from pretrieve import artifacts, outputs, ranks
 from pretrieve.errors import ConfigError
 from pretrieve.io_utils import write_json
 from pretrieve.train.loop import BOOKKEEPING, LoopConfig, check_restart, finished_run, make_accelerator, run_inputs, train
@@ -134,8 +134,11 @@ def _pretrain(config: PretrainConfig) -> Path:
                                      num_proc=config.num_proc)
 
     # The main process tokenizes (and caches) first; the others then read its cache.
-    dataset = build_dataset(config.show_progress) if accelerator.is_main_process else None
-    accelerator.wait_for_everyone()
+    dataset = None
+    if accelerator.is_main_process:
+        with ranks.guard("tokenize the pre-training corpus"):
+            dataset = build_dataset(config.show_progress)
+    ranks.barrier("tokenize the pre-training corpus")
     if dataset is None:
         dataset = build_dataset(False)
 
@@ -146,8 +149,11 @@ def _pretrain(config: PretrainConfig) -> Path:
                                 corpus=dataset)
 
     # Same for the n-gram statistics of importance-aware maskers: counted once on the main process, cached.
-    collator = build_collator() if accelerator.is_main_process else None
-    accelerator.wait_for_everyone()
+    collator = None
+    if accelerator.is_main_process:
+        with ranks.guard("count the masking statistics"):
+            collator = build_collator()
+    ranks.barrier("count the masking statistics")
     if collator is None:
         collator = build_collator()
 

@@ -38,7 +38,8 @@ import torch
 from pretrieve.data.beir import BeirCollection, Corpus
 from pretrieve.data.groups import GroupSet, TrainingGroup, read_groups, sample_group_indices
 from pretrieve.data.trec import Run, ranked_ids
-from pretrieve import artifacts, outputs
+from pretrieve import artifacts, outputs, ranks
+from pretrieve.data.arrow import CorpusTexts, built_once
 from pretrieve.errors import ConfigError, InputError
 from pretrieve.io_utils import write_json
 from pretrieve.retrieval.batches import native_bf16
@@ -86,7 +87,7 @@ def tokenize_pairs(tokenizer, queries: Sequence[str], passages: Sequence[str], m
 class PairGroupCollator:
     """Groups → ``[B·G]`` (query, passage) pairs, each group positive first, + ``group_size``."""
 
-    def __init__(self, tokenizer, corpus: Corpus, num_negatives: int, max_len: int = 192):
+    def __init__(self, tokenizer, corpus: "Corpus | CorpusTexts", num_negatives: int, max_len: int = 192):
         self.tokenizer = tokenizer
         self.corpus = corpus
         self.num_negatives = num_negatives
@@ -98,12 +99,13 @@ class PairGroupCollator:
             generator = torch.Generator().manual_seed(0)
         rng = np.random.default_rng(int(torch.randint(0, 2**62, (1,), generator=generator).item()))
         queries: list[str] = []
-        passages: list[str] = []
+        ids: list[str] = []
         for group in groups:
             positive, negatives = sample_group_indices(group, self.num_negatives, rng)
             for doc_id in [group.positives[positive]] + [group.negatives[i] for i in negatives]:
                 queries.append(group.query)
-                passages.append(self.corpus.full_text(self.corpus.row(doc_id)))
+                ids.append(doc_id)
+        passages = self.corpus.texts_of(ids)
         encoded = tokenize_pairs(self.tokenizer, queries, passages, self.max_len)
         batch = {key: encoded[key] for key in ("input_ids", "attention_mask", "token_type_ids") if key in encoded}
         batch["group_size"] = torch.tensor(1 + self.num_negatives)
@@ -144,7 +146,7 @@ def _train_reranker(config: RerankerConfig) -> Path:
     fingerprints = {name: artifacts.fingerprint(path) for name, path in inputs.items()}
     accelerator = make_accelerator(config)
     config.validate(accelerator.num_processes)
-    corpus = BeirCollection(Path(config.data)).load_corpus()
+    corpus = CorpusTexts(built_once(BeirCollection(Path(config.data)).corpus_dataset))   # memory-mapped
     groups = read_groups(config.groups, corpus=corpus, on_unknown=config.on_unknown)
     kept = [g for g in groups if g.negatives]
     if len(kept) < len(groups):
@@ -301,12 +303,12 @@ def trained_max_len(model_dir: str | Path) -> int:
     return 192
 
 
-def score_candidates(scorer: PairScorer, corpus: Corpus, queries: Mapping[str, str],
+def score_candidates(scorer: PairScorer, corpus: "Corpus | CorpusTexts", queries: Mapping[str, str],
                      candidates: Mapping[str, Sequence[str]], show_progress: bool = True) -> Run:
     """``{qid: {doc_id: cross-encoder score}}`` for every candidate document of every query (in memory)."""
     pairs = [(qid, doc_id) for qid, docs in candidates.items() for doc_id in docs]
-    _check_known(corpus, (doc_id for _, doc_id in pairs), corpus.path)
-    scores = scorer.score([queries[qid] for qid, _ in pairs], [corpus.full_text(corpus.row(d)) for _, d in pairs],
+    _check_known(corpus, (doc_id for _, doc_id in pairs), getattr(corpus, "path", None))
+    scores = scorer.score([queries[qid] for qid, _ in pairs], corpus.texts_of([d for _, d in pairs]),
                           show_progress=show_progress)
     run: Run = {qid: {} for qid in candidates}
     for (qid, doc_id), value in zip(pairs, scores.tolist()):
@@ -314,13 +316,15 @@ def score_candidates(scorer: PairScorer, corpus: Corpus, queries: Mapping[str, s
     return run
 
 
-def _check_known(corpus: Corpus, doc_ids: Iterable[str], source: str | Path | None) -> None:
-    missing = next((doc_id for doc_id in doc_ids if doc_id not in corpus), None)
+def _check_known(corpus: "Corpus | CorpusTexts", doc_ids: Iterable[str], source: str | Path | None) -> None:
+    doc_ids = list(doc_ids)
+    absent = corpus.missing(doc_ids) if hasattr(corpus, "missing") else {d for d in doc_ids if d not in corpus}
+    missing = next((doc_id for doc_id in doc_ids if doc_id in absent), None)
     if missing is not None:
         raise InputError(f"document '{missing}' is not in the corpus", path=source)
 
 
-def rerank(scorer: PairScorer, corpus: Corpus, queries: Mapping[str, str], run: Run, depth: int = 200,
+def rerank(scorer: PairScorer, corpus: "Corpus | CorpusTexts", queries: Mapping[str, str], run: Run, depth: int = 200,
            show_progress: bool = True) -> Run:
     """The top-``depth`` of each query of ``run`` (that has a text in ``queries``) re-scored by the reranker."""
     if depth < 1:
@@ -373,37 +377,46 @@ def rerank_run_file(model_dir: str | Path, data: str | Path, split: str, run_pat
     inputs = {"model": model_dir, "run": run_path, "corpus": collection.corpus_path,
               "queries": collection.queries_path}
     status = artifacts.check(out, settings, inputs, kind="run")
-    if status.current and not overwrite:
+    if ranks.broadcast(status.current and not overwrite, "check the re-ranked run"):
         logger.info("re-ranked run %s is up to date; not recomputing", out)
         return Path(out)
     if status.exists:
         logger.info("recomputing %s: %s", out, status.reason)
     queries = collection.load_queries(split)
-    corpus = collection.load_corpus()
+    corpus = CorpusTexts(built_once(collection.corpus_dataset))
     scorer = PairScorer(model_dir, device=device, max_len=max_len, batch_size=batch_size, precision=resolved)
-    unknown: list[str] = []
+    count = sum(1 for _ in iter_run(run_path))
 
-    def known_queries() -> Iterator[tuple[str, list[str]]]:
-        for qid, docs in iter_run(run_path):
-            if qid not in queries:
-                unknown.append(qid)
-                continue
-            top = sorted(docs, key=lambda doc_id: -docs[doc_id])[:depth]
-            _check_known(corpus, top, run_path)
-            yield qid, top
+    def write_part(start: int, end: int, paths: list[Path]) -> list[str]:
+        unknown: list[str] = []
 
-    with artifacts.write_file(out, kind="run", settings=settings, inputs=inputs) as tmp, \
-            open(tmp, "w", encoding="utf-8") as handle, \
-            tqdm(desc="rerank", unit="queries", disable=not show_progress) as progress:
-        writer = RunWriter(handle, out, tag="rerank", depth=depth)
-        for chunk in _chunks_of_items(known_queries(), lambda item: len(item[1]), scorer.chunk_pairs):
-            pairs = [(queries[qid], corpus.full_text(corpus.row(doc_id))) for qid, top in chunk for doc_id in top]
-            scores = scorer.score_chunk([q for q, _ in pairs], [p for _, p in pairs]).tolist()
-            position = 0
-            for qid, top in chunk:
-                writer.write(qid, list(zip(top, scores[position:position + len(top)])))
-                position += len(top)
-            progress.update(len(chunk))
+        def known_queries() -> Iterator[tuple[str, list[str]]]:
+            for position, (qid, docs) in enumerate(iter_run(run_path)):
+                if position < start or position >= end:
+                    continue
+                if qid not in queries:
+                    unknown.append(qid)
+                    continue
+                top = sorted(docs, key=lambda doc_id: -docs[doc_id])[:depth]
+                _check_known(corpus, top, run_path)
+                yield qid, top
+
+        with open(paths[0], "w", encoding="utf-8") as handle, \
+                tqdm(desc="rerank", unit="queries", disable=not show_progress) as progress:
+            writer = RunWriter(handle, out, tag="rerank", depth=depth)
+            for chunk in _chunks_of_items(known_queries(), lambda item: len(item[1]), scorer.chunk_pairs):
+                passages = corpus.texts_of([doc_id for _, top in chunk for doc_id in top])
+                texts = [queries[qid] for qid, top in chunk for _ in top]
+                scores = scorer.score_chunk(texts, passages).tolist()
+                position = 0
+                for qid, top in chunk:
+                    writer.write(qid, list(zip(top, scores[position:position + len(top)])))
+                    position += len(top)
+                progress.update(len(chunk))
+        return unknown
+
+    unknown = [qid for part in ranks.split_files([(Path(out), "run", settings, inputs)], count, write_part,
+                                                 "rerank") for qid in part]
     if unknown:
         logger.warning("%d run queries have no text in split '%s' (e.g. '%s'); they are left out", len(unknown),
                        split, unknown[0])
@@ -439,35 +452,47 @@ def teacher_groups(model_dir: str | Path, data: str | Path, groups_path: str | P
     outputs.check_writable(out, directory=False)
     outputs.remove_leftovers(Path(out).parent, depth=0)
     status = artifacts.check(out, settings, inputs, kind="groups")
-    if status.current and not overwrite:
+    if ranks.broadcast(status.current and not overwrite, "check the teacher groups"):
         logger.info("teacher groups %s are up to date; not recomputing", out)
         return Path(out)
     if status.exists:
         logger.info("recomputing %s: %s", out, status.reason)
-    corpus = collection.load_corpus()
+    corpus = CorpusTexts(built_once(collection.corpus_dataset))
     scorer = PairScorer(model_dir, device=device, max_len=max_len, batch_size=batch_size, precision=resolved)
     stats = GroupStats()
-    written = pairs_scored = 0
-    cut = ((group, group.negatives[:max_negatives]) for group in iter_groups(groups_path, corpus=corpus, stats=stats))
-    with artifacts.write_file(out, kind="groups", settings=settings, inputs=inputs) as tmp, \
-            open(tmp, "w", encoding="utf-8") as handle, \
-            tqdm(desc="teacher scores", unit="pairs", disable=not show_progress) as progress:
-        for chunk in _chunks_of_items(cut, lambda item: len(item[0].positives) + len(item[1]), scorer.chunk_pairs):
-            pairs = [(group.query, corpus.full_text(corpus.row(doc_id)))
-                     for group, negatives in chunk for doc_id in (*group.positives, *negatives)]
-            scores = scorer.score_chunk([q for q, _ in pairs], [p for _, p in pairs]).tolist()
-            position = 0
-            for group, negatives in chunk:
-                count = len(group.positives) + len(negatives)
-                values = scores[position:position + count]
-                position += count
-                scored = TrainingGroup(group.query_id, group.query, group.positives, negatives,
-                                       values[:len(group.positives)], values[len(group.positives):])
-                handle.write(json.dumps(scored.to_dict(), ensure_ascii=False) + "\n")
-                written += 1
-            pairs_scored += len(pairs)
-            progress.update(len(pairs))
-        if written == 0:
+    count = sum(1 for _ in iter_groups(groups_path, corpus=corpus, stats=stats))
+
+    def write_part(start: int, end: int, paths: list[Path]) -> tuple[int, int]:
+        written = pairs_scored = 0
+        groups = (group for position, group in enumerate(iter_groups(groups_path, corpus=corpus))
+                  if start <= position < end)
+        cut = ((group, group.negatives[:max_negatives]) for group in groups)
+        with open(paths[0], "w", encoding="utf-8") as handle, \
+                tqdm(desc="teacher scores", unit="pairs", disable=not show_progress) as progress:
+            for chunk in _chunks_of_items(cut, lambda item: len(item[0].positives) + len(item[1]),
+                                          scorer.chunk_pairs):
+                ids = [doc_id for group, negatives in chunk for doc_id in (*group.positives, *negatives)]
+                queries = [group.query for group, negatives in chunk for _ in (*group.positives, *negatives)]
+                scores = scorer.score_chunk(queries, corpus.texts_of(ids)).tolist()
+                position = 0
+                for group, negatives in chunk:
+                    size = len(group.positives) + len(negatives)
+                    values = scores[position:position + size]
+                    position += size
+                    scored = TrainingGroup(group.query_id, group.query, group.positives, negatives,
+                                           values[:len(group.positives)], values[len(group.positives):])
+                    handle.write(json.dumps(scored.to_dict(), ensure_ascii=False) + "\n")
+                    written += 1
+                pairs_scored += len(ids)
+                progress.update(len(ids))
+        return written, pairs_scored
+
+    def check(parts: list[tuple[int, int]]) -> None:
+        if sum(written for written, _ in parts) == 0:
             raise InputError(f"no usable group ({stats.problems()})", path=groups_path)
+
+    parts = ranks.split_files([(Path(out), "groups", settings, inputs)], count, write_part, "teacher scores",
+                              check=check)
+    written, pairs_scored = sum(w for w, _ in parts), sum(p for _, p in parts)
     logger.info("wrote %d teacher-scored groups (%d pairs) to %s", written, pairs_scored, out)
     return Path(out)
