@@ -228,10 +228,17 @@ def guard(what: str) -> Iterator[None]:
         if not active():
             raise
         other = _announced(exclude=rank())
-        if other:
+        if other or _lost_peer(exc):
             raise _failure(what, exc, other) from None
         _announce(what, exc)
         raise
+
+
+def _lost_peer(exc: BaseException) -> bool:
+    """Whether ``exc`` is a collective failing because another process vanished (gloo, NCCL, the store)."""
+    text = str(exc).lower()
+    return any(sign in text for sign in ("connection closed by peer", "connection reset", "broken pipe",
+                                         "failed to pass monitoredbarrier", "ncclremoteerror", "socket timeout"))
 
 
 def _store():
@@ -284,9 +291,38 @@ def _failure(what: str, exc: BaseException, announced: Mapping[int, tuple[str, s
         missing = ", ".join(part.strip() for part in named.group(1).split(",") if part.strip())
         return RankFailure(f"rank {missing} of {world} did not reach '{what}' within {minutes:g} min: it died or "
                            f"hangs (see its log; dist_timeout_minutes sets the wait); rank {me} stops")
-    first = text.strip().splitlines()[0][:200] if text.strip() else type(exc).__name__
-    peer = "rank 0" if me != 0 else "another rank"
-    return RankFailure(f"rank {me} of {world} lost {peer} at '{what}' ({first}): it died or stopped — see its log")
+    missing = _roll_call()
+    announced = _announced(exclude=me)   # a peer may have recorded its error meanwhile
+    if announced:
+        return _failure(what, exc, announced)
+    if missing:
+        return RankFailure(f"rank {', '.join(map(str, missing))} of {world} died during '{what}' (it vanished without "
+                           f"an error: killed, out of memory? see its log); rank {me} stops")
+    first = text.strip().splitlines()[0][:160] if text.strip() else type(exc).__name__
+    return RankFailure(f"rank {me} of {world} lost contact with the other ranks during '{what}' ({first}); "
+                       "see the other ranks' logs")
+
+
+ROLL_CALL_SECONDS = 15.0
+"""How long a rank that lost a peer waits for the other survivors to answer the roll call that names the dead."""
+
+
+def _roll_call(seconds: float = ROLL_CALL_SECONDS) -> list[int] | None:
+    """The ranks that do not answer within ``seconds`` (every survivor of a lost peer answers, as it fails too);
+    None when the rendezvous store is gone (its host, rank 0 outside torchrun, died)."""
+    store = _store()
+    if store is None:
+        return None
+    try:
+        store.set(f"pretrieve/roll-call/{rank()}", "here")
+        deadline = time.monotonic() + seconds
+        while True:
+            missing = [r for r in range(world_size()) if not store.check([f"pretrieve/roll-call/{r}"])]
+            if not missing or time.monotonic() > deadline:
+                return missing
+            time.sleep(0.25)
+    except Exception:  # noqa: BLE001 - the store went away with its host
+        return [0] if rank() != 0 else None
 
 
 # ---------------------------------------------------------------------------------------------- splitting
