@@ -63,6 +63,12 @@ retriever (:func:`stage_fuse`: reciprocal rank fusion, or a normalised weighted 
 training collection's ``train`` queries only); ``evaluate`` adds its rows on every collection and, with ``final``
 and ``compare``, paired t-tests of the final row and a closing paragraph in ``results.md``.
 
+**Several processes** (``torchrun --nproc_per_node N -m pretrieve run``, ``accelerate launch``, several nodes
+sharing the output directory): every rank runs the recipe; training stages are DDP, the others split their work by
+rank — corpus encoding by whole encoding windows, queries by whole search blocks, BM25 queries, re-ranked queries,
+teacher groups — and rank 0 merges the parts into the very files one process writes (:mod:`pretrieve.ranks`,
+``docs/distributed.md``); ``dist_timeout_minutes`` bounds every wait, and a failed rank is named in a one-line error.
+
 Outputs in ``out``: one directory per stage, ``runs/<retriever>__<collection>.trec`` for every
 evaluated run (re-evaluate any number with ``pretrieve evaluate``), ``results.json``, ``results.md``
 (one row per retriever and collection, and the time each stage took) and ``recipe.resolved.json``.

@@ -133,7 +133,7 @@ def encode(
 
     retriever = _load(model, device, _precision(precision, bf16), max_length=max_length, pooling=pooling,
                       normalize=normalize)
-    corpus = _collection(data).load_corpus()
+    corpus = _collection(data).corpus_dataset()   # memory-mapped Arrow, not Python dicts
     began = time.perf_counter()
     shard_dir = build_index(retriever, corpus, out, shard=shard, num_shards=num_shards, batch_size=batch_size,
                             overwrite=overwrite)
@@ -221,7 +221,7 @@ def dense(
     queries = collection.load_queries(split)
     retriever = _load(model, device, _precision(precision, bf16), max_length=max_length,
                       query_max_length=query_max_length, pooling=pooling, normalize=normalize)
-    run = search_corpus(retriever, queries, collection.load_corpus(), k=k, cache_dir=cache, mode=mode,
+    run = search_corpus(retriever, queries, collection.corpus_dataset(), k=k, cache_dir=cache, mode=mode,
                         batch_size=batch_size, options=_options(factory, "ip", nprobe, ef_search, gpu))
     write_run(run, out, tag=mode or "dense", depth=k)
     _report(run, out, began)

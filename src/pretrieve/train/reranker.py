@@ -19,7 +19,9 @@ Scoring streams (:class:`PairScorer`): the run is read query by query and the gr
 are tokenised batch by batch within a length-ordered chunk, and each query's ranking / each scored group is
 written as soon as its pairs are scored, so memory is one chunk whatever the number of pairs (MS MARCO's stage 3
 scores ~16M). ``precision`` ``auto`` scores in bf16 only where the hardware computes it natively (a GPU with bf16,
-a CPU with AVX512-BF16/AMX), else fp32. Outputs are written atomically and recorded by :mod:`pretrieve.artifacts`
+a CPU with AVX512-BF16/AMX), else fp32. Under several ranks (:mod:`pretrieve.ranks`) each rank scores a contiguous
+slice of the run's queries / the groups and rank 0 concatenates the parts; passages are read from the memory-mapped
+Arrow corpus (:class:`pretrieve.data.arrow.CorpusTexts`). Outputs are written atomically and recorded by :mod:`pretrieve.artifacts`
 (settings + the model, run/groups, corpus and queries by content); a call whose output is current is skipped.
 """
 
