@@ -168,6 +168,27 @@ def test_fit_prefers_the_better_run_and_records_how():
     assert {t["fusion"].split("(")[0] for t in auto.fit["trials"]} == {"rrf", "wsum"}
 
 
+@pytest.mark.parametrize("norm", ["minmax", "zscore"])
+@pytest.mark.parametrize("measure", ["nDCG@10", "MAP"])
+def test_fit_scores_every_weight_as_ranx_fuse_does(norm, measure):
+    """The fit's fast weighted sum (one matrix, the top-10 kept for a measure @10) scores each grid point exactly
+    as fusing with ranx and evaluating the whole fused run would: random runs with documents and a query missing
+    from one run, integer scores so that fused scores tie."""
+    from pretrieve.evaluation.metrics import RunEvaluator
+
+    rng = random.Random(11)
+    docs = [f"d{i}" for i in range(60)]
+    runs = [{f"q{q}": {d: float(rng.randint(0, 6)) for d in rng.sample(docs, rng.randint(1, 40))}
+             for q in range(15) if (q, i) != (3, 1)} for i in range(2)]
+    qrels = {f"q{q}": {d: rng.randint(1, 2) for d in rng.sample(docs, 4)} for q in range(15)}
+    spec = fit_fusion(runs, qrels, candidates=[("wsum", norm)], measure=measure, step=0.1)
+    evaluator = RunEvaluator(qrels, [measure])
+    for trial in spec.fit["trials"]:
+        weights = tuple(float(w) for w in trial["fusion"].split(";")[1].rstrip(")").split(","))
+        fused = fuse_runs(runs, FusionSpec("wsum", norm, weights))
+        assert trial["score"] == pytest.approx(evaluator(fused).aggregate[measure], abs=1e-12), trial
+
+
 def test_fit_refuses_the_test_split():
     runs, qrels = _train_example()
     with pytest.raises(ConfigError, match="never on the test split"):
