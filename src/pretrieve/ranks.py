@@ -34,6 +34,7 @@ import datetime
 import logging
 import os
 import re
+import sys
 import time
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping, Sequence, TypeVar
@@ -71,6 +72,10 @@ def _env_int(name: str, default: int) -> int:
 
 
 def _dist():
+    """``torch.distributed`` when a process group can exist; None in a single process that never imported it (so
+    that commands which load no model, such as ``pretrieve bm25``, do not import torch)."""
+    if not launched() and "torch.distributed" not in sys.modules:
+        return None
     import torch.distributed as dist
 
     return dist if dist.is_available() else None
