@@ -318,6 +318,11 @@ class BeirCollection:
                              path=path)
         return path
 
+    def split_inputs(self, split: str) -> dict[str, Path]:
+        """The files a run or groups file of ``split`` is made from (recorded by content in its freshness
+        sidecar, :mod:`pretrieve.artifacts`): the corpus, the queries and the split's qrels."""
+        return {"corpus": self.corpus_path, "queries": self.queries_path, "qrels": self.qrels_path(split)}
+
     def splits(self) -> list[str]:
         return sorted(p.stem for p in (self.root / "qrels").glob("*.tsv"))
 

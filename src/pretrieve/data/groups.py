@@ -106,6 +106,14 @@ class GroupStats:
             setattr(self, name, getattr(self, name) + getattr(other, name))
         return self
 
+    @classmethod
+    def total(cls, parts: Iterable["GroupStats"]) -> "GroupStats":
+        """The counts of several parts (e.g. the slices of several ranks) added up."""
+        stats = cls()
+        for part in parts:
+            stats.add(part)
+        return stats
+
     def problems(self) -> dict[str, int]:
         """The non-zero counts other than ``seen`` and ``kept``."""
         return {k: v for k, v in self.as_dict().items() if v and k not in ("seen", "kept")}

@@ -583,9 +583,7 @@ def bm25_run_record(collection: BeirCollection, split: str, k: int, params: BM25
     """``(settings, inputs)`` recorded with a BM25 run file (what :func:`pretrieve.artifacts.check` compares)."""
     params = params or BM25Params()
     settings = {"retriever": "bm25", **params.settings(), "split": split, "k": k, "exclude_self": exclude_self}
-    inputs = {"corpus": collection.corpus_path, "queries": collection.queries_path,
-              "qrels": collection.qrels_path(split)}
-    return settings, inputs
+    return settings, collection.split_inputs(split)
 
 
 @contextlib.contextmanager
@@ -631,8 +629,7 @@ def bm25_negatives(data: str | Path | BeirCollection, split: str, out_groups: st
     out_groups = Path(out_groups)
     params = BM25Params(k1=k1, b=b)
     settings = {"retriever": "bm25", **params.settings(), "split": split, "depth": depth}
-    inputs = {"corpus": collection.corpus_path, "queries": collection.queries_path,
-              "qrels": collection.qrels_path(split)}
+    inputs = collection.split_inputs(split)
     run_settings = {**settings, "k": depth}
     current = not overwrite and artifacts.is_current(out_groups, settings, inputs, kind="groups") and (
         run_out is None or artifacts.is_current(run_out, run_settings, inputs, kind="run"))
@@ -668,9 +665,7 @@ def bm25_negatives(data: str | Path | BeirCollection, split: str, out_groups: st
             return stats
 
         def check(parts: list[GroupStats]) -> None:
-            stats = GroupStats()
-            for part in parts:
-                stats.add(part)
+            stats = GroupStats.total(parts)
             # queries the search was not asked for are counted as group_from_ranking would count them
             for qid, judged in qrels.items():
                 if qid not in queries or not any(grade >= 1 for grade in judged.values()):

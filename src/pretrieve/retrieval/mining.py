@@ -64,12 +64,6 @@ def collection_of(data: str | Path | BeirCollection) -> BeirCollection:
     return data if isinstance(data, BeirCollection) else BeirCollection(Path(data))
 
 
-def collection_inputs(collection: BeirCollection, split: str) -> dict[str, Path]:
-    """The files a mined groups file depends on (fingerprinted by content)."""
-    return {"corpus": collection.corpus_path, "queries": collection.queries_path,
-            "qrels": collection.qrels_path(split)}
-
-
 def _check_depth(depth: int) -> None:
     if depth < 1:
         raise ConfigError(f"depth must be >= 1, got {depth}")
@@ -139,7 +133,7 @@ def mine_negatives(model_dir: str | Path, data: str | Path | BeirCollection, spl
     settings = {"retriever": "model" if local else resolved, "split": split, "depth": depth,
                 "max_length": max_length, "query_max_length": query_max_length, "factory": factory,
                 "precision": resolve_precision(precision, resolve_device(device))}
-    inputs = {**({"model": Path(resolved)} if local else {}), **collection_inputs(collection, split)}
+    inputs = {**({"model": Path(resolved)} if local else {}), **collection.split_inputs(split)}
     if ranks.broadcast(not overwrite and output_is_current(out_groups, settings, inputs), "check the mined groups"):
         logger.info("mined groups in %s are up to date; not recomputing", out_groups)
         return Path(out_groups)
@@ -174,9 +168,7 @@ def mine_negatives(model_dir: str | Path, data: str | Path | BeirCollection, spl
                                      tag=tag, run_name=run_out)
 
         def check(parts: list[GroupStats]) -> None:
-            stats = GroupStats()
-            for part in parts:
-                stats.add(part)
+            stats = GroupStats.total(parts)
             if stats.kept == 0:
                 raise InputError(f"no training group could be built ({stats.problems()})", path=collection.root)
             logger.info("wrote %d groups to %s (%s)", stats.kept, out_groups, stats.as_dict())
