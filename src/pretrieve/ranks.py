@@ -351,26 +351,30 @@ def part_path(path: str | Path, of_rank: int | None = None, world: int | None = 
     return path.with_name(f".{path.name}.part-{r}-of-{w}.tmp")
 
 
-def split_files(outputs: Sequence[tuple[Path, str, Mapping[str, Any], Mapping[str, Any]]], count: int,
-                write_part: Callable[[int, int, list[Path]], T], what: str,
+def split_files(outputs: Sequence[tuple[Path, str, Mapping[str, Any], Mapping[str, Any]]],
+                count: int | Callable[[], int], write_part: Callable[[int, int, list[Path]], T], what: str,
                 check: Callable[[list[T]], None] | None = None, unit: int = 1) -> list[T]:
     """Write files of ``count`` items split by rank; returns every rank's ``write_part`` result, in rank order.
+    ``count`` may be a function, called only when several ranks split the items (a stream that must be read
+    through to be counted is then read once more only where it is split).
 
     ``outputs``: ``(path, kind, settings, inputs)`` of each file (as :func:`pretrieve.artifacts.write_file` takes
     them). Each rank calls ``write_part(a, b, paths)`` for its slice ``[a, b)`` (:func:`bounds` of ``unit``), writing item
     order into one path per output; ``check(results)`` (every rank, same answer) may refuse the result before
     anything is written; rank 0 then concatenates the parts in rank order into each output, atomically and
-    recorded. In a single process ``write_part(0, count, …)`` writes the outputs' temporary files directly."""
+    recorded. In a single process ``write_part(0, count, …)`` (``0, sys.maxsize`` for a ``count`` function: every item)
+    writes the outputs' temporary files directly."""
     from pretrieve import artifacts
 
     if not active():
         with contextlib.ExitStack() as stack:
             tmps = [stack.enter_context(artifacts.write_file(path, kind, settings, inputs))
                     for path, kind, settings, inputs in outputs]
-            result = write_part(0, count, tmps)
+            result = write_part(0, count if isinstance(count, int) else sys.maxsize, tmps)
             if check is not None:
                 check([result])
         return [result]
+    count = count if isinstance(count, int) else count()
     start, end = bounds(count, unit=unit)
     parts = [part_path(path) for path, *_ in outputs]
     with guard(what):

@@ -387,7 +387,8 @@ def rerank_run_file(model_dir: str | Path, data: str | Path, split: str, run_pat
     queries = collection.load_queries(split)
     corpus = CorpusTexts(built_once(collection.corpus_dataset))
     scorer = PairScorer(model_dir, device=device, max_len=max_len, batch_size=batch_size, precision=resolved)
-    count = sum(1 for _ in iter_run(run_path))
+    def count() -> int:
+        return sum(1 for _ in iter_run(run_path))
 
     def write_part(start: int, end: int, paths: list[Path]) -> list[str]:
         unknown: list[str] = []
@@ -462,11 +463,13 @@ def teacher_groups(model_dir: str | Path, data: str | Path, groups_path: str | P
     corpus = CorpusTexts(built_once(collection.corpus_dataset))
     scorer = PairScorer(model_dir, device=device, max_len=max_len, batch_size=batch_size, precision=resolved)
     stats = GroupStats()
-    count = sum(1 for _ in iter_groups(groups_path, corpus=corpus, stats=stats))
+
+    def count() -> int:
+        return sum(1 for _ in iter_groups(groups_path, corpus=corpus))
 
     def write_part(start: int, end: int, paths: list[Path]) -> tuple[int, int]:
         written = pairs_scored = 0
-        groups = (group for position, group in enumerate(iter_groups(groups_path, corpus=corpus))
+        groups = (group for position, group in enumerate(iter_groups(groups_path, corpus=corpus, stats=stats))
                   if start <= position < end)
         cut = ((group, group.negatives[:max_negatives]) for group in groups)
         with open(paths[0], "w", encoding="utf-8") as handle, \
