@@ -968,7 +968,6 @@ def _fit_fusion(state: RunState, name: str, components: list[str], candidates, s
     """The fusion fitted on the training collection's ``split`` queries (never ``test``), stored and reused."""
     import json
 
-    from pretrieve import artifacts
     from pretrieve.data import BeirCollection
     from pretrieve.retrieval import fusion
 
@@ -982,6 +981,7 @@ def _fit_fusion(state: RunState, name: str, components: list[str], candidates, s
     settings = {"runs": components, "candidates": [list(c) for c in candidates], "split": split, "measure": measure,
                 "step": step, "depth": depth, "k": k}
     inputs = {**train_runs, "qrels": qrels_path}
+
     def fit() -> None:
         if artifacts.is_current(path, settings, inputs, kind="fusion"):
             return
@@ -996,7 +996,6 @@ def _fit_fusion(state: RunState, name: str, components: list[str], candidates, s
 
 def _fusion_rows(state: RunState, collection, split: str, depth: int, qrels, show_progress: bool) -> list[dict]:
     """One row per fusion of the recipe on this collection: ``runs/<fusion>__<collection>.trec``."""
-    from pretrieve import artifacts
     from pretrieve.data import read_run
     from pretrieve.evaluation import evaluate
     from pretrieve.retrieval import fusion
@@ -1009,6 +1008,7 @@ def _fusion_rows(state: RunState, collection, split: str, depth: int, qrels, sho
         inputs = {f"run{i + 1}": p for i, p in enumerate(sources)}
         fitted = state.out / "fuse" / name / "fusion.json"
         fit_inputs = {"fusion": fitted} if spec.fit and fitted.exists() else {}
+
         def fuse() -> None:   # rank 0 decides and writes: the others wait for the file
             if not artifacts.is_current(path, fusion.fusion_settings(spec), {**inputs, **fit_inputs}, kind="run"):
                 fusion.write_fused_run(sources, path, spec, tag=name, fit_inputs=fit_inputs)
