@@ -10,6 +10,7 @@ import os
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
 import pytest
 
 from pretrieve import artifacts
@@ -250,3 +251,71 @@ def test_scifact_arrow_corpus_equals_the_jsonl_reader(scifact, tmp_path):
     assert ds["_id"] == reference.ids and ds["title"] == reference.titles and ds["text"] == reference.texts
     index = collection.corpus_index(cache_dir=tmp_path)
     assert index.lookup(reference.ids).tolist() == list(range(len(reference)))
+
+
+# ------------------------------------------------------------------------------------------- reading
+def _mapped_kb(directory: Path) -> int:
+    """Resident kB of this process's maps of files under ``directory`` (``/proc/self/smaps``)."""
+    total, inside = 0, False
+    with open("/proc/self/smaps", encoding="utf-8") as smaps:
+        for line in smaps:
+            first = line.split(maxsplit=1)[0]
+            if "-" in first and not first.endswith(":"):        # a mapping's header line
+                inside = str(directory) in line
+            elif inside and first == "Rss:":
+                total += int(line.split()[1])
+    return total
+
+
+@pytest.mark.skipif(not Path("/proc/self/smaps").exists(), reason="needs /proc/self/smaps (Linux)")
+def test_corpus_texts_read_rows_and_give_their_pages_back(tmp_path):
+    path = tmp_path / "corpus.jsonl"
+    rows = [{"_id": f"d{i}", "title": f"T{i}" if i % 3 else "", "text": f"passage {i} " + "word " * 200}
+            for i in range(8000)]
+    path.write_text(jsonl(*rows), encoding="utf-8")
+    ds = arrow.corpus_dataset(path, num_proc=1)
+    directory = arrow.dataset_directory(ds)
+    reference = Corpus.load(path)
+    texts = arrow.CorpusTexts.of(ds)
+    assert texts is not None and len(texts) == 8000
+    assert arrow.CorpusTexts.of(ds.select(range(10, 20))) is None      # a view: rows would not match
+    passages = [p for start in range(0, 8000, 1000) for p in texts[start:start + 1000]]
+    assert passages == [reference.full_text(i) for i in range(8000)]
+    assert texts[7990:9000] == passages[7990:] and texts[5:5] == []
+    assert texts.texts_of(["d7", "d0"]) == [reference.full_text(7), reference.full_text(0)]
+    size_kb = sum(f.stat().st_size for f in directory.glob("*.arrow")) // 1024
+    assert size_kb > 8000                                  # the texts are ~13 MB: a full pass would show
+    assert _mapped_kb(directory) < size_kb / 10           # only the last read's pages (if any) are resident
+    for start in range(0, 8000, 1000):                    # the same pass through datasets keeps them all
+        ds[start:start + 1000]
+    assert _mapped_kb(directory) > size_kb / 2
+
+
+def test_trainable_groups_keep_those_with_negatives_then_the_first_n(tmp_path):
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text(jsonl(*docs(10)), encoding="utf-8")
+    path = tmp_path / "groups.jsonl"
+    rows = [group(f"q{i}", [f"d{i}"], [] if i in (2, 3) else [f"d{(i + 1) % 10}"]) for i in range(8)]
+    path.write_text(jsonl(*rows), encoding="utf-8")
+    groups = arrow.groups_dataset(path, corpus=corpus)
+    kept = groups.trainable(need_negatives=True)
+    assert [g.query_id for g in kept] == ["q0", "q1", "q4", "q5", "q6", "q7"]
+    assert kept.stats.skipped_no_negatives == 2
+    assert [g.query_id for g in groups.trainable(need_negatives=False, max_groups=3)] == ["q0", "q1", "q2"]
+    assert [g.query_id for g in arrow.groups_dataset(path, corpus=corpus).trainable(True, max_groups=3)] == \
+        ["q0", "q1", "q4"]
+    path.write_text(jsonl(group("q0", ["d0"], [])), encoding="utf-8")
+    with pytest.raises(InputError, match="no usable training group with negatives"):
+        arrow.groups_dataset(path, corpus=corpus).trainable(need_negatives=True)
+
+
+def test_take_rows_reads_rows_of_any_chunk_in_the_order_asked():
+    column = pa.chunked_array([pa.array(["a", "b", "c"]), pa.array([], pa.string()), pa.array(["d"]),
+                               pa.array(["e", "f"])])
+    rows = [5, 0, 3, 3, 2, 4, 1]
+    assert arrow.take_rows(column, rows) == [column[r].as_py() for r in rows] == ["f", "a", "d", "d", "c", "e", "b"]
+    assert arrow.take_rows(column, []) == []
+    with pytest.raises(IndexError):
+        arrow.take_rows(column, [6])
+    with pytest.raises(IndexError):
+        arrow.take_rows(column, [-1])

@@ -25,6 +25,7 @@ dense-exact    ``search`` (Flat) of the eval queries                       passa
 dense-approx   ``search --factory`` (approximate)                          passages
 mine           ``mine --model`` on the train queries (embeddings reused)   passages × train queries
 reranker-init  ``reranker train --steps 1`` (a cross-encoder to score with) fixed
+finetune       ``finetune --stage 2 --steps`` on the BM25 groups (a few steps) fixed
 teacher        ``reranker teacher`` (``1 + max_negatives`` pairs per query) pairs
 pretrain       ``pretrain --steps`` (token cache built + a few steps)       passages (cache)
 pretrain-steps the same into a new output (cache reused: steps only)       fixed
@@ -57,7 +58,7 @@ from pretrieve.errors import ConfigError, InputError
 
 MSMARCO = {"passages": 8_841_823, "eval_queries": 6_980, "train_queries": 502_939, "pairs": 16_000_000}
 STAGES = ("bm25", "bm25-load", "bm25-search", "bm25-negatives", "encode", "dense-load", "dense-exact", "dense-approx",
-          "mine", "reranker-init", "teacher", "pretrain", "pretrain-steps")
+          "mine", "reranker-init", "finetune", "teacher", "pretrain", "pretrain-steps")
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
 
 
@@ -171,7 +172,11 @@ def _passage_texts(corpus_path: Path, rows: set[int]) -> dict[int, str]:
 def measure(argv: Sequence[str], log_path: str | Path, timeout: float | None = None,
             env: dict[str, str] | None = None) -> dict[str, Any]:
     """Run ``argv`` as a child process (output to ``log_path``) and return its wall time, CPU time (user + system)
-    and peak resident set size, read from the kernel for that child (``os.wait4``), and its exit code."""
+    and peak resident set size, read from the kernel for that child (``os.wait4``), and its exit code.
+
+    The child starts as a copy of this process (fork/exec), so its peak is never below the harness's own (~80 MB,
+    far below any stage's). ``peak_anon_mb``: the highest anonymous resident memory of the child itself (not its
+    worker processes) seen by sampling ``/proc`` every 0.1 s — what the stage allocates, without mapped files."""
     log_path = Path(log_path)
     log_path.parent.mkdir(parents=True, exist_ok=True)
     began = time.perf_counter()
@@ -180,18 +185,35 @@ def measure(argv: Sequence[str], log_path: str | Path, timeout: float | None = N
         log.flush()
         child = subprocess.Popen(list(map(str, argv)), stdout=log, stderr=subprocess.STDOUT, env=env)
         deadline = None if timeout is None else began + timeout
+        peak_anon_kb = 0
         while True:
-            pid, status, usage = os.wait4(child.pid, os.WNOHANG if deadline else 0)
+            pid, status, usage = os.wait4(child.pid, os.WNOHANG)
             if pid:
                 break
-            if time.perf_counter() > deadline:
+            peak_anon_kb = max(peak_anon_kb, _anonymous_kb(child.pid))
+            if deadline is not None and time.perf_counter() > deadline:
                 child.kill()
                 pid, status, usage = os.wait4(child.pid, 0)
                 break
-            time.sleep(0.2)
+            time.sleep(0.1)
         child.returncode = os.waitstatus_to_exitcode(status)
     return {"wall_s": round(time.perf_counter() - began, 3), "cpu_s": round(usage.ru_utime + usage.ru_stime, 3),
-            "peak_rss_mb": round(usage.ru_maxrss / 1024, 1), "returncode": child.returncode}
+            "peak_rss_mb": round(usage.ru_maxrss / 1024, 1), "peak_anon_mb": round(peak_anon_kb / 1024, 1),
+            "returncode": child.returncode}
+
+
+def _anonymous_kb(pid: int) -> int:
+    """The process's anonymous resident memory now (``RssAnon`` of ``/proc/PID/status``; 0 where unreadable):
+    its own allocations, without the pages of files it maps (libraries, memory-mapped Arrow and index files),
+    which the kernel counts in the peak RSS but can drop and re-read at any time."""
+    try:
+        with open(f"/proc/{pid}/status", encoding="ascii") as status:
+            for line in status:
+                if line.startswith("RssAnon:"):
+                    return int(line.split()[1])
+    except (OSError, ValueError):
+        pass
+    return 0
 
 
 @dataclass
@@ -245,6 +267,11 @@ def stage_commands(collection: Path, work: Path, settings: ScaleSettings, num_pa
                                 str(work / "bm25-groups.jsonl"), "--out", str(work / "reranker"), "--steps", "1",
                                 "--batch-size", "2", "--num-negatives", "1", "--max-len", str(settings.max_length),
                                 "--max-groups", "4"], "fixed", units, clear=[str(work / "reranker")]),
+        Stage("finetune", [*cli, "finetune", "--model", model, *data, "--stage", "2", "--groups",
+                           str(work / "bm25-groups.jsonl"), "--out", str(work / "finetune"), "--steps",
+                           str(settings.pretrain_steps), "--batch-size", "4", "--num-negatives", "3",
+                           "--passage-max-len", str(settings.max_length), "--save-every", str(10 ** 6),
+                           "--log-every", "1", "--overwrite"], "fixed", units, clear=[str(work / "finetune")]),
         Stage("teacher", [*cli, "reranker", "teacher", "--model", str(work / "reranker" / "final"), *data,
                           "--groups", str(work / "bm25-groups.jsonl"), "--out", str(work / "teacher.jsonl"),
                           "--max-negatives", str(settings.max_negatives), "--batch-size", str(settings.batch_size),
@@ -287,7 +314,7 @@ def run_scale_bench(settings: ScaleSettings, log=print) -> dict[str, Any]:
                           units=stage.units, fixed_from=stage.fixed_from)
             measured[stage.name] = result
             log(f"[bench scale] {size:,} {stage.name}: {result['wall_s']:.1f} s wall, {result['cpu_s']:.1f} s CPU, "
-                f"{result['peak_rss_mb']:.0f} MB peak" + ("" if result["returncode"] == 0 else
+                f"{result['peak_rss_mb']:.0f} MB peak ({result['peak_anon_mb']:.0f} MB anonymous)" + ("" if result["returncode"] == 0 else
                                                            f", FAILED (exit {result['returncode']}, see "
                                                            f"{work / 'logs' / (stage.name + '.log')})"))
         results["sizes"][str(size)] = measured
@@ -356,9 +383,11 @@ def report_markdown(results: dict[str, Any]) -> str:
     for size, measured in sorted(results["sizes"].items(), key=lambda item: int(item[0])):
         for stage, m in measured.items():
             rows.append([stage, int(size), m["wall_s"], m["cpu_s"], _per_unit(m, measured), m["peak_rss_mb"],
+                         m.get("peak_anon_mb", "—"),
                          "ok" if m["returncode"] == 0 else f"exit {m['returncode']}"])
     lines = ["## Stages at scale (measured)", "",
-             markdown_table(["stage", "passages", "wall s", "CPU s", "CPU per unit", "peak RSS MB", "status"], rows,
+             markdown_table(["stage", "passages", "wall s", "CPU s", "CPU per unit", "peak RSS MB",
+                             "peak anonymous MB", "status"], rows,
                             digits=2), ""]
     estimates = results.get("extrapolation", {})
     if estimates:

@@ -129,9 +129,14 @@ class CorpusTexts:
 
 def text_source(texts: Any) -> Any:
     """``texts`` as a sized source whose ``[i:j]`` gives a list of strings: a corpus (``full_text``) becomes
-    its passages, a ``datasets.Dataset`` its ``title`` + ``text`` columns, a list stays a list."""
+    its passages, a whole corpus dataset a :class:`pretrieve.data.arrow.CorpusTexts` (which gives back the pages of
+    every window it read), another ``datasets.Dataset`` its ``title`` + ``text`` columns, a list stays a list."""
     if hasattr(texts, "full_text") and hasattr(texts, "ids"):
         return CorpusTexts(texts)
+    if hasattr(texts, "cache_files") and hasattr(texts, "column_names"):
+        from pretrieve.data import arrow
+
+        return arrow.CorpusTexts.of(texts) or texts
     return texts
 
 

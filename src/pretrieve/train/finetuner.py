@@ -289,20 +289,7 @@ def load_training_groups(config: FinetuneConfig, path: Path, corpus) -> "GroupsD
             first = table.column("query_id")[int(np.argmax(unscored.to_numpy(zero_copy_only=False)))].as_py()
             raise InputError(f"stage 3 needs teacher scores but {missing} of {len(groups)} groups have none "
                              f"(e.g. query '{first}')\n{missing_groups_message(3)}", path=path)
-    keep = np.arange(len(groups))
-    if config.num_negatives > 0:
-        keep = np.nonzero(pc.list_value_length(table.column("negatives")).to_numpy(zero_copy_only=False) > 0)[0]
-        if len(keep) < len(groups):
-            groups.stats.skipped_no_negatives += len(groups) - len(keep)
-            logger.warning("%s: skipped %d groups without negatives", path, len(groups) - len(keep))
-    if config.max_groups is not None:
-        keep = keep[:config.max_groups]
-    if not len(keep):
-        raise InputError("no usable training group", path=path)
-    if len(keep) == len(groups):
-        return groups
-    contiguous = int(keep[-1]) - int(keep[0]) + 1 == len(keep)
-    return groups.select(range(int(keep[0]), int(keep[-1]) + 1) if contiguous else keep)
+    return groups.trainable(need_negatives=config.num_negatives > 0, max_groups=config.max_groups)
 
 
 def _warn_if_not_pretrained(config: FinetuneConfig, model_path: str) -> None:

@@ -38,10 +38,10 @@ import numpy as np
 import torch
 
 from pretrieve.data.beir import BeirCollection, Corpus
-from pretrieve.data.groups import GroupSet, TrainingGroup, read_groups, sample_group_indices
+from pretrieve.data.groups import TrainingGroup, sample_group_indices
 from pretrieve.data.trec import Run, ranked_ids
 from pretrieve import artifacts, outputs, ranks
-from pretrieve.data.arrow import CorpusTexts, built_once
+from pretrieve.data.arrow import CorpusTexts, built_once, groups_dataset
 from pretrieve.errors import ConfigError, InputError
 from pretrieve.io_utils import write_json
 from pretrieve.retrieval.batches import native_bf16
@@ -148,16 +148,13 @@ def _train_reranker(config: RerankerConfig) -> Path:
     fingerprints = {name: artifacts.fingerprint(path) for name, path in inputs.items()}
     accelerator = make_accelerator(config)
     config.validate(accelerator.num_processes)
-    corpus = CorpusTexts(built_once(BeirCollection(Path(config.data)).corpus_dataset))   # memory-mapped
-    groups = read_groups(config.groups, corpus=corpus, on_unknown=config.on_unknown)
-    kept = [g for g in groups if g.negatives]
-    if len(kept) < len(groups):
-        logger.warning("%s: skipped %d groups without negatives", config.groups, len(groups) - len(kept))
-    if config.max_groups is not None:
-        kept = kept[:config.max_groups]
-    if not kept:
-        raise InputError("no training group with negatives", path=config.groups)
-    dataset = GroupSet(kept, groups.stats, path=str(config.groups))
+    # Corpus and groups as memory-mapped Arrow datasets (built by rank 0, then opened by every rank): memory does
+    # not grow with the number of passages or groups.
+    corpus_data = built_once(BeirCollection(Path(config.data)).corpus_dataset)
+    groups = built_once(lambda: groups_dataset(config.groups, corpus=corpus_data, on_unknown=config.on_unknown),
+                        "read the training groups")
+    groups = groups.trainable(need_negatives=True, max_groups=config.max_groups)
+    corpus = CorpusTexts(corpus_data)
     if accelerator.is_main_process:
         out.mkdir(parents=True, exist_ok=True)
         write_json(out / CONFIG_FILE, {"settings": settings})
@@ -172,7 +169,7 @@ def _train_reranker(config: RerankerConfig) -> Path:
         tokenizer.save_pretrained(str(directory))
         write_json(directory / CONFIG_FILE, {"settings": settings, "groups_stats": groups.stats.as_dict()})
 
-    final = train(model, dataset, collator, config.loop(), out, export, {"config": settings | {"inputs": fingerprints}},
+    final = train(model, groups, collator, config.loop(), out, export, {"config": settings | {"inputs": fingerprints}},
                   accelerator=accelerator, description="train reranker",
                   record={"kind": KIND, "settings": settings, "inputs": inputs})
     if accelerator.is_main_process:
