@@ -283,6 +283,13 @@ def test_corpus_texts_read_rows_and_give_their_pages_back(tmp_path):
     assert passages == [reference.full_text(i) for i in range(8000)]
     assert texts[7990:9000] == passages[7990:] and texts[5:5] == []
     assert texts.texts_of(["d7", "d0"]) == [reference.full_text(7), reference.full_text(0)]
+    from pretrieve.retrieval.search import corpus_ids
+    import datasets
+
+    assert texts.ids_of(3, 7) == corpus_ids(ds, 3, 7) == ["d3", "d4", "d5", "d6"]
+    assert corpus_ids(ds, 0, 8000) == reference.ids
+    plain = datasets.Dataset.from_dict({"id": ["a", "b", "c"], "text": ["x", "y", "z"]})
+    assert corpus_ids(plain, 1, 3) == ["b", "c"]
     size_kb = sum(f.stat().st_size for f in directory.glob("*.arrow")) // 1024
     assert size_kb > 8000                                  # the texts are ~13 MB: a full pass would show
     assert _mapped_kb(directory) < size_kb / 10           # only the last read's pages (if any) are resident

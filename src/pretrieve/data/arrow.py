@@ -287,6 +287,12 @@ class CorpusTexts:
         release_pages(self._maps)
         return passages
 
+    def ids_of(self, start: int, end: int) -> list[str]:
+        """Document ids of rows ``start:end``, in order."""
+        ids = self.index.ids.slice(start, max(0, end - start)).to_pylist()
+        release_pages(self._maps)
+        return ids
+
     def release(self) -> None:
         """Give back the pages of the columns (see :func:`release_pages`)."""
         release_pages(self._maps)

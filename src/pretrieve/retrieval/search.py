@@ -48,14 +48,18 @@ DEFAULT_QUERY_ELEMENTS = 1 << 24
 
 
 # ------------------------------------------------------------------------------------------------ indexing
-def corpus_ids(corpus: Any, start: int, end: int) -> list[str]:
-    """Document ids ``start:end`` of a corpus (``ids``), or of a dataset (``_id`` / ``id`` column)."""
+def corpus_ids(corpus: Any, start: int, end: int, texts: Any = None) -> list[str]:
+    """Document ids ``start:end`` of a corpus (``ids``), or of a dataset (``_id`` / ``id`` column; only that
+    column is read — slicing a dataset would read every column of those rows). ``texts``: the corpus's
+    :func:`text_source` when the caller has it."""
     if hasattr(corpus, "ids"):
         return [str(doc_id) for doc_id in corpus.ids[start:end]]
-    part = corpus[start:end]
+    texts = text_source(corpus) if texts is None else texts
+    if hasattr(texts, "ids_of"):
+        return texts.ids_of(start, end)
     for column in ("_id", "id", "doc_id", "docid"):
-        if isinstance(part, Mapping) and column in part:
-            return [str(doc_id) for doc_id in part[column]]
+        if column in getattr(corpus, "column_names", ()):
+            return [str(doc_id) for doc_id in corpus.select_columns([column])[start:end][column]]
     raise ConfigError("the corpus has no document ids (an 'ids' attribute or an '_id'/'id' column)")
 
 
@@ -65,7 +69,7 @@ def content_hash(corpus: Any, start: int, end: int, window: int = DEFAULT_WINDOW
     digest = hashlib.sha1()
     for first in range(start, end, window):
         last = min(end, first + window)
-        for doc_id, text in zip(corpus_ids(corpus, first, last), text_slice(source, first, last)):
+        for doc_id, text in zip(corpus_ids(corpus, first, last, source), text_slice(source, first, last)):
             digest.update(doc_id.encode("utf-8"))
             digest.update(b"\0")
             digest.update(text.encode("utf-8"))
@@ -95,7 +99,7 @@ def _write_index(retriever: Retriever, corpus: Any, directory: Path, settings: d
     if status.exists:
         logger.info("re-encoding %s: %s", directory, status.reason)
     columns = _columns(retriever)
-    with writing(directory, retriever.kind, corpus_ids(corpus, start, end), meta, settings,
+    with writing(directory, retriever.kind, lambda: corpus_ids(corpus, start, end), meta, settings,
                  retriever.inputs()) as tmp:
         windows = (outputs for _, outputs in encode_windows(
             retriever.passage, text_source(corpus), batch_size, start, end, window=window,

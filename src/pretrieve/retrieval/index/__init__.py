@@ -38,7 +38,7 @@ import struct
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
-from typing import Any, Iterable, Iterator, Mapping, Sequence
+from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
 import scipy.sparse as sp
@@ -209,13 +209,16 @@ def is_current(path: str | Path, settings: Mapping[str, Any], inputs: Mapping[st
 
 # ---------------------------------------------------------------------------------------------- writing
 @contextlib.contextmanager
-def writing(path: str | Path, kind: str, ids: Sequence[str], meta: Mapping[str, Any],
+def writing(path: str | Path, kind: str, ids: Sequence[str] | Callable[[], Sequence[str]], meta: Mapping[str, Any],
             settings: Mapping[str, Any], inputs: Mapping[str, str | Path] | None = None) -> Iterator[Path]:
     """Write an index directory atomically: yields a temporary directory for the parts; ``ids.npy`` and
     ``meta.json`` (with ``parts``: the names of the parts found) are added, then the directory replaces ``path``
-    and its freshness sidecar is recorded."""
+    and its freshness sidecar is recorded. ``ids`` may be a function, called once the parts are written (so the
+    ids of a large corpus are not held while it is encoded)."""
     with artifacts.write_dir(path, kind=ARTIFACT_KIND, settings=settings, inputs=inputs or {}) as tmp:
         yield tmp
+        if callable(ids):
+            ids = ids()
         save_ids(tmp, ids)
         parts = sorted({file.name.split(".")[0] for file in tmp.glob("*.npy") if file.name != IDS_FILE})
         write_json(tmp / META_FILE, {"format": INDEX_FORMAT, "kind": kind, "count": len(ids), **meta,
