@@ -602,3 +602,17 @@ def test_cli_dense_encode_and_search(tmp_path, tiny_bert_dir):
     missing = runner.invoke(app, ["search", "--model", str(model), "--data", str(data), "--index",
                                   str(tmp_path / "nothing"), "--out", str(search_out)])
     assert missing.exit_code != 0 and isinstance(missing.exception, InputError)
+
+
+def test_tokenising_in_chunks_gives_the_ids_of_one_call(tiny_bert_dir, monkeypatch):
+    from pretrieve.retrieval import batches
+
+    retriever = dense(tiny_bert_dir, pooling="cls")
+    texts = [f"passage {i} " + "word " * (i % 7) for i in range(23)]
+    monkeypatch.setattr(batches, "TOKENIZE_CHUNK", 10_000)
+    whole = batches.tokenize(retriever.passage, texts)
+    monkeypatch.setattr(batches, "TOKENIZE_CHUNK", 5)
+    chunked = batches.tokenize(retriever.passage, texts)
+    assert chunked == whole and len(chunked[0]) == 23
+    assert whole[0] == retriever.passage.tokenizer(texts, truncation=True,
+                                                   max_length=retriever.passage.max_length)["input_ids"]

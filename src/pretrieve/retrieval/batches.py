@@ -172,13 +172,30 @@ def pad_rows(rows: Sequence[Sequence[int]], pad_id: int, left: bool = False) -> 
     return ids, mask.astype(np.int64)
 
 
+#: Texts per call of the tokenizer: a fast tokenizer keeps ~20 KB of Rust ``Encoding`` objects per text until the
+#: call's result is dropped, and the allocator keeps that peak (166 MB for an 8,192-text window; 1,024 → 52 MB less
+#: resident at the same CPU time, measured on MiniLM's tokenizer).
+TOKENIZE_CHUNK = 1024
+
+
 def tokenize(side: "Side", texts: Sequence[str]) -> tuple[list[list[int]], list[list[int]] | None]:
     """Unpadded token ids (and token type ids when the model takes them), prompt prepended, truncated."""
     inputs = [side.prompt + text for text in texts] if side.prompt else list(texts)
-    encoded = side.tokenizer(inputs, truncation=True, max_length=side.max_length, padding=False,
-                             return_attention_mask=False)
-    types = encoded.get("token_type_ids") if "token_type_ids" in side.tokenizer.model_input_names else None
-    return encoded["input_ids"], types
+    ids: list[list[int]] = []
+    types: list[list[int]] | None = None
+    for first in range(0, len(inputs), TOKENIZE_CHUNK):
+        encoded = side.tokenizer(inputs[first:first + TOKENIZE_CHUNK], truncation=True,
+                                 max_length=side.max_length, padding=False, return_attention_mask=False)
+        if first == 0 and "token_type_ids" in side.tokenizer.model_input_names:
+            types = []
+        ids.extend(encoded["input_ids"])
+        if types is not None:
+            chunk_types = encoded.get("token_type_ids")
+            if chunk_types is None:
+                types = None
+            else:
+                types.extend(chunk_types)
+    return ids, types
 
 
 @dataclass
