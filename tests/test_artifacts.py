@@ -126,3 +126,17 @@ def test_remove_stale_temporaries_keeps_young_and_ordinary_files(tmp_path):
     removed = artifacts.remove_stale_temporaries(tmp_path, older_than=time.time() - 60)
     assert sorted(p.name for p in removed) == sorted([old_file.name, old_dir.name])
     assert keep.exists() and young.exists()
+
+
+def test_a_derived_cache_inside_a_directory_artefact_is_not_its_content(tmp_path):
+    target = tmp_path / "collection"
+    with artifacts.write_dir(target, "synthetic-collection", {"n": 2}) as tmp:
+        (tmp / "corpus.jsonl").write_text('{"_id": "d0", "text": "x"}\n')
+    before = artifacts.fingerprint(target)
+    cache = target / artifacts.DERIVED_CACHE_DIR / "corpus.arrow"
+    cache.mkdir(parents=True)
+    (cache / "data-00000-of-00001.arrow").write_bytes(b"arrow")
+    assert artifacts.is_current(target, {"n": 2}, kind="synthetic-collection")
+    assert artifacts.fingerprint(target) == before
+    (target / "queries.jsonl").write_text("{}")                # a real addition still counts
+    assert "added" in artifacts.check(target, {"n": 2}).reason

@@ -84,13 +84,20 @@ def _sha1_file(path: Path) -> str:
     return _DIGESTS[key]
 
 
+#: Folders of caches that pretrieve derives from the files beside them (the Arrow datasets of
+#: :mod:`pretrieve.data.arrow`): not content of a directory artefact that holds them (a synthetic collection stays
+#: current when a stage caches its corpus as Arrow inside it).
+DERIVED_CACHE_DIR = ".pretrieve-cache"
+
+
 def _content_files(path: Path) -> list[tuple[str, Path]]:
     """``[(relative name, file)]`` of an artefact's content (a file is its own single entry; the sidecar
-    of a directory is not content)."""
+    of a directory and the derived caches in it are not content)."""
     if path.is_file():
         return [(path.name, path)]
     return sorted((file.relative_to(path).as_posix(), file) for file in path.rglob("*")
-                  if file.is_file() and file.relative_to(path).as_posix() != DIR_SIDECAR)
+                  if file.is_file() and file.relative_to(path).as_posix() != DIR_SIDECAR
+                  and DERIVED_CACHE_DIR not in file.relative_to(path).parts[:-1])
 
 
 def describe_content(path: str | Path) -> dict[str, Any]:

@@ -74,7 +74,7 @@ logger = logging.getLogger(__name__)
 
 FORMAT = "pretrieve-arrow/1"
 KIND = "arrow-dataset"
-CACHE_DIR_NAME = ".pretrieve-cache"
+CACHE_DIR_NAME = artifacts.DERIVED_CACHE_DIR   # ".pretrieve-cache"
 BATCH_ROWS = 8192
 HASHES_FILE, ROWS_FILE, META_FILE = "ids.hash.npy", "ids.row.npy", "meta.json"
 
