@@ -111,7 +111,7 @@ def test_bm25_negatives_exclude_positives_keep_rank_order_and_depth(tiny_collect
 
 
 def test_dense_mining_excludes_positives_keeps_rank_order_and_depth(tiny_bert_dir, tokenizer, tiny_collection,
-                                                                    tmp_path):
+                                                                    tmp_path, monkeypatch):
     from pretrieve.modeling.dual_encoder import DualEncoder
     from pretrieve.modeling.export import export_retriever
     from pretrieve.retrieval.mining import mine_negatives
@@ -132,6 +132,14 @@ def test_dense_mining_excludes_positives_keeps_rank_order_and_depth(tiny_bert_di
     mtime = out.stat().st_mtime_ns
     again(model_dir, tiny_collection, "train", out, depth=5, show_progress=False, device="cpu")
     assert out.stat().st_mtime_ns == mtime
+    # results held 3 queries at a time (within blocks of 7): the same groups, in the same order
+    from pretrieve.retrieval import mining
+
+    monkeypatch.setattr(mining, "RUN_QUERIES", 3)
+    small = again(model_dir, tiny_collection, "train", tmp_path / "small.jsonl", depth=5, show_progress=False,
+                  device="cpu", query_block=7, run_out=tmp_path / "small.trec")
+    assert small.read_text() == out.read_text()
+    assert read_run(tmp_path / "small.trec") == run
 
 
 # ------------------------------------------------------------------------------------------------ stages

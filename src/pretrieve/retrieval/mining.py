@@ -92,6 +92,12 @@ def write_group_lines(blocks: Iterable[tuple[Run, Mapping[str, Mapping[str, int]
     return stats
 
 
+#: Queries whose results are held at once (as a run) before their groups are written. A run costs ~125 bytes per
+#: (query, document): the whole 83,886-query block that ranks split at depth 200 would hold 2.1 GB (measured); this
+#: many queries ~200 MB. Counted from the start of each block, so any number of ranks cuts the same sub-blocks.
+RUN_QUERIES = 8192
+
+
 def _qrels_blocks(qrels: Mapping[str, Mapping[str, int]], size: int) -> Iterator[dict[str, Mapping[str, int]]]:
     """``qrels`` in blocks of ``size`` queries, in qrels order."""
     items = list(qrels.items())
@@ -157,12 +163,14 @@ def mine_negatives(model_dir: str | Path, data: str | Path | BeirCollection, spl
 
         def write_part(start: int, end: int, paths: list[Path]) -> GroupStats:
             def blocks() -> Iterator[tuple[Run, Mapping[str, Mapping[str, int]]]]:
-                for part in _qrels_blocks(dict(qrels[start:end]), block):
-                    searchable = {qid: queries[qid] for qid, judged in part.items()
-                                  if qid in queries and any(grade >= 1 for grade in judged.values())}
-                    run = search(retriever, searchable, root, k=depth, options=options, batch_size=batch_size,
-                                 query_block=block, show_progress=show_progress) if searchable else {}
-                    yield run, part
+                size = min(block, RUN_QUERIES)
+                for whole in _qrels_blocks(dict(qrels[start:end]), block):
+                    for part in _qrels_blocks(whole, size):
+                        searchable = {qid: queries[qid] for qid, judged in part.items()
+                                      if qid in queries and any(grade >= 1 for grade in judged.values())}
+                        run = search(retriever, searchable, root, k=depth, options=options, batch_size=batch_size,
+                                     query_block=size, show_progress=show_progress) if searchable else {}
+                        yield run, part
 
             return write_group_lines(blocks(), queries, depth, paths[0], paths[1] if run_out is not None else None,
                                      tag=tag, run_name=run_out)
