@@ -313,10 +313,10 @@ def run_scale_bench(settings: ScaleSettings, log=print) -> dict[str, Any]:
             result.update(command=" ".join(["pretrieve", *stage.argv[3:]]), scales_with=stage.scales_with,
                           units=stage.units, fixed_from=stage.fixed_from)
             measured[stage.name] = result
+            failed = "" if result["returncode"] == 0 else (f", FAILED (exit {result['returncode']}, see "
+                                                           f"{work / 'logs' / (stage.name + '.log')})")
             log(f"[bench scale] {size:,} {stage.name}: {result['wall_s']:.1f} s wall, {result['cpu_s']:.1f} s CPU, "
-                f"{result['peak_rss_mb']:.0f} MB peak ({result['peak_anon_mb']:.0f} MB anonymous)" + ("" if result["returncode"] == 0 else
-                                                           f", FAILED (exit {result['returncode']}, see "
-                                                           f"{work / 'logs' / (stage.name + '.log')})"))
+                f"{result['peak_rss_mb']:.0f} MB peak ({result['peak_anon_mb']:.0f} MB anonymous){failed}")
         results["sizes"][str(size)] = measured
     results["extrapolation"] = extrapolate(results["sizes"])
     return results

@@ -293,10 +293,6 @@ class CorpusTexts:
         release_pages(self._maps)
         return ids
 
-    def release(self) -> None:
-        """Give back the pages of the columns (see :func:`release_pages`)."""
-        release_pages(self._maps)
-
     def __getstate__(self) -> dict:
         return {"directory": str(self.directory)}
 
@@ -407,12 +403,15 @@ def groups_dataset(path: str | Path, corpus: "datasets.Dataset | str | Path | No
 
 def built_once(make: Callable[[], Any], what: str = "convert to Arrow") -> Any:
     """``make()`` (one of this module's builders) on every rank of a launched run: rank 0 builds (or finds current)
-    the cached dataset while the others wait, then every rank opens it (:func:`pretrieve.ranks.once`)."""
+    the cached dataset while the others wait (:func:`pretrieve.ranks.once`), then the others open it; rank 0 keeps
+    what it built."""
     from pretrieve import ranks
 
-    if ranks.active():
-        ranks.once(what, lambda: (make(), None)[1])
-    return make()
+    if not ranks.active():
+        return make()
+    built: list[Any] = []
+    ranks.once(what, lambda: built.append(make()))
+    return built[0] if built else make()
 
 
 def load(directory: str | Path) -> "datasets.Dataset":

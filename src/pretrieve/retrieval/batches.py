@@ -186,15 +186,11 @@ def tokenize(side: "Side", texts: Sequence[str]) -> tuple[list[list[int]], list[
     for first in range(0, len(inputs), TOKENIZE_CHUNK):
         encoded = side.tokenizer(inputs[first:first + TOKENIZE_CHUNK], truncation=True,
                                  max_length=side.max_length, padding=False, return_attention_mask=False)
-        if first == 0 and "token_type_ids" in side.tokenizer.model_input_names:
+        if first == 0 and "token_type_ids" in side.tokenizer.model_input_names and "token_type_ids" in encoded:
             types = []
         ids.extend(encoded["input_ids"])
         if types is not None:
-            chunk_types = encoded.get("token_type_ids")
-            if chunk_types is None:
-                types = None
-            else:
-                types.extend(chunk_types)
+            types.extend(encoded["token_type_ids"])
     return ids, types
 
 

@@ -342,15 +342,10 @@ def _finetune(config: FinetuneConfig) -> Path:
     collection = BeirCollection(Path(config.data))
     path = groups_path(config, collection)
     # Corpus and groups as memory-mapped Arrow datasets, built once by the main process; the others then open them.
-    corpus = groups = None
-    if accelerator.is_main_process:
-        with ranks.guard("read the training groups"):
-            corpus = collection.corpus_dataset()
-            groups = load_training_groups(config, path, corpus)
-    ranks.barrier("read the training groups")
-    if corpus is None:
-        corpus = collection.corpus_dataset()
-        groups = load_training_groups(config, path, corpus)
+    from pretrieve.data.arrow import built_once
+
+    corpus = built_once(collection.corpus_dataset, "read the training groups")
+    groups = built_once(lambda: load_training_groups(config, path, corpus), "read the training groups")
     if accelerator.is_main_process:   # only once the inputs are read: a failed start leaves no config behind
         write_json(out / CONFIG_FILE, {"settings": settings, "config": dataclasses.asdict(config)})
     logger.info("stage %d: %d training groups from %s", config.stage, len(groups), path)

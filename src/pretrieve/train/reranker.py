@@ -384,6 +384,7 @@ def rerank_run_file(model_dir: str | Path, data: str | Path, split: str, run_pat
     queries = collection.load_queries(split)
     corpus = CorpusTexts(built_once(collection.corpus_dataset))
     scorer = PairScorer(model_dir, device=device, max_len=max_len, batch_size=batch_size, precision=resolved)
+
     def count() -> int:
         return sum(1 for _ in iter_run(run_path))
 
