@@ -91,16 +91,17 @@ def synthetic_qrels_and_run(seed: int = 0):
 
 def test_agrees_with_pytrec_eval_on_synthetic_run_with_ties():
     qrels, run = synthetic_qrels_and_run()
-    result = evaluate(qrels, run)
+    result = evaluate(qrels, run, missing="ignore")       # pytrec_eval's "answered queries only" mean
     assert_matches_reference(result, pytrec_eval_reference(qrels, run))
     assert result.missing_queries == ("q3",) and result.unjudged_queries == 1
     assert result.n_queries == len(qrels) - 1
 
 
-def test_missing_queries_scored_zero_when_asked():
+def test_missing_queries_scored_zero_by_default():
     qrels, run = synthetic_qrels_and_run()
     reference = pytrec_eval_reference(qrels, run)
-    result = evaluate(qrels, run, missing="zero")
+    result = evaluate(qrels, run)
+    assert result.missing == "zero" and evaluate(qrels, run, missing="zero").aggregate == result.aggregate
     assert result.n_queries == len(qrels)
     for name in DEFAULT_MEASURES:
         assert result.per_query[name]["q3"] == 0.0
@@ -190,7 +191,7 @@ def word_overlap_runs(root: Path, n_queries: int = 50, depth: int = 1000):
 @pytest.mark.slow
 def test_agrees_with_pytrec_eval_on_scifact(scifact):
     qrels, (overlap, idf_overlap) = word_overlap_runs(scifact)
-    evaluator = RunEvaluator(qrels)
+    evaluator = RunEvaluator(qrels, missing="ignore")     # pytrec_eval scores the answered queries only
     for run in (overlap, idf_overlap):
         result = evaluator(run)
         assert result.n_queries == 50 and len(result.missing_queries) == len(qrels) - 50
@@ -244,7 +245,8 @@ def test_compare_pairs_queries_with_missing_as_zero():
     qrels = {"a": {"d1": 1}, "b": {"d2": 1}, "c": {"d3": 1}, "d": {"d4": 1}, "e": {"d5": 1}}
     base_run = {"a": {"d1": 1.0}, "b": {"x": 1.0, "d2": 0.5}, "c": {"d3": 1.0}}                    # d, e missing
     other_run = {"a": {"d1": 1.0}, "b": {"d2": 1.0}, "c": {"x": 1.0, "d3": 0.5}, "d": {"d4": 1.0}}  # e missing
-    result = compare(evaluate(qrels, base_run), evaluate(qrels, other_run), "MRR@10")
+    result = compare(evaluate(qrels, base_run, missing="ignore"), evaluate(qrels, other_run, missing="ignore"),
+                     "MRR@10")
     # "d" is paired (0 for the baseline); "e", retrieved by neither, is not
     expected = stats.ttest_rel([1.0, 1.0, 0.5, 1.0], [1.0, 0.5, 1.0, 0.0])
     assert result.n == 4 and result.p_value == pytest.approx(expected.pvalue)
@@ -372,7 +374,7 @@ def test_cli_help_shows_defaults():
     result = CliRunner().invoke(app, cli_args("--help"), env={"COLUMNS": "200"})
     assert result.exit_code == 0
     text = re.sub(r"\s+", " ", result.stdout)
-    for default in ("[default: ttest]", "[default: 0.05]", "[default: ignore]", "[default: test]", "MRR@10,R@5"):
+    for default in ("[default: ttest]", "[default: 0.05]", "[default: zero]", "[default: test]", "MRR@10,R@5"):
         assert default in text
 
 

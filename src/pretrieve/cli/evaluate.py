@@ -56,9 +56,10 @@ def evaluate_command(
     permutations: Annotated[int, typer.Option("--permutations", help="Random sign flips of the permutation test.")]
         = 10_000,
     seed: Annotated[int, typer.Option("--seed", help="Seed of the permutation test.")] = 0,
-    missing: Annotated[MissingQueries, typer.Option("--missing", help="Judged queries absent from a run: 'ignore' "
-                                                    "them (pytrec_eval/BEIR) or score them 'zero' (trec_eval -c).")]
-        = MissingQueries.ignore,
+    missing: Annotated[MissingQueries, typer.Option("--missing", help="Judged queries absent from a run: score "
+                                                    "them 'zero' (trec_eval -c; every row over the same queries) or "
+                                                    "'ignore' them (answered queries only, as pytrec_eval/BEIR).")]
+        = MissingQueries.zero,
     ignore_identical_ids: Annotated[bool, typer.Option("--ignore-identical-ids", help="Drop documents whose id equals "
                                                        "the query id (BEIR's option for ArguAna/Quora).")] = False,
 ) -> None:

@@ -8,11 +8,13 @@ hand-written here except the bookkeeping, so the numbers agree with ``pytrec_eva
 
 Conventions (chosen to match ``pytrec_eval`` / BEIR's ``EvaluateRetrieval.evaluate``):
 
-* **Queries judged but absent from the run** are *ignored* (``missing="ignore"``, the default):
-  ``pytrec_eval`` only scores queries present in both, and BEIR averages over exactly those, so
-  published BEIR numbers ignore them. ``missing="zero"`` instead scores them 0 and averages over every
-  judged query, as ``trec_eval -c`` does. A query that is in the run with no documents counts as
-  present (it scores 0), again like ``pytrec_eval``.
+* **Queries judged but absent from the run** score 0 (``missing="zero"``, the default), and every
+  mean is over every judged query, as ``trec_eval -c`` does when systems are compared: rows of one
+  table, their paired tests and the differences a report states then all share one query set (a BM25
+  run that answers nothing for a query whose words are not in the corpus is not averaged over fewer
+  queries than a dense run). ``missing="ignore"`` is the "answered queries only" mean of
+  ``pytrec_eval`` and BEIR's ``EvaluateRetrieval.evaluate`` (published BEIR numbers ignore them); ask
+  for it explicitly. A query that is in the run with no documents counts as present (it scores 0).
 * **Queries in the run but not in the qrels** are ignored.
 * **Relevance:** binary measures (RR, Recall, AP) count grade ≥ 1 as relevant; nDCG uses the grades
   as gains (``trec_eval``'s linear gain, log2 discount). ``ir_measures`` syntax selects other levels,
@@ -20,7 +22,7 @@ Conventions (chosen to match ``pytrec_eval`` / BEIR's ``EvaluateRetrieval.evalua
 * **Recall@k** is ``trec_eval``'s ``recall_k`` (relevant in top k / all relevant), BEIR's Recall@k.
 * **MRR@10** is ``ir_measures``' ``RR@10``: 1/rank of the first relevant document within the top 10,
   0 if none. (BEIR's own ``mrr`` helper divides by the number of judged queries, i.e. it behaves like
-  ``missing="zero"``; pass that to reproduce it.)
+  ``missing="zero"``.)
 * **Ties:** ``trec_eval`` ranks by score stored as float32, breaking ties by *descending* document id,
   while the MS MARCO provider breaks them by ascending id. Runs given to providers other than
   ``pytrec_eval`` are therefore first re-scored with ``trec_eval``'s ranking (:func:`trec_eval_ranking`),
@@ -66,7 +68,7 @@ class EvalResult:
     aggregate: dict[str, float]
     per_query: dict[str, dict[str, float]]
     measures: list[str]
-    missing: str = "ignore"
+    missing: str = "zero"
     judged_queries: tuple[str, ...] = ()
     missing_queries: tuple[str, ...] = ()
     unjudged_queries: int = 0
@@ -155,7 +157,7 @@ class RunEvaluator:
     """
 
     def __init__(self, qrels: Qrels, measures: str | Sequence[str] = DEFAULT_MEASURES,
-                 missing: MissingPolicy = "ignore", ignore_identical_ids: bool = False):
+                 missing: MissingPolicy = "zero", ignore_identical_ids: bool = False):
         if missing not in MISSING_POLICIES:
             raise ConfigError(f"missing-query policy must be one of {', '.join(MISSING_POLICIES)}, got '{missing}'")
         if not qrels:
@@ -225,7 +227,7 @@ def _aggregate(measure: Measure, values: Iterable[float]) -> float:
 
 
 def evaluate(qrels: Qrels, run: Run, measures: str | Sequence[str] = DEFAULT_MEASURES, *,
-             missing: MissingPolicy = "ignore", ignore_identical_ids: bool = False) -> EvalResult:
+             missing: MissingPolicy = "zero", ignore_identical_ids: bool = False) -> EvalResult:
     """Score one run (``{query_id: {doc_id: score}}``) against qrels (``{query_id: {doc_id: grade}}``).
 
     ``measures`` are ``ir_measures`` names such as ``"nDCG@10"``, ``"MRR@10"``, ``"R@100"``, ``"MAP"``
