@@ -38,6 +38,9 @@ def fuse_command(
                                                  "separate with commas)."),
     fit_measure: str = typer.Option("nDCG@10", "--fit-measure", help="Measure maximised on the training queries."),
     fit_step: float = typer.Option(0.05, "--fit-step", help="Grid step of the fitted weights."),
+    allow_disjoint: bool = typer.Option(False, "--allow-disjoint", help="Fuse runs that share no query (their "
+                                        "union; refused by default, as it usually means runs of different "
+                                        "query sets were given)."),
 ) -> None:
     """Fuse runs (reciprocal rank fusion, or normalised scores with convex weights given or fitted on train)."""
     from rich.console import Console
@@ -64,6 +67,7 @@ def fuse_command(
     for path in [*runs, *train_runs]:
         if not path.is_file():
             raise ConfigError(f"{path}: run file not found")
+    _check_shared_queries(runs, allow_disjoint, err)
     if fitting:
         if method == "rrf":
             raise ConfigError("rrf has nothing to fit (k is fixed): drop --fit-*, or use --method wsum or auto")
@@ -91,3 +95,21 @@ def fuse_command(
         fit_inputs = None
     fused = fusion.write_fused_run(runs, out, spec, tag="fused", fit_inputs=fit_inputs)
     err.print(f"wrote {out}: {spec.describe()} of {len(runs)} runs, {len(fused)} queries")
+
+
+def _check_shared_queries(runs: list[Path], allow_disjoint: bool, err) -> None:
+    """Refuse runs that share no query (unless allowed); note the queries some runs lack (one streamed pass)."""
+    from pretrieve.errors import InputError
+    from pretrieve.data.trec import iter_run
+
+    query_sets = [{qid for qid, _ in iter_run(path)} for path in runs]
+    shared = set.intersection(*query_sets)
+    union = set.union(*query_sets)
+    if not shared and not allow_disjoint:
+        raise InputError(f"the runs share no query ({', '.join(f'{p}: {len(q)}' for p, q in zip(runs, query_sets))} "
+                         "queries): were runs of different query sets given? --allow-disjoint fuses their union",
+                         path=str(runs[1]))
+    for path, queries in zip(runs, query_sets):
+        if len(queries) < len(union):
+            err.print(f"note: {path} has no result for {len(union) - len(queries)} of the {len(union)} queries of "
+                      "the runs (fused from the other runs only)")

@@ -86,8 +86,9 @@ def _iter_run_lines(path: str | Path) -> Iterator[tuple[int, str, str, float]]:
         except ValueError:
             raise InputError(f"score '{score}' is not a number", path=path, line=line_no,
                              field="score") from None
-        if math.isnan(value):
-            raise InputError("score is NaN", path=path, line=line_no, field="score")
+        if not math.isfinite(value):
+            raise InputError(f"score is {score} (scores must be finite numbers)", path=path, line=line_no,
+                             field="score")
         yield line_no, qid, doc_id, value
 
 
@@ -121,8 +122,9 @@ def query_lines(qid: str, docs: Mapping[str, float] | Iterable[tuple[str, float]
     for rank, (doc_id, score) in enumerate(ranked, start=1):
         _check_trec_token(doc_id, "doc_id", path)
         value = float(score)
-        if math.isnan(value):
-            raise InputError(f"score of document '{doc_id}' for query '{qid}' is NaN", path=path, field="score")
+        if not math.isfinite(value):
+            raise InputError(f"score of document '{doc_id}' for query '{qid}' is {value} (scores must be finite)",
+                             path=path, field="score")
         lines.append(f"{qid} Q0 {doc_id} {rank} {value!r} {tag}\n")
     return lines
 

@@ -561,6 +561,9 @@ def bm25_run_file(data: str | Path | BeirCollection, split: str, out: str | Path
     collection = data if isinstance(data, BeirCollection) else BeirCollection(Path(data))
     params = params or BM25Params()
     queries = list(collection.load_queries(split).items())  # validates the split before the index is built
+    if not queries:
+        raise InputError(f"no query judged in split '{split}' ({collection.qrels_path(split)}) is in the queries "
+                         "file: the run would be empty (do the query ids match?)", path=collection.queries_path)
     out = Path(out)
     settings, inputs = bm25_run_record(collection, split, k, params, exclude_self)
     with shared_corpus_index(collection.corpus_path, params, index_dir, scratch_dir=out.parent,
