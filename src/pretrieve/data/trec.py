@@ -87,8 +87,8 @@ def _iter_run_lines(path: str | Path) -> Iterator[tuple[int, str, str, float]]:
             raise InputError(f"score '{score}' is not a number", path=path, line=line_no,
                              field="score") from None
         if not math.isfinite(value):
-            raise InputError(f"score is {score} (scores must be finite numbers)", path=path, line=line_no,
-                             field="score")
+            problem = "NaN" if math.isnan(value) else f"{score}: scores must be finite numbers"
+            raise InputError(f"score is {problem}", path=path, line=line_no, field="score")
         yield line_no, qid, doc_id, value
 
 
