@@ -318,7 +318,7 @@ def dupmae_finetuned(dupmae_pretrained, tiny_collection, tmp_path_factory) -> Pa
 
 def test_finetuned_model_is_searched_exactly_through_the_one_search_path(dupmae_finetuned, tiny_collection,
                                                                          tmp_path):
-    from pretrieve.data.beir import BeirCollection
+    from pretrieve.data.collection import BeirCollection
 
     final = dupmae_finetuned
     assert retriever_kind(final) == "dupmae" and (final / "representation.safetensors").exists()
@@ -357,7 +357,7 @@ def test_cli_dense_gives_the_mining_run_of_a_dupmae_model(dupmae_finetuned, tiny
     from typer.testing import CliRunner
 
     from pretrieve.cli import app
-    from pretrieve.data.beir import BeirCollection
+    from pretrieve.data.collection import BeirCollection
     from pretrieve.data.trec import read_run
     from pretrieve.errors import ConfigError
 

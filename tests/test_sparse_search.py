@@ -13,7 +13,8 @@ import torch
 import yaml
 
 from conftest import tiny_bert_config
-from pretrieve.data.beir import BeirCollection, Corpus
+from pretrieve.data.beir import Corpus
+from pretrieve.data.collection import BeirCollection
 from pretrieve.data.trec import read_run
 from pretrieve.errors import ConfigError
 from pretrieve.modeling import Encoder

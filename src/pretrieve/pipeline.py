@@ -815,7 +815,7 @@ def _retriever_run(state: RunState, name: str, model_dir: str, collection, split
     if not ranks.broadcast(_current_run(run_path, settings, inputs), f"check {run_path.name}"):
         batch_size = int(encoding.get("batch_size", 64))
         retriever = load_retriever(model_dir, precision=precision)
-        from pretrieve.data.arrow import built_once
+        from pretrieve.ranks import built_once
 
         index = encode_corpus(retriever, built_once(collection.corpus_dataset), state.out / "embeddings" /
                               f"{name}__{collection_name}", batch_size=batch_size, show_progress=show_progress)

@@ -493,7 +493,8 @@ def _now() -> str:
 # -------------------------------------------------------------------------------------------- statistics
 def summarize(out: str | Path) -> dict[str, Any]:
     """Everything the report shows, recomputed from ``bench.json`` and the saved runs of ``out``."""
-    from pretrieve.data.beir import BeirCollection, load_qrels
+    from pretrieve.data.beir import load_qrels
+    from pretrieve.data.collection import BeirCollection
     from pretrieve.evaluation import RunEvaluator
 
     out = Path(out)

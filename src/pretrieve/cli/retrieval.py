@@ -17,7 +17,7 @@ import typer
 from rich.console import Console
 
 from pretrieve.cli import app
-from pretrieve.data.beir import BeirCollection
+from pretrieve.data.collection import BeirCollection
 from pretrieve.data.registry import resolve_collection
 from pretrieve.data.trec import write_run
 from pretrieve.errors import ConfigError

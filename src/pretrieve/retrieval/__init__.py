@@ -25,7 +25,7 @@ _EXPORTS = {
     "bm25": ("BM25Index", "BM25Params", "bm25_run"),
     "load": ("Retriever", "load_retriever", "load_dense_encoder"),
     "batches": ("encode_all", "encode_windows", "resolve_precision"),
-    "index": ("SearchOptions", "find_shards", "open_index", "shard_bounds"),
+    "index": ("SearchOptions", "find_shards", "open_index"),
     "index.dense": ("FaissIndex", "merge_topk"),
     "search": ("build_index", "search", "search_blocks"),
 }

@@ -145,7 +145,7 @@ def text_slice(source: Any, start: int, end: int) -> list[str]:
     (``title`` + ``text`` joined as passages are everywhere, else its ``text`` or only column)."""
     part = source[start:end]
     if isinstance(part, Mapping):
-        from pretrieve.data.beir import join_title
+        from pretrieve.data.records import join_title
 
         if "text" in part:
             titles = part.get("title")

@@ -52,7 +52,8 @@ from typing import TYPE_CHECKING, Any, Mapping, Sequence
 import numpy as np
 import torch
 
-from pretrieve.data.beir import BeirCollection, Corpus
+from pretrieve.data.beir import Corpus
+from pretrieve.data.collection import BeirCollection
 from pretrieve.data.groups import TrainingGroup, sample_group_indices
 from pretrieve import artifacts, outputs, ranks
 from pretrieve.errors import ConfigError, InputError
@@ -342,7 +343,7 @@ def _finetune(config: FinetuneConfig) -> Path:
     collection = BeirCollection(Path(config.data))
     path = groups_path(config, collection)
     # Corpus and groups as memory-mapped Arrow datasets, built once by the main process; the others then open them.
-    from pretrieve.data.arrow import built_once
+    from pretrieve.ranks import built_once
 
     corpus = built_once(collection.corpus_dataset, "read the training groups")
     groups = built_once(lambda: load_training_groups(config, path, corpus), "read the training groups")

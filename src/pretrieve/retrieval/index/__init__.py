@@ -18,8 +18,9 @@ reused only when :func:`pretrieve.artifacts.check` says it was made by the same 
 :func:`open_index` refuses a directory whose files no longer match its sidecar.
 
 A corpus too large for one directory is split into **shards**: ``shard-I-of-N`` directories (contiguous row
-ranges, :func:`shard_bounds`), each an index directory, searched one at a time with a streaming top-k merge
-(:mod:`pretrieve.retrieval.search`); :func:`find_shards` returns the complete set or says what is missing.
+ranges, :func:`pretrieve.ranks.shard_bounds`), each an index directory, searched one at a time with a streaming
+top-k merge (:mod:`pretrieve.retrieval.search`); :func:`find_shards` returns the complete set or says what is
+missing.
 
 Parts are streamed to disk window by window as the batch encoder produces them (:func:`write_parts`), so
 encoding needs memory for one window, not for the corpus. Each representation kind has a back-end module
@@ -96,15 +97,6 @@ def backend(kind: str) -> ModuleType:
 
 
 # ------------------------------------------------------------------------------------------------- shards
-def shard_bounds(num_rows: int, shard: int, num_shards: int) -> tuple[int, int]:
-    """Row range ``[start, end)`` of shard ``shard`` of ``num_shards`` (contiguous, sizes differ by ≤ 1)."""
-    if num_shards < 1:
-        raise ConfigError(f"number of shards must be >= 1, got {num_shards}")
-    if not 0 <= shard < num_shards:
-        raise ConfigError(f"shard must be in [0, {num_shards - 1}], got {shard}")
-    return num_rows * shard // num_shards, num_rows * (shard + 1) // num_shards
-
-
 def shard_dir_name(shard: int, num_shards: int) -> str:
     return f"shard-{shard}-of-{num_shards}"
 
