@@ -14,7 +14,7 @@ import torch
 from pretrieve.data.beir import Corpus
 from pretrieve.data.trec import read_run
 from pretrieve.errors import ConfigError, InputError
-from pretrieve.modeling.sentence_transformer import exclude_prompt, pool
+from pretrieve.modeling.pooling import exclude_prompt, pool
 from pretrieve.retrieval.batches import encode_all
 from pretrieve.ranks import shard_bounds
 from pretrieve.retrieval.index import find_shards, open_index

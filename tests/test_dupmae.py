@@ -19,7 +19,7 @@ from conftest import tiny_bert_config
 from pretrieve.errors import ConfigError
 from pretrieve.modeling import Encoder, PretrainModel, build_objective
 from pretrieve.modeling.dual_encoder import DualEncoder, MaskedLMTower
-from pretrieve.modeling.dupmae import PAPER_INDEX_BITS, DupMAERepresentation, parse_spec
+from pretrieve.modeling.representations.dupmae import PAPER_INDEX_BITS, DupMAERepresentation, parse_spec
 from pretrieve.modeling.objectives.ot_bow import max_pool_logits, ordinary_token_mask
 from pretrieve.retrieval.batches import encode_all
 from pretrieve.retrieval.index.dupmae import DupMAEIndex

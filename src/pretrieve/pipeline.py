@@ -802,8 +802,8 @@ def _retriever_run(state: RunState, name: str, model_dir: str, collection, split
     Under several ranks each encodes a slice of the corpus (merged into one index) and searches a slice of the
     queries (merged into the run file)."""
     from pretrieve.data import write_run
-    from pretrieve.retrieval.batches import resolve_precision
-    from pretrieve.retrieval.load import load_retriever, resolve_device
+    from pretrieve.retrieval.batches import resolve_device, resolve_precision
+    from pretrieve.retrieval.load import load_retriever
     from pretrieve.retrieval.search import encode_corpus, query_block_size, search
 
     encoding = dict(encoding or {})

@@ -57,11 +57,12 @@ from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from pretrieve import artifacts
 from pretrieve.data.groups import (GroupStats, TrainingGroup, check_known, drop_positive_negatives, log_problems,
                                    parse_group)
-from pretrieve.data.jsonl import iter_jsonl, iter_lines
+from pretrieve.data.jsonl import _open_binary, iter_jsonl, iter_lines
 from pretrieve.data.parallel import (byte_ranges, located_in_part, lines_before, part_count, resolve_num_proc,
                                      run_parts)
 from pretrieve.data.records import (collection_file, default_cache_dir, duplicate_id_message, join_title,
@@ -396,7 +397,7 @@ def groups_dataset(path: str | Path, corpus: "datasets.Dataset | str | Path | No
 
 def load(directory: str | Path) -> "datasets.Dataset":
     """Open an Arrow dataset directory memory-mapped."""
-    import datasets
+    import datasets  # seconds to import: only where a dataset is opened or written, not with this module
 
     return datasets.load_from_disk(str(directory), keep_in_memory=False)
 
@@ -432,8 +433,6 @@ class GroupsDataset:
         """The groups a trainer draws from: those with negatives when ``need_negatives`` (the others counted in
         ``stats.skipped_no_negatives`` and warned about), then the first ``max_groups``. Columns are read, never
         the groups as objects; the result is a contiguous view when it can be. No group left: :class:`InputError`."""
-        import pyarrow.compute as pc
-
         keep = np.arange(len(self))
         if need_negatives:
             lengths = pc.list_value_length(self.dataset.data.column("negatives")).to_numpy(zero_copy_only=False)
@@ -456,8 +455,6 @@ class GroupsDataset:
 def build(table: str, path: str | Path, *, num_proc: int | None = None, cache_dir: str | Path | None = None,
           corpus_dir: Path | None = None, on_unknown: str = "error") -> Path:
     """Build (or find current) the Arrow dataset of ``path``; returns its directory."""
-    from pretrieve.data.jsonl import _open_binary
-
     path = Path(path)
     _open_binary(path).close()  # missing file, directory, no permission: the readers' errors
     target = dataset_path(path, cache_dir)
@@ -503,7 +500,7 @@ def build(table: str, path: str | Path, *, num_proc: int | None = None, cache_di
 
 def _write_state(directory: Path, names: list[str], table: str, fingerprint: str) -> None:
     """``state.json`` and ``dataset_info.json`` as ``Dataset.save_to_disk`` writes them."""
-    import datasets
+    import datasets  # seconds to import: only where a dataset is opened or written, not with this module
 
     state = {"_data_files": [{"filename": name} for name in names], "_fingerprint": fingerprint,
              "_format_columns": None, "_format_kwargs": {}, "_format_type": None, "_output_all_columns": False,

@@ -18,6 +18,7 @@ from typing import Iterator
 from pretrieve.data.jsonl import iter_jsonl, iter_lines, write_jsonl
 from pretrieve.data.records import Document, duplicate_id_message, join_title, parse_document, parse_query
 from pretrieve.errors import InputError
+from pretrieve.io_utils import atomic_open
 
 logger = logging.getLogger(__name__)
 
@@ -195,8 +196,6 @@ def _is_qrels_header(parts: list[str]) -> bool:
 
 def save_qrels(qrels: Qrels, path: str | Path, trec: bool = False) -> None:
     """Write qrels as BEIR TSV (default) or TREC format, atomically."""
-    from pretrieve.io_utils import atomic_open
-
     with atomic_open(path) as handle:
         if not trec:
             handle.write("query-id\tcorpus-id\tscore\n")

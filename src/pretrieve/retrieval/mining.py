@@ -124,9 +124,9 @@ def mine_negatives(model_dir: str | Path, data: str | Path | BeirCollection, spl
 
     from pretrieve import ranks
     from pretrieve.models import resolve_model
-    from pretrieve.retrieval.batches import resolve_precision
+    from pretrieve.retrieval.batches import resolve_device, resolve_precision
     from pretrieve.retrieval.index import SearchOptions
-    from pretrieve.retrieval.load import load_retriever, resolve_device
+    from pretrieve.retrieval.load import load_retriever
     from pretrieve.retrieval.search import encode_corpus, search
 
     _check_depth(depth)

@@ -177,7 +177,7 @@ def resolve_dense_settings(config: FinetuneConfig, model_path: str) -> FinetuneC
 
     Non-dense representations (``dupmae:...``) ignore pooling/normalisation; their temperature defaults to 1
     (the papers' plain dot product)."""
-    from pretrieve.retrieval.load import ModelFiles, read_sentence_transformers_config
+    from pretrieve.modeling.sentence_transformer import ModelFiles, read_sentence_transformers_config
 
     if config.representation != "dense":
         return dataclasses.replace(config, temperature=1.0 if config.temperature is None else config.temperature)
@@ -208,13 +208,13 @@ def build_representation(config: FinetuneConfig, model_path: str | None = None):
 
     kind, _, spec = config.representation.partition(":")
     if kind == "dupmae":
-        from pretrieve.modeling.dupmae import DupMAERepresentation
+        from pretrieve.modeling.representations.dupmae import DupMAERepresentation
         from pretrieve.models import resolve_model
 
         return DupMAERepresentation.for_model(spec, str(model_path or resolve_model(config.model)),
                                               temperature=1.0 if config.temperature is None else config.temperature)
     if kind in ("sparse", "hybrid"):  # SPLADE vector / [CLS] + SPLADE (CoT-MoTE, Ma et al. 2023, eq. 4–6), pretrieve.modeling.sparse
-        from pretrieve.modeling.sparse import representation_from_spec
+        from pretrieve.modeling.representations.sparse import representation_from_spec
         from pretrieve.models import resolve_model
 
         return representation_from_spec(kind, spec, str(model_path or resolve_model(config.model)),

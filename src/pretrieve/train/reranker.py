@@ -243,7 +243,7 @@ class PairScorer:
         from transformers import AutoTokenizer
 
         from pretrieve.modeling.cross_encoder import CrossEncoder
-        from pretrieve.retrieval.load import resolve_device
+        from pretrieve.retrieval.batches import resolve_device
 
         if batch_size < 1:
             raise ConfigError(f"batch size must be >= 1, got {batch_size}")
@@ -362,7 +362,7 @@ def rerank_run_file(model_dir: str | Path, data: str | Path, split: str, run_pat
     from tqdm.auto import tqdm
 
     from pretrieve.data.trec import RunWriter, iter_run
-    from pretrieve.retrieval.load import resolve_device
+    from pretrieve.retrieval.batches import resolve_device
 
     if depth < 1:
         raise ConfigError(f"depth must be >= 1, got {depth}")
@@ -440,7 +440,7 @@ def teacher_groups(model_dir: str | Path, data: str | Path, groups_path: str | P
     from tqdm.auto import tqdm
 
     from pretrieve.data.groups import GroupStats, iter_groups
-    from pretrieve.retrieval.load import resolve_device
+    from pretrieve.retrieval.batches import resolve_device
 
     if max_negatives is not None and max_negatives < 1:
         raise ConfigError(f"max_negatives must be >= 1, got {max_negatives}")

@@ -3,7 +3,7 @@
 A passage is stored as ``ĥ_d`` (``d′`` floats: ``embeddings.npy``, searched through FAISS) and ``(I_d, μ_d[I_d])``
 (its top-``k`` OT entries: the ``ot`` CSR part, a :class:`~pretrieve.retrieval.index.sparse.SparseIndex`); a query
 as ``ĥ_q`` and its *full* OT vector ``μ_q`` (eq. 12 of "RetroMAE v2 / DupMAE: Duplex Masked Auto-Encoder" sums
-``μ_q[i] μ_d[i]`` over the document's indices, see :mod:`pretrieve.modeling.dupmae`).
+``μ_q[i] μ_d[i]`` over the document's indices, see :mod:`pretrieve.modeling.representations.dupmae`).
 
 Exact two-index search (:meth:`DupMAEIndex.search`) — a threshold algorithm (Fagin et al.) with exact
 rescoring: for depth ``c`` take the top-``c`` of each index, rescore the union of the candidates exactly with

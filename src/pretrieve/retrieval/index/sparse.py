@@ -16,7 +16,7 @@ row pointers int32 (int64 from 2³¹ entries) — ``nnz·(4 + 2) + (N + 1)·4`` 
 scipy widens term ids to int32.
 
 **Sparse and hybrid models** (the representations of "CoT-MoTE: Contextual Masked Auto-Encoder with
-Mixture-of-Textual-Experts", Table 3; :mod:`pretrieve.modeling.sparse`) encode a
+Mixture-of-Textual-Experts", Table 3; :mod:`pretrieve.modeling.representations.sparse`) encode a
 text into a SPLADE vector ``w`` (``[V]``) and, for ``hybrid``, a dense [CLS] vector ``h`` beside it. One encoding of
 the corpus serves four search modes (:data:`SEARCH_MODES`):
 

@@ -49,10 +49,12 @@ from typing import Any, Mapping
 
 import torch
 from torch import Tensor, nn
+from transformers import AutoConfig
 
 from pretrieve.errors import ConfigError, InputError
 from pretrieve.modeling.objectives.ot_bow import DEFAULT_CHUNK_ELEMENTS, max_pool_logits, ordinary_token_mask
-from pretrieve.modeling.representations import Representation, pool_hidden, register_representation
+from pretrieve.modeling.pooling import pool
+from pretrieve.modeling.representations.base import Representation, register_representation
 
 ACTIVATIONS = ("none", "relu", "log1p")
 PAPER_INDEX_BITS = 15
@@ -153,10 +155,13 @@ class DupMAERepresentation(Representation):
                 self.reduction.weight.normal_(0.0, 1.0 / math.sqrt(self.spec.cls_dim), generator=generator)
 
     @classmethod
+    def from_spec(cls, spec: str, model_path: str, temperature: float = 1.0) -> "DupMAERepresentation":
+        """``dupmae[:<spec>]`` (:func:`parse_spec`) for the checkpoint at ``model_path``."""
+        return cls.for_model(spec, model_path, temperature=temperature)
+
+    @classmethod
     def for_model(cls, spec: str | None, model_path: str, **kwargs: Any) -> "DupMAERepresentation":
         """Build for the checkpoint at ``model_path`` (its ``hidden_size`` from the Hugging Face config)."""
-        from transformers import AutoConfig
-
         try:
             config = AutoConfig.from_pretrained(str(model_path))
         except OSError as exc:
@@ -185,7 +190,7 @@ class DupMAERepresentation(Representation):
                tower: nn.Module | None = None) -> Tensor:
         parts = []
         if self.spec.cls_dim is not None:
-            cls = pool_hidden(hidden_states, attention_mask, "cls")
+            cls = pool(hidden_states, attention_mask, "cls")
             parts.append(self.reduction(cls) if self.reduction is not None else cls)
         if self.spec.ot_k is not None:
             if tower is None or not hasattr(tower, "mlm_logits"):
