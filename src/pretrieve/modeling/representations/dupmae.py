@@ -18,6 +18,11 @@ For a text ``X`` with last hidden states ``h``:
   storage argument of §4.2 needs, and it keeps the per-pair cost at ``d′ + k`` multiply-adds, "the same
   similarity computation cost as CLS:768". So queries are not top-k sparsified.
 
+**Any checkpoint with an MLM head.** The representation needs only the hidden states and the checkpoint's own
+MLM head (``needs_mlm_head``: the dual encoder loads ``*ForMaskedLM`` towers,
+:class:`~pretrieve.modeling.encoder.Encoder`), not DupMAE pre-training: a plain MLM / RetroMAE checkpoint or a SPLADE one is fine-tuned and searched with it just
+the same, which separates "the representation" from "OT pre-training" in a comparison.
+
 Variants (Table 3) are one spec string: ``cls:384,ot:260`` (default ``cls:H/2,ot:H/2``), ``cls:768`` /
 ``cls:full`` (CLS only), ``ot:768`` (OT only), optionally ``,act:relu``. Fine-tuning selects one with
 ``representation: "dupmae:cls:384,ot:260"`` (``pretrieve.train.finetuner``); the resolved spec, the hidden size
