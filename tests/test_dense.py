@@ -18,7 +18,8 @@ from pretrieve.modeling.pooling import exclude_prompt, pool
 from pretrieve.retrieval.batches import encode_all
 from pretrieve.ranks import shard_bounds
 from pretrieve.retrieval.index import find_shards, open_index
-from pretrieve.retrieval.index.dense import FaissIndex, exact_search, merge_topk
+from pretrieve.retrieval.index.dense import FaissIndex, exact_search
+from pretrieve.retrieval.index.topk import merge_topk
 from pretrieve.retrieval.load import load_dense_encoder, load_retriever
 from pretrieve.retrieval.search import build_index, search
 

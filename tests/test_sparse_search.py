@@ -23,7 +23,8 @@ from pretrieve.modeling.export import export_retriever
 from pretrieve.modeling.representations.sparse import HybridRepresentation, SparseRepresentation
 from pretrieve.retrieval.batches import encode_all
 from pretrieve.retrieval.index import SearchOptions
-from pretrieve.retrieval.index.sparse import SparseIndex, SpladeIndex, resolve_mode, rrf_fuse
+from pretrieve.retrieval.index.sparse import SparseIndex, SpladeIndex, resolve_mode
+from pretrieve.retrieval.index.topk import rrf_fuse
 from pretrieve.retrieval.load import load_retriever, retriever_kind
 from pretrieve.retrieval.search import search
 

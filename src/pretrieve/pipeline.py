@@ -745,7 +745,7 @@ def stage_evaluate(state: RunState, options: dict[str, Any], label: str, show_pr
 
 def _search_modes(value: Any) -> list[str] | None:
     """The evaluate stage's ``modes`` option: None, or a list of sparse/hybrid search modes."""
-    from pretrieve.retrieval.index.sparse import SEARCH_MODES
+    from pretrieve.retrieval.index import SEARCH_MODES
 
     if value is None:
         return None

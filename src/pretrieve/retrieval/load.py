@@ -51,7 +51,7 @@ from pretrieve.modeling.sentence_transformer import (DenseEncoder, ModelFiles, a
                                                      read_sentence_transformers_config)
 from pretrieve.models import resolve_model
 from pretrieve.retrieval.batches import Side, quantize_int8, resolve_device, resolve_precision
-from pretrieve.retrieval.index import BACKENDS, backend
+from pretrieve.retrieval.index import BACKENDS, PartsEncoder, backend
 
 logger = logging.getLogger(__name__)
 
@@ -166,7 +166,7 @@ def dense_side(encoder: DenseEncoder, text_type: str, max_length: int, precision
                 prompt)
 
 
-def dual_encoder_side(model, tokenizer, backend, text_type: str, max_length: int, precision: str,
+def dual_encoder_side(model, tokenizer, backend: PartsEncoder, text_type: str, max_length: int, precision: str,
                       device: torch.device) -> Side:
     representation = model.representation
     vocab = int(model.query_tower.config.vocab_size)
@@ -176,10 +176,7 @@ def dual_encoder_side(model, tokenizer, backend, text_type: str, max_length: int
         return backend.outputs(representation, rep, text_type)
 
     def empty() -> dict[str, Any]:
-        try:
-            return backend.empty_outputs(representation, vocab, text_type)
-        except TypeError:
-            return backend.empty_outputs(representation, vocab)
+        return backend.empty_outputs(representation, vocab, text_type)
 
     settings = {"representation": representation.config(), "max_length": int(max_length), "tied": model.tied}
     return Side(text_type, tokenizer, int(max_length), forward, empty, device, precision, settings)

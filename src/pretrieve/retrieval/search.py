@@ -39,7 +39,8 @@ from pretrieve.errors import ConfigError, InputError
 from pretrieve.retrieval.batches import DEFAULT_WINDOW, encode_all, encode_windows, text_slice, text_source
 from pretrieve.retrieval.index import (IndexDir, SearchOptions, backend, decode_ids, find_shards, is_current,
                                        open_index, shard_dir_name, write_parts, writing)
-from pretrieve.retrieval.index.dense import merge_topk
+from pretrieve.retrieval.index.sparse import hybrid_weights
+from pretrieve.retrieval.index.topk import merge_topk, rrf_fuse
 from pretrieve.retrieval.load import Retriever
 
 logger = logging.getLogger(__name__)
@@ -256,8 +257,6 @@ def _resolved_options(retriever: Retriever, options: SearchOptions) -> SearchOpt
     """Hybrid weights default to the ones the model was trained with."""
     if retriever.kind not in ("sparse", "hybrid"):
         return options
-    from pretrieve.retrieval.index.sparse import hybrid_weights
-
     alpha, beta = hybrid_weights(retriever.representation, options.dense_weight, options.sparse_weight)
     return replace(options, dense_weight=alpha, sparse_weight=beta)
 
@@ -266,8 +265,6 @@ def _search(search_backend, shards: Sequence[IndexDir], encoded: Mapping[str, An
             options: SearchOptions, searchers: dict) -> tuple[np.ndarray, np.ndarray]:
     """Global top-``k`` over all shards: ``(scores [Q, k'], global rows [Q, k'])``, row ``-1`` = no result."""
     if mode == "rrf":
-        from pretrieve.retrieval.index.sparse import rrf_fuse
-
         depth = min(sum(shard.count for shard in shards), max(k, options.rrf_depth))
         rankings = _search_shards(search_backend, shards, encoded, depth, ("dense", "sparse"), options, searchers)
         return rrf_fuse([rows for _, rows in rankings], k, rrf_k=options.rrf_k)

@@ -41,7 +41,9 @@ from pretrieve.data.trec import Run, run_from_arrays
 from pretrieve.errors import ConfigError, InputError
 from pretrieve.retrieval.index import EMBEDDINGS, IndexDir, open_index, save_arrays, writing
 from pretrieve.retrieval.index.dense import FaissIndex, as_float32
-from pretrieve.retrieval.index.sparse import SparseIndex, top_k_rows, topk_matrix
+from pretrieve.retrieval.index.dense import resolve_mode as dense_mode
+from pretrieve.retrieval.index.sparse import SparseIndex, topk_matrix
+from pretrieve.retrieval.index.topk import top_k_rows
 
 logger = logging.getLogger(__name__)
 
@@ -229,8 +231,6 @@ def empty_outputs(representation, vocab_size: int, text_type: str) -> dict[str, 
 # ---------------------------------------------------------------------------------------------- search
 def resolve_mode(kind: str, mode: str | None) -> str | None:
     if mode is not None:
-        from pretrieve.retrieval.index.dense import resolve_mode as dense_mode
-
         dense_mode(kind, mode)
     return None
 
