@@ -15,7 +15,8 @@ import pytest
 
 from pretrieve import artifacts
 from pretrieve.data import arrow, parallel
-from pretrieve.data.beir import BeirCollection, Corpus, load_queries
+from pretrieve.data.beir import Corpus, load_queries
+from pretrieve.data.collection import BeirCollection
 from pretrieve.data.groups import read_groups
 from pretrieve.errors import InputError
 

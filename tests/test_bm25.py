@@ -122,7 +122,7 @@ def test_scifact_ndcg_in_published_range(scifact):
     """nDCG@10 on SciFact test within [0.64, 0.70] (Pyserini flat: 0.679); index + search take ~1 s."""
     import pytrec_eval
 
-    from pretrieve.data.beir import BeirCollection
+    from pretrieve.data.collection import BeirCollection
 
     collection = BeirCollection(scifact)
     qrels = collection.load_qrels("test")
@@ -242,7 +242,7 @@ def test_corpus_index_is_reused_while_corpus_and_settings_are_unchanged(tmp_path
 
 def test_bm25_negatives_stream_the_groups_groups_from_run_builds(tmp_path):
     from pretrieve import artifacts
-    from pretrieve.data.beir import BeirCollection
+    from pretrieve.data.collection import BeirCollection
     from pretrieve.data.groups import groups_from_run, read_groups
     from pretrieve.retrieval.bm25 import bm25_negatives
 

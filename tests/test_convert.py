@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from pretrieve.data.beir import BeirCollection, Corpus, load_qrels, load_queries
+from pretrieve.data.beir import Corpus, load_qrels, load_queries
+from pretrieve.data.collection import BeirCollection
 from pretrieve.data.convert import convert
 from pretrieve.data.groups import read_groups
 from pretrieve.errors import ConfigError, InputError

@@ -20,8 +20,8 @@ import numpy as np
 import pytest
 
 from pretrieve.data import registry
-from pretrieve.data.beir import (BeirCollection, Corpus, check_qrels, iter_corpus, load_qrels, load_queries,
-                                 save_qrels, save_queries)
+from pretrieve.data.beir import Corpus, check_qrels, iter_corpus, load_qrels, load_queries, save_qrels, save_queries
+from pretrieve.data.collection import BeirCollection
 from pretrieve.data.jsonl import iter_jsonl, iter_lines
 from pretrieve.data.registry import CollectionInfo, check_collection, fetch_collection, resolve_collection
 from pretrieve.data.trec import merge_runs, read_run, run_from_arrays, top_k, write_run

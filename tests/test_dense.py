@@ -14,10 +14,12 @@ import torch
 from pretrieve.data.beir import Corpus
 from pretrieve.data.trec import read_run
 from pretrieve.errors import ConfigError, InputError
-from pretrieve.modeling.sentence_transformer import exclude_prompt, pool
+from pretrieve.modeling.pooling import exclude_prompt, pool
 from pretrieve.retrieval.batches import encode_all
-from pretrieve.retrieval.index import find_shards, open_index, shard_bounds
-from pretrieve.retrieval.index.dense import FaissIndex, exact_search, merge_topk
+from pretrieve.ranks import shard_bounds
+from pretrieve.retrieval.index import find_shards, open_index
+from pretrieve.retrieval.index.dense import FaissIndex, exact_search
+from pretrieve.retrieval.index.topk import merge_topk
 from pretrieve.retrieval.load import load_dense_encoder, load_retriever
 from pretrieve.retrieval.search import build_index, search
 
@@ -525,7 +527,7 @@ def test_query_encoder_must_match_the_passage_vectors(tmp_path, tiny_bert_dir):
 def test_minilm_matches_sentence_transformers_on_scifact_sample(scifact, minilm):
     """Embeddings (to 1e-5) and top-10 rankings equal SentenceTransformer.encode + exact search."""
     st = pytest.importorskip("sentence_transformers")
-    from pretrieve.data.beir import BeirCollection
+    from pretrieve.data.collection import BeirCollection
 
     collection = BeirCollection(scifact)
     corpus = collection.load_corpus()

@@ -14,12 +14,13 @@ import numpy as np
 import pytest
 import torch
 import yaml
+from transformers import BertForMaskedLM
 
 from conftest import tiny_bert_config
 from pretrieve.errors import ConfigError
 from pretrieve.modeling import Encoder, PretrainModel, build_objective
 from pretrieve.modeling.dual_encoder import DualEncoder, MaskedLMTower
-from pretrieve.modeling.dupmae import PAPER_INDEX_BITS, DupMAERepresentation, parse_spec
+from pretrieve.modeling.representations.dupmae import PAPER_INDEX_BITS, DupMAERepresentation, parse_spec
 from pretrieve.modeling.objectives.ot_bow import max_pool_logits, ordinary_token_mask
 from pretrieve.retrieval.batches import encode_all
 from pretrieve.retrieval.index.dupmae import DupMAEIndex
@@ -318,7 +319,7 @@ def dupmae_finetuned(dupmae_pretrained, tiny_collection, tmp_path_factory) -> Pa
 
 def test_finetuned_model_is_searched_exactly_through_the_one_search_path(dupmae_finetuned, tiny_collection,
                                                                          tmp_path):
-    from pretrieve.data.beir import BeirCollection
+    from pretrieve.data.collection import BeirCollection
 
     final = dupmae_finetuned
     assert retriever_kind(final) == "dupmae" and (final / "representation.safetensors").exists()
@@ -357,7 +358,7 @@ def test_cli_dense_gives_the_mining_run_of_a_dupmae_model(dupmae_finetuned, tiny
     from typer.testing import CliRunner
 
     from pretrieve.cli import app
-    from pretrieve.data.beir import BeirCollection
+    from pretrieve.data.collection import BeirCollection
     from pretrieve.data.trec import read_run
     from pretrieve.errors import ConfigError
 
@@ -398,3 +399,59 @@ def test_recipe_pretrains_finetunes_and_evaluates_with_the_dupmae_representation
     assert [row["retriever"] for row in rows] == ["finetune-s1"] and 0.0 <= rows[0]["nDCG@10"] <= 1.0
     saved = json.loads((tmp_path / "out" / "finetune-s1" / "final" / "dual_encoder.json").read_text())
     assert saved["representation"]["spec"] == "cls:8,ot:6"
+
+
+@pytest.mark.parametrize("family", ["bert", "distilbert"])
+def test_the_representation_runs_on_any_checkpoint_with_an_mlm_head(family, tokenizer, tmp_path):
+    """No DupMAE pre-training needed: a plain masked-LM checkpoint (BERT, or DistilBERT with its own head names)
+    gives eq. 10's reduced [CLS] of its hidden states and eq. 7's μ from its *own* MLM head."""
+    from transformers import AutoModelForMaskedLM, DistilBertConfig, DistilBertForMaskedLM
+
+    from pretrieve.modeling.representations import from_spec
+
+    torch.manual_seed(0)
+    model = (BertForMaskedLM(tiny_bert_config()) if family == "bert" else DistilBertForMaskedLM(
+        DistilBertConfig(vocab_size=tokenizer.vocab_size, dim=32, n_layers=1, n_heads=2, hidden_dim=64)))
+    model.save_pretrained(tmp_path / family)
+    tokenizer.save_pretrained(tmp_path / family)
+    representation = from_spec("dupmae:cls:16,ot:8", str(tmp_path / family))
+    assert isinstance(representation, DupMAERepresentation) and representation.needs_mlm_head
+    dual = DualEncoder.from_pretrained(tmp_path / family, representation=representation).eval()
+    batch = tokenizer(["the cat sat on the mat", "dogs"], padding=True, return_tensors="pt")
+    with torch.no_grad():
+        rows = dual.encode("passage", batch["input_ids"], batch["attention_mask"], batch.get("token_type_ids"))
+        dense, ot = representation.split(rows)
+        reference = AutoModelForMaskedLM.from_pretrained(tmp_path / family).eval()
+        inputs = {key: value for key, value in batch.items() if key != "token_type_ids" or family == "bert"}
+        out = reference(**inputs, output_hidden_states=True)
+    ordinary = batch["attention_mask"].bool().clone()
+    ordinary[:, 0] = False                                # every attended position but [CLS]
+    expected_ot = out.logits.masked_fill(~ordinary.unsqueeze(-1), float("-inf")).max(dim=1).values
+    assert torch.allclose(ot, expected_ot, atol=1e-5)
+    assert torch.allclose(dense, representation.reduction(out.hidden_states[-1][:, 0]), atol=1e-5)
+    query = dual.encode("query", batch["input_ids"], batch["attention_mask"], batch.get("token_type_ids"))
+    by_hand = dense @ dense.T + query[:, 16:] @ representation.sparsified_ot(ot).T     # eq. 12
+    assert torch.allclose(dual.score(query, rows), by_hand, atol=1e-4)
+
+
+def test_a_plain_mlm_checkpoint_fine_tunes_and_searches_with_the_dupmae_representation(tiny_mlm_dir, tiny_collection,
+                                                                                       tmp_path):
+    from typer.testing import CliRunner
+
+    from pretrieve.cli import app
+    from pretrieve.data.collection import BeirCollection
+
+    config = tmp_path / "ft.yaml"
+    config.write_text(yaml.safe_dump({"representation": "dupmae:cls:16,ot:8", "lr": 1e-3}))
+    result = CliRunner().invoke(app, ["finetune", "--config", str(config), "--model", str(tiny_mlm_dir),
+                                      "--data", str(tiny_collection), "--out", str(tmp_path / "ft"), "--steps", "2",
+                                      "--batch-size", "4", "--num-negatives", "2", "--passage-max-len", "32",
+                                      "--query-max-len", "16", "--bm25-depth", "10"])
+    assert result.exit_code == 0, result.output
+    final = tmp_path / "ft" / "final"
+    assert retriever_kind(final) == "dupmae"
+    collection = BeirCollection(tiny_collection)
+    corpus, queries = collection.load_corpus(), collection.load_queries("train")
+    run = search(load_retriever(final, device="cpu", precision="fp32"), queries, corpus, k=5, show_progress=False)
+    assert set(run) == set(queries) and all(len(docs) == 5 for docs in run.values())
+    assert all(np.isfinite(score) for docs in run.values() for score in docs.values())

@@ -18,7 +18,8 @@ import typer.main
 from scipy import stats
 from typer.testing import CliRunner
 
-from pretrieve.data.beir import BeirCollection, save_qrels
+from pretrieve.data.beir import save_qrels
+from pretrieve.data.collection import BeirCollection
 from pretrieve.data.trec import write_run
 from pretrieve.errors import ConfigError, InputError
 from pretrieve.evaluation import (DEFAULT_MEASURES, EvalResult, RunEvaluator, beir_table, build_table, compare,

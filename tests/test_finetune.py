@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from pretrieve.data.beir import BeirCollection
+from pretrieve.data.collection import BeirCollection
 from pretrieve.data.groups import TrainingGroup, read_groups, write_groups
 from pretrieve.data.trec import ranked_ids, read_run
 from pretrieve.errors import ConfigError, InputError

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from pretrieve import artifacts
-from pretrieve.data.beir import BeirCollection
+from pretrieve.data.collection import BeirCollection
 from pretrieve.data.trec import read_run, write_run
 from pretrieve.errors import ConfigError
 from pretrieve.retrieval.fusion import (FusionSpec, fit_fusion, fit_on_split, fuse_runs, parse_candidates,

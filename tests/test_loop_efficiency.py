@@ -279,7 +279,7 @@ def test_dual_encoders_and_rerankers_say_whether_a_step_leaves_parameters_unused
     from pretrieve.modeling.dual_encoder import DualEncoder
     from pretrieve.modeling.encoder import Encoder
     from pretrieve.modeling.mote import enable_mote
-    from pretrieve.modeling.sparse import representation_from_spec
+    from pretrieve.modeling.representations.sparse import representation_from_spec
 
     queries = tokenizer(["what is a tumor", "how do viruses spread"], padding=True, return_tensors="pt")
     passages = tokenizer(["tumor cells grow", "a tumor is a mass", "viruses spread by air", "cells divide"],

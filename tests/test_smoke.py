@@ -110,7 +110,7 @@ def test_model_families_and_the_refusal_of_an_unknown_one(tiny_mlm_dir):
 
 
 def test_fixture_collections_are_valid_beir(tmp_path):
-    from pretrieve.data.beir import BeirCollection
+    from pretrieve.data.collection import BeirCollection
 
     write_fixture_collection(tmp_path / "c", ["train", "dev"])
     collection = BeirCollection(tmp_path / "c")

@@ -112,7 +112,7 @@ def test_pairs_dataset_and_errors(tmp_path, tokenizer):
 
 
 def test_qrels_pairs_from_a_collection(tmp_path, tokenizer):
-    from pretrieve.data.beir import BeirCollection
+    from pretrieve.data.collection import BeirCollection
     from test_finetune import write_collection
 
     root = write_collection(tmp_path / "collection")

@@ -11,7 +11,9 @@ import pytest
 import scipy.sparse as sp
 
 from pretrieve.errors import ConfigError, InputError
-from pretrieve.retrieval.index.sparse import SparseIndex, term_id_dtype, top_k_rows
+from pretrieve.retrieval.index import term_id_dtype
+from pretrieve.retrieval.index.sparse import SparseIndex
+from pretrieve.retrieval.index.topk import top_k_rows
 
 N, V, K_DOC = 1500, 800, 25
 

@@ -13,8 +13,8 @@ from pretrieve.errors import ConfigError
 from pretrieve.modeling import Encoder
 from pretrieve.modeling.dual_encoder import DualEncoder, MaskedLMTower
 from pretrieve.modeling.representations import representation_from_config
-from pretrieve.modeling.sparse import (HybridRepresentation, SparseRepresentation, content_positions, parse_spec,
-                                       representation_from_spec)
+from pretrieve.modeling.representations.sparse import (HybridRepresentation, SparseRepresentation, content_positions,
+                                                       parse_spec, representation_from_spec)
 from pretrieve.retrieval.index.sparse import SparseIndex
 from pretrieve.modeling.losses import contrastive_loss, flops_regularizer
 

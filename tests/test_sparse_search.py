@@ -13,16 +13,18 @@ import torch
 import yaml
 
 from conftest import tiny_bert_config
-from pretrieve.data.beir import BeirCollection, Corpus
+from pretrieve.data.beir import Corpus
+from pretrieve.data.collection import BeirCollection
 from pretrieve.data.trec import read_run
 from pretrieve.errors import ConfigError
 from pretrieve.modeling import Encoder
 from pretrieve.modeling.dual_encoder import DualEncoder
 from pretrieve.modeling.export import export_retriever
-from pretrieve.modeling.sparse import HybridRepresentation, SparseRepresentation
+from pretrieve.modeling.representations.sparse import HybridRepresentation, SparseRepresentation
 from pretrieve.retrieval.batches import encode_all
 from pretrieve.retrieval.index import SearchOptions
-from pretrieve.retrieval.index.sparse import SparseIndex, SpladeIndex, resolve_mode, rrf_fuse
+from pretrieve.retrieval.index.sparse import SparseIndex, SpladeIndex, resolve_mode
+from pretrieve.retrieval.index.topk import rrf_fuse
 from pretrieve.retrieval.load import load_retriever, retriever_kind
 from pretrieve.retrieval.search import search
 
@@ -278,7 +280,7 @@ def test_int8_and_bf16_dual_encoders_search_close_to_fp32(hybrid_dir, synthetic,
 # ------------------------------------------------------------------------------------------------ MoTE routing
 def test_mote_model_encodes_queries_through_q_ffn_and_passages_through_p_ffn(tokenizer, synthetic, tmp_path):
     from pretrieve.modeling.mote import enable_mote, expert_parameters, routed_views
-    from pretrieve.modeling.sparse import content_positions
+    from pretrieve.modeling.representations.sparse import content_positions
 
     corpus, queries = synthetic
     torch.manual_seed(0)

@@ -104,7 +104,7 @@ def reference_model(base: str, out: Path) -> Path:
 
     from pretrieve.modeling.dual_encoder import DualEncoder
     from pretrieve.modeling.export import export_retriever
-    from pretrieve.modeling.sparse import HybridRepresentation
+    from pretrieve.modeling.representations.sparse import HybridRepresentation
 
     if (out / "dual_encoder.json").exists():
         return out

@@ -745,7 +745,7 @@ def stage_evaluate(state: RunState, options: dict[str, Any], label: str, show_pr
 
 def _search_modes(value: Any) -> list[str] | None:
     """The evaluate stage's ``modes`` option: None, or a list of sparse/hybrid search modes."""
-    from pretrieve.retrieval.index.sparse import SEARCH_MODES
+    from pretrieve.retrieval.index import SEARCH_MODES
 
     if value is None:
         return None
@@ -802,8 +802,8 @@ def _retriever_run(state: RunState, name: str, model_dir: str, collection, split
     Under several ranks each encodes a slice of the corpus (merged into one index) and searches a slice of the
     queries (merged into the run file)."""
     from pretrieve.data import write_run
-    from pretrieve.retrieval.batches import resolve_precision
-    from pretrieve.retrieval.load import load_retriever, resolve_device
+    from pretrieve.retrieval.batches import resolve_device, resolve_precision
+    from pretrieve.retrieval.load import load_retriever
     from pretrieve.retrieval.search import encode_corpus, query_block_size, search
 
     encoding = dict(encoding or {})
@@ -815,7 +815,7 @@ def _retriever_run(state: RunState, name: str, model_dir: str, collection, split
     if not ranks.broadcast(_current_run(run_path, settings, inputs), f"check {run_path.name}"):
         batch_size = int(encoding.get("batch_size", 64))
         retriever = load_retriever(model_dir, precision=precision)
-        from pretrieve.data.arrow import built_once
+        from pretrieve.ranks import built_once
 
         index = encode_corpus(retriever, built_once(collection.corpus_dataset), state.out / "embeddings" /
                               f"{name}__{collection_name}", batch_size=batch_size, show_progress=show_progress)

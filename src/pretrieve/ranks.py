@@ -12,14 +12,16 @@ file system: parts and merged outputs are files in the output directory).
   it first) with an explicit timeout (:data:`DEFAULT_TIMEOUT_MINUTES`, ``dist_timeout_minutes`` in a recipe,
   ``--dist-timeout-minutes``) and makes a separate **gloo control group**: every wait here is a
   ``monitored_barrier`` on it, so waiting never runs into NCCL's watchdog and a missing rank is named.
-* **Split.** :func:`bounds` — the contiguous slice ``[a, b)`` of ``count`` items (queries, corpus rows, groups) of
-  this rank (sizes differ by at most one; a rank may get none when there are more ranks than items).
+* **Split.** :func:`shard_bounds` — the rows ``[a, b)`` of shard ``i`` of ``n``; :func:`bounds` — the contiguous
+  slice ``[a, b)`` of ``count`` items (queries, corpus rows, groups) of this rank (sizes differ by at most one; a
+  rank may get none when there are more ranks than items).
   :func:`split_files` — each rank writes its slice to a part file (``.<name>.part-R-of-W.tmp`` beside the output),
   and rank 0 concatenates the parts in rank order into the output, written atomically and recorded through the
   freshness contract (:func:`pretrieve.artifacts.write_file`). Outputs whose lines follow item order (TREC runs,
   groups JSONL) are then byte for byte those of one process.
 * **Once.** :func:`once` — rank 0 does the work (a download, a BM25 index, a token cache) while the others wait for
-  it at a barrier; everyone gets rank 0's (small, picklable) result.
+  it at a barrier; everyone gets rank 0's (small, picklable) result. :func:`built_once` — rank 0 builds a cached
+  output (an Arrow dataset), then the others open the current one.
 * **Failures.** :func:`guard` wraps a rank's share of a stage: when it raises, the rank records the error in the
   rendezvous store before it exits; a rank waiting in :func:`barrier` (or failing in a training collective because
   its peer vanished) then raises :class:`RankFailure` — ``rank 1 of 2 failed in 'mine': InputError: ...`` — and the
@@ -34,11 +36,13 @@ import datetime
 import logging
 import os
 import re
+import shutil
 import sys
 import time
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping, Sequence, TypeVar
 
+from pretrieve import artifacts
 from pretrieve.errors import ConfigError, PretrieveError
 
 logger = logging.getLogger(__name__)
@@ -220,6 +224,17 @@ def once(what: str, work: Callable[[], T]) -> T:
     return broadcast(result, what)
 
 
+def built_once(make: Callable[[], Any], what: str = "convert to Arrow") -> Any:
+    """``make()`` (a builder of a cached output, e.g. :func:`pretrieve.data.arrow.corpus_dataset`) on every rank of a
+    launched run: rank 0 builds (or finds current) the output while the others wait (:func:`once`), then the others
+    open it; rank 0 keeps what it built."""
+    if not active():
+        return make()
+    built: list[Any] = []
+    once(what, lambda: built.append(make()))
+    return built[0] if built else make()
+
+
 # ---------------------------------------------------------------------------------------------- failures
 @contextlib.contextmanager
 def guard(what: str) -> Iterator[None]:
@@ -331,12 +346,19 @@ def _roll_call(seconds: float = ROLL_CALL_SECONDS) -> list[int] | None:
 
 
 # ---------------------------------------------------------------------------------------------- splitting
+def shard_bounds(num_rows: int, shard: int, num_shards: int) -> tuple[int, int]:
+    """Row range ``[start, end)`` of shard ``shard`` of ``num_shards`` (contiguous, sizes differ by ≤ 1)."""
+    if num_shards < 1:
+        raise ConfigError(f"number of shards must be >= 1, got {num_shards}")
+    if not 0 <= shard < num_shards:
+        raise ConfigError(f"shard must be in [0, {num_shards - 1}], got {shard}")
+    return num_rows * shard // num_shards, num_rows * (shard + 1) // num_shards
+
+
 def bounds(count: int, of_rank: int | None = None, world: int | None = None, unit: int = 1) -> tuple[int, int]:
     """The contiguous slice ``[a, b)`` of ``count`` items that rank ``of_rank`` (default: this one) handles: whole
     runs of ``unit`` items (the block a single process works on at once: an encoding window, a query block), so that
     every unit is computed exactly as one process computes it; slices differ by at most one unit."""
-    from pretrieve.retrieval.index import shard_bounds
-
     if unit < 1:
         raise ConfigError(f"unit must be >= 1, got {unit}")
     units = -(-count // unit)
@@ -364,8 +386,6 @@ def split_files(outputs: Sequence[tuple[Path, str, Mapping[str, Any], Mapping[st
     anything is written; rank 0 then concatenates the parts in rank order into each output, atomically and
     recorded. In a single process ``write_part(0, count, …)`` (``0, sys.maxsize`` for a ``count`` function: every item)
     writes the outputs' temporary files directly."""
-    from pretrieve import artifacts
-
     if not active():
         with contextlib.ExitStack() as stack:
             tmps = [stack.enter_context(artifacts.write_file(path, kind, settings, inputs))
@@ -402,8 +422,6 @@ def split_files(outputs: Sequence[tuple[Path, str, Mapping[str, Any], Mapping[st
 
 
 def _append(handle, part: Path) -> None:
-    import shutil
-
     if not part.exists():
         raise ConfigError(f"the part {part} of another rank is missing (is the output directory on a file system "
                           "every node shares?)")

@@ -272,7 +272,8 @@ def smoke_collection(name: str, splits: set[str], data: Path, recipe: Mapping[st
 
 
 def _write_slice(source: Path, splits: list[str], target: Path) -> bool:
-    from pretrieve.data.beir import BeirCollection, iter_corpus
+    from pretrieve.data.beir import iter_corpus
+    from pretrieve.data.collection import BeirCollection
 
     collection = BeirCollection(source)
     documents = []

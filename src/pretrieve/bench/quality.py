@@ -122,7 +122,7 @@ def defaults_for_base(base: str, quick: bool = False) -> tuple[dict[str, Any], d
     with its own pooling; any other (the papers' setting, splade-tiny) the [CLS] defaults. ``quick`` keeps the quick
     budget but still the retrieval-ready representation."""
     from pretrieve.models import resolve_model
-    from pretrieve.retrieval.load import ModelFiles, read_sentence_transformers_config
+    from pretrieve.modeling.sentence_transformer import ModelFiles, read_sentence_transformers_config
 
     try:
         st = read_sentence_transformers_config(ModelFiles(resolve_model(base)))
@@ -493,7 +493,8 @@ def _now() -> str:
 # -------------------------------------------------------------------------------------------- statistics
 def summarize(out: str | Path) -> dict[str, Any]:
     """Everything the report shows, recomputed from ``bench.json`` and the saved runs of ``out``."""
-    from pretrieve.data.beir import BeirCollection, load_qrels
+    from pretrieve.data.beir import load_qrels
+    from pretrieve.data.collection import BeirCollection
     from pretrieve.evaluation import RunEvaluator
 
     out = Path(out)

@@ -271,7 +271,7 @@ def bench_ann_command(
 
     from pretrieve.bench import search_speed
     from pretrieve.bench.report import environment, environment_lines, markdown_table
-    from pretrieve.data.beir import BeirCollection
+    from pretrieve.data.collection import BeirCollection
     from pretrieve.data.registry import resolve_collection
     from pretrieve.retrieval.batches import encode_all
     from pretrieve.retrieval.index import open_index
@@ -327,7 +327,8 @@ def bench_search_memory_command(
 
     from pretrieve.bench import search_speed
     from pretrieve.bench.report import environment, environment_lines
-    from pretrieve.retrieval.index import shard_bounds, shard_dir_name
+    from pretrieve.ranks import shard_bounds
+    from pretrieve.retrieval.index import shard_dir_name
 
     rng = np.random.default_rng(0)
     root = work / f"random-{size}x{dim}"

@@ -64,7 +64,8 @@ def evaluate_command(
                                                        "the query id (BEIR's option for ArguAna/Quora).")] = False,
 ) -> None:
     """Evaluate runs against qrels: one row per run, marks for significant differences from the first run."""
-    from pretrieve.data.beir import BeirCollection, load_qrels
+    from pretrieve.data.beir import load_qrels
+    from pretrieve.data.collection import BeirCollection
     from pretrieve.data.trec import read_run
     from pretrieve.evaluation import RunEvaluator, build_table
 

@@ -78,7 +78,7 @@ def fuse_command(
                   f"({fit_measure} {spec.fit['score']:.4f}; single runs "
                   + ", ".join(f"{v:.4f}" for v in spec.fit["single_runs"].values()) + ")")
         fit_inputs = {f"fit_run{i + 1}": p for i, p in enumerate(train_runs)}
-        from pretrieve.data.beir import BeirCollection
+        from pretrieve.data.collection import BeirCollection
 
         fit_inputs["fit_qrels"] = BeirCollection(fit_data).qrels_path(fit_split)
     else:

@@ -4,7 +4,8 @@ Thin wrappers over :mod:`pretrieve.retrieval`: parse options, load the collectio
 write the run (TREC format, atomically) and print one summary line. ``encode``, ``search`` and ``dense`` all
 load the model with :func:`~pretrieve.retrieval.load.load_retriever` and go through
 :func:`~pretrieve.retrieval.search.build_index` / :func:`~pretrieve.retrieval.search.search`, for every kind of
-retriever. Progress bars (with ETA) go to stderr. Imports of the retrieval stack happen inside the commands.
+retriever. Progress bars (with ETA) go to stderr. Imports of the retrieval stack happen inside the commands, so that
+`pretrieve --help` and `pretrieve bm25` start without torch, FAISS or scipy.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import typer
 from rich.console import Console
 
 from pretrieve.cli import app
-from pretrieve.data.beir import BeirCollection
+from pretrieve.data.collection import BeirCollection
 from pretrieve.data.registry import resolve_collection
 from pretrieve.data.trec import write_run
 from pretrieve.errors import ConfigError
@@ -71,7 +72,7 @@ def _options(factory: str = "Flat", metric: str = "ip", nprobe: Optional[int] = 
 
 
 def _check_mode(mode: Optional[str]) -> None:
-    from pretrieve.retrieval.index.sparse import SEARCH_MODES
+    from pretrieve.retrieval.index import SEARCH_MODES
 
     if mode is not None and mode not in SEARCH_MODES:
         raise ConfigError(f"--mode must be one of {', '.join(SEARCH_MODES)}, got '{mode}'")

@@ -7,11 +7,13 @@ Knows nothing about models or training. Every reader validates its input and rai
 on use, not here.
 """
 
-from pretrieve.data.beir import (BeirCollection, Corpus, Document, Qrels, QrelsCheck, check_qrels, iter_corpus,
-                                 join_title, load_qrels, load_queries, save_qrels, save_queries)
+from pretrieve.data.beir import (Corpus, Qrels, QrelsCheck, check_qrels, iter_corpus, load_qrels, load_queries,
+                                 save_qrels, save_queries)
+from pretrieve.data.collection import BeirCollection
 from pretrieve.data.groups import (GroupSet, GroupStats, TrainingGroup, group_rng, groups_from_run, iter_groups,
                                    read_groups, sample_group, sample_group_indices, write_groups)
 from pretrieve.data.jsonl import iter_jsonl, iter_lines, write_jsonl
+from pretrieve.data.records import Document, join_title
 from pretrieve.data.registry import (KNOWN_COLLECTIONS, CollectionInfo, CollectionReport, check_collection,
                                      fetch_collection, resolve_collection)
 from pretrieve.data.trec import Run, merge_runs, read_run, run_from_arrays, top_k, write_run

@@ -9,7 +9,7 @@ ranks on one machine share them. This module converts the JSONL files once and r
   ``text``; :func:`groups_dataset` (training groups JSONL, :mod:`pretrieve.data.groups`) → a
   :class:`GroupsDataset` (``len``, ``[i]`` → :class:`~pretrieve.data.groups.TrainingGroup`) over columns
   ``query_id``, ``query``, ``positives``, ``negatives``, ``positive_scores``, ``negative_scores``.
-  :class:`~pretrieve.data.beir.BeirCollection` has ``corpus_dataset()`` / ``queries_dataset(split)`` /
+  :class:`~pretrieve.data.collection.BeirCollection` has ``corpus_dataset()`` / ``queries_dataset(split)`` /
   ``corpus_index()``.
 * :func:`id_index` → an :class:`IdIndex`: id → row without a Python dict of all ids (sorted 64-bit BLAKE2b
   hashes of the ids and the row of each, two memory-mapped ``.npy`` files; a match is confirmed against the
@@ -38,8 +38,8 @@ same settings, same input content (the source file's fingerprint; for groups als
 
 **Multi-rank.** Rows are in file order, so a rank takes a contiguous slice:
 ``dataset.select(range(a, b))`` or ``dataset.shard(world, rank, contiguous=True)`` (no copy, no cache file).
-Build on one process first (the others then find it current; :func:`built_once` does that under several
-ranks). ``map``/``filter``/non-contiguous ``select``
+Build on one process first (the others then find it current; :func:`pretrieve.ranks.built_once` does that under
+several ranks). ``map``/``filter``/non-contiguous ``select``
 write ``datasets`` cache files beside the data unless given ``keep_in_memory=True`` or a ``cache_file_name``
 elsewhere; a file added to the directory makes it not current (it is then rebuilt), so pass one of those.
 """
@@ -53,18 +53,20 @@ import mmap
 import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from pretrieve import artifacts
-from pretrieve.data.beir import duplicate_id_message, parse_document, parse_query
 from pretrieve.data.groups import (GroupStats, TrainingGroup, check_known, drop_positive_negatives, log_problems,
                                    parse_group)
-from pretrieve.data.jsonl import iter_jsonl, iter_lines
+from pretrieve.data.jsonl import _open_binary, iter_jsonl, iter_lines
 from pretrieve.data.parallel import (byte_ranges, located_in_part, lines_before, part_count, resolve_num_proc,
                                      run_parts)
+from pretrieve.data.records import (collection_file, default_cache_dir, duplicate_id_message, join_title,
+                                     parse_document, parse_query)
 from pretrieve.errors import ConfigError, InputError
 
 if TYPE_CHECKING:
@@ -276,8 +278,6 @@ class CorpusTexts:
 
     def __getitem__(self, rows: slice) -> list[str]:
         """Passages of rows ``rows`` (a slice with step 1), in order."""
-        from pretrieve.data.beir import join_title
-
         start, stop, step = rows.indices(len(self))
         if step != 1:
             raise ValueError("CorpusTexts reads contiguous rows only")
@@ -311,8 +311,6 @@ class CorpusTexts:
 
     def texts_of(self, ids: Sequence[str], sep: str = " ") -> list[str]:
         """``title + sep + text`` of each id, in order (KeyError for an unknown id)."""
-        from pretrieve.data.beir import join_title
-
         ids = list(ids)
         rows = self.index.lookup(ids)
         if (rows < 0).any():
@@ -332,8 +330,6 @@ def cache_root(source: str | Path, cache_dir: str | Path | None = None) -> Path:
     beside = source.parent / CACHE_DIR_NAME
     if _writable(source.parent, beside):
         return beside
-    from pretrieve.data.registry import default_cache_dir
-
     digest = hashlib.sha1(str(source.parent.resolve()).encode()).hexdigest()[:12]
     return default_cache_dir().parent / "arrow" / f"{source.parent.name}-{digest}"
 
@@ -387,9 +383,7 @@ def groups_dataset(path: str | Path, corpus: "datasets.Dataset | str | Path | No
     if corpus is not None:
         if isinstance(corpus, (str, Path)) and not (Path(corpus) / HASHES_FILE).exists():
             if Path(corpus).is_dir():  # a BEIR collection directory
-                from pretrieve.data.beir import BeirCollection
-
-                corpus = BeirCollection(Path(corpus)).corpus_path
+                corpus = collection_file(Path(corpus), "corpus.jsonl")
             corpus_dir = build("corpus", corpus, num_proc=num_proc, cache_dir=cache_dir)
         else:
             corpus_dir = Path(corpus) if isinstance(corpus, (str, Path)) else dataset_directory(corpus)
@@ -401,22 +395,9 @@ def groups_dataset(path: str | Path, corpus: "datasets.Dataset | str | Path | No
     return GroupsDataset(load(directory), stats, str(path))
 
 
-def built_once(make: Callable[[], Any], what: str = "convert to Arrow") -> Any:
-    """``make()`` (one of this module's builders) on every rank of a launched run: rank 0 builds (or finds current)
-    the cached dataset while the others wait (:func:`pretrieve.ranks.once`), then the others open it; rank 0 keeps
-    what it built."""
-    from pretrieve import ranks
-
-    if not ranks.active():
-        return make()
-    built: list[Any] = []
-    ranks.once(what, lambda: built.append(make()))
-    return built[0] if built else make()
-
-
 def load(directory: str | Path) -> "datasets.Dataset":
     """Open an Arrow dataset directory memory-mapped."""
-    import datasets
+    import datasets  # seconds to import: only where a dataset is opened or written, not with this module
 
     return datasets.load_from_disk(str(directory), keep_in_memory=False)
 
@@ -452,8 +433,6 @@ class GroupsDataset:
         """The groups a trainer draws from: those with negatives when ``need_negatives`` (the others counted in
         ``stats.skipped_no_negatives`` and warned about), then the first ``max_groups``. Columns are read, never
         the groups as objects; the result is a contiguous view when it can be. No group left: :class:`InputError`."""
-        import pyarrow.compute as pc
-
         keep = np.arange(len(self))
         if need_negatives:
             lengths = pc.list_value_length(self.dataset.data.column("negatives")).to_numpy(zero_copy_only=False)
@@ -476,8 +455,6 @@ class GroupsDataset:
 def build(table: str, path: str | Path, *, num_proc: int | None = None, cache_dir: str | Path | None = None,
           corpus_dir: Path | None = None, on_unknown: str = "error") -> Path:
     """Build (or find current) the Arrow dataset of ``path``; returns its directory."""
-    from pretrieve.data.jsonl import _open_binary
-
     path = Path(path)
     _open_binary(path).close()  # missing file, directory, no permission: the readers' errors
     target = dataset_path(path, cache_dir)
@@ -523,7 +500,7 @@ def build(table: str, path: str | Path, *, num_proc: int | None = None, cache_di
 
 def _write_state(directory: Path, names: list[str], table: str, fingerprint: str) -> None:
     """``state.json`` and ``dataset_info.json`` as ``Dataset.save_to_disk`` writes them."""
-    import datasets
+    import datasets  # seconds to import: only where a dataset is opened or written, not with this module
 
     state = {"_data_files": [{"filename": name} for name in names], "_fingerprint": fingerprint,
              "_format_columns": None, "_format_kwargs": {}, "_format_type": None, "_output_all_columns": False,

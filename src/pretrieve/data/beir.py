@@ -1,7 +1,8 @@
 """BEIR-layout collections: ``corpus.jsonl``, ``queries.jsonl`` and ``qrels/<split>.tsv``.
 
 The corpus is held column-wise (``ids``, ``titles``, ``texts`` lists plus one id→row dict), never as a
-dict of dicts, and can also be streamed with :func:`iter_corpus` without holding it at all.
+dict of dicts, and can also be streamed with :func:`iter_corpus` without holding it at all. Each record is
+parsed by :mod:`pretrieve.data.records`; a collection directory is :class:`pretrieve.data.collection.BeirCollection`.
 Malformed input raises :class:`~pretrieve.errors.InputError` naming file, line and field; qrels
 that point at unknown query or document ids are a counted warning, not an error (BEIR itself ships
 such qrels), see :func:`check_qrels`.
@@ -12,56 +13,22 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterator
+from typing import Iterator
 
-from pretrieve.data.jsonl import iter_jsonl, iter_lines, require_str, write_jsonl
+from pretrieve.data.jsonl import iter_jsonl, iter_lines, write_jsonl
+from pretrieve.data.records import Document, duplicate_id_message, join_title, parse_document, parse_query
 from pretrieve.errors import InputError
-
-if TYPE_CHECKING:
-    import datasets
-
-    from pretrieve.data.arrow import IdIndex
+from pretrieve.io_utils import atomic_open
 
 logger = logging.getLogger(__name__)
 
 Qrels = dict[str, dict[str, int]]
 
 
-@dataclass(frozen=True)
-class Document:
-    """One passage of a corpus."""
-
-    id: str
-    title: str
-    text: str
-
-    def full_text(self, sep: str = " ") -> str:
-        """Title and text joined, the input every retriever here indexes."""
-        return join_title(self.title, self.text, sep)
-
-
-def join_title(title: str, text: str, sep: str = " ") -> str:
-    """``title + sep + text``, or just the text when the title is empty."""
-    return f"{title}{sep}{text}" if title else text
-
-
 def iter_corpus(path: str | Path) -> Iterator[tuple[int, Document]]:
     """Stream ``(line_number, Document)`` from a ``corpus.jsonl`` (no duplicate check: see Corpus)."""
     for line_no, obj in iter_jsonl(path):
         yield line_no, parse_document(obj, path, line_no)
-
-
-def parse_document(obj: dict, path: str | Path, line: int) -> Document:
-    """One ``corpus.jsonl`` object as a Document: ``_id`` (non-empty), ``title`` (optional), ``text``."""
-    doc_id = require_str(obj, "_id", path, line, allow_empty=False)
-    title = require_str(obj, "title", path, line, default="")
-    text = require_str(obj, "text", path, line)
-    return Document(doc_id, title, text)
-
-
-def duplicate_id_message(kind: str, doc_id: str, first_line: int) -> str:
-    """The error message of an id seen twice (``kind``: document | query), the same from every reader."""
-    return f"duplicate {kind} id '{doc_id}' (first seen on line {first_line})"
 
 
 @dataclass
@@ -150,12 +117,6 @@ def load_queries(path: str | Path) -> dict[str, str]:
     return queries
 
 
-def parse_query(obj: dict, path: str | Path, line: int) -> tuple[str, str]:
-    """One ``queries.jsonl`` object as ``(query_id, text)``, both non-empty."""
-    return (require_str(obj, "_id", path, line, allow_empty=False),
-            require_str(obj, "text", path, line, allow_empty=False))
-
-
 def save_queries(queries: dict[str, str], path: str | Path) -> None:
     """Write ``{query_id: text}`` as ``queries.jsonl`` (atomically)."""
     write_jsonl(path, ({"_id": qid, "text": text} for qid, text in queries.items()))
@@ -235,8 +196,6 @@ def _is_qrels_header(parts: list[str]) -> bool:
 
 def save_qrels(qrels: Qrels, path: str | Path, trec: bool = False) -> None:
     """Write qrels as BEIR TSV (default) or TREC format, atomically."""
-    from pretrieve.io_utils import atomic_open
-
     with atomic_open(path) as handle:
         if not trec:
             handle.write("query-id\tcorpus-id\tscore\n")
@@ -289,89 +248,3 @@ def check_qrels(qrels: Qrels, query_ids=None, doc_ids=None, path: str | Path | N
                        "corpus (e.g. %s); kept as they are", path or "qrels", check.unknown_queries,
                        check.unknown_docs, ", ".join(check.examples))
     return check
-
-
-@dataclass
-class BeirCollection:
-    """A collection directory in BEIR layout."""
-
-    root: Path
-
-    def __post_init__(self) -> None:
-        self.root = Path(self.root)
-        if not self.root.is_dir():
-            raise InputError("collection directory not found", path=self.root)
-
-    @property
-    def corpus_path(self) -> Path:
-        return _existing(self.root, "corpus.jsonl")
-
-    @property
-    def queries_path(self) -> Path:
-        return _existing(self.root, "queries.jsonl")
-
-    def qrels_path(self, split: str) -> Path:
-        path = self.root / "qrels" / f"{split}.tsv"
-        if not path.exists():
-            available = sorted(p.stem for p in (self.root / "qrels").glob("*.tsv"))
-            raise InputError(f"no qrels for split '{split}' (available: {', '.join(available) or 'none'})",
-                             path=path)
-        return path
-
-    def split_inputs(self, split: str) -> dict[str, Path]:
-        """The files a run or groups file of ``split`` is made from (recorded by content in its freshness
-        sidecar, :mod:`pretrieve.artifacts`): the corpus, the queries and the split's qrels."""
-        return {"corpus": self.corpus_path, "queries": self.queries_path, "qrels": self.qrels_path(split)}
-
-    def splits(self) -> list[str]:
-        return sorted(p.stem for p in (self.root / "qrels").glob("*.tsv"))
-
-    def load_corpus(self) -> Corpus:
-        return Corpus.load(self.corpus_path)
-
-    def load_qrels(self, split: str) -> Qrels:
-        return load_qrels(self.qrels_path(split))
-
-    def corpus_dataset(self, num_proc: int | None = None, cache_dir: str | Path | None = None) -> "datasets.Dataset":
-        """The corpus as a memory-mapped Arrow dataset: columns ``_id``, ``title``, ``text``, row ``i`` = the
-        ``i``-th passage of ``corpus.jsonl`` (built once, see :mod:`pretrieve.data.arrow`)."""
-        from pretrieve.data.arrow import corpus_dataset
-
-        return corpus_dataset(self.corpus_path, num_proc=num_proc, cache_dir=cache_dir)
-
-    def corpus_index(self, num_proc: int | None = None, cache_dir: str | Path | None = None) -> "IdIndex":
-        """Document id → row of :meth:`corpus_dataset` (:class:`pretrieve.data.arrow.IdIndex`, no dict of ids)."""
-        from pretrieve.data.arrow import build, id_index
-
-        return id_index(build("corpus", self.corpus_path, num_proc=num_proc, cache_dir=cache_dir))
-
-    def queries_dataset(self, split: str | None = None, num_proc: int | None = None,
-                        cache_dir: str | Path | None = None) -> "datasets.Dataset":
-        """All queries (columns ``_id``, ``text``), or those judged in ``split``, in file order, memory-mapped."""
-        from pretrieve.data.arrow import id_index, queries_dataset
-
-        dataset = queries_dataset(self.queries_path, num_proc=num_proc, cache_dir=cache_dir)
-        if split is None:
-            return dataset
-        import numpy as np
-
-        rows = id_index(dataset).lookup(list(self.load_qrels(split)))
-        return dataset.select(np.unique(rows[rows >= 0]), keep_in_memory=True)
-
-    def load_queries(self, split: str | None = None) -> dict[str, str]:
-        """All queries, or only those judged in ``split`` (in file order)."""
-        queries = load_queries(self.queries_path)
-        if split is None:
-            return queries
-        judged = self.load_qrels(split)
-        return {qid: text for qid, text in queries.items() if qid in judged}
-
-
-def _existing(root: Path, name: str) -> Path:
-    path = root / name
-    if path.exists():
-        return path
-    gz = root / f"{name}.gz"
-    if gz.exists():
-        return gz
-    raise InputError(f"{name} not found in collection", path=root)

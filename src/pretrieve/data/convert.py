@@ -40,9 +40,10 @@ from typing import Any, Iterator, Sequence, TextIO
 import numpy as np
 
 from pretrieve import artifacts
-from pretrieve.data.beir import duplicate_id_message, iter_qrels, parse_document
+from pretrieve.data.beir import iter_qrels
 from pretrieve.data.groups import TrainingGroup
 from pretrieve.data.jsonl import iter_jsonl, iter_lines, require_str
+from pretrieve.data.records import duplicate_id_message, parse_document
 from pretrieve.errors import ConfigError, InputError
 
 logger = logging.getLogger(__name__)

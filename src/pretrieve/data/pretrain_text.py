@@ -49,9 +49,10 @@ from typing import Any, Iterator
 import numpy as np
 
 from pretrieve import artifacts
-from pretrieve.data.beir import iter_corpus, join_title
+from pretrieve.data.beir import iter_corpus
 from pretrieve.data.jsonl import _open_binary, iter_jsonl, iter_lines, require_str
 from pretrieve.data.parallel import byte_ranges, located_in_part, part_count, resolve_num_proc, run_parts
+from pretrieve.data.records import join_title, parse_document
 from pretrieve.errors import InputError
 
 logger = logging.getLogger(__name__)
@@ -177,8 +178,6 @@ def iter_pretrain_texts(source: str | Path | TextSource, start: int = 0, end: in
 
 
 def _iter_beir(path: str, start: int, end: int | None):
-    from pretrieve.data.beir import parse_document
-
     if not start and end is None:
         yield from iter_corpus(path)
         return

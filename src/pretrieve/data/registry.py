@@ -29,7 +29,9 @@ import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pretrieve.data.beir import BeirCollection, check_qrels, iter_corpus, load_qrels, load_queries
+from pretrieve.data.beir import check_qrels, iter_corpus, load_qrels, load_queries
+from pretrieve.data.collection import BeirCollection
+from pretrieve.data.records import default_cache_dir
 from pretrieve.errors import InputError
 from pretrieve.io_utils import atomic_dir
 
@@ -38,7 +40,6 @@ BEIR_URL = "https://public.ukp.informatik.tu-darmstadt.de/thakur/BEIR/datasets/{
 CRANFIELD_URL = "http://ir.dcs.gla.ac.uk/resources/test_collections/cran/cran.tar.gz"
 DOWNLOAD_TIMEOUT_S = 60
 OFFLINE_ENV = "PRETRIEVE_OFFLINE"
-CACHE_ENV = "PRETRIEVE_CACHE"
 
 
 @dataclass(frozen=True)
@@ -93,16 +94,6 @@ KNOWN_COLLECTIONS: dict[str, CollectionInfo] = {info.name: info for info in (
 
 
 # ------------------------------------------------------------------------------------------- resolving
-
-def default_cache_dir() -> Path:
-    """Where downloaded collections are kept: ``$PRETRIEVE_CACHE/collections`` or the XDG cache."""
-    root = os.environ.get(CACHE_ENV)
-    if root:
-        return Path(root).expanduser() / "collections"
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    base = Path(xdg).expanduser() if xdg else Path.home() / ".cache"
-    return base / "pretrieve" / "collections"
-
 
 def resolve_collection(name_or_path: str | Path, cache_dir: str | Path | None = None) -> Path:
     """A BEIR-layout directory for a local path or a known collection name.

@@ -434,7 +434,7 @@ def build_span_dataset(spec: ContextSpec, source: str | Path | None, tokenizer, 
 def write_qrels_pairs(collection, split: str, out: str | Path, min_grade: int = 1) -> int:
     """Write every (judged-relevant passage, query) of ``split`` of a BEIR collection as pairs JSONL.
 
-    ``collection`` is a :class:`pretrieve.data.beir.BeirCollection`. Returns the number of pairs."""
+    ``collection`` is a :class:`pretrieve.data.collection.BeirCollection`. Returns the number of pairs."""
     corpus = collection.load_corpus()
     queries = collection.load_queries(split)
     qrels = collection.load_qrels(split)

@@ -43,12 +43,14 @@ from typing import Any, ClassVar, Mapping
 
 import torch
 from torch import Tensor, nn
+from transformers import AutoModel
 
 from pretrieve.errors import ConfigError, InputError
 from pretrieve.io_utils import write_json
+from pretrieve.modeling.encoder import Encoder
+from pretrieve.modeling.losses import combined_distillation_loss, contrastive_loss, group_scores
 from pretrieve.modeling.mote import is_mote_checkpoint
 from pretrieve.modeling.representations import DenseRepresentation, Representation, representation_from_config
-from pretrieve.modeling.losses import combined_distillation_loss, contrastive_loss, group_scores
 
 TEXT_TYPES = ("query", "passage")
 CONFIG_FILE = "dual_encoder.json"
@@ -116,8 +118,6 @@ class TransformerTower(Tower):
 
     @classmethod
     def from_pretrained(cls, name_or_path: str | Path) -> "TransformerTower":
-        from transformers import AutoModel
-
         try:
             return cls(AutoModel.from_pretrained(str(name_or_path)))
         except OSError as exc:
@@ -156,8 +156,6 @@ class MaskedLMTower(Tower):
 
     @classmethod
     def from_pretrained(cls, name_or_path: str | Path) -> "MaskedLMTower":
-        from pretrieve.modeling.encoder import Encoder
-
         try:
             return cls(Encoder.from_pretrained(str(name_or_path)))
         except OSError as exc:

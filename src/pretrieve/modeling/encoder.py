@@ -31,6 +31,7 @@ from transformers import AutoModelForMaskedLM, PretrainedConfig, PreTrainedModel
 
 from pretrieve.errors import ConfigError
 from pretrieve.modeling.mote import mote_routing, restore_mote
+from pretrieve.models import resolve_model
 
 logger = logging.getLogger(__name__)
 
@@ -63,8 +64,6 @@ class Encoder(nn.Module):
     @classmethod
     def from_pretrained(cls, name_or_path: str | Path, **kwargs) -> "Encoder":
         """Load a checkpoint (hub name, directory or offline alias); create and log the MLM head when missing."""
-        from pretrieve.models import resolve_model
-
         name_or_path = resolve_model(name_or_path)
         model, info = AutoModelForMaskedLM.from_pretrained(str(name_or_path), output_loading_info=True, **kwargs)
         head_prefixes = tuple(f"{name}." for name in _head_module_names(model))

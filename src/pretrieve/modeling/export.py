@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import logging
 import warnings
+from importlib import metadata
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -126,8 +127,6 @@ def write_sentence_transformers_files(directory: str | Path, representation: Den
 
 
 def _versions() -> dict[str, str]:
-    from importlib import metadata
-
     found = {}
     for name, package in (("pytorch", "torch"), ("transformers", "transformers"),
                           ("sentence_transformers", "sentence-transformers")):

@@ -1,90 +1,56 @@
-"""The sentence-transformers architecture as pretrieve runs it: transformer → pooling → Dense* → Normalize.
+"""The sentence-transformers architecture as pretrieve runs it (transformer → pooling → Dense* → Normalize), and
+the reader of its files (:func:`read_sentence_transformers_config`; the writer is :mod:`pretrieve.modeling.export`).
 
 :class:`DenseEncoder` turns a padded batch of token ids into one vector per text: ``AutoModel``
 (``last_hidden_state``) → pooling → optional Dense layers → optional L2 normalisation. It is built from a
 checkpoint's ``modules.json`` (or from explicit settings for any other checkpoint) by
-:func:`pretrieve.retrieval.load.load_dense_encoder`, which reads the files; this module holds the arithmetic.
+:func:`pretrieve.retrieval.load.load_dense_encoder`.
 
-Pooling (:func:`pool`) reproduces sentence-transformers' padded-batch code: ``cls`` takes the first
-non-padding position, ``mean`` is ``sum(h * mask) / clamp(sum(mask), 1e-9)`` accumulated in float32
-for half-precision inputs, ``max`` fills padding with ``-inf``, ``weightedmean`` weights position ``i``
-(counted from the first real token) by ``i + 1``, ``lasttoken`` takes the last real token. Several modes
-are concatenated in the order given. ``Dense`` modules are ``activation(linear(x))`` with an optional
-residual, as sentence-transformers' ``Dense``.
+Pooling is :func:`pretrieve.modeling.pooling.pool` (sentence-transformers' padded-batch arithmetic). ``Dense``
+modules are ``activation(linear(x))`` with an optional residual, as sentence-transformers' ``Dense``.
+
+The files of a checkpoint (:class:`ModelFiles`: a local directory or a hub repository), read as
+sentence-transformers (v2 to v6) does:
+
+* the ``Transformer`` module's folder holds the Hugging Face model and its ``sentence_bert_config.json``
+  (``max_seq_length`` caps the tokenizer; ``do_lower_case`` prepends a ``Lowercase`` normaliser unless
+  the tokenizer already has one);
+* the ``Pooling`` module's ``config.json``: the modern ``pooling_mode`` (one mode or a list,
+  concatenated) or the legacy ``pooling_mode_*_tokens`` booleans (concatenated in sentence-transformers'
+  order cls, max, mean, mean_sqrt_len_tokens, weightedmean, lasttoken; none set means mean), and
+  ``include_prompt``;
+* ``Dense`` modules (``nn.Linear`` + activation, optional residual) are loaded with their weights;
+  ``Dropout`` is the identity at inference; a ``Normalize`` module (which must come last) sets
+  ``normalize=True``; any other module raises :class:`~pretrieve.errors.ConfigError`;
+* ``config_sentence_transformers.json``: ``prompts`` and ``default_prompt_name`` give the query and
+  passage prompts, following ``encode_query`` / ``encode_document``'s documented choice among the
+  *saved* prompts (query: ``"query"``; passage: the first of ``"document"``, ``"passage"``,
+  ``"corpus"``; otherwise the default prompt, as plain ``encode`` would use). Deliberate difference:
+  sentence-transformers 6 pre-fills ``{"query": "", "document": ""}`` before reading the saved prompts,
+  so its ``encode_document`` never reaches a saved ``"passage"`` prompt (E5-style checkpoints) and its
+  ``encode_query``/``encode_document`` ignore ``default_prompt_name``; we use the saved prompts.
+
+When the files give no ``max_seq_length``, the length is :func:`default_max_length`:
+``min(tokenizer.model_max_length, config.max_position_embeddings)`` as in sentence-transformers.
 """
 
 from __future__ import annotations
 
 import importlib
-from dataclasses import dataclass
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Sequence
 
 import torch
+from huggingface_hub import hf_hub_download
+from safetensors.torch import load_file
+from tokenizers.normalizers import Lowercase, Sequence as NormalizerSequence
 from torch import Tensor, nn
 
-from pretrieve.errors import ConfigError
-
-POOLING_MODES = ("cls", "max", "mean", "mean_sqrt_len_tokens", "weightedmean", "lasttoken")
-
-
-# ---------------------------------------------------------------------------------------------- pooling
-def pool(token_embeddings: Tensor, attention_mask: Tensor, modes: str | Sequence[str]) -> Tensor:
-    """Pool ``[B, L, H]`` token embeddings to ``[B, H * len(modes)]`` (modes concatenated in order)."""
-    modes = (modes,) if isinstance(modes, str) else tuple(modes)
-    return torch.cat([pool_one(token_embeddings, attention_mask, mode) for mode in modes], dim=-1)
-
-
-def pool_one(token_embeddings: Tensor, attention_mask: Tensor, mode: str) -> Tensor:
-    """One pooling mode, as sentence-transformers computes it on a padded batch."""
-    accumulate = torch.float32 if token_embeddings.dtype in (torch.float16, torch.bfloat16) else token_embeddings.dtype
-    if mode == "cls":
-        first = attention_mask.to(torch.int).argmax(dim=1)  # first real token (handles left padding)
-        return token_embeddings[torch.arange(token_embeddings.size(0), device=first.device), first]
-    if mode in ("mean", "mean_sqrt_len_tokens"):
-        mask = attention_mask.unsqueeze(-1).to(token_embeddings.dtype)
-        summed = (token_embeddings * mask).sum(dim=1, dtype=accumulate)
-        count = torch.clamp(mask.sum(dim=1, dtype=accumulate), min=1e-9)
-        denominator = count if mode == "mean" else torch.sqrt(count)
-        return (summed / denominator).to(token_embeddings.dtype)
-    if mode == "max":
-        mask = attention_mask.unsqueeze(-1).expand_as(token_embeddings)
-        return token_embeddings.masked_fill(mask == 0, float("-inf")).max(dim=1).values
-    if mode == "weightedmean":
-        mask = attention_mask.unsqueeze(-1).to(accumulate)
-        positions = torch.arange(1, token_embeddings.size(1) + 1, device=token_embeddings.device, dtype=accumulate)
-        left_pad = attention_mask.to(torch.int32).argmax(dim=1)
-        weights = mask * (positions.view(1, -1, 1) - left_pad.view(-1, 1, 1))
-        summed = (token_embeddings * weights).sum(dim=1)
-        return (summed / torch.clamp(weights.sum(dim=1), min=1e-9)).to(token_embeddings.dtype)
-    if mode == "lasttoken":
-        batch, length, hidden = token_embeddings.shape
-        values, flipped = attention_mask.flip(1).max(1)
-        flipped = torch.where(values == 0, length - 1, flipped)
-        last = (length - flipped - 1).view(batch, 1, 1).expand(-1, 1, hidden)
-        masked = token_embeddings * attention_mask.unsqueeze(-1).to(token_embeddings.dtype)
-        return torch.gather(masked, 1, last).squeeze(1)
-    raise ConfigError(f"unknown pooling mode '{mode}' (choose from {', '.join(POOLING_MODES)})")
-
-
-def exclude_prompt(attention_mask: Tensor, prompt_length: int) -> Tensor:
-    """A copy of the mask with the first ``prompt_length`` real tokens of every row zeroed."""
-    mask = attention_mask.clone()
-    left_pad = mask.to(torch.int32).argmax(dim=1)
-    positions = torch.arange(mask.size(1), device=mask.device).unsqueeze(0)
-    mask[positions < (left_pad + prompt_length).unsqueeze(1)] = 0
-    return mask
-
-
-def parse_pooling(value: str | Sequence[str]) -> tuple[str, ...]:
-    """``"mean"``, ``"cls+max"`` or a list → a validated tuple of modes."""
-    modes = tuple(value.split("+")) if isinstance(value, str) else tuple(value)
-    if not modes:
-        raise ConfigError("pooling needs at least one mode")
-    for mode in modes:
-        if mode not in POOLING_MODES:
-            raise ConfigError(f"unknown pooling mode '{mode}' (choose from {', '.join(POOLING_MODES)})")
-    return modes
-
+from pretrieve.errors import ConfigError, InputError
+from pretrieve.modeling.pooling import exclude_prompt, parse_pooling, pool
 
 # --------------------------------------------------------------------------------------- dense layers
 class DenseLayer(nn.Module):
@@ -227,3 +193,214 @@ class DenseEncoder:
             features["token_type_ids"] = tokenized.token_type_ids
         batch = self.tokenizer.pad(features, return_tensors="pt")
         return self.embed_batch({key: value.to(self.device) for key, value in batch.items()}, tokenized.prompt_length)
+
+
+#: sentence-transformers' legacy boolean keys, in the order it concatenates the modes.
+LEGACY_POOLING_KEYS: dict[str, str] = {
+    "pooling_mode_cls_token": "cls",
+    "pooling_mode_max_tokens": "max",
+    "pooling_mode_mean_tokens": "mean",
+    "pooling_mode_mean_sqrt_len_tokens": "mean_sqrt_len_tokens",
+    "pooling_mode_weightedmean_tokens": "weightedmean",
+    "pooling_mode_lasttoken": "lasttoken",
+}
+
+_PASSAGE_PROMPT_NAMES = ("document", "passage", "corpus")
+_INFERENCE_NO_OPS = {"Dropout"}
+
+
+# ------------------------------------------------------------------------------------- files / configs
+class ModelFiles:
+    """Files of a checkpoint: a local directory, or a hub repository fetched on demand."""
+
+    def __init__(self, name_or_path: str | Path):
+        self.name = str(name_or_path)
+        self.local = Path(self.name).is_dir()
+        if not self.local and _looks_like_path(self.name):
+            raise InputError("model directory not found", path=self.name)
+
+    def model_location(self, subfolder: str = "") -> tuple[str, dict[str, Any]]:
+        """Argument and keyword arguments for ``from_pretrained`` of the model in ``subfolder``."""
+        if self.local:
+            return str(Path(self.name) / subfolder), {}
+        return self.name, ({"subfolder": subfolder} if subfolder else {})
+
+    def file(self, relative: str) -> Path | None:
+        """Local path of ``relative`` inside the checkpoint, or None when it does not exist."""
+        if self.local:
+            path = Path(self.name) / relative
+            return path if path.is_file() else None
+        try:
+            return Path(hf_hub_download(self.name, relative))
+        except Exception:  # noqa: BLE001 - missing entry, unknown repo or offline: all mean "not available"
+            return None
+
+    def json(self, relative: str) -> dict | list | None:
+        path = self.file(relative)
+        if path is None:
+            return None
+        try:
+            return json.loads(path.read_text(encoding="utf-8"))
+        except json.JSONDecodeError as exc:
+            raise InputError(f"invalid JSON: {exc.msg}", path=path, line=exc.lineno) from None
+
+
+def _looks_like_path(name: str) -> bool:
+    """A hub id is ``name`` or ``owner/name``; anything else names a local path."""
+    return name.startswith((".", "/", "~")) or name.count("/") > 1 or os.sep != "/" and os.sep in name \
+        or Path(name).exists()
+
+
+@dataclass
+class SentenceTransformersConfig:
+    """What a sentence-transformers ``modules.json`` chain says about encoding."""
+
+    transformer_path: str = ""
+    max_seq_length: int | None = None
+    do_lower_case: bool = False
+    pooling: tuple[str, ...] = ("mean",)
+    include_prompt: bool = True
+    dense_layers: list[DenseLayer] = field(default_factory=list)
+    normalize: bool = False
+    prompts: dict[str, str] = field(default_factory=dict)
+    default_prompt_name: str | None = None
+    similarity: str | None = None
+
+    @property
+    def query_prompt(self) -> str | None:
+        if "query" in self.prompts:
+            return self.prompts["query"] or None
+        return self._default_prompt()
+
+    @property
+    def passage_prompt(self) -> str | None:
+        for name in _PASSAGE_PROMPT_NAMES:
+            if name in self.prompts:
+                return self.prompts[name] or None
+        return self._default_prompt()
+
+    def _default_prompt(self) -> str | None:
+        if self.default_prompt_name is None:
+            return None
+        return self.prompts.get(self.default_prompt_name) or None
+
+
+def read_sentence_transformers_config(files: ModelFiles) -> SentenceTransformersConfig | None:
+    """Parse ``modules.json`` and the module configs, or None when the checkpoint has no ``modules.json``."""
+    modules = files.json("modules.json")
+    if modules is None:
+        return None
+    where = f"{files.name}/modules.json"
+    if not isinstance(modules, list) or not modules:
+        raise InputError("expected a non-empty list of modules", path=where)
+    config = SentenceTransformersConfig()
+    seen_transformer = seen_pooling = False
+    for position, entry in enumerate(sorted(modules, key=lambda m: m.get("idx", 0))):
+        kind = str(entry.get("type", "")).rpartition(".")[2]
+        path = str(entry.get("path", ""))
+        if config.normalize:
+            raise ConfigError(f"{where}: module '{kind}' after Normalize is not supported")
+        if kind == "Transformer" and position == 0:
+            seen_transformer = True
+            _read_transformer(files, path, config)
+        elif kind == "Pooling" and seen_transformer and not seen_pooling:
+            seen_pooling = True
+            _read_pooling(files, path, config)
+        elif kind == "Dense" and seen_pooling:
+            config.dense_layers.append(_read_dense(files, path))
+        elif kind == "Normalize" and seen_pooling:
+            normalize_cfg = files.json(f"{path}/config.json") if path else None
+            target = (normalize_cfg or {}).get("module_input_name", "sentence_embedding")
+            if target != "sentence_embedding":
+                raise ConfigError(f"{where}: Normalize of '{target}' (token-level models) is not supported")
+            config.normalize = True
+        elif kind in _INFERENCE_NO_OPS and seen_pooling:
+            continue
+        else:
+            raise ConfigError(f"{where}: module {position} of type '{entry.get('type')}' is not supported here "
+                              "(supported chain: Transformer → Pooling → Dense* → Normalize?)")
+    if not seen_pooling:
+        raise ConfigError(f"{where}: no Pooling module after the Transformer; cannot make one vector per text")
+    st_config = files.json("config_sentence_transformers.json") or {}
+    config.prompts = dict(st_config.get("prompts") or {})
+    config.default_prompt_name = st_config.get("default_prompt_name")
+    config.similarity = st_config.get("similarity_fn_name")
+    return config
+
+
+def _read_transformer(files: ModelFiles, path: str, config: SentenceTransformersConfig) -> None:
+    config.transformer_path = path
+    prefix = f"{path}/" if path else ""
+    bert_config = files.json(f"{prefix}sentence_bert_config.json") or {}
+    config.max_seq_length = bert_config.get("max_seq_length")
+    config.do_lower_case = bool(bert_config.get("do_lower_case", False))
+
+
+def _read_pooling(files: ModelFiles, path: str, config: SentenceTransformersConfig) -> None:
+    pooling_cfg = files.json(f"{path}/config.json")
+    if pooling_cfg is None:
+        raise InputError("Pooling module has no config.json", path=f"{files.name}/{path}")
+    if "pooling_mode" in pooling_cfg:
+        mode = pooling_cfg["pooling_mode"]
+        config.pooling = parse_pooling([mode] if isinstance(mode, str) else list(mode))
+    else:
+        active = [mode for key, mode in LEGACY_POOLING_KEYS.items() if pooling_cfg.get(key, False)]
+        config.pooling = tuple(active) or ("mean",)
+    config.include_prompt = bool(pooling_cfg.get("include_prompt", True))
+
+
+def _read_dense(files: ModelFiles, path: str) -> DenseLayer:
+    where = f"{files.name}/{path}"
+    dense_cfg = files.json(f"{path}/config.json")
+    if dense_cfg is None:
+        raise InputError("Dense module has no config.json", path=where)
+    if dense_cfg.get("module_input_name", "sentence_embedding") != "sentence_embedding":
+        raise ConfigError(f"{where}: Dense on '{dense_cfg['module_input_name']}' is not supported")
+    layer = DenseLayer(int(dense_cfg["in_features"]), int(dense_cfg["out_features"]),
+                       bias=bool(dense_cfg.get("bias", True)),
+                       activation=activation_from_name(dense_cfg.get("activation_function"), where),
+                       use_residual=bool(dense_cfg.get("use_residual", False)))
+    state = _load_weights(files, path)
+    missing, unexpected = layer.load_state_dict(state, strict=False)
+    if missing or unexpected:
+        raise ConfigError(f"{where}: Dense weights do not match its config (missing {missing}, "
+                          f"unexpected {unexpected})")
+    return layer.eval()
+
+
+def _load_weights(files: ModelFiles, path: str) -> dict[str, Tensor]:
+    safetensors_file = files.file(f"{path}/model.safetensors")
+    if safetensors_file is not None:
+        return load_file(str(safetensors_file))
+    bin_file = files.file(f"{path}/pytorch_model.bin")
+    if bin_file is not None:
+        return torch.load(bin_file, map_location="cpu", weights_only=True)
+    raise InputError("Dense module has neither model.safetensors nor pytorch_model.bin",
+                     path=f"{files.name}/{path}")
+
+
+def add_lowercase(tokenizer) -> None:
+    """Prepend a ``Lowercase`` normaliser unless one is there (sentence-transformers' ``do_lower_case``)."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None:
+        if hasattr(tokenizer, "do_lower_case"):
+            tokenizer.do_lower_case = True
+        return
+    normalizer = backend.normalizer
+    if isinstance(normalizer, Lowercase) or (isinstance(normalizer, NormalizerSequence)
+                                             and any(isinstance(n, Lowercase) for n in normalizer)):
+        return
+    chain = [Lowercase()]
+    if isinstance(normalizer, NormalizerSequence):
+        chain += list(normalizer)
+    elif normalizer is not None:
+        chain.append(normalizer)
+    backend.normalizer = NormalizerSequence(chain)
+
+
+def default_max_length(tokenizer, config) -> int:
+    """``min(tokenizer.model_max_length, config.max_position_embeddings)``, as sentence-transformers."""
+    limits = [value for value in (getattr(tokenizer, "model_max_length", None),
+                                  getattr(config, "max_position_embeddings", None))
+              if isinstance(value, int) and 0 < value < 1_000_000]
+    return min(limits) if limits else 512

@@ -25,8 +25,9 @@ _EXPORTS = {
     "bm25": ("BM25Index", "BM25Params", "bm25_run"),
     "load": ("Retriever", "load_retriever", "load_dense_encoder"),
     "batches": ("encode_all", "encode_windows", "resolve_precision"),
-    "index": ("SearchOptions", "find_shards", "open_index", "shard_bounds"),
-    "index.dense": ("FaissIndex", "merge_topk"),
+    "index": ("SearchOptions", "find_shards", "open_index"),
+    "index.dense": ("FaissIndex",),
+    "index.topk": ("merge_topk",),
     "search": ("build_index", "search", "search_blocks"),
 }
 _MODULE_OF = {name: module for module, names in _EXPORTS.items() for name in names}

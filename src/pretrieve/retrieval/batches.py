@@ -1,7 +1,7 @@
 """The one streaming batch encoder: texts → per-text outputs, window by window, for every kind of retriever.
 
 :func:`encode_windows` is what every encoder run goes through (corpus shards, queries, mining, the recipe's
-evaluate stage). It takes one *side* of a retriever (:class:`~pretrieve.retrieval.load.Side`: a tokenizer, a
+evaluate stage). It takes one *side* of a retriever (:class:`Side`: a tokenizer, a
 maximum length, an optional prompt and a ``forward(batch) → outputs`` function) and any sized, sliceable source
 of texts (a list, a :class:`~pretrieve.data.beir.Corpus` through :func:`text_source`, a ``datasets.Dataset``
 whose ``ds[i:j]`` is a dict of columns), and yields the outputs window by window in input order:
@@ -34,18 +34,18 @@ import logging
 import queue
 import threading
 import time
+import warnings
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Sequence
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import numpy as np
 import scipy.sparse as sp
 import torch
 
+from pretrieve.data import arrow
+from pretrieve.data.records import join_title
 from pretrieve.errors import ConfigError
-
-if TYPE_CHECKING:  # pragma: no cover
-    from pretrieve.retrieval.load import Side
 
 logger = logging.getLogger(__name__)
 
@@ -54,7 +54,34 @@ DEFAULT_WINDOW = 8192
 NATIVE_BF16_CPU_FLAGS = ("avx512_bf16", "amx_bf16")
 
 
-# ------------------------------------------------------------------------------------------------ precision
+# ---------------------------------------------------------------------------------------------------- sides
+@dataclass
+class Side:
+    """One side (queries or passages) of a retriever, as the batch encoder runs it: tokenizer, length, prompt,
+    and ``forward(padded batch) → outputs`` (part name → float32 rows or CSR rows)."""
+
+    text_type: str
+    tokenizer: Any
+    max_length: int
+    forward: Callable[[dict[str, torch.Tensor]], dict[str, Any]]
+    empty: Callable[[], dict[str, Any]]
+    device: torch.device
+    precision: str
+    settings: dict[str, Any]
+    prompt: str | None = None
+
+    def empty_outputs(self) -> dict[str, Any]:
+        return self.empty()
+
+
+# ---------------------------------------------------------------------------------------- device, precision
+def resolve_device(device: str | torch.device | None) -> torch.device:
+    """``"auto"``/None → CUDA when available, else CPU."""
+    if device is None or str(device) == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(device)
+
+
 @lru_cache(maxsize=1)
 def cpu_flags() -> frozenset[str]:
     """The CPU feature flags of ``/proc/cpuinfo`` (empty where there is no such file)."""
@@ -101,8 +128,6 @@ def autocast(device: torch.device, precision: str):
 def quantize_int8(module: torch.nn.Module) -> torch.nn.Module:
     """Dynamic int8 quantisation of every ``nn.Linear`` of ``module`` (in place; CPU inference only): weights
     int8 per output channel, activations quantised per batch (``torch.ao.quantization.quantize_dynamic``)."""
-    import warnings
-
     with warnings.catch_warnings():   # torch marks eager-mode quantisation deprecated in favour of torchao
         warnings.simplefilter("ignore", DeprecationWarning)
         warnings.simplefilter("ignore", UserWarning)
@@ -134,8 +159,6 @@ def text_source(texts: Any) -> Any:
     if hasattr(texts, "full_text") and hasattr(texts, "ids"):
         return CorpusTexts(texts)
     if hasattr(texts, "cache_files") and hasattr(texts, "column_names"):
-        from pretrieve.data import arrow
-
         return arrow.CorpusTexts.of(texts) or texts
     return texts
 
@@ -145,8 +168,6 @@ def text_slice(source: Any, start: int, end: int) -> list[str]:
     (``title`` + ``text`` joined as passages are everywhere, else its ``text`` or only column)."""
     part = source[start:end]
     if isinstance(part, Mapping):
-        from pretrieve.data.beir import join_title
-
         if "text" in part:
             titles = part.get("title")
             if titles is None:
@@ -178,7 +199,7 @@ def pad_rows(rows: Sequence[Sequence[int]], pad_id: int, left: bool = False) -> 
 TOKENIZE_CHUNK = 1024
 
 
-def tokenize(side: "Side", texts: Sequence[str]) -> tuple[list[list[int]], list[list[int]] | None]:
+def tokenize(side: Side, texts: Sequence[str]) -> tuple[list[list[int]], list[list[int]] | None]:
     """Unpadded token ids (and token type ids when the model takes them), prompt prepended, truncated."""
     inputs = [side.prompt + text for text in texts] if side.prompt else list(texts)
     ids: list[list[int]] = []
@@ -202,7 +223,7 @@ class Batch:
     inputs: dict[str, np.ndarray]
 
 
-def window_batches(side: "Side", texts: Sequence[str], batch_size: int) -> list[Batch]:
+def window_batches(side: Side, texts: Sequence[str], batch_size: int) -> list[Batch]:
     """Tokenise a window, sort it by length (longest first, stable) and pad it into batches."""
     ids, types = tokenize(side, texts)
     lengths = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
@@ -257,7 +278,7 @@ def _background(produce: Callable[[], Iterator[Any]], prefetch: int) -> Iterator
 
 
 # -------------------------------------------------------------------------------------------------- encoding
-def encode_windows(side: "Side", texts: Any, batch_size: int = 64, start: int = 0, end: int | None = None,
+def encode_windows(side: Side, texts: Any, batch_size: int = 64, start: int = 0, end: int | None = None,
                    window: int = DEFAULT_WINDOW, show_progress: bool = False,
                    description: str = "encode") -> Iterator[tuple[int, dict[str, Any]]]:
     """Yield ``(first row, outputs)`` for consecutive windows of ``texts[start:end]``, outputs in input order.
@@ -310,7 +331,7 @@ def _in_input_order(collected: list[tuple[np.ndarray, dict[str, Any]]], count: i
     return merged
 
 
-def encode_all(side: "Side", texts: Any, batch_size: int = 64, window: int = DEFAULT_WINDOW,
+def encode_all(side: Side, texts: Any, batch_size: int = 64, window: int = DEFAULT_WINDOW,
                show_progress: bool = False, description: str = "encode") -> dict[str, Any]:
     """Every output of ``texts`` in memory (queries, small collections): the windows concatenated."""
     windows = [outputs for _, outputs in encode_windows(side, texts, batch_size, window=window,

@@ -60,7 +60,8 @@ from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
 
-from pretrieve.data.beir import BeirCollection, Corpus
+from pretrieve.data.beir import Corpus
+from pretrieve.data.collection import BeirCollection
 from pretrieve.data.trec import Run
 from pretrieve.errors import ConfigError, InputError
 from pretrieve.io_utils import write_json

@@ -372,7 +372,7 @@ def fit_on_split(train_run_paths: Sequence[str | Path], collection: str | Path, 
                  k: int = RRF_K) -> FusionSpec:
     """:func:`fit_fusion` on run files of ``split``'s queries and that split's qrels only (``test`` refused
     before anything is read)."""
-    from pretrieve.data.beir import BeirCollection
+    from pretrieve.data.collection import BeirCollection
     from pretrieve.data.trec import read_run
 
     if split == TEST_SPLIT:

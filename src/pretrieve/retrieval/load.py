@@ -7,7 +7,8 @@ It reads a model's configuration once, here and nowhere else:
   representation kind (``dense``, ``dupmae`` = DupMAE's [CLS] + ordinary-token vectors, ``sparse``, ``hybrid``),
   whether the towers are tied, and the query/passage lengths it was trained with;
 * the sentence-transformers files (``modules.json`` and the module folders) of dense models, read exactly as
-  sentence-transformers (v2 to v6) reads them (below).
+  sentence-transformers (v2 to v6) reads them by
+  :func:`pretrieve.modeling.sentence_transformer.read_sentence_transformers_config`.
 
 A **dense** retriever is run by :class:`~pretrieve.modeling.sentence_transformer.DenseEncoder` (transformer →
 pooling → Dense* → Normalize): one encoder for both sides, or the ``query/`` and ``passage/`` towers of a
@@ -17,26 +18,6 @@ pretrieve encoder) uses the pooling the caller names (``cls`` by default, the pa
 normalisation; explicit arguments override what a checkpoint says. The **other kinds** are run by
 :class:`~pretrieve.modeling.dual_encoder.DualEncoder` (``encode(text_type, …)``), whose representation rows are
 turned into search parts by the kind's back-end (:mod:`pretrieve.retrieval.index`).
-
-sentence-transformers files, read as sentence-transformers does:
-
-* the ``Transformer`` module's folder holds the Hugging Face model and its ``sentence_bert_config.json``
-  (``max_seq_length`` caps the tokenizer; ``do_lower_case`` prepends a ``Lowercase`` normaliser unless
-  the tokenizer already has one);
-* the ``Pooling`` module's ``config.json``: the modern ``pooling_mode`` (one mode or a list,
-  concatenated) or the legacy ``pooling_mode_*_tokens`` booleans (concatenated in sentence-transformers'
-  order cls, max, mean, mean_sqrt_len_tokens, weightedmean, lasttoken; none set means mean), and
-  ``include_prompt``;
-* ``Dense`` modules (``nn.Linear`` + activation, optional residual) are loaded with their weights;
-  ``Dropout`` is the identity at inference; a ``Normalize`` module (which must come last) sets
-  ``normalize=True``; any other module raises :class:`~pretrieve.errors.ConfigError`;
-* ``config_sentence_transformers.json``: ``prompts`` and ``default_prompt_name`` give the query and
-  passage prompts, following ``encode_query`` / ``encode_document``'s documented choice among the
-  *saved* prompts (query: ``"query"``; passage: the first of ``"document"``, ``"passage"``,
-  ``"corpus"``; otherwise the default prompt, as plain ``encode`` would use). Deliberate difference:
-  sentence-transformers 6 pre-fills ``{"query": "", "document": ""}`` before reading the saved prompts,
-  so its ``encode_document`` never reaches a saved ``"passage"`` prompt (E5-style checkpoints) and its
-  ``encode_query``/``encode_document`` ignore ``default_prompt_name``; we use the saved prompts.
 
 When no ``max_seq_length`` is given, the length is ``min(tokenizer.model_max_length,
 config.max_position_embeddings)`` as in sentence-transformers. A fine-tuned model's query length defaults to the
@@ -52,22 +33,25 @@ taken from a cache.
 from __future__ import annotations
 
 import copy
-import hashlib
-import json
 import logging
-import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
+import numpy as np
 import torch
 from torch import Tensor
+from transformers import AutoModel, AutoTokenizer
 
 from pretrieve.errors import ConfigError, InputError
-from pretrieve.modeling.sentence_transformer import (DenseEncoder, DenseLayer, activation_from_name,
-                                                     parse_pooling)
-from pretrieve.retrieval.batches import quantize_int8, resolve_precision
-from pretrieve.retrieval.index import BACKENDS, backend
+from pretrieve.modeling.dual_encoder import DualEncoder, read_dual_encoder_config
+from pretrieve.modeling.mote import is_mote_checkpoint, routed_views
+from pretrieve.modeling.pooling import parse_pooling
+from pretrieve.modeling.sentence_transformer import (DenseEncoder, ModelFiles, add_lowercase, default_max_length,
+                                                     read_sentence_transformers_config)
+from pretrieve.models import resolve_model
+from pretrieve.retrieval.batches import Side, quantize_int8, resolve_device, resolve_precision
+from pretrieve.retrieval.index import BACKENDS, PartsEncoder, backend
 
 logger = logging.getLogger(__name__)
 
@@ -77,228 +61,6 @@ DUAL_ENCODER_CONFIG = "dual_encoder.json"
 DEFAULT_PASSAGE_LENGTH, DEFAULT_QUERY_LENGTH = 144, 32
 """Lengths of a fine-tuned non-dense model whose ``dual_encoder.json`` records none (the fine-tuning defaults)."""
 
-#: sentence-transformers' legacy boolean keys, in the order it concatenates the modes.
-LEGACY_POOLING_KEYS: dict[str, str] = {
-    "pooling_mode_cls_token": "cls",
-    "pooling_mode_max_tokens": "max",
-    "pooling_mode_mean_tokens": "mean",
-    "pooling_mode_mean_sqrt_len_tokens": "mean_sqrt_len_tokens",
-    "pooling_mode_weightedmean_tokens": "weightedmean",
-    "pooling_mode_lasttoken": "lasttoken",
-}
-
-_PASSAGE_PROMPT_NAMES = ("document", "passage", "corpus")
-_INFERENCE_NO_OPS = {"Dropout"}
-
-
-# ------------------------------------------------------------------------------------- files / configs
-class ModelFiles:
-    """Files of a checkpoint: a local directory, or a hub repository fetched on demand."""
-
-    def __init__(self, name_or_path: str | Path):
-        self.name = str(name_or_path)
-        self.local = Path(self.name).is_dir()
-        if not self.local and _looks_like_path(self.name):
-            raise InputError("model directory not found", path=self.name)
-
-    def model_location(self, subfolder: str = "") -> tuple[str, dict[str, Any]]:
-        """Argument and keyword arguments for ``from_pretrained`` of the model in ``subfolder``."""
-        if self.local:
-            return str(Path(self.name) / subfolder), {}
-        return self.name, ({"subfolder": subfolder} if subfolder else {})
-
-    def file(self, relative: str) -> Path | None:
-        """Local path of ``relative`` inside the checkpoint, or None when it does not exist."""
-        if self.local:
-            path = Path(self.name) / relative
-            return path if path.is_file() else None
-        try:
-            from huggingface_hub import hf_hub_download
-
-            return Path(hf_hub_download(self.name, relative))
-        except Exception:  # noqa: BLE001 - missing entry, unknown repo or offline: all mean "not available"
-            return None
-
-    def json(self, relative: str) -> dict | list | None:
-        path = self.file(relative)
-        if path is None:
-            return None
-        try:
-            return json.loads(path.read_text(encoding="utf-8"))
-        except json.JSONDecodeError as exc:
-            raise InputError(f"invalid JSON: {exc.msg}", path=path, line=exc.lineno) from None
-
-
-def _looks_like_path(name: str) -> bool:
-    """A hub id is ``name`` or ``owner/name``; anything else names a local path."""
-    return name.startswith((".", "/", "~")) or name.count("/") > 1 or os.sep != "/" and os.sep in name \
-        or Path(name).exists()
-
-
-@dataclass
-class SentenceTransformersConfig:
-    """What a sentence-transformers ``modules.json`` chain says about encoding."""
-
-    transformer_path: str = ""
-    max_seq_length: int | None = None
-    do_lower_case: bool = False
-    pooling: tuple[str, ...] = ("mean",)
-    include_prompt: bool = True
-    dense_layers: list[DenseLayer] = field(default_factory=list)
-    normalize: bool = False
-    prompts: dict[str, str] = field(default_factory=dict)
-    default_prompt_name: str | None = None
-    similarity: str | None = None
-
-    @property
-    def query_prompt(self) -> str | None:
-        if "query" in self.prompts:
-            return self.prompts["query"] or None
-        return self._default_prompt()
-
-    @property
-    def passage_prompt(self) -> str | None:
-        for name in _PASSAGE_PROMPT_NAMES:
-            if name in self.prompts:
-                return self.prompts[name] or None
-        return self._default_prompt()
-
-    def _default_prompt(self) -> str | None:
-        if self.default_prompt_name is None:
-            return None
-        return self.prompts.get(self.default_prompt_name) or None
-
-
-def read_sentence_transformers_config(files: ModelFiles) -> SentenceTransformersConfig | None:
-    """Parse ``modules.json`` and the module configs, or None when the checkpoint has no ``modules.json``."""
-    modules = files.json("modules.json")
-    if modules is None:
-        return None
-    where = f"{files.name}/modules.json"
-    if not isinstance(modules, list) or not modules:
-        raise InputError("expected a non-empty list of modules", path=where)
-    config = SentenceTransformersConfig()
-    seen_transformer = seen_pooling = False
-    for position, entry in enumerate(sorted(modules, key=lambda m: m.get("idx", 0))):
-        kind = str(entry.get("type", "")).rpartition(".")[2]
-        path = str(entry.get("path", ""))
-        if config.normalize:
-            raise ConfigError(f"{where}: module '{kind}' after Normalize is not supported")
-        if kind == "Transformer" and position == 0:
-            seen_transformer = True
-            _read_transformer(files, path, config)
-        elif kind == "Pooling" and seen_transformer and not seen_pooling:
-            seen_pooling = True
-            _read_pooling(files, path, config)
-        elif kind == "Dense" and seen_pooling:
-            config.dense_layers.append(_read_dense(files, path))
-        elif kind == "Normalize" and seen_pooling:
-            normalize_cfg = files.json(f"{path}/config.json") if path else None
-            target = (normalize_cfg or {}).get("module_input_name", "sentence_embedding")
-            if target != "sentence_embedding":
-                raise ConfigError(f"{where}: Normalize of '{target}' (token-level models) is not supported")
-            config.normalize = True
-        elif kind in _INFERENCE_NO_OPS and seen_pooling:
-            continue
-        else:
-            raise ConfigError(f"{where}: module {position} of type '{entry.get('type')}' is not supported here "
-                              "(supported chain: Transformer → Pooling → Dense* → Normalize?)")
-    if not seen_pooling:
-        raise ConfigError(f"{where}: no Pooling module after the Transformer; cannot make one vector per text")
-    st_config = files.json("config_sentence_transformers.json") or {}
-    config.prompts = dict(st_config.get("prompts") or {})
-    config.default_prompt_name = st_config.get("default_prompt_name")
-    config.similarity = st_config.get("similarity_fn_name")
-    return config
-
-
-def _read_transformer(files: ModelFiles, path: str, config: SentenceTransformersConfig) -> None:
-    config.transformer_path = path
-    prefix = f"{path}/" if path else ""
-    bert_config = files.json(f"{prefix}sentence_bert_config.json") or {}
-    config.max_seq_length = bert_config.get("max_seq_length")
-    config.do_lower_case = bool(bert_config.get("do_lower_case", False))
-
-
-def _read_pooling(files: ModelFiles, path: str, config: SentenceTransformersConfig) -> None:
-    pooling_cfg = files.json(f"{path}/config.json")
-    if pooling_cfg is None:
-        raise InputError("Pooling module has no config.json", path=f"{files.name}/{path}")
-    if "pooling_mode" in pooling_cfg:
-        mode = pooling_cfg["pooling_mode"]
-        config.pooling = parse_pooling([mode] if isinstance(mode, str) else list(mode))
-    else:
-        active = [mode for key, mode in LEGACY_POOLING_KEYS.items() if pooling_cfg.get(key, False)]
-        config.pooling = tuple(active) or ("mean",)
-    config.include_prompt = bool(pooling_cfg.get("include_prompt", True))
-
-
-def _read_dense(files: ModelFiles, path: str) -> DenseLayer:
-    where = f"{files.name}/{path}"
-    dense_cfg = files.json(f"{path}/config.json")
-    if dense_cfg is None:
-        raise InputError("Dense module has no config.json", path=where)
-    if dense_cfg.get("module_input_name", "sentence_embedding") != "sentence_embedding":
-        raise ConfigError(f"{where}: Dense on '{dense_cfg['module_input_name']}' is not supported")
-    layer = DenseLayer(int(dense_cfg["in_features"]), int(dense_cfg["out_features"]),
-                       bias=bool(dense_cfg.get("bias", True)),
-                       activation=activation_from_name(dense_cfg.get("activation_function"), where),
-                       use_residual=bool(dense_cfg.get("use_residual", False)))
-    state = _load_weights(files, path)
-    missing, unexpected = layer.load_state_dict(state, strict=False)
-    if missing or unexpected:
-        raise ConfigError(f"{where}: Dense weights do not match its config (missing {missing}, "
-                          f"unexpected {unexpected})")
-    return layer.eval()
-
-
-def _load_weights(files: ModelFiles, path: str) -> dict[str, Tensor]:
-    safetensors_file = files.file(f"{path}/model.safetensors")
-    if safetensors_file is not None:
-        from safetensors.torch import load_file
-
-        return load_file(str(safetensors_file))
-    bin_file = files.file(f"{path}/pytorch_model.bin")
-    if bin_file is not None:
-        return torch.load(bin_file, map_location="cpu", weights_only=True)
-    raise InputError("Dense module has neither model.safetensors nor pytorch_model.bin",
-                     path=f"{files.name}/{path}")
-
-
-def add_lowercase(tokenizer) -> None:
-    """Prepend a ``Lowercase`` normaliser unless one is there (sentence-transformers' ``do_lower_case``)."""
-    from tokenizers.normalizers import Lowercase, Sequence as NormalizerSequence
-
-    backend = getattr(tokenizer, "backend_tokenizer", None)
-    if backend is None:
-        if hasattr(tokenizer, "do_lower_case"):
-            tokenizer.do_lower_case = True
-        return
-    normalizer = backend.normalizer
-    if isinstance(normalizer, Lowercase) or (isinstance(normalizer, NormalizerSequence)
-                                             and any(isinstance(n, Lowercase) for n in normalizer)):
-        return
-    chain = [Lowercase()]
-    if isinstance(normalizer, NormalizerSequence):
-        chain += list(normalizer)
-    elif normalizer is not None:
-        chain.append(normalizer)
-    backend.normalizer = NormalizerSequence(chain)
-
-
-def default_max_length(tokenizer, config) -> int:
-    """``min(tokenizer.model_max_length, config.max_position_embeddings)``, as sentence-transformers."""
-    limits = [value for value in (getattr(tokenizer, "model_max_length", None),
-                                  getattr(config, "max_position_embeddings", None))
-              if isinstance(value, int) and 0 < value < 1_000_000]
-    return min(limits) if limits else 512
-
-
-def resolve_device(device: str | torch.device | None) -> torch.device:
-    """``"auto"``/None → CUDA when available, else CPU."""
-    if device is None or str(device) == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(device)
 
 
 # ------------------------------------------------------------------------------------------ dense encoders
@@ -307,10 +69,6 @@ def load_dense_encoder(name_or_path: str | Path, pooling: str | Sequence[str] | 
                        device: str | torch.device = "cpu") -> DenseEncoder:
     """A :class:`DenseEncoder` of a checkpoint; sentence-transformers settings are read, explicit arguments
     override them."""
-    from transformers import AutoModel, AutoTokenizer
-
-    from pretrieve.models import resolve_model
-
     name_or_path = resolve_model(name_or_path)
     files = ModelFiles(name_or_path)
     st = read_sentence_transformers_config(files)
@@ -344,8 +102,6 @@ def load_dense_encoder(name_or_path: str | Path, pooling: str | Sequence[str] | 
 def read_retriever_config(path: str | Path) -> dict[str, Any] | None:
     """The ``dual_encoder.json`` of a retriever fine-tuned by pretrieve (None for any other model): the one
     reader of that file."""
-    from pretrieve.modeling.dual_encoder import read_dual_encoder_config
-
     if not (Path(str(path)) / DUAL_ENCODER_CONFIG).is_file():
         return None
     return read_dual_encoder_config(path)
@@ -361,36 +117,7 @@ def retriever_kind(path: str | Path, config: Mapping[str, Any] | None = None) ->
     return kind
 
 
-def model_fingerprint(name_or_path: str | Path) -> str:
-    """Sizes and modification times of a local checkpoint's weight files (the name for hub models)."""
-    root = Path(str(name_or_path))
-    if not root.is_dir():
-        return str(name_or_path)
-    weights = sorted(p for p in root.rglob("*") if p.suffix in (".safetensors", ".bin", ".pt") and p.is_file())
-    signature = [(str(p.relative_to(root)), p.stat().st_size, p.stat().st_mtime_ns) for p in weights]
-    return hashlib.sha1(json.dumps(signature).encode("utf-8")).hexdigest()
-
-
 # ------------------------------------------------------------------------------------------------ sides
-@dataclass
-class Side:
-    """One side (queries or passages) of a retriever, as the batch encoder runs it: tokenizer, length, prompt,
-    and ``forward(padded batch) → outputs`` (part name → float32 rows or CSR rows)."""
-
-    text_type: str
-    tokenizer: Any
-    max_length: int
-    forward: Callable[[dict[str, Tensor]], dict[str, Any]]
-    empty: Callable[[], dict[str, Any]]
-    device: torch.device
-    precision: str
-    settings: dict[str, Any]
-    prompt: str | None = None
-
-    def empty_outputs(self) -> dict[str, Any]:
-        return self.empty()
-
-
 @dataclass
 class Retriever:
     """A loaded retriever: its kind, its query and passage sides and what its outputs depend on."""
@@ -430,8 +157,6 @@ def dense_side(encoder: DenseEncoder, text_type: str, max_length: int, precision
         return {"embeddings": encoder.embed_batch(batch, prompt_length).float().cpu().numpy()}
 
     def empty() -> dict[str, Any]:
-        import numpy as np
-
         return {"embeddings": np.zeros((0, encoder.dim), np.float32)}
 
     settings = {key: value for key, value in encoder.describe().items()
@@ -441,7 +166,7 @@ def dense_side(encoder: DenseEncoder, text_type: str, max_length: int, precision
                 prompt)
 
 
-def dual_encoder_side(model, tokenizer, backend, text_type: str, max_length: int, precision: str,
+def dual_encoder_side(model, tokenizer, backend: PartsEncoder, text_type: str, max_length: int, precision: str,
                       device: torch.device) -> Side:
     representation = model.representation
     vocab = int(model.query_tower.config.vocab_size)
@@ -451,10 +176,7 @@ def dual_encoder_side(model, tokenizer, backend, text_type: str, max_length: int
         return backend.outputs(representation, rep, text_type)
 
     def empty() -> dict[str, Any]:
-        try:
-            return backend.empty_outputs(representation, vocab, text_type)
-        except TypeError:
-            return backend.empty_outputs(representation, vocab)
+        return backend.empty_outputs(representation, vocab, text_type)
 
     settings = {"representation": representation.config(), "max_length": int(max_length), "tied": model.tied}
     return Side(text_type, tokenizer, int(max_length), forward, empty, device, precision, settings)
@@ -470,8 +192,6 @@ def load_retriever(name_or_path: str | Path, device: str | torch.device = "auto"
     ``max_length`` / ``query_max_length`` override the passage / query lengths; ``pooling`` / ``normalize`` apply
     to plain dense checkpoints only (a fine-tuned retriever's representation is saved with it).
     """
-    from pretrieve.models import resolve_model
-
     resolved = resolve_model(name_or_path)
     path = Path(resolved) if Path(resolved).is_dir() else None
     config = read_retriever_config(path) if path is not None else None
@@ -497,10 +217,6 @@ def load_retriever(name_or_path: str | Path, device: str | torch.device = "auto"
         return Retriever(**common, query=dense_side(query_encoder, "query", query_length, chosen),
                          passage=dense_side(passage_encoder, "passage", passage_length, chosen),
                          query_encoder=query_encoder, passage_encoder=passage_encoder)
-    from transformers import AutoTokenizer
-
-    from pretrieve.modeling.dual_encoder import DualEncoder
-
     model = DualEncoder.load(path, info=config).to(torch_device).eval()
     if chosen == "int8":
         quantize_int8(model)
@@ -518,8 +234,6 @@ def _dense_encoders(resolved: str, path: Path | None, config: Mapping[str, Any] 
                     max_length: int | None, device: torch.device) -> tuple[DenseEncoder, DenseEncoder]:
     """``(query, passage)`` encoders: the two towers of a fine-tuned model with separate towers, two routed
     views of a CoT-MoTE checkpoint, else one encoder for both sides."""
-    from pretrieve.modeling.mote import is_mote_checkpoint, routed_views
-
     if config is not None and not config.get("tied", True):
         return (load_dense_encoder(path / "query", max_length=max_length, device=device),
                 load_dense_encoder(path / "passage", max_length=max_length, device=device))

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any, Iterable, Iterator, Mapping
 
 from pretrieve import artifacts
-from pretrieve.data.beir import BeirCollection
+from pretrieve.data.collection import BeirCollection
 from pretrieve.data.groups import GroupStats, groups_from_run
 from pretrieve.data.jsonl import write_jsonl
 from pretrieve.data.trec import Run, run_lines
@@ -123,11 +123,10 @@ def mine_negatives(model_dir: str | Path, data: str | Path | BeirCollection, spl
     import tempfile
 
     from pretrieve import ranks
-    from pretrieve.data.arrow import built_once
     from pretrieve.models import resolve_model
-    from pretrieve.retrieval.batches import resolve_precision
+    from pretrieve.retrieval.batches import resolve_device, resolve_precision
     from pretrieve.retrieval.index import SearchOptions
-    from pretrieve.retrieval.load import load_retriever, resolve_device
+    from pretrieve.retrieval.load import load_retriever
     from pretrieve.retrieval.search import encode_corpus, search
 
     _check_depth(depth)
@@ -158,7 +157,7 @@ def mine_negatives(model_dir: str | Path, data: str | Path | BeirCollection, spl
     with contextlib.ExitStack() as stack:
         root = Path(cache_dir) if cache_dir is not None else Path(
             stack.enter_context(tempfile.TemporaryDirectory(prefix="pretrieve-mine-")))
-        encode_corpus(retriever, built_once(collection.corpus_dataset), root, batch_size=batch_size,
+        encode_corpus(retriever, ranks.built_once(collection.corpus_dataset), root, batch_size=batch_size,
                       show_progress=show_progress)
 
         def write_part(start: int, end: int, paths: list[Path]) -> GroupStats:

@@ -33,12 +33,14 @@ from typing import Any, Iterator, Mapping, Sequence
 
 import numpy as np
 
+from pretrieve import ranks
 from pretrieve.data.trec import Run
 from pretrieve.errors import ConfigError, InputError
 from pretrieve.retrieval.batches import DEFAULT_WINDOW, encode_all, encode_windows, text_slice, text_source
 from pretrieve.retrieval.index import (IndexDir, SearchOptions, backend, decode_ids, find_shards, is_current,
-                                       open_index, shard_bounds, shard_dir_name, write_parts, writing)
-from pretrieve.retrieval.index.dense import merge_topk
+                                       open_index, shard_dir_name, write_parts, writing)
+from pretrieve.retrieval.index.sparse import hybrid_weights
+from pretrieve.retrieval.index.topk import merge_topk, rrf_fuse
 from pretrieve.retrieval.load import Retriever
 
 logger = logging.getLogger(__name__)
@@ -114,7 +116,7 @@ def _index_record(retriever: Retriever, corpus: Any, out_dir: str | Path, shard:
                   ) -> tuple[Path, dict[str, Any], dict[str, Any]]:
     """``(directory, settings, meta)`` of shard ``shard`` of ``num_shards`` of ``corpus`` (what its sidecar and
     ``meta.json`` record; the settings hold the SHA-1 of the shard's texts); ``rows`` overrides its row range."""
-    start, end = rows or shard_bounds(len(text_source(corpus)), shard, num_shards)
+    start, end = rows or ranks.shard_bounds(len(text_source(corpus)), shard, num_shards)
     settings = {**retriever.settings(), "shard": shard, "num_shards": num_shards, "rows": [start, end],
                 "content_sha1": content_hash(corpus, start, end, window)}
     meta = {"rows": [start, end], "shard": shard, "num_shards": num_shards, "model": retriever.name,
@@ -140,8 +142,6 @@ def encode_corpus(retriever: Retriever, corpus: Any, root: str | Path, batch_siz
     index a single process writes (same files, same record): later searches, by any number of ranks, read one index
     and rank ties exactly as a single process does. A corpus of fewer windows than ranks leaves ranks idle here.
     Returns ``root``."""
-    from pretrieve import ranks
-
     root = Path(root)
     if not ranks.active():
         build_index(retriever, corpus, root, batch_size=batch_size, show_progress=show_progress, window=window)
@@ -257,8 +257,6 @@ def _resolved_options(retriever: Retriever, options: SearchOptions) -> SearchOpt
     """Hybrid weights default to the ones the model was trained with."""
     if retriever.kind not in ("sparse", "hybrid"):
         return options
-    from pretrieve.retrieval.index.sparse import hybrid_weights
-
     alpha, beta = hybrid_weights(retriever.representation, options.dense_weight, options.sparse_weight)
     return replace(options, dense_weight=alpha, sparse_weight=beta)
 
@@ -267,8 +265,6 @@ def _search(search_backend, shards: Sequence[IndexDir], encoded: Mapping[str, An
             options: SearchOptions, searchers: dict) -> tuple[np.ndarray, np.ndarray]:
     """Global top-``k`` over all shards: ``(scores [Q, k'], global rows [Q, k'])``, row ``-1`` = no result."""
     if mode == "rrf":
-        from pretrieve.retrieval.index.sparse import rrf_fuse
-
         depth = min(sum(shard.count for shard in shards), max(k, options.rrf_depth))
         rankings = _search_shards(search_backend, shards, encoded, depth, ("dense", "sparse"), options, searchers)
         return rrf_fuse([rows for _, rows in rankings], k, rrf_k=options.rrf_k)

@@ -52,7 +52,8 @@ from typing import TYPE_CHECKING, Any, Mapping, Sequence
 import numpy as np
 import torch
 
-from pretrieve.data.beir import BeirCollection, Corpus
+from pretrieve.data.beir import Corpus
+from pretrieve.data.collection import BeirCollection
 from pretrieve.data.groups import TrainingGroup, sample_group_indices
 from pretrieve import artifacts, outputs, ranks
 from pretrieve.errors import ConfigError, InputError
@@ -176,7 +177,7 @@ def resolve_dense_settings(config: FinetuneConfig, model_path: str) -> FinetuneC
 
     Non-dense representations (``dupmae:...``) ignore pooling/normalisation; their temperature defaults to 1
     (the papers' plain dot product)."""
-    from pretrieve.retrieval.load import ModelFiles, read_sentence_transformers_config
+    from pretrieve.modeling.sentence_transformer import ModelFiles, read_sentence_transformers_config
 
     if config.representation != "dense":
         return dataclasses.replace(config, temperature=1.0 if config.temperature is None else config.temperature)
@@ -207,13 +208,13 @@ def build_representation(config: FinetuneConfig, model_path: str | None = None):
 
     kind, _, spec = config.representation.partition(":")
     if kind == "dupmae":
-        from pretrieve.modeling.dupmae import DupMAERepresentation
+        from pretrieve.modeling.representations.dupmae import DupMAERepresentation
         from pretrieve.models import resolve_model
 
         return DupMAERepresentation.for_model(spec, str(model_path or resolve_model(config.model)),
                                               temperature=1.0 if config.temperature is None else config.temperature)
     if kind in ("sparse", "hybrid"):  # SPLADE vector / [CLS] + SPLADE (CoT-MoTE, Ma et al. 2023, eq. 4–6), pretrieve.modeling.sparse
-        from pretrieve.modeling.sparse import representation_from_spec
+        from pretrieve.modeling.representations.sparse import representation_from_spec
         from pretrieve.models import resolve_model
 
         return representation_from_spec(kind, spec, str(model_path or resolve_model(config.model)),
@@ -342,7 +343,7 @@ def _finetune(config: FinetuneConfig) -> Path:
     collection = BeirCollection(Path(config.data))
     path = groups_path(config, collection)
     # Corpus and groups as memory-mapped Arrow datasets, built once by the main process; the others then open them.
-    from pretrieve.data.arrow import built_once
+    from pretrieve.ranks import built_once
 
     corpus = built_once(collection.corpus_dataset, "read the training groups")
     groups = built_once(lambda: load_training_groups(config, path, corpus), "read the training groups")

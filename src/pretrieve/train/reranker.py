@@ -37,11 +37,12 @@ from typing import Any, Iterable, Iterator, Mapping, Sequence
 import numpy as np
 import torch
 
-from pretrieve.data.beir import BeirCollection, Corpus
+from pretrieve.data.beir import Corpus
+from pretrieve.data.collection import BeirCollection
 from pretrieve.data.groups import TrainingGroup, sample_group_indices
 from pretrieve.data.trec import Run, ranked_ids
 from pretrieve import artifacts, outputs, ranks
-from pretrieve.data.arrow import CorpusTexts, built_once, groups_dataset
+from pretrieve.data.arrow import CorpusTexts, groups_dataset
 from pretrieve.errors import ConfigError, InputError
 from pretrieve.io_utils import write_json
 from pretrieve.retrieval.batches import native_bf16
@@ -150,8 +151,8 @@ def _train_reranker(config: RerankerConfig) -> Path:
     config.validate(accelerator.num_processes)
     # Corpus and groups as memory-mapped Arrow datasets (built by rank 0, then opened by every rank): memory does
     # not grow with the number of passages or groups.
-    corpus_data = built_once(BeirCollection(Path(config.data)).corpus_dataset)
-    groups = built_once(lambda: groups_dataset(config.groups, corpus=corpus_data, on_unknown=config.on_unknown),
+    corpus_data = ranks.built_once(BeirCollection(Path(config.data)).corpus_dataset)
+    groups = ranks.built_once(lambda: groups_dataset(config.groups, corpus=corpus_data, on_unknown=config.on_unknown),
                         "read the training groups")
     groups = groups.trainable(need_negatives=True, max_groups=config.max_groups)
     corpus = CorpusTexts(corpus_data)
@@ -242,7 +243,7 @@ class PairScorer:
         from transformers import AutoTokenizer
 
         from pretrieve.modeling.cross_encoder import CrossEncoder
-        from pretrieve.retrieval.load import resolve_device
+        from pretrieve.retrieval.batches import resolve_device
 
         if batch_size < 1:
             raise ConfigError(f"batch size must be >= 1, got {batch_size}")
@@ -361,7 +362,7 @@ def rerank_run_file(model_dir: str | Path, data: str | Path, split: str, run_pat
     from tqdm.auto import tqdm
 
     from pretrieve.data.trec import RunWriter, iter_run
-    from pretrieve.retrieval.load import resolve_device
+    from pretrieve.retrieval.batches import resolve_device
 
     if depth < 1:
         raise ConfigError(f"depth must be >= 1, got {depth}")
@@ -382,7 +383,7 @@ def rerank_run_file(model_dir: str | Path, data: str | Path, split: str, run_pat
     if status.exists:
         logger.info("recomputing %s: %s", out, status.reason)
     queries = collection.load_queries(split)
-    corpus = CorpusTexts(built_once(collection.corpus_dataset))
+    corpus = CorpusTexts(ranks.built_once(collection.corpus_dataset))
     scorer = PairScorer(model_dir, device=device, max_len=max_len, batch_size=batch_size, precision=resolved)
 
     def count() -> int:
@@ -439,7 +440,7 @@ def teacher_groups(model_dir: str | Path, data: str | Path, groups_path: str | P
     from tqdm.auto import tqdm
 
     from pretrieve.data.groups import GroupStats, iter_groups
-    from pretrieve.retrieval.load import resolve_device
+    from pretrieve.retrieval.batches import resolve_device
 
     if max_negatives is not None and max_negatives < 1:
         raise ConfigError(f"max_negatives must be >= 1, got {max_negatives}")
@@ -458,7 +459,7 @@ def teacher_groups(model_dir: str | Path, data: str | Path, groups_path: str | P
         return Path(out)
     if status.exists:
         logger.info("recomputing %s: %s", out, status.reason)
-    corpus = CorpusTexts(built_once(collection.corpus_dataset))
+    corpus = CorpusTexts(ranks.built_once(collection.corpus_dataset))
     scorer = PairScorer(model_dir, device=device, max_len=max_len, batch_size=batch_size, precision=resolved)
     stats = GroupStats()
 

@@ -18,14 +18,25 @@ reused only when :func:`pretrieve.artifacts.check` says it was made by the same 
 :func:`open_index` refuses a directory whose files no longer match its sidecar.
 
 A corpus too large for one directory is split into **shards**: ``shard-I-of-N`` directories (contiguous row
-ranges, :func:`shard_bounds`), each an index directory, searched one at a time with a streaming top-k merge
-(:mod:`pretrieve.retrieval.search`); :func:`find_shards` returns the complete set or says what is missing.
+ranges, :func:`pretrieve.ranks.shard_bounds`), each an index directory, searched one at a time with a streaming
+top-k merge (:mod:`pretrieve.retrieval.search`); :func:`find_shards` returns the complete set or says what is
+missing.
 
 Parts are streamed to disk window by window as the batch encoder produces them (:func:`write_parts`), so
 encoding needs memory for one window, not for the corpus. Each representation kind has a back-end module
 (:data:`BACKENDS`) that turns an opened directory into a searcher: :mod:`~pretrieve.retrieval.index.dense`
 (FAISS), :mod:`~pretrieve.retrieval.index.dupmae` (CLS + OT), :mod:`~pretrieve.retrieval.index.sparse`
 (sparse and hybrid). Adding a representation = one modeling file + one back-end module registered here.
+
+**The back-end contract**, written down as protocols: a back-end module is a :class:`Backend` — its ``KINDS``,
+``resolve_mode(kind, mode)`` (the search mode a request means for that kind, or a
+:class:`~pretrieve.errors.ConfigError`) and ``open_searcher(index, options, mode)`` → a :class:`Searcher`, whose
+``search(queries, k, mode)`` gives ``(scores [Q, k'], rows [Q, k'])`` best first (row ``-1``: no result). The
+back-ends of representations encoded by a :class:`~pretrieve.modeling.dual_encoder.DualEncoder` (every kind but
+``dense``, whose vectors come from :class:`~pretrieve.modeling.sentence_transformer.DenseEncoder`) are also
+:class:`PartsEncoder`\ s: ``outputs(representation, rep, text_type)`` turns representation rows into index parts,
+``empty_outputs(representation, vocab_size, text_type)`` gives the parts of no text. Top-k arithmetic shared by
+all: :mod:`pretrieve.retrieval.index.topk`.
 """
 
 from __future__ import annotations
@@ -37,8 +48,7 @@ import re
 import struct
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import ModuleType
-from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Any, Callable, Iterable, Iterator, Mapping, Protocol, Sequence
 
 import numpy as np
 import scipy.sparse as sp
@@ -55,6 +65,11 @@ EMBEDDINGS = "embeddings"
 _SHARD_DIR = re.compile(r"^shard-(\d+)-of-(\d+)$")
 UINT16_TERMS = 1 << 16
 """Vocabularies up to this size store their term ids as uint16."""
+
+SEARCH_MODES = ("dense", "sparse", "hybrid", "rrf")
+"""Search modes of sparse/hybrid retrievers (:mod:`pretrieve.retrieval.index.sparse`); other kinds are searched as
+trained."""
+MODES_BY_KIND = {"sparse": ("sparse",), "hybrid": SEARCH_MODES}
 
 #: representation kind → back-end module
 BACKENDS: dict[str, str] = {
@@ -88,7 +103,41 @@ class SearchOptions:
     rrf_depth: int = 1000
 
 
-def backend(kind: str) -> ModuleType:
+class Searcher(Protocol):
+    """Searches one opened index directory."""
+
+    def search(self, queries: Mapping[str, Any], k: int, mode: str | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """Top-``k`` of encoded ``queries`` (part name → ``[Q, …]`` rows): ``(scores [Q, k'], rows [Q, k'])``, best
+        first, rows of this directory (``-1``: no result)."""
+        ...
+
+
+class Backend(Protocol):
+    """What a back-end module provides to the search path (:mod:`pretrieve.retrieval.search`)."""
+
+    KINDS: tuple[str, ...]
+
+    def resolve_mode(self, kind: str, mode: str | None) -> str | None:
+        """The search mode ``mode`` means for a ``kind`` retriever (None: as trained); refuses an unusable one."""
+        ...
+
+    def open_searcher(self, index: IndexDir, options: SearchOptions, mode: str | None = None) -> Searcher:
+        ...
+
+
+class PartsEncoder(Protocol):
+    """What a back-end of dual-encoder representations provides to the batch encoder (:mod:`pretrieve.retrieval.load`)."""
+
+    def outputs(self, representation: Any, rep: Any, text_type: str) -> dict[str, Any]:
+        """A batch of representation rows → index parts (name → ``[B, w]`` array or CSR ``[B, V]``)."""
+        ...
+
+    def empty_outputs(self, representation: Any, vocab_size: int, text_type: str) -> dict[str, Any]:
+        """The parts of no text (their widths tell the index writer the sizes)."""
+        ...
+
+
+def backend(kind: str) -> Backend:
     """The back-end module searching indexes of representation ``kind``."""
     if kind not in BACKENDS:
         raise ConfigError(f"no search back-end for representation '{kind}' (known: {', '.join(BACKENDS)})")
@@ -96,15 +145,6 @@ def backend(kind: str) -> ModuleType:
 
 
 # ------------------------------------------------------------------------------------------------- shards
-def shard_bounds(num_rows: int, shard: int, num_shards: int) -> tuple[int, int]:
-    """Row range ``[start, end)`` of shard ``shard`` of ``num_shards`` (contiguous, sizes differ by ≤ 1)."""
-    if num_shards < 1:
-        raise ConfigError(f"number of shards must be >= 1, got {num_shards}")
-    if not 0 <= shard < num_shards:
-        raise ConfigError(f"shard must be in [0, {num_shards - 1}], got {shard}")
-    return num_rows * shard // num_shards, num_rows * (shard + 1) // num_shards
-
-
 def shard_dir_name(shard: int, num_shards: int) -> str:
     return f"shard-{shard}-of-{num_shards}"
 

@@ -35,7 +35,8 @@ import numpy as np
 
 from pretrieve import artifacts
 from pretrieve.errors import ConfigError, InputError
-from pretrieve.retrieval.index import EMBEDDINGS, IndexDir, open_index, writing
+from pretrieve.retrieval.index import EMBEDDINGS, SEARCH_MODES, IndexDir, open_index, writing
+from pretrieve.retrieval.index.topk import merge_topk
 
 logger = logging.getLogger(__name__)
 
@@ -210,15 +211,6 @@ def _on_gpu(index) -> bool:
     return "Gpu" in type(index).__name__
 
 
-# ------------------------------------------------------------------------------------------- top-k merge
-def merge_topk(scores: Sequence[np.ndarray], rows: Sequence[np.ndarray], k: int) -> tuple[np.ndarray, np.ndarray]:
-    """Merge per-block/per-shard ``[Q, k_i]`` results into the top-``k`` per query (stable: earlier lists win ties)."""
-    merged_scores = np.concatenate(scores, axis=1)
-    merged_rows = np.concatenate(rows, axis=1)
-    order = np.argsort(-merged_scores, axis=1, kind="stable")[:, :k]
-    return np.take_along_axis(merged_scores, order, axis=1), np.take_along_axis(merged_rows, order, axis=1)
-
-
 # ----------------------------------------------------------------------------------------- exact search
 def read_rows(path: Path, start: int, end: int) -> np.ndarray:
     """Rows ``start:end`` of a 2-d ``.npy`` file by a file read (nothing stays mapped), as float32."""
@@ -267,8 +259,6 @@ def exact_search(queries: np.ndarray, vectors: Path | np.ndarray, k: int, metric
 # ------------------------------------------------------------------------------------------------ search
 def resolve_mode(kind: str, mode: str | None) -> str | None:
     if mode not in (None, "dense"):
-        from pretrieve.retrieval.index.sparse import SEARCH_MODES
-
         if mode not in SEARCH_MODES:
             raise ConfigError(f"unknown search mode '{mode}' (choose from {', '.join(SEARCH_MODES)})")
         raise ConfigError(f"search mode '{mode}' needs a model fine-tuned with the sparse or hybrid representation; "

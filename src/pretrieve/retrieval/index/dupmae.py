@@ -3,7 +3,7 @@
 A passage is stored as ``ĥ_d`` (``d′`` floats: ``embeddings.npy``, searched through FAISS) and ``(I_d, μ_d[I_d])``
 (its top-``k`` OT entries: the ``ot`` CSR part, a :class:`~pretrieve.retrieval.index.sparse.SparseIndex`); a query
 as ``ĥ_q`` and its *full* OT vector ``μ_q`` (eq. 12 of "RetroMAE v2 / DupMAE: Duplex Masked Auto-Encoder" sums
-``μ_q[i] μ_d[i]`` over the document's indices, see :mod:`pretrieve.modeling.dupmae`).
+``μ_q[i] μ_d[i]`` over the document's indices, see :mod:`pretrieve.modeling.representations.dupmae`).
 
 Exact two-index search (:meth:`DupMAEIndex.search`) — a threshold algorithm (Fagin et al.) with exact
 rescoring: for depth ``c`` take the top-``c`` of each index, rescore the union of the candidates exactly with
@@ -41,7 +41,9 @@ from pretrieve.data.trec import Run, run_from_arrays
 from pretrieve.errors import ConfigError, InputError
 from pretrieve.retrieval.index import EMBEDDINGS, IndexDir, open_index, save_arrays, writing
 from pretrieve.retrieval.index.dense import FaissIndex, as_float32
-from pretrieve.retrieval.index.sparse import SparseIndex, top_k_rows, topk_matrix
+from pretrieve.retrieval.index.dense import resolve_mode as dense_mode
+from pretrieve.retrieval.index.sparse import SparseIndex, topk_matrix
+from pretrieve.retrieval.index.topk import top_k_rows
 
 logger = logging.getLogger(__name__)
 
@@ -229,8 +231,6 @@ def empty_outputs(representation, vocab_size: int, text_type: str) -> dict[str, 
 # ---------------------------------------------------------------------------------------------- search
 def resolve_mode(kind: str, mode: str | None) -> str | None:
     if mode is not None:
-        from pretrieve.retrieval.index.dense import resolve_mode as dense_mode
-
         dense_mode(kind, mode)
     return None
 

@@ -16,7 +16,7 @@ row pointers int32 (int64 from 2³¹ entries) — ``nnz·(4 + 2) + (N + 1)·4`` 
 scipy widens term ids to int32.
 
 **Sparse and hybrid models** (the representations of "CoT-MoTE: Contextual Masked Auto-Encoder with
-Mixture-of-Textual-Experts", Table 3; :mod:`pretrieve.modeling.sparse`) encode a
+Mixture-of-Textual-Experts", Table 3; :mod:`pretrieve.modeling.representations.sparse`) encode a
 text into a SPLADE vector ``w`` (``[V]``) and, for ``hybrid``, a dense [CLS] vector ``h`` beside it. One encoding of
 the corpus serves four search modes (:data:`SEARCH_MODES`):
 
@@ -56,14 +56,12 @@ import torch
 
 from pretrieve.data.trec import Run, run_from_arrays
 from pretrieve.errors import ConfigError, InputError
-from pretrieve.retrieval.index import (EMBEDDINGS, IndexDir, open_index, save_arrays, term_id_dtype,
-                                       row_pointer_dtype, writing)
+from pretrieve.retrieval.index import (EMBEDDINGS, MODES_BY_KIND, SEARCH_MODES, IndexDir, open_index, save_arrays,
+                                       row_pointer_dtype, term_id_dtype, writing)
+from pretrieve.retrieval.index.dense import DenseSearcher
+from pretrieve.retrieval.index.topk import DEFAULT_RRF_DEPTH, RRF_K, rrf_fuse, top_k_rows
 
 KINDS = ("sparse", "hybrid")
-SEARCH_MODES = ("dense", "sparse", "hybrid", "rrf")
-MODES_BY_KIND = {"sparse": ("sparse",), "hybrid": SEARCH_MODES}
-RRF_K = 60
-DEFAULT_RRF_DEPTH = 1000
 DEFAULT_BLOCK_ELEMENTS = 1 << 26
 _OWN_META = ("format", "kind", "count", "parts")
 
@@ -214,22 +212,6 @@ def topk_matrix(indices: np.ndarray, values: np.ndarray, dim: int) -> sp.csr_mat
 
 
 
-def top_k_rows(scores: np.ndarray, k: int) -> np.ndarray:
-    """Per row of ``scores [Q, N]``, the column indices of the ``k`` largest, best first; ties by column."""
-    k = min(k, scores.shape[1])
-    if k < scores.shape[1]:
-        part = np.argpartition(-scores, k - 1, axis=1)[:, :k]
-        threshold = np.take_along_axis(scores, part, axis=1).min(axis=1, keepdims=True)
-        candidates = [np.flatnonzero(row >= t) for row, t in zip(scores, threshold[:, 0])]
-    else:
-        candidates = [np.arange(scores.shape[1])] * scores.shape[0]
-    out = np.empty((scores.shape[0], k), dtype=np.int64)
-    for q, columns in enumerate(candidates):
-        order = np.lexsort((columns, -scores[q, columns]))
-        out[q] = columns[order[:k]]
-    return out
-
-
 # ------------------------------------------------------------------------------------------- sparse/hybrid
 @dataclass
 class EncodedTexts:
@@ -267,7 +249,7 @@ def outputs(representation, rep: torch.Tensor, text_type: str) -> dict[str, Any]
     return parts
 
 
-def empty_outputs(representation, vocab_size: int) -> dict[str, Any]:
+def empty_outputs(representation, vocab_size: int, text_type: str) -> dict[str, Any]:
     parts: dict[str, Any] = {"sparse": sp.csr_matrix((0, vocab_size), dtype=np.float32)}
     if representation.kind == "hybrid":
         parts[EMBEDDINGS] = np.zeros((0, representation.hidden_size), np.float32)
@@ -412,40 +394,6 @@ class SpladeIndex:
         return cls(ids, SparseIndex(index.matrix("sparse"), ids), dense, meta)
 
 
-def rrf_fuse(rankings: Sequence[np.ndarray], k: int, rrf_k: int = RRF_K) -> tuple[np.ndarray, np.ndarray]:
-    """Reciprocal rank fusion of ranked row lists ``[Q, n_i]`` (best first; ``-1`` = no entry).
-
-    A row's fused score is ``Σ_i 1 / (rrf_k + rank_i)`` over the lists that hold it (ranks from 1). Returns the
-    top ``k`` per query as ``(scores [Q, k'], rows [Q, k'])`` with ``k'`` the largest union size (``k`` at
-    most); shorter results are padded with row ``-1`` and score ``-inf``. Ties go to the lower row.
-    """
-    if k < 1:
-        raise ConfigError(f"k must be >= 1, got {k}")
-    if rrf_k < 0:
-        raise ConfigError(f"rrf_k must be >= 0, got {rrf_k}")
-    rankings = [np.asarray(rows, dtype=np.int64) for rows in rankings]
-    count = rankings[0].shape[0]
-    if any(rows.ndim != 2 or rows.shape[0] != count for rows in rankings):
-        raise InputError("every ranking must be [Q, n] with the same number of queries")
-    fused_rows, fused_scores = [], []
-    for q in range(count):
-        rows = np.concatenate([ranking[q] for ranking in rankings])
-        contributions = np.concatenate([1.0 / (rrf_k + np.arange(1, len(ranking[q]) + 1)) for ranking in rankings])
-        keep = rows >= 0
-        unique, inverse = np.unique(rows[keep], return_inverse=True)
-        totals = np.zeros(len(unique))
-        np.add.at(totals, inverse, contributions[keep])
-        best = top_k_rows(totals[None, :], k)[0] if len(unique) else np.zeros(0, dtype=np.int64)
-        fused_rows.append(unique[best])
-        fused_scores.append(totals[best])
-    width = max((len(rows) for rows in fused_rows), default=0)
-    out_rows = np.full((count, width), -1, dtype=np.int64)
-    out_scores = np.full((count, width), -np.inf, dtype=np.float64)
-    for q, (rows, scores) in enumerate(zip(fused_rows, fused_scores)):
-        out_rows[q, :len(rows)], out_scores[q, :len(rows)] = rows, scores
-    return out_scores, out_rows
-
-
 class SparseSearcher:
     """Searches one sparse/hybrid index directory in any mode (a FAISS index for ``dense`` with a factory,
     built on first use)."""
@@ -460,8 +408,6 @@ class SparseSearcher:
         mode = mode or ("hybrid" if self.index.dense is not None else "sparse")
         if mode == "dense" and self.options.factory != "Flat":
             if self.dense is None:
-                from pretrieve.retrieval.index.dense import DenseSearcher
-
                 self.dense = DenseSearcher(self.directory, self.options)
             return self.dense.search(queries, k)
         return self.index.search(queries, k, mode, dense_weight=self.options.dense_weight,

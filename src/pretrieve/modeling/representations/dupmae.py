@@ -18,6 +18,11 @@ For a text ``X`` with last hidden states ``h``:
   storage argument of §4.2 needs, and it keeps the per-pair cost at ``d′ + k`` multiply-adds, "the same
   similarity computation cost as CLS:768". So queries are not top-k sparsified.
 
+**Any checkpoint with an MLM head.** The representation needs only the hidden states and the checkpoint's own
+MLM head (``needs_mlm_head``: the dual encoder loads ``*ForMaskedLM`` towers,
+:class:`~pretrieve.modeling.encoder.Encoder`), not DupMAE pre-training: a plain MLM / RetroMAE checkpoint or a SPLADE one is fine-tuned and searched with it just
+the same, which separates "the representation" from "OT pre-training" in a comparison.
+
 Variants (Table 3) are one spec string: ``cls:384,ot:260`` (default ``cls:H/2,ot:H/2``), ``cls:768`` /
 ``cls:full`` (CLS only), ``ot:768`` (OT only), optionally ``,act:relu``. Fine-tuning selects one with
 ``representation: "dupmae:cls:384,ot:260"`` (``pretrieve.train.finetuner``); the resolved spec, the hidden size
@@ -49,10 +54,12 @@ from typing import Any, Mapping
 
 import torch
 from torch import Tensor, nn
+from transformers import AutoConfig
 
 from pretrieve.errors import ConfigError, InputError
 from pretrieve.modeling.objectives.ot_bow import DEFAULT_CHUNK_ELEMENTS, max_pool_logits, ordinary_token_mask
-from pretrieve.modeling.representations import Representation, pool_hidden, register_representation
+from pretrieve.modeling.pooling import pool
+from pretrieve.modeling.representations.base import Representation, register_representation
 
 ACTIVATIONS = ("none", "relu", "log1p")
 PAPER_INDEX_BITS = 15
@@ -153,10 +160,13 @@ class DupMAERepresentation(Representation):
                 self.reduction.weight.normal_(0.0, 1.0 / math.sqrt(self.spec.cls_dim), generator=generator)
 
     @classmethod
+    def from_spec(cls, spec: str, model_path: str, temperature: float = 1.0) -> "DupMAERepresentation":
+        """``dupmae[:<spec>]`` (:func:`parse_spec`) for the checkpoint at ``model_path``."""
+        return cls.for_model(spec, model_path, temperature=temperature)
+
+    @classmethod
     def for_model(cls, spec: str | None, model_path: str, **kwargs: Any) -> "DupMAERepresentation":
         """Build for the checkpoint at ``model_path`` (its ``hidden_size`` from the Hugging Face config)."""
-        from transformers import AutoConfig
-
         try:
             config = AutoConfig.from_pretrained(str(model_path))
         except OSError as exc:
@@ -185,7 +195,7 @@ class DupMAERepresentation(Representation):
                tower: nn.Module | None = None) -> Tensor:
         parts = []
         if self.spec.cls_dim is not None:
-            cls = pool_hidden(hidden_states, attention_mask, "cls")
+            cls = pool(hidden_states, attention_mask, "cls")
             parts.append(self.reduction(cls) if self.reduction is not None else cls)
         if self.spec.ot_k is not None:
             if tower is None or not hasattr(tower, "mlm_logits"):

@@ -35,10 +35,13 @@ from typing import Any, Mapping
 
 import torch
 from torch import Tensor, nn
+from transformers import AutoConfig
 
 from pretrieve.errors import ConfigError
+from pretrieve.modeling.losses import flops_regularizer
 from pretrieve.modeling.objectives.ot_bow import DEFAULT_CHUNK_ELEMENTS, max_pool_logits
-from pretrieve.modeling.representations import Representation, pool_hidden, register_representation
+from pretrieve.modeling.pooling import pool
+from pretrieve.modeling.representations.base import Representation, register_representation
 
 DEFAULT_QUERY_FLOPS = 3e-4
 DEFAULT_PASSAGE_FLOPS = 1e-4
@@ -64,8 +67,6 @@ def splade_pool(mlm_logits, hidden_states: Tensor, attention_mask: Tensor,
 
 def flops_terms(q_sparse: Tensor, p_sparse: Tensor, query_weight: float, passage_weight: float) -> dict[str, Tensor]:
     """``{"flops_query": λ_q·FLOPS(q), "flops_passage": λ_d·FLOPS(d)}`` (weights 0 are left out)."""
-    from pretrieve.modeling.losses import flops_regularizer
-
     terms = {}
     if query_weight:
         terms["flops_query"] = query_weight * flops_regularizer(q_sparse.float())
@@ -96,6 +97,11 @@ class SparseRepresentation(Representation):
         self.passage_flops = _check_weight("passage_flops", passage_flops)
         self.temperature = _check_weight("temperature", temperature, positive=True)
         self.chunk_elements = int(chunk_elements)
+
+    @classmethod
+    def from_spec(cls, spec: str, model_path: str, temperature: float = 1.0) -> "SparseRepresentation":
+        """``sparse[:lq=…,ld=…]`` (:func:`representation_from_spec`)."""
+        return representation_from_spec(cls.kind, spec, model_path, temperature)
 
     def encode(self, hidden_states: Tensor, attention_mask: Tensor, input_ids: Tensor | None = None,
                tower: nn.Module | None = None) -> Tensor:
@@ -146,9 +152,12 @@ class HybridRepresentation(Representation):
         self.chunk_elements = int(chunk_elements)
 
     @classmethod
-    def for_model(cls, model_path: str, **kwargs: Any) -> "HybridRepresentation":
-        from transformers import AutoConfig
+    def from_spec(cls, spec: str, model_path: str, temperature: float = 1.0) -> "HybridRepresentation":
+        """``hybrid[:dense=…,sparse=…,lq=…,ld=…]`` (:func:`representation_from_spec`)."""
+        return representation_from_spec(cls.kind, spec, model_path, temperature)
 
+    @classmethod
+    def for_model(cls, model_path: str, **kwargs: Any) -> "HybridRepresentation":
         try:
             config = AutoConfig.from_pretrained(str(model_path))
         except OSError as exc:
@@ -157,7 +166,7 @@ class HybridRepresentation(Representation):
 
     def encode(self, hidden_states: Tensor, attention_mask: Tensor, input_ids: Tensor | None = None,
                tower: nn.Module | None = None) -> Tensor:
-        dense = pool_hidden(hidden_states, attention_mask, "cls")
+        dense = pool(hidden_states, attention_mask, "cls")
         sparse = splade_pool(_mlm_head(tower), hidden_states, attention_mask, self.chunk_elements)
         return torch.cat([dense.to(sparse.dtype), sparse], dim=-1)
 

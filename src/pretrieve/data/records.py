@@ -1,0 +1,78 @@
+"""Records of a BEIR-layout collection, shared by every reader (the JSONL readers of :mod:`pretrieve.data.beir`,
+the Arrow builders of :mod:`pretrieve.data.arrow`, the converters of :mod:`pretrieve.data.convert`):
+
+* :class:`Document` and :func:`join_title` — a passage and the text every retriever indexes (title + text);
+* :func:`parse_document` / :func:`parse_query` — one ``corpus.jsonl`` / ``queries.jsonl`` object, validated
+  (an :class:`~pretrieve.errors.InputError` naming file, line and field), and :func:`duplicate_id_message`;
+* :func:`collection_file` — ``corpus.jsonl`` / ``queries.jsonl`` of a collection directory (or its ``.gz``);
+* :func:`default_cache_dir` — where downloaded collections (and, beside them, derived data) are kept.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from pretrieve.data.jsonl import require_str
+from pretrieve.errors import InputError
+
+CACHE_ENV = "PRETRIEVE_CACHE"
+
+
+@dataclass(frozen=True)
+class Document:
+    """One passage of a corpus."""
+
+    id: str
+    title: str
+    text: str
+
+    def full_text(self, sep: str = " ") -> str:
+        """Title and text joined, the input every retriever here indexes."""
+        return join_title(self.title, self.text, sep)
+
+
+def join_title(title: str, text: str, sep: str = " ") -> str:
+    """``title + sep + text``, or just the text when the title is empty."""
+    return f"{title}{sep}{text}" if title else text
+
+
+def parse_document(obj: dict, path: str | Path, line: int) -> Document:
+    """One ``corpus.jsonl`` object as a Document: ``_id`` (non-empty), ``title`` (optional), ``text``."""
+    doc_id = require_str(obj, "_id", path, line, allow_empty=False)
+    title = require_str(obj, "title", path, line, default="")
+    text = require_str(obj, "text", path, line)
+    return Document(doc_id, title, text)
+
+
+def parse_query(obj: dict, path: str | Path, line: int) -> tuple[str, str]:
+    """One ``queries.jsonl`` object as ``(query_id, text)``, both non-empty."""
+    return (require_str(obj, "_id", path, line, allow_empty=False),
+            require_str(obj, "text", path, line, allow_empty=False))
+
+
+def duplicate_id_message(kind: str, doc_id: str, first_line: int) -> str:
+    """The error message of an id seen twice (``kind``: document | query), the same from every reader."""
+    return f"duplicate {kind} id '{doc_id}' (first seen on line {first_line})"
+
+
+def collection_file(root: Path, name: str) -> Path:
+    """``root/name``, or ``root/name.gz`` when only that exists; :class:`InputError` when neither does."""
+    path = root / name
+    if path.exists():
+        return path
+    gz = root / f"{name}.gz"
+    if gz.exists():
+        return gz
+    raise InputError(f"{name} not found in collection", path=root)
+
+
+def default_cache_dir() -> Path:
+    """Where downloaded collections are kept: ``$PRETRIEVE_CACHE/collections`` or the XDG cache."""
+    root = os.environ.get(CACHE_ENV)
+    if root:
+        return Path(root).expanduser() / "collections"
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    base = Path(xdg).expanduser() if xdg else Path.home() / ".cache"
+    return base / "pretrieve" / "collections"
