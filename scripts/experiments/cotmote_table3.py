@@ -228,7 +228,7 @@ def main() -> None:
 
     from pretrieve.io_utils import write_json
     from pretrieve.models import resolve_model
-    from pretrieve.pipeline import resolve_collection_path
+    from pretrieve.data.registry import resolve_collection_path
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     torch.set_num_threads(args.threads)
