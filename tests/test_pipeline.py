@@ -269,3 +269,36 @@ def test_fuse_stage_errors_are_clear(tmp_path, collections, stage, message):
                                       "stages": [stage]}))
     with pytest.raises(ConfigError, match=message):
         run_recipe(recipe, show_progress=False)
+
+
+def test_a_new_stage_kind_is_one_registration_and_its_needs_are_checked_before_anything_runs(monkeypatch):
+    from pretrieve.recipe.schema import STAGES, Stage, validate_recipe
+
+    @dataclasses.dataclass
+    class PolishOptions:
+        strength: int = 1
+
+    def needs(options, recipe, given, where):
+        if "mined" not in given:
+            raise ConfigError(f"{where}: needs mined groups earlier in the recipe")
+
+    monkeypatch.setitem(STAGES, "polish", Stage(lambda *args: None, PolishOptions, needs=needs, gives="polished"))
+    recipe = {"out": "o", "model": "m", "data": "d", "stages": [{"finetune": {"stage": 1}}, {"polish": {}}]}
+    with pytest.raises(ConfigError, match=r"recipe\.stages\[1\]\.polish: needs mined groups"):
+        validate_recipe(recipe)
+    recipe["stages"].insert(1, {"mine": {}})
+    assert validate_recipe(recipe)["stages"][2] == {"polish": {}}
+    recipe["stages"][2] = {"polish": {"strenght": 2}}
+    with pytest.raises(ConfigError, match=r"stages\[2\]\.polish\.strenght: unknown option; did you mean strength"):
+        validate_recipe(recipe)
+
+
+def test_a_fine_tuning_stage_numbered_by_its_place_needs_its_groups_before_anything_runs():
+    """A second ``finetune`` without a ``stage`` is stage 2 (as it runs and is labelled): it needs a ``mine`` stage."""
+    from pretrieve.recipe.schema import validate_recipe
+
+    recipe = {"out": "o", "model": "m", "data": "d", "stages": ["finetune", "finetune"]}
+    with pytest.raises(ConfigError, match=r"stages\[1\]\.finetune: stage 2 needs the 'mine' stage"):
+        validate_recipe(recipe)
+    recipe["stages"].insert(1, "mine")
+    assert len(validate_recipe(recipe)["stages"]) == 3

@@ -63,9 +63,8 @@ Stage semantics follow the papers: stages 2 and 3 re-initialise from the pre-tra
 from the previous stage); ``mine`` uses the latest fine-tuned retriever (the stage-1 one) to mine the
 stage-2 negatives; ``teacher`` scores the mined groups with the reranker for stage 3. A second ``mine`` after stage 2
 (``mine-2/``, CDMAE's (Li et al. 2023) K₃ negatives of the stage-2 retriever) replaces the mined groups the reranker and the
-teacher use. ``fuse`` defines a fused
-retriever (:mod:`pretrieve.recipe.stages.fuse`: reciprocal rank fusion, or a normalised weighted sum whose weights are fitted on the
-training collection's ``train`` queries only); ``evaluate`` adds its rows on every collection and, with ``final``
+teacher use. ``fuse`` defines a fused retriever (:mod:`pretrieve.recipe.stages.fuse`: reciprocal rank fusion, or a
+normalised weighted sum whose weights are fitted on the training collection's ``train`` queries only); ``evaluate`` adds its rows on every collection and, with ``final``
 and ``compare``, paired t-tests of the final row and a closing paragraph in ``results.md``.
 
 **Several processes** (``torchrun --nproc_per_node N -m pretrieve run``, ``accelerate launch``, several nodes

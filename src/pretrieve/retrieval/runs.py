@@ -54,16 +54,20 @@ def is_current(path: str | Path, settings: Mapping[str, Any], inputs: Mapping[st
 def search_split(model: str | Path, collection: BeirCollection, index_dir: str | Path | None,
                  outputs: Sequence[Output], count: int,
                  write_part: Callable[[Retriever, Path, int, int, list[Path]], T], what: str, *, depth: int,
-                 query_block: int | None = None, batch_size: int = 64, show_progress: bool = True,
-                 check: Callable[[list[T]], None] | None = None, **load: Any) -> list[T]:
-    """Load the retriever ``model`` (``load``: :func:`pretrieve.retrieval.load.load_retriever`'s options), encode the
-    collection's corpus into ``index_dir`` (None: a temporary directory, for one process), then write ``outputs``
-    from ``count`` query items split by rank: each rank calls ``write_part(retriever, index, a, b, paths)`` for
-    its slice ``[a, b)`` of whole blocks of ``query_block`` queries (default: the search's own block for
-    ``depth``). Returns every rank's ``write_part`` result (``check`` may refuse them before anything is written)."""
+                 query_block: int | None = None, batch_size: int = 64, device: str = "auto",
+                 precision: str = "auto", max_length: int | None = None, query_max_length: int | None = None,
+                 show_progress: bool = True, check: Callable[[list[T]], None] | None = None) -> list[T]:
+    """Load the retriever ``model`` (``device``, ``precision``, ``max_length``, ``query_max_length``: see
+    :func:`pretrieve.retrieval.load.load_retriever`), encode the collection's corpus into ``index_dir`` (None: a
+    temporary directory, for one process), then write ``outputs`` from ``count`` query items split by rank: each
+    rank calls ``write_part(retriever, index, a, b, paths)`` for its slice ``[a, b)`` of whole blocks of
+    ``query_block`` queries (default: the search's own block for ``depth``). Returns every rank's ``write_part``
+    result (``check`` may refuse them before anything is written)."""
     if ranks.active() and index_dir is None:
-        raise ConfigError(f"{what} under several ranks needs a cache_dir that every rank shares (for the corpus index)")
-    retriever = load_retriever(model, **load)
+        raise ConfigError(f"{what} under several ranks needs a cache_dir that every rank shares (for the corpus "
+                          "index)")
+    retriever = load_retriever(model, device=device, precision=precision, max_length=max_length,
+                               query_max_length=query_max_length)
     with contextlib.ExitStack() as stack:
         root = Path(index_dir) if index_dir is not None else Path(
             stack.enter_context(tempfile.TemporaryDirectory(prefix="pretrieve-index-")))

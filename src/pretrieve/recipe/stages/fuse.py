@@ -101,8 +101,8 @@ def component_source(state: RunState, component: str, where: str) -> tuple[str, 
     raise ConfigError(f"{where}: unknown retriever {component!r} to fuse (known so far: {', '.join(known)})")
 
 
-def component_run(state: RunState, component: str, collection, split: str, depth: int, run_name: str,
-                   show_progress: bool) -> Path:
+def component_run(state: RunState, component: str, collection: BeirCollection, split: str, depth: int, run_name: str,
+                  show_progress: bool) -> Path:
     """``runs/<run_name>__<collection>.trec``: the component's run on the split's judged queries (searched unless
     it exists; dense retrievers share one corpus-embedding cache per collection with the evaluate stage)."""
     kind, model, rerank_depth = component_source(state, component, "fuse")
@@ -118,7 +118,7 @@ def component_run(state: RunState, component: str, collection, split: str, depth
 
 
 def fit_fusion(state: RunState, name: str, components: list[str], candidates, split: str, measure: str,
-                step: float, depth: int, k: int, show_progress: bool):
+               step: float, depth: int, k: int, show_progress: bool):
     """The fusion fitted on the training collection's ``split`` queries (never ``test``), stored and reused."""
     if split == fusion.TEST_SPLIT:
         raise ConfigError(f"fuse: {name}: fit_split must be a training split, never '{split}'")
@@ -143,7 +143,8 @@ def fit_fusion(state: RunState, name: str, components: list[str], candidates, sp
     return fusion.FusionSpec.from_dict(json.loads(path.read_text(encoding="utf-8")))
 
 
-def fusion_rows(state: RunState, collection, split: str, depth: int, qrels, show_progress: bool) -> list[dict]:
+def fusion_rows(state: RunState, collection: BeirCollection, split: str, depth: int, qrels,
+                show_progress: bool) -> list[dict]:
     """One row per fusion of the recipe on this collection: ``runs/<fusion>__<collection>.trec``."""
     rows = []
     for name, entry in state.fusions.items():
