@@ -11,14 +11,14 @@ from typing import Any
 
 from pretrieve.recipe.runner import RunState
 from pretrieve.recipe.schema import RECIPE_SETS, placeholder_config, stage
-from pretrieve.train.pretrainer import PretrainConfig, pretrain
+from pretrieve.train import pretrainer
 from pretrieve.train.run_config import PretrainOptions, build_pretrain_config, resolve_pretrain_method
 
 
 def check_pretrain(options: dict[str, Any], where: str) -> None:
     values = dict(options)
     resolve_pretrain_method(values, {}, where=f"{where}.method")
-    placeholder_config(PretrainConfig, values).validate(1)
+    placeholder_config(pretrainer.PretrainConfig, values).validate(1)
 
 
 @stage("pretrain", PretrainOptions, set_by_recipe={k: v for k, v in RECIPE_SETS.items() if k != "data"},
@@ -31,4 +31,4 @@ def stage_pretrain(state: RunState, options: dict[str, Any], label: str, show_pr
     method = values.pop("method", "bow")
     flags = {**values, "model": state.init_model, "out": str(out), "show_progress": show_progress}
     config = build_pretrain_config({}, flags, {"method": method}, resume=True)
-    state.pretrained = str(pretrain(config))   # skipped when finished with the same settings
+    state.pretrained = str(pretrainer.pretrain(config))   # skipped when finished with the same settings
