@@ -53,7 +53,7 @@ with open(out, "w", encoding="utf-8") as f:
 def main() -> None:
     from pretrieve.bench.report import markdown_table
     from pretrieve.bench.scale import measure
-    from pretrieve.data.beir import BeirCollection
+    from pretrieve.data.collection import BeirCollection
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data", required=True)

@@ -11,7 +11,7 @@ import pytrec_eval
 from scipy import stats
 from typer.testing import CliRunner
 
-from pretrieve import pipeline
+import pretrieve.recipe
 from pretrieve.bench import quality
 from pretrieve.cli import app
 from pretrieve.data.beir import load_qrels
@@ -69,7 +69,7 @@ def bench(tiny_mlm_dir, collections, tmp_path_factory):
 
 def _count_recipes(monkeypatch, interrupt_at: int | None = None) -> list[str]:
     calls: list[str] = []
-    original = pipeline.run_recipe
+    original = pretrieve.recipe.run_recipe
     seen = {"n": 0}
 
     def counted(path, *args, **kwargs):
@@ -79,7 +79,7 @@ def _count_recipes(monkeypatch, interrupt_at: int | None = None) -> list[str]:
             raise KeyboardInterrupt
         return original(path, *args, **kwargs)
 
-    monkeypatch.setattr(pipeline, "run_recipe", counted)
+    monkeypatch.setattr(pretrieve.recipe, "run_recipe", counted)
     return calls
 
 

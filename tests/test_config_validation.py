@@ -131,12 +131,12 @@ def test_os_errors_are_one_line(tmp_path, capsys, monkeypatch):
 
     error = OSError(27, "File too large", str(tmp_path / "x"))
     assert describe_os_error(error) == f"{tmp_path / 'x'}: File too large (a file-size limit (ulimit -f) was reached)"
-    import pretrieve.pipeline as pipeline
+    import pretrieve.recipe
 
     def full(*args, **kwargs):
         raise OSError(28, "No space left on device", "/some/out/runs/x.trec")
 
-    monkeypatch.setattr(pipeline, "run_recipe", full)
+    monkeypatch.setattr(pretrieve.recipe, "run_recipe", full)
     recipe = tmp_path / "r.yaml"
     recipe.write_text("out: o\n")
     code, err = _main(capsys, monkeypatch, "run", str(recipe))

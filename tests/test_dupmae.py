@@ -384,7 +384,7 @@ def test_cli_dense_gives_the_mining_run_of_a_dupmae_model(dupmae_finetuned, tiny
 
 def test_recipe_pretrains_finetunes_and_evaluates_with_the_dupmae_representation(tiny_mlm_dir, tiny_collection,
                                                                                 tmp_path):
-    from pretrieve.pipeline import run_recipe
+    from pretrieve.recipe import run_recipe
 
     fast = {"max_steps": 2, "batch_size": 4, "warmup_ratio": 0.0, "save_every": 0}
     recipe = {"name": "dupmae", "out": str(tmp_path / "out"), "model": str(tiny_mlm_dir),

@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from pretrieve.errors import ConfigError, InputError
-from pretrieve.pipeline import load_recipe, run_recipe
+from pretrieve.recipe import load_recipe, run_recipe
 from pretrieve.train import loop
 
 from test_finetune import write_collection
@@ -120,14 +120,15 @@ def test_shipped_recipes_parse():
 
 def test_the_evaluate_stage_reranks_the_named_retriever(tmp_path):
     from pretrieve.errors import ConfigError
-    from pretrieve.pipeline import RunState, _reranked_retriever
+    from pretrieve.recipe.runner import RunState
+    from pretrieve.recipe.stages.evaluate import reranked_retriever
 
     state = RunState(recipe={}, out=tmp_path, data=tmp_path, base_model="m",
                      retrievers={"finetune-s1": "a", "finetune-s2": "b", "finetune-s3": "c"})
-    assert _reranked_retriever(state, None) == "finetune-s3"
-    assert _reranked_retriever(state, "finetune-s2") == "finetune-s2"
+    assert reranked_retriever(state, None) == "finetune-s3"
+    assert reranked_retriever(state, "finetune-s2") == "finetune-s2"
     with pytest.raises(ConfigError, match="no retriever named 'finetune-s9'.*finetune-s1"):
-        _reranked_retriever(state, "finetune-s9")
+        reranked_retriever(state, "finetune-s9")
 
 
 def test_changed_settings_are_refused_or_redone_with_the_old_output_kept(tiny_mlm_dir, collections, tmp_path):
@@ -167,7 +168,7 @@ def test_changed_settings_are_refused_or_redone_with_the_old_output_kept(tiny_ml
 
 
 def test_set_aside_never_reuses_a_name(tmp_path):
-    from pretrieve.pipeline import set_aside
+    from pretrieve.recipe.runner import set_aside
 
     names = []
     for content in ("a", "b", "c"):
@@ -206,13 +207,13 @@ def assert_same_run(run: dict, expected: dict) -> None:
 
 
 def test_fuse_stage_fits_on_train_only_and_adds_tested_rows(tiny_mlm_dir, collections, tmp_path, monkeypatch):
-    from pretrieve import pipeline
+    from pretrieve.recipe.schema import STAGES
     from pretrieve.data import read_run
     from pretrieve.retrieval.fusion import FusionSpec, fuse_runs
 
     from test_fusion import forbid_test_qrels
 
-    real_fuse = pipeline.STAGES["fuse"]
+    real_fuse = STAGES["fuse"]
     opened: list[str] = []
 
     def fuse_without_test_qrels(*args, **kwargs):      # the fuse stage may read train qrels, never test qrels
@@ -222,7 +223,7 @@ def test_fuse_stage_fits_on_train_only_and_adds_tested_rows(tiny_mlm_dir, collec
             finally:
                 opened.extend(names)
 
-    monkeypatch.setitem(pipeline.STAGES, "fuse", dataclasses.replace(real_fuse, run=fuse_without_test_qrels))
+    monkeypatch.setitem(STAGES, "fuse", dataclasses.replace(real_fuse, run=fuse_without_test_qrels))
     train, other = collections
     results = run_recipe(_fusion_recipe(tmp_path, tiny_mlm_dir, train, other), show_progress=False)
     out = tmp_path / "out"
@@ -268,3 +269,36 @@ def test_fuse_stage_errors_are_clear(tmp_path, collections, stage, message):
                                       "stages": [stage]}))
     with pytest.raises(ConfigError, match=message):
         run_recipe(recipe, show_progress=False)
+
+
+def test_a_new_stage_kind_is_one_registration_and_its_needs_are_checked_before_anything_runs(monkeypatch):
+    from pretrieve.recipe.schema import STAGES, Stage, validate_recipe
+
+    @dataclasses.dataclass
+    class PolishOptions:
+        strength: int = 1
+
+    def needs(options, recipe, given, where):
+        if "mined" not in given:
+            raise ConfigError(f"{where}: needs mined groups earlier in the recipe")
+
+    monkeypatch.setitem(STAGES, "polish", Stage(lambda *args: None, PolishOptions, needs=needs, gives="polished"))
+    recipe = {"out": "o", "model": "m", "data": "d", "stages": [{"finetune": {"stage": 1}}, {"polish": {}}]}
+    with pytest.raises(ConfigError, match=r"recipe\.stages\[1\]\.polish: needs mined groups"):
+        validate_recipe(recipe)
+    recipe["stages"].insert(1, {"mine": {}})
+    assert validate_recipe(recipe)["stages"][2] == {"polish": {}}
+    recipe["stages"][2] = {"polish": {"strenght": 2}}
+    with pytest.raises(ConfigError, match=r"stages\[2\]\.polish\.strenght: unknown option; did you mean strength"):
+        validate_recipe(recipe)
+
+
+def test_a_fine_tuning_stage_numbered_by_its_place_needs_its_groups_before_anything_runs():
+    """A second ``finetune`` without a ``stage`` is stage 2 (as it runs and is labelled): it needs a ``mine`` stage."""
+    from pretrieve.recipe.schema import validate_recipe
+
+    recipe = {"out": "o", "model": "m", "data": "d", "stages": ["finetune", "finetune"]}
+    with pytest.raises(ConfigError, match=r"stages\[1\]\.finetune: stage 2 needs the 'mine' stage"):
+        validate_recipe(recipe)
+    recipe["stages"].insert(1, "mine")
+    assert len(validate_recipe(recipe)["stages"]) == 3

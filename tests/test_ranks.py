@@ -89,7 +89,7 @@ def _bm25_worker(rank: int, world: int, data: str, out: str) -> str:
 
 def test_bm25_negatives_split_by_query_equal_one_process(tmp_path):
     from pretrieve.retrieval.bm25 import bm25_negatives
-    from pretrieve.smoke import write_fixture_collection
+    from pretrieve.recipe.smoke import write_fixture_collection
 
     write_fixture_collection(tmp_path / "data", ["train"])
     one = tmp_path / "one"

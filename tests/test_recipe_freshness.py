@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from pretrieve.errors import ConfigError, InputError
-from pretrieve.pipeline import load_recipe, results_are_current, run_recipe
+from pretrieve.recipe import load_recipe, results_are_current, run_recipe
 from pretrieve.train import loop
 
 from test_finetune import write_collection
@@ -116,12 +116,12 @@ def _full_recipe(tmp_path: Path, data: Path) -> dict:
 ])
 def test_every_typo_in_a_recipe_is_refused_with_its_path_before_any_stage_runs(tmp_path, collection, monkeypatch,
                                                                              edit, message):
-    from pretrieve import pipeline
+    from pretrieve.recipe import runner
 
     recipe = _full_recipe(tmp_path, collection)
     edit(recipe)
     ran = []
-    monkeypatch.setattr(pipeline, "run_stage", lambda *args, **kwargs: ran.append(args))
+    monkeypatch.setattr(runner, "run_stage", lambda *args, **kwargs: ran.append(args))
     with pytest.raises((ConfigError, InputError), match=message):
         run_recipe(_write(tmp_path, recipe), show_progress=False)
     assert not ran and not (tmp_path / "out").exists()
@@ -140,9 +140,9 @@ def test_every_missing_collection_is_reported_before_the_first_stage(tmp_path, c
     monkeypatch.setenv("PRETRIEVE_OFFLINE", "1")
     monkeypatch.setenv("PRETRIEVE_CACHE", str(tmp_path / "cache"))
     monkeypatch.setenv("PRETRIEVE_DATA", str(tmp_path / "data"))
-    from pretrieve import pipeline
+    from pretrieve.data import registry
 
-    monkeypatch.setattr(pipeline, "checkout_data_dir", lambda: None)   # this machine's ../shared/data has cranfield
+    monkeypatch.setattr(registry, "checkout_data_dir", lambda: None)   # this machine's ../shared/data has cranfield
     recipe = _full_recipe(tmp_path, collection)
     recipe["stages"][-1]["evaluate"]["collections"] = [str(collection), "cranfield", "nosuchset"]
     with pytest.raises(InputError) as error:
@@ -155,7 +155,8 @@ def test_every_missing_collection_is_reported_before_the_first_stage(tmp_path, c
     (tmp_path / "mine").mkdir()
     shutil.copytree(collection, tmp_path / "mine" / "cranfield")
     shutil.copytree(collection, tmp_path / "mine" / "nosuchset")
-    from pretrieve.pipeline import recipe_collections, resolve_collections
+    from pretrieve.data.registry import resolve_collections
+    from pretrieve.recipe.schema import recipe_collections
 
     found = resolve_collections(recipe_collections(load_recipe(_write(tmp_path, recipe))), {},
                                 data_root=tmp_path / "mine")

@@ -11,8 +11,8 @@ import yaml
 
 from pretrieve import artifacts
 from pretrieve.errors import ConfigError
-from pretrieve.pipeline import load_recipe, run_recipe
-from pretrieve.smoke import model_family, smoke_recipe, write_fixture_collection
+from pretrieve.recipe import load_recipe, run_recipe
+from pretrieve.recipe.smoke import model_family, smoke_recipe, write_fixture_collection
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 RECIPES = sorted(CONFIGS.glob("*.yaml"))

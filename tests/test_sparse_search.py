@@ -379,7 +379,7 @@ def test_mode_is_refused_for_models_without_a_sparse_part(tiny_bert_dir, synthet
 # ---------------------------------------------------------------------------------------------- recipe
 def test_recipe_evaluates_one_row_per_mode(sparse_mlm_dir, tiny_collection, tmp_path):
     from pretrieve.data.trec import read_run as read
-    from pretrieve.pipeline import run_recipe
+    from pretrieve.recipe import run_recipe
 
     fast = {"max_steps": 2, "batch_size": 4, "warmup_ratio": 0.0, "save_every": 0}
     recipe = {"name": "modes", "out": str(tmp_path / "out"), "model": str(sparse_mlm_dir),

@@ -68,7 +68,7 @@ class Clock:
 
 # ------------------------------------------------------------------------------------------------ stages
 def write_pairs(data: Path, out: Path) -> Path:
-    from pretrieve.data.beir import BeirCollection
+    from pretrieve.data.collection import BeirCollection
     from pretrieve.data.spans import write_qrels_pairs
 
     path = out / "pairs.jsonl"
@@ -116,7 +116,7 @@ def reference_model(base: str, out: Path) -> Path:
 
 def evaluate_models(models: dict[str, Path], data: Path, out: Path) -> dict:
     """Every model × mode: run (cached under OUT/runs), nDCG@10 / R@100, and the per-query results."""
-    from pretrieve.data.beir import BeirCollection
+    from pretrieve.data.collection import BeirCollection
     from pretrieve.data.trec import read_run, write_run
     from pretrieve.evaluation import evaluate
     from pretrieve.retrieval.load import load_retriever
@@ -153,7 +153,7 @@ def significance(results: dict) -> dict:
 
 def sparsity(models: dict[str, Path], data: Path, out: Path) -> dict:
     """Average non-zeros per passage (from the cached index) and per test query; bytes per passage stored."""
-    from pretrieve.data.beir import BeirCollection
+    from pretrieve.data.collection import BeirCollection
     from pretrieve.retrieval.batches import encode_all
     from pretrieve.retrieval.index import find_shards
     from pretrieve.retrieval.index.sparse import SpladeIndex
@@ -175,7 +175,7 @@ def sparsity(models: dict[str, Path], data: Path, out: Path) -> dict:
 def divergence(models: dict[str, Path], data: Path, figure: Path) -> dict:
     """App. A.1: KL/JS of the query vs passage [CLS] embeddings of 400 train pairs, and the t-SNE panels."""
     from pretrieve.analysis.divergence import embedding_divergence, plot_tsne, sample_pairs
-    from pretrieve.data.beir import BeirCollection
+    from pretrieve.data.collection import BeirCollection
     from pretrieve.retrieval.batches import encode_all
     from pretrieve.retrieval.load import load_retriever
 
@@ -228,7 +228,7 @@ def main() -> None:
 
     from pretrieve.io_utils import write_json
     from pretrieve.models import resolve_model
-    from pretrieve.pipeline import resolve_collection_path
+    from pretrieve.data.registry import resolve_collection_path
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     torch.set_num_threads(args.threads)

@@ -3,7 +3,7 @@
 Drop your Decoder's (Ma et al. 2024) Tables 5/6 compare pre-training methods by what a retriever initialised from each checkpoint
 reaches after the same fine-tuning. :func:`run_quality_bench` reproduces that protocol on one machine:
 
-1. for each method × seed, a recipe (:mod:`pretrieve.pipeline`) with ``out = <out>/<method>/seed<k>``:
+1. for each method × seed, a recipe (:mod:`pretrieve.recipe`) with ``out = <out>/<method>/seed<k>``:
    ``pretrain`` on the pre-training corpus (same steps, batch, max length, lr for every method; ``none``
    skips it and fine-tunes the base model) → ``finetune`` stage 1 on the training collection's ``train``
    split (BM25 negatives) → ``evaluate`` on every evaluation collection (the first is the in-domain one,
@@ -33,7 +33,7 @@ Robustness. Each method × seed runs inside ``try/except Exception``: a failure 
 diverged loss — the training loop raises :class:`~pretrieve.errors.TrainingDiverged`) is recorded with its error in
 ``<out>/<method>/status.json`` and ``bench.json`` and reported as a failed row; the other methods go on.
 A failed run is not retried on a rerun unless ``retry_failed``. Resuming: a method × seed whose
-``results.json`` is current (:func:`pretrieve.pipeline.results_are_current`) is not run again (only its coverage is computed if missing); an interrupted one
+``results.json`` is current (:func:`pretrieve.recipe.results_are_current`) is not run again (only its coverage is computed if missing); an interrupted one
 resumes through the recipe runner (finished stages skipped, training from its last checkpoint). The
 settings that determine the results are stored in ``bench.json`` (written atomically); a rerun with
 different settings in the same ``out`` is refused. After a successful run, its training checkpoints
@@ -70,7 +70,8 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 
-from pretrieve import pipeline
+from pretrieve import recipe
+from pretrieve.data.registry import resolve_collection_path
 from pretrieve.errors import ConfigError, InputError
 from pretrieve.io_utils import atomic_open, write_json
 
@@ -79,7 +80,7 @@ logger = logging.getLogger(__name__)
 NO_PRETRAIN = "none"
 BASELINES = ("mlm", NO_PRETRAIN)
 DEFAULT_METHODS = ("none", "mlm", "ae", "ar", "retromae", "bow", "dupmae", "cpdae", "cdmae", "cotmae", "cotmote")
-MEASURES = pipeline.RESULT_MEASURES        # nDCG@10, MRR@10, R@100
+MEASURES = recipe.RESULT_MEASURES        # nDCG@10, MRR@10, R@100
 PRIMARY = "nDCG@10"
 RETRIEVER = "finetune-s1"                  # the run name the recipe gives the stage-1 retriever
 STATE_FILE = "bench.json"
@@ -278,7 +279,7 @@ def _check_keys(values: dict[str, Any], schema: type, where: str) -> None:
 
 
 def _collection(name_or_path: str) -> Path:
-    return pipeline.resolve_collection_path(str(name_or_path), {}).resolve()
+    return resolve_collection_path(str(name_or_path), {}).resolve()
 
 
 def _text_source(name_or_path: str) -> Path:
@@ -399,7 +400,7 @@ def run_quality_bench(settings: QualityBenchSettings,
             key = run_key(method, seed)
             record = state["runs"].get(key, {})
             directory = seed_dir(out, method, seed)
-            if record.get("status") == "done" and pipeline.results_are_current(directory) \
+            if record.get("status") == "done" and recipe.results_are_current(directory) \
                     and (directory / COVERAGE_FILE).exists():
                 say(f"[{index}/{total}] {key}: done earlier, skipped")
                 continue
@@ -444,10 +445,10 @@ def run_one(settings: QualityBenchSettings, method: str, seed: int, pairs: Path 
     """One method × seed: the recipe (unless its ``results.json`` is current), then the coverage of its checkpoint."""
     directory = seed_dir(settings.out, method, seed)
     directory.mkdir(parents=True, exist_ok=True)
-    if not pipeline.results_are_current(directory):
+    if not recipe.results_are_current(directory):
         recipe_path = directory / "recipe.json"
         write_json(recipe_path, method_recipe(settings, method, seed, pairs, bm25_groups(settings, method)))
-        results = pipeline.run_recipe(recipe_path, show_progress=settings.show_progress)
+        results = recipe.run_recipe(recipe_path, show_progress=settings.show_progress)
         bad = [row for row in results.get("rows", []) if any(not math.isfinite(float(row[m])) for m in MEASURES)]
         if bad:
             (directory / "results.json").unlink()   # not a finished run: a rerun must not take it as one

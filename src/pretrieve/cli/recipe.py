@@ -38,12 +38,12 @@ def run_command(
     Under torchrun --nproc_per_node N -m pretrieve run (or accelerate launch) every stage splits its work across
     the ranks (docs/distributed.md).
     """
+    # here, not at the top: `pretrieve --help` and the torch-free commands must start without torch
     from rich.console import Console
     from rich.markdown import Markdown
 
-    from pretrieve.pipeline import results_markdown, run_recipe
-
     from pretrieve import ranks
+    from pretrieve.recipe import results_markdown, run_recipe
 
     results = run_recipe(recipe, out=out, show_progress=progress and ranks.is_main(), redo_changed=redo_changed,
                          smoke=smoke, data_root=data_root, dist_timeout_minutes=dist_timeout_minutes)

@@ -9,7 +9,8 @@ numbering ``cranqrel`` uses; the ``.I`` numbers of ``cran.qry`` skip values), an
 … 4 (minimum interest) become 4 … 1, so that higher is more relevant; ``-1`` (no interest) is left out.
 CQADupStack is left out: its zip holds one sub-collection per forum, not one BEIR directory. :func:`resolve_collection` turns a name or a path into a directory in BEIR layout,
 downloading into a cache only when needed; :func:`check_collection` validates a directory and counts
-what it holds (the ``pretrieve data check`` command).
+what it holds (the ``pretrieve data check`` command). :func:`resolve_collections` finds the collections a recipe
+names (a path, or a name under the data roots of :func:`data_roots`, the cache, or the download registry).
 
 Nothing here reaches the network unless a known name is not cached yet. Set ``PRETRIEVE_OFFLINE=1``
 to fail at once instead of trying; ``PRETRIEVE_CACHE`` moves the cache (default
@@ -28,6 +29,7 @@ import urllib.request
 import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, Mapping
 
 from pretrieve.data.beir import check_qrels, iter_corpus, load_qrels, load_queries
 from pretrieve.data.collection import BeirCollection
@@ -334,3 +336,75 @@ def check_collection(root: str | Path, splits: list[str] | None = None) -> Colle
             relevant=sum(1 for d in qrels.values() for g in d.values() if g >= 1),
             unknown_queries=check.unknown_queries, unknown_docs=check.unknown_docs))
     return report
+
+
+# ------------------------------------------------------------------------------------ collections by name
+def checkout_data_dir() -> Path | None:
+    """``../shared/data`` beside the source checkout this package runs from (None for an installed package)."""
+    root = Path(__file__).resolve().parents[3]
+    return root.parent / "shared" / "data" if (root / "pyproject.toml").exists() else None
+
+
+def data_roots(recipe: Mapping[str, Any], data_root: str | Path | None = None) -> list[Path]:
+    """Where named collections are looked for: ``data_root`` (``--data-root``), the recipe's ``data_root``,
+    ``$PRETRIEVE_DATA``, ``../shared/data`` beside a source checkout (then the download cache, see
+    :func:`resolve_collection_path`)."""
+    roots = []
+    for value in (data_root, recipe.get("data_root"), os.environ.get("PRETRIEVE_DATA")):
+        if value:
+            roots.append(Path(os.path.expandvars(str(value))).expanduser())
+    checkout = checkout_data_dir()
+    if checkout is not None:
+        roots.append(checkout)
+    return roots
+
+
+def find_collection(name_or_path: str, recipe: Mapping[str, Any],
+                    data_root: str | Path | None = None) -> tuple[Path | None, list[Path]]:
+    """``(directory, places looked at)``: a path as given, or a name under the data roots or in the download
+    cache — without downloading."""
+    path = Path(os.path.expandvars(str(name_or_path))).expanduser()
+    if path.is_dir():
+        return path, [path]
+    looked = [path] if ("/" in str(name_or_path) or str(name_or_path).startswith((".", "~"))) else []
+    if not looked:
+        looked = [root / str(name_or_path) for root in data_roots(recipe, data_root)]
+        looked.append(default_cache_dir() / str(name_or_path).lower())
+    for candidate in looked:
+        if (candidate / "corpus.jsonl").exists() or (candidate / "corpus.jsonl.gz").exists():
+            return candidate, looked
+    return None, looked
+
+
+def resolve_collection_path(name_or_path: str, recipe: Mapping[str, Any],
+                            data_root: str | Path | None = None) -> Path:
+    """A collection given as a path, or as a name under the first data root that has it, or in the download
+    cache; a known name that is nowhere yet is downloaded; anything else is an :class:`InputError` naming the
+    places looked at."""
+    return resolve_collections([name_or_path], recipe, data_root)[str(name_or_path)]
+
+
+def resolve_collections(names: list[str], recipe: Mapping[str, Any],
+                        data_root: str | Path | None = None) -> dict[str, Path]:
+    """Every collection of ``names`` → its directory; one :class:`InputError` listing *all* that cannot be found
+    (with the places looked at), so a run never trains for minutes before a later stage's collection fails."""
+    found: dict[str, Path] = {}
+    problems = []
+    for name in dict.fromkeys(str(n) for n in names):
+        path, looked = find_collection(name, recipe, data_root)
+        if path is None and name.lower() in KNOWN_COLLECTIONS and not looked[:1] == [Path(name)]:
+            try:
+                path = resolve_collection(name)   # downloads into the cache
+            except InputError as exc:
+                problems.append(f"'{name}' (looked in {', '.join(map(str, looked))}; {exc})")
+                continue
+        if path is None:
+            known = "" if name.lower() in KNOWN_COLLECTIONS else " and it is no collection of the download registry"
+            problems.append(f"'{name}' (looked in {', '.join(map(str, looked))}{known})")
+            continue
+        found[name] = path
+    if problems:
+        raise InputError(f"collection{'s' if len(problems) > 1 else ''} not found: {'; '.join(problems)}. Give a "
+                         "path, --data-root DIR (or data_root in the recipe, or $PRETRIEVE_DATA) holding "
+                         "<name>/corpus.jsonl, or a name of `pretrieve data list`")
+    return found

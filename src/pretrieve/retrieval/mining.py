@@ -21,6 +21,7 @@ current returns it without recomputing, so a recipe can be re-run and resumed st
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Mapping
@@ -31,6 +32,13 @@ from pretrieve.data.groups import GroupStats, groups_from_run
 from pretrieve.data.jsonl import write_jsonl
 from pretrieve.data.trec import Run, run_lines
 from pretrieve.errors import ConfigError, InputError
+from pretrieve.models import resolve_model
+from pretrieve.retrieval.batches import resolve_precision
+from pretrieve.retrieval.index import SearchOptions
+from pretrieve.retrieval.batches import resolve_device
+from pretrieve.retrieval.load import Retriever
+from pretrieve.retrieval.runs import is_current, search_split
+from pretrieve.retrieval.search import search
 
 logger = logging.getLogger(__name__)
 
@@ -41,23 +49,6 @@ GROUPS_KIND = "groups"
 def meta_path(output: str | Path) -> Path:
     """The sidecar describing how ``output`` was produced (:func:`pretrieve.artifacts.sidecar_path`)."""
     return artifacts.sidecar_path(output)
-
-
-def output_is_current(output: str | Path, settings: Mapping[str, Any],
-                      inputs: Mapping[str, str | Path] | None = None) -> bool:
-    """Whether ``output`` is intact and was made with ``settings`` from ``inputs`` (then the work can be skipped)."""
-    status = artifacts.check(output, settings, inputs)
-    if not status.current and status.exists:
-        logger.info("recomputing %s: %s", output, status.reason)
-    return status.current
-
-
-def write_output_meta(output: str | Path, settings: Mapping[str, Any],
-                      inputs: Mapping[str, str | Path] | None = None, **extra: Any) -> None:
-    """Record the sidecar of a complete ``output`` (``extra`` is logged, not recorded)."""
-    artifacts.record(output, kind="output", settings=settings, inputs=inputs)
-    if extra:
-        logger.info("%s: %s", output, extra)
 
 
 def collection_of(data: str | Path | BeirCollection) -> BeirCollection:
@@ -84,8 +75,6 @@ def write_group_lines(blocks: Iterable[tuple[Run, Mapping[str, Mapping[str, int]
                 run_handle.writelines(run_lines(run, run_name or run_path, tag=tag, depth=depth))
             for group in groups:
                 yield group.to_dict()
-
-    import contextlib
 
     with (open(run_path, "w", encoding="utf-8") if run_path is not None else contextlib.nullcontext()) as handle:
         write_jsonl(groups_path, rows(handle))
@@ -117,18 +106,9 @@ def mine_negatives(model_dir: str | Path, data: str | Path | BeirCollection, spl
     ``max_length`` / ``query_max_length`` default to the model's passage length and the query length it was
     fine-tuned with; ``precision`` is the encoder's (``auto``: bf16 where the hardware has it, else fp32;
     ``bf16=True`` is the older spelling of ``precision="bf16"``); ``factory`` a FAISS index for dense vectors
-    (``Flat``: exact). The corpus index is kept in ``cache_dir`` when given. Returns ``out_groups``.
+    (``Flat``: exact). The corpus index is kept in ``cache_dir`` when given. Searched and written through
+    :func:`pretrieve.retrieval.runs.search_split` (the queries split by rank). Returns ``out_groups``.
     """
-    import contextlib
-    import tempfile
-
-    from pretrieve import ranks
-    from pretrieve.models import resolve_model
-    from pretrieve.retrieval.batches import resolve_device, resolve_precision
-    from pretrieve.retrieval.index import SearchOptions
-    from pretrieve.retrieval.load import load_retriever
-    from pretrieve.retrieval.search import encode_corpus, search
-
     _check_depth(depth)
     if bf16:
         precision = "bf16"
@@ -139,46 +119,39 @@ def mine_negatives(model_dir: str | Path, data: str | Path | BeirCollection, spl
                 "max_length": max_length, "query_max_length": query_max_length, "factory": factory,
                 "precision": resolve_precision(precision, resolve_device(device))}
     inputs = {**({"model": Path(resolved)} if local else {}), **collection.split_inputs(split)}
-    if ranks.broadcast(not overwrite and output_is_current(out_groups, settings, inputs), "check the mined groups"):
+    if not overwrite and is_current(out_groups, settings, inputs):
         logger.info("mined groups in %s are up to date; not recomputing", out_groups)
         return Path(out_groups)
-    if ranks.active() and cache_dir is None:
-        raise ConfigError("mining under several ranks needs a cache_dir that every rank shares (for the corpus index)")
-    retriever = load_retriever(resolved, device=device, precision=precision, max_length=max_length,
-                               query_max_length=query_max_length)
     queries = collection.load_queries(split)
     qrels = list(collection.load_qrels(split).items())
     options = SearchOptions(factory=factory)
     block = query_block or max(256, (1 << 24) // depth)
-    tag = "dense" if retriever.kind == "dense" else retriever.kind
     outputs = [(Path(out_groups), GROUPS_KIND, settings, inputs)]
     if run_out is not None:
         outputs.append((Path(run_out), "run", settings, inputs))
-    with contextlib.ExitStack() as stack:
-        root = Path(cache_dir) if cache_dir is not None else Path(
-            stack.enter_context(tempfile.TemporaryDirectory(prefix="pretrieve-mine-")))
-        encode_corpus(retriever, ranks.built_once(collection.corpus_dataset), root, batch_size=batch_size,
-                      show_progress=show_progress)
 
-        def write_part(start: int, end: int, paths: list[Path]) -> GroupStats:
-            def blocks() -> Iterator[tuple[Run, Mapping[str, Mapping[str, int]]]]:
-                size = min(block, RUN_QUERIES)
-                for whole in _qrels_blocks(dict(qrels[start:end]), block):
-                    for part in _qrels_blocks(whole, size):
-                        searchable = {qid: queries[qid] for qid, judged in part.items()
-                                      if qid in queries and any(grade >= 1 for grade in judged.values())}
-                        run = search(retriever, searchable, root, k=depth, options=options, batch_size=batch_size,
-                                     query_block=size, show_progress=show_progress) if searchable else {}
-                        yield run, part
+    def write_part(retriever: Retriever, index: Path, start: int, end: int, paths: list[Path]) -> GroupStats:
+        def blocks() -> Iterator[tuple[Run, Mapping[str, Mapping[str, int]]]]:
+            size = min(block, RUN_QUERIES)
+            for whole in _qrels_blocks(dict(qrels[start:end]), block):
+                for part in _qrels_blocks(whole, size):
+                    searchable = {qid: queries[qid] for qid, judged in part.items()
+                                  if qid in queries and any(grade >= 1 for grade in judged.values())}
+                    run = search(retriever, searchable, index, k=depth, options=options, batch_size=batch_size,
+                                 query_block=size, show_progress=show_progress) if searchable else {}
+                    yield run, part
 
-            return write_group_lines(blocks(), queries, depth, paths[0], paths[1] if run_out is not None else None,
-                                     tag=tag, run_name=run_out)
+        tag = "dense" if retriever.kind == "dense" else retriever.kind
+        return write_group_lines(blocks(), queries, depth, paths[0], paths[1] if run_out is not None else None,
+                                 tag=tag, run_name=run_out)
 
-        def check(parts: list[GroupStats]) -> None:
-            stats = GroupStats.total(parts)
-            if stats.kept == 0:
-                raise InputError(f"no training group could be built ({stats.problems()})", path=collection.root)
-            logger.info("wrote %d groups to %s (%s)", stats.kept, out_groups, stats.as_dict())
+    def check(parts: list[GroupStats]) -> None:
+        stats = GroupStats.total(parts)
+        if stats.kept == 0:
+            raise InputError(f"no training group could be built ({stats.problems()})", path=collection.root)
+        logger.info("wrote %d groups to %s (%s)", stats.kept, out_groups, stats.as_dict())
 
-        ranks.split_files(outputs, len(qrels), write_part, "mine negatives", check=check, unit=block)
+    search_split(resolved, collection, cache_dir, outputs, len(qrels), write_part, "mine negatives", depth=depth,
+                 query_block=block, batch_size=batch_size, show_progress=show_progress, check=check, device=device,
+                 precision=precision, max_length=max_length, query_max_length=query_max_length)
     return Path(out_groups)

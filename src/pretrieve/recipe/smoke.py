@@ -1,7 +1,7 @@
 """``pretrieve run RECIPE --smoke``: the same recipe — every stage, every option — made tiny, so that a recipe
 meant for 8 GPUs and days is checked end to end on a CPU in a minute or two.
 
-:func:`smoke_recipe` turns a loaded recipe into its smoke version; :func:`pretrieve.pipeline.run_recipe` runs it
+:func:`smoke_recipe` turns a loaded recipe into its smoke version; :func:`pretrieve.recipe.run_recipe` runs it
 like any other. What changes, and nothing else:
 
 * **Models.** Every model the recipe names (the top-level ``model``, a reranker's ``model``) is replaced by a tiny
@@ -37,7 +37,16 @@ import random
 from pathlib import Path
 from typing import Any, Mapping
 
+import torch
+from transformers import AutoConfig, AutoTokenizer, BertConfig, BertForMaskedLM, ElectraConfig, ElectraForPreTraining
+
+from pretrieve.data.beir import iter_corpus
+from pretrieve.data.collection import BeirCollection
+from pretrieve.data.pretrain_text import iter_pretrain_texts
+from pretrieve.data.registry import data_roots
 from pretrieve.errors import ConfigError
+from pretrieve.io_utils import atomic_dir, atomic_open
+from pretrieve.models import OFFLINE_MODELS, resolve_model
 
 logger = logging.getLogger(__name__)
 
@@ -176,13 +185,9 @@ def _smoke_method(method: Any, data: Path, recipe: Mapping[str, Any]) -> Any:
 # ------------------------------------------------------------------------------------------------- models
 def model_family(name: str) -> str:
     """``bert`` or ``electra``: from the checkpoint's config when it is local or cached, else from the name."""
-    from pretrieve.models import OFFLINE_MODELS
-
     model_type = None
     path = Path(os.path.expandvars(str(name))).expanduser()
     try:
-        from transformers import AutoConfig
-
         source = str(path) if path.exists() else str(name)
         if path.exists() or str(name) not in OFFLINE_MODELS:
             model_type = AutoConfig.from_pretrained(source, local_files_only=True).model_type
@@ -202,10 +207,6 @@ def model_family(name: str) -> str:
 
 def uncased_tokenizer():
     """The uncased WordPiece tokenizer of the offline all-MiniLM-L6-v2 package (30,522 tokens)."""
-    from transformers import AutoTokenizer
-
-    from pretrieve.models import resolve_model
-
     return AutoTokenizer.from_pretrained(resolve_model("minilm"))
 
 
@@ -215,21 +216,13 @@ def tiny_model(name: str, directory: Path) -> str:
     target = directory / family
     if (target / "config.json").exists():
         return str(target)
-    import torch
-
-    from pretrieve.io_utils import atomic_dir
-
     size = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
                 max_position_embeddings=512)
     tokenizer = uncased_tokenizer()
     torch.manual_seed(0)
     if family == "electra":
-        from transformers import ElectraConfig, ElectraForPreTraining
-
         model = ElectraForPreTraining(ElectraConfig(vocab_size=len(tokenizer), embedding_size=32, **size))
     else:
-        from transformers import BertConfig, BertForMaskedLM
-
         model = BertForMaskedLM(BertConfig(vocab_size=len(tokenizer), **size))
     with atomic_dir(target) as tmp:
         model.save_pretrained(tmp)
@@ -240,8 +233,6 @@ def tiny_model(name: str, directory: Path) -> str:
 # --------------------------------------------------------------------------------------------------- data
 def _local_collection(name: str, recipe: Mapping[str, Any]) -> Path | None:
     """A collection directory on this machine (a path, or a name under the data roots), never downloaded."""
-    from pretrieve.pipeline import data_roots
-
     path = Path(os.path.expandvars(str(name))).expanduser()
     if (path / "corpus.jsonl").exists():
         return path
@@ -272,9 +263,6 @@ def smoke_collection(name: str, splits: set[str], data: Path, recipe: Mapping[st
 
 
 def _write_slice(source: Path, splits: list[str], target: Path) -> bool:
-    from pretrieve.data.beir import iter_corpus
-    from pretrieve.data.collection import BeirCollection
-
     collection = BeirCollection(source)
     documents = []
     for _, document in iter_corpus(collection.corpus_path):
@@ -303,8 +291,6 @@ def _write_slice(source: Path, splits: list[str], target: Path) -> bool:
 
 def _write_beir(target: Path, documents: list[tuple[str, str, str]], queries: Mapping[str, str],
                 qrels: Mapping[str, Mapping[str, Mapping[str, int]]]) -> None:
-    from pretrieve.io_utils import atomic_dir
-
     with atomic_dir(target) as tmp:
         (tmp / "corpus.jsonl").write_text("".join(json.dumps({"_id": i, "title": t, "text": x}) + "\n"
                                                   for i, t, x in documents), encoding="utf-8")
@@ -365,8 +351,6 @@ def smoke_text_corpus(corpus: Any, data: Path, recipe: Mapping[str, Any]) -> Pat
     target = data / ("text-" + "+".join(_safe_name(source) for source in sources) + ".txt")
     if target.exists():
         return target
-    from pretrieve.io_utils import atomic_open
-
     lines: list[str] = []
     for source in sources:
         lines.extend(_local_text(source, recipe))
@@ -379,8 +363,6 @@ def smoke_text_corpus(corpus: Any, data: Path, recipe: Mapping[str, Any]) -> Pat
 
 
 def _local_text(source: Any, recipe: Mapping[str, Any]) -> list[str]:
-    from pretrieve.data.pretrain_text import iter_pretrain_texts
-
     path = Path(os.path.expandvars(str(source))).expanduser()
     if not path.exists():
         path = _local_collection(str(source), recipe)
@@ -400,8 +382,6 @@ def smoke_pairs(pairs: Any, data: Path, recipe: Mapping[str, Any]) -> Path:
     target = data / "pairs.jsonl"
     if target.exists():
         return target
-    from pretrieve.io_utils import atomic_open
-
     path = Path(os.path.expandvars(str(pairs))).expanduser()
     lines: list[str] = []
     if path.is_file():

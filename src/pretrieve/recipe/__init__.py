@@ -1,0 +1,126 @@
+"""The end-to-end recipe: pre-train → fine-tune stage 1 → mine → stage 2 → reranker → stage 3 → evaluate.
+
+``pretrieve run recipe.yaml`` executes the stages a recipe lists, top to bottom, each in its own
+directory under ``out``. Before the first stage runs, the **whole recipe is validated** (every key of every
+stage against the stage's declared options schema — a typo anywhere is reported with its path and a
+suggestion, ``stages[4].teacher.max_negative: unknown option; did you mean max_negatives?``; values coerced to
+their types; stage order checked) and **every collection it names is found** (all missing ones are reported at
+once, with the places looked at); then the output directory is checked for writability and locked.
+
+Every stage takes paths and returns paths and reuses only what is *current* (:mod:`pretrieve.artifacts`: its
+sidecar records the settings and the fingerprints of its inputs, and its content is intact): a finished stage
+is never redone, an interrupted one resumes from its last checkpoint, and a run file is searched again when the
+retriever's weights, the collection, the split or the depth changed, or when the file was truncated. So killing
+and restarting a run finishes with the same results as an uninterrupted one, and no number is reported from an
+output that another model produced. A stage whose recipe settings (or inputs, for fine-tuning and the reranker)
+changed since it finished or was interrupted is refused with the differing settings, never silently reused or
+resumed; ``redo_changed=True`` (``pretrieve run --redo-changed``) instead renames that stage's directory to
+``<dir>.replaced-<UTC time>`` (nothing is deleted) and runs the stage again — the stages after it then see
+new inputs and are redone the same way.
+
+Recipe (YAML or JSON)::
+
+    name: scifact-cpu
+    out: outputs/scifact-cpu
+    model: minilm                 # the starting checkpoint (path, offline alias or hub name)
+    data: scifact                 # training collection: a path, or a name under a data root
+    data_root: null               # also searched (before $PRETRIEVE_DATA and ../shared/data beside the checkout)
+    seed: 42
+    finetune: {pooling: mean}     # options shared by every fine-tuning stage
+    stages:
+      - pretrain: {method: bow, max_steps: 100}     # corpus defaults to the training collection
+      - finetune: {stage: 1}
+      - mine: {depth: 200}
+      - finetune: {stage: 2}
+      - reranker: {epochs: 1}
+      - teacher: {max_negatives: 31}
+      - finetune: {stage: 3}
+      - fuse: {name: rrf-zero-shot, runs: [bm25, zero-shot], method: rrf}      # untrained fusion
+      - fuse: {name: final, runs: [bm25, finetune-s2], method: wsum, norm: zscore}   # weights fitted on train
+      - evaluate: {collections: [scifact, cranfield], split: test, bm25: true, zero_shot: true,
+                   rerank_depth: 100, rerank: finetune-s2,   # a collection may name its split: "msmarco:dev"
+                   final: final, compare: [bm25, zero-shot, rrf-zero-shot]}   # paired t-tests + closing paragraph
+      # modes: [dense, sparse, hybrid, rrf] — retrievers fine-tuned with the sparse/hybrid representation
+      #   get one row per search mode (finetune-s1-sparse, ...); default: one row, searched as trained
+
+Several ``pretrain`` stages are pre-training phases (Drop your Decoder, Ma et al. 2024: Wikipedia + BookCorpus, then MS MARCO): each
+continues from the previous one's encoder (fresh decoder heads, as the authors' released checkpoints hold only the
+encoder), in ``pretrain/``, ``pretrain-2/``, …; fine-tuning starts from the last.
+
+A collection named (not given as a path) is looked for under ``--data-root`` (``pretrieve run``), the recipe's
+``data_root``, ``$PRETRIEVE_DATA`` and ``../shared/data`` beside a source checkout, in that order, then in the
+download cache, and a collection of the download registry (:mod:`pretrieve.data.registry`) is downloaded there.
+
+The package: :mod:`~pretrieve.recipe.schema` (the options, the stage registry, validation, the order of the stages
+checked from what each stage needs and gives), :mod:`~pretrieve.recipe.runner` (the state threaded through the
+stages, running one and setting a stale one aside, where run files live), :mod:`~pretrieve.recipe.results`
+(``results.json`` / ``results.md``), :mod:`~pretrieve.recipe.smoke` (``--smoke``) and
+:mod:`pretrieve.recipe.stages`, one module per stage kind: its options dataclass and its function
+(``@stage("mine", MineOptions, needs=..., gives="mined")``); adding a stage kind is one module there and its import
+line. Run files are made by :mod:`pretrieve.retrieval.runs`.
+
+Stage semantics follow the papers: stages 2 and 3 re-initialise from the pre-trained checkpoint (not
+from the previous stage); ``mine`` uses the latest fine-tuned retriever (the stage-1 one) to mine the
+stage-2 negatives; ``teacher`` scores the mined groups with the reranker for stage 3. A second ``mine`` after stage 2
+(``mine-2/``, CDMAE's (Li et al. 2023) K₃ negatives of the stage-2 retriever) replaces the mined groups the reranker and the
+teacher use. ``fuse`` defines a fused retriever (:mod:`pretrieve.recipe.stages.fuse`: reciprocal rank fusion, or a
+normalised weighted sum whose weights are fitted on the training collection's ``train`` queries only); ``evaluate`` adds its rows on every collection and, with ``final``
+and ``compare``, paired t-tests of the final row and a closing paragraph in ``results.md``.
+
+**Several processes** (``torchrun --nproc_per_node N -m pretrieve run``, ``accelerate launch``, several nodes
+sharing the output directory): every rank runs the recipe; training stages are DDP, the others split their work by
+rank — corpus encoding by whole encoding windows, queries by whole search blocks, BM25 queries, re-ranked queries,
+teacher groups — and rank 0 merges the parts into the very files one process writes (:mod:`pretrieve.ranks`,
+``docs/distributed.md``); ``dist_timeout_minutes`` bounds every wait, and a failed rank is named in a one-line error.
+
+Outputs in ``out``: one directory per stage, ``runs/<retriever>__<collection>.trec`` for every
+evaluated run (re-evaluate any number with ``pretrieve evaluate``), ``results.json``, ``results.md``
+(one row per retriever and collection, and the time each stage took) and ``recipe.resolved.json``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from pretrieve import outputs, ranks
+from pretrieve.data.registry import resolve_collections
+from pretrieve.models import resolve_model
+from pretrieve.recipe import stages  # noqa: F401  (registers every stage kind)
+from pretrieve.recipe.results import RESULT_MEASURES, results_are_current, results_markdown
+from pretrieve.recipe.runner import RunState, run_stages
+from pretrieve.recipe.schema import load_recipe, recipe_collections
+from pretrieve.recipe.smoke import smoke_recipe
+
+__all__ = ["RESULT_MEASURES", "load_recipe", "results_are_current", "results_markdown", "run_recipe"]
+
+
+def run_recipe(path: str | Path, out: str | Path | None = None, show_progress: bool = True,
+               redo_changed: bool = False, data_root: str | Path | None = None, smoke: bool = False,
+               dist_timeout_minutes: float | None = None) -> dict[str, Any]:
+    """Execute (or resume) a recipe; returns the results dict also written to ``results.json``.
+
+    The whole recipe is validated and every collection found before anything is written. ``smoke``: the recipe
+    made tiny (:mod:`pretrieve.recipe.smoke`), in ``<out>-smoke`` unless ``out`` is given.
+
+    Under ``torchrun`` / ``accelerate launch`` every rank runs this: work that happens once (the smoke fixtures,
+    downloads, the results files) is rank 0's while the others wait, the other stages split their work by rank
+    (:mod:`pretrieve.ranks`); ``dist_timeout_minutes`` (else the recipe's) bounds every wait."""
+    recipe = load_recipe(path)
+    if dist_timeout_minutes is not None:
+        ranks.check_timeout(dist_timeout_minutes, "--dist-timeout-minutes")
+    ranks.init(dist_timeout_minutes or recipe.get("dist_timeout_minutes"))
+    if smoke:
+        recipe = ranks.once("prepare the smoke recipe", lambda: smoke_recipe(recipe, out))
+    elif out is not None:
+        recipe["out"] = str(out)
+    collections = ranks.once("find the collections",
+                             lambda: resolve_collections(recipe_collections(recipe), recipe, data_root))
+    base_model = ranks.once("find the model", lambda: resolve_model(recipe["model"]))
+    out_dir = Path(recipe["out"])
+    with outputs.writing(out_dir):
+        state = RunState(recipe=recipe, out=out_dir, data=collections[str(recipe["data"])], base_model=base_model,
+                         collections=collections)
+        results = run_stages(state, path, show_progress, redo_changed)
+    ranks.finish()
+    return results

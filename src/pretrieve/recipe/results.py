@@ -1,0 +1,141 @@
+"""A recipe's results: one row per retriever and collection (:func:`result_row`), ``results.json`` and ``results.md``
+(:func:`write_results`: the table, the stage times, what each fused row is, and the final row's paired t-tests with
+a closing paragraph), written as artefacts of the run files they were computed from (:func:`results_are_current`).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Mapping
+
+from pretrieve import artifacts
+
+RESULT_MEASURES = ("nDCG@10", "MRR@10", "R@100")
+
+
+def result_row(retriever: str, collection: str, run_path: Path, result) -> dict:
+    """One row of the results: the retriever, the collection, its run file and the measures of ``result``."""
+    return {"retriever": retriever, "collection": collection, "run": str(run_path),
+            **{measure: round(result.aggregate[measure], 4) for measure in RESULT_MEASURES}}
+
+
+def write_results(out_dir: Path, results: Mapping[str, Any], recipe: Mapping[str, Any]) -> None:
+    """``results.json`` and ``results.md``, as artefacts made from the recipe's settings and its run files."""
+    settings = {"recipe": {key: value for key, value in recipe.items()
+                           if key not in ("out", "data_root", "dist_timeout_minutes")}}
+    inputs = results_inputs(out_dir, results)
+    with artifacts.write_file(out_dir / "results.json", "results", settings, inputs) as tmp:
+        tmp.write_text(json.dumps(results, indent=2, default=str) + "\n", encoding="utf-8")
+    with artifacts.write_file(out_dir / "results.md", "results", settings, inputs) as tmp:
+        tmp.write_text(results_markdown(results), encoding="utf-8")
+
+
+def results_inputs(out_dir: Path, results: Mapping[str, Any]) -> dict[str, Path]:
+    """The run files the rows of ``results`` were computed from, by file name (they live in ``out/runs``)."""
+    return {Path(row["run"]).name: out_dir / "runs" / Path(row["run"]).name for row in results.get("rows", [])}
+
+
+def results_are_current(out_dir: str | Path) -> bool:
+    """Whether ``out/results.json`` is intact and every run file it was computed from is unchanged (the check a
+    harness running many recipes uses before it skips one)."""
+    out_dir = Path(out_dir)
+    path = out_dir / "results.json"
+    sidecar = artifacts.read_sidecar(path)
+    if sidecar is None:
+        return False
+    try:
+        results = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return artifacts.is_current(path, sidecar.get("settings"), results_inputs(out_dir, results), kind="results")
+
+
+def results_markdown(results: Mapping[str, Any]) -> str:
+    """``results.md``: one row per retriever and collection, the stage times, the fused rows and the final row's
+    tests."""
+    lines = [f"# Results: {results['recipe']}", "",
+             "| retriever | collection | " + " | ".join(RESULT_MEASURES) + " |",
+             "|---|---|" + "---|" * len(RESULT_MEASURES)]
+    for row in results["rows"]:
+        lines.append(f"| {row['retriever']} | {row['collection']} | "
+                     + " | ".join(f"{row[m]:.4f}" for m in RESULT_MEASURES) + " |")
+    lines += ["", "Runs are in `runs/`; re-evaluate any of them with `pretrieve evaluate --data DIR --split test RUN`.", ""]
+    timings = results.get("timings_s") or {}
+    per_rank = results.get("rank_timings_s") or {}
+    if timings and per_rank:
+        world = len(next(iter(per_rank.values())))
+        lines += ["## Stage times", "", "| stage | " + " | ".join(f"rank {r}: s (waiting)" for r in range(world))
+                  + " |", "|---|" + "---|" * world]
+        lines += [f"| {label} | " + " | ".join(f"{t['s']:.1f} ({t['waiting_s']:.1f})" for t in per_rank.get(label, []))
+                  + " |" for label in timings]
+        totals = [(sum(v[r]["s"] for v in per_rank.values()), sum(v[r]["waiting_s"] for v in per_rank.values()))
+                  for r in range(world)]
+        lines += ["| total | " + " | ".join(f"{s:.1f} ({w:.1f})" for s, w in totals) + " |", "",
+                  "Waiting: seconds a rank spent at barriers for the others (work done once, or a slower rank). "
+                  "A stage found finished and current takes about 0 s (it was not run again).", ""]
+    elif timings:
+        lines += ["## Stage times", "", "| stage | seconds |", "|---|---|"]
+        lines += [f"| {label} | {seconds:.1f} |" for label, seconds in timings.items()]
+        lines += [f"| total | {sum(timings.values()):.1f} |", "",
+                  "A stage found finished and current takes about 0 s (it was not run again).", ""]
+    lines += _fusion_lines(results) + _final_lines(results)
+    return "\n".join(lines)
+
+
+def _fusion_lines(results: Mapping[str, Any]) -> list[str]:
+    """What each fused row is (components, fusion, and where its weights were fitted)."""
+    fused = {row["retriever"]: row["fusion"] for row in results["rows"] if row.get("fusion")}
+    lines = []
+    for name, info in fused.items():
+        fit = info.get("fit")
+        how = (f", weights fitted on the {fit['queries']} `{fit['split']}` queries of the training collection "
+               f"({fit['measure']} {fit['score']:.4f} there)" if fit else "")
+        lines.append(f"- `{name}`: {info['method']} of {' + '.join(f'`{r}`' for r in info['runs'])}{how}")
+    return (["Fused rows:", "", *lines, ""]) if lines else []
+
+
+def _final_lines(results: Mapping[str, Any]) -> list[str]:
+    """The paired t-tests of the final row and one closing paragraph: which row to use, what each stage added, and
+    the command behind every number."""
+    finals = [row for row in results["rows"] if row.get("final")]
+    if not finals:
+        return []
+    measure = RESULT_MEASURES[0]
+    names = list(dict.fromkeys(name for row in finals for name in row["vs"]))
+    final = finals[0]["retriever"]
+    lines = [f"Paired two-sided t-tests of `{final}` against each baseline ({measure} per query; "
+             "Δ = final − baseline, ▲/▼: p ≤ 0.05):", "",
+             "| collection | " + " | ".join(f"vs `{n}`: Δ (p)" for n in names) + " |", "|---|" + "---|" * len(names)]
+    for row in finals:
+        cells = []
+        for name in names:
+            test = row["vs"].get(name)
+            if not test:
+                cells.append("—")
+                continue
+            mark = ("▲" if test["mean_difference"] > 0 else "▼") if test.get("significant") else ""
+            p = test.get("p_value")
+            cells.append(f"{test['mean_difference']:+.4f}{mark} (p = {p:.2g})" if p is not None else "—")
+        lines.append(f"| {row['collection']} | " + " | ".join(cells) + " |")
+    scores = {(row["retriever"], row["collection"]): row[measure] for row in results["rows"]}
+    collections = [row["collection"] for row in finals]
+    fused = {row["retriever"] for row in results["rows"] if row.get("fusion")}
+    trained = [name for name in dict.fromkeys(row["retriever"] for row in results["rows"])
+               if name not in ("bm25", "zero-shot", final) and name not in fused and "+rerank@" not in name]
+    chain = (["zero-shot"] if any(name == "zero-shot" for name, _ in scores) else []) + trained + [final]
+
+    def differences(better: str, worse: str) -> str:
+        return " / ".join(f"{scores[(better, c)] - scores[(worse, c)]:+.4f}" for c in collections
+                          if (better, c) in scores and (worse, c) in scores)
+
+    steps = [f"`{a}` → `{b}` {differences(b, a)}" for a, b in zip(chain, chain[1:])]
+    text = (f"**Which row to use: `{final}`** — {measure} "
+            + " / ".join(f"{scores[(final, c)]:.4f}" for c in collections) + f" on {' / '.join(collections)}; "
+            + "; ".join(f"{differences(final, n)} over `{n}`" for n in names) + ". "
+            + (f"What each stage added ({measure}, {' / '.join(collections)}): " + "; ".join(steps) + ". "
+               if steps else "")
+            + f"Every number here comes from the runs in `runs/`; `{results.get('command', 'pretrieve run RECIPE')}` "
+            "reproduces all of them (finished stages are skipped; delete the output directory to recompute).")
+    return lines + ["", text, ""]
+

@@ -1,0 +1,157 @@
+"""Running a validated recipe: the state threaded through its stages, one stage (a stale one set aside on request),
+and the recipe's run files.
+
+:class:`RunState` holds what the stages have produced so far (paths). :func:`run_stages` runs every stage in order,
+timing each (per rank under several processes), and writes the results files. :func:`run_stage` refuses a stage
+whose directory was left by other settings (:class:`pretrieve.errors.StaleOutputError`), or with ``redo_changed``
+renames it to ``<dir>.replaced-<UTC time>`` (:func:`set_aside`) and runs the stage again.
+
+The recipe's run files live in ``runs/<retriever>__<collection>[:split].trec`` (:func:`run_tag`); a retriever's
+corpus index in ``embeddings/<retriever>__<collection>`` (one per retriever and collection, shared by mining and
+evaluation), BM25's in ``bm25-index/<collection>``; both are made by :mod:`pretrieve.retrieval.runs`.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+from pretrieve import ranks
+from pretrieve.data.collection import BeirCollection
+from pretrieve.errors import StaleOutputError
+from pretrieve.io_utils import write_json
+from pretrieve.recipe.results import write_results
+from pretrieve.recipe.schema import STAGES, stage_labels
+from pretrieve.retrieval import runs
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class RunState:
+    """What the stages have produced so far (paths), threaded through the recipe."""
+
+    recipe: dict[str, Any]
+    out: Path
+    data: Path
+    base_model: str
+    pretrained: str | None = None
+    retrievers: dict[str, str] = field(default_factory=dict)   # name → exported retriever dir, in order
+    groups: dict[str, str] = field(default_factory=dict)       # "mined" / "teacher" → groups JSONL
+    reranker: str | None = None
+    fusions: dict[str, dict[str, Any]] = field(default_factory=dict)   # name → {"runs": [...], "spec": FusionSpec}
+    timings: dict[str, float] = field(default_factory=dict)
+    collections: dict[str, Path] = field(default_factory=dict)  # every collection name of the recipe → its path
+
+    @property
+    def init_model(self) -> str:
+        """Every fine-tuning stage starts from the pre-trained checkpoint (or the base model)."""
+        return self.pretrained or self.base_model
+
+    @property
+    def latest_retriever(self) -> str | None:
+        return list(self.retrievers.values())[-1] if self.retrievers else None
+
+    def seeded(self, options: Mapping[str, Any]) -> dict[str, Any]:
+        """A training stage's options with the recipe's seed unless the stage sets its own."""
+        values = dict(options)
+        values.setdefault("seed", self.recipe.get("seed", 42))
+        return values
+
+    def embeddings(self, retriever: str, collection: Path) -> Path:
+        """The corpus index of the retriever named ``retriever`` on ``collection`` (mining and evaluation share it)."""
+        return self.out / "embeddings" / f"{retriever}__{collection.name}"
+
+    def run_path(self, label: str, collection: Path, split: str) -> Path:
+        """``runs/<label>__<collection>[:split].trec``."""
+        return self.out / "runs" / f"{label}__{run_tag(collection, split)}.trec"
+
+
+def run_tag(collection: Path, split: str) -> str:
+    """How runs and result rows name a collection: its directory name, ``name:split`` for a split other than test
+    (MS MARCO dev and TREC DL 2019 are two splits of one collection)."""
+    return collection.name if split == "test" else f"{collection.name}:{split}"
+
+
+def bm25_run(state: RunState, collection: BeirCollection, split: str, depth: int) -> Path:
+    """``runs/bm25__<collection>[:split].trec``, searched now unless current (one index per collection in
+    ``bm25-index/``)."""
+    return runs.bm25_run(collection, split, depth, state.run_path("bm25", collection.root, split),
+                         index_dir=state.out / "bm25-index" / collection.root.name)
+
+
+def retriever_run(state: RunState, name: str, model_dir: str, collection: BeirCollection, split: str, depth: int,
+                  label: str, mode: str | None, show_progress: bool,
+                  encoding: Mapping[str, Any] | None = None) -> Path:
+    """``runs/<label>__<collection>[:split].trec`` of the retriever ``name`` (its weights in ``model_dir``), searched
+    now unless current (:func:`pretrieve.retrieval.runs.retriever_run`). ``encoding``: the evaluate stage's
+    ``precision`` / ``batch_size``."""
+    encoding = dict(encoding or {})
+    return runs.retriever_run(model_dir, collection, split, depth, state.run_path(label, collection.root, split),
+                              index_dir=state.embeddings(name, collection.root), mode=mode,
+                              precision=encoding.get("precision", "auto"),
+                              batch_size=int(encoding.get("batch_size", 64)), tag=label, show_progress=show_progress)
+
+
+# ------------------------------------------------------------------------------------------------ stages
+def run_stages(state: RunState, path: str | Path, show_progress: bool, redo_changed: bool) -> dict[str, Any]:
+    """Every stage of ``state.recipe`` in order; returns the results (also written to ``results.json`` / ``.md``)."""
+    recipe, out_dir = state.recipe, state.out
+    if ranks.is_main():
+        write_json(out_dir / "recipe.resolved.json", {**recipe, "data": str(state.data), "model": state.base_model})
+    results: dict[str, Any] = {"recipe": recipe.get("name") or Path(path).stem, "rows": []}
+    labels = stage_labels(recipe)
+    rank_timings: dict[str, list[float]] = {}
+    for index, (kind, label, options) in enumerate(labels):
+        started, waited = time.perf_counter(), ranks.waited()
+        logger.info("stage %d/%d: %s", index + 1, len(labels), label)
+        with ranks.guard(label):
+            rows = run_stage(kind, state, options, label, show_progress, redo_changed)
+        state.timings[label] = round(time.perf_counter() - started, 1)
+        if ranks.active():   # per rank: seconds in the stage, of which waiting for the other ranks
+            mine = {"s": state.timings[label], "waiting_s": round(ranks.waited() - waited, 1)}
+            rank_timings[label] = ranks.gather(mine, label)
+            logger.info("%s: per rank %s", label, rank_timings[label])
+        if rows:
+            results["rows"].extend(rows)
+    results["timings_s"] = state.timings
+    if rank_timings:
+        results["rank_timings_s"] = rank_timings
+    results["command"] = f"pretrieve run {path}"
+    if ranks.is_main():
+        write_results(out_dir, results, recipe)
+    ranks.barrier("write the results")
+    return results
+
+
+def run_stage(kind: str, state: RunState, options: dict[str, Any], label: str, show_progress: bool,
+              redo_changed: bool) -> list[dict] | None:
+    """One stage; a stage directory left by other settings is set aside and redone when ``redo_changed``."""
+    run = STAGES[kind].run
+    try:
+        return run(state, options, label, show_progress)
+    except StaleOutputError as exc:
+        directory = exc.directory.resolve()
+        if state.out.resolve() not in directory.parents:
+            raise
+        if not redo_changed:
+            raise StaleOutputError(f"{label}: {exc}; or rerun with --redo-changed to set it aside and run the "
+                                   "stage again", exc.directory) from None
+        aside = set_aside(directory)
+        logger.warning("%s: settings changed since %s was written; moved it to %s and running the stage again",
+                       label, directory, aside)
+        return run(state, options, label, show_progress)
+
+
+def set_aside(directory: Path) -> Path:
+    """Rename ``directory`` to ``<name>.replaced-<UTC time>[-k]`` (a fresh name) and return the new path."""
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
+    aside, k = directory.with_name(f"{directory.name}.replaced-{stamp}"), 1
+    while aside.exists():
+        k += 1
+        aside = directory.with_name(f"{directory.name}.replaced-{stamp}-{k}")
+    directory.rename(aside)
+    return aside

@@ -1,0 +1,207 @@
+"""What a recipe may say: the top-level options, the stage kinds and their options, and the checks run on the whole
+recipe before its first stage.
+
+A stage kind is registered by its module under :mod:`pretrieve.recipe.stages` with :func:`stage`: the function that
+runs it, the dataclass that declares its options, and what it ``needs`` from the stages before it and ``gives`` to
+the ones after it (``mine`` needs a fine-tuned retriever and gives mined groups). The order of the stages is checked
+from these declarations alone (:func:`check_stage_order`), so a stage's preconditions are written once, next to it.
+"""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+from pretrieve import ranks
+from pretrieve.errors import ConfigError, InputError
+from pretrieve.options import join_path, validate
+from pretrieve.train.run_config import load_config_file
+
+#: ``needs(options, recipe, given, where)``: raises a :class:`ConfigError` (naming ``where``) unless what the stage
+#: needs was given by the stages before it (``given``: what each gave → the labels of the stages that gave it).
+Needs = Callable[[Mapping[str, Any], Mapping[str, Any], Mapping[str, list[str]], str], None]
+
+
+@dataclass(frozen=True)
+class Stage:
+    """A recipe stage kind: the function that runs it and the dataclass that declares its options.
+
+    ``set_by_recipe`` names declared options the recipe sets itself (refused in the stage, with the reason);
+    ``check(options, where)`` (optional) validates more than types, before the first stage runs; ``needs`` checks
+    that the stages before it gave what it reads, and ``gives`` names what it adds (see :func:`check_stage_order`).
+    """
+
+    run: Callable[..., Any]
+    options: type
+    set_by_recipe: Mapping[str, str] = field(default_factory=dict)
+    check: Callable[[dict[str, Any], str], None] | None = None
+    needs: Needs | None = None
+    gives: str | None = None
+
+
+STAGES: dict[str, Stage] = {}
+
+
+def stage(kind: str, options: type, set_by_recipe: Mapping[str, str] | None = None,
+          check: Callable[[dict[str, Any], str], None] | None = None, needs: Needs | None = None,
+          gives: str | None = None):
+    """Register the decorated function as the recipe stage ``kind`` with its options schema."""
+    def register(function: Callable[..., Any]) -> Callable[..., Any]:
+        STAGES[kind] = Stage(function, options, dict(set_by_recipe or {}), check, needs, gives)
+        return function
+    return register
+
+
+#: Options of a training stage that the recipe itself sets.
+RECIPE_SETS = {"model": "the recipe's 'model' (or the pre-trained checkpoint) is used",
+               "data": "the recipe's 'data' is used", "out": "each stage writes under the recipe's 'out'",
+               "resume": "the recipe resumes its stages itself", "overwrite": "the recipe resumes its stages itself",
+               "show_progress": "use --progress/--no-progress"}
+
+
+@dataclass
+class RecipeOptions:
+    """The top level of a recipe."""
+
+    out: str = ""
+    model: str = ""
+    data: str = ""
+    stages: list[Any] = field(default_factory=list)
+    name: str | None = None
+    data_root: str | None = None
+    seed: int = 42
+    finetune: dict[str, Any] = field(default_factory=dict)
+    dist_timeout_minutes: float | None = None   # under torchrun: the longest a rank waits (pretrieve.ranks: 60)
+
+
+def placeholder_config(schema: type, values: Mapping[str, Any]):
+    """A training stage's run config (``schema``) with placeholder paths (to run its checks before anything
+    exists)."""
+    paths = {"model": "<model>", "out": "<out>", "data": "<data>", "corpus": "<corpus>", "groups": "<groups>"}
+    names = {f for f in schema.__dataclass_fields__}
+    return schema(**{**{k: v for k, v in paths.items() if k in names}, **{k: v for k, v in values.items()
+                                                                            if k in names and v is not None}})
+
+
+def check_training(schema: type) -> Callable[[dict[str, Any], str], None]:
+    """The ``check`` of a training stage: its run config's own checks, on placeholder paths."""
+    def check(options: dict[str, Any], where: str) -> None:
+        config = placeholder_config(schema, options)
+        config.check()
+        config.validate(1)
+    return check
+
+
+# ------------------------------------------------------------------------------------------ loading
+def load_recipe(path: str | Path) -> dict[str, Any]:
+    """Read and validate a whole recipe (see :func:`validate_recipe`); returns it with coerced option values."""
+    return validate_recipe(load_config_file(path), str(path))
+
+
+def validate_recipe(recipe: Mapping[str, Any], where: str = "recipe") -> dict[str, Any]:
+    """Check every key of the recipe and of each stage against the declared schemas, coerce the values, check each
+    stage's further constraints and the order of the stages; one :class:`ConfigError` / :class:`InputError` naming
+    the key's path otherwise. Nothing runs and nothing is written."""
+    if not isinstance(recipe, Mapping):
+        raise InputError("a recipe must be a mapping", path=where)
+    for key in ("out", "model", "data", "stages"):
+        if key not in recipe:
+            raise InputError(f"recipe has no '{key}'", path=where)
+    values = validate(RecipeOptions, recipe, where)
+    if values.get("dist_timeout_minutes") is not None:
+        try:
+            ranks.check_timeout(values["dist_timeout_minutes"], "dist_timeout_minutes")
+        except ConfigError as exc:
+            raise InputError(str(exc), path=where, field="dist_timeout_minutes") from None
+    stages = values["stages"]
+    if not isinstance(stages, list) or not stages:
+        raise InputError("'stages' must be a non-empty list", path=where, field="stages")
+    shared = validate(STAGES["finetune"].options, values.get("finetune") or {}, join_path(where, "finetune"),
+                      set_elsewhere=STAGES["finetune"].set_by_recipe)
+    values["finetune"] = shared
+    validated = []
+    for index, entry in enumerate(stages):
+        kind, options = stage_entry(entry, index)
+        at = join_path(join_path(where, "stages"), index)
+        spec = STAGES.get(kind)
+        if spec is None:
+            close = difflib.get_close_matches(kind, list(STAGES), n=1)
+            hint = f"did you mean {close[0]}?" if close else f"known: {', '.join(STAGES)}"
+            raise InputError(f"{at}: unknown stage '{kind}'; {hint}")
+        at = f"{at}.{kind}"
+        options = validate(spec.options, options, at, set_elsewhere=spec.set_by_recipe)
+        if spec.check is not None:
+            merged = {**shared, **options} if kind == "finetune" else options
+            try:
+                spec.check(merged, at)
+            except ConfigError as exc:
+                message = str(exc)
+                raise ConfigError(message if message.startswith(at) else f"{at}: {message}") from None
+        validated.append({kind: options})
+    values["stages"] = validated
+    check_stage_order(values, where)
+    return values
+
+
+def stage_entry(entry: Any, index: int) -> tuple[str, dict[str, Any]]:
+    """``"mine"`` or ``{"mine": {...options}}`` → ``("mine", options)``."""
+    if isinstance(entry, str):
+        return entry, {}
+    if isinstance(entry, Mapping) and len(entry) == 1:
+        kind, options = next(iter(entry.items()))
+        if options is None:
+            options = {}
+        if not isinstance(options, Mapping):
+            raise ConfigError(f"stages[{index}].{kind}: options must be a mapping")
+        return str(kind), dict(options)
+    raise ConfigError(f"stages[{index}]: expected a stage name or a one-key mapping, got {entry!r}")
+
+
+def stage_labels(recipe: Mapping[str, Any]) -> list[tuple[str, str, dict[str, Any]]]:
+    """``[(kind, label, options)]`` of the (validated) recipe's stages; a fine-tuning stage's label is
+    ``finetune-s<stage>``, a repeated stage's ``<kind>-<n>`` (``pretrain-2``: a second pre-training phase)."""
+    labels, counts = [], {}
+    for index, entry in enumerate(recipe["stages"]):
+        kind, options = stage_entry(entry, index)
+        counts[kind] = counts.get(kind, 0) + 1
+        stage_no = options.get("stage", recipe.get("finetune", {}).get("stage", counts[kind]))
+        label = (f"finetune-s{stage_no}" if kind == "finetune"
+                 else kind if counts[kind] == 1 else f"{kind}-{counts[kind]}")   # pretrain, pretrain-2: phases
+        labels.append((kind, label, options))
+    return labels
+
+
+def check_stage_order(recipe: Mapping[str, Any], where: str = "recipe") -> None:
+    """Each stage's inputs come from a stage before it: each stage's ``needs`` is checked against what the stages
+    before it ``give`` (mined groups, a reranker, a retriever to re-rank)."""
+    given: dict[str, list[str]] = {}
+    for index, (kind, label, options) in enumerate(stage_labels(recipe)):
+        spec = STAGES[kind]
+        if spec.needs is not None:
+            spec.needs(options, recipe, given, f"{join_path(join_path(where, 'stages'), index)}.{kind}")
+        if spec.gives is not None:
+            given.setdefault(spec.gives, []).append(label)
+
+
+def recipe_collections(recipe: Mapping[str, Any]) -> list[str]:
+    """Every collection a (validated) recipe names: its ``data``, a pre-training ``corpus`` that is neither a file
+    nor a hub dataset (``hf:NAME``), and each ``evaluate`` collection (without its ``:split``)."""
+    names = [str(recipe["data"])]
+    for kind, _, options in stage_labels(recipe):
+        corpus = str(options.get("corpus") or "")
+        if kind == "pretrain" and corpus and not corpus.startswith("hf:") and not Path(corpus).expanduser().exists():
+            names.append(corpus)   # a collection name (a hub dataset, hf:NAME, is the pre-trainer's to load)
+        if kind == "evaluate":
+            for entry in options.get("collections") or [recipe["data"]]:
+                names.append(split_collection(str(entry))[0])
+    return list(dict.fromkeys(names))
+
+
+def split_collection(entry: str) -> tuple[str, str]:
+    """``"scifact"`` → ("scifact", ""); ``"msmarco:dev"`` → ("msmarco", "dev"); a path with a colon stays whole."""
+    if ":" in entry and not Path(entry).exists():
+        name, _, split = entry.rpartition(":")
+        return name, split
+    return entry, ""

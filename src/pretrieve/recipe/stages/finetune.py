@@ -1,0 +1,42 @@
+"""The ``finetune`` stage: fine-tuning stage 1, 2 or 3 (:func:`pretrieve.train.finetuner.finetune`) in
+``finetune-s<stage>/``.
+
+Every stage re-initialises from the pre-trained checkpoint (or the base model), not from the previous stage, as in
+the papers; the recipe's top-level ``finetune`` options are shared by every fine-tuning stage. Stage 2 trains on the
+latest mined groups (a ``mine`` stage before it), stage 3 on the teacher's (a ``teacher`` stage), unless ``groups``
+names a file.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from pretrieve.errors import ConfigError
+from pretrieve.recipe.runner import RunState
+from pretrieve.recipe.schema import RECIPE_SETS, check_training, stage
+from pretrieve.train.finetuner import FinetuneConfig, build_finetune_config, finetune
+
+#: Stage → what its groups come from (the ``gives`` of the stage that made them).
+GROUPS = {2: "mined", 3: "teacher"}
+PRODUCERS = {"mined": "mine", "teacher": "teacher"}
+
+
+def needs(options: Mapping[str, Any], recipe: Mapping[str, Any], given: Mapping[str, list[str]], where: str) -> None:
+    shared = recipe.get("finetune", {})
+    stage_no = int({**shared, **options}.get("stage", len(given.get("retriever", [])) + 1))   # as the stage counts
+    source = GROUPS.get(stage_no)
+    if source is not None and "groups" not in options and "groups" not in shared and source not in given:
+        raise ConfigError(f"{where}: stage {stage_no} needs the '{PRODUCERS[source]}' stage earlier in the recipe")
+
+
+@stage("finetune", FinetuneConfig, set_by_recipe=RECIPE_SETS, check=check_training(FinetuneConfig), needs=needs,
+       gives="retriever")
+def stage_finetune(state: RunState, options: dict[str, Any], label: str, show_progress: bool) -> None:
+    values = {**state.recipe.get("finetune", {}), **state.seeded(options)}
+    stage_no = int(values.setdefault("stage", len(state.retrievers) + 1))
+    if stage_no in GROUPS and "groups" not in values:
+        values["groups"] = state.groups[GROUPS[stage_no]]
+    flags = {**values, "model": state.init_model, "data": str(state.data), "out": str(state.out / label),
+             "show_progress": show_progress}
+    config = build_finetune_config({}, flags, resume=True)
+    state.retrievers[label] = str(finetune(config))

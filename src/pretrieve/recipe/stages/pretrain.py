@@ -1,0 +1,34 @@
+"""The ``pretrain`` stage: a pre-training phase (:func:`pretrieve.train.pretrainer.pretrain`) in ``pretrain/``.
+
+Several ``pretrain`` stages are phases (Drop your Decoder, Ma et al. 2024: Wikipedia + BookCorpus, then MS MARCO):
+each continues from the previous one's encoder, in ``pretrain/``, ``pretrain-2/``, …; fine-tuning starts from the
+last. The corpus defaults to the training collection; a collection name is resolved like every other.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pretrieve.recipe.runner import RunState
+from pretrieve.recipe.schema import RECIPE_SETS, placeholder_config, stage
+from pretrieve.train import pretrainer
+from pretrieve.train.run_config import PretrainOptions, build_pretrain_config, resolve_pretrain_method
+
+
+def check_pretrain(options: dict[str, Any], where: str) -> None:
+    values = dict(options)
+    resolve_pretrain_method(values, {}, where=f"{where}.method")
+    placeholder_config(pretrainer.PretrainConfig, values).validate(1)
+
+
+@stage("pretrain", PretrainOptions, set_by_recipe={k: v for k, v in RECIPE_SETS.items() if k != "data"},
+       check=check_pretrain, gives="pretrained")
+def stage_pretrain(state: RunState, options: dict[str, Any], label: str, show_progress: bool) -> None:
+    out = state.out / label   # a second pretrain stage (pretrain-2) continues from the first's encoder
+    values = state.seeded(options)
+    corpus = str(values.get("corpus") or state.data)
+    values["corpus"] = str(state.collections.get(corpus, corpus))
+    method = values.pop("method", "bow")
+    flags = {**values, "model": state.init_model, "out": str(out), "show_progress": show_progress}
+    config = build_pretrain_config({}, flags, {"method": method}, resume=True)
+    state.pretrained = str(pretrainer.pretrain(config))   # skipped when finished with the same settings

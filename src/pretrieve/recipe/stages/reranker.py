@@ -1,0 +1,26 @@
+"""The ``reranker`` stage: a cross-encoder trained on the latest mined groups (or a ``groups`` file)
+(:func:`pretrieve.train.reranker.train_reranker`), in ``reranker/``; by default from the recipe's base model."""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from pretrieve.errors import ConfigError
+from pretrieve.recipe.runner import RunState
+from pretrieve.recipe.schema import RECIPE_SETS, check_training, stage
+from pretrieve.train.reranker import RerankerConfig, build_reranker_config, train_reranker
+
+
+def needs(options: Mapping[str, Any], recipe: Mapping[str, Any], given: Mapping[str, list[str]], where: str) -> None:
+    if "mined" not in given and "groups" not in options:
+        raise ConfigError(f"{where}: needs mined groups (a 'mine' stage earlier) or a 'groups' option")
+
+
+@stage("reranker", RerankerConfig, set_by_recipe={k: v for k, v in RECIPE_SETS.items() if k != "model"},
+       check=check_training(RerankerConfig), needs=needs, gives="reranker")
+def stage_reranker(state: RunState, options: dict[str, Any], label: str, show_progress: bool) -> None:
+    values = state.seeded(options)
+    values.setdefault("groups", state.groups.get("mined"))
+    values.setdefault("model", state.base_model)
+    flags = {**values, "data": str(state.data), "out": str(state.out / "reranker"), "show_progress": show_progress}
+    state.reranker = str(train_reranker(build_reranker_config({}, flags, resume=True)))
