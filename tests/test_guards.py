@@ -16,7 +16,8 @@ import pytest
 from pretrieve.errors import ConfigError, InexactResumeError, InputError, TrainingDiverged
 from pretrieve.train import checkpoint as ckpt
 from pretrieve.train import loop
-from pretrieve.train.loop import DivergenceGuard, read_logs
+from pretrieve.train.guard import DivergenceGuard
+from pretrieve.train.loop import read_logs
 from pretrieve.train.pretrainer import PretrainConfig, pretrain
 
 from test_finetune import make_config, write_collection
@@ -108,7 +109,7 @@ def test_a_corrupted_rng_state_file_makes_resume_fail_loudly(tiny_mlm_dir, corpu
                   "--warmup-ratio", "0", "--save-every", "2", "--log-every", "1", "--resume")
     assert result.returncode == 2 and "random_states_0.pkl" in result.stderr and "Traceback" not in result.stderr
     assert "--allow-inexact-resume" in result.stderr
-    with caplog.at_level("WARNING", logger="pretrieve.train.loop"):
+    with caplog.at_level("WARNING", logger="pretrieve.train.checkpoint"):
         final = pretrain(_config(tiny_mlm_dir, corpus, out, resume=True, allow_inexact_resume=True))
     assert (final / "model.safetensors").exists() and "INEXACT RESUME" in caplog.text
     # an optimizer state that cannot be read stops any resume, with the checkpoint named

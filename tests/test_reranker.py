@@ -14,8 +14,8 @@ from pretrieve.data.trec import ranked_ids, read_run, write_run
 from pretrieve.errors import ConfigError, InputError
 from pretrieve.modeling.cross_encoder import CrossEncoder
 from pretrieve.train.loop import read_logs
-from pretrieve.train.reranker import (PairGroupCollator, PairScorer, RerankerConfig, rerank_run_file,
-                                      teacher_groups, train_reranker)
+from pretrieve.retrieval.rerank import PairScorer, rerank_run_file, teacher_groups
+from pretrieve.train.reranker import PairGroupCollator, RerankerConfig, train_reranker
 
 from test_finetune import write_collection
 
@@ -164,7 +164,7 @@ def test_a_reranker_left_at_chance_level_is_reported(tmp_path, caplog):
 # ------------------------------------------------------------------------------------------- streaming
 def test_teacher_scores_do_not_depend_on_how_pairs_are_chunked_and_batched(trained, data, groups_file, tmp_path,
                                                                           monkeypatch):
-    import pretrieve.train.reranker as reranker
+    import pretrieve.retrieval.rerank as reranker
 
     whole = read_groups(teacher_groups(trained, data, groups_file, tmp_path / "whole.jsonl", max_negatives=5,
                                        batch_size=64, show_progress=False, device="cpu"))
@@ -179,7 +179,7 @@ def test_teacher_scores_do_not_depend_on_how_pairs_are_chunked_and_batched(train
 
 
 def test_rerank_streams_query_by_query_and_skips_queries_without_text(trained, data, tmp_path, monkeypatch):
-    import pretrieve.train.reranker as reranker
+    import pretrieve.retrieval.rerank as reranker
 
     run = {"t1": {"d1": 3.0, "d2": 2.0, "d9": 1.0}, "nope": {"d1": 1.0}, "t2": {"d3": 1.0, "d4": 0.5}}
     write_run(run, tmp_path / "first.trec")
@@ -199,7 +199,7 @@ def test_rerank_streams_query_by_query_and_skips_queries_without_text(trained, d
 
 
 def test_precision_auto_is_bf16_only_with_native_support(trained, monkeypatch):
-    import pretrieve.train.reranker as reranker
+    import pretrieve.precision as reranker
 
     cpu = torch.device("cpu")
     monkeypatch.setattr(reranker, "native_bf16", lambda device: False)

@@ -659,7 +659,7 @@ class TeacherOptions:
 
 @stage("teacher", TeacherOptions)
 def stage_teacher(state: RunState, options: dict[str, Any], label: str, show_progress: bool) -> None:
-    from pretrieve.train.reranker import teacher_groups
+    from pretrieve.retrieval.rerank import teacher_groups
 
     if state.reranker is None or "mined" not in state.groups:
         raise ConfigError("teacher: needs a 'reranker' stage and mined groups earlier in the recipe")
@@ -768,7 +768,7 @@ def _labelled_modes(name: str, model_dir: str, modes: list[str] | None) -> list[
 def _run_file_inputs(collection, split: str, model: str | None = None) -> tuple[dict[str, Path], dict[str, str]]:
     """What a run file is computed from, for its sidecar: the retriever (its weights, by content; a hub model by
     name), the corpus, the queries and the split's qrels (which select the queries)."""
-    from pretrieve.train.loop import run_inputs as split_inputs
+    from pretrieve.train.run import run_inputs as split_inputs
 
     return split_inputs(model=model, corpus=collection.corpus_path, queries=collection.queries_path,
                         qrels=collection.qrels_path(split))
@@ -859,7 +859,7 @@ def _rerank_row(state: RunState, name: str, collection_path: Path, split: str, d
                 show_progress: bool) -> dict:
     from pretrieve.data import read_run
     from pretrieve.evaluation import evaluate
-    from pretrieve.train.reranker import rerank_run_file
+    from pretrieve.retrieval.rerank import rerank_run_file
 
     source = runs_dir / f"{name}__{_run_tag(collection_path, split)}.trec"
     out = runs_dir / f"{name}+rerank@{depth}__{_run_tag(collection_path, split)}.trec"
@@ -955,7 +955,7 @@ def _component_run(state: RunState, component: str, collection, split: str, dept
         return _bm25_run(state, collection, split, depth)
     if kind == "dense":
         return _retriever_run(state, component, model, collection, split, depth, run_name, None, show_progress)
-    from pretrieve.train.reranker import rerank_run_file
+    from pretrieve.retrieval.rerank import rerank_run_file
 
     source_name = model if run_name == component else f"{model}.{split}"
     source = _component_run(state, model, collection, split, depth, source_name, show_progress)

@@ -11,6 +11,9 @@ accelerate saves safetensors without aliased tensors and warns about each one it
 weight (and bias) tied to the input embeddings are such aliases by construction and are tied again when the
 model is built, so that warning is turned into a DEBUG line (:class:`TiedDecoderNotice`). Any other shared
 tensor keeps its warning.
+
+Resuming (:func:`load_checkpoint`) is checked: a checkpoint written under other settings is refused
+(:func:`check_resumable`), and so is one whose RNG state cannot be restored exactly.
 """
 
 from __future__ import annotations
@@ -18,10 +21,19 @@ from __future__ import annotations
 import json
 import logging
 import os
+import random
 import re
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
+
+import torch
+
+from pretrieve import artifacts
+from pretrieve.errors import InexactResumeError, StaleOutputError
+from pretrieve.train.config import RESUMABLE_CHANGES
+
+logger = logging.getLogger(__name__)
 
 STATE_FILE = "trainer_state.json"
 _STEP_DIR = re.compile(r"^step-(\d+)$")
@@ -100,3 +112,56 @@ def _prune(out_dir: str | Path, keep: int) -> None:
     checkpoints = list_checkpoints(out_dir)
     for _, path in checkpoints[:-keep] if keep > 0 else []:
         shutil.rmtree(path, ignore_errors=True)
+
+
+def check_resumable(checkpoint: Path, state: Mapping[str, Any], run_info: dict[str, Any]) -> None:
+    """Refuse to resume from ``checkpoint`` (its trainer ``state``) when it was written under other settings
+    than ``run_info``'s."""
+    recorded, current = state.get("config"), run_info.get("config")
+    if not isinstance(recorded, dict) or not isinstance(current, dict):
+        return
+    differing = artifacts.differing_values(recorded, current, RESUMABLE_CHANGES)
+    if differing:
+        changes = artifacts.describe_changes(recorded, current, differing)
+        raise StaleOutputError(f"{checkpoint} was written by a run with other settings ({changes}); resume with "
+                               f"the same settings, or start afresh with --overwrite or in another output "
+                               "directory", checkpoint.parent.parent)
+
+
+def load_checkpoint(accelerator, checkpoint: Path, allow_inexact: bool = False) -> None:
+    """``accelerator.load_state(checkpoint)``, checked: every process's RNG state must be restored exactly
+    (accelerate only logs, at INFO, when it cannot read a ``random_states_<rank>.pkl``). A process that could not
+    restore it fails the resume on every process (:class:`InexactResumeError` naming the file), or, with
+    ``allow_inexact``, gets a warning and continues (its losses will differ from the uninterrupted run's).
+    A model, optimizer or scheduler state that cannot be loaded always stops the resume."""
+    rng_file = checkpoint / f"random_states_{accelerator.process_index}.pkl"
+    problem = None
+    expected = None
+    try:
+        expected = torch.load(rng_file, map_location="cpu", weights_only=False)
+        for key in ("random_state", "numpy_random_seed", "torch_manual_seed"):
+            if key not in expected:
+                raise ValueError(f"it holds no '{key}'")
+    except Exception as exc:  # noqa: BLE001 - any unreadable state is reported the same way
+        problem = f"{rng_file}: cannot restore the random number generators' state ({exc.__class__.__name__}: {exc})"
+    try:
+        accelerator.load_state(str(checkpoint))
+    except Exception as exc:  # noqa: BLE001 - a missing or corrupt model/optimizer/scheduler file: cannot continue
+        raise InexactResumeError(f"{checkpoint}: cannot restore the training state ({exc.__class__.__name__}: "
+                                 f"{str(exc)[:200]}); resume from an earlier checkpoint (remove this one) or start "
+                                 "afresh with --overwrite") from None
+    if problem is None and not (torch.equal(torch.get_rng_state(), expected["torch_manual_seed"])
+                                and random.getstate() == expected["random_state"]):
+        problem = f"{rng_file}: the random number generators' state was not restored"
+    failed = torch.tensor([0.0 if problem is None else 1.0], device=accelerator.device)
+    if accelerator.num_processes > 1:
+        failed = accelerator.reduce(failed, "sum")
+    if float(failed.item()) == 0:
+        return
+    problem = problem or f"another process could not restore its random number generators from {checkpoint}"
+    if not allow_inexact:
+        raise InexactResumeError(f"{problem}: the run would not continue exactly as it was interrupted. Resume "
+                                 "from an earlier checkpoint (remove this one), start afresh with --overwrite, or "
+                                 "accept an inexact continuation with --allow-inexact-resume")
+    logger.warning("INEXACT RESUME (--allow-inexact-resume): %s; the losses from here on will differ from an "
+                   "uninterrupted run's", problem)
