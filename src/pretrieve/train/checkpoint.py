@@ -25,9 +25,10 @@ import random
 import re
 import shutil
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Collection, Mapping
 
 import torch
+from accelerate.utils import load as accelerate_load
 
 from pretrieve import artifacts
 from pretrieve.errors import InexactResumeError, StaleOutputError
@@ -36,6 +37,10 @@ from pretrieve.train.config import RESUMABLE_CHANGES
 logger = logging.getLogger(__name__)
 
 STATE_FILE = "trainer_state.json"
+#: Key of the fp16 GradScaler's state in :data:`STATE_FILE` (JSON: numbers only, never a pickle).
+SCALER_KEY = "grad_scaler"
+#: Files of a checkpoint that accelerate writes with ``torch.save`` (pickles), read only by :func:`safe_load`.
+PICKLED_SUFFIXES = (".bin", ".pkl", ".pt", ".pth")
 _STEP_DIR = re.compile(r"^step-(\d+)$")
 _SHARED_NAMES = re.compile(r"Removed shared tensor \{(.*)\} while saving")
 
@@ -83,11 +88,22 @@ def latest_checkpoint(out_dir: str | Path) -> Path | None:
 
 
 def read_state(checkpoint: str | Path) -> dict[str, Any]:
-    return json.loads((Path(checkpoint) / STATE_FILE).read_text())
+    """The trainer state of a checkpoint (JSON); one :class:`InexactResumeError` line when it cannot be read."""
+    path = Path(checkpoint) / STATE_FILE
+    try:
+        state = json.loads(path.read_text(encoding="utf-8"))
+        if not isinstance(state, dict) or not isinstance(state.get("step"), int):
+            raise ValueError("not a trainer state with a 'step'")
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise InexactResumeError(f"{path}: cannot restore the training state ({_first_line(exc)}); resume from an "
+                                 "earlier checkpoint (remove this one) or start afresh with --overwrite") from None
+    return state
 
 
-def save_checkpoint(accelerator, out_dir: str | Path, step: int, state: dict[str, Any], keep: int) -> Path:
-    """Save accelerate state + ``state`` as ``step-<step>`` atomically; keep the newest ``keep``."""
+def save_checkpoint(accelerator, out_dir: str | Path, step: int, state: dict[str, Any], keep: int,
+                    scaler=None) -> Path:
+    """Save accelerate state + ``state`` (+ the fp16 ``scaler``'s state, as JSON) as ``step-<step>`` atomically;
+    keep the newest ``keep``."""
     root = checkpoint_root(out_dir)
     final = root / f"step-{step}"
     tmp = root / f".step-{step}.tmp"
@@ -99,7 +115,9 @@ def save_checkpoint(accelerator, out_dir: str | Path, step: int, state: dict[str
     accelerator.save_state(str(tmp))
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
-        (tmp / STATE_FILE).write_text(json.dumps({**state, "step": step}, indent=2, default=str))
+        extra = {SCALER_KEY: scaler.state_dict()} if scaler is not None else {}
+        (tmp / STATE_FILE).write_text(json.dumps({**state, **extra, "step": step}, indent=2, default=str))
+    if accelerator.is_main_process:
         if final.exists():
             shutil.rmtree(final)
         os.replace(tmp, final)
@@ -128,28 +146,62 @@ def check_resumable(checkpoint: Path, state: Mapping[str, Any], run_info: dict[s
                                "directory", checkpoint.parent.parent)
 
 
-def load_checkpoint(accelerator, checkpoint: Path, allow_inexact: bool = False) -> None:
-    """``accelerator.load_state(checkpoint)``, checked: every process's RNG state must be restored exactly
-    (accelerate only logs, at INFO, when it cannot read a ``random_states_<rank>.pkl``). A process that could not
-    restore it fails the resume on every process (:class:`InexactResumeError` naming the file), or, with
-    ``allow_inexact``, gets a warning and continues (its losses will differ from the uninterrupted run's).
-    A model, optimizer or scheduler state that cannot be loaded always stops the resume."""
+def _first_line(exc: Exception) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{exc.__class__.__name__}: {text[0][:200] if text else ''}"
+
+
+def safe_load(path: Path) -> Any:
+    """A pickled checkpoint file read with ``torch.load(weights_only=True)`` and accelerate's allow-list of numpy
+    types (:func:`accelerate.utils.load`): tensors, numbers, strings and containers only; a pickle that would
+    construct anything else (run code) is refused, never executed."""
+    return accelerate_load(path, map_location="cpu")
+
+
+def check_loadable(checkpoint: Path, skip: Collection[Path] = ()) -> None:
+    """Refuse (:class:`InexactResumeError`, one line naming the file) a checkpoint holding a pickled file that
+    :func:`safe_load` cannot read, before anything is restored from it."""
+    for path in sorted(checkpoint.iterdir()):
+        if path.suffix in PICKLED_SUFFIXES and path not in skip:
+            try:
+                safe_load(path)
+            except Exception as exc:  # noqa: BLE001 - unreadable or unsafe: refused the same way
+                raise InexactResumeError(f"{checkpoint}: cannot restore the training state ({path.name}: "
+                                         f"{_first_line(exc)}); resume "
+                                         "from an earlier checkpoint (remove this one) or start afresh with "
+                                         "--overwrite") from None
+
+
+def load_checkpoint(accelerator, checkpoint: Path, allow_inexact: bool = False, state: Mapping[str, Any] | None = None,
+                    scaler=None) -> None:
+    """``accelerator.load_state(checkpoint)``, checked, and nothing in the checkpoint can run code: every pickled
+    file is read as data only (:func:`safe_load`, also what accelerate's own ``load_state`` does with them) and
+    refused when it holds anything else; the fp16 loss scale comes from ``state`` (``trainer_state.json``).
+
+    Every process's RNG state must be restored exactly (accelerate only logs, at INFO, when it cannot read a
+    ``random_states_<rank>.pkl``). A process that could not restore it fails the resume on every process
+    (:class:`InexactResumeError` naming the file), or, with ``allow_inexact``, gets a warning and continues (its
+    losses will differ from the uninterrupted run's). A model, optimizer or scheduler state that cannot be loaded
+    always stops the resume."""
     rng_file = checkpoint / f"random_states_{accelerator.process_index}.pkl"
     problem = None
     expected = None
     try:
-        expected = torch.load(rng_file, map_location="cpu", weights_only=False)
+        expected = safe_load(rng_file)
         for key in ("random_state", "numpy_random_seed", "torch_manual_seed"):
             if key not in expected:
                 raise ValueError(f"it holds no '{key}'")
     except Exception as exc:  # noqa: BLE001 - any unreadable state is reported the same way
-        problem = f"{rng_file}: cannot restore the random number generators' state ({exc.__class__.__name__}: {exc})"
+        problem = f"{rng_file}: cannot restore the random number generators' state ({_first_line(exc)})"
+    check_loadable(checkpoint, skip=[rng_file] if problem is None else list(checkpoint.glob("random_states_*.pkl")))
     try:
         accelerator.load_state(str(checkpoint))
+        if scaler is not None:
+            scaler.load_state_dict((state or {})[SCALER_KEY])
     except Exception as exc:  # noqa: BLE001 - a missing or corrupt model/optimizer/scheduler file: cannot continue
-        raise InexactResumeError(f"{checkpoint}: cannot restore the training state ({exc.__class__.__name__}: "
-                                 f"{str(exc)[:200]}); resume from an earlier checkpoint (remove this one) or start "
-                                 "afresh with --overwrite") from None
+        raise InexactResumeError(f"{checkpoint}: cannot restore the training state ({_first_line(exc)}); resume "
+                                 "from an earlier checkpoint (remove this one) or start afresh with "
+                                 "--overwrite") from None
     if problem is None and not (torch.equal(torch.get_rng_state(), expected["torch_manual_seed"])
                                 and random.getstate() == expected["random_state"]):
         problem = f"{rng_file}: the random number generators' state was not restored"

@@ -251,8 +251,6 @@ def train(model: torch.nn.Module, dataset, collator, config: LoopConfig, out_dir
     optimizer = build_optimizer(model, config)
     scheduler = build_scheduler(optimizer, config, total_steps)
     model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
-    if precision.scaler is not None:
-        accelerator.register_for_checkpointing(precision.scaler)   # exact resume of fp16 loss scaling
 
     start_step = 0
     writer = LogWriter(out, accelerator.is_main_process)
@@ -260,7 +258,7 @@ def train(model: torch.nn.Module, dataset, collator, config: LoopConfig, out_dir
     if resume_from is not None:
         resumed_state = ckpt.read_state(resume_from)
         ckpt.check_resumable(resume_from, resumed_state, run_info)
-        ckpt.load_checkpoint(accelerator, resume_from, config.allow_inexact_resume)
+        ckpt.load_checkpoint(accelerator, resume_from, config.allow_inexact_resume, resumed_state, precision.scaler)
         start_step = resumed_state["step"]
         writer.truncate_after(start_step)
         logger.info("resumed from %s (step %d)", resume_from, start_step)
@@ -302,7 +300,7 @@ def train(model: torch.nn.Module, dataset, collator, config: LoopConfig, out_dir
             window_start = time.perf_counter()
         if save_now:
             keep = config.keep_checkpoints if guard.steady(done - config.save_every) else 0   # 0: no pruning
-            ckpt.save_checkpoint(accelerator, out, done, state, keep)
+            ckpt.save_checkpoint(accelerator, out, done, state, keep, precision.scaler)
     progress.close()
     writer.close()
 
