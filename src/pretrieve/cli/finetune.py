@@ -14,8 +14,8 @@ from typing import Optional
 import typer
 
 from pretrieve.cli import app
-from pretrieve.cli.options import (INEXACT_HELP, OVERWRITE_HELP, PRECISION_HELP, REQUIRED, load_file, resolve_data,
-                                   settings_option)
+from pretrieve.cli.options import (DIVERGENCE_HELP, INEXACT_HELP, OVERWRITE_HELP, PRECISION_HELP, REQUIRED,
+                                   load_file, resolve_data, settings_option)
 from pretrieve.train.settings import FinetuneSettings
 
 
@@ -83,6 +83,8 @@ def finetune_command(
     resume: bool = typer.Option(False, "--resume", help="Continue from the newest checkpoint in --out."),
     overwrite: bool = typer.Option(False, "--overwrite", help=OVERWRITE_HELP),
     allow_inexact_resume: bool = typer.Option(False, "--allow-inexact-resume", help=INEXACT_HELP),
+    divergence_factor: Optional[float] = typer.Option(None, "--divergence-factor", help=DIVERGENCE_HELP,
+                                                      show_default="10"),
 ) -> None:
     """Fine-tune a dual-encoder retriever (stage 1, 2 or 3); OUT/final is a sentence-transformers model."""
     from pretrieve.train.finetuner import build_finetune_config, finetune   # torch: not for --help
@@ -97,7 +99,8 @@ def finetune_command(
                  warmup_steps=warmup_steps, schedule=schedule, min_lr_ratio=min_lr_ratio, precision=precision,
                  bf16=bf16, gradient_checkpointing=gradient_checkpointing, grad_cache_chunk=grad_cache_chunk,
                  seed=seed, save_every=save_every, log_every=log_every, num_workers=num_workers,
-                 overwrite=overwrite or None, allow_inexact_resume=allow_inexact_resume or None)
+                 overwrite=overwrite or None, allow_inexact_resume=allow_inexact_resume or None,
+                 divergence_factor=divergence_factor)
     run_config = build_finetune_config(load_file(config), flags, resume=resume, where=str(config or "config"))
     final = finetune(run_config)
     typer.echo(f"fine-tuned retriever: {final}")

@@ -24,8 +24,8 @@ REQUIRED = "Required (here or in --config)."
 OVERWRITE_HELP = "Discard a previous run in --out (checkpoints, final/, logs) and start afresh."
 INEXACT_HELP = ("Resume even when a checkpoint's RNG state cannot be restored (warns; losses differ from an "
                 "uninterrupted run).")
-DIVERGENCE_HELP = ("Stop when the loss exceeds this multiple of its running median (0: only non-finite "
-                   "losses).")
+DIVERGENCE_HELP = ("Stop when the loss stays above this multiple of its running median (+ MAD, at least 1) "
+                   "for 3 steps in a row (0: only non-finite losses).")
 
 
 def settings_option(config_cls, name: str, *flags: str, extra: str = "", default_text: str | None = None, **kwargs):

@@ -8,7 +8,7 @@ from typing import Optional
 import typer
 
 from pretrieve.cli import app
-from pretrieve.cli.options import PRECISION_HELP, load_file
+from pretrieve.cli.options import DIVERGENCE_HELP, PRECISION_HELP, load_file
 
 #: The method presets (pretrieve.train.method.PRESETS, listed here so that --help does not import torch; a test
 #: keeps the two equal).
@@ -65,9 +65,7 @@ def pretrain_command(
     allow_inexact_resume: bool = typer.Option(False, "--allow-inexact-resume", help="Resume even when a "
                                               "checkpoint's RNG state cannot be restored (warns; losses differ "
                                               "from an uninterrupted run)."),
-    divergence_factor: Optional[float] = typer.Option(None, help="Stop when the loss exceeds this multiple of "
-                                                      "its running median (0: only non-finite losses)",
-                                                      show_default="10"),
+    divergence_factor: Optional[float] = typer.Option(None, help=DIVERGENCE_HELP, show_default="10"),
 ) -> None:
     """Pre-train an encoder; the result in OUT/final loads with AutoModel.from_pretrained."""
     from pretrieve.train.pretrainer import pretrain   # torch: not for --help

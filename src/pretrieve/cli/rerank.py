@@ -15,8 +15,8 @@ import typer
 from rich.console import Console
 
 from pretrieve.cli import app
-from pretrieve.cli.options import (DATA_HELP, INEXACT_HELP, OVERWRITE_HELP, PRECISION_HELP, REQUIRED,
-                                   SCORING_PRECISION_HELP, load_file, resolve_data, settings_option)
+from pretrieve.cli.options import (DATA_HELP, DIVERGENCE_HELP, INEXACT_HELP, OVERWRITE_HELP, PRECISION_HELP,
+                                   REQUIRED, SCORING_PRECISION_HELP, load_file, resolve_data, settings_option)
 from pretrieve.train.settings import RerankerSettings
 
 err = Console(stderr=True)
@@ -67,6 +67,8 @@ def reranker_train_command(
     resume: bool = typer.Option(False, "--resume", help="Continue from the newest checkpoint in --out."),
     overwrite: bool = typer.Option(False, "--overwrite", help=OVERWRITE_HELP),
     allow_inexact_resume: bool = typer.Option(False, "--allow-inexact-resume", help=INEXACT_HELP),
+    divergence_factor: Optional[float] = typer.Option(None, "--divergence-factor", help=DIVERGENCE_HELP,
+                                                      show_default="10"),
 ) -> None:
     """Train a cross-encoder with listwise cross-entropy over each query's group (no in-batch negatives)."""
     from pretrieve.train.reranker import build_reranker_config, train_reranker   # torch: not for --help
@@ -77,7 +79,8 @@ def reranker_train_command(
                  warmup_ratio=warmup_ratio, warmup_steps=warmup_steps, schedule=schedule, min_lr_ratio=min_lr_ratio,
                  precision=precision, bf16=bf16, gradient_checkpointing=gradient_checkpointing,
                  num_workers=num_workers, seed=seed, save_every=save_every, log_every=log_every,
-                 overwrite=overwrite or None, allow_inexact_resume=allow_inexact_resume or None)
+                 overwrite=overwrite or None, allow_inexact_resume=allow_inexact_resume or None,
+                 divergence_factor=divergence_factor)
     final = train_reranker(build_reranker_config(load_file(config), flags, resume=resume,
                                                  where=str(config or "config")))
     typer.echo(f"reranker: {final}")

@@ -55,7 +55,11 @@ class LoopConfig:
     overwrite: bool = False
     allow_inexact_resume: bool = False
     divergence_factor: float = 10.0
+    """A loss above this multiple of the running level (median + MAD, at least 1 nat) for several steps in a row
+    is a divergence (:class:`pretrieve.train.guard.DivergenceGuard`); 0: only non-finite losses stop a run."""
     divergence_warmup: int = 5
+    """Normal losses the guard's reference needs before 3 abnormal ones in a row stop the run (until then it takes
+    this many in a row)."""
 
     def validate(self, world_size: int = 1) -> None:
         if self.schedule not in SCHEDULES:
