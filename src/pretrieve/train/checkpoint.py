@@ -3,7 +3,9 @@
 A checkpoint is a directory ``<out>/checkpoints/step-<N>`` holding accelerate's state (model,
 optimizer, scheduler, RNG of every process) plus ``trainer_state.json``. It is first written to a
 hidden temporary directory and renamed into place only once complete, so a process killed while
-saving never leaves a half-written ``step-<N>``: resuming picks the newest *complete* checkpoint.
+saving never leaves a half-written ``step-<N>``: resuming picks the newest *complete* checkpoint. A save that
+fails (a full disk) removes its temporary directory and stops the run with one line
+(:class:`CheckpointWriteError`) that names the checkpoint kept and the step ``--resume`` continues from.
 Works under DDP: every process writes its own RNG file into the same temporary directory, then the
 main process renames it.
 
@@ -31,7 +33,7 @@ import torch
 from accelerate.utils import load as accelerate_load
 
 from pretrieve import artifacts
-from pretrieve.errors import InexactResumeError, StaleOutputError
+from pretrieve.errors import InexactResumeError, PretrieveError, StaleOutputError
 from pretrieve.train.config import RESUMABLE_CHANGES
 
 logger = logging.getLogger(__name__)
@@ -63,6 +65,10 @@ class TiedDecoderNotice(logging.Filter):
 _accelerate_logger = logging.getLogger("accelerate.utils.other")
 if not any(isinstance(f, TiedDecoderNotice) for f in _accelerate_logger.filters):
     _accelerate_logger.addFilter(TiedDecoderNotice())
+
+
+class CheckpointWriteError(PretrieveError):
+    """A checkpoint could not be written (a full disk, a file-size limit); the previous ones are kept."""
 
 
 def checkpoint_root(out_dir: str | Path) -> Path:
@@ -112,11 +118,15 @@ def save_checkpoint(accelerator, out_dir: str | Path, step: int, state: dict[str
             shutil.rmtree(tmp)
         tmp.mkdir(parents=True)
     accelerator.wait_for_everyone()
-    accelerator.save_state(str(tmp))
-    accelerator.wait_for_everyone()
-    if accelerator.is_main_process:
-        extra = {SCALER_KEY: scaler.state_dict()} if scaler is not None else {}
-        (tmp / STATE_FILE).write_text(json.dumps({**state, **extra, "step": step}, indent=2, default=str))
+    try:
+        accelerator.save_state(str(tmp))
+        accelerator.wait_for_everyone()
+        if accelerator.is_main_process:
+            extra = {SCALER_KEY: scaler.state_dict()} if scaler is not None else {}
+            (tmp / STATE_FILE).write_text(json.dumps({**state, **extra, "step": step}, indent=2, default=str))
+    except Exception as exc:  # noqa: BLE001 - a full disk, a file-size limit: torch and safetensors raise their own
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise CheckpointWriteError(write_failure(out_dir, step, exc)) from None
     if accelerator.is_main_process:
         if final.exists():
             shutil.rmtree(final)
@@ -124,6 +134,16 @@ def save_checkpoint(accelerator, out_dir: str | Path, step: int, state: dict[str
         _prune(out_dir, keep)
     accelerator.wait_for_everyone()
     return final
+
+
+def write_failure(out_dir: str | Path, step: int, exc: Exception) -> str:
+    """The one line of a checkpoint that could not be written: why, what is kept, how to continue."""
+    kept = list_checkpoints(out_dir)
+    where = (f"the newest complete checkpoint {kept[-1][1]} is kept: free some space and rerun the same command "
+             f"with --resume to continue from step {kept[-1][0]}") if kept else \
+        "no earlier checkpoint exists: free some space and rerun the same command"
+    return (f"{checkpoint_root(out_dir)}: the checkpoint of step {step} could not be written ({_first_line(exc)}); "
+            f"{where}")
 
 
 def _prune(out_dir: str | Path, keep: int) -> None:

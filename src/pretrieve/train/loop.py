@@ -64,6 +64,8 @@ import contextlib
 import functools
 import json
 import logging
+import signal
+import threading
 import time
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping
@@ -278,29 +280,30 @@ def train(model: torch.nn.Module, dataset, collator, config: LoopConfig, out_dir
     window = LogWindow(accelerator)
     window_start = time.perf_counter()
     guard = DivergenceGuard(config.divergence_factor, config.divergence_warmup)
-    for step, micro_batches in batches:
-        done = step + 1
-        window.add(step, train_step(model, micro_batches, optimizer, scheduler, accelerator, accum,
-                                    config.max_grad_norm, precision))
-        progress.update(1)
-        log_now = done % config.log_every == 0 or done == total_steps
-        save_now = bool(config.save_every) and done % config.save_every == 0 and done < total_steps
-        if log_now or save_now:   # the guard sees every step's loss, copied to the host once per window
-            problem = window.check_divergence(guard)
-            if problem:
-                progress.close()
-                stop_diverged(accelerator, out, done, guard.first_abnormal_step(done), problem)
-        if log_now:
-            elapsed = time.perf_counter() - window_start
-            steps = window.steps
-            values = window.flush()
-            progress.set_postfix(loss=f"{values['loss']:.4f}")
-            writer.write(done, values | {"lr": scheduler.get_last_lr()[0],
-                                         "samples_per_s": steps * config.batch_size / elapsed})
-            window_start = time.perf_counter()
-        if save_now:
-            keep = config.keep_checkpoints if guard.steady(done - config.save_every) else 0   # 0: no pruning
-            ckpt.save_checkpoint(accelerator, out, done, state, keep, precision.scaler)
+    done = start_step
+    with reported_interruptions(out, lambda: done, accelerator.is_main_process, progress):
+        for step, micro_batches in batches:
+            done = step + 1
+            window.add(step, train_step(model, micro_batches, optimizer, scheduler, accelerator, accum,
+                                        config.max_grad_norm, precision))
+            progress.update(1)
+            log_now = done % config.log_every == 0 or done == total_steps
+            save_now = bool(config.save_every) and done % config.save_every == 0 and done < total_steps
+            if log_now or save_now:   # the guard sees every step's loss, copied to the host once per window
+                problem = window.check_divergence(guard)
+                if problem:
+                    stop_diverged(accelerator, out, done, guard.first_abnormal_step(done), problem)
+            if log_now:
+                elapsed = time.perf_counter() - window_start
+                steps = window.steps
+                values = window.flush()
+                progress.set_postfix(loss=f"{values['loss']:.4f}")
+                writer.write(done, values | {"lr": scheduler.get_last_lr()[0],
+                                             "samples_per_s": steps * config.batch_size / elapsed})
+                window_start = time.perf_counter()
+            if save_now:
+                keep = config.keep_checkpoints if guard.steady(done - config.save_every) else 0   # 0: no pruning
+                ckpt.save_checkpoint(accelerator, out, done, state, keep, precision.scaler)
     progress.close()
     writer.close()
 
@@ -313,6 +316,49 @@ def train(model: torch.nn.Module, dataset, collator, config: LoopConfig, out_dir
             write_json(tmp / "provenance.json", provenance({"seed": config.seed, "steps": total_steps}))
     accelerator.wait_for_everyone()
     return final_dir
+
+
+class TrainingTerminated(SystemExit):
+    """SIGTERM while training: the process exits with 143 (128 + 15, as the signal's default action would) once
+    :func:`reported_interruptions` has said what was kept."""
+
+    def __init__(self):
+        super().__init__(128 + signal.SIGTERM)
+
+
+@contextlib.contextmanager
+def reported_interruptions(out: Path, steps_done: Callable[[], int], report: bool, progress) -> Iterator[None]:
+    """Ctrl-C (``KeyboardInterrupt``: exit 130) and SIGTERM (:class:`TrainingTerminated`: exit 143) while training
+    say (when ``report``) which checkpoint was kept and that ``--resume`` continues from it; the interruption then
+    goes on as before. Any exception closes the progress bar first."""
+    previous = None
+    if threading.current_thread() is threading.main_thread():
+        def terminate(signum, frame):
+            raise TrainingTerminated()
+
+        previous = signal.signal(signal.SIGTERM, terminate)
+    try:
+        yield
+    except BaseException as exc:
+        progress.close()   # whatever stops the run, its message starts on a line of its own
+        if report and isinstance(exc, (KeyboardInterrupt, TrainingTerminated)):
+            logger.warning(interruption_message(out, steps_done(), "SIGTERM" if isinstance(exc, SystemExit)
+                                                else "Ctrl-C"))
+        raise
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def interruption_message(out: Path, steps_done: int, what: str) -> str:
+    """What an interrupted run kept and how to continue it."""
+    kept = ckpt.list_checkpoints(out)
+    if not kept:
+        return (f"interrupted ({what}) at step {steps_done}, before the first checkpoint: nothing was kept; run "
+                "the same command again (with --overwrite) to start afresh")
+    step, path = kept[-1]
+    return (f"interrupted ({what}) at step {steps_done}: kept the checkpoint {path}; run the same command with "
+            f"--resume to continue from step {step}")
 
 
 def train_step(model, micro_batches, optimizer, scheduler, accelerator, accum: int, max_grad_norm: float,

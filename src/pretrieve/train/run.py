@@ -2,7 +2,8 @@
 
 :class:`TrainingRun` (after FlagEmbedding's ``AbsRunner``) fixes the order of the steps around the loop:
 
-1. **lock** the output directory, after the preflight of its space (:func:`pretrieve.outputs.writing`);
+1. **lock** the output directory and check its space for what the run still writes, the peak of ``keep + 1``
+   checkpoints (:func:`pretrieve.outputs.writing`, :func:`pretrieve.outputs.training_space`);
 2. **describe** the run — its settings and inputs (hook :meth:`TrainingRun.describe`);
 3. **skip a finished run** made with the same settings from the same inputs (:func:`finished_run`), unless
    ``overwrite``;
@@ -94,7 +95,8 @@ class TrainingRun:
     def run(self) -> Path:
         """Run (resume, or skip when already finished) the training; returns ``<out>/final``."""
         self.check()
-        needed, largest = outputs.training_space(self.config.model, self.config.keep_checkpoints)
+        written = len(ckpt.list_checkpoints(self.out)) if self.config.resume else 0   # a resume writes the rest
+        needed, largest = outputs.training_space(self.config.model, self.config.keep_checkpoints, written)
         with outputs.writing(self.out, needed_bytes=needed, largest_file=largest):
             return self._run()
 
