@@ -199,8 +199,9 @@ def test_rerank_streams_query_by_query_and_skips_queries_without_text(trained, d
 
 
 def test_precision_auto_is_bf16_only_with_native_support(trained, monkeypatch):
-    import pretrieve.precision as reranker
+    import pretrieve.precision as precision
 
+    reranker = precision   # the one vocabulary every scorer and trainer resolves with
     cpu = torch.device("cpu")
     monkeypatch.setattr(reranker, "native_bf16", lambda device: False)
     assert reranker.resolve_precision("auto", cpu) == "fp32"
@@ -214,3 +215,23 @@ def test_precision_auto_is_bf16_only_with_native_support(trained, monkeypatch):
     bf16 = PairScorer(trained, device="cpu", precision="bf16").score(["solar energy"] * 2, ["sun power", "rocks"],
                                                                       show_progress=False)
     assert bf16 == pytest.approx(fp32, abs=0.1)
+
+
+def test_one_precision_vocabulary_for_scoring_and_training(trained, monkeypatch):
+    """Issue 25: `reranker train` refused the `--precision auto` the README shows, and scoring refused fp16."""
+    import pretrieve.precision as precision
+    from pretrieve.train.config import LoopConfig
+
+    pairs = (["solar energy"] * 2, ["sun power", "rocks"])
+    fp32 = PairScorer(trained, device="cpu", precision="fp32").score(*pairs, show_progress=False)
+    for name in ("fp16", "int8"):
+        assert PairScorer(trained, device="cpu", precision=name).score(*pairs, show_progress=False) == \
+            pytest.approx(fp32, abs=0.1), name
+    monkeypatch.setattr(precision, "native_bf16", lambda device: False)
+    config = LoopConfig(precision="auto")
+    config.validate()
+    assert config.resolved_precision(torch.device("cpu")) == "fp32"
+    RerankerConfig(model="m", data="d", groups="g", out="o", precision="auto").validate()
+    with pytest.raises(ConfigError, match="int8 .* inference only"):
+        LoopConfig(precision="int8").validate()
+
