@@ -199,17 +199,16 @@ def test_rerank_streams_query_by_query_and_skips_queries_without_text(trained, d
 
 
 def test_precision_auto_is_bf16_only_with_native_support(trained, monkeypatch):
-    import pretrieve.precision as precision
+    import pretrieve.precision as precision   # the one vocabulary every scorer and trainer resolves with
 
-    reranker = precision   # the one vocabulary every scorer and trainer resolves with
     cpu = torch.device("cpu")
-    monkeypatch.setattr(reranker, "native_bf16", lambda device: False)
-    assert reranker.resolve_precision("auto", cpu) == "fp32"
-    assert reranker.resolve_precision("bf16", cpu) == "bf16"  # asked for: given, even if emulated
-    monkeypatch.setattr(reranker, "native_bf16", lambda device: True)
-    assert reranker.resolve_precision("auto", cpu) == "bf16"
+    monkeypatch.setattr(precision, "native_bf16", lambda device: False)
+    assert precision.resolve_precision("auto", cpu) == "fp32"
+    assert precision.resolve_precision("bf16", cpu) == "bf16"  # asked for: given, even if emulated
+    monkeypatch.setattr(precision, "native_bf16", lambda device: True)
+    assert precision.resolve_precision("auto", cpu) == "bf16"
     with pytest.raises(ConfigError, match="precision"):
-        reranker.resolve_precision("fp8", cpu)
+        precision.resolve_precision("fp8", cpu)
     fp32 = PairScorer(trained, device="cpu", precision="fp32").score(["solar energy"] * 2, ["sun power", "rocks"],
                                                                       show_progress=False)
     bf16 = PairScorer(trained, device="cpu", precision="bf16").score(["solar energy"] * 2, ["sun power", "rocks"],

@@ -648,7 +648,7 @@ def stage_reranker(state: RunState, options: dict[str, Any], label: str, show_pr
 
 @dataclass
 class TeacherOptions:
-    """Options of the ``teacher`` stage (:func:`pretrieve.train.reranker.teacher_groups`)."""
+    """Options of the ``teacher`` stage (:func:`pretrieve.retrieval.rerank.teacher_groups`)."""
 
     max_negatives: int | None = None
     batch_size: int = 64

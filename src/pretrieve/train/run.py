@@ -23,6 +23,7 @@
 
 from __future__ import annotations
 
+import abc
 import logging
 import shutil
 from pathlib import Path
@@ -41,7 +42,7 @@ from pretrieve.train.loop import train
 logger = logging.getLogger(__name__)
 
 
-class TrainingRun:
+class TrainingRun(abc.ABC):
     """The template of one training run (module docstring); a trainer subclasses it and fills the hooks.
 
     Class attributes: ``kind`` (what ``<out>/final`` holds, recorded in its sidecar), ``config_file`` (the resolved
@@ -63,30 +64,32 @@ class TrainingRun:
     def check(self) -> None:
         """Settings that do not depend on files, before the output is touched."""
 
+    @abc.abstractmethod
     def describe(self) -> tuple[dict[str, Any], dict[str, Path]]:
         """``(settings, inputs)``: what determines the result (no paths) and the local inputs to fingerprint."""
-        raise NotImplementedError
 
     def check_model(self) -> None:
         """Checks of the model against the settings, before the accelerator and the data."""
 
+    @abc.abstractmethod
     def build_data(self):
         """The training dataset (every rank; caches built once, :func:`pretrieve.data.arrow.built_once`)."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def build_model(self) -> torch.nn.Module:
-        raise NotImplementedError
+        """The model to train (seeded by the template)."""
 
+    @abc.abstractmethod
     def build_collator(self, model: torch.nn.Module, dataset):
-        raise NotImplementedError
+        """Examples of ``dataset`` → a batch for ``model`` (the loop's collator contract)."""
 
+    @abc.abstractmethod
     def config_record(self) -> dict[str, Any]:
         """What ``config_file`` holds."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def export(self, unwrapped: torch.nn.Module, directory: Path) -> None:
         """Write the trained model into ``directory`` (it becomes ``<out>/final``)."""
-        raise NotImplementedError
 
     def finish(self, final: Path) -> None:
         """After training (every rank)."""
