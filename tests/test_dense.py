@@ -400,7 +400,7 @@ def test_approximate_index_is_built_once_and_rebuilt_when_its_vectors_change(tmp
 
 # ------------------------------------------------------------------------------------ precision
 def test_auto_precision_follows_the_hardware(monkeypatch):
-    from pretrieve.retrieval import batches
+    from pretrieve import precision as batches
 
     cpu = torch.device("cpu")
     monkeypatch.setattr(batches, "cpu_flags", lambda: frozenset({"avx2", "fma"}))
@@ -607,7 +607,7 @@ def test_cli_dense_encode_and_search(tmp_path, tiny_bert_dir):
 
 
 def test_tokenising_in_chunks_gives_the_ids_of_one_call(tiny_bert_dir, monkeypatch):
-    from pretrieve.retrieval import batches
+    from pretrieve import precision as batches
 
     retriever = dense(tiny_bert_dir, pooling="cls")
     texts = [f"passage {i} " + "word " * (i % 7) for i in range(23)]

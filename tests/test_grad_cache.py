@@ -11,7 +11,7 @@ import torch
 from conftest import tiny_bert_config
 from pretrieve.modeling.dual_encoder import DualEncoder, RetrievalLoss
 from pretrieve.train.grad_cache import RandContext, grad_cached_step, sub_batches
-from pretrieve.train.loop import MixedPrecision
+from pretrieve.precision import MixedPrecision
 
 WORDS = ("tumor cell growth virus membrane enzyme protein pathway tissue repair blood signal gene immune kinase "
          "receptor mutation infection vessel factor").split()

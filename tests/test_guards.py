@@ -16,7 +16,7 @@ import pytest
 from pretrieve.errors import ConfigError, InexactResumeError, InputError, TrainingDiverged
 from pretrieve.train import checkpoint as ckpt
 from pretrieve.train import loop
-from pretrieve.train.loop import DivergenceGuard, read_logs
+from pretrieve.train.loop import read_logs
 from pretrieve.train.pretrainer import PretrainConfig, pretrain
 
 from test_finetune import make_config, write_collection
@@ -58,22 +58,6 @@ def _interrupt_at(monkeypatch, call: int) -> None:
 
 
 # ------------------------------------------------------------------------------------------ divergence
-def test_the_divergence_guard_compares_with_the_running_median():
-    guard = DivergenceGuard(factor=10, warmup=3)
-    assert [guard.check(step, loss) for step, loss in enumerate([10.0, 60.0, 9.0, 8.5], start=1)] == [None] * 4
-    assert guard.check(5, 80.0) is None                           # 80 < 10 x median(10, 60, 9, 8.5) = 95
-    assert guard.steady(1)
-    assert "times the median" in guard.check(6, 500.0)
-    assert guard.first_abnormal_step(6) == 6 and guard.steady(1) is False and guard.steady(7) is True
-    assert "nan" in guard.check(7, math.nan)
-    early = DivergenceGuard(factor=10, warmup=3)   # an explosion inside the warm-up: stopped after 3 in a row
-    results = [early.check(step, loss) for step, loss in enumerate([17.8, 9.8e6, 7.6e10, 5e6], start=1)]
-    assert results[:3] == [None] * 3 and "times the median 17.8" in results[3]
-    assert early.first_abnormal_step(4) == 2 and not early.steady(2)
-    off = DivergenceGuard(factor=0)
-    assert off.check(1, 1.0) is None and off.check(2, 1e9) is None and off.check(3, math.inf)
-
-
 def test_lr_1000_stops_with_a_divergence_message_and_keeps_only_earlier_checkpoints(tiny_mlm_dir, corpus, tmp_path):
     out = tmp_path / "run"
     result = _cli("pretrain", "--model", str(tiny_mlm_dir), "--corpus", str(corpus), "--out", str(out),
@@ -108,7 +92,7 @@ def test_a_corrupted_rng_state_file_makes_resume_fail_loudly(tiny_mlm_dir, corpu
                   "--warmup-ratio", "0", "--save-every", "2", "--log-every", "1", "--resume")
     assert result.returncode == 2 and "random_states_0.pkl" in result.stderr and "Traceback" not in result.stderr
     assert "--allow-inexact-resume" in result.stderr
-    with caplog.at_level("WARNING", logger="pretrieve.train.loop"):
+    with caplog.at_level("WARNING", logger="pretrieve.train.checkpoint"):
         final = pretrain(_config(tiny_mlm_dir, corpus, out, resume=True, allow_inexact_resume=True))
     assert (final / "model.safetensors").exists() and "INEXACT RESUME" in caplog.text
     # an optimizer state that cannot be read stops any resume, with the checkpoint named

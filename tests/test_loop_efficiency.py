@@ -12,8 +12,10 @@ from torch import nn
 from pretrieve.errors import ConfigError, TrainingDiverged
 from pretrieve.train import checkpoint as ckpt
 from pretrieve.train import loop
-from pretrieve.train.loop import (LoopConfig, MixedPrecision, build_optimizer, build_scheduler, precision_settings,
-                                  read_logs, train)
+from pretrieve.precision import MixedPrecision, precision_settings
+from pretrieve.train import accelerator
+from pretrieve.train.config import LoopConfig
+from pretrieve.train.loop import build_optimizer, build_scheduler, read_logs, train
 
 
 # ------------------------------------------------------------------------------------------------ toy parts
@@ -199,13 +201,14 @@ def test_a_non_finite_loss_stops_the_run_before_the_next_checkpoint(tmp_path):
 
 # ------------------------------------------------------------------------------------------------- threads
 def test_threads_per_rank_divide_the_cores_unless_omp_num_threads_is_set(monkeypatch):
-    assert loop.threads_per_rank(16, 4) == 4 and loop.threads_per_rank(2, 4) == 1 and loop.threads_per_rank(8, 1) == 8
-    assert loop.set_threads_per_rank({"LOCAL_WORLD_SIZE": "2", "OMP_NUM_THREADS": "3"}) is None
-    assert loop.set_threads_per_rank({"LOCAL_WORLD_SIZE": "1"}) is None
+    threads = accelerator.threads_per_rank
+    assert threads(16, 4) == 4 and threads(2, 4) == 1 and threads(8, 1) == 8
+    assert accelerator.set_threads_per_rank({"LOCAL_WORLD_SIZE": "2", "OMP_NUM_THREADS": "3"}) is None
+    assert accelerator.set_threads_per_rank({"LOCAL_WORLD_SIZE": "1"}) is None
     seen = []
     monkeypatch.setattr(torch, "set_num_threads", seen.append)
     cores = len(__import__("os").sched_getaffinity(0))
-    assert loop.set_threads_per_rank({"LOCAL_WORLD_SIZE": "2"}) == max(1, cores // 2) == seen[0]
+    assert accelerator.set_threads_per_rank({"LOCAL_WORLD_SIZE": "2"}) == max(1, cores // 2) == seen[0]
     assert math.isfinite(cores)
 
 
@@ -307,8 +310,8 @@ def test_dual_encoders_and_rerankers_say_whether_a_step_leaves_parameters_unused
 
 
 def test_leaves_parameters_unused_defaults_to_searching_for_unknown_models():
-    assert loop.leaves_parameters_unused(nn.Linear(2, 2))
-    assert not loop.leaves_parameters_unused(type("M", (nn.Module,), {"may_leave_parameters_unused":
+    assert accelerator.leaves_parameters_unused(nn.Linear(2, 2))
+    assert not accelerator.leaves_parameters_unused(type("M", (nn.Module,), {"may_leave_parameters_unused":
                                                                        lambda self: False})())
 
 
@@ -327,7 +330,7 @@ def test_gradient_checkpointing_gives_the_same_gradients_and_refuses_mote(tiny_m
         torch.manual_seed(0)
         model = PretrainModel(Encoder.from_pretrained(tiny_mlm_dir), method)   # dropout on: RNG must replay
         if checkpointing:
-            assert loop.enable_gradient_checkpointing(model) == 1
+            assert accelerator.enable_gradient_checkpointing(model) == 1
         model.train()
         batch = PretrainCollator(tokenizer, method, max_len=32, seed=0)(examples,
                                                                        generator=torch.Generator().manual_seed(1))
@@ -348,6 +351,6 @@ def test_gradient_checkpointing_gives_the_same_gradients_and_refuses_mote(tiny_m
     encoder = Encoder.from_pretrained(tiny_mlm_dir)
     enable_mote(encoder.model)
     with pytest.raises(ConfigError, match="not supported with query/passage experts"):
-        loop.enable_gradient_checkpointing(encoder)
+        accelerator.enable_gradient_checkpointing(encoder)
     with pytest.raises(ConfigError, match="no transformers model"):
-        loop.enable_gradient_checkpointing(nn.Linear(2, 2))
+        accelerator.enable_gradient_checkpointing(nn.Linear(2, 2))

@@ -166,7 +166,7 @@ def test_checkpoint_is_never_half_written(tiny_mlm_dir, small_corpus, tmp_path, 
 
     monkeypatch.setattr(Accelerator, "save_state", crash_on_second_save)
     config.max_steps, config.save_every = 12, 4
-    with pytest.raises(OSError):
+    with pytest.raises(ckpt.CheckpointWriteError, match="disk full"):
         pretrain(config)
     steps = [step for step, _ in ckpt.list_checkpoints(tmp_path / "run")]
     assert steps == [4]  # the failed step-8 save left no step-8 directory

@@ -14,8 +14,8 @@ from pretrieve.data.trec import ranked_ids, read_run, write_run
 from pretrieve.errors import ConfigError, InputError
 from pretrieve.modeling.cross_encoder import CrossEncoder
 from pretrieve.train.loop import read_logs
-from pretrieve.train.reranker import (PairGroupCollator, PairScorer, RerankerConfig, rerank_run_file,
-                                      teacher_groups, train_reranker)
+from pretrieve.retrieval.rerank import PairScorer, rerank_run_file, teacher_groups
+from pretrieve.train.reranker import PairGroupCollator, RerankerConfig, train_reranker
 
 from test_finetune import write_collection
 
@@ -164,7 +164,7 @@ def test_a_reranker_left_at_chance_level_is_reported(tmp_path, caplog):
 # ------------------------------------------------------------------------------------------- streaming
 def test_teacher_scores_do_not_depend_on_how_pairs_are_chunked_and_batched(trained, data, groups_file, tmp_path,
                                                                           monkeypatch):
-    import pretrieve.train.reranker as reranker
+    import pretrieve.retrieval.rerank as reranker
 
     whole = read_groups(teacher_groups(trained, data, groups_file, tmp_path / "whole.jsonl", max_negatives=5,
                                        batch_size=64, show_progress=False, device="cpu"))
@@ -179,7 +179,7 @@ def test_teacher_scores_do_not_depend_on_how_pairs_are_chunked_and_batched(train
 
 
 def test_rerank_streams_query_by_query_and_skips_queries_without_text(trained, data, tmp_path, monkeypatch):
-    import pretrieve.train.reranker as reranker
+    import pretrieve.retrieval.rerank as reranker
 
     run = {"t1": {"d1": 3.0, "d2": 2.0, "d9": 1.0}, "nope": {"d1": 1.0}, "t2": {"d3": 1.0, "d4": 0.5}}
     write_run(run, tmp_path / "first.trec")
@@ -199,18 +199,38 @@ def test_rerank_streams_query_by_query_and_skips_queries_without_text(trained, d
 
 
 def test_precision_auto_is_bf16_only_with_native_support(trained, monkeypatch):
-    import pretrieve.train.reranker as reranker
+    import pretrieve.precision as precision   # the one vocabulary every scorer and trainer resolves with
 
     cpu = torch.device("cpu")
-    monkeypatch.setattr(reranker, "native_bf16", lambda device: False)
-    assert reranker.resolve_precision("auto", cpu) == "fp32"
-    assert reranker.resolve_precision("bf16", cpu) == "bf16"  # asked for: given, even if emulated
-    monkeypatch.setattr(reranker, "native_bf16", lambda device: True)
-    assert reranker.resolve_precision("auto", cpu) == "bf16"
+    monkeypatch.setattr(precision, "native_bf16", lambda device: False)
+    assert precision.resolve_precision("auto", cpu) == "fp32"
+    assert precision.resolve_precision("bf16", cpu) == "bf16"  # asked for: given, even if emulated
+    monkeypatch.setattr(precision, "native_bf16", lambda device: True)
+    assert precision.resolve_precision("auto", cpu) == "bf16"
     with pytest.raises(ConfigError, match="precision"):
-        reranker.resolve_precision("fp8", cpu)
+        precision.resolve_precision("fp8", cpu)
     fp32 = PairScorer(trained, device="cpu", precision="fp32").score(["solar energy"] * 2, ["sun power", "rocks"],
                                                                       show_progress=False)
     bf16 = PairScorer(trained, device="cpu", precision="bf16").score(["solar energy"] * 2, ["sun power", "rocks"],
                                                                       show_progress=False)
     assert bf16 == pytest.approx(fp32, abs=0.1)
+
+
+def test_one_precision_vocabulary_for_scoring_and_training(trained, monkeypatch):
+    """Issue 25: `reranker train` refused the `--precision auto` the README shows, and scoring refused fp16."""
+    import pretrieve.precision as precision
+    from pretrieve.train.config import LoopConfig
+
+    pairs = (["solar energy"] * 2, ["sun power", "rocks"])
+    fp32 = PairScorer(trained, device="cpu", precision="fp32").score(*pairs, show_progress=False)
+    for name in ("fp16", "int8"):
+        assert PairScorer(trained, device="cpu", precision=name).score(*pairs, show_progress=False) == \
+            pytest.approx(fp32, abs=0.1), name
+    monkeypatch.setattr(precision, "native_bf16", lambda device: False)
+    config = LoopConfig(precision="auto")
+    config.validate()
+    assert config.resolved_precision(torch.device("cpu")) == "fp32"
+    RerankerConfig(model="m", data="d", groups="g", out="o", precision="auto").validate()
+    with pytest.raises(ConfigError, match="int8 .* inference only"):
+        LoopConfig(precision="int8").validate()
+

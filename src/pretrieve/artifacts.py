@@ -327,3 +327,17 @@ def _process_start_time() -> float:
         return psutil.Process(os.getpid()).create_time()
     except Exception:  # noqa: BLE001 - psutil missing or /proc unreadable: only younger files are kept
         return time.time()
+
+
+def run_inputs(**paths: str | Path | None) -> tuple[dict[str, Path], dict[str, str]]:
+    """Split a run's inputs into local files/directories (fingerprinted by content) and names (a hub model):
+    ``({"model": Path(...)}, {})`` or ``({}, {"model": "bert-base-uncased"})``; None values are left out."""
+    local, named = {}, {}
+    for name, value in paths.items():
+        if value is None:
+            continue
+        if Path(str(value)).exists():
+            local[name] = Path(str(value))
+        else:
+            named[name] = str(value)
+    return local, named

@@ -7,9 +7,10 @@
   ``reranker train``, ``run``): preflight, then an exclusive lock (``filelock``: an ``flock`` on
   ``<out>/.pretrieve.lock``, released when the process exits, also after a crash or ``kill -9``) that makes a
   second writer fail at once with the first one's PID; temporary files that killed atomic writes left behind are
-  removed (:func:`pretrieve.artifacts.remove_stale_temporaries`); a command that fails leaves no directory it
-  created empty. Under ``torchrun``/``accelerate launch`` only the process of rank 0 takes the lock (the others
-  write into the same directory as its helpers).
+  removed (:func:`pretrieve.artifacts.remove_stale_temporaries`) before the free space is compared with what the
+  command still writes (a killed checkpoint save's ``.step-N.tmp/`` counts as free); a command that fails leaves
+  no directory it created empty. Under ``torchrun``/``accelerate launch`` only the process of rank 0 takes the lock
+  (the others write into the same directory as its helpers).
 """
 
 from __future__ import annotations
@@ -104,11 +105,13 @@ def weights_bytes(model: str | Path) -> int:
     return sum(p.stat().st_size for p in root.iterdir() if p.suffix in (".safetensors", ".bin") and p.is_file())
 
 
-def training_space(model: str | Path, keep_checkpoints: int) -> tuple[int, int]:
-    """``(needed_bytes, largest_file)`` a training run writes: each checkpoint holds the weights and AdamW's two
-    moments (3x the weights, the optimizer file 2x), the export one more copy of the weights."""
+def training_space(model: str | Path, keep_checkpoints: int, written: int = 0) -> tuple[int, int]:
+    """``(needed_bytes, largest_file)`` a training run still writes at its peak: each checkpoint holds the weights and
+    AdamW's two moments (3x the weights, the optimizer file 2x), and ``keep + 1`` of them exist at once (the newest
+    is written before the oldest is pruned); the export is one more copy of the weights. ``written``: complete
+    checkpoints already on disk (a resume), which count as written."""
     weights = weights_bytes(model)
-    return weights * (3 * max(1, keep_checkpoints) + 1), 2 * weights
+    return weights * (3 * max(0, max(1, keep_checkpoints) + 1 - written) + 1), 2 * weights
 
 
 class DirectoryLock:
@@ -174,7 +177,7 @@ def writing(out: str | Path, lock: bool = True, needed_bytes: int = 0, largest_f
     import logging
 
     out = Path(out)
-    check_writable(out, directory=True, needed_bytes=needed_bytes, largest_file=largest_file)
+    check_writable(out, directory=True)
     created = _missing_parents(out)
     try:
         out.mkdir(parents=True, exist_ok=True)
@@ -187,6 +190,7 @@ def writing(out: str | Path, lock: bool = True, needed_bytes: int = 0, largest_f
             if removed:
                 logging.getLogger(__name__).info("removed %d leftover temporary file(s) of interrupted writes in %s",
                                                  len(removed), out)
+            _check_space(out, out, needed_bytes, largest_file)   # after the leftovers are gone (a killed save's)
             yield out
     except BaseException:
         _remove_empty(out, created)

@@ -9,7 +9,7 @@ on the process's **CPU time** (``cpu_*``, ``*_cpu``): on a shared machine a run 
 core now and then, which wall-clock time counts and CPU time does not (the tokenizer thread's work is counted
 for every variant alike). The vectors of every variant are
 compared with sentence-transformers' fp32 vectors (max |Δ| and the smallest cosine), so a speed-up can never
-hide a change of output. ``auto`` is the precision :func:`pretrieve.retrieval.batches.resolve_precision` picks
+hide a change of output. ``auto`` is the precision :func:`pretrieve.precision.resolve_precision` picks
 on this machine (reported as ``auto→bf16`` or ``auto→fp32``).
 """
 

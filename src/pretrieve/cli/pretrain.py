@@ -8,20 +8,13 @@ from typing import Optional
 import typer
 
 from pretrieve.cli import app
+from pretrieve.cli.options import DIVERGENCE_HELP, PRECISION_HELP, load_file
 
 #: The method presets (pretrieve.train.method.PRESETS, listed here so that --help does not import torch; a test
 #: keeps the two equal).
 PRESET_NAMES = ("mlm", "bow", "ae", "ar", "retromae", "cpdae", "cpdae-r", "cdmae", "dupmae", "dupmae-code", "cotmae",
                 "cotmote", "cotmote-swap")
 REQUIRED = "Required (here or in --config)."
-
-
-def _load_run_config(path: Optional[Path]) -> dict:
-    if path is None:
-        return {}
-    from pretrieve.train.run_config import load_config_file
-
-    return load_config_file(path)
 
 
 @app.command("pretrain")
@@ -55,8 +48,7 @@ def pretrain_command(
     schedule: Optional[str] = typer.Option(None, help="linear | cosine | constant", show_default="linear"),
     min_lr_ratio: Optional[float] = typer.Option(None, help="Floor of the decay, as a fraction of --lr "
                                                  "(BoW authors: cosine to 0.1)", show_default="0"),
-    precision: Optional[str] = typer.Option(None, help="fp32 | bf16 | fp16 (autocast; fp16 with a GradScaler)",
-                                            show_default="fp32"),
+    precision: Optional[str] = typer.Option(None, help=PRECISION_HELP, show_default="fp32"),
     bf16: Optional[bool] = typer.Option(None, "--bf16/--no-bf16", help="Deprecated: --precision bf16",
                                         show_default="off"),
     gradient_checkpointing: Optional[bool] = typer.Option(None, "--gradient-checkpointing",
@@ -73,13 +65,11 @@ def pretrain_command(
     allow_inexact_resume: bool = typer.Option(False, "--allow-inexact-resume", help="Resume even when a "
                                               "checkpoint's RNG state cannot be restored (warns; losses differ "
                                               "from an uninterrupted run)."),
-    divergence_factor: Optional[float] = typer.Option(None, help="Stop when the loss exceeds this multiple of "
-                                                      "its running median (0: only non-finite losses)",
-                                                      show_default="10"),
+    divergence_factor: Optional[float] = typer.Option(None, help=DIVERGENCE_HELP, show_default="10"),
 ) -> None:
     """Pre-train an encoder; the result in OUT/final loads with AutoModel.from_pretrained."""
+    from pretrieve.train.pretrainer import pretrain   # torch: not for --help
     from pretrieve.train.run_config import build_pretrain_config
-    from pretrieve.train.pretrainer import pretrain
 
     flags = dict(model=model, corpus=corpus, out=str(out) if out else None, max_len=max_len,
                  batch_size=batch_size, micro_batch_size=micro_batch_size, lr=lr, max_steps=steps,
@@ -91,7 +81,7 @@ def pretrain_command(
                  divergence_factor=divergence_factor)
     method_flags = dict(method=method, objectives=objectives, weights=weights, encoder_mask=encoder_mask,
                         decoder_mask=decoder_mask, encoder_masker=encoder_masker, decoder_masker=decoder_masker)
-    run_config = build_pretrain_config(_load_run_config(config), flags, method_flags, resume=resume,
+    run_config = build_pretrain_config(load_file(config), flags, method_flags, resume=resume,
                                        where=str(config or "config"))
     final = pretrain(run_config)
     typer.echo(f"pre-trained encoder: {final}")

@@ -9,18 +9,43 @@ parametric score ``s_ce(q, d) = CE(concat(q, d))`` and **no in-batch negatives**
 
 Batch layout for ``forward``: ``input_ids`` / ``attention_mask`` (/ ``token_type_ids``) of ``[B·G, L]`` pairs,
 each query's ``G`` pairs contiguous with the positive first, and ``group_size`` (a 0-d tensor holding ``G``).
+Pairs are tokenised by :func:`tokenize_pairs` (training and scoring alike); a trained reranker records its pair
+length in :data:`CONFIG_FILE` (:func:`trained_max_len`).
 """
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
-from typing import Mapping
+from typing import Any, Mapping, Sequence
 
 import torch
 from torch import Tensor, nn
+from transformers import AutoModelForSequenceClassification
 
 from pretrieve.errors import ConfigError, InputError
 from pretrieve.modeling.losses import listwise_ce
+
+#: The settings a trained reranker is exported with (written by :mod:`pretrieve.train.reranker`).
+CONFIG_FILE = "reranker_config.json"
+DEFAULT_MAX_LEN = 192
+
+
+def tokenize_pairs(tokenizer, queries: Sequence[str], passages: Sequence[str], max_len: int,
+                   padding: bool = True) -> dict[str, Any]:
+    """``[CLS] q [SEP] p [SEP]`` encodings of parallel lists (tensors when ``padding``, else lists)."""
+    return tokenizer(list(queries), list(passages), truncation="longest_first", max_length=max_len,
+                     padding=padding, return_tensors="pt" if padding else None)
+
+
+def trained_max_len(model_dir: str | Path) -> int:
+    """The pair length a reranker was trained with (its :data:`CONFIG_FILE`), else 192."""
+    path = Path(str(model_dir)) / CONFIG_FILE
+    if path.exists():
+        value = json.loads(path.read_text(encoding="utf-8")).get("settings", {}).get("max_len")
+        if value:
+            return int(value)
+    return DEFAULT_MAX_LEN
 
 
 class CrossEncoder(nn.Module):
@@ -35,8 +60,6 @@ class CrossEncoder(nn.Module):
     @classmethod
     def from_pretrained(cls, name_or_path: str | Path) -> "CrossEncoder":
         """Load a checkpoint; a fresh one-output classification head is created when it has none."""
-        from transformers import AutoModelForSequenceClassification
-
         try:
             model = AutoModelForSequenceClassification.from_pretrained(str(name_or_path), num_labels=1)
         except OSError as exc:

@@ -18,7 +18,7 @@ Memory is one window of outputs plus a few batches of tokens, whatever the corpu
 contiguous slice (``start``/``end``, shard ``i`` of ``n``). :func:`encode_all` concatenates the windows (queries);
 :func:`pretrieve.retrieval.index.write_parts` writes them to disk as they come (corpora).
 
-**Precision** (:func:`resolve_precision`): ``fp32``; ``bf16`` / ``fp16`` autocast (outputs stored as float32);
+**Precision** (:func:`pretrieve.precision.resolve_precision`): ``fp32``; ``bf16`` / ``fp16`` autocast (outputs stored as float32);
 ``int8`` — dynamic quantisation of every ``nn.Linear`` (``torch.ao.quantization.quantize_dynamic``, weights
 int8, activations quantised per batch; CPU only); ``auto`` — ``bf16`` where the hardware computes it natively
 (a CUDA device with bf16 support; a CPU with AVX512-BF16 or AMX-BF16, read from ``/proc/cpuinfo``), else
@@ -36,7 +36,6 @@ import threading
 import time
 import warnings
 from dataclasses import dataclass
-from functools import lru_cache
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import numpy as np
@@ -46,12 +45,11 @@ import torch
 from pretrieve.data import arrow
 from pretrieve.data.records import join_title
 from pretrieve.errors import ConfigError
+from pretrieve.precision import autocast
 
 logger = logging.getLogger(__name__)
 
-PRECISIONS = ("auto", "fp32", "bf16", "fp16", "int8")
 DEFAULT_WINDOW = 8192
-NATIVE_BF16_CPU_FLAGS = ("avx512_bf16", "amx_bf16")
 
 
 # ---------------------------------------------------------------------------------------------------- sides
@@ -80,49 +78,6 @@ def resolve_device(device: str | torch.device | None) -> torch.device:
     if device is None or str(device) == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     return torch.device(device)
-
-
-@lru_cache(maxsize=1)
-def cpu_flags() -> frozenset[str]:
-    """The CPU feature flags of ``/proc/cpuinfo`` (empty where there is no such file)."""
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as handle:
-            for line in handle:
-                if line.startswith(("flags", "Features")):
-                    return frozenset(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    return frozenset()
-
-
-def native_bf16(device: torch.device) -> bool:
-    """Whether ``device`` computes bf16 natively (so bf16 autocast is faster than fp32, not emulated)."""
-    if device.type == "cuda":
-        return bool(torch.cuda.is_bf16_supported())
-    if device.type == "cpu":
-        return any(flag in cpu_flags() for flag in NATIVE_BF16_CPU_FLAGS)
-    return False
-
-
-def resolve_precision(precision: str, device: torch.device) -> str:
-    """``auto`` → ``bf16`` or ``fp32`` by :func:`native_bf16`; checks the others against the device."""
-    if precision not in PRECISIONS:
-        raise ConfigError(f"unknown precision '{precision}' (choose from {', '.join(PRECISIONS)})")
-    if precision == "auto":
-        return "bf16" if native_bf16(device) else "fp32"
-    if precision == "int8" and device.type != "cpu":
-        raise ConfigError("precision int8 (dynamic quantisation) runs on the CPU only; use bf16 or fp16 on "
-                          f"{device.type}")
-    return precision
-
-
-def autocast(device: torch.device, precision: str):
-    """The autocast context of ``precision`` on ``device`` (a no-op for fp32 and int8)."""
-    if precision == "bf16":
-        return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
-    if precision == "fp16":
-        return torch.autocast(device_type=device.type, dtype=torch.float16)
-    return contextlib.nullcontext()
 
 
 def quantize_int8(module: torch.nn.Module) -> torch.nn.Module:

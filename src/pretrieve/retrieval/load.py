@@ -24,7 +24,7 @@ config.max_position_embeddings)`` as in sentence-transformers. A fine-tuned mode
 one it was trained with (``dual_encoder.json``), its passage length to its ``max_seq_length`` (dense) or the
 trained passage length (other kinds; 144 / 32 when not recorded).
 
-**Precision** is chosen at load time (:func:`pretrieve.retrieval.batches.resolve_precision`; ``auto`` by
+**Precision** is chosen at load time (:func:`pretrieve.precision.resolve_precision`; ``auto`` by
 default): ``int8`` quantises the models' linear layers here; ``bf16`` / ``fp16`` run under autocast in the batch
 encoder. The resolved precision is part of every index's settings, so vectors of another precision are never
 taken from a cache.
@@ -50,7 +50,8 @@ from pretrieve.modeling.pooling import parse_pooling
 from pretrieve.modeling.sentence_transformer import (DenseEncoder, ModelFiles, add_lowercase, default_max_length,
                                                      read_sentence_transformers_config)
 from pretrieve.models import resolve_model
-from pretrieve.retrieval.batches import Side, quantize_int8, resolve_device, resolve_precision
+from pretrieve.precision import resolve_precision
+from pretrieve.retrieval.batches import Side, quantize_int8, resolve_device
 from pretrieve.retrieval.index import BACKENDS, PartsEncoder, backend
 
 logger = logging.getLogger(__name__)

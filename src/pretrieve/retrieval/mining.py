@@ -33,7 +33,7 @@ from pretrieve.data.jsonl import write_jsonl
 from pretrieve.data.trec import Run, run_lines
 from pretrieve.errors import ConfigError, InputError
 from pretrieve.models import resolve_model
-from pretrieve.retrieval.batches import resolve_precision
+from pretrieve.precision import resolve_precision
 from pretrieve.retrieval.index import SearchOptions
 from pretrieve.retrieval.batches import resolve_device
 from pretrieve.retrieval.load import Retriever

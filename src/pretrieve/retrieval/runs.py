@@ -27,12 +27,11 @@ from pretrieve import artifacts, ranks
 from pretrieve.data.collection import BeirCollection
 from pretrieve.data.trec import write_run
 from pretrieve.errors import ConfigError
-from pretrieve.retrieval.batches import resolve_precision
+from pretrieve.precision import resolve_precision
 from pretrieve.retrieval.bm25 import bm25_run_file, bm25_run_record
 from pretrieve.retrieval.batches import resolve_device
 from pretrieve.retrieval.load import Retriever, load_retriever
 from pretrieve.retrieval.search import encode_corpus, query_block_size, search
-from pretrieve.train.loop import run_inputs
 
 logger = logging.getLogger(__name__)
 
@@ -84,7 +83,7 @@ def retriever_run(model: str, collection: BeirCollection, split: str, depth: int
     """``out``: the retriever's top-``depth`` of every ``split`` query, searched now unless current (the corpus
     index kept in ``index_dir``). ``mode``: a search mode of sparse/hybrid retrievers (default: as trained)."""
     precision = resolve_precision(precision, resolve_device("auto"))
-    inputs, named = run_inputs(model=model, corpus=collection.corpus_path, queries=collection.queries_path,
+    inputs, named = artifacts.run_inputs(model=model, corpus=collection.corpus_path, queries=collection.queries_path,
                                qrels=collection.qrels_path(split))
     settings = {"split": split, "depth": depth, "mode": mode, "precision": precision, **named}
     if is_current(out, settings, inputs, kind="run"):

@@ -50,19 +50,35 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 import numpy as np
+import pyarrow.compute as pc
 import torch
+from transformers import AutoConfig, AutoTokenizer
 
+from pretrieve import artifacts, ranks
+from pretrieve.data.arrow import CorpusTexts, groups_dataset
+from pretrieve.ranks import built_once
 from pretrieve.data.beir import Corpus
 from pretrieve.data.collection import BeirCollection
-from pretrieve.data.groups import TrainingGroup, sample_group_indices
-from pretrieve import artifacts, outputs, ranks
+from pretrieve.data.groups import TrainingGroup, sample_group_indices, write_groups
 from pretrieve.errors import ConfigError, InputError
 from pretrieve.io_utils import write_json
-from pretrieve.train.loop import BOOKKEEPING, LoopConfig, check_restart, finished_run, make_accelerator, run_inputs, train
+from pretrieve.modeling.dual_encoder import DualEncoder, RetrievalLoss
+from pretrieve.modeling.representations.dupmae import DupMAERepresentation
+from pretrieve.modeling.export import export_retriever
+from pretrieve.modeling.representations import REPRESENTATIONS, DenseRepresentation
+from pretrieve.modeling.representations.sparse import representation_from_spec
+from pretrieve.models import resolve_model
+from pretrieve.options import build
+from pretrieve.retrieval.bm25 import bm25_negatives
+from pretrieve.modeling.sentence_transformer import ModelFiles, read_sentence_transformers_config
+from pretrieve.train.config import BOOKKEEPING, LoopConfig
+from pretrieve.train.pretrainer import check_max_len
+from pretrieve.train.run import TrainingRun
+from pretrieve.train.run_config import validated_values
 from pretrieve.train.settings import FinetuneSettings
 
 if TYPE_CHECKING:
-    from pretrieve.data.arrow import CorpusTexts, GroupsDataset
+    from pretrieve.data.arrow import GroupsDataset
 
 logger = logging.getLogger(__name__)
 
@@ -80,9 +96,6 @@ COSINE_TEMPERATURE = 0.05
 @dataclass
 class FinetuneConfig(FinetuneSettings, LoopConfig):
     """One fine-tuning stage: data, model, representation, loss and loop settings (module docstring: defaults)."""
-
-    def loop(self) -> LoopConfig:
-        return LoopConfig(**{f.name: getattr(self, f.name) for f in dataclasses.fields(LoopConfig)})
 
     def check(self) -> None:
         """Validate the settings that do not depend on files (raises :class:`ConfigError`)."""
@@ -118,7 +131,7 @@ class FinetuneConfig(FinetuneSettings, LoopConfig):
         """What the run is trained from, fingerprinted by content: the checkpoint, the collection's corpus, queries
         and training qrels, and the groups file (stage 1 without one builds BM25 groups from those)."""
         collection = BeirCollection(Path(self.data))
-        return run_inputs(model=model_path, corpus=collection.corpus_path, queries=collection.queries_path,
+        return artifacts.run_inputs(model=model_path, corpus=collection.corpus_path, queries=collection.queries_path,
                           qrels=collection.qrels_path(self.split), groups=self.groups)
 
 
@@ -177,8 +190,6 @@ def resolve_dense_settings(config: FinetuneConfig, model_path: str) -> FinetuneC
 
     Non-dense representations (``dupmae:...``) ignore pooling/normalisation; their temperature defaults to 1
     (the papers' plain dot product)."""
-    from pretrieve.modeling.sentence_transformer import ModelFiles, read_sentence_transformers_config
-
     if config.representation != "dense":
         return dataclasses.replace(config, temperature=1.0 if config.temperature is None else config.temperature)
     st = None
@@ -204,19 +215,11 @@ def build_representation(config: FinetuneConfig, model_path: str | None = None):
     """``dense`` (pooling/normalize/similarity settings), ``dupmae[:<spec>]`` (DupMAE, Xiao & Liu 2022, eq. 10–12, e.g.
     ``dupmae:cls:384,ot:260``; :mod:`pretrieve.modeling.dupmae`), or ``sparse[:<spec>]`` / ``hybrid[:<spec>]``
     (CoT-MoTE, Ma et al. 2023, eq. 4–6, e.g. ``hybrid:lq=3e-4,ld=1e-4``; :mod:`pretrieve.modeling.sparse`)."""
-    from pretrieve.modeling.representations import REPRESENTATIONS, DenseRepresentation
-
     kind, _, spec = config.representation.partition(":")
     if kind == "dupmae":
-        from pretrieve.modeling.representations.dupmae import DupMAERepresentation
-        from pretrieve.models import resolve_model
-
         return DupMAERepresentation.for_model(spec, str(model_path or resolve_model(config.model)),
                                               temperature=1.0 if config.temperature is None else config.temperature)
     if kind in ("sparse", "hybrid"):  # SPLADE vector / [CLS] + SPLADE (CoT-MoTE, Ma et al. 2023, eq. 4–6), pretrieve.modeling.sparse
-        from pretrieve.modeling.representations.sparse import representation_from_spec
-        from pretrieve.models import resolve_model
-
         return representation_from_spec(kind, spec, str(model_path or resolve_model(config.model)),
                                         temperature=1.0 if config.temperature is None else config.temperature)
     if config.representation != "dense":
@@ -256,8 +259,6 @@ def groups_path(config: FinetuneConfig, collection: BeirCollection) -> Path:
         path = Path(config.out) / QRELS_GROUPS_FILE
         ranks.once("write the qrels groups", lambda: write_qrels_groups(collection, config.split, path))
         return path
-    from pretrieve.retrieval.bm25 import bm25_negatives
-
     # every rank: the BM25 index is built once, then each rank searches a slice of the training queries
     return bm25_negatives(collection, config.split, Path(config.out) / BM25_GROUPS_FILE, depth=config.bm25_depth,
                           show_progress=config.show_progress and ranks.is_main())
@@ -265,8 +266,6 @@ def groups_path(config: FinetuneConfig, collection: BeirCollection) -> Path:
 
 def write_qrels_groups(collection: BeirCollection, split: str, path: Path) -> int:
     """Groups of every judged-relevant (grade ≥ 1) document of each ``split`` query with a text, no negatives."""
-    from pretrieve.data.groups import write_groups
-
     queries, qrels = collection.load_queries(split), collection.load_qrels(split)
     groups = [TrainingGroup(qid, queries[qid], sorted(d for d, grade in judged.items() if grade >= 1), [])
               for qid, judged in sorted(qrels.items()) if qid in queries and any(g >= 1 for g in judged.values())]
@@ -277,10 +276,6 @@ def load_training_groups(config: FinetuneConfig, path: Path, corpus) -> "GroupsD
     """Read and check the groups (memory-mapped Arrow, :func:`pretrieve.data.arrow.groups_dataset`): unknown ids
     (error or skip), teacher scores for stage 3, negatives available, ``max_groups``. ``corpus``: the corpus
     dataset the ids are checked against."""
-    import pyarrow.compute as pc
-
-    from pretrieve.data.arrow import groups_dataset
-
     groups = groups_dataset(path, corpus=corpus, on_unknown=config.on_unknown)
     table = groups.dataset.data
     if config.stage == 3:
@@ -304,85 +299,88 @@ def finetune(config: FinetuneConfig) -> Path:
     """Run (resume, or skip when already finished) one fine-tuning stage; returns ``<out>/final``.
 
     The output directory is checked and locked first (:func:`pretrieve.outputs.writing`)."""
-    config.check()
-    needed, largest = outputs.training_space(config.model, config.keep_checkpoints)
-    with outputs.writing(config.out, needed_bytes=needed, largest_file=largest):
-        return _finetune(config)
+    return FinetuningRun(config).run()
 
 
-def _finetune(config: FinetuneConfig) -> Path:
-    from transformers import AutoConfig, AutoTokenizer
+class FinetuningRun(TrainingRun):
+    """One fine-tuning stage as a :class:`~pretrieve.train.run.TrainingRun`: the dense settings resolved from the
+    checkpoint, the stage's groups (built or checked once), a :class:`DualEncoder` and its :class:`GroupCollator`."""
 
-    from pretrieve.models import resolve_model
-    from pretrieve.modeling.dual_encoder import DualEncoder, RetrievalLoss
-    from pretrieve.modeling.export import export_retriever
-    from pretrieve.train.pretrainer import check_max_len
+    kind = KIND
+    config_file = CONFIG_FILE
 
-    model_path = resolve_model(config.model)
-    config = resolve_dense_settings(config, model_path)
-    representation = build_representation(config, model_path)
-    out = Path(config.out)
-    inputs, named = config.inputs(model_path)
-    settings = config.settings() | named
-    done = None if config.overwrite else finished_run(out, KIND, settings, inputs)
-    if done is not None:
-        logger.info("%s is complete with the same settings; not training again", done)
-        return done
-    check_restart(out, config, files=(CONFIG_FILE,))
-    fingerprints = {name: artifacts.fingerprint(path) for name, path in inputs.items()}
-    _warn_if_not_pretrained(config, model_path)
-    try:
-        model_config = AutoConfig.from_pretrained(model_path)
-    except OSError as exc:
-        raise InputError(f"cannot load the model: {exc}", path=model_path) from None
-    for name in ("query_max_len", "passage_max_len"):
-        check_max_len(getattr(config, name), model_config)
+    def __init__(self, config: FinetuneConfig):
+        super().__init__(config)
+        self.model_path = ""
+        self.settings: dict[str, Any] = {}
 
-    accelerator = make_accelerator(config)
-    config.validate(accelerator.num_processes)
-    collection = BeirCollection(Path(config.data))
-    path = groups_path(config, collection)
-    # Corpus and groups as memory-mapped Arrow datasets, built once by the main process; the others then open them.
-    from pretrieve.ranks import built_once
+    @property
+    def description(self) -> str:
+        return f"finetune stage {self.config.stage}"
 
-    corpus = built_once(collection.corpus_dataset, "read the training groups")
-    groups = built_once(lambda: load_training_groups(config, path, corpus), "read the training groups")
-    if accelerator.is_main_process:   # only once the inputs are read: a failed start leaves no config behind
-        write_json(out / CONFIG_FILE, {"settings": settings, "config": dataclasses.asdict(config)})
-    logger.info("stage %d: %d training groups from %s", config.stage, len(groups), path)
+    def check(self) -> None:
+        self.config.check()
 
-    tokenizer = AutoTokenizer.from_pretrained(model_path)
-    torch.manual_seed(config.seed)
-    loss = RetrievalLoss(in_batch=config.in_batch, gather=config.gather, alpha=config.alpha,
-                         teacher_temperature=config.teacher_temperature)
-    model = DualEncoder.from_pretrained(model_path, representation=representation, tied=config.tied, loss=loss)
-    model.grad_cache_chunk = config.grad_cache_chunk
-    from pretrieve.data.arrow import CorpusTexts
+    def describe(self) -> tuple[dict[str, Any], dict[str, Path]]:
+        self.model_path = resolve_model(self.config.model)
+        self.config = resolve_dense_settings(self.config, self.model_path)
+        self.representation = build_representation(self.config, self.model_path)
+        inputs, named = self.config.inputs(self.model_path)
+        self.settings = self.config.settings() | named
+        return self.settings, inputs
 
-    collator = GroupCollator(tokenizer, CorpusTexts(corpus), config.num_negatives, config.query_max_len,
+    def check_model(self) -> None:
+        _warn_if_not_pretrained(self.config, self.model_path)
+        try:
+            model_config = AutoConfig.from_pretrained(self.model_path)
+        except OSError as exc:
+            raise InputError(f"cannot load the model: {exc}", path=self.model_path) from None
+        for name in ("query_max_len", "passage_max_len"):
+            check_max_len(getattr(self.config, name), model_config)
+
+    def build_data(self) -> "GroupsDataset":
+        config = self.config
+        collection = BeirCollection(Path(config.data))
+        self.groups_path = groups_path(config, collection)
+        # Corpus and groups as memory-mapped Arrow datasets, built once by the main process; the others then open them.
+        self.corpus = built_once(collection.corpus_dataset, "read the training groups")
+        groups = built_once(lambda: load_training_groups(config, self.groups_path, self.corpus),
+                            "read the training groups")
+        logger.info("stage %d: %d training groups from %s", config.stage, len(groups), self.groups_path)
+        self.groups = groups
+        return groups
+
+    def build_model(self) -> torch.nn.Module:
+        config = self.config
+        self.tokenizer = AutoTokenizer.from_pretrained(self.model_path)
+        loss = RetrievalLoss(in_batch=config.in_batch, gather=config.gather, alpha=config.alpha,
+                             teacher_temperature=config.teacher_temperature)
+        model = DualEncoder.from_pretrained(self.model_path, representation=self.representation, tied=config.tied,
+                                            loss=loss)
+        model.grad_cache_chunk = config.grad_cache_chunk
+        return model
+
+    def build_collator(self, model, dataset) -> GroupCollator:
+        config = self.config
+        return GroupCollator(self.tokenizer, CorpusTexts(self.corpus), config.num_negatives, config.query_max_len,
                              config.passage_max_len, teacher_scores=config.stage == 3)
-    training = {"stage": config.stage, "query_max_len": config.query_max_len,
-                "passage_max_len": config.passage_max_len, "num_negatives": config.num_negatives,
-                "groups": str(path), "init": model_path}
-    record = {"settings": settings, "config": dataclasses.asdict(config),
-              "groups_stats": groups.stats.as_dict()}
 
-    def export(unwrapped, directory: Path) -> None:
-        export_retriever(unwrapped, tokenizer, directory, config.passage_max_len, training=training)
-        write_json(directory / CONFIG_FILE, record)
+    def config_record(self) -> dict[str, Any]:
+        return {"settings": self.settings, "config": dataclasses.asdict(self.config)}
 
-    return train(model, groups, collator, config.loop(), out, export, {"config": settings | {"inputs": fingerprints}},
-                 accelerator=accelerator, description=f"finetune stage {config.stage}",
-                 record={"kind": KIND, "settings": settings, "inputs": inputs})
+    def export(self, unwrapped, directory: Path) -> None:
+        config = self.config
+        training = {"stage": config.stage, "query_max_len": config.query_max_len,
+                    "passage_max_len": config.passage_max_len, "num_negatives": config.num_negatives,
+                    "groups": str(self.groups_path), "init": self.model_path}
+        export_retriever(unwrapped, self.tokenizer, directory, config.passage_max_len, training=training)
+        write_json(directory / CONFIG_FILE, self.config_record() | {"groups_stats": self.groups.stats.as_dict()})
 
 
 def build_finetune_config(file_values: Mapping[str, Any], flags: Mapping[str, Any],
                           resume: bool = False, where: str = "finetune config") -> FinetuneConfig:
     """A :class:`FinetuneConfig` from a config file's values overridden by the flags that were given (validated
     and coerced by :mod:`pretrieve.options`; ``where`` prefixes errors in the file's values)."""
-    from pretrieve.options import build
-    from pretrieve.train.run_config import validated_values
-
     values = validated_values(FinetuneConfig, file_values, flags, where)
     values["resume"] = resume or bool(values.get("resume", False))
     config = build(FinetuneConfig, values)

@@ -68,7 +68,7 @@ def grad_cached_step(model, batch: Mapping[str, Tensor], chunk: int, precision, 
     :class:`~pretrieve.modeling.dual_encoder.DualEncoder`) in sub-batches of ``chunk`` texts; returns the loss
     (detached) and the logs, as ``model(batch)`` would.
 
-    ``precision`` (:class:`pretrieve.train.loop.MixedPrecision`) supplies autocast and, for fp16, the loss scale
+    ``precision`` (:class:`pretrieve.precision.MixedPrecision`) supplies autocast and, for fp16, the loss scale
     (the cached representation gradients are scaled, so the parameters' gradients are scaled as in the plain
     step and unscaled by the loop).
     """

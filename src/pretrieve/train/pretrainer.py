@@ -7,7 +7,7 @@ with ``AutoModel.from_pretrained`` / ``AutoModelForMaskedLM.from_pretrained``, t
 ``method.json`` beside it for continued pre-training, the tokenizer, the resolved config and provenance.
 A run whose ``final`` already exists is not trained again when its sidecar records the same settings and the
 same inputs (the starting checkpoint's and the corpus's content), and is refused (naming what differs) when it
-does not, as fine-tuning does (:func:`pretrieve.train.loop.finished_run`).
+does not, as fine-tuning does (:class:`pretrieve.train.run.TrainingRun`).
 
 Defaults follow Drop your Decoder (Ma et al. 2024) §4 where they fit a small machine (paper: AdamW, lr 3e-4, batch 2048,
 max-len 512 on Wikipedia/BookCorpus, 144 on MS MARCO, 20 epochs); the recipes set the papers' values.
@@ -22,11 +22,20 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from transformers import AutoConfig, AutoTokenizer
 
-from pretrieve import artifacts, outputs, ranks
+from pretrieve import artifacts
+from pretrieve.ranks import built_once
+from pretrieve.data.pretrain_text import TokenizedCorpus, resolve_text_source
+from pretrieve.data.spans import build_span_dataset
 from pretrieve.errors import ConfigError
 from pretrieve.io_utils import write_json
-from pretrieve.train.loop import BOOKKEEPING, LoopConfig, check_restart, finished_run, make_accelerator, run_inputs, train
+from pretrieve.modeling import Encoder
+from pretrieve.modeling.pretrain_model import PretrainModel
+from pretrieve.train.collator import PretrainCollator
+from pretrieve.train.config import BOOKKEEPING, LoopConfig
+from pretrieve.train.method import MethodConfig, resolve_method
+from pretrieve.train.run import TrainingRun
 
 logger = logging.getLogger(__name__)
 
@@ -50,9 +59,6 @@ class PretrainConfig(LoopConfig):
     cache_dir: str | None = None
     num_proc: int | None = None  # processes that build the token cache (default: by input size, up to the CPUs)
 
-    def loop(self) -> LoopConfig:
-        return LoopConfig(**{f.name: getattr(self, f.name) for f in dataclasses.fields(LoopConfig)})
-
 
 def model_max_length(config) -> int:
     """Longest input the encoder's position embeddings allow (RoBERTa reserves padding_idx + 1)."""
@@ -71,20 +77,16 @@ def check_max_len(max_len: int, model_config) -> None:
 
 
 def resolved_method(config: PretrainConfig):
-    from pretrieve.train.method import MethodConfig, resolve_method
-
     return config.method if isinstance(config.method, MethodConfig) else resolve_method(config.method)
 
 
 def run_settings(config: PretrainConfig, method) -> tuple[dict[str, Any], dict[str, Path]]:
     """``(settings, inputs)`` of a pre-training run: the resolved settings without paths, and its inputs (the
     starting checkpoint and the corpus file) to fingerprint by content."""
-    from pretrieve.data.pretrain_text import resolve_text_source
-
     resolved = dataclasses.asdict(config) | {"method": method.to_dict()}
     settings = {key: value for key, value in resolved.items() if key not in PATH_SETTINGS}
     source = resolve_text_source(config.corpus)   # a file or a save_to_disk directory by content; a hub name by name
-    inputs, named = run_inputs(model=config.model, corpus=source.path or str(source))
+    inputs, named = artifacts.run_inputs(model=config.model, corpus=source.path or str(source))
     if source.split:
         named["corpus_split"] = source.split
     return settings | named, inputs
@@ -94,78 +96,62 @@ def pretrain(config: PretrainConfig) -> Path:
     """Run (or resume) pre-training; returns the directory of the exported final model.
 
     The output directory is checked and locked first (:func:`pretrieve.outputs.writing`)."""
-    needed, largest = outputs.training_space(config.model, config.keep_checkpoints)
-    with outputs.writing(config.out, needed_bytes=needed, largest_file=largest):
-        return _pretrain(config)
+    return PretrainingRun(config).run()
 
 
-def _pretrain(config: PretrainConfig) -> Path:
-    from transformers import AutoTokenizer, AutoConfig
+class PretrainingRun(TrainingRun):
+    """Pre-training as a :class:`~pretrieve.train.run.TrainingRun`: the corpus tokenized (and cached) once, the
+    method's encoder + objectives, its collator (the maskers' statistics counted once)."""
 
-    from pretrieve.data.pretrain_text import TokenizedCorpus
-    from pretrieve.modeling import Encoder
-    from pretrieve.modeling.pretrain_model import PretrainModel
-    from pretrieve.train.collator import PretrainCollator
+    kind = KIND
+    config_file = CONFIG_FILE
+    not_compared = NOT_COMPARED
 
-    method = resolved_method(config)
-    out = Path(config.out)
-    resolved = dataclasses.asdict(config) | {"method": method.to_dict()}
-    settings, inputs = run_settings(config, method)
-    done = None if config.overwrite else finished_run(out, KIND, settings, inputs, ignore=NOT_COMPARED)
-    if done is not None:
-        logger.info("%s is complete with the same settings; not training again", done)
-        return done
-    check_restart(out, config, files=(CONFIG_FILE,))
-    fingerprints = {name: artifacts.fingerprint(path) for name, path in inputs.items()}
-    check_max_len(config.max_len, AutoConfig.from_pretrained(config.model))
-    accelerator = make_accelerator(config)
-    config.validate(accelerator.num_processes)
+    def __init__(self, config: PretrainConfig):
+        super().__init__(config)
+        self.method = resolved_method(config)
+        self.resolved = dataclasses.asdict(config) | {"method": self.method.to_dict()}
+        self.tokenizer = None
 
-    tokenizer = AutoTokenizer.from_pretrained(config.model)
-    cache_dir = config.cache_dir or str(out / "cache")
+    @property
+    def description(self) -> str:
+        return f"pretrain {self.method.name}"
 
-    def build_dataset(show_progress: bool):
-        if method.context is not None:  # CoT-MAE / CoT-MoTE: (anchor, context) spans or (passage, query) pairs
-            from pretrieve.data.spans import build_span_dataset
+    def describe(self) -> tuple[dict[str, Any], dict[str, Path]]:
+        return run_settings(self.config, self.method)
 
-            return build_span_dataset(method.context, config.corpus, tokenizer, config.max_len, cache_dir,
-                                      seed=config.seed)
-        return TokenizedCorpus.build(config.corpus, tokenizer, config.max_len, cache_dir, show_progress=show_progress,
-                                     num_proc=config.num_proc)
+    def check_model(self) -> None:
+        check_max_len(self.config.max_len, AutoConfig.from_pretrained(self.config.model))
 
-    # The main process tokenizes (and caches) first; the others then read its cache.
-    dataset = None
-    if accelerator.is_main_process:
-        with ranks.guard("tokenize the pre-training corpus"):
-            dataset = build_dataset(config.show_progress)
-    ranks.barrier("tokenize the pre-training corpus")
-    if dataset is None:
-        dataset = build_dataset(False)
+    def build_data(self):
+        config, method = self.config, self.method
+        self.tokenizer = tokenizer = AutoTokenizer.from_pretrained(config.model)
+        cache_dir = config.cache_dir or str(self.out / "cache")
+        show_progress = config.show_progress and self.accelerator.is_main_process
 
-    torch.manual_seed(config.seed)
-    model = PretrainModel(Encoder.from_pretrained(config.model), method)
-    def build_collator() -> PretrainCollator:
-        return PretrainCollator(tokenizer, method, model.required_features(), config.max_len, config.seed,
-                                corpus=dataset)
+        def build():
+            if method.context is not None:  # CoT-MAE / CoT-MoTE: (anchor, context) spans or (passage, query) pairs
+                return build_span_dataset(method.context, config.corpus, tokenizer, config.max_len, cache_dir,
+                                          seed=config.seed)
+            return TokenizedCorpus.build(config.corpus, tokenizer, config.max_len, cache_dir,
+                                         show_progress=show_progress, num_proc=config.num_proc)
 
-    # Same for the n-gram statistics of importance-aware maskers: counted once on the main process, cached.
-    collator = None
-    if accelerator.is_main_process:
-        with ranks.guard("count the masking statistics"):
-            collator = build_collator()
-    ranks.barrier("count the masking statistics")
-    if collator is None:
-        collator = build_collator()
+        return built_once(build, "tokenize the pre-training corpus")
 
-    if accelerator.is_main_process:
-        out.mkdir(parents=True, exist_ok=True)
-        write_json(out / CONFIG_FILE, resolved)
+    def build_model(self) -> torch.nn.Module:
+        return PretrainModel(Encoder.from_pretrained(self.config.model), self.method)
 
-    def export(unwrapped, directory: Path) -> None:
+    def build_collator(self, model, dataset) -> PretrainCollator:
+        # the n-gram statistics of importance-aware maskers: counted once on the main process, cached
+        config = self.config
+        return built_once(lambda: PretrainCollator(self.tokenizer, self.method, model.required_features(),
+                                                   config.max_len, config.seed, corpus=dataset),
+                          "count the masking statistics")
+
+    def config_record(self) -> dict[str, Any]:
+        return self.resolved
+
+    def export(self, unwrapped, directory: Path) -> None:
         unwrapped.save(directory)
-        tokenizer.save_pretrained(directory)
-        write_json(directory / CONFIG_FILE, resolved)
-
-    return train(model, dataset, collator, config.loop(), out, export, {"config": settings | {"inputs": fingerprints}},
-                 accelerator=accelerator, description=f"pretrain {method.name}",
-                 record={"kind": KIND, "settings": settings, "inputs": inputs})
+        self.tokenizer.save_pretrained(directory)
+        write_json(directory / CONFIG_FILE, self.resolved)

@@ -24,7 +24,7 @@ from pretrieve.recipe.schema import split_collection, stage
 from pretrieve.recipe.stages.fuse import fusion_rows
 from pretrieve.retrieval.index import SEARCH_MODES
 from pretrieve.retrieval.load import retriever_kind
-from pretrieve.train.reranker import rerank_run_file
+from pretrieve.retrieval.rerank import rerank_run_file
 
 
 @dataclass

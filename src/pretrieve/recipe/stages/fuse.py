@@ -22,7 +22,7 @@ from pretrieve.recipe.results import RESULT_MEASURES, result_row
 from pretrieve.recipe.runner import RunState, bm25_run, retriever_run, run_tag
 from pretrieve.recipe.schema import stage
 from pretrieve.retrieval import fusion
-from pretrieve.train.reranker import rerank_run_file
+from pretrieve.retrieval.rerank import rerank_run_file
 
 logger = logging.getLogger(__name__)
 

@@ -10,7 +10,7 @@ from pretrieve import outputs
 from pretrieve.errors import ConfigError
 from pretrieve.recipe.runner import RunState
 from pretrieve.recipe.schema import stage
-from pretrieve.train.reranker import teacher_groups
+from pretrieve.retrieval.rerank import teacher_groups
 
 
 @dataclass

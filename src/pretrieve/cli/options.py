@@ -1,0 +1,53 @@
+"""Option helpers shared by the training and scoring commands (``pretrain``, ``finetune``, ``mine``, ``reranker``).
+
+Torch-free: help texts and defaults come from the settings dataclasses of :mod:`pretrieve.train.settings`, and
+config files are read only when a command runs, so ``pretrieve --help`` never imports torch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from pretrieve.data.registry import resolve_collection
+
+DATA_HELP = "Collection directory in BEIR layout."
+SCORING_PRECISION_HELP = ("auto | fp32 | bf16 | fp16 | int8; auto: bf16 only where the hardware computes it "
+                          "natively (a GPU with bf16, a CPU with AVX512-BF16/AMX), else fp32; int8: the linear "
+                          "layers quantised (CPU).")
+PRECISION_HELP = ("auto | fp32 | bf16 | fp16 (autocast; fp16 with a GradScaler; auto: bf16 where the hardware "
+                  "computes it natively, else fp32).")
+REQUIRED = "Required (here or in --config)."
+OVERWRITE_HELP = "Discard a previous run in --out (checkpoints, final/, logs) and start afresh."
+INEXACT_HELP = ("Resume even when a checkpoint's RNG state cannot be restored (warns; losses differ from an "
+                "uninterrupted run).")
+DIVERGENCE_HELP = ("Stop when the loss stays above this multiple of its running median (+ MAD, at least 1) "
+                   "for 3 steps in a row (0: only non-finite losses).")
+
+
+def settings_option(config_cls, name: str, *flags: str, extra: str = "", default_text: str | None = None, **kwargs):
+    """An option whose value is None unless given (so a --config file can set it), with the help text and the
+    default of the config dataclass field ``name`` (``default_text`` overrides the shown default)."""
+    field = {f.name: f for f in dataclasses.fields(config_cls)}[name]
+    shown = default_text if default_text is not None else field.default
+    text = (field.metadata.get("help", "") + " " + extra).strip()
+    return typer.Option(None, *flags, help=text, show_default=str(shown) if shown not in ("", None) else False,
+                        **kwargs)
+
+
+def load_file(path: Optional[Path]) -> dict:
+    """The values of a ``--config`` YAML/JSON file ({} without one)."""
+    if path is None:
+        return {}
+    # imported when a command runs: pretrieve.train imports torch, and --help must not
+    from pretrieve.train.run_config import load_config_file
+
+    return load_config_file(path)
+
+
+def resolve_data(data: Optional[str]) -> Optional[str]:
+    """A ``--data`` collection name or path, resolved (:func:`pretrieve.data.registry.resolve_collection`)."""
+    return None if data is None else str(resolve_collection(data))

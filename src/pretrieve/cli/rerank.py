@@ -1,0 +1,134 @@
+"""``pretrieve reranker train | score | teacher``: the cross-encoder from the command line.
+
+Thin wrappers: ``train`` (a ``--config`` YAML/JSON file first, flags override it) calls
+:func:`pretrieve.train.reranker.train_reranker`; ``score`` and ``teacher`` call
+:func:`pretrieve.retrieval.rerank.rerank_run_file` and :func:`pretrieve.retrieval.rerank.teacher_groups`. Progress
+bars go to stderr.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+
+from pretrieve.cli import app
+from pretrieve.cli.options import (DATA_HELP, DIVERGENCE_HELP, INEXACT_HELP, OVERWRITE_HELP, PRECISION_HELP,
+                                   REQUIRED, SCORING_PRECISION_HELP, load_file, resolve_data, settings_option)
+from pretrieve.train.settings import RerankerSettings
+
+err = Console(stderr=True)
+
+reranker_app = typer.Typer(help="Cross-encoder reranker: train on groups, re-rank runs, score teacher groups.",
+                           no_args_is_help=True, context_settings={"help_option_names": ["-h", "--help"],
+                                                                   "show_default": True})
+app.add_typer(reranker_app, name="reranker")
+
+
+def _rr(name: str, *flags: str, **kwargs):
+    return settings_option(RerankerSettings, name, *flags, **kwargs)
+
+
+@reranker_app.command("train")
+def reranker_train_command(
+    model: Optional[str] = _rr("model", "--model", "-m", extra="Path, alias or hub name. " + REQUIRED),
+    data: Optional[str] = _rr("data", "--data", "-d", extra=REQUIRED),
+    groups: Optional[Path] = _rr("groups", "--groups", extra=REQUIRED),
+    out: Optional[Path] = _rr("out", "--out", "-o", extra=REQUIRED),
+    config: Optional[Path] = typer.Option(None, "--config", help="YAML/JSON file with any of these options."),
+    num_negatives: Optional[int] = _rr("num_negatives", "--num-negatives"),
+    max_len: Optional[int] = _rr("max_len", "--max-len"),
+    max_groups: Optional[int] = _rr("max_groups", "--max-groups"),
+    batch_size: Optional[int] = _rr("batch_size", "--batch-size"),
+    micro_batch_size: Optional[int] = typer.Option(None, "--micro-batch-size", help="Queries per forward pass.",
+                                                   show_default="batch_size / processes"),
+    lr: Optional[float] = _rr("lr", "--lr"),
+    steps: Optional[int] = typer.Option(None, "--steps", help="Optimizer steps (0 = use --epochs).",
+                                         show_default="0"),
+    epochs: Optional[float] = _rr("epochs", "--epochs"),
+    warmup_ratio: Optional[float] = typer.Option(None, "--warmup-ratio", help="Warmup share.", show_default="0.1"),
+    warmup_steps: Optional[int] = typer.Option(None, "--warmup-steps", help="Warmup steps (overrides the ratio)."),
+    schedule: Optional[str] = typer.Option(None, "--schedule", help="linear | cosine | constant.",
+                                            show_default="linear"),
+    min_lr_ratio: Optional[float] = typer.Option(None, "--min-lr-ratio", help="Floor of the decay.",
+                                                 show_default="0"),
+    precision: Optional[str] = typer.Option(None, "--precision", help=PRECISION_HELP, show_default="fp32"),
+    bf16: Optional[bool] = typer.Option(None, "--bf16/--no-bf16", help="Deprecated: --precision bf16.",
+                                        show_default="off"),
+    gradient_checkpointing: Optional[bool] = typer.Option(None, "--gradient-checkpointing",
+                                                          help="Recompute activations in the backward pass."),
+    num_workers: Optional[int] = typer.Option(None, "--num-workers", help="DataLoader workers.", show_default="0"),
+    seed: Optional[int] = typer.Option(None, "--seed", help="Seed.", show_default="42"),
+    save_every: Optional[int] = typer.Option(None, "--save-every", help="Checkpoint every N steps.",
+                                              show_default="500"),
+    log_every: Optional[int] = typer.Option(None, "--log-every", help="Log every N steps.", show_default="10"),
+    resume: bool = typer.Option(False, "--resume", help="Continue from the newest checkpoint in --out."),
+    overwrite: bool = typer.Option(False, "--overwrite", help=OVERWRITE_HELP),
+    allow_inexact_resume: bool = typer.Option(False, "--allow-inexact-resume", help=INEXACT_HELP),
+    divergence_factor: Optional[float] = typer.Option(None, "--divergence-factor", help=DIVERGENCE_HELP,
+                                                      show_default="10"),
+) -> None:
+    """Train a cross-encoder with listwise cross-entropy over each query's group (no in-batch negatives)."""
+    from pretrieve.train.reranker import build_reranker_config, train_reranker   # torch: not for --help
+
+    flags = dict(model=model, data=resolve_data(data), groups=str(groups) if groups else None,
+                 out=str(out) if out else None, num_negatives=num_negatives, max_len=max_len, max_groups=max_groups,
+                 batch_size=batch_size, micro_batch_size=micro_batch_size, lr=lr, max_steps=steps, epochs=epochs,
+                 warmup_ratio=warmup_ratio, warmup_steps=warmup_steps, schedule=schedule, min_lr_ratio=min_lr_ratio,
+                 precision=precision, bf16=bf16, gradient_checkpointing=gradient_checkpointing,
+                 num_workers=num_workers, seed=seed, save_every=save_every, log_every=log_every,
+                 overwrite=overwrite or None, allow_inexact_resume=allow_inexact_resume or None,
+                 divergence_factor=divergence_factor)
+    final = train_reranker(build_reranker_config(load_file(config), flags, resume=resume,
+                                                 where=str(config or "config")))
+    typer.echo(f"reranker: {final}")
+
+
+@reranker_app.command("score")
+def reranker_score_command(
+    model: str = typer.Option(..., "--model", "-m", help="Trained reranker (RERANKER/final)."),
+    data: str = typer.Option(..., "--data", "-d", help=DATA_HELP),
+    run: Path = typer.Option(..., "--run", help="Run to re-rank (TREC format)."),
+    out: Path = typer.Option(..., "--out", "-o", help="Re-ranked run to write (TREC format)."),
+    split: str = typer.Option("test", "--split", "-s", help="Split whose query texts are used."),
+    depth: int = typer.Option(200, "--depth", min=1, help="Documents re-ranked per query (the rest are dropped)."),
+    batch_size: int = typer.Option(64, "--batch-size", min=1, help="Pairs per forward pass."),
+    max_len: Optional[int] = typer.Option(None, "--max-len", min=4,
+                                          help="Pair token limit; default: the training one."),
+    precision: str = typer.Option("auto", "--precision", help=SCORING_PRECISION_HELP),
+    device: str = typer.Option("auto", "--device", help="cpu, cuda, cuda:1, ... or auto."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Recompute even when OUT is up to date."),
+) -> None:
+    """Re-rank the top-DEPTH of every query of a run with the cross-encoder."""
+    from pretrieve.retrieval.rerank import rerank_run_file   # torch: not for --help
+
+    path = rerank_run_file(model, resolve_data(data), split, run, out, depth=depth, batch_size=batch_size,
+                           max_len=max_len, device=device, overwrite=overwrite, precision=precision,
+                           show_progress=err.is_terminal)
+    err.print(f"re-ranked run: {path}", highlight=False)
+
+
+@reranker_app.command("teacher")
+def reranker_teacher_command(
+    model: str = typer.Option(..., "--model", "-m", help="Trained reranker (RERANKER/final)."),
+    data: str = typer.Option(..., "--data", "-d", help=DATA_HELP),
+    groups: Path = typer.Option(..., "--groups", help="Mined groups (the stage-2 retriever's, from `pretrieve mine`)."),
+    out: Path = typer.Option(..., "--out", "-o", help="Teacher-scored groups JSONL for `finetune --stage 3`."),
+    max_negatives: Optional[int] = typer.Option(None, "--max-negatives", min=1, help="Score only the first N "
+                                                "negatives of each group (rank order).", show_default="all"),
+    batch_size: int = typer.Option(64, "--batch-size", min=1, help="Pairs per forward pass."),
+    max_len: Optional[int] = typer.Option(None, "--max-len", min=4,
+                                          help="Pair token limit; default: the training one."),
+    precision: str = typer.Option("auto", "--precision", help=SCORING_PRECISION_HELP),
+    device: str = typer.Option("auto", "--device", help="cpu, cuda, cuda:1, ... or auto."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Recompute even when OUT is up to date."),
+) -> None:
+    """Score every positive and negative of each group with the reranker (stage-3 distillation targets)."""
+    from pretrieve.retrieval.rerank import teacher_groups   # torch: not for --help
+
+    path = teacher_groups(model, resolve_data(data), groups, out, max_negatives=max_negatives,
+                          batch_size=batch_size, max_len=max_len, device=device, overwrite=overwrite,
+                          precision=precision, show_progress=err.is_terminal)
+    err.print(f"teacher-scored groups: {path}", highlight=False)

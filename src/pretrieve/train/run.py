@@ -1,0 +1,179 @@
+"""One training run, start to finish: the template every trainer (pre-training, fine-tuning, the reranker) fills.
+
+:class:`TrainingRun` (after FlagEmbedding's ``AbsRunner``) fixes the order of the steps around the loop:
+
+1. **lock** the output directory and check its space for what the run still writes, the peak of ``keep + 1``
+   checkpoints (:func:`pretrieve.outputs.writing`, :func:`pretrieve.outputs.training_space`);
+2. **describe** the run — its settings and inputs (hook :meth:`TrainingRun.describe`);
+3. **skip a finished run** made with the same settings from the same inputs (:func:`finished_run`), unless
+   ``overwrite``;
+4. **restart check**: an output holding a previous run's checkpoints is refused without ``resume`` or
+   ``overwrite`` (:func:`check_restart`);
+5. **fingerprint** the inputs by content (recorded in every checkpoint, so a resume on other inputs is refused);
+6. **check the model** against the settings before anything heavy (hook :meth:`TrainingRun.check_model`);
+7. **the accelerator** (:func:`pretrieve.train.accelerator.make_accelerator`) and the settings checked for its
+   number of processes;
+8. **data built once**: rank 0 builds (or finds current) the cached datasets while the others wait, then they
+   open them (hook :meth:`TrainingRun.build_data`, through :func:`pretrieve.data.arrow.built_once`);
+9. **model and collator** (seeded; hooks :meth:`TrainingRun.build_model`, :meth:`TrainingRun.build_collator`),
+   and the run's resolved config written beside its checkpoints (main process);
+10. **train and export** (:func:`pretrieve.train.loop.train`, which resumes from the newest checkpoint when asked;
+    hook :meth:`TrainingRun.export`), then :meth:`TrainingRun.finish`.
+"""
+
+from __future__ import annotations
+
+import abc
+import logging
+import shutil
+from pathlib import Path
+from typing import Any, Collection, Mapping
+
+import torch
+
+from pretrieve import artifacts, outputs
+from pretrieve.errors import ConfigError, StaleOutputError
+from pretrieve.io_utils import write_json
+from pretrieve.train import checkpoint as ckpt
+from pretrieve.train.accelerator import make_accelerator
+from pretrieve.train.config import LoopConfig
+from pretrieve.train.loop import train
+
+logger = logging.getLogger(__name__)
+
+
+class TrainingRun(abc.ABC):
+    """The template of one training run (module docstring); a trainer subclasses it and fills the hooks.
+
+    Class attributes: ``kind`` (what ``<out>/final`` holds, recorded in its sidecar), ``config_file`` (the resolved
+    config written into ``<out>``; removed by ``--overwrite``), ``description`` (the progress bar's),
+    ``not_compared`` (settings a finished run may differ in and still be reused).
+    """
+
+    kind: str = ""
+    config_file: str = ""
+    description: str = "train"
+    not_compared: Collection[str] = ()
+
+    def __init__(self, config: LoopConfig):
+        self.config = config
+        self.out = Path(config.out)
+        self.accelerator = None
+
+    # ------------------------------------------------------------------------------------------ hooks
+    def check(self) -> None:
+        """Settings that do not depend on files, before the output is touched."""
+
+    @abc.abstractmethod
+    def describe(self) -> tuple[dict[str, Any], dict[str, Path]]:
+        """``(settings, inputs)``: what determines the result (no paths) and the local inputs to fingerprint."""
+
+    def check_model(self) -> None:
+        """Checks of the model against the settings, before the accelerator and the data."""
+
+    @abc.abstractmethod
+    def build_data(self):
+        """The training dataset (every rank; caches built once, :func:`pretrieve.data.arrow.built_once`)."""
+
+    @abc.abstractmethod
+    def build_model(self) -> torch.nn.Module:
+        """The model to train (seeded by the template)."""
+
+    @abc.abstractmethod
+    def build_collator(self, model: torch.nn.Module, dataset):
+        """Examples of ``dataset`` → a batch for ``model`` (the loop's collator contract)."""
+
+    @abc.abstractmethod
+    def config_record(self) -> dict[str, Any]:
+        """What ``config_file`` holds."""
+
+    @abc.abstractmethod
+    def export(self, unwrapped: torch.nn.Module, directory: Path) -> None:
+        """Write the trained model into ``directory`` (it becomes ``<out>/final``)."""
+
+    def finish(self, final: Path) -> None:
+        """After training (every rank)."""
+
+    # ------------------------------------------------------------------------------------------ template
+    def run(self) -> Path:
+        """Run (resume, or skip when already finished) the training; returns ``<out>/final``."""
+        self.check()
+        written = len(ckpt.list_checkpoints(self.out)) if self.config.resume else 0   # a resume writes the rest
+        needed, largest = outputs.training_space(self.config.model, self.config.keep_checkpoints, written)
+        with outputs.writing(self.out, needed_bytes=needed, largest_file=largest):
+            return self._run()
+
+    def _run(self) -> Path:
+        settings, inputs = self.describe()
+        config = self.config
+        done = None if config.overwrite else finished_run(self.out, self.kind, settings, inputs,
+                                                          ignore=self.not_compared)
+        if done is not None:
+            logger.info("%s is complete with the same settings; not training again", done)
+            return done
+        check_restart(self.out, config, files=(self.config_file,))
+        fingerprints = {name: artifacts.fingerprint(path) for name, path in inputs.items()}
+        self.check_model()
+        self.accelerator = make_accelerator(config)
+        config.validate(self.accelerator.num_processes)
+        dataset = self.build_data()
+        torch.manual_seed(config.seed)
+        model = self.build_model()
+        collator = self.build_collator(model, dataset)
+        if self.accelerator.is_main_process:   # only once the inputs are read: a failed start leaves no config
+            self.out.mkdir(parents=True, exist_ok=True)
+            write_json(self.out / self.config_file, self.config_record())
+        final = train(model, dataset, collator, config.loop(), self.out, self.export,
+                      {"config": settings | {"inputs": fingerprints}}, accelerator=self.accelerator,
+                      description=self.description, record={"kind": self.kind, "settings": settings, "inputs": inputs})
+        self.finish(final)
+        return final
+
+
+def finished_run(out: str | Path, kind: str, settings: Mapping[str, Any], inputs: Mapping[str, str | Path],
+                 ignore: Collection[str] = ()) -> Path | None:
+    """``<out>/final`` when it holds a complete run of ``kind`` made with these settings from these inputs (its
+    sidecar says so, :func:`pretrieve.artifacts.check`); None when there is no finished run (or only an
+    incomplete one); a :class:`StaleOutputError` naming what differs when it was made otherwise.
+
+    ``settings`` keys in ``ignore`` are not compared; inputs (model weights, corpus, groups) compare by content.
+    """
+    final = Path(out) / "final"
+    status = artifacts.check(final, settings, inputs, kind=kind, ignore=ignore)
+    if status.current:
+        return final
+    sidecar = artifacts.read_sidecar(final) if status.exists else None
+    if sidecar is not None and sidecar.get("kind") != kind:
+        raise StaleOutputError(f"{final} holds a {sidecar.get('kind')}, not a {kind}; choose another --out", out)
+    if status.differing:
+        recorded = sidecar.get("settings", {}) if sidecar else {}
+        changed = artifacts.differing_values(recorded, settings, ignore)
+        what = (f"different settings ({artifacts.describe_changes(recorded, settings, changed)})" if changed
+                else f"different inputs ({', '.join(status.differing)} changed)")
+        raise StaleOutputError(f"{final} holds a finished run with {what}; choose another --out, or rerun with "
+                               "--overwrite to replace it", out)
+    if status.exists:
+        logger.info("%s is not a complete, recorded run (%s): training (again)", final, status.reason)
+    return None
+
+
+def check_restart(out: str | Path, config: LoopConfig, files: Collection[str] = ()) -> None:
+    """Before a run starts without ``resume``: refuse an output directory that holds a previous run's checkpoints
+    (naming ``--resume`` and ``--overwrite``); with ``overwrite``, remove that run (checkpoints, ``final/``,
+    logs and ``files``) first."""
+    out = Path(out)
+    previous = [out / name for name in ("checkpoints", "final", "logs.jsonl", "tb", *files) if (out / name).exists()]
+    if config.resume or not previous:
+        return
+    if config.overwrite:
+        for path in previous:
+            if path.is_dir() and not path.is_symlink():
+                shutil.rmtree(path)
+            else:
+                path.unlink()
+        logger.info("--overwrite: removed the previous run in %s", out)
+        return
+    checkpoints = ckpt.list_checkpoints(out)
+    if checkpoints:
+        raise ConfigError(f"{out} holds checkpoints of a previous run (up to step {checkpoints[-1][0]}); continue it "
+                          "with --resume, or start afresh with --overwrite (deletes them), or choose another --out")
