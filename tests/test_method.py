@@ -145,3 +145,20 @@ def test_file_errors(tmp_path):
     bad_probs = {"name": "x", "encoder_masker": {"ratio": 0.3, "replace_probs": [0.5, 0.1, 0.1]}, "objectives": ["mlm"]}
     with pytest.raises(ConfigError, match="replace_probs"):
         MethodConfig.from_dict(bad_probs)
+
+
+def test_bottleneck_from_the_pretrain_command_and_config(tmp_path):
+    from typer.testing import CliRunner
+
+    from pretrieve.cli import app
+    from pretrieve.train.run_config import build_pretrain_config
+
+    paths = {"model": str(tmp_path), "corpus": "corpus.jsonl", "out": str(tmp_path / "out")}
+    flag = build_pretrain_config({}, paths, {"method": "bow", "bottleneck": "mean"})
+    assert flag.method == resolve_method("bow", bottleneck="mean")
+    for file_values in ({"method": "bow", "bottleneck": "mean"}, {"method": {"base": "bow", "bottleneck": "mean"}}):
+        assert build_pretrain_config(file_values, paths, {}).method.bottleneck == "mean"
+    assert build_pretrain_config({}, paths, {"method": "bow"}).method.bottleneck == "cls"
+    with pytest.raises(ConfigError, match="bottleneck must be one of cls, mean, got 'max'"):
+        build_pretrain_config({}, paths, {"method": "bow", "bottleneck": "max"})
+    assert "--bottleneck" in CliRunner().invoke(app, ["pretrain", "--help"], terminal_width=200).output

@@ -42,6 +42,8 @@ def pretrain_command(
     decoder_mask: Optional[float] = typer.Option(None, help="Decoder mask ratio."),
     encoder_masker: Optional[str] = typer.Option(None, help="Encoder masker kind (wwm, token, ...)."),
     decoder_masker: Optional[str] = typer.Option(None, help="Decoder masker kind (wwm, token, pmi, none)."),
+    bottleneck: Optional[str] = typer.Option(None, help="Sentence vector the decoder objectives read: cls or mean "
+                                             "(masked mean, for mean-pooled retrievers)", show_default="cls"),
     max_len: Optional[int] = typer.Option(None, help="Maximum tokens per example", show_default="144"),
     batch_size: Optional[int] = typer.Option(None, help="Examples per optimizer step, all processes "
                                              "together", show_default="32"),
@@ -90,7 +92,8 @@ def pretrain_command(
                  overwrite=overwrite or None, allow_inexact_resume=allow_inexact_resume or None,
                  divergence_factor=divergence_factor)
     method_flags = dict(method=method, objectives=objectives, weights=weights, encoder_mask=encoder_mask,
-                        decoder_mask=decoder_mask, encoder_masker=encoder_masker, decoder_masker=decoder_masker)
+                        decoder_mask=decoder_mask, encoder_masker=encoder_masker, decoder_masker=decoder_masker,
+                        bottleneck=bottleneck)
     run_config = build_pretrain_config(_load_run_config(config), flags, method_flags, resume=resume,
                                        where=str(config or "config"))
     final = pretrain(run_config)

@@ -45,6 +45,15 @@ cotmote-swap   as cotmote, experts swapped in pre-training (Table 4)
 
 ``cotmote`` needs the pairs file: ``{base: cotmote, context: {pairs: pairs.jsonl}}``.
 
+Bottleneck (method field ``bottleneck``, optional): the sentence vector that the objectives decoding one read —
+``bow``, ``ae``, ``ar``, ``enhanced``, ``cpdae`` and the contextual decoders. ``cls`` (default; the papers' and
+their authors' choice, every preset) is the last layer's [CLS] vector; ``mean`` is the attention-masked mean of the
+last hidden states, the vector of a mean-pooled retriever such as all-MiniLM-L6-v2
+(:mod:`pretrieve.modeling.pretrain_model`). ``{base: bow, bottleneck: mean}`` in a file, ``bottleneck="mean"`` in
+:func:`apply_overrides` / :func:`resolve_method`, ``--bottleneck mean`` on ``pretrieve pretrain``. Methods whose
+objectives read no sentence vector (``mlm``) accept it and are unchanged. ``to_dict`` records it only when it is
+``mean``, so the saved settings of every earlier (``cls``) run stay what they were.
+
 CPDAE (Ma et al. 2022): each text is masked twice with BERT's token masking (15 %, §3.1.1); eq. 6 is
 ``REC + MLM + λ·CL`` with λ = 0.1 (§4.1.3). The MLM term is the mean over the masked tokens of *both* views
 (both are ordinary masked inputs of the encoder): objective ``mlm_views``; ``cpdae`` holds ``REC + λ·CL``
@@ -105,7 +114,7 @@ import yaml
 from pretrieve.data.spans import ContextSpec
 from pretrieve.errors import ConfigError, InputError
 from pretrieve.masking.pmi import PMI_MASKER_DEFAULTS, check_pmi_params
-from pretrieve.modeling.objectives import OBJECTIVES, check_objective_params, objective_class
+from pretrieve.modeling.objectives import BOTTLENECKS, OBJECTIVES, check_objective_params, objective_class
 
 logger = logging.getLogger(__name__)
 
@@ -197,6 +206,8 @@ class MethodConfig:
     """Query/passage FFN experts in the encoder (CoT-MoTE)."""
     mote_swap: bool = False
     """Swap the experts' inputs during pre-training (CoT-MoTE, Ma et al. 2023, Table 4 ablation)."""
+    bottleneck: str = "cls"
+    """The sentence vector the decoder objectives read: ``cls`` (position 0) or ``mean`` (masked mean)."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "objectives", tuple(self.objectives))
@@ -254,6 +265,8 @@ class MethodConfig:
             raise ConfigError("mote and mote_swap must be true or false")
         if self.mote_swap and not self.mote:
             raise ConfigError("mote_swap swaps the query/passage experts: it needs mote: true")
+        if self.bottleneck not in BOTTLENECKS:
+            raise ConfigError(f"bottleneck must be one of {', '.join(BOTTLENECKS)}, got {self.bottleneck!r}")
         return self
 
     # ------------------------------------------------------------------ (de)serialisation
@@ -266,6 +279,8 @@ class MethodConfig:
             "context": None if self.context is None else self.context.to_dict(),
             "mote": self.mote,
             "mote_swap": self.mote_swap,
+            # recorded only when not the default, so the settings of every earlier run stay equal (reusable)
+            **({"bottleneck": self.bottleneck} if self.bottleneck != "cls" else {}),
         }
 
     @classmethod
@@ -289,10 +304,11 @@ class MethodConfig:
             objectives=tuple(ObjectiveSpec.from_any(o, f"{where}.objectives[{i}]") for i, o in enumerate(objectives)),
             context=None if data.get("context") is None else ContextSpec.from_dict(data["context"], f"{where}.context"),
             mote=data.get("mote", False), mote_swap=data.get("mote_swap", False),
+            bottleneck=data.get("bottleneck", "cls"),
         ).resolved()
 
 
-_OPTIONAL_FIELDS = ("context", "mote", "mote_swap")
+_OPTIONAL_FIELDS = ("context", "mote", "mote_swap", "bottleneck")
 
 
 DEFAULT_DECODER_MASKER = MaskerSpec(kind="wwm", ratio=0.5)
@@ -403,11 +419,12 @@ def method_from_mapping(data: Any, where: str = "method") -> MethodConfig:
 def resolve_method(method: str | Path | None = None, *, objectives: str | None = None,
                    weights: str | None = None, encoder_mask: float | str | None = None,
                    decoder_mask: float | str | None = None, encoder_masker: str | None = None,
-                   decoder_masker: str | None = None, name: str | None = None) -> MethodConfig:
+                   decoder_masker: str | None = None, bottleneck: str | None = None,
+                   name: str | None = None) -> MethodConfig:
     """The method the CLI asked for: a preset name or a YAML/JSON file (or only ``objectives``), then overrides.
 
     ``objectives="mlm,bow,enhanced"``, ``weights="1,1,0.5"``, ``encoder_mask=0.3``, ``decoder_mask=0.5``,
-    ``encoder_masker="wwm"``, ``decoder_masker="token"`` (or ``"none"``).
+    ``encoder_masker="wwm"``, ``decoder_masker="token"`` (or ``"none"``), ``bottleneck="mean"``.
     """
     if method is None:
         if objectives is None:
@@ -420,13 +437,13 @@ def resolve_method(method: str | Path | None = None, *, objectives: str | None =
         config = preset(str(method))  # unknown names raise the error listing the presets
     return apply_overrides(config, objectives=objectives, weights=weights, encoder_mask=encoder_mask,
                            decoder_mask=decoder_mask, encoder_masker=encoder_masker,
-                           decoder_masker=decoder_masker, name=name, where="command line")
+                           decoder_masker=decoder_masker, bottleneck=bottleneck, name=name, where="command line")
 
 
 def apply_overrides(config: MethodConfig, *, objectives: str | list | None = None,
                     weights: str | list | None = None, encoder_mask: float | str | None = None,
                     decoder_mask: float | str | None = None, encoder_masker: str | None = None,
-                    decoder_masker: str | None = None, name: str | None = None,
+                    decoder_masker: str | None = None, bottleneck: str | None = None, name: str | None = None,
                     where: str = "command line") -> MethodConfig:
     """Apply CLI-style overrides to ``config`` and return the validated, resolved result.
 
@@ -459,7 +476,8 @@ def apply_overrides(config: MethodConfig, *, objectives: str | list | None = Non
     if decoder_mask is not None:
         dec = replace(dec or DEFAULT_DECODER_MASKER, ratio=_number(decoder_mask, f"{where}: decoder_mask"))
     return MethodConfig(name or config.name, enc, tuple(specs), decoder_masker=dec, context=config.context,
-                        mote=config.mote, mote_swap=config.mote_swap).resolved()
+                        mote=config.mote, mote_swap=config.mote_swap,
+                        bottleneck=config.bottleneck if bottleneck is None else str(bottleneck)).resolved()
 
 
 # ---------------------------------------------------------------------- helpers
