@@ -11,8 +11,8 @@ from pretrieve.cli import app
 
 #: The method presets (pretrieve.train.method.PRESETS, listed here so that --help does not import torch; a test
 #: keeps the two equal).
-PRESET_NAMES = ("mlm", "bow", "ae", "ar", "retromae", "cpdae", "cpdae-r", "cdmae", "dupmae", "dupmae-code", "cotmae",
-                "cotmote", "cotmote-swap")
+PRESET_NAMES = ("mlm", "bow", "ae", "ar", "retromae", "cpdae", "cpdae-r", "cdmae", "cdmae-random", "dupmae",
+                "dupmae-code", "cotmae", "cotmote", "cotmote-swap", "tsdae")
 REQUIRED = "Required (here or in --config)."
 
 

@@ -105,6 +105,9 @@ class PretrainModel(nn.Module):
     def __init__(self, encoder: Encoder, method: Any):
         super().__init__()
         self.method = _method_dict(method)
+        if self.method.get("trainer"):
+            raise ConfigError(f"method '{self.method.get('name')}' has its own trainer ({self.method['trainer']}): it "
+                              "is not trained by PretrainModel")
         self.encoder = encoder
         self.objectives = nn.ModuleDict()
         self.weights: dict[str, float] = {}
