@@ -13,6 +13,7 @@ from conftest import tiny_bert_config
 from pretrieve.errors import ConfigError
 from pretrieve.modeling import Encoder, build_objective
 from pretrieve.modeling.pretrain_model import PretrainModel
+from pretrieve.train.collator import PretrainCollator
 from pretrieve.train.method import MaskerSpec, MethodConfig, preset, resolve_method
 
 
@@ -24,6 +25,25 @@ def test_cdmae_preset_follows_the_paper():
     assert [(s.name, s.weight, s.params) for s in method.objectives] == [
         ("mlm", 1.0, {}), ("ae", 1.0, {"num_layers": 2, "projection": True})]   # eq. 9, 2-layer decoder, eq. 4
     assert method.required_features() == {"mlm_labels", "decoder"}
+
+
+def test_cdmae_random_differs_from_cdmae_only_in_the_decoder_masker(tokenizer):
+    pmi, rand = preset("cdmae").to_dict(), preset("cdmae-random").to_dict()
+    assert rand["decoder_masker"] == {"kind": "wwm", "ratio": pmi["decoder_masker"]["ratio"],
+                                      "replace_probs": pmi["decoder_masker"]["replace_probs"]}
+    assert {**rand, "name": "cdmae", "decoder_masker": pmi["decoder_masker"]} == pmi
+    torch.manual_seed(0)
+    heads = {name: {k: v.shape for k, v in PretrainModel(Encoder.from_config(tiny_bert_config()),
+                                                         preset(name)).head_state_dict().items()}
+             for name in ("cdmae", "cdmae-random")}
+    assert heads["cdmae"] == heads["cdmae-random"] and "ae.projection.weight" in heads["cdmae"]
+    # its decoder input is masked by whole words at random: no statistics needed, ~half the words hidden
+    method = preset("cdmae-random")
+    collator = PretrainCollator(tokenizer, method, {"mlm_labels", "decoder"}, max_len=32, seed=0)
+    text = "the cell cycle of budding yeast is regulated by cyclin dependent kinases"
+    batch = collator([{"input_ids": tokenizer(text)["input_ids"]}], generator=torch.Generator().manual_seed(0))
+    decoded = batch["decoder_labels"] != -100
+    assert 0.4 <= float(decoded.sum()) / (len(tokenizer(text)["input_ids"]) - 2) <= 0.6
 
 
 def test_projection_head_is_the_decoder_bottleneck(tokenizer):

@@ -183,6 +183,32 @@ def test_objective_losses_recomputed_from_parts(tokenizer, name):
     assert float(logs["tokens/mlm_views"]) == int((labels != -100).sum())
 
 
+@pytest.mark.parametrize("name", ["cpdae", "cpdae-r"])
+def test_mean_bottleneck_decodes_each_views_masked_mean(tokenizer, name):
+    model, batch = setup(tokenizer, resolve_method(name, bottleneck="mean"))
+    model.eval()
+    mask = batch["attention_mask"].unsqueeze(-1).double()
+    assert bool((mask == 0).any())                                   # padding present: a plain mean would differ
+    enc = model.encode(batch)
+    second = enc.views["second_view"].last_hidden_state
+    out = model.objectives["cpdae"](batch, enc, model.encoder)
+    with torch.no_grad():
+        means = torch.cat([(h * mask).sum(1) / mask.sum(1) for h in (enc.last_hidden_state, second)])
+        logits = model.objectives["cpdae"].decode(means)
+        rec = reconstruction_loss(logits, batch["bow_targets"].repeat(2, 1))
+        if name == "cpdae":
+            cl = view_contrastive_loss(-pairwise_js(word_distribution(logits)), 1.0)
+        else:
+            cl = view_contrastive_loss(cosine_similarity_matrix(means), 0.05)
+    assert float(out.logs["rec"]) == pytest.approx(float(rec), rel=1e-9)
+    assert float(out.logs["cl"]) == pytest.approx(float(cl), rel=1e-9)
+    grads = torch.autograd.grad(out.loss, [enc.last_hidden_state, second])
+    for grad in grads:   # every real token of both views gets a gradient, padding none
+        per_position = grad.abs().sum(-1)
+        assert bool((per_position[batch["attention_mask"].bool()] > 0).all())
+        assert torch.count_nonzero(per_position[~batch["attention_mask"].bool()]) == 0
+
+
 def test_ablations_and_bad_params(tokenizer, tmp_path):
     from pretrieve.masking.pmi import statistics_from_sequences
 

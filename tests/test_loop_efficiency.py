@@ -247,6 +247,8 @@ def test_each_preset_says_whether_a_step_leaves_parameters_unused(tokenizer, tmp
     pair_data = PairDataset(pairs, tokenizer, max_len=32)
     decisions = {}
     for name in PRESETS:
+        if PRESETS[name].trainer is not None:            # trained by its own module (tsdae), not PretrainModel
+            continue
         mapping = {"base": name}
         if PRESETS[name].context is not None and PRESETS[name].context.kind == "pairs":
             mapping["context"] = {"pairs": str(pairs)}

@@ -6,10 +6,15 @@ import json
 import logging
 
 import pytest
+from typer.testing import CliRunner
 
+from conftest import tiny_bert_config
+from pretrieve.cli import app
 from pretrieve.errors import ConfigError, InputError
-from pretrieve.train.method import (DEFAULT_DECODER_MASKER, PRESETS, MaskerSpec, MethodConfig, ObjectiveSpec,
-                                    load_method_file, preset, resolve_method)
+from pretrieve.modeling import Encoder, PretrainModel
+from pretrieve.train.method import (DEFAULT_DECODER_MASKER, PRESETS, TRAINERS, MaskerSpec, MethodConfig, ObjectiveSpec,
+                                    load_method_file, method_from_mapping, preset, resolve_method)
+from pretrieve.train.run_config import build_pretrain_config
 
 
 def test_presets_carry_the_papers_defaults():
@@ -145,3 +150,29 @@ def test_file_errors(tmp_path):
     bad_probs = {"name": "x", "encoder_masker": {"ratio": 0.3, "replace_probs": [0.5, 0.1, 0.1]}, "objectives": ["mlm"]}
     with pytest.raises(ConfigError, match="replace_probs"):
         MethodConfig.from_dict(bad_probs)
+
+
+def test_bottleneck_from_the_pretrain_command_and_config(tmp_path):
+    paths = {"model": str(tmp_path), "corpus": "corpus.jsonl", "out": str(tmp_path / "out")}
+    flag = build_pretrain_config({}, paths, {"method": "bow", "bottleneck": "mean"})
+    assert flag.method == resolve_method("bow", bottleneck="mean")
+    for file_values in ({"method": "bow", "bottleneck": "mean"}, {"method": {"base": "bow", "bottleneck": "mean"}}):
+        assert build_pretrain_config(file_values, paths, {}).method.bottleneck == "mean"
+    assert build_pretrain_config({}, paths, {"method": "bow"}).method.bottleneck == "cls"
+    with pytest.raises(ConfigError, match="bottleneck must be one of cls, mean, got 'max'"):
+        build_pretrain_config({}, paths, {"method": "bow", "bottleneck": "max"})
+    assert "--bottleneck" in CliRunner().invoke(app, ["pretrain", "--help"], terminal_width=200).output
+
+
+def test_tsdae_is_a_known_method_with_its_own_trainer(tmp_path):
+    config = preset("tsdae")
+    assert config.trainer == "tsdae" and TRAINERS["tsdae"] == "pretrieve.train.tsdae"
+    assert config.objectives == () and config.decoder_masker is None
+    assert config.to_dict()["trainer"] == "tsdae" and "trainer" not in preset("bow").to_dict()
+    assert method_from_mapping({"base": "tsdae", "bottleneck": "mean"}).bottleneck == "mean"
+    for bad, message in [({"objectives": ["mlm"]}, "takes no objectives"), ({"encoder_mask": 0.3}, "encoder_masker"),
+                         ({"trainer": "simcse"}, "unknown trainer 'simcse'")]:
+        with pytest.raises(ConfigError, match=message):
+            method_from_mapping({"base": "tsdae", **bad})
+    with pytest.raises(ConfigError, match="own trainer"):
+        PretrainModel(Encoder.from_config(tiny_bert_config()), config)

@@ -15,9 +15,11 @@ import torch.nn.functional as F
 
 from conftest import tiny_bert_config
 from pretrieve.errors import ConfigError
-from pretrieve.modeling import OBJECTIVES, Encoder, build_objective
+from pretrieve.modeling import OBJECTIVES, Encoder, EncoderOutput, PretrainModel, build_objective
 from pretrieve.modeling.objectives import bow_cross_entropy, causal_visibility
 from pretrieve.modeling.objectives.decoder_layers import DecoderLayer
+from pretrieve.train.collator import PretrainCollator
+from pretrieve.train.method import MethodConfig, apply_overrides, method_from_mapping, preset, resolve_method
 
 CLS, SEP, PAD, MASK_ID = 101, 102, 0, 103
 ORIGINAL = torch.tensor([[CLS, 2023, 2003, 1037, 2023, SEP], [CLS, 7592, 2088, SEP, PAD, PAD]])
@@ -195,6 +197,82 @@ def test_bottleneck_objectives_reach_the_encoder_only_through_cls(encoder, name)
     assert torch.count_nonzero(grad[:, 1:]) == 0
 
 
+def mean_bottleneck_run(encoder: Encoder, name: str):
+    """Objective ``name`` inside a ``bottleneck: mean`` pre-training model: (objective, encoding, output)."""
+    model = PretrainModel(encoder, {"objectives": [{"name": name}], "bottleneck": "mean"}).double().eval()
+    enc = model.encode(batch())
+    return model.objectives[name], enc, model.objectives[name](batch(), enc, encoder)
+
+
+def hand_mean(hidden: torch.Tensor) -> torch.Tensor:
+    """Mean of the last hidden states over each text's real tokens ([CLS] and [SEP] included, padding not)."""
+    mask = ATTENTION.unsqueeze(-1).to(hidden.dtype)
+    return (hidden * mask).sum(1) / mask.sum(1)
+
+
+@pytest.mark.parametrize("name", ["bow", "ae", "ar", "enhanced"])
+def test_mean_bottleneck_feeds_the_masked_mean(encoder, name):
+    objective, enc, out = mean_bottleneck_run(encoder, name)
+    with torch.no_grad():
+        mean = hand_mean(enc.last_hidden_state)
+        assert not torch.allclose(mean, enc.last_hidden_state[:, 0])        # the two bottlenecks differ
+        # the objective's own by-hand-checked [CLS] path, handed the masked mean as its sentence vector
+        expected = objective(batch(), EncoderOutput(enc.last_hidden_state, cls=mean), encoder).loss
+        with_cls = objective(batch(), EncoderOutput(enc.last_hidden_state, cls=enc.cls), encoder).loss
+    assert abs(out.loss.item() - expected.item()) < 1e-9
+    assert abs(out.loss.item() - with_cls.item()) > 1e-4
+
+
+def test_mean_bottleneck_bow_by_hand(encoder):
+    _, enc, out = mean_bottleneck_run(encoder, "bow")
+    with torch.no_grad():
+        log_p = head(encoder, hand_mean(enc.last_hidden_state)).log_softmax(-1)
+        target = torch.zeros_like(log_p)
+        target[0, [2023, 2003, 1037]] = 1 / 3
+        target[1, [7592, 2088]] = 1 / 2
+        expected = -(target * log_p).sum(-1).mean()
+    assert abs(out.loss.item() - expected.item()) < 1e-6
+
+
+@pytest.mark.parametrize("name", ["bow", "ae", "ar", "enhanced"])
+def test_mean_bottleneck_reaches_every_real_token(encoder, name):
+    _, enc, out = mean_bottleneck_run(encoder, name)
+    grad = torch.autograd.grad(out.loss, enc.last_hidden_state)[0]
+    per_position = grad.abs().sum(-1)
+    assert bool((per_position[ATTENTION.bool()] > 0).all())             # [CLS], words and [SEP] of both texts
+    assert torch.count_nonzero(per_position[~ATTENTION.bool()]) == 0    # never the padding
+
+
+def test_bottleneck_is_validated_and_recorded(tokenizer):
+    assert "bottleneck" not in preset("bow").to_dict()                   # cls: earlier runs' settings unchanged
+    mean = method_from_mapping({"base": "bow", "bottleneck": "mean"})
+    assert mean.to_dict() == {**preset("bow").to_dict(), "bottleneck": "mean"}
+    assert MethodConfig.from_dict(mean.to_dict()) == mean
+    assert apply_overrides(preset("retromae"), bottleneck="mean").bottleneck == "mean"
+    assert resolve_method("bow", bottleneck="mean") == mean
+    with pytest.raises(ConfigError, match="bottleneck must be one of cls, mean"):
+        method_from_mapping({"base": "bow", "bottleneck": "max"})
+    with pytest.raises(ConfigError, match="bottleneck must be one of cls, mean"):
+        PretrainModel(Encoder.from_config(tiny_bert_config()), {"objectives": ["bow"], "bottleneck": "first"})
+
+
+def test_mean_bottleneck_pretrain_model_trains_and_round_trips(tokenizer, tmp_path):
+    torch.manual_seed(0)
+    method = resolve_method("retromae", bottleneck="mean")
+    model = PretrainModel(Encoder.from_config(tiny_bert_config(hidden_dropout_prob=0.0,
+                                                               attention_probs_dropout_prob=0.0)), method)
+    collator = PretrainCollator(tokenizer, method, model.required_features(), max_len=32, seed=0)
+    examples = collator([{"input_ids": tokenizer(text)["input_ids"]} for text in PRETRAIN_TEXTS])
+    model.eval()
+    with torch.no_grad():
+        loss = model(examples)[0]
+    model.save(tmp_path)
+    reloaded = PretrainModel.load(tmp_path).eval()
+    assert reloaded.bottleneck == "mean" and reloaded.method["bottleneck"] == "mean"
+    with torch.no_grad():
+        assert reloaded(examples)[0].item() == loss.item()
+
+
 def test_mlm_without_masked_tokens_is_an_exact_zero_with_a_graph(encoder):
     objective = build_objective("mlm", encoder)
     enc = encoder(ENC_IDS, ATTENTION)
@@ -227,9 +305,6 @@ def test_objectives_own_only_their_fresh_layers(encoder):
 
 
 # ---------------------------------------------------------------------- PretrainModel
-from pretrieve.modeling import PretrainModel  # noqa: E402
-from pretrieve.train.collator import PretrainCollator  # noqa: E402
-from pretrieve.train.method import preset  # noqa: E402
 
 PRETRAIN_TEXTS = ["dense retrieval encodes queries and passages as vectors",
                   "masked auto encoders add a shallow decoder to the encoder",

@@ -11,6 +11,14 @@
    the minute of download retries ``from_pretrained`` would spend before failing. The reachability probe
    is a TCP connection to the hub endpoint (``HF_ENDPOINT``) with a 3 s timeout; with a proxy configured
    the probe is skipped and the hub is assumed reachable.
+
+``init_model(shape, tokenizer, out, seed)`` writes a fourth kind of starting point: a randomly initialised BERT of a
+given shape (``L2-H128``: 2 layers, hidden size 128 — the BERT miniatures' naming, Turc et al. 2019, with
+``hidden / 64`` heads and a ``4 · hidden`` feed-forward layer) with a tokenizer's vocabulary and an MLM head, saved
+with ``save_pretrained`` beside that tokenizer. An MLM recipe on a corpus turns it into a small "BERT" whose [CLS]
+never saw supervision (the from-scratch base of the quality benchmark). Same shape, vocabulary and seed give
+identical weights; the directory is a recorded artefact (``kind: initialised-model``), so a rerun with the same
+settings keeps it and one with other settings is refused.
 """
 
 from __future__ import annotations
@@ -18,12 +26,14 @@ from __future__ import annotations
 import importlib.util
 import logging
 import os
+import re
 import socket
 from pathlib import Path
 from urllib.parse import urlparse
 from typing import Callable
 
-from pretrieve.errors import InputError
+from pretrieve import artifacts
+from pretrieve.errors import ConfigError, InputError, StaleOutputError
 
 logger = logging.getLogger(__name__)
 
@@ -129,3 +139,57 @@ def hub_reachable() -> bool:
 def offline_aliases() -> dict[str, str]:
     """Alias → package that provides it (for help texts and error messages)."""
     return {alias: package for alias, (package, _) in OFFLINE_MODELS.items()}
+
+
+# ---------------------------------------------------------------------------------------------- from scratch
+SHAPE = re.compile(r"L(\d+)-H(\d+)")
+HEAD_SIZE = 64
+"""Hidden units per attention head (BERT's, kept by every BERT miniature)."""
+INIT_KIND = "initialised-model"
+
+
+def parse_shape(shape: str) -> tuple[int, int]:
+    """``"L4-H256"`` → ``(4, 256)``; :class:`ConfigError` unless layers ≥ 1 and hidden a positive multiple of 64."""
+    match = SHAPE.fullmatch(str(shape).strip())
+    layers, hidden = (int(match.group(1)), int(match.group(2))) if match else (0, 0)
+    if layers < 1 or hidden < HEAD_SIZE or hidden % HEAD_SIZE:
+        raise ConfigError(f"--shape {shape!r}: expected L<layers>-H<hidden> with layers ≥ 1 and hidden a multiple "
+                          f"of {HEAD_SIZE}, e.g. L2-H128 or L4-H256")
+    return layers, hidden
+
+
+def init_model(shape: str, tokenizer: str | Path, out: str | Path, seed: int = 42) -> Path:
+    """Write a randomly initialised ``BertForMaskedLM`` of ``shape`` with ``tokenizer``'s vocabulary (a path, an
+    offline alias or a hub name) and that tokenizer into ``out``; returns ``out``.
+
+    The weights depend only on the shape, the vocabulary size and ``seed`` (the global RNG is left as it was).
+    """
+    layers, hidden = parse_shape(shape)
+    # Imported here: this module resolves model names for commands that must start without torch.
+    import torch
+    from transformers import AutoTokenizer, BertConfig, BertForMaskedLM
+
+    from pretrieve.data.pretrain_text import vocabulary_digest
+
+    vocabulary = AutoTokenizer.from_pretrained(resolve_model(tokenizer))
+    settings = {"shape": f"L{layers}-H{hidden}", "seed": seed, "vocabulary": vocabulary_digest(vocabulary)}
+    out = Path(out)
+    status = artifacts.check(out, settings, kind=INIT_KIND)
+    if status.current:
+        logger.info("%s already holds this initialised model; kept", out)
+        return out
+    if status.exists or (out.is_dir() and any(out.iterdir())) or out.is_file():
+        raise StaleOutputError(f"{out} already exists and is not this initialised model"
+                               f"{f' ({status.reason})' if status.exists else ''}; choose another --out", out)
+    config = BertConfig(vocab_size=len(vocabulary), hidden_size=hidden, num_hidden_layers=layers,
+                        num_attention_heads=hidden // HEAD_SIZE, intermediate_size=4 * hidden,
+                        pad_token_id=vocabulary.pad_token_id)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = BertForMaskedLM(config)
+    with artifacts.write_dir(out, INIT_KIND, settings) as tmp:
+        model.save_pretrained(str(tmp), safe_serialization=True)
+        vocabulary.save_pretrained(str(tmp))
+    logger.info("initialised %s (%d parameters, vocabulary %d) in %s", settings["shape"],
+                sum(p.numel() for p in model.parameters()), len(vocabulary), out)
+    return out

@@ -12,8 +12,8 @@ from pretrieve.cli.options import DIVERGENCE_HELP, PRECISION_HELP, load_file
 
 #: The method presets (pretrieve.train.method.PRESETS, listed here so that --help does not import torch; a test
 #: keeps the two equal).
-PRESET_NAMES = ("mlm", "bow", "ae", "ar", "retromae", "cpdae", "cpdae-r", "cdmae", "dupmae", "dupmae-code", "cotmae",
-                "cotmote", "cotmote-swap")
+PRESET_NAMES = ("mlm", "bow", "ae", "ar", "retromae", "cpdae", "cpdae-r", "cdmae", "cdmae-random", "dupmae",
+                "dupmae-code", "cotmae", "cotmote", "cotmote-swap", "tsdae")
 REQUIRED = "Required (here or in --config)."
 
 
@@ -35,6 +35,8 @@ def pretrain_command(
     decoder_mask: Optional[float] = typer.Option(None, help="Decoder mask ratio."),
     encoder_masker: Optional[str] = typer.Option(None, help="Encoder masker kind (wwm, token, ...)."),
     decoder_masker: Optional[str] = typer.Option(None, help="Decoder masker kind (wwm, token, pmi, none)."),
+    bottleneck: Optional[str] = typer.Option(None, help="Sentence vector the decoder objectives read: cls or mean "
+                                             "(masked mean, for mean-pooled retrievers)", show_default="cls"),
     max_len: Optional[int] = typer.Option(None, help="Maximum tokens per example", show_default="144"),
     batch_size: Optional[int] = typer.Option(None, help="Examples per optimizer step, all processes "
                                              "together", show_default="32"),
@@ -80,7 +82,8 @@ def pretrain_command(
                  overwrite=overwrite or None, allow_inexact_resume=allow_inexact_resume or None,
                  divergence_factor=divergence_factor)
     method_flags = dict(method=method, objectives=objectives, weights=weights, encoder_mask=encoder_mask,
-                        decoder_mask=decoder_mask, encoder_masker=encoder_masker, decoder_masker=decoder_masker)
+                        decoder_mask=decoder_mask, encoder_masker=encoder_masker, decoder_masker=decoder_masker,
+                        bottleneck=bottleneck)
     run_config = build_pretrain_config(load_file(config), flags, method_flags, resume=resume,
                                        where=str(config or "config"))
     final = pretrain(run_config)

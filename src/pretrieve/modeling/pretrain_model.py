@@ -24,6 +24,13 @@ encoding as usual (``last_hidden_state``, ``cls``) plus ``views[feature]`` for e
 back to its own length. With BERT-style attention masks the extra padding does not change the valid
 positions' outputs. Per-example ``text_type`` (MoTE routing) is forwarded to :meth:`Encoder.forward`.
 
+Bottleneck: the method's ``bottleneck`` (``cls``, the default, or ``mean``) names the sentence vector the decoder
+objectives read (:func:`pretrieve.modeling.objectives.bottleneck`). With ``mean``, :meth:`PretrainModel.encode` sets
+``bottleneck`` on every encoding (the main input's and each extra input's, with its own attention mask) to the
+attention-masked mean of the last hidden states, computed by
+:func:`pretrieve.modeling.representations.pool_hidden` — the very function that mean-pools a fine-tuned dense
+retriever, so a mean-pooled model (all-MiniLM-L6-v2) is pre-trained on the vector it retrieves with.
+
 CoT-MoTE: a method with ``mote: true`` gives the encoder query/passage FFN experts
 (:func:`pretrieve.modeling.mote.enable_mote`) before training; ``mote_swap: true`` (CoT-MoTE, Ma et al. 2023, Table 4) hands the
 encoder swapped text types, so queries train the passage expert and passages the query expert.
@@ -46,7 +53,8 @@ from pretrieve.errors import ConfigError
 from pretrieve.io_utils import atomic_path, write_json
 from pretrieve.modeling.encoder import Encoder, EncoderOutput
 from pretrieve.modeling.mote import enable_mote
-from pretrieve.modeling.objectives import build_objective
+from pretrieve.modeling.objectives import BOTTLENECKS, build_objective
+from pretrieve.modeling.representations import pool_hidden
 
 HEADS_FILE = "heads.safetensors"
 METHOD_FILE = "method.json"
@@ -84,9 +92,11 @@ register_extra_encoder_input("context", ExtraEncoderInput("context_input_ids", "
 
 @dataclass
 class MultiViewEncoderOutput(EncoderOutput):
-    """The main input's encoding plus ``views[feature]``, the encoding of each extra encoder input."""
+    """The main input's encoding plus ``views[feature]``, the encoding of each extra encoder input, and the pooled
+    ``bottleneck`` vector of each (None: the objectives read the [CLS] vector)."""
 
     views: dict[str, EncoderOutput] = field(default_factory=dict)
+    bottleneck: Tensor | None = None
 
 
 class PretrainModel(nn.Module):
@@ -95,6 +105,9 @@ class PretrainModel(nn.Module):
     def __init__(self, encoder: Encoder, method: Any):
         super().__init__()
         self.method = _method_dict(method)
+        if self.method.get("trainer"):
+            raise ConfigError(f"method '{self.method.get('name')}' has its own trainer ({self.method['trainer']}): it "
+                              "is not trained by PretrainModel")
         self.encoder = encoder
         self.objectives = nn.ModuleDict()
         self.weights: dict[str, float] = {}
@@ -110,6 +123,9 @@ class PretrainModel(nn.Module):
         if self.method.get("mote"):  # CoT-MoTE: query/passage FFN experts, both copies of the FFN (CoT-MoTE, Ma et al. 2023, §3.1)
             enable_mote(encoder.model)
         self.swap_experts = bool(self.method.get("mote_swap"))  # Table 4 ablation: queries → P-FFN, passages → Q-FFN
+        self.bottleneck = self.method.get("bottleneck", "cls")
+        if self.bottleneck not in BOTTLENECKS:
+            raise ConfigError(f"method bottleneck must be one of {', '.join(BOTTLENECKS)}, got {self.bottleneck!r}")
         required = self.required_features()
         self.extra_inputs = [feature for feature in EXTRA_ENCODER_INPUTS if feature in required]
 
@@ -154,11 +170,12 @@ class PretrainModel(nn.Module):
         logs["loss"] = total.detach()
         return total, logs
 
-    def encode(self, batch: Mapping[str, Tensor]) -> EncoderOutput:
+    def encode(self, batch: Mapping[str, Tensor]) -> MultiViewEncoderOutput:
         """The main input's encoding; with extra encoder inputs, all of them in one encoder call."""
         main = (batch["input_ids"], batch["attention_mask"], batch.get("token_type_ids"), batch.get("text_type"))
         if not self.extra_inputs:
-            return self.encoder(main[0], main[1], token_type_ids=main[2], text_type=self._routed(main[3]))
+            out = self.encoder(main[0], main[1], token_type_ids=main[2], text_type=self._routed(main[3]))
+            return self._encoding(out.last_hidden_state, main[1])
         parts = [main]
         for feature in self.extra_inputs:
             spec = EXTRA_ENCODER_INPUTS[feature]
@@ -174,12 +191,16 @@ class PretrainModel(nn.Module):
         encodings, start = [], 0
         for part in parts:
             rows, length = part[0].shape
-            hidden = out.last_hidden_state[start:start + rows, :length]
-            encodings.append(EncoderOutput(last_hidden_state=hidden, cls=hidden[:, 0]))
+            encodings.append(self._encoding(out.last_hidden_state[start:start + rows, :length], part[1]))
             start += rows
         first = encodings[0]
-        return MultiViewEncoderOutput(last_hidden_state=first.last_hidden_state, cls=first.cls,
-                                      views=dict(zip(self.extra_inputs, encodings[1:])))
+        first.views = dict(zip(self.extra_inputs, encodings[1:]))
+        return first
+
+    def _encoding(self, hidden: Tensor, attention_mask: Tensor) -> MultiViewEncoderOutput:
+        """One input's encoding with its [CLS] vector and, under ``bottleneck: mean``, its masked mean."""
+        pooled = pool_hidden(hidden, attention_mask, "mean") if self.bottleneck == "mean" else None
+        return MultiViewEncoderOutput(last_hidden_state=hidden, cls=hidden[:, 0], bottleneck=pooled)
 
     def _routed(self, text_type: Tensor | None) -> Tensor | None:
         """The text types handed to the encoder: swapped (query ↔ passage) under ``mote_swap``."""

@@ -20,9 +20,15 @@ retromae   whole-word, 0.30        whole-word, 0.50    mlm (1) + enhanced (1) (e
 cpdae      token, 0.15             —                   mlm_views (1) + cpdae (1; λ = 0.1, JS contrast, REC mean over |V|)
 cpdae-r    token, 0.15             —                   as cpdae, contrast on the dense [CLS] vectors
 cdmae      whole-word, 0.30        pmi, 0.50           mlm (1) + ae (1), 2 layers + linear projection head
+cdmae-     whole-word, 0.30        whole-word, 0.50    as cdmae: the matched control of "PMI masking > random
+random                                                 masking" (CDMAE §4.4), only the decoder masker differs
 dupmae     whole-word, 0.30        whole-word, 0.50    mlm (1) + enhanced (1; query stream through the embedding
                                                        layer, the authors' code) + ot_bow (1) — DupMAE (Xiao & Liu 2022) eq. 9
 =========  ======================  ==================  =============================================
+
+``tsdae`` (TSDAE, Wang et al. 2021) is not a PretrainModel method: ``trainer: tsdae`` marks that
+:mod:`pretrieve.train.tsdae` trains it (sentence-transformers' ``DenoisingAutoEncoderLoss``) with the same
+``PretrainConfig`` and the same export; it has no objectives or maskers, and ``bottleneck`` is its pooling.
 
 ``dupmae-code`` is ``dupmae`` with the authors' released OT-BoW (``variant: code``, weight 0.1); see
 :mod:`pretrieve.modeling.objectives.ot_bow`.
@@ -44,6 +50,15 @@ cotmote-swap   as cotmote, experts swapped in pre-training (Table 4)
 =============  ===================  ==================  =================================================
 
 ``cotmote`` needs the pairs file: ``{base: cotmote, context: {pairs: pairs.jsonl}}``.
+
+Bottleneck (method field ``bottleneck``, optional): the sentence vector that the objectives decoding one read —
+``bow``, ``ae``, ``ar``, ``enhanced``, ``cpdae`` and the contextual decoders. ``cls`` (default; the papers' and
+their authors' choice, every preset) is the last layer's [CLS] vector; ``mean`` is the attention-masked mean of the
+last hidden states, the vector of a mean-pooled retriever such as all-MiniLM-L6-v2
+(:mod:`pretrieve.modeling.pretrain_model`). ``{base: bow, bottleneck: mean}`` in a file, ``bottleneck="mean"`` in
+:func:`apply_overrides` / :func:`resolve_method`, ``--bottleneck mean`` on ``pretrieve pretrain``. Methods whose
+objectives read no sentence vector (``mlm``) accept it and are unchanged. ``to_dict`` records it only when it is
+``mean``, so the saved settings of every earlier (``cls``) run stay what they were.
 
 CPDAE (Ma et al. 2022): each text is masked twice with BERT's token masking (15 %, §3.1.1); eq. 6 is
 ``REC + MLM + λ·CL`` with λ = 0.1 (§4.1.3). The MLM term is the mean over the masked tokens of *both* views
@@ -105,7 +120,7 @@ import yaml
 from pretrieve.data.spans import ContextSpec
 from pretrieve.errors import ConfigError, InputError
 from pretrieve.masking.pmi import PMI_MASKER_DEFAULTS, check_pmi_params
-from pretrieve.modeling.objectives import OBJECTIVES, check_objective_params, objective_class
+from pretrieve.modeling.objectives import BOTTLENECKS, OBJECTIVES, check_objective_params, objective_class
 
 logger = logging.getLogger(__name__)
 
@@ -197,6 +212,11 @@ class MethodConfig:
     """Query/passage FFN experts in the encoder (CoT-MoTE)."""
     mote_swap: bool = False
     """Swap the experts' inputs during pre-training (CoT-MoTE, Ma et al. 2023, Table 4 ablation)."""
+    bottleneck: str = "cls"
+    """The sentence vector the decoder objectives read: ``cls`` (position 0) or ``mean`` (masked mean)."""
+    trainer: str | None = None
+    """A method trained by its own module instead of :class:`~pretrieve.modeling.pretrain_model.PretrainModel`
+    (a key of :data:`TRAINERS`, e.g. ``tsdae``); it has no objectives or maskers of its own."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "objectives", tuple(self.objectives))
@@ -220,6 +240,8 @@ class MethodConfig:
     def resolved(self) -> "MethodConfig":
         """Validated copy with the decoder-masker default filled in (see the module docstring)."""
         config = self
+        if config.trainer is not None:
+            return config.validate()
         _check_objectives(config)
         if config.decoder_masker is None and config.needs_decoder_masker():
             users = [s.name for s in config.objectives
@@ -234,6 +256,8 @@ class MethodConfig:
         """Raise :class:`ConfigError` on any invalid field; return ``self``."""
         if not isinstance(self.name, str) or not self.name.strip():
             raise ConfigError("method name must be a non-empty string")
+        if self.trainer is not None:
+            return _check_trainer(self)
         _check_objectives(self)
         _check_masker(self.encoder_masker, "encoder_masker", allow_zero=True)
         if self.encoder_masker.ratio == 0 and "mlm_labels" in _requires_of(self):
@@ -254,6 +278,8 @@ class MethodConfig:
             raise ConfigError("mote and mote_swap must be true or false")
         if self.mote_swap and not self.mote:
             raise ConfigError("mote_swap swaps the query/passage experts: it needs mote: true")
+        if self.bottleneck not in BOTTLENECKS:
+            raise ConfigError(f"bottleneck must be one of {', '.join(BOTTLENECKS)}, got {self.bottleneck!r}")
         return self
 
     # ------------------------------------------------------------------ (de)serialisation
@@ -266,6 +292,9 @@ class MethodConfig:
             "context": None if self.context is None else self.context.to_dict(),
             "mote": self.mote,
             "mote_swap": self.mote_swap,
+            # recorded only when not the default, so the settings of every earlier run stay equal (reusable)
+            **({"bottleneck": self.bottleneck} if self.bottleneck != "cls" else {}),
+            **({"trainer": self.trainer} if self.trainer is not None else {}),
         }
 
     @classmethod
@@ -289,10 +318,11 @@ class MethodConfig:
             objectives=tuple(ObjectiveSpec.from_any(o, f"{where}.objectives[{i}]") for i, o in enumerate(objectives)),
             context=None if data.get("context") is None else ContextSpec.from_dict(data["context"], f"{where}.context"),
             mote=data.get("mote", False), mote_swap=data.get("mote_swap", False),
+            bottleneck=data.get("bottleneck", "cls"), trainer=data.get("trainer"),
         ).resolved()
 
 
-_OPTIONAL_FIELDS = ("context", "mote", "mote_swap")
+_OPTIONAL_FIELDS = ("context", "mote", "mote_swap", "bottleneck", "trainer")
 
 
 DEFAULT_DECODER_MASKER = MaskerSpec(kind="wwm", ratio=0.5)
@@ -311,6 +341,14 @@ def _cpdae_preset(name: str, contrast: str) -> MethodConfig:
         ObjectiveSpec("cpdae", 1.0, {"contrast": contrast, "cl_weight": 0.1, "rec_reduction": "mean"})))
 
 
+_CDMAE = MethodConfig("cdmae", _ENCODER_MASKER,
+                      (ObjectiveSpec("mlm"), ObjectiveSpec("ae", params={"num_layers": 2, "projection": True})),
+                      decoder_masker=MaskerSpec(kind="pmi", ratio=0.5))
+
+TRAINERS: dict[str, str] = {"tsdae": "pretrieve.train.tsdae"}
+"""Methods not trained by ``PretrainModel`` + the loop of :mod:`pretrieve.train.pretrainer`, and the module whose
+``pretrain(config)`` trains them (same :class:`~pretrieve.train.pretrainer.PretrainConfig`, same export)."""
+
 PRESETS: dict[str, MethodConfig] = {
     "mlm": MethodConfig("mlm", _ENCODER_MASKER, (ObjectiveSpec("mlm"),)),
     # BoW (Drop your Decoder, Ma et al. 2024): the authors' code decays the BoW weight by a cosine from 1 to 0.1 (objectives/bow.py)
@@ -322,9 +360,9 @@ PRESETS: dict[str, MethodConfig] = {
                              decoder_masker=DEFAULT_DECODER_MASKER),
     "cpdae": _cpdae_preset("cpdae", "js"),
     "cpdae-r": _cpdae_preset("cpdae-r", "dense"),
-    "cdmae": MethodConfig("cdmae", _ENCODER_MASKER,
-                          (ObjectiveSpec("mlm"), ObjectiveSpec("ae", params={"num_layers": 2, "projection": True})),
-                          decoder_masker=MaskerSpec(kind="pmi", ratio=0.5)),
+    "cdmae": _CDMAE,
+    # the matched control of CDMAE's "PMI masking > random masking": only the decoder masker differs
+    "cdmae-random": replace(_CDMAE, name="cdmae-random", decoder_masker=DEFAULT_DECODER_MASKER),
     # DupMAE (Xiao & Liu 2022, §3.2 eq. 9, masks §4); "-code": the authors' OT-BoW variant and 0.1 weight (ot_bow.py)
     # both: the decoder query stream through the embedding layer, as the authors' modeling_duplex.py (enhanced.py)
     "dupmae": MethodConfig("dupmae", _ENCODER_MASKER, (ObjectiveSpec("mlm"), ObjectiveSpec("enhanced", params=_DUPMAE_QUERY),
@@ -344,6 +382,8 @@ PRESETS: dict[str, MethodConfig] = {
     "cotmote-swap": MethodConfig("cotmote-swap", _ENCODER_MASKER, (
         ObjectiveSpec("mlm_spans"), ObjectiveSpec("context_ar", params=_COTMOTE_DECODER)),
         context=ContextSpec(kind="pairs"), mote=True, mote_swap=True),
+    # TSDAE (Wang et al. 2021): sentence-transformers' DenoisingAutoEncoderLoss, trained by pretrieve.train.tsdae
+    "tsdae": MethodConfig("tsdae", MaskerSpec(ratio=0.0), (), trainer="tsdae"),
 }
 
 
@@ -403,11 +443,12 @@ def method_from_mapping(data: Any, where: str = "method") -> MethodConfig:
 def resolve_method(method: str | Path | None = None, *, objectives: str | None = None,
                    weights: str | None = None, encoder_mask: float | str | None = None,
                    decoder_mask: float | str | None = None, encoder_masker: str | None = None,
-                   decoder_masker: str | None = None, name: str | None = None) -> MethodConfig:
+                   decoder_masker: str | None = None, bottleneck: str | None = None,
+                   name: str | None = None) -> MethodConfig:
     """The method the CLI asked for: a preset name or a YAML/JSON file (or only ``objectives``), then overrides.
 
     ``objectives="mlm,bow,enhanced"``, ``weights="1,1,0.5"``, ``encoder_mask=0.3``, ``decoder_mask=0.5``,
-    ``encoder_masker="wwm"``, ``decoder_masker="token"`` (or ``"none"``).
+    ``encoder_masker="wwm"``, ``decoder_masker="token"`` (or ``"none"``), ``bottleneck="mean"``.
     """
     if method is None:
         if objectives is None:
@@ -420,13 +461,13 @@ def resolve_method(method: str | Path | None = None, *, objectives: str | None =
         config = preset(str(method))  # unknown names raise the error listing the presets
     return apply_overrides(config, objectives=objectives, weights=weights, encoder_mask=encoder_mask,
                            decoder_mask=decoder_mask, encoder_masker=encoder_masker,
-                           decoder_masker=decoder_masker, name=name, where="command line")
+                           decoder_masker=decoder_masker, bottleneck=bottleneck, name=name, where="command line")
 
 
 def apply_overrides(config: MethodConfig, *, objectives: str | list | None = None,
                     weights: str | list | None = None, encoder_mask: float | str | None = None,
                     decoder_mask: float | str | None = None, encoder_masker: str | None = None,
-                    decoder_masker: str | None = None, name: str | None = None,
+                    decoder_masker: str | None = None, bottleneck: str | None = None, name: str | None = None,
                     where: str = "command line") -> MethodConfig:
     """Apply CLI-style overrides to ``config`` and return the validated, resolved result.
 
@@ -459,7 +500,9 @@ def apply_overrides(config: MethodConfig, *, objectives: str | list | None = Non
     if decoder_mask is not None:
         dec = replace(dec or DEFAULT_DECODER_MASKER, ratio=_number(decoder_mask, f"{where}: decoder_mask"))
     return MethodConfig(name or config.name, enc, tuple(specs), decoder_masker=dec, context=config.context,
-                        mote=config.mote, mote_swap=config.mote_swap).resolved()
+                        mote=config.mote, mote_swap=config.mote_swap,
+                        bottleneck=config.bottleneck if bottleneck is None else str(bottleneck),
+                        trainer=config.trainer).resolved()
 
 
 # ---------------------------------------------------------------------- helpers
@@ -478,6 +521,21 @@ def _check_objectives(config: MethodConfig) -> None:
         check_objective_params(spec.name, spec.params)
     if all(spec.weight == 0 for spec in config.objectives):
         raise ConfigError("at least one objective needs a weight > 0")
+
+
+def _check_trainer(config: MethodConfig) -> MethodConfig:
+    """A method with its own trainer: a known trainer, and none of the fields only PretrainModel reads."""
+    if config.trainer not in TRAINERS:
+        raise ConfigError(f"unknown trainer {config.trainer!r}; known trainers: {', '.join(TRAINERS)}")
+    extra = [key for key, value in (("objectives", config.objectives), ("decoder_masker", config.decoder_masker),
+                                    ("encoder_masker", config.encoder_masker.ratio), ("context", config.context),
+                                    ("mote", config.mote)) if value]
+    if extra:
+        raise ConfigError(f"method '{config.name}' is trained by {TRAINERS[config.trainer]}, which takes no "
+                          f"{', '.join(extra)}")
+    if config.bottleneck not in BOTTLENECKS:
+        raise ConfigError(f"bottleneck must be one of {', '.join(BOTTLENECKS)}, got {config.bottleneck!r}")
+    return config
 
 
 def _with_kind(spec: MaskerSpec, kind: str) -> MaskerSpec:

@@ -20,7 +20,8 @@ from pretrieve.models import resolve_model
 from pretrieve.options import validate
 from pretrieve.train.pretrainer import PretrainConfig
 
-METHOD_FLAG_KEYS = ("objectives", "weights", "encoder_mask", "decoder_mask", "encoder_masker", "decoder_masker")
+METHOD_FLAG_KEYS = ("objectives", "weights", "encoder_mask", "decoder_mask", "encoder_masker", "decoder_masker",
+                    "bottleneck")
 
 
 @dataclass
@@ -34,6 +35,7 @@ class PretrainOptions(PretrainConfig):
     decoder_mask: float | None = None
     encoder_masker: str | None = None
     decoder_masker: str | None = None
+    bottleneck: str | None = None
 
 
 def load_config_file(path: str | Path) -> dict[str, Any]:

@@ -8,9 +8,9 @@ CPDAE (Ma et al. 2022)), ``ot_bow`` (DupMAE's ordinary-token bag of words, DupMA
 here with a ``@register_objective`` class, plus its import below.
 """
 
-from pretrieve.modeling.objectives.base import (OBJECTIVES, Objective, ObjectiveOutput, build_objective,
-                                                check_objective_params, objective_class, objective_params,
-                                                register_objective, token_prediction_loss)
+from pretrieve.modeling.objectives.base import (BOTTLENECKS, OBJECTIVES, Objective, ObjectiveOutput, bottleneck,
+                                                build_objective, check_objective_params, objective_class,
+                                                objective_params, register_objective, token_prediction_loss)
 from pretrieve.modeling.objectives.mlm import MaskedLanguageModeling
 from pretrieve.modeling.objectives.bow import BagOfWords, bow_cross_entropy
 from pretrieve.modeling.objectives.autoencoding import AutoEncodingDecoder
@@ -21,8 +21,8 @@ from pretrieve.modeling.objectives import ot_bow  # noqa: E402,F401  (registers 
 from pretrieve.modeling.objectives import contextual  # noqa: E402,F401  (context_ae, context_ar, mlm_spans: CoT-MAE)
 
 __all__ = [
-    "OBJECTIVES", "AutoEncodingDecoder", "AutoRegressiveDecoder", "BagOfWords", "EnhancedDecoder",
-    "MaskedLanguageModeling", "Objective", "ObjectiveOutput", "bow_cross_entropy", "build_objective",
+    "BOTTLENECKS", "OBJECTIVES", "AutoEncodingDecoder", "AutoRegressiveDecoder", "BagOfWords", "EnhancedDecoder",
+    "MaskedLanguageModeling", "Objective", "ObjectiveOutput", "bottleneck", "bow_cross_entropy", "build_objective",
     "causal_visibility", "check_objective_params", "objective_class", "objective_params", "register_objective",
     "token_prediction_loss",
 ]

@@ -29,8 +29,8 @@ from torch import Tensor
 
 from pretrieve.errors import ConfigError
 from pretrieve.modeling.encoder import Encoder, EncoderOutput
-from pretrieve.modeling.objectives.base import (Objective, ObjectiveOutput, positive_int, register_objective,
-                                                token_prediction_loss)
+from pretrieve.modeling.objectives.base import (Objective, ObjectiveOutput, bottleneck, positive_int,
+                                                register_objective, token_prediction_loss)
 from pretrieve.modeling.objectives.decoder_layers import DecoderStack, LayerShape
 
 
@@ -60,8 +60,9 @@ class AutoEncodingDecoder(Objective):
             torch.nn.init.zeros_(self.projection.bias)
 
     def forward(self, batch: dict[str, Tensor], enc: EncoderOutput, encoder: Encoder) -> ObjectiveOutput:
-        bottleneck = enc.cls if self.projection is None else self.projection(enc.cls)   # CDMAE eq. 4
-        hidden = with_cls_first(bottleneck, encoder.embed_tokens(batch["decoder_input_ids"]))
+        sentence = bottleneck(enc)
+        first = sentence if self.projection is None else self.projection(sentence)      # CDMAE eq. 4
+        hidden = with_cls_first(first, encoder.embed_tokens(batch["decoder_input_ids"]))
         key_visible = batch["attention_mask"].bool().unsqueeze(1)          # [B, 1, L]
         decoded = self.decoder(hidden, key_visible)
         loss, count = token_prediction_loss(encoder, decoded, batch["decoder_labels"])

@@ -22,8 +22,8 @@ from torch import Tensor
 
 from pretrieve.modeling.encoder import Encoder, EncoderOutput
 from pretrieve.modeling.objectives.autoencoding import with_cls_first
-from pretrieve.modeling.objectives.base import (Objective, ObjectiveOutput, positive_int, register_objective,
-                                                token_prediction_loss)
+from pretrieve.modeling.objectives.base import (Objective, ObjectiveOutput, bottleneck, positive_int,
+                                                register_objective, token_prediction_loss)
 from pretrieve.modeling.objectives.decoder_layers import DecoderStack
 
 
@@ -53,7 +53,7 @@ class AutoRegressiveDecoder(Objective):
 
     def forward(self, batch: dict[str, Tensor], enc: EncoderOutput, encoder: Encoder) -> ObjectiveOutput:
         ids = batch["original_input_ids"]
-        hidden = with_cls_first(enc.cls, encoder.embed_tokens(ids))
+        hidden = with_cls_first(bottleneck(enc), encoder.embed_tokens(ids))
         causal = causal_visibility(ids.shape[1], self.attention_window, ids.device)
         visible = causal.unsqueeze(0) & batch["attention_mask"].bool().unsqueeze(1)     # [B, L, L]
         decoded = self.decoder(hidden, visible)

@@ -31,6 +31,11 @@ Batch features (``requires``) known today (built by ``pretrieve.train.collator``
 (query/passage routing) and extra attention masks: they declare the name here and the collator gains a
 builder for it.
 
+Bottleneck: the objectives that decode a sentence vector (``bow``, ``ae``, ``ar``, ``enhanced``, ``cpdae``, the
+contextual decoders) read it with :func:`bottleneck`, never ``enc.cls`` directly. The pre-training model sets
+``enc.bottleneck`` to the attention-masked mean of the last hidden states when the method says ``bottleneck:
+mean`` (:data:`BOTTLENECKS`); otherwise it is the [CLS] vector (position 0), the papers' choice.
+
 Logs: values are detached 0-d tensors (``float(v)`` gives the number), so the trainer decides when to copy
 them to the host and can all-reduce them across processes before printing.
 """
@@ -47,6 +52,18 @@ from torch import Tensor, nn
 
 from pretrieve.errors import ConfigError
 from pretrieve.modeling.encoder import Encoder, EncoderOutput
+
+
+BOTTLENECKS = ("cls", "mean")
+"""The sentence vector the decoder objectives read: ``cls`` (position 0, the papers') or ``mean`` (the
+attention-masked mean of the last hidden states, a mean-pooled sentence-transformers retriever's vector)."""
+
+
+def bottleneck(enc: EncoderOutput) -> Tensor:
+    """The sentence vector ``[B, H]`` of an encoding: the pooled ``enc.bottleneck`` when the pre-training model set
+    one (method ``bottleneck: mean``), else the [CLS] vector."""
+    pooled = getattr(enc, "bottleneck", None)
+    return enc.cls if pooled is None else pooled
 
 
 @dataclass

@@ -33,7 +33,7 @@ import torch
 from torch import Tensor
 
 from pretrieve.modeling.encoder import Encoder, EncoderOutput
-from pretrieve.modeling.objectives.base import Objective, ObjectiveOutput, full_precision, register_objective
+from pretrieve.modeling.objectives.base import Objective, ObjectiveOutput, bottleneck, full_precision, register_objective
 
 PROGRESS = "training_progress"
 """Batch key of ``step / total_steps`` (put there by :class:`pretrieve.train.loop.StepBatches`)."""
@@ -63,7 +63,8 @@ def bow_cross_entropy(logits: Tensor, targets: Tensor) -> tuple[Tensor, Tensor]:
 
 @register_objective
 class BagOfWords(Objective):
-    """Predict the input's bag of words from the [CLS] vector through the MLM head (eq. 12)."""
+    """Predict the input's bag of words from the [CLS] vector (or the method's bottleneck) through the MLM head
+    (eq. 12)."""
 
     name = "bow"
     requires = frozenset({"bow_targets"})
@@ -79,7 +80,7 @@ class BagOfWords(Objective):
         self.cosine_decay_to = cosine_decay_to
 
     def forward(self, batch: dict[str, Tensor], enc: EncoderOutput, encoder: Encoder) -> ObjectiveOutput:
-        logits = encoder.mlm_logits(enc.cls)
+        logits = encoder.mlm_logits(bottleneck(enc))
         loss, _ = bow_cross_entropy(logits, batch["bow_targets"])
         logs = {}
         if self.cosine_decay_to is not None and PROGRESS in batch:

@@ -57,8 +57,8 @@ from pretrieve.errors import ConfigError
 from pretrieve.modeling.encoder import Encoder, EncoderOutput
 from pretrieve.modeling.objectives.autoencoding import with_cls_first
 from pretrieve.modeling.objectives.autoregression import causal_visibility
-from pretrieve.modeling.objectives.base import (Objective, ObjectiveOutput, positive_int, register_objective,
-                                                token_prediction_loss)
+from pretrieve.modeling.objectives.base import (Objective, ObjectiveOutput, bottleneck, positive_int,
+                                                register_objective, token_prediction_loss)
 from pretrieve.modeling.objectives.decoder_layers import DecoderStack
 
 CONTEXT = "context"
@@ -139,8 +139,8 @@ class _ContextualDecoder(Objective):
         key): its token ids, labels, attention mask (bool) and the decoder input ``[bottleneck; token
         embeddings]``."""
         pad = int(getattr(encoder.config, "pad_token_id", None) or 0)
-        sides = [(batch[ids[0]], batch[labels[0]], batch["context_attention_mask"], enc.cls),
-                 (batch[ids[1]], batch[labels[1]], batch["attention_mask"], context_view(enc).cls)]
+        sides = [(batch[ids[0]], batch[labels[0]], batch["context_attention_mask"], bottleneck(enc)),
+                 (batch[ids[1]], batch[labels[1]], batch["attention_mask"], bottleneck(context_view(enc)))]
         sides = [side for side, decoded in zip(sides, self.directions) if decoded]
         if len(sides) == 1:   # one direction: its B rows at their own length
             targets, target_labels, attention, bottlenecks = sides[0]

@@ -73,8 +73,8 @@ from torch import Tensor, nn
 
 from pretrieve.errors import ConfigError, InputError
 from pretrieve.modeling.encoder import Encoder, EncoderOutput
-from pretrieve.modeling.objectives.base import (Objective, ObjectiveOutput, full_precision, register_objective,
-                                                token_prediction_loss)
+from pretrieve.modeling.objectives.base import (Objective, ObjectiveOutput, bottleneck, full_precision,
+                                                register_objective, token_prediction_loss)
 from pretrieve.modeling.objectives.decoder_layers import LayerShape
 
 CONTRASTS = ("js", "dense", "none")
@@ -262,7 +262,7 @@ class ContrastiveDiscriminativeAutoencoder(Objective):
 
     def forward(self, batch: dict[str, Tensor], enc: EncoderOutput, encoder: Encoder) -> ObjectiveOutput:
         second = view_encoding(enc, SECOND_VIEW, self.name)
-        cls = torch.cat([enc.cls, second.cls], dim=0)                       # [2m, H]: view 1 rows, then view 2
+        cls = torch.cat([bottleneck(enc), bottleneck(second)], dim=0)      # [2m, H]: view 1 rows, then view 2
         logits = full_precision(self.decode(cls))
         targets = batch["bow_targets"].repeat(2, 1)
         rec = reconstruction_loss(logits, targets, self.idf_weights, self.rec_reduction)

@@ -30,7 +30,8 @@ from pretrieve.errors import ConfigError
 
 from pretrieve.modeling.encoder import Encoder, EncoderOutput
 from pretrieve.modeling.objectives.autoencoding import with_cls_first
-from pretrieve.modeling.objectives.base import Objective, ObjectiveOutput, register_objective, token_prediction_loss
+from pretrieve.modeling.objectives.base import (Objective, ObjectiveOutput, bottleneck, register_objective,
+                                                token_prediction_loss)
 from pretrieve.modeling.objectives.decoder_layers import DecoderLayer, LayerShape
 
 
@@ -56,12 +57,13 @@ class EnhancedDecoder(Objective):
         ids = batch["original_input_ids"]
         positions = encoder.position_ids(ids)
         embedded = encoder.embed_tokens(ids, positions)
-        cls = enc.cls.unsqueeze(1).to(embedded.dtype)
+        sentence = bottleneck(enc)                                                                # h_CLS
+        cls = sentence.unsqueeze(1).to(embedded.dtype)
         if self.query_stream == "embeddings":                                                     # H1, DupMAE code
             query = encoder.embed_vectors(cls.expand(-1, ids.shape[1], -1), positions)
         else:                                                                                     # H1, RetroMAE
             query = cls + encoder.position_embeddings(positions)
-        content = with_cls_first(enc.cls, embedded)                                               # H2
+        content = with_cls_first(sentence, embedded)                                               # H2
         visible = batch["enhanced_mask"].bool() & batch["attention_mask"].bool().unsqueeze(1)
         decoded = self.layer(query, content, visible)
         loss, count = token_prediction_loss(encoder, decoded, batch["original_labels"])
