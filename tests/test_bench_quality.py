@@ -12,7 +12,7 @@ from scipy import stats
 from typer.testing import CliRunner
 
 from pretrieve import pipeline
-from pretrieve.bench import quality
+from pretrieve.bench.quality import recipes, report, run as quality, settings as qsettings, summary as qsummary
 from pretrieve.cli import app
 from pretrieve.data.beir import load_qrels
 from pretrieve.data.trec import read_run
@@ -31,9 +31,10 @@ FAILING = "ar"
 def settings_for(model: Path, collections, out: Path, methods, seeds=SEEDS, **overrides):
     train, other = collections
     values = dict(base=str(model), train=str(train), out=str(out), methods=tuple(methods), eval=(str(train), str(other)),
-                  seeds=tuple(seeds), pretrain=dict(PRETRAIN), finetune=dict(FINETUNE), depth=100, coverage_texts=6)
+                  seeds=tuple(seeds), pretrain=dict(PRETRAIN), finetune=dict(FINETUNE), depth=100, coverage_texts=6,
+                  dev_queries=0, bootstrap=200)
     values.update(overrides)
-    return quality.QualityBenchSettings(**values)
+    return qsettings.QualityBenchSettings(**values)
 
 
 @pytest.fixture(scope="module")
@@ -90,7 +91,7 @@ def _per_query_ndcg(run_path: Path, qrels_path: Path) -> dict[str, float]:
 
 
 # ------------------------------------------------------------------------------------------------ end to end
-def test_every_method_and_seed_is_run_and_reported(bench, collections):
+def test_every_method_and_seed_is_run_and_reported(bench, collections, tiny_mlm_dir):
     settings, out, summary = bench
     assert set(summary["methods"]) == {"none", "mlm", FAILING, "bow"}
     for method in ("none", "mlm", "bow"):
@@ -98,16 +99,21 @@ def test_every_method_and_seed_is_run_and_reported(bench, collections):
         assert entry["status"] == "done" and entry["seeds"] == list(SEEDS)
         for seed in SEEDS:
             directory = out / method / f"seed{seed}"
-            assert (directory / "runs" / "finetune-s1__train.trec").exists()
-            assert (directory / "runs" / "finetune-s1__other.trec").exists()
+            assert (directory / "train-test" / "runs" / "finetune-s1__train.trec").exists()
+            assert (directory / "train-test" / "runs" / "finetune-s1__other.trec").exists()
             assert (directory / "pretrain" / "final").is_dir() == (method != "none")
-            assert not list(directory.glob("*/checkpoints"))       # cleaned after success
-            recipe = json.loads((directory / "recipe.json").read_text())
-            assert [next(iter(stage)) for stage in recipe["stages"]] == (
-                ["finetune", "evaluate"] if method == "none" else ["pretrain", "finetune", "evaluate"])
-            groups = recipe["stages"][-2]["finetune"]["groups"]     # one BM25 groups file shared by every run
+            assert not list(directory.glob("**/checkpoints"))       # cleaned after success
+            assert (directory / "recipe.json").exists() == (method != "none")
+            if method != "none":
+                recipe = json.loads((directory / "recipe.json").read_text())
+                assert [next(iter(stage)) for stage in recipe["stages"]] == ["pretrain"]
+            recipe = json.loads((directory / "train-test" / "recipe.json").read_text())
+            assert [next(iter(stage)) for stage in recipe["stages"]] == ["finetune", "evaluate"]
+            assert recipe["model"] == (str(directory / "pretrain" / "final") if method != "none"
+                                       else str(tiny_mlm_dir))
+            groups = recipe["stages"][0]["finetune"]["groups"]     # one BM25 groups file shared by every run
             assert groups == str(out / "groups" / "train-train-bm25-20.jsonl")
-        for measure in quality.MEASURES:
+        for measure in recipes.MEASURES:
             for name in ("train", "other", "avg"):
                 assert 0.0 <= entry["scores"][measure][name]["mean"] <= 1.0
         assert 0.0 <= entry["coverage"]["ratio"]["10"] <= 1.0
@@ -144,7 +150,7 @@ def test_cells_are_mean_and_std_over_seeds_of_the_evaluate_scores(bench, collect
     _, out, summary = bench
     for method in ("none", "mlm", "bow"):
         for collection in collections:
-            scores = [np.mean(list(_per_query_ndcg(out / method / f"seed{s}" / "runs" /
+            scores = [np.mean(list(_per_query_ndcg(out / method / f"seed{s}" / "train-test" / "runs" /
                                                    f"finetune-s1__{collection.name}.trec",
                                                    collection / "qrels" / "test.tsv").values())) for s in SEEDS]
             cell = summary["methods"][method]["scores"]["nDCG@10"][collection.name]
@@ -162,7 +168,8 @@ def test_p_values_are_paired_ttests_on_seed_averaged_per_query_scores(bench, col
     checked = 0
     for collection in collections:
         def seed_mean(method):
-            per_seed = [_per_query_ndcg(out / method / f"seed{s}" / "runs" / f"finetune-s1__{collection.name}.trec",
+            per_seed = [_per_query_ndcg(out / method / f"seed{s}" / "train-test" / "runs" /
+                                        f"finetune-s1__{collection.name}.trec",
                                         collection / "qrels" / "test.tsv") for s in SEEDS]
             return {qid: np.mean([scores[qid] for scores in per_seed]) for qid in per_seed[0]}
 
@@ -193,31 +200,31 @@ def test_every_number_is_regenerated_by_pretrieve_evaluate(bench, collections, t
     runner = CliRunner()
     for collection in collections:
         for method in ("mlm", "bow"):
-            run = out / method / "seed4" / "runs" / f"finetune-s1__{collection.name}.trec"
+            run = out / method / "seed4" / "train-test" / "runs" / f"finetune-s1__{collection.name}.trec"
             target = tmp_path / f"{method}-{collection.name}.json"
             result = runner.invoke(app, ["evaluate", "--data", str(collection), "--split", "test", "--measures",
                                          "nDCG@10,MRR@10,R@100", "--json", str(target), str(run)])
             assert result.exit_code == 0, result.output
             aggregate = json.loads(target.read_text())["runs"][0]["aggregate"]
-            for measure in quality.MEASURES:
+            for measure in recipes.MEASURES:
                 cell = summary["methods"][method]["scores"][measure][collection.name]
                 assert cell["per_seed"]["4"] == pytest.approx(aggregate[measure], abs=1e-12)
     # and the report can be recomputed from the saved runs alone
-    quality._EVALUATED.clear()
-    assert quality.summarize(out)["methods"]["bow"]["scores"] == summary["methods"]["bow"]["scores"]
+    qsummary._EVALUATED.clear()
+    assert qsummary.summarize(out)["methods"]["bow"]["scores"] == summary["methods"]["bow"]["scores"]
 
 
 def test_markdown_table_shows_mean_std_marks_and_coverage(bench):
     _, out, summary = bench
-    markdown = quality.results_markdown(summary)
-    for measure in quality.MEASURES:
+    markdown = report.results_markdown(summary)
+    for measure in recipes.MEASURES:
         assert f"## {measure}" in markdown
     bow = summary["methods"]["bow"]["scores"]["nDCG@10"]["train"]
     row = next(line for line in markdown.splitlines() if line.startswith("| bow | "))
     assert f"{bow['mean']:.4f} ± {bow['std']:.4f}" in row
     assert f"{summary['methods']['bow']['coverage']['ratio']['10']:.3f}" in row
     assert "## Input-token coverage" in markdown and "## p-values" in markdown
-    assert quality.significance_marks({"vs": {"mlm": {"significant": True, "mean_difference": 0.1},
+    assert report.significance_marks({"vs": {"mlm": {"significant": True, "mean_difference": 0.1},
                                               "none": {"significant": True, "mean_difference": -0.1}}}) == "m▲ n▼"
 
 
@@ -230,19 +237,20 @@ def test_a_finished_comparison_is_not_run_again_and_failed_runs_only_on_request(
     quality.run_quality_bench(settings)
     assert calls == []
     quality.run_quality_bench(settings.__class__(**{**settings.__dict__, "retry_failed": True}))
-    assert calls == [f"bench-quality-{FAILING}-seed{s}" for s in SEEDS]
+    assert calls == [f"bench-quality-{FAILING}-seed{s}" for s in SEEDS]   # (pre-training fails: no fold runs)
 
 
 def test_an_interrupted_comparison_restarts_with_the_next_method(tiny_mlm_dir, collections, tmp_path, monkeypatch):
     settings = settings_for(tiny_mlm_dir, collections, tmp_path / "q", ("none", "bow", "mlm"), seeds=(1,))
-    calls = _count_recipes(monkeypatch, interrupt_at=2)   # dies in the second method
+    calls = _count_recipes(monkeypatch, interrupt_at=3)   # dies in the second method's fold, after its pre-training
     with pytest.raises(KeyboardInterrupt):
         quality.run_quality_bench(settings)
     state = json.loads((tmp_path / "q" / "bench.json").read_text())
     assert state["runs"]["none/seed1"]["status"] == "done" and state["runs"]["bow/seed1"]["status"] == "running"
     calls.clear()
     summary = quality.run_quality_bench(settings)
-    assert calls == ["bench-quality-bow-seed1", "bench-quality-mlm-seed1"]
+    assert calls == ["bench-quality-bow-seed1-train-test", "bench-quality-mlm-seed1",
+                     "bench-quality-mlm-seed1-train-test"]
     assert all(entry["status"] == "done" for entry in summary["methods"].values())
 
 
@@ -252,11 +260,12 @@ def test_a_removed_method_directory_is_pending_and_rerun(tiny_mlm_dir, collectio
     settings = settings_for(tiny_mlm_dir, collections, tmp_path / "q", ("none", "bow"), seeds=(1,))
     quality.run_quality_bench(settings)
     shutil.rmtree(tmp_path / "q" / "bow")                 # a user deleting one method to run it again
-    summary = quality.summarize(tmp_path / "q")           # the report still builds, with bow pending
+    summary = qsummary.summarize(tmp_path / "q")          # the report still builds, with bow pending
     assert summary["methods"]["bow"]["status"] == "pending" and summary["methods"]["none"]["status"] == "done"
     calls = _count_recipes(monkeypatch)
     summary = quality.run_quality_bench(settings)
-    assert calls == ["bench-quality-bow-seed1"] and summary["methods"]["bow"]["status"] == "done"
+    assert calls == ["bench-quality-bow-seed1", "bench-quality-bow-seed1-train-test"]
+    assert summary["methods"]["bow"]["status"] == "done"
 
 
 def test_a_rerun_with_other_settings_is_refused(bench, tiny_mlm_dir, collections):
@@ -289,27 +298,32 @@ def test_settings_are_checked_before_any_work(tiny_mlm_dir, collections, tmp_pat
 
 
 def test_pair_methods_get_the_training_pairs_and_overrides_parse(tiny_mlm_dir, collections, tmp_path):
-    settings = settings_for(tiny_mlm_dir, collections, tmp_path, ("cotmote", "cotmae")).resolved()
-    pairs = quality.prepare_pairs(settings)
+    settings = settings_for(tiny_mlm_dir, collections, tmp_path, ("cotmote", "cotmae"), dev_queries=2).resolved()
+    data = quality.derived_collection(settings)
+    pairs = quality.prepare_pairs(settings, data)
     lines = [json.loads(line) for line in pairs.read_text().splitlines()]
-    assert len(lines) == 20 and {"passage", "query"} <= set(lines[0])
-    recipe = quality.method_recipe(settings, "cotmote", 3, pairs)
+    assert len(lines) == 18 and {"passage", "query"} <= set(lines[0])      # dev's 2 queries left out
+    recipe = recipes.pretrain_recipe("n", tmp_path, "base", str(data), 3, "cotmote", PRETRAIN, "corpus", tmp_path, pairs)
     assert recipe["stages"][0]["pretrain"]["method"] == {"base": "cotmote", "context": {"pairs": str(pairs)}}
-    assert quality.method_recipe(settings, "cotmae", 3, None)["stages"][0]["pretrain"]["method"] == "cotmae"
-    assert quality.parse_overrides("lr=2e-5,pooling=mean,epochs=1", "finetune") == {
+    recipe = recipes.pretrain_recipe("n", tmp_path, "base", str(data), 3, "cotmae", PRETRAIN, "corpus", tmp_path)
+    assert recipe["stages"][0]["pretrain"]["method"] == "cotmae"
+    with pytest.raises(ConfigError, match="pair-based"):
+        quality.prepare_pairs(settings_for(tiny_mlm_dir, collections, tmp_path, ("cotmote",),
+                                           folds=("train:test", "test:train")).resolved(), data)
+    assert qsettings.parse_overrides("lr=2e-5,pooling=mean,epochs=1", "finetune") == {
         "lr": 2e-5, "pooling": "mean", "epochs": 1}
     file = tmp_path / "ft.yaml"
     file.write_text("lr: 3.0e-5\nmethods:\n  dupmae: {representation: dupmae}\n")
-    values, per_method = quality.split_finetune_overrides(quality.parse_overrides(str(file), "finetune"), "ft")
+    values, per_method = qsettings.split_finetune_overrides(qsettings.parse_overrides(str(file), "finetune"), "ft")
     assert values == {"lr": 3e-5} and per_method == {"dupmae": {"representation": "dupmae"}}
 
 
 # ------------------------------------------------------------------------------------- a retrieval-ready base
 def test_a_retrieval_ready_base_gets_its_own_pooling_and_a_gentler_budget(tiny_mlm_dir, minilm):
-    pretrain, finetune = quality.defaults_for_base(str(minilm))
+    pretrain, finetune = qsettings.defaults_for_base(str(minilm))
     assert finetune["pooling"] == "mean" and finetune["normalize"] is True and finetune["temperature"] == 0.05
     assert finetune["lr"] == 2e-5 and pretrain["lr"] == 5e-5
-    assert quality.defaults_for_base(str(tiny_mlm_dir)) == (quality.DEFAULT_PRETRAIN, quality.DEFAULT_FINETUNE)
+    assert qsettings.defaults_for_base(str(tiny_mlm_dir)) == (qsettings.DEFAULT_PRETRAIN, qsettings.DEFAULT_FINETUNE)
 
 
 def test_a_mean_pooling_base_without_mlm_head_runs_through(tiny_bert_dir, collections, tmp_path):
@@ -318,13 +332,14 @@ def test_a_mean_pooling_base_without_mlm_head_runs_through(tiny_bert_dir, collec
     from test_dense import LEGACY_MEAN, make_st_checkpoint
 
     base = make_st_checkpoint(tmp_path / "st", tiny_bert_dir, pooling=LEGACY_MEAN)
-    _, finetune = quality.defaults_for_base(str(base))
+    _, finetune = qsettings.defaults_for_base(str(base))
     finetune.update({k: v for k, v in FINETUNE.items() if k != "pooling"})
     settings = settings_for(base, collections, tmp_path / "q", ("none", "mlm"), seeds=(3,), finetune=finetune)
     summary = quality.run_quality_bench(settings)
     assert all(entry["status"] == "done" for entry in summary["methods"].values())
     for method in ("none", "mlm"):
-        config = json.loads((tmp_path / "q" / method / "seed3" / "finetune-s1" / "final" / "finetune_config.json")
+        config = json.loads((tmp_path / "q" / method / "seed3" / "train-test" / "finetune-s1" / "final" /
+                             "finetune_config.json")
                             .read_text())["config"]
         assert config["pooling"] == "mean" and config["normalize"] is True and config["temperature"] == 0.05
     assert summary["methods"]["mlm"]["coverage"]["head_created"] is False      # pre-training trained the new head
