@@ -344,3 +344,114 @@ def test_a_mean_pooling_base_without_mlm_head_runs_through(tiny_bert_dir, collec
         assert config["pooling"] == "mean" and config["normalize"] is True and config["temperature"] == 0.05
     assert summary["methods"]["mlm"]["coverage"]["head_created"] is False      # pre-training trained the new head
     assert summary["methods"]["none"]["coverage"]["head_created"] is True
+
+
+# ------------------------------------------------------------------------ cross-fitting, dev, selection, A/A
+@pytest.fixture(scope="module")
+def crossfit(tiny_mlm_dir, collections, tmp_path_factory):
+    """none, mlm and mlm's A/A control × 2 seeds, cross-fitted both ways, 3 dev queries, a 2-point lr grid."""
+    out = tmp_path_factory.mktemp("crossfit") / "q"
+    settings = settings_for(tiny_mlm_dir, collections, out, ("none", "mlm", "mlm-aa"), seeds=(1, 2),
+                            folds=("train:test", "test:train"), dev_queries=3, dev_seed=5,
+                            grid={"lr": (1e-4, 1e-3), "epochs": (1,)}, contrasts=("mlm-none", "mlm-aa-mlm"))
+    return settings, out, quality.run_quality_bench(settings)
+
+
+def _queries_of_groups(path: Path) -> set[str]:
+    return {json.loads(line)["query_id"] for line in path.read_text().splitlines() if line.strip()}
+
+
+def test_cross_fitting_never_evaluates_a_query_that_trained_the_fold_and_dev_is_in_neither(crossfit, collections):
+    settings, out, summary = crossfit
+    derived = out / "collections" / "train"
+    dev = set(load_qrels(derived / "qrels" / "dev.tsv"))
+    original_train = set(load_qrels(collections[0] / "qrels" / "train.tsv"))
+    assert len(dev) == 3 and dev <= original_train
+    pooled = set()
+    for arm in ("none", "mlm", "mlm-aa"):
+        for seed in settings.resolved().arm_seeds(arm):
+            for fold, (train_split, test_split) in (("train-test", ("train", "test")),
+                                                    ("test-train", ("test", "train"))):
+                recipe = json.loads((out / arm / f"seed{seed}" / fold / "recipe.json").read_text())
+                assert recipe["finetune"]["split"] == train_split
+                trained = _queries_of_groups(Path(recipe["stages"][0]["finetune"]["groups"]))
+                tag = "train" if test_split == "test" else f"train:{test_split}"
+                evaluated = set(read_run(out / arm / f"seed{seed}" / fold / "runs" / f"finetune-s1__{tag}.trec"))
+                assert trained and evaluated and not trained & evaluated      # the fold's model never saw them
+                assert not dev & trained and not dev & evaluated
+                pooled |= {(fold, q) for q in evaluated}
+    assert {q for _, q in pooled} == (original_train - dev) | set(load_qrels(collections[0] / "qrels" / "test.tsv"))
+    # the pooled statistics count each non-dev judged query once
+    entry = next(e for e in summary["contrasts"]["nDCG@10"]["train"] if e["contrast"] == "mlm-none")
+    assert entry["n_queries"] == 17 + 4 and entry["folds"] == {"train:test": 4, "test:train": 17}
+
+
+def test_the_protocol_is_chosen_once_on_dev_and_applied_everywhere(crossfit):
+    _, out, summary = crossfit
+    selection = json.loads((out / "bench.json").read_text())["selection"]
+    assert selection["arm"] == "mlm" and selection["seed"] == 1 and selection["fold"] == "train:test"
+    assert set(selection["scores"]) == {"lr0.0001-epochs1", "lr0.001-epochs1"}
+    best = max(selection["scores"], key=lambda name: (selection["scores"][name], name == "lr0.0001-epochs1"))
+    assert selection["chosen"]["lr"] == (1e-4 if best == "lr0.0001-epochs1" else 1e-3)
+    assert selection["chosen"]["epochs"] == 1 and selection["chosen"]["max_steps"] == 0
+    for name in selection["scores"]:   # each point scored on dev only, with its own lr
+        cell = out / "select" / name
+        assert [p.name for p in (cell / "runs").glob("*.trec")] == ["finetune-s1__train:dev.trec"]
+        config = json.loads((cell / "finetune-s1" / "final" / "finetune_config.json").read_text())["config"]
+        assert config["lr"] == (1e-4 if name.startswith("lr0.0001") else 1e-3)
+    for arm, seed in (("none", 1), ("mlm", 2), ("mlm-aa", 1001)):
+        for fold in ("train-test", "test-train"):
+            config = json.loads((out / arm / f"seed{seed}" / fold / "finetune-s1" / "final" /
+                                 "finetune_config.json").read_text())["config"]
+            assert config["lr"] == selection["chosen"]["lr"] and config["epochs"] == 1 and config["max_steps"] == 0
+    assert "## Fine-tuning protocol (chosen once on dev)" in (out / "results.md").read_text()
+
+
+def test_the_aa_arm_runs_other_seeds_and_contrasts_are_reported_with_holm(crossfit):
+    _, out, summary = crossfit
+    assert summary["methods"]["mlm-aa"]["seeds"] == [1001, 1002]
+    assert (out / "mlm-aa" / "seed1001" / "pretrain" / "final").is_dir()
+    recipe = json.loads((out / "mlm-aa" / "seed1001" / "recipe.json").read_text())
+    assert recipe["seed"] == 1001 and recipe["stages"][0]["pretrain"]["method"] == "mlm"
+    entries = summary["contrasts"]["nDCG@10"]["train"]
+    assert [e["contrast"] for e in entries] == ["mlm-none", "mlm-aa-mlm"]
+    from statsmodels.stats.multitest import multipletests
+
+    np.testing.assert_allclose([e["p_holm"] for e in entries],
+                               multipletests([e["p_value"] for e in entries], method="holm")[1])
+    for entry in entries:
+        assert entry["ci_low"] <= entry["delta"] <= entry["ci_high"] and entry["n_seeds"] == [2, 2]
+        assert entry["decision"] in ("confirmed", "refuted-at-this-scale", "undecided")
+        assert entry["mde_holm"] >= entry["mde"] > 0
+    # Δ is the pooled mean of the seed-averaged per-query differences, recomputed from the runs
+    def pooled(arm, seeds):
+        per_seed = []
+        for seed in seeds:
+            scores = {}
+            for fold, tag, split in (("train-test", "train", "test"), ("test-train", "train:train", "train")):
+                qrels = out / "collections" / "train" / "qrels" / f"{split}.tsv"
+                for qid, value in _per_query_ndcg(out / arm / f"seed{seed}" / fold / "runs" /
+                                                  f"finetune-s1__{tag}.trec", qrels).items():
+                    scores[(fold, qid)] = value
+            per_seed.append(scores)
+        keys = sorted(per_seed[0])
+        return keys, np.mean([[s[k] for k in keys] for s in per_seed], axis=0)
+
+    keys, mlm = pooled("mlm", (1, 2))
+    _, none = pooled("none", (1, 2))
+    assert entries[0]["delta"] == pytest.approx(float(np.mean(mlm - none)), abs=1e-12)
+    markdown = (out / "results.md").read_text()
+    assert "## Contrasts (nDCG@10" in markdown and "| train | mlm-aa − mlm |" in markdown
+
+
+def test_contrasts_and_folds_are_checked(tiny_mlm_dir, collections, tmp_path):
+    with pytest.raises(ConfigError, match="does not name two compared arms"):
+        settings_for(tiny_mlm_dir, collections, tmp_path, ("none", "mlm"), contrasts=("bow-mlm",)).resolved()
+    with pytest.raises(ConfigError, match="fold 'train'"):
+        settings_for(tiny_mlm_dir, collections, tmp_path, ("none",), folds=("train",)).resolved()
+    with pytest.raises(ConfigError, match="same split"):
+        settings_for(tiny_mlm_dir, collections, tmp_path, ("none",), folds=("train:test", "dev2:test")).resolved()
+    with pytest.raises(ConfigError, match="searched on dev"):
+        settings_for(tiny_mlm_dir, collections, tmp_path, ("none",), grid={"lr": (1e-4,)}).resolved()
+    with pytest.raises(ConfigError, match="unknown method"):
+        settings_for(tiny_mlm_dir, collections, tmp_path, ("bert-aa",)).resolved()
