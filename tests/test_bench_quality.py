@@ -455,3 +455,24 @@ def test_contrasts_and_folds_are_checked(tiny_mlm_dir, collections, tmp_path):
         settings_for(tiny_mlm_dir, collections, tmp_path, ("none",), grid={"lr": (1e-4,)}).resolved()
     with pytest.raises(ConfigError, match="unknown method"):
         settings_for(tiny_mlm_dir, collections, tmp_path, ("bert-aa",)).resolved()
+
+
+def test_the_smoke_path_runs_the_whole_harness_from_the_cli(tmp_path):
+    """`bench quality --smoke`: a tiny random model and a synthetic collection, cross-fitted, dev-selected, with an
+    A/A arm and contrasts, end to end well under a minute."""
+    import time
+
+    out = tmp_path / "smoke"
+    started = time.perf_counter()
+    result = CliRunner().invoke(app, ["bench", "quality", "--smoke", "--out", str(out), "--folds",
+                                      "train:test,test:train", "--grid-lr", "1e-4,1e-3", "--grid-epochs", "1",
+                                      "--methods", "none,mlm,mlm-aa", "--contrasts", "mlm-none,mlm-aa-mlm"])
+    elapsed = time.perf_counter() - started
+    assert result.exit_code == 0, result.output
+    summary = json.loads((out / "results.json").read_text())
+    assert {m: e["status"] for m, e in summary["methods"].items()} == {"none": "done", "mlm": "done", "mlm-aa": "done"}
+    assert [e["contrast"] for e in summary["contrasts"]["nDCG@10"]["smoke"]] == ["mlm-none", "mlm-aa-mlm"]
+    assert summary["settings"]["folds"] == ["train:test", "test:train"] and summary["settings"]["dev_queries"] == 4
+    assert summary["selection"]["chosen"]["epochs"] == 1
+    assert "## Contrasts" in result.output
+    assert elapsed < 150   # ≈ 30 s on a quiet 2-core machine; generous for a shared one

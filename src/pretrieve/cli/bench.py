@@ -359,9 +359,10 @@ def bench_quality_command(
     out: Path = typer.Option(..., help="Directory of the comparison (bench.json, one folder per method, results.*). "
                              "Rerun the same command to resume."),
     base: str = typer.Option("splade-tiny", help="Starting checkpoint of every method: path or offline alias."),
-    methods: str = typer.Option(",".join(DEFAULT_QUALITY_METHODS), help="Comma-separated presets, plus 'none' "
-                                "(no pre-training: the base model is fine-tuned) and NAME-aa (an A/A control: NAME "
-                                "with other seeds)."),
+    methods: Optional[str] = typer.Option(None, help="Comma-separated presets, plus 'none' (no pre-training: the "
+                                          "base model is fine-tuned) and NAME-aa (an A/A control: NAME with other "
+                                          "seeds).", show_default=",".join(DEFAULT_QUALITY_METHODS)
+                                          + "; with --smoke none,mlm,bow,mlm-aa"),
     pretrain_data: Optional[str] = typer.Option(None, "--pretrain-data", help="Pre-training corpus: BEIR dir / "
                                                 "JSONL / text, or a collection name; comma-separate several to "
                                                 "pre-train on their union", show_default="--train"),
@@ -411,6 +412,9 @@ def bench_quality_command(
     keep_checkpoints: bool = typer.Option(False, "--keep-checkpoints", help="Keep training checkpoints of "
                                           "finished runs (final models and runs are always kept)."),
     report_only: bool = typer.Option(False, "--report-only", help="Only recompute results.* from the saved runs."),
+    smoke: bool = typer.Option(False, "--smoke", help="The same comparison on a tiny random model and a synthetic "
+                               "collection with budgets of a few steps: checks the whole harness in under a minute "
+                               "(numbers meaningless; --base, --train, --eval, --pretrain-data and budgets ignored)."),
     progress: bool = typer.Option(False, "--progress/--no-progress", help="Progress bars of each stage."),
     threads: Optional[int] = typer.Option(None, help="torch intra-op threads (default: torch's choice)."),
 ) -> None:
@@ -426,7 +430,7 @@ def bench_quality_command(
         summary = summarize(out)
         paths = report.write_report(out, summary)
     else:
-        if train is None:
+        if train is None and not smoke:
             raise InputError("give --train DIR (the fine-tuning collection)", field="train")
         pretrain, finetune_defaults = quality.defaults_for_base(base, quick)
         for key, value in (("max_steps", budget), ("batch_size", batch_size), ("max_len", max_len), ("lr", lr)):
@@ -437,7 +441,8 @@ def bench_quality_command(
         grid = {key: tuple(_numbers(text, f"grid-{key}")) for key, text in (("lr", grid_lr), ("epochs", grid_epochs))
                 if text}
         settings = quality.QualityBenchSettings(
-            base=base, train=train, out=str(out), methods=tuple(_split(methods, "method")),
+            base=base, train=train or "", out=str(out),
+            methods=tuple(_split(methods, "method")) if methods else DEFAULT_QUALITY_METHODS,
             pretrain_data=tuple(_split(pretrain_data, "pretrain-data")) if pretrain_data else None,
             eval=tuple(e for entry in eval_ or [] for e in _split(entry, "eval")),
             seeds=tuple(range(seed, seed + seeds)), pretrain=pretrain,
@@ -447,6 +452,8 @@ def bench_quality_command(
             select_arm=select_arm, contrasts=tuple(_split(contrasts, "contrast")) if contrasts else (),
             margin=margin, bootstrap=bootstrap,
             retry_failed=retry_failed, keep_checkpoints=keep_checkpoints, show_progress=progress)
+        if smoke:
+            settings = quality.smoke_settings(settings, explicit_methods=methods is not None)
         started = time.perf_counter()
         summary = run.run_quality_bench(settings, progress=lambda line: err.print(line, highlight=False,
                                                                                   markup=False))

@@ -190,6 +190,36 @@ class QualityBenchSettings:
         return arm_seeds(arm, self.seeds)
 
 
+SMOKE_METHODS = ("none", "mlm", "bow", "mlm-aa")
+SMOKE_PRETRAIN: dict[str, Any] = {"max_steps": 2, "batch_size": 4, "max_len": 32, "lr": 1e-3, "warmup_ratio": 0.0,
+                                  "save_every": 0, "log_every": 1}
+SMOKE_FINETUNE: dict[str, Any] = {"pooling": "cls", "similarity": "dot", "max_steps": 2, "batch_size": 4,
+                                  "num_negatives": 2, "query_max_len": 16, "passage_max_len": 32, "bm25_depth": 20,
+                                  "lr": 5e-4, "warmup_ratio": 0.0, "save_every": 0, "log_every": 1}
+
+
+def smoke_settings(settings: QualityBenchSettings, explicit_methods: bool = True) -> QualityBenchSettings:
+    """``--smoke``: the same comparison (arms, folds, dev, grid, contrasts, statistics) on a tiny random BERT and
+    a synthetic collection (:mod:`pretrieve.smoke`'s fixtures, written once under ``<out>/smoke-fixtures``), with
+    budgets of a few steps, so that the whole harness runs end to end in well under a minute. The numbers mean
+    nothing. Without ``explicit_methods`` the arms are :data:`SMOKE_METHODS`."""
+    from pretrieve.smoke import tiny_model, write_fixture_collection
+
+    fixtures = Path(settings.out).expanduser().absolute() / "smoke-fixtures"
+    collection = fixtures / "smoke"
+    if not (collection / "corpus.jsonl").exists():
+        write_fixture_collection(collection, ["train", "test"])
+    model = tiny_model("bert", fixtures / "models")
+    grid = {key: tuple(min(v, 2) for v in values) if key == "epochs" else tuple(values)
+            for key, values in (settings.grid or {}).items()}
+    methods = tuple(settings.methods) if explicit_methods else SMOKE_METHODS
+    return replace(settings, base=model, train=str(collection), eval=(), pretrain_data=None, methods=methods,
+                   pretrain=dict(SMOKE_PRETRAIN), finetune=dict(SMOKE_FINETUNE), finetune_per_method={},
+                   depth=100, coverage_texts=8, dev_queries=min(settings.dev_queries, 4), grid=grid,
+                   bootstrap=min(settings.bootstrap, 500),
+                   probe_steps=tuple(sorted({1, 2})) if settings.probe_steps else ())
+
+
 def parse_fold(text: str) -> tuple[str, str]:
     """``"train:test"`` → ``("train", "test")``: fine-tune on the first split, evaluate on the second."""
     train, sep, test = str(text).partition(":")
