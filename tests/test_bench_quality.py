@@ -476,3 +476,42 @@ def test_the_smoke_path_runs_the_whole_harness_from_the_cli(tmp_path):
     assert summary["selection"]["chosen"]["epochs"] == 1
     assert "## Contrasts" in result.output
     assert elapsed < 150   # ≈ 30 s on a quiet 2-core machine; generous for a shared one
+
+
+def test_probes_at_chosen_steps_and_the_gates(tiny_mlm_dir, collections, tmp_path):
+    """Probe steps keep the first seed's checkpoints; each step gets [CLS] retrieval (dot, cos) on every judged
+    query of every split and the coverage variants; the gates are written into bench.json with their inputs."""
+    settings = settings_for(tiny_mlm_dir, collections, tmp_path / "q", ("none", "mlm", "bow"), seeds=(1, 2),
+                            pretrain={**PRETRAIN, "max_steps": 4}, probe_steps=(2, 4), contrasts=("bow-mlm",))
+    summary = quality.run_quality_bench(settings)
+    out = tmp_path / "q"
+    for arm, steps in (("mlm", (2, 4)), ("bow", (2, 4)), ("none", (0,))):
+        for step in steps:
+            probe = json.loads((out / arm / "seed1" / "probes" / f"step-{step}" / "probe.json").read_text())
+            assert probe["step"] == step and set(probe["retrieval"]) == {"dot", "cos"}
+            parts = probe["retrieval"]["cos"]
+            assert set(parts) == {"train:train", "train:test", "other:train", "other:test"}
+            assert set(parts["train:train"]["per_query"]["nDCG@10"]) == {f"q{i}" for i in range(20)}
+            assert set(probe["coverage"]["variants"]) == {"raw", "no-stopwords", "no-frequent"}
+        assert not (out / arm / "seed2" / "probes").exists()                  # only the first seed is probed
+        assert not list((out / arm).glob("**/checkpoints"))                   # removed once probed
+    # the intermediate step is a different model from the final one
+    step2 = json.loads((out / "bow" / "seed1" / "probes" / "step-2" / "probe.json").read_text())
+    step4 = json.loads((out / "bow" / "seed1" / "probes" / "step-4" / "probe.json").read_text())
+    assert (out / "bow" / "seed1" / "probes" / "step-2" / "model" / "model.safetensors").exists()
+    assert step2["coverage"]["per_text"] != step4["coverage"]["per_text"] or \
+        step2["retrieval"]["dot"] != step4["retrieval"]["dot"]
+    gates = json.loads((out / "bench.json").read_text())["gates"]
+    bow = gates["objectives_move_representation"]["arms"]["bow"]
+    assert set(bow) >= {"probe_dot", "probe_cos", "coverage", "moved", "inputs", "step"} and bow["step"] == 4
+    for key in ("probe_dot", "probe_cos", "coverage"):
+        assert bow[key]["ci_low"] <= bow[key]["delta"] <= bow[key]["ci_high"]
+        assert bow[key]["moved"] == (bow[key]["delta"] >= 0.02 and bow[key]["ci_low"] > 0)
+    expected = np.mean(list(step4["retrieval"]["cos"]["train:test"]["per_query"]["nDCG@10"].values()))
+    assert expected == pytest.approx(step4["retrieval"]["cos"]["train:test"]["aggregate"]["nDCG@10"])
+    rise = gates["pre_saturation"]["arms"]["bow"]["similarities"]["dot"]
+    assert (rise["step"], rise["previous_step"]) == (4, 2) and rise["rise"] == pytest.approx(
+        rise["probe"] - rise["previous_probe"])
+    entry = summary["contrasts"]["nDCG@10"]["train"][0]
+    assert entry["representation_changed"] == bow["moved"]
+    assert "## Gates" in (out / "results.md").read_text()

@@ -389,6 +389,9 @@ def bench_quality_command(
                                                          "retromae-none, mlm-none"),
     margin: float = typer.Option(0.02, "--margin", help="Non-inferiority / decision margin of a contrast's Δ."),
     bootstrap: int = typer.Option(10_000, "--bootstrap", min=100, help="Multi-bootstrap resamples."),
+    probe_steps: Optional[str] = typer.Option(None, "--probe-steps", help="Pre-training steps (comma-separated, e.g. "
+                                              "100,300,600) at which each arm's first seed is probed: [CLS] "
+                                              "retrieval without fine-tuning and coverage; gates in bench.json."),
     budget: Optional[int] = typer.Option(None, "--budget", min=1, help="Pre-training steps of every method",
                                          show_default="100; 30 with --quick; minilm-like bases 40"),
     seeds: int = typer.Option(1, "--seeds", min=1, help="Repetitions: seeds --seed, --seed+1, ..."),
@@ -451,6 +454,7 @@ def bench_quality_command(
             folds=tuple(_split(folds, "folds")), dev_queries=dev_queries, dev_seed=dev_seed, grid=grid,
             select_arm=select_arm, contrasts=tuple(_split(contrasts, "contrast")) if contrasts else (),
             margin=margin, bootstrap=bootstrap,
+            probe_steps=tuple(int(v) for v in _numbers(probe_steps, "probe-steps")) if probe_steps else (),
             retry_failed=retry_failed, keep_checkpoints=keep_checkpoints, show_progress=progress)
         if smoke:
             settings = quality.smoke_settings(settings, explicit_methods=methods is not None)

@@ -22,6 +22,7 @@ from typing import Any, Callable, Mapping, Sequence
 from pretrieve import artifacts
 from pretrieve.bench.quality import recipes
 from pretrieve.bench.quality.arms import NO_PRETRAIN, arm_method
+from pretrieve.bench.quality.gates import compute_gates
 from pretrieve.bench.quality.report import write_report
 from pretrieve.bench.quality.settings import (COVERAGE_FILE, PRIMARY, STATE_FILE, STATUS_FILE, QualityBenchSettings,
                                               fold_dir, grid_points, parse_fold, run_key, seed_dir)
@@ -36,6 +37,8 @@ COVERAGE_KS = (10, 20, 50, 100)
 COVERAGE_VARIANTS = ("raw", "no-stopwords", "no-frequent")
 FREQUENT_TOKENS = 500
 FREQUENT_SAMPLE = 100_000       # passages of the pre-training corpus whose tokens are counted
+PROBE_FILE = "probe.json"
+PROBE_DEPTH = 100
 DEV = "dev"
 
 
@@ -264,6 +267,46 @@ class Bench:
         with artifacts.write_file(path, "coverage", record, inputs) as tmp:
             tmp.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
 
+    # -- probes
+    def probe_steps(self, arm: str, seed: int) -> list[int]:
+        """The probed steps of an arm × seed: the chosen steps for each arm's first seed (0 for ``none``: the
+        base model), none otherwise."""
+        if not self.settings.probe_steps or seed != self.settings.arm_seeds(arm)[0]:
+            return []
+        return [0] if arm_method(arm)[0] == NO_PRETRAIN else list(self.settings.probe_steps)
+
+    def probe_record(self, arm: str, seed: int, step: int) -> tuple[Path, dict[str, Any], dict[str, str]]:
+        """``(probe.json path, settings, inputs)`` of one probed step."""
+        directory = seed_dir(self.out, arm, seed) / "probes" / f"step-{step}"
+        last = step == int(self.settings.pretrain.get("max_steps") or 0)
+        model = self.checkpoint(arm, seed) if step == 0 or last else str(directory / "model")
+        record = {"step": step, "depth": PROBE_DEPTH, "collections": [Path(c).name for c in self.settings.eval],
+                  "max_len": int(self.settings.pretrain.get("max_len", 144)), "texts": self.settings.coverage_texts,
+                  "variants": list(COVERAGE_VARIANTS), "frequent": FREQUENT_TOKENS}
+        inputs = {"model": model, "corpus": self.corpus, **{f"collection{i}": c for i, c in enumerate(self.settings.eval)}}
+        return directory / PROBE_FILE, record, inputs
+
+    def probe(self, arm: str, seed: int) -> None:
+        """At each probed step: [CLS] retrieval without fine-tuning (dot and cosine) on every judged query of every
+        split of the evaluation collections, and the coverage variants (:mod:`pretrieve.analysis.probe`)."""
+        from pretrieve.analysis.probe import cls_probe, export_checkpoint_encoder
+
+        for step in self.probe_steps(arm, seed):
+            path, record, inputs = self.probe_record(arm, seed, step)
+            if artifacts.is_current(path, record, inputs, kind="probe"):
+                continue
+            model = inputs["model"]
+            if not Path(model).exists():
+                checkpoint = seed_dir(self.out, arm, seed) / "pretrain" / "checkpoints" / f"step-{step}"
+                export_checkpoint_encoder(checkpoint, self.checkpoint(arm, seed), model)
+            if self._texts is None:
+                self._texts = coverage_texts(self.settings, self.corpus)
+            result = {"step": step, "retrieval": cls_probe(model, self.settings.eval, path.parent, depth=PROBE_DEPTH),
+                      "coverage": checkpoint_coverage(model, self._texts, record["max_len"],
+                                                      self.frequent_tokens(model))}
+            with artifacts.write_file(path, "probe", record, inputs) as tmp:
+                tmp.write_text(json.dumps(result) + "\n", encoding="utf-8")
+
     def frequent_tokens(self, model: str) -> list[int]:
         """The :data:`FREQUENT_TOKENS` most frequent tokens of the pre-training corpus (every arm shares the base
         tokenizer; counted once)."""
@@ -364,6 +407,9 @@ def run_quality_bench(settings: QualityBenchSettings,
                 write_report(out, summarize(out), plot=False)
             except Exception as exc:  # noqa: BLE001
                 logger.warning("partial report not written: %s", exc)
+    if settings.probe_steps:
+        state["gates"] = compute_gates(bench)
+        save_state(out, state)
     summary = summarize(out)
     write_report(out, summary, plot=True)
     return summary
@@ -374,7 +420,9 @@ def cell_is_current(bench: Bench, arm: str, seed: int) -> bool:
     directory = seed_dir(bench.out, arm, seed)
     pretrained = arm_method(arm)[0] == NO_PRETRAIN or recipes.results_are_current(directory)
     return pretrained and all(recipes.results_are_current(directory / fold_dir(f)) for f in bench.settings.folds) \
-        and artifacts.is_current(*bench.coverage_record(arm, seed), kind="coverage")
+        and artifacts.is_current(*bench.coverage_record(arm, seed), kind="coverage") \
+        and all(artifacts.is_current(*bench.probe_record(arm, seed, step), kind="probe")
+                for step in bench.probe_steps(arm, seed))
 
 
 def run_cell(bench: Bench, arm: str, seed: int, chosen: Mapping[str, Any]) -> None:
@@ -383,6 +431,7 @@ def run_cell(bench: Bench, arm: str, seed: int, chosen: Mapping[str, Any]) -> No
     for fold in bench.settings.folds:
         bench.fold(arm, seed, fold, chosen)
     bench.coverage(arm, seed)
+    bench.probe(arm, seed)
     if not bench.settings.keep_checkpoints:
         directory = seed_dir(bench.out, arm, seed)
         for checkpoints in directory.glob("**/checkpoints"):

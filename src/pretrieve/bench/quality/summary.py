@@ -214,6 +214,10 @@ def summarize(out: str | Path) -> dict[str, Any]:
             entry["scores"][measure] = cells
     contrast_table = {measure: {name: contrast_entries(per_query[measure][name], contrasts, alpha, margin, n_boot)
                                 for name in names} for measure in MEASURES}
+    moved = ((state.get("gates") or {}).get("objectives_move_representation") or {}).get("arms", {})
+    for entry in (e for by_name in contrast_table.values() for entries in by_name.values() for e in entries):
+        if entry["b"] == "mlm" and entry["a"] in moved:
+            entry["representation_changed"] = bool(moved[entry["a"]]["moved"])
     return {"settings": {**fingerprint, "methods": methods, "seeds": seeds, "alpha": alpha, "margin": margin,
                          "bootstrap": n_boot, "contrasts": contrasts},
             "collections": names, "in_domain": scores.in_domain, "measures": list(MEASURES), "retriever": RETRIEVER,
