@@ -353,7 +353,8 @@ def crossfit(tiny_mlm_dir, collections, tmp_path_factory):
     out = tmp_path_factory.mktemp("crossfit") / "q"
     settings = settings_for(tiny_mlm_dir, collections, out, ("none", "mlm", "mlm-aa"), seeds=(1, 2),
                             folds=("train:test", "test:train"), dev_queries=3, dev_seed=5,
-                            grid={"lr": (1e-4, 1e-3), "epochs": (1,)}, contrasts=("mlm-none", "mlm-aa-mlm"))
+                            grid={"lr": (1e-4, 1e-3), "epochs": (1,)}, contrasts=("mlm-none", "mlm-aa-mlm"),
+                            pretrain_data=(str(collections[0]), str(collections[1])))
     return settings, out, quality.run_quality_bench(settings)
 
 
@@ -515,3 +516,17 @@ def test_probes_at_chosen_steps_and_the_gates(tiny_mlm_dir, collections, tmp_pat
     entry = summary["contrasts"]["nDCG@10"]["train"][0]
     assert entry["representation_changed"] == bow["moved"]
     assert "## Gates" in (out / "results.md").read_text()
+
+
+def test_several_pretraining_collections_are_one_corpus_in_a_fixed_order(crossfit, collections):
+    from pretrieve.data.pretrain_text import iter_pretrain_texts
+
+    _, out, summary = crossfit
+    union = out / "pretrain-data" / "train+other.jsonl"
+    texts = [json.loads(line)["text"] for line in union.read_text().splitlines()]
+    assert texts == [*iter_pretrain_texts(str(collections[0])), *iter_pretrain_texts(str(collections[1]))]
+    for arm, seed in (("mlm", 1), ("mlm-aa", 1002)):
+        recipe = json.loads((out / arm / f"seed{seed}" / "recipe.json").read_text())
+        assert recipe["stages"][0]["pretrain"]["corpus"] == str(union)
+    assert summary["settings"]["pretrain_data"] == [str(collections[0]), str(collections[1])]
+    assert "∪" in (out / "results.md").read_text()

@@ -106,7 +106,7 @@ def test_bad_input_is_refused():
 def test_holm_equals_statsmodels_on_random_p_values():
     rng = np.random.default_rng(5)
     for size in (1, 2, 5, 11, 40):
-        for _ in range(20):
+        for _ in range(4):   # (statsmodels takes ~0.1 s a call)
             p = rng.uniform(0, 1, size=size) ** 3
             p[rng.integers(0, size)] = p[0]                     # ties
             expected = multipletests(p, method="holm")[1]
