@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import shutil
 import time
 import traceback
@@ -323,8 +324,6 @@ class Bench:
 
 
 def _gcd(values: Sequence[int]) -> int:
-    import math
-
     result = 0
     for value in values:
         result = math.gcd(result, int(value))

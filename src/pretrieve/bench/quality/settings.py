@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from pretrieve.bench.quality.arms import DEFAULT_METHODS, arm_seeds, check_arms, parse_contrasts
-from pretrieve.bench.quality.recipes import MEASURES, collection_path
+from pretrieve.bench.quality.recipes import collection_path
 from pretrieve.errors import ConfigError, InputError
 
 logger = logging.getLogger(__name__)
