@@ -307,9 +307,9 @@ def test_pair_methods_get_the_training_pairs_and_overrides_parse(tiny_mlm_dir, c
     assert recipe["stages"][0]["pretrain"]["method"] == {"base": "cotmote", "context": {"pairs": str(pairs)}}
     recipe = recipes.pretrain_recipe("n", tmp_path, "base", str(data), 3, "cotmae", PRETRAIN, "corpus", tmp_path)
     assert recipe["stages"][0]["pretrain"]["method"] == "cotmae"
-    with pytest.raises(ConfigError, match="pair-based"):
-        quality.prepare_pairs(settings_for(tiny_mlm_dir, collections, tmp_path, ("cotmote",),
-                                           folds=("train:test", "test:train")).resolved(), data)
+    with pytest.raises(ConfigError, match="judged pairs: no fold may evaluate on the train split"):
+        settings_for(tiny_mlm_dir, collections, tmp_path, ("none", "cotmote"),
+                     folds=("train:test", "test:train")).resolved()
     assert qsettings.parse_overrides("lr=2e-5,pooling=mean,epochs=1", "finetune") == {
         "lr": 2e-5, "pooling": "mean", "epochs": 1}
     file = tmp_path / "ft.yaml"
@@ -385,6 +385,11 @@ def test_cross_fitting_never_evaluates_a_query_that_trained_the_fold_and_dev_is_
     # the pooled statistics count each non-dev judged query once
     entry = next(e for e in summary["contrasts"]["nDCG@10"]["train"] if e["contrast"] == "mlm-none")
     assert entry["n_queries"] == 17 + 4 and entry["folds"] == {"train:test": 4, "test:train": 17}
+    rows = [line.split("\t") for line in (out / "per_query.tsv").read_text().splitlines()]
+    assert rows[0][:5] == ["arm", "seed", "collection", "fold", "query"]
+    mlm = {(r[3], r[4]) for r in rows[1:] if r[0] == "mlm" and r[1] == "1" and r[2] == "train"}
+    assert mlm == {("train:test", q) for q in load_qrels(derived / "qrels" / "test.tsv")} | \
+        {("test:train", q) for q in original_train - dev}
 
 
 def test_the_protocol_is_chosen_once_on_dev_and_applied_everywhere(crossfit):

@@ -17,6 +17,7 @@ import numpy as np
 
 from pretrieve.bench.quality.arms import BASELINES, NO_PRETRAIN
 from pretrieve.bench.quality.settings import PRIMARY, RETRIEVER
+from pretrieve.bench.quality.summary import per_query_rows
 from pretrieve.io_utils import atomic_open, write_json
 
 TABLE_COVERAGE_K = 10
@@ -265,12 +266,18 @@ def plot_results(summary: Mapping[str, Any], path: str | Path, measure: str = PR
 
 
 def write_report(out: str | Path, summary: Mapping[str, Any], plot: bool = True) -> list[Path]:
-    """``results.md``, ``results.json`` and (``plot``) ``results.png`` in ``out``; returns the paths written."""
+    """``results.md``, ``results.json``, ``per_query.tsv`` (every per-query score with its fold label) and
+    (``plot``) ``results.png`` in ``out``; returns the paths written."""
     out = Path(out)
     write_json(out / "results.json", summary)
     with atomic_open(out / "results.md") as handle:
         handle.write(results_markdown(summary))
-    paths = [out / "results.md", out / "results.json"]
+    with atomic_open(out / "per_query.tsv") as handle:
+        columns = ["arm", "seed", "collection", "fold", "query", *summary["measures"]]
+        handle.write("\t".join(columns) + "\n")
+        for row in per_query_rows(out, summary):
+            handle.write("\t".join(str(row[c]) for c in columns) + "\n")
+    paths = [out / "results.md", out / "results.json", out / "per_query.tsv"]
     if plot:
         plot_results(summary, out / "results.png")
         paths.append(out / "results.png")

@@ -13,8 +13,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from pretrieve.bench.quality.arms import DEFAULT_METHODS, arm_seeds, check_arms, parse_contrasts
-from pretrieve.bench.quality.recipes import collection_path
+from pretrieve.bench.quality.arms import DEFAULT_METHODS, arm_method, arm_seeds, check_arms, parse_contrasts
+from pretrieve.bench.quality.recipes import collection_path, needs_pairs
 from pretrieve.errors import ConfigError, InputError
 
 logger = logging.getLogger(__name__)
@@ -130,6 +130,8 @@ class QualityBenchSettings:
         sources = (self.pretrain_data,) if isinstance(self.pretrain_data, str) else tuple(self.pretrain_data or ())
         pretrain_data = tuple(dict.fromkeys(str(_text_source(s)) for s in (sources or (train,))))
         eval_paths = tuple(str(_collection(name)) for name in (self.eval or (train,)))
+        if train not in eval_paths:   # the training collection is always the in-domain one (pooled over folds)
+            eval_paths = (train, *eval_paths)
         names = [Path(path).name for path in eval_paths]
         if len(set(names)) != len(names):
             raise ConfigError(f"evaluation collections need distinct directory names (runs are named after them), "
@@ -157,6 +159,10 @@ class QualityBenchSettings:
         if not 0.0 <= self.margin < 1.0 or self.bootstrap < 100:
             raise ConfigError(f"margin must be in [0, 1) and bootstrap ≥ 100, got {self.margin}, {self.bootstrap}")
         folds = check_folds(self.folds)
+        pairs = [arm for arm in methods if needs_pairs(arm_method(arm)[0])]
+        if pairs and any(parse_fold(fold)[1] == "train" for fold in folds):
+            raise ConfigError(f"{', '.join(pairs)} pre-train(s) on the train split's judged pairs: no fold may "
+                              "evaluate on the train split (drop test:train, or the method)")
         if self.dev_queries < 0:
             raise ConfigError(f"dev_queries must be ≥ 0, got {self.dev_queries}")
         grid = check_grid(self.grid)

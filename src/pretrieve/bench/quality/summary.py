@@ -225,6 +225,24 @@ def summarize(out: str | Path) -> dict[str, Any]:
             "gates": state.get("gates")}
 
 
+def per_query_rows(out: str | Path, summary: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Every finished arm × seed's per-query scores with their fold label (``per_query.tsv``): in-domain rows
+    carry the fold whose model scored the query; zero-shot rows the mean over the folds' models (fold ``mean``)."""
+    out = Path(out)
+    state = json.loads((out / STATE_FILE).read_text(encoding="utf-8"))
+    scores = Scores(out, state["settings"]["fingerprint"])
+    rows = []
+    for arm, entry in summary["methods"].items():
+        for seed in entry["seeds"]:
+            for name in scores.names:
+                by_measure = {m: scores.scores(arm, seed, name, m) for m in MEASURES}
+                for key in by_measure[MEASURES[0]]:
+                    fold, qid = key if isinstance(key, tuple) else ("mean", key)
+                    rows.append({"arm": arm, "seed": seed, "collection": name, "fold": fold, "query": qid,
+                                 **{m: by_measure[m].get(key, 0.0) for m in MEASURES}})
+    return rows
+
+
 def _coverage_summary(out: Path, arm: str, seeds: Sequence[int]) -> dict[str, Any]:
     reports = []
     for seed in seeds:
