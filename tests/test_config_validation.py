@@ -82,7 +82,7 @@ def test_cli_config_errors_are_one_line_exit_2(tmp_path, capsys, monkeypatch):
 
 
 def test_bench_settings_are_typed_too():
-    from pretrieve.bench.quality import _check_keys, _finetune_fields
+    from pretrieve.bench.quality.settings import _check_keys, _finetune_fields
 
     values = {"lr": "2e-5", "batch_size": "8"}
     _check_keys(values, _finetune_fields(), "finetune settings")

@@ -14,8 +14,8 @@ import pytest
 import torch
 
 from conftest import tiny_bert_config
-from pretrieve.analysis.coverage import (CoverageReport, format_examples, input_token_sets, plot_coverage,
-                                         stopword_ids, token_coverage)
+from pretrieve.analysis.coverage import (CoverageReport, format_examples, frequent_token_ids, input_token_sets,
+                                         plot_coverage, stopword_ids, token_coverage)
 from pretrieve.errors import InputError
 from pretrieve.modeling import Encoder
 
@@ -94,6 +94,27 @@ def test_exclude_stopwords_removes_them_from_ranking_and_input(encoder, tokenize
         assert report.input_recall[k] == pytest.approx(expected_recall[k], abs=1e-9)
     with_stopwords = token_coverage(encoder, tokenizer, TEXTS, ks=(1,))
     assert with_stopwords.ratio[1] != report.ratio[1]   # "the" was a top-1 hit in 3 of 5 texts
+
+
+def test_excluded_ids_leave_ranking_and_input_and_per_text_values_average_to_the_ratio(encoder, tokenizer):
+    frequent = frequent_token_ids(tokenizer, TEXTS, n=4, batch_size=2)
+    counts = {}
+    for text in TEXTS:
+        for i in tokenizer(text, add_special_tokens=False)["input_ids"]:
+            counts[i] = counts.get(i, 0) + 1
+    assert frequent == sorted(counts, key=lambda i: (-counts[i], i))[:4]
+    assert frequent[0] == tokenizer.convert_tokens_to_ids("the")
+    report = token_coverage(encoder, tokenizer, TEXTS, ks=KS, exclude_ids=frequent, num_examples=len(TEXTS))
+    shown = {t["token"] for example in report.examples for t in example["top_tokens"]}
+    assert not shown & set(tokenizer.convert_ids_to_tokens(frequent))
+    expected_ratio, expected_recall = brute_force(encoder, tokenizer, TEXTS, KS,
+                                                  set(tokenizer.all_special_ids) | set(frequent))
+    for k in KS:
+        assert report.ratio[k] == pytest.approx(expected_ratio[k], abs=1e-9)
+        assert report.input_recall[k] == pytest.approx(expected_recall[k], abs=1e-9)
+        assert len(report.per_text[k]) == len(TEXTS)
+        assert sum(report.per_text[k]) / len(TEXTS) == pytest.approx(report.ratio[k], abs=1e-12)
+    assert report.to_dict()["per_text"]["1"] == report.per_text[1]
 
 
 def test_input_token_sets_by_hand():

@@ -16,7 +16,10 @@ Choices (the paper does not spell them out):
   empty are skipped (counted in ``skipped``).
 * Stopwords are kept by default, as the paper's examples (Fig. 3/5) rank words such as "the"; with
   ``exclude_stopwords=True`` the tokens of English stopwords (bm25s' list, the one our BM25 uses) are
-  removed from both ``T`` and the ranking.
+  removed from both ``T`` and the ranking. ``exclude_ids`` removes any other tokens the same way, e.g. the 500
+  most frequent tokens of the corpus (:func:`frequent_token_ids`), so that coverage is not won by ranking
+  ubiquitous tokens.
+* ``per_text`` keeps each text's hit share per ``k`` (a confidence interval over passages needs them).
 * Texts are truncated to ``max_len`` tokens (default 144, the MS MARCO passage length of the papers'
   pre-training) — ``T`` is what the encoder saw.
 * A checkpoint without an MLM head (e.g. all-MiniLM-L6-v2) gets the freshly created, embedding-tied
@@ -28,7 +31,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Iterable, Sequence
 
 import numpy as np
 import torch
@@ -51,12 +54,14 @@ class CoverageReport:
     head_created: bool = False
     skipped: int = 0
     settings: dict[str, Any] = field(default_factory=dict)
+    per_text: dict[int, list[float]] = field(default_factory=dict)
 
     def to_dict(self) -> dict:
         return {"model": self.model, "num_texts": self.num_texts, "skipped": self.skipped,
                 "head_created": self.head_created, "settings": self.settings,
                 "coverage": {str(k): v for k, v in self.ratio.items()},
                 "input_recall": {str(k): v for k, v in self.input_recall.items()},
+                "per_text": {str(k): v for k, v in self.per_text.items()},
                 "examples": self.examples}
 
 
@@ -70,13 +75,34 @@ def load_encoder(name_or_path: str | Path):
 
 
 # ---------------------------------------------------------------------- computation
-def excluded_token_mask(tokenizer, exclude_stopwords: bool) -> torch.Tensor:
-    """BoolTensor[V]: tokens that are neither counted in T nor ranked (specials, optionally stopwords)."""
+def excluded_token_mask(tokenizer, exclude_stopwords: bool, exclude_ids: Sequence[int] = ()) -> torch.Tensor:
+    """BoolTensor[V]: tokens that are neither counted in T nor ranked (specials, optionally stopwords and
+    ``exclude_ids``)."""
     mask = torch.zeros(len(tokenizer), dtype=torch.bool)
     mask[torch.tensor(tokenizer.all_special_ids, dtype=torch.long)] = True
     if exclude_stopwords:
         mask[torch.tensor(stopword_ids(tokenizer), dtype=torch.long)] = True
+    if len(exclude_ids):
+        mask[torch.tensor(list(exclude_ids), dtype=torch.long)] = True
     return mask
+
+
+def frequent_token_ids(tokenizer, texts: Iterable[str], n: int = 500, batch_size: int = 1000) -> list[int]:
+    """The ``n`` most frequent non-special token ids of ``texts`` (ties: smaller id first), as the tokenizer
+    splits them without truncation."""
+    counts = np.zeros(len(tokenizer), dtype=np.int64)
+    special = set(tokenizer.all_special_ids)
+    batch: list[str] = []
+    for text in [*texts, None]:
+        if text is not None:
+            batch.append(text)
+        if batch and (text is None or len(batch) == batch_size):
+            for ids in tokenizer(batch, add_special_tokens=False)["input_ids"]:
+                np.add.at(counts, np.asarray(ids, dtype=np.int64), 1)
+            batch = []
+    counts[list(special)] = 0
+    order = np.lexsort((np.arange(len(counts)), -counts))
+    return [int(i) for i in order[:n] if counts[i] > 0]
 
 
 def stopword_ids(tokenizer) -> list[int]:
@@ -98,7 +124,7 @@ def _check_ks(ks: Sequence[int], vocab_size: int) -> tuple[int, ...]:
 def token_coverage(encoder, tokenizer, texts: Sequence[str], ks: Sequence[int] = DEFAULT_KS,
                    max_len: int = 144, batch_size: int = 32, exclude_stopwords: bool = False,
                    num_examples: int = 3, show_top: int = 20, name: str | None = None,
-                   head_created: bool | None = None) -> CoverageReport:
+                   head_created: bool | None = None, exclude_ids: Sequence[int] = ()) -> CoverageReport:
     """Compute the coverage ratio of ``encoder`` (a :class:`pretrieve.modeling.Encoder`) over ``texts``.
 
     ``examples`` holds the top-``show_top`` tokens (✓ hit / ✗ miss) of the first ``num_examples`` texts.
@@ -108,7 +134,7 @@ def token_coverage(encoder, tokenizer, texts: Sequence[str], ks: Sequence[int] =
     ks = _check_ks(ks, encoder.vocab_size)
     was_training = encoder.training
     encoder.eval()
-    excluded = excluded_token_mask(tokenizer, exclude_stopwords)
+    excluded = excluded_token_mask(tokenizer, exclude_stopwords, exclude_ids)
     max_k = max(max(ks), show_top)
     hits = {k: [] for k in ks}
     recall = {k: [] for k in ks}
@@ -149,7 +175,8 @@ def token_coverage(encoder, tokenizer, texts: Sequence[str], ks: Sequence[int] =
         ratio={k: float(np.mean(v)) for k, v in hits.items()},
         input_recall={k: float(np.mean(v)) for k, v in recall.items()},
         num_texts=len(texts) - skipped, examples=examples, head_created=head_created, skipped=skipped,
-        settings={"max_len": max_len, "exclude_stopwords": exclude_stopwords, "show_top": show_top})
+        settings={"max_len": max_len, "exclude_stopwords": exclude_stopwords, "excluded_ids": len(exclude_ids),
+                  "show_top": show_top}, per_text=hits)
 
 
 def input_token_sets(input_ids: torch.Tensor, attention_mask: torch.Tensor, excluded: torch.Tensor,

@@ -20,6 +20,18 @@ one run scores 0 for that run — even though that run's mean in the table ignor
 
 Differences are ``run − baseline``: a positive ``mean_difference`` (▲ in tables) means the run scores
 higher than the baseline.
+
+**Contrasts over seeds and folds** (``pretrieve bench quality``, issue 20). :func:`multi_bootstrap` is the
+paired multi-bootstrap of Sellam et al. (ICLR 2022, "The MultiBERTs", §3): the unit is the per-query score of
+each (arm, seed) run, queries pooled over the cross-fitting folds. The statistic is
+``Δ = mean over queries of [seed-mean of arm A − seed-mean of arm B]``. One bootstrap replicate draws, with
+replacement, the seeds of each arm independently (a seed is one pre-trained model, shared by every fold) and the
+queries *within each fold* (stratified: every fold keeps its size), the same queries for both arms (paired). The
+95 % interval is the percentile interval of the replicates; the two-sided p-value is
+``min(1, 2 · (1 + #{Δ* on the far side of 0}) / (1 + B))`` — the smallest α whose percentile interval
+excludes 0, so that ``p < α`` iff the ``1 − α`` interval excludes 0. :func:`holm` is Holm's step-down adjustment
+over a declared family of contrasts; :func:`decide` applies the issue's decision rule with a non-inferiority
+margin; :func:`minimum_detectable_effect` is the normal-approximation MDE at the measured standard error.
 """
 
 from __future__ import annotations
@@ -163,3 +175,129 @@ def compare(baseline: EvalResult, run: EvalResult, measure: str, test: TestName 
 def check_alpha(alpha: float) -> None:
     if not 0.0 < alpha < 1.0:
         raise ConfigError(f"significance level alpha must be between 0 and 1, got {alpha}")
+
+
+# ------------------------------------------------------------------------------ multi-bootstrap over seeds × queries
+DEFAULT_BOOTSTRAP = 10_000
+DEFAULT_POWER = 0.8
+_BOOTSTRAP_CHUNK = 500
+CONFIRMED, REFUTED, UNDECIDED = "confirmed", "refuted-at-this-scale", "undecided"
+
+
+@dataclass(frozen=True)
+class BootstrapResult:
+    """One contrast ``A − B``: the estimate, its percentile interval and p, and the variance components."""
+
+    delta: float
+    ci_low: float
+    ci_high: float
+    p_value: float
+    se: float                  # SD of the bootstrap replicates
+    n_queries: int
+    n_seeds: tuple[int, int]   # (A, B)
+    folds: dict[str, int]      # queries per fold
+    sigma_q: float             # SD over queries of the seed-averaged per-query difference (ddof 1)
+    tau: tuple[float, float]   # SD over seeds of each arm's pooled mean score (ddof 1; 0 with one seed)
+    n_boot: int
+    alpha: float = DEFAULT_ALPHA
+
+    def mde(self, power: float = DEFAULT_POWER, tests: int = 1) -> float:
+        return minimum_detectable_effect(self.se, alpha=self.alpha, power=power, tests=tests)
+
+    def to_dict(self) -> dict:
+        out = asdict(self)
+        out["n_seeds"], out["tau"] = list(self.n_seeds), list(self.tau)
+        out["mde"] = self.mde()
+        return out
+
+
+def _seed_query_matrix(scores, name: str) -> np.ndarray:
+    matrix = np.asarray(scores, dtype=np.float64)
+    if matrix.ndim == 1:
+        matrix = matrix[None, :]
+    if matrix.ndim != 2 or matrix.shape[0] < 1 or matrix.shape[1] < 1:
+        raise ValueError(f"{name}: expected scores of shape (seeds, queries), got {matrix.shape}")
+    if not np.all(np.isfinite(matrix)):
+        raise ValueError(f"{name}: non-finite scores")
+    return matrix
+
+
+def multi_bootstrap(a, b, folds=None, n_boot: int = DEFAULT_BOOTSTRAP, seed: int = 0,
+                    alpha: float = DEFAULT_ALPHA) -> BootstrapResult:
+    """Paired multi-bootstrap of ``A − B`` (module docstring).
+
+    ``a``, ``b``: per-query scores of shape ``(seeds, queries)`` (the seeds of the two arms may differ in number
+    and identity); column ``j`` of both is the same query. ``folds``: one label per column (the stratum it is
+    resampled within); default one stratum. Seeded, so deterministic.
+    """
+    check_alpha(alpha)
+    if n_boot < 100:
+        raise ConfigError(f"the bootstrap needs at least 100 replicates, got {n_boot}")
+    a, b = _seed_query_matrix(a, "a"), _seed_query_matrix(b, "b")
+    if a.shape[1] != b.shape[1]:
+        raise ValueError(f"a and b must score the same queries, got {a.shape[1]} and {b.shape[1]} columns")
+    n = a.shape[1]
+    labels = np.asarray(["all"] * n if folds is None else [str(f) for f in folds])
+    if labels.shape != (n,):
+        raise ValueError(f"folds needs one label per query ({n}), got {labels.shape}")
+    strata = [np.flatnonzero(labels == label) for label in dict.fromkeys(labels.tolist())]
+    diff = a.mean(axis=0) - b.mean(axis=0)
+    delta = float(diff.mean())
+    rng = np.random.default_rng(seed)
+    replicates = np.empty(n_boot)
+    for start in range(0, n_boot, _BOOTSTRAP_CHUNK):
+        size = min(_BOOTSTRAP_CHUNK, n_boot - start)
+        weights = np.zeros((size, n))                       # query multiplicities, each fold resampled in itself
+        for members in strata:
+            picks = members[rng.integers(0, len(members), size=(size, len(members)))]
+            np.add.at(weights, (np.arange(size)[:, None], picks), 1.0)
+        weights /= n
+        seeds_a = rng.integers(0, a.shape[0], size=(size, a.shape[0]))
+        seeds_b = rng.integers(0, b.shape[0], size=(size, b.shape[0]))
+        mean_a = (a @ weights.T).T                           # (size, seeds of A): each seed's resampled mean
+        mean_b = (b @ weights.T).T
+        replicates[start:start + size] = (np.take_along_axis(mean_a, seeds_a, 1).mean(1)
+                                           - np.take_along_axis(mean_b, seeds_b, 1).mean(1))
+    low, high = np.quantile(replicates, [alpha / 2, 1 - alpha / 2])
+    tolerance = 1e-12
+    below, above = int(np.sum(replicates <= tolerance)), int(np.sum(replicates >= -tolerance))
+    p_value = min(1.0, 2 * (1 + min(below, above)) / (1 + n_boot))
+    tau = tuple(float(m.mean(axis=1).std(ddof=1)) if m.shape[0] > 1 else 0.0 for m in (a, b))
+    return BootstrapResult(delta=delta, ci_low=float(low), ci_high=float(high), p_value=float(p_value),
+                           se=float(replicates.std(ddof=1)), n_queries=n, n_seeds=(a.shape[0], b.shape[0]),
+                           folds={str(labels[m[0]]): len(m) for m in strata},
+                           sigma_q=float(diff.std(ddof=1)) if n > 1 else 0.0, tau=tau, n_boot=n_boot, alpha=alpha)
+
+
+def holm(p_values) -> np.ndarray:
+    """Holm's step-down adjusted p-values (Holm 1979), in the input order: the ``i``-th smallest of ``m``
+    p-values is multiplied by ``m − i``, made monotone and capped at 1."""
+    p = np.asarray(p_values, dtype=np.float64)
+    if p.ndim != 1 or np.any((p < 0) | (p > 1)) or np.any(np.isnan(p)):
+        raise ValueError("holm needs a 1-d array of p-values in [0, 1]")
+    order = np.argsort(p, kind="stable")
+    scaled = np.minimum(1.0, np.maximum.accumulate(p[order] * (len(p) - np.arange(len(p)))))
+    adjusted = np.empty_like(p)
+    adjusted[order] = scaled
+    return adjusted
+
+
+def minimum_detectable_effect(se: float, alpha: float = DEFAULT_ALPHA, power: float = DEFAULT_POWER,
+                              tests: int = 1) -> float:
+    """Smallest true Δ a two-sided test at ``alpha / tests`` (Bonferroni: the first step of Holm) detects with
+    probability ``power`` when the estimate is normal with standard error ``se``: ``(z₁₋α/2 + z_power) · se``."""
+    check_alpha(alpha)
+    if not 0.0 < power < 1.0 or tests < 1:
+        raise ConfigError(f"power must be in (0, 1) and tests ≥ 1, got {power}, {tests}")
+    return float((stats.norm.ppf(1 - alpha / (2 * tests)) + stats.norm.ppf(power)) * se)
+
+
+def decide(delta: float, ci_high: float, p_holm: float, margin: float, alpha: float = DEFAULT_ALPHA) -> str:
+    """The issue's rule: *confirmed* if ``Δ ≥ +margin`` with Holm-adjusted ``p < alpha``; *refuted at this scale*
+    if the interval's upper bound is ``< +margin`` (a report says so only where a probe shows the representation
+    changed); otherwise *undecided*."""
+    if delta >= margin and p_holm < alpha:
+        return CONFIRMED
+    if ci_high < margin:
+        return REFUTED
+    return UNDECIDED

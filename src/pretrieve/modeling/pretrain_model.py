@@ -28,7 +28,7 @@ Bottleneck: the method's ``bottleneck`` (``cls``, the default, or ``mean``) name
 objectives read (:func:`pretrieve.modeling.objectives.bottleneck`). With ``mean``, :meth:`PretrainModel.encode` sets
 ``bottleneck`` on every encoding (the main input's and each extra input's, with its own attention mask) to the
 attention-masked mean of the last hidden states, computed by
-:func:`pretrieve.modeling.representations.pool_hidden` — the very function that mean-pools a fine-tuned dense
+:func:`pretrieve.modeling.pooling.pool` — the very function that mean-pools a fine-tuned dense
 retriever, so a mean-pooled model (all-MiniLM-L6-v2) is pre-trained on the vector it retrieves with.
 
 CoT-MoTE: a method with ``mote: true`` gives the encoder query/passage FFN experts
@@ -54,7 +54,7 @@ from pretrieve.io_utils import atomic_path, write_json
 from pretrieve.modeling.encoder import Encoder, EncoderOutput
 from pretrieve.modeling.mote import enable_mote
 from pretrieve.modeling.objectives import BOTTLENECKS, build_objective
-from pretrieve.modeling.representations import pool_hidden
+from pretrieve.modeling.pooling import pool
 
 HEADS_FILE = "heads.safetensors"
 METHOD_FILE = "method.json"
@@ -199,7 +199,7 @@ class PretrainModel(nn.Module):
 
     def _encoding(self, hidden: Tensor, attention_mask: Tensor) -> MultiViewEncoderOutput:
         """One input's encoding with its [CLS] vector and, under ``bottleneck: mean``, its masked mean."""
-        pooled = pool_hidden(hidden, attention_mask, "mean") if self.bottleneck == "mean" else None
+        pooled = pool(hidden, attention_mask, "mean") if self.bottleneck == "mean" else None
         return MultiViewEncoderOutput(last_hidden_state=hidden, cls=hidden[:, 0], bottleneck=pooled)
 
     def _routed(self, text_type: Tensor | None) -> Tensor | None:

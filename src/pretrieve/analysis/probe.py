@@ -1,0 +1,80 @@
+"""Unsupervised probes of a pre-trained checkpoint: retrieval with its raw [CLS] vector, no fine-tuning.
+
+Retrieval-oriented pre-training (BoW prediction, enhanced decoding, RetroMAE's bottleneck) trains the [CLS]
+vector to carry the input's content; before any fine-tuning, retrieval with that vector is the cheapest check
+that it did (issue #20's gate: does ``bow`` / ``retromae`` move the probe above ``mlm``?). :func:`cls_probe`
+searches every judged query of every split of the given collections with the checkpoint as a plain dense
+retriever — [CLS] pooling, dot product (``dot``) and cosine (``cos``: L2-normalised vectors) — through the search
+path the recipe's ``evaluate`` stage uses (:func:`pretrieve.retrieval.search.encode_corpus` /
+:func:`~pretrieve.retrieval.search.search`), and scores the runs with :func:`pretrieve.evaluation.evaluate`.
+
+:func:`export_checkpoint_encoder` writes the encoder of a pre-training checkpoint (``checkpoints/step-<N>``:
+accelerate's saved state) as a model directory, so that an intermediate step can be probed like the final model:
+the run's exported model (``final``: its encoder, heads and method) is loaded and the checkpoint's weights are put
+into it (the MLM decoder, tied to the embeddings and saved once, is tied again).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Sequence
+
+from pretrieve.data.collection import BeirCollection
+from pretrieve.data.trec import write_run
+from pretrieve.errors import InputError
+from pretrieve.evaluation import evaluate
+
+SIMILARITIES = ("dot", "cos")
+PROBE_MEASURES = ("nDCG@10", "R@100")
+
+
+def export_checkpoint_encoder(checkpoint: str | Path, final: str | Path, out: str | Path) -> Path:
+    """The encoder of ``checkpoint`` (a pre-training run's ``step-<N>``) saved to ``out`` with the tokenizer of
+    ``final`` (the same run's exported model); returns ``out``."""
+    from safetensors.torch import load_file
+    from transformers import AutoTokenizer
+
+    from pretrieve.io_utils import atomic_dir
+    from pretrieve.modeling.pretrain_model import PretrainModel
+
+    weights = Path(checkpoint) / "model.safetensors"
+    if not weights.exists():
+        raise InputError("no model.safetensors in the checkpoint", path=checkpoint)
+    model = PretrainModel.load(final)
+    missing, unexpected = model.load_state_dict(load_file(str(weights)), strict=False)
+    untied = [key for key in missing if not key.endswith(("decoder.weight", "decoder.bias"))]
+    if untied or unexpected:
+        raise InputError(f"the checkpoint does not fit the run's model (missing {untied[:3]}, unexpected "
+                         f"{list(unexpected)[:3]})", path=checkpoint)
+    with atomic_dir(Path(out)) as tmp:
+        model.encoder.save_pretrained(tmp)
+        AutoTokenizer.from_pretrained(final).save_pretrained(tmp)
+    return Path(out)
+
+
+def cls_probe(model: str | Path, collections: Sequence[str | Path], out: str | Path, depth: int = 100,
+              batch_size: int = 64, similarities: Sequence[str] = SIMILARITIES) -> dict[str, Any]:
+    """``{similarity: {"<collection>:<split>": {"aggregate": {measure: mean}, "per_query": {measure: {qid: v}}}}}``
+    of [CLS] retrieval with ``model`` (runs and corpus indexes under ``out``)."""
+    from pretrieve.retrieval.load import load_retriever
+    from pretrieve.retrieval.search import encode_corpus, search
+
+    out = Path(out)
+    results: dict[str, Any] = {}
+    for similarity in similarities:
+        retriever = load_retriever(str(model), pooling="cls", normalize=similarity == "cos")
+        results[similarity] = {}
+        for path in collections:
+            collection = BeirCollection(Path(path))
+            name = collection.root.name
+            index = encode_corpus(retriever, collection.corpus_dataset(), out / "embeddings" / f"{similarity}__{name}",
+                                  batch_size=batch_size, show_progress=False)
+            for split in collection.splits():
+                run = search(retriever, collection.load_queries(split), index, k=depth, batch_size=batch_size,
+                             show_progress=False)
+                write_run(run, out / "runs" / f"{similarity}__{name}:{split}.trec", tag=f"cls-{similarity}")
+                result = evaluate(collection.load_qrels(split), run, list(PROBE_MEASURES))
+                results[similarity][f"{name}:{split}"] = {
+                    "aggregate": {m: float(result.aggregate[m]) for m in PROBE_MEASURES},
+                    "per_query": {m: {q: float(v) for q, v in result.per_query[m].items()} for m in PROBE_MEASURES}}
+    return results
