@@ -256,6 +256,8 @@ class MethodConfig:
         """Raise :class:`ConfigError` on any invalid field; return ``self``."""
         if not isinstance(self.name, str) or not self.name.strip():
             raise ConfigError("method name must be a non-empty string")
+        if self.bottleneck not in BOTTLENECKS:
+            raise ConfigError(f"bottleneck must be one of {', '.join(BOTTLENECKS)}, got {self.bottleneck!r}")
         if self.trainer is not None:
             return _check_trainer(self)
         _check_objectives(self)
@@ -278,8 +280,6 @@ class MethodConfig:
             raise ConfigError("mote and mote_swap must be true or false")
         if self.mote_swap and not self.mote:
             raise ConfigError("mote_swap swaps the query/passage experts: it needs mote: true")
-        if self.bottleneck not in BOTTLENECKS:
-            raise ConfigError(f"bottleneck must be one of {', '.join(BOTTLENECKS)}, got {self.bottleneck!r}")
         return self
 
     # ------------------------------------------------------------------ (de)serialisation
@@ -346,8 +346,8 @@ _CDMAE = MethodConfig("cdmae", _ENCODER_MASKER,
                       decoder_masker=MaskerSpec(kind="pmi", ratio=0.5))
 
 TRAINERS: dict[str, str] = {"tsdae": "pretrieve.train.tsdae"}
-"""Methods not trained by ``PretrainModel`` + the loop of :mod:`pretrieve.train.pretrainer`, and the module whose
-``pretrain(config)`` trains them (same :class:`~pretrieve.train.pretrainer.PretrainConfig`, same export)."""
+"""Methods whose model is not a ``PretrainModel``, and the module that builds their model and collator for the
+pre-training run (:func:`pretrieve.train.tsdae.build_tsdae`: same corpus, loop and export as every other method)."""
 
 PRESETS: dict[str, MethodConfig] = {
     "mlm": MethodConfig("mlm", _ENCODER_MASKER, (ObjectiveSpec("mlm"),)),
@@ -533,8 +533,6 @@ def _check_trainer(config: MethodConfig) -> MethodConfig:
     if extra:
         raise ConfigError(f"method '{config.name}' is trained by {TRAINERS[config.trainer]}, which takes no "
                           f"{', '.join(extra)}")
-    if config.bottleneck not in BOTTLENECKS:
-        raise ConfigError(f"bottleneck must be one of {', '.join(BOTTLENECKS)}, got {config.bottleneck!r}")
     return config
 
 

@@ -57,7 +57,7 @@ from pretrieve.masking.vocab import VocabInfo
 from pretrieve.train.method import MethodConfig
 
 DELETION_RATIO = 0.6
-"""TSDAE's deletion probability per word (Wang et al. 2021, §5: deletion with ratio 0.6 works best)."""
+"""TSDAE's deletion probability per word (Wang et al. 2021: deletion at 0.6 was the best noise)."""
 METHOD_FILE = "method.json"
 """The resolved method, beside the exported encoder (as a PretrainModel checkpoint has it)."""
 
