@@ -127,9 +127,6 @@ def test_mean_bottleneck_is_tsdaes_pooling(tiny_mlm_dir, tokenizer):
     assert build_tsdae(tiny_mlm_dir, preset("tsdae"), tokenizer)[0].loss.encoder[1].pooling_mode == "cls"
 
 
-@pytest.mark.xfail(strict=True, raises=ConfigError,
-                   reason="until train/pretrainer.py hands trainer: tsdae to build_tsdae (the lead adds the dispatch "
-                          "at merge; then drop this marker)")
 def test_the_pretrain_entry_point_trains_tsdae(tiny_mlm_dir, tmp_path):
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("\n".join(f"{TEXT} in run {i}" for i in range(24)) + "\n")
