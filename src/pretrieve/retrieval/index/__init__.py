@@ -33,9 +33,9 @@ encoding needs memory for one window, not for the corpus. Each representation ki
 :class:`~pretrieve.errors.ConfigError`) and ``open_searcher(index, options, mode)`` → a :class:`Searcher`, whose
 ``search(queries, k, mode)`` gives ``(scores [Q, k'], rows [Q, k'])`` best first (row ``-1``: no result). The
 back-ends of representations encoded by a :class:`~pretrieve.modeling.dual_encoder.DualEncoder` (every kind but
-``dense``, whose vectors come from :class:`~pretrieve.modeling.sentence_transformer.DenseEncoder`) are also
-:class:`PartsEncoder`\ s: ``outputs(representation, rep, text_type)`` turns representation rows into index parts,
-``empty_outputs(representation, vocab_size, text_type)`` gives the parts of no text. Top-k arithmetic shared by
+``dense``, whose vectors come from :class:`~pretrieve.modeling.sentence_transformer.DenseEncoder`) implement
+:class:`PartsEncoder` as well: ``outputs(representation, rep, text_type)`` turns representation rows into index
+parts, ``empty_outputs(representation, vocab_size, text_type)`` gives the parts of no text. Top-k arithmetic shared by
 all: :mod:`pretrieve.retrieval.index.topk`.
 """
 
