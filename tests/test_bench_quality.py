@@ -535,3 +535,29 @@ def test_several_pretraining_collections_are_one_corpus_in_a_fixed_order(crossfi
         assert recipe["stages"][0]["pretrain"]["corpus"] == str(union)
     assert summary["settings"]["pretrain_data"] == [str(collections[0]), str(collections[1])]
     assert "∪" in (out / "results.md").read_text()
+
+
+def test_holm_corrects_within_each_declared_family():
+    from pretrieve.bench.quality.arms import parse_contrasts
+    from pretrieve.bench.quality.summary import contrast_entries
+    from pretrieve.evaluation.significance import holm
+
+    rng = np.random.default_rng(0)
+    keys = [("train-test", f"q{i}") for i in range(200)]
+    base = rng.uniform(0, 1, size=200)
+
+    def arm(shift):
+        return [{key: float(v) for key, v in zip(keys, np.clip(base + shift + rng.normal(0, 0.1, 200), 0, 1))}
+                for _ in range(2)]
+
+    per_arm = {"none": arm(0.0), "mlm": arm(0.01), "bow": arm(0.05), "tsdae": arm(0.02)}
+    contrasts = parse_contrasts(["bow-mlm", "mlm-none", "anchor:tsdae-mlm"], list(per_arm))
+    assert contrasts == ("bow-mlm", "mlm-none", "anchor:tsdae-mlm")
+    entries = contrast_entries(per_arm, contrasts, alpha=0.05, margin=0.02, n_boot=500)
+    primary = [e for e in entries if e["family"] == "primary"]
+    anchor = [e for e in entries if e["family"] == "anchor"]
+    assert [e["contrast"] for e in primary] == ["bow-mlm", "mlm-none"] and len(anchor) == 1
+    assert [e["p_holm"] for e in primary] == pytest.approx(list(holm([e["p_value"] for e in primary])))
+    assert anchor[0]["p_holm"] == pytest.approx(anchor[0]["p_value"])      # a family of one is not corrected
+    with pytest.raises(ConfigError, match="listed twice"):
+        parse_contrasts(["anchor:tsdae-mlm", "anchor:tsdae-mlm"], list(per_arm))

@@ -384,8 +384,10 @@ def bench_quality_command(
                                               "(comma-separated, e.g. 2,5,10)."),
     select_arm: str = typer.Option("mlm", "--select-arm", help="The arm whose first seed and fold choose the "
                                    "protocol on dev."),
-    contrasts: Optional[str] = typer.Option(None, "--contrasts", help="The declared family, comma-separated A-B "
-                                            "(e.g. bow-mlm,retromae-mlm,mlm-none): multi-bootstrap + Holm",
+    contrasts: Optional[str] = typer.Option(None, "--contrasts", help="The declared contrasts, comma-separated A-B; "
+                                            "FAMILY:A-B puts one in a Holm family of that name (default: "
+                                            "primary), e.g. bow-mlm,mlm-none,anchor:tsdae-mlm,aa:mlm-aa-mlm; "
+                                            "multi-bootstrap + Holm within each family",
                                             show_default="the arms' subset of bow-mlm, retromae-mlm, bow-none, "
                                                          "retromae-none, mlm-none"),
     margin: float = typer.Option(0.02, "--margin", help="Non-inferiority / decision margin of a contrast's Δ."),

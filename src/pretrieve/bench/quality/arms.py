@@ -23,6 +23,15 @@ AA_SUFFIX = "-aa"
 AA_SEED_OFFSET = 1000
 #: The primary family of the issue's design (Holm over these when no --contrasts are given and the arms exist).
 DEFAULT_CONTRASTS = ("bow-mlm", "retromae-mlm", "bow-none", "retromae-none", "mlm-none")
+#: The Holm family of a contrast written without a ``FAMILY:`` label.
+PRIMARY_FAMILY = "primary"
+
+
+def split_family(text: str) -> tuple[str, str]:
+    """``"anchor:tsdae-mlm"`` → ``("anchor", "tsdae-mlm")``; no label → the primary family. Holm corrects within a
+    family: the pre-registration declares several (the primary contrasts, the TSDAE anchor, the A/A control)."""
+    family, _, contrast = text.strip().rpartition(":")
+    return (family.strip() or PRIMARY_FAMILY), contrast.strip()
 
 
 def arm_method(arm: str) -> tuple[str, int]:
@@ -81,8 +90,9 @@ def parse_contrasts(items: Sequence[str] | None, arms: Sequence[str]) -> tuple[s
         return tuple(c for c in DEFAULT_CONTRASTS if all(side in arms for side in c.split("-")))
     family = []
     for item in items:
-        a, b = parse_contrast(item, arms)
-        name = f"{a}-{b}"
+        label, contrast = split_family(item)
+        a, b = parse_contrast(contrast, arms)
+        name = f"{a}-{b}" if label == PRIMARY_FAMILY else f"{label}:{a}-{b}"
         if name in family:
             raise ConfigError(f"contrast '{name}' listed twice")
         family.append(name)

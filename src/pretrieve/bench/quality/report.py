@@ -15,7 +15,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from pretrieve.bench.quality.arms import BASELINES, NO_PRETRAIN
+from pretrieve.bench.quality.arms import BASELINES, NO_PRETRAIN, split_family
 from pretrieve.bench.quality.settings import PRIMARY, RETRIEVER
 from pretrieve.bench.quality.summary import per_query_rows
 from pretrieve.io_utils import atomic_open, write_json
@@ -166,7 +166,7 @@ def _contrast_section(summary: Mapping[str, Any]) -> list[str]:
     lines = [f"## Contrasts ({PRIMARY}; multi-bootstrap over queries × seeds, {settings.get('bootstrap')} "
              "resamples)", "",
              f"Δ = mean over queries of [seed-mean of A − seed-mean of B]; 95 % percentile interval; p two-sided; "
-             f"Holm over the declared family ({', '.join(settings.get('contrasts', []))}) per collection; "
+             f"Holm within each declared family ({_families(settings.get('contrasts', []))}) per collection; "
              f"margin {settings.get('margin')}: *confirmed* if Δ ≥ +margin with Holm p < {settings['alpha']}, "
              "*refuted at this scale* if the upper bound < +margin (reported as a refutation only where a probe "
              "shows the representation changed), *undecided* otherwise. σ_q: SD over queries of the seed-averaged "
@@ -181,12 +181,21 @@ def _contrast_section(summary: Mapping[str, Any]) -> list[str]:
             if decision == "refuted-at-this-scale" and e.get("representation_changed") is not True:
                 decision = "upper CI < margin (refuted at this scale only if the probe moved)"
             lines.append("| " + " | ".join([
-                name, f"{e['a']} − {e['b']}", f"{e['delta']:+.4f}", f"[{e['ci_low']:+.4f}, {e['ci_high']:+.4f}]",
+                name, f"{e['a']} − {e['b']}" + ("" if e.get("family", "primary") == "primary" else f" ({e['family']})"), f"{e['delta']:+.4f}", f"[{e['ci_low']:+.4f}, {e['ci_high']:+.4f}]",
                 f"{e['p_value']:.3g}", f"{e['p_holm']:.3g}", "—" if ttest_p is None else f"{ttest_p:.3g}",
                 f"{e['sigma_q']:.4f}", f"{e['tau'][0]:.4f}, {e['tau'][1]:.4f}", f"{e['se']:.4f}", f"{e['mde']:.4f}",
                 f"{e['mde_holm']:.4f}", str(e["n_queries"]), f"{e['n_seeds'][0]}, {e['n_seeds'][1]}",
                 decision]) + " |")
     return lines + [""]
+
+
+def _families(contrasts) -> str:
+    """``primary: bow-mlm, mlm-none; anchor: tsdae-mlm`` from the recorded (possibly labelled) contrasts."""
+    families: dict[str, list[str]] = {}
+    for labelled in contrasts:
+        family, name = split_family(labelled)
+        families.setdefault(family, []).append(name)
+    return "; ".join(f"{family}: {', '.join(names)}" for family, names in families.items())
 
 
 def _selection_section(selection: Mapping[str, Any] | None) -> list[str]:

@@ -28,7 +28,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from pretrieve.bench.quality.arms import BASELINES, arm_seeds, parse_contrast
+from pretrieve.bench.quality.arms import BASELINES, arm_seeds, parse_contrast, split_family
 from pretrieve.bench.quality.recipes import MEASURES
 from pretrieve.bench.quality.settings import (COVERAGE_FILE, RETRIEVER, STATE_FILE, fold_dir, parse_fold, run_key,
                                               seed_dir)
@@ -125,12 +125,14 @@ def _ttest(a, b, alpha: float) -> dict:
 
 def contrast_entries(per_arm: Mapping[str, Sequence[Mapping[Any, float]]], contrasts: Sequence[str],
                      alpha: float, margin: float, n_boot: int) -> list[dict[str, Any]]:
-    """Every contrast whose two arms have results: bootstrap, Holm over those, t-test, decision."""
+    """Every contrast whose two arms have results: bootstrap, Holm within its family (``FAMILY:a-b``; unlabelled
+    contrasts form the primary family) over those that have results, t-test, decision."""
     from pretrieve.evaluation.significance import decide, holm, multi_bootstrap
 
     arms = list(per_arm)
     entries = []
-    for name in contrasts:
+    for labelled in contrasts:
+        family, name = split_family(labelled)
         a, b = parse_contrast(name, arms)
         if not per_arm.get(a) or not per_arm.get(b):
             continue
@@ -139,13 +141,14 @@ def contrast_entries(per_arm: Mapping[str, Sequence[Mapping[Any, float]]], contr
             continue
         folds = [key[0] if isinstance(key, tuple) else "all" for key in keys]
         result = multi_bootstrap(x, y, folds, n_boot=n_boot, alpha=alpha)
-        entries.append({"contrast": name, "a": a, "b": b, **result.to_dict(),
+        entries.append({"contrast": name, "family": family, "a": a, "b": b, **result.to_dict(),
                         "ttest": _ttest(per_arm[a], per_arm[b], alpha)})
-    if entries:
-        adjusted = holm([e["p_value"] for e in entries])
-        for entry, p_holm in zip(entries, adjusted):
+    for family in dict.fromkeys(e["family"] for e in entries):
+        members = [e for e in entries if e["family"] == family]
+        adjusted = holm([e["p_value"] for e in members])
+        for entry, p_holm in zip(members, adjusted):
             entry["p_holm"] = float(p_holm)
-            entry["mde_holm"] = _mde(entry["se"], alpha, len(entries))
+            entry["mde_holm"] = _mde(entry["se"], alpha, len(members))
             entry["decision"] = decide(entry["delta"], entry["ci_high"], entry["p_holm"], margin, alpha)
             entry["representation_changed"] = None
     return entries
