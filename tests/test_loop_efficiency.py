@@ -107,7 +107,8 @@ def test_an_fp16_run_on_the_cpu_checkpoints_its_loss_scale_and_resumes_exactly(t
     train(Toy(), ToyData(), toy_collate, toy_config(precision="fp16", save_every=2), full, export_nothing, {})
     reference = read_logs(full)
     checkpoint = ckpt.list_checkpoints(full)[-1][1]
-    assert any(path.name.startswith("custom_checkpoint") for path in checkpoint.iterdir())   # the GradScaler
+    scaler = ckpt.read_state(checkpoint)[ckpt.SCALER_KEY]   # the GradScaler, as JSON numbers (never a pickle)
+    assert scaler["scale"] > 0 and not any(path.name.startswith("custom_checkpoint") for path in checkpoint.iterdir())
 
     original, calls = loop.train_step, {"n": 0}
 

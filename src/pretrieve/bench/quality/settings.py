@@ -25,8 +25,6 @@ DEFAULT_FOLDS = ("train:test",)
 STATE_FILE = "bench.json"
 STATUS_FILE = "status.json"
 COVERAGE_FILE = "coverage.json"
-#: The fine-tuning grid of the issue's design (chosen once on dev with the selection arm).
-DEFAULT_GRID: dict[str, tuple[float, ...]] = {"lr": (5e-5, 1e-4, 3e-4), "epochs": (2, 5, 10)}
 
 
 #: Pre-training budget of the full comparison: every method gets the same steps × batch × max length.
