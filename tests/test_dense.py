@@ -400,23 +400,23 @@ def test_approximate_index_is_built_once_and_rebuilt_when_its_vectors_change(tmp
 
 # ------------------------------------------------------------------------------------ precision
 def test_auto_precision_follows_the_hardware(monkeypatch):
-    from pretrieve import precision as batches
+    from pretrieve import precision
 
     cpu = torch.device("cpu")
-    monkeypatch.setattr(batches, "cpu_flags", lambda: frozenset({"avx2", "fma"}))
-    assert batches.resolve_precision("auto", cpu) == "fp32"                   # AVX2 only: bf16 would be emulated
+    monkeypatch.setattr(precision, "cpu_flags", lambda: frozenset({"avx2", "fma"}))
+    assert precision.resolve_precision("auto", cpu) == "fp32"                   # AVX2 only: bf16 would be emulated
     for flag in ("avx512_bf16", "amx_bf16"):
-        monkeypatch.setattr(batches, "cpu_flags", lambda flag=flag: frozenset({"avx2", flag}))
-        assert batches.resolve_precision("auto", cpu) == "bf16"
+        monkeypatch.setattr(precision, "cpu_flags", lambda flag=flag: frozenset({"avx2", flag}))
+        assert precision.resolve_precision("auto", cpu) == "bf16"
     cuda = torch.device("cuda")
     for supported, expected in ((True, "bf16"), (False, "fp32")):
         monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda supported=supported: supported)
-        assert batches.resolve_precision("auto", cuda) == expected
-    assert batches.resolve_precision("fp16", cuda) == "fp16"
+        assert precision.resolve_precision("auto", cuda) == expected
+    assert precision.resolve_precision("fp16", cuda) == "fp16"
     with pytest.raises(ConfigError, match="CPU only"):
-        batches.resolve_precision("int8", cuda)
+        precision.resolve_precision("int8", cuda)
     with pytest.raises(ConfigError, match="unknown precision"):
-        batches.resolve_precision("fp64", cpu)
+        precision.resolve_precision("fp64", cpu)
 
 
 def test_int8_quantises_the_linear_layers_and_stays_close_to_fp32(tmp_path, tiny_bert_dir):
@@ -607,7 +607,7 @@ def test_cli_dense_encode_and_search(tmp_path, tiny_bert_dir):
 
 
 def test_tokenising_in_chunks_gives_the_ids_of_one_call(tiny_bert_dir, monkeypatch):
-    from pretrieve import precision as batches
+    from pretrieve.retrieval import batches
 
     retriever = dense(tiny_bert_dir, pooling="cls")
     texts = [f"passage {i} " + "word " * (i % 7) for i in range(23)]
