@@ -182,7 +182,8 @@ def test_mote_pretraining_checkpoint_round_trip(tokenizer, pairs_file, tmp_path)
 
 
 def test_tiny_cotmae_run_lowers_its_losses(tokenizer, spans, tiny_mlm_dir, tmp_path):
-    from pretrieve.train.loop import LoopConfig, read_logs, train
+    from pretrieve.train.config import LoopConfig
+    from pretrieve.train.loop import read_logs, train
 
     method = preset("cotmae")
     torch.manual_seed(0)

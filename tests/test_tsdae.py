@@ -15,7 +15,8 @@ from pretrieve.data.pretrain_text import TokenizedCorpus
 from pretrieve.errors import ConfigError
 from pretrieve.masking.vocab import VocabInfo
 from pretrieve.modeling import Encoder
-from pretrieve.train.loop import LoopConfig, read_logs, train
+from pretrieve.train.config import LoopConfig
+from pretrieve.train.loop import read_logs, train
 from pretrieve.train.method import preset, resolve_method
 from pretrieve.train.pretrainer import pretrain
 from pretrieve.train.run_config import build_pretrain_config

@@ -30,7 +30,7 @@ def one(mode: str, queries: int, group: int, chunk: int) -> dict:
     from pretrieve.models import resolve_model
     from pretrieve.modeling.dual_encoder import DualEncoder
     from pretrieve.train.grad_cache import grad_cached_step
-    from pretrieve.train.loop import MixedPrecision
+    from pretrieve.precision import MixedPrecision
 
     torch.set_num_threads(1)
     torch.manual_seed(0)

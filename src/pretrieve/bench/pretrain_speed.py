@@ -271,7 +271,8 @@ class PresetRunner(Runner):
                  lr: float = 1e-4, max_grad_norm: float = 1.0):
         from pretrieve.modeling import Encoder, PretrainModel
         from pretrieve.train.collator import PretrainCollator
-        from pretrieve.train.loop import LoopConfig, build_optimizer
+        from pretrieve.train.config import LoopConfig
+        from pretrieve.train.loop import build_optimizer
         from pretrieve.train.method import resolve_method
 
         self.name = method_name
@@ -314,7 +315,8 @@ class HFReferenceRunner(Runner):
 
         from transformers import AutoModelForMaskedLM, DataCollatorForLanguageModeling
 
-        from pretrieve.train.loop import LoopConfig, build_optimizer
+        from pretrieve.train.config import LoopConfig
+        from pretrieve.train.loop import build_optimizer
 
         torch.manual_seed(seed)
         self.module = self.model = AutoModelForMaskedLM.from_config(config)
@@ -349,7 +351,8 @@ class EncoderOnlyRunner(Runner):
                  max_grad_norm: float = 1.0):
         from pretrieve.modeling import Encoder
         from pretrieve.train.collator import PretrainCollator
-        from pretrieve.train.loop import LoopConfig, build_optimizer
+        from pretrieve.train.config import LoopConfig
+        from pretrieve.train.loop import build_optimizer
         from pretrieve.train.method import resolve_method
 
         torch.manual_seed(seed)
