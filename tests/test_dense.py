@@ -17,8 +17,8 @@ from pretrieve.errors import ConfigError, InputError
 from pretrieve.modeling.pooling import exclude_prompt, pool
 from pretrieve.retrieval.batches import encode_all
 from pretrieve.ranks import shard_bounds
-from pretrieve.retrieval.index import find_shards, open_index
-from pretrieve.retrieval.index.dense import FaissIndex, exact_search
+from pretrieve.retrieval.index import SearchOptions, backend, find_shards, open_index
+from pretrieve.retrieval.index.dense import DenseSearcher, build_faiss, exact_search, faiss_search
 from pretrieve.retrieval.index.topk import merge_topk
 from pretrieve.retrieval.load import load_dense_encoder, load_retriever
 from pretrieve.retrieval.search import build_index, search
@@ -277,38 +277,40 @@ def test_faiss_flat_equals_brute_force_topk(tmp_path):
     rng = np.random.default_rng(0)
     docs = rng.standard_normal((300, 16)).astype(np.float32)
     queries = rng.standard_normal((20, 16)).astype(np.float32)
-    ids = [f"d{i}" for i in range(300)]
-    index = FaissIndex.build(docs, ids, factory="Flat", metric="ip")
-    scores, rows = index.search(queries, k=10)
+    path = build_vectors_index(tmp_path / "flat", docs)
+    searcher = backend("dense").open_searcher([open_index(path)], SearchOptions())   # the search path's searcher
+    scores, rows = searcher.search({"embeddings": queries}, k=10)
     brute = queries @ docs.T
     expected_rows = np.argsort(-brute, axis=1)[:, :10]
     np.testing.assert_array_equal(rows, expected_rows)
     np.testing.assert_allclose(scores, np.take_along_axis(brute, expected_rows, axis=1), rtol=1e-5, atol=1e-5)
 
-    l2 = FaissIndex.build(docs, ids, metric="l2")
-    _, l2_rows = l2.search(queries, k=5)
+    l2 = DenseSearcher(open_index(path), SearchOptions(metric="l2"))
+    _, l2_rows = l2.search({"embeddings": queries}, k=5)
     distances = ((queries[:, None, :] - docs[None]) ** 2).sum(-1)
     np.testing.assert_array_equal(l2_rows, np.argsort(distances, axis=1)[:, :5])
 
-    index.save(tmp_path / "flat")
-    loaded = FaissIndex.load(tmp_path / "flat")
-    assert loaded.ids == ids and loaded.search(queries, k=10)[1].tolist() == rows.tolist()
-    assert index.search(queries, k=1000)[0].shape == (20, 300)  # k clamped to the index size
+    flat = build_faiss(docs, factory="Flat", metric="ip")                       # a FAISS index (DupMAE's [CLS] part)
+    assert faiss_search(flat, queries, k=10)[1].tolist() == rows.tolist()
+    assert searcher.search({"embeddings": queries}, k=1000)[0].shape == (20, 300)  # k clamped to the index size
+    assert faiss_search(flat, queries, k=1000)[0].shape == (20, 300)
+    l2_flat = build_faiss(docs, metric="l2")
+    np.testing.assert_array_equal(faiss_search(l2_flat, queries, 5, metric="l2")[1], l2_rows)
 
 
-def test_faiss_factory_indexes_train_and_find_neighbours():
+def test_faiss_factory_indexes_train_and_find_neighbours(tmp_path):
     rng = np.random.default_rng(1)
     docs = rng.standard_normal((2000, 16)).astype(np.float32)
     docs /= np.linalg.norm(docs, axis=1, keepdims=True)  # unit vectors: each query's best match is its source
     queries = docs[:50] + 0.01 * rng.standard_normal((50, 16)).astype(np.float32)
-    ids = [str(i) for i in range(2000)]
+    path = build_vectors_index(tmp_path / "shard-0-of-1", docs)
     for factory, options in (("HNSW16", {"ef_search": 64}), ("IVF16,Flat", {"nprobe": 16}),
                              ("IVF16,Flat", {"nprobe": 1, "train_size": 500})):
-        index = FaissIndex.build(docs, ids, factory=factory, **options)
-        _, rows = index.search(queries, k=1)
+        searcher = DenseSearcher(open_index(path), SearchOptions(factory=factory, **options))
+        _, rows = searcher.search({"embeddings": queries}, k=1)
         assert (rows[:, 0] == np.arange(50)).mean() >= (0.95 if options.get("nprobe", 16) > 1 else 0.5), factory
     with pytest.raises(ConfigError):
-        FaissIndex.build(docs, ids, factory="NotAnIndex")
+        DenseSearcher(open_index(path), SearchOptions(factory="NotAnIndex"))
 
 
 def test_merge_topk_is_a_stable_merge():
@@ -341,7 +343,6 @@ def test_gpu_path_is_taken_when_faiss_reports_a_gpu(monkeypatch, tmp_path):
     the CPU's; asking for a GPU where FAISS sees none is a one-line error."""
     import faiss
 
-    from pretrieve.retrieval.index import SearchOptions
     from pretrieve.retrieval.index.dense import use_gpus
 
     rng = np.random.default_rng(5)
@@ -359,10 +360,8 @@ def test_gpu_path_is_taken_when_faiss_reports_a_gpu(monkeypatch, tmp_path):
     np.testing.assert_array_equal(gpu[1], cpu[1])
     np.testing.assert_allclose(gpu[0], cpu[0], rtol=1e-5)
     retriever_index = build_vectors_index(tmp_path / "idx", docs)
-    from pretrieve.retrieval.index.dense import DenseSearcher
-
     searcher = DenseSearcher(open_index(retriever_index), SearchOptions(factory="IVF4,Flat", nprobe=4))
-    assert cloned[-1] is searcher.faiss.index and len(cloned) == 6             # the IVF index went to the GPUs
+    assert cloned[-1] is searcher.faiss and len(cloned) == 6             # the IVF index went to the GPUs
 
 
 def build_vectors_index(path: Path, vectors: np.ndarray) -> Path:
@@ -376,9 +375,6 @@ def build_vectors_index(path: Path, vectors: np.ndarray) -> Path:
 
 
 def test_approximate_index_is_built_once_and_rebuilt_when_its_vectors_change(tmp_path):
-    from pretrieve.retrieval.index import SearchOptions
-    from pretrieve.retrieval.index.dense import DenseSearcher
-
     rng = np.random.default_rng(6)
     docs = rng.standard_normal((500, 8)).astype(np.float32)
     docs /= np.linalg.norm(docs, axis=1, keepdims=True)          # unit vectors: each one's best match is itself
@@ -536,7 +532,6 @@ def test_minilm_matches_sentence_transformers_on_scifact_sample(scifact, minilm)
     relevant = [d for q in queries for d in qrels[q] if d in corpus]
     rows = sorted({corpus.row(d) for d in relevant} | set(range(0, len(corpus), 50)))[:120]
     texts = [corpus.full_text(i) for i in rows]
-    doc_ids = [corpus.ids[i] for i in rows]
 
     retriever = dense(minilm)
     ours_docs = encode_texts(retriever, texts, batch_size=32)
@@ -548,7 +543,7 @@ def test_minilm_matches_sentence_transformers_on_scifact_sample(scifact, minilm)
     np.testing.assert_allclose(ours_docs, ref_docs, atol=1e-5)
     np.testing.assert_allclose(ours_queries, ref_queries, atol=1e-5)
 
-    _, our_rows = FaissIndex.build(ours_docs, doc_ids).search(ours_queries, k=10)
+    _, our_rows = exact_search(ours_queries, ours_docs, k=10)
     reference_scores = ref_queries @ ref_docs.T
     for q in range(len(query_ids)):
         ours_top = our_rows[q].tolist()

@@ -23,7 +23,9 @@ from pretrieve.modeling.dual_encoder import DualEncoder, MaskedLMTower
 from pretrieve.modeling.representations.dupmae import PAPER_INDEX_BITS, DupMAERepresentation, parse_spec
 from pretrieve.modeling.objectives.ot_bow import max_pool_logits, ordinary_token_mask
 from pretrieve.retrieval.batches import encode_all
-from pretrieve.retrieval.index.dupmae import DupMAEIndex
+from pretrieve.retrieval.index import SearchOptions, backend, open_index, save_arrays, writing
+from pretrieve.retrieval.index.dupmae import DupMAESearcher, storage
+from pretrieve.retrieval.index.sparse import topk_matrix
 from pretrieve.retrieval.load import load_retriever, retriever_kind
 from pretrieve.retrieval.search import search
 from pretrieve.train.collator import PretrainCollator, unique_token_ids
@@ -223,7 +225,14 @@ def _assert_exact(scores: np.ndarray, rows: np.ndarray, reference: np.ndarray, k
         assert np.all(reference[q, rows[q]] >= kth - tol)                     # nothing better was left out
 
 
-def test_two_index_search_equals_brute_force_eq12_on_random_vectors():
+def dupmae_index(path: Path, dense: np.ndarray, indices: np.ndarray, values: np.ndarray, vocab: int) -> Path:
+    """A DupMAE index directory of ``ĥ_d`` and the top-k OT pairs, written by the index writer."""
+    with writing(path, "dupmae", [f"d{i}" for i in range(len(dense))], {}, {"test": 1}) as tmp:
+        save_arrays(tmp, {"embeddings": dense, "ot": topk_matrix(indices, values, vocab)})
+    return path
+
+
+def test_two_index_search_equals_brute_force_eq12_on_random_vectors(tmp_path):
     rng = np.random.default_rng(0)
     n, dim, vocab, top, count, k = 3000, 24, 2000, 40, 25, 100
     dense = rng.standard_normal((n, dim)).astype(np.float32)
@@ -234,35 +243,42 @@ def test_two_index_search_equals_brute_force_eq12_on_random_vectors():
     doc_ot = np.zeros((n, vocab))
     np.put_along_axis(doc_ot, indices, values, axis=1)
     reference = query_dense.astype(np.float64) @ dense.T + query_ot.astype(np.float64) @ doc_ot.T
-    index = DupMAEIndex.build([f"d{i}" for i in range(n)], dense, indices, values, vocab)
+    index = open_index(dupmae_index(tmp_path / "index", dense, indices, values, vocab))
+    searcher = DupMAESearcher(index, SearchOptions())
+    queries = {"embeddings": query_dense, "ot": query_ot}
     for depth in (None, k):                                  # default start (2k) and the smallest one
-        scores, rows = index.search(query_dense, query_ot, k, initial_depth=depth)
+        scores, rows = searcher.search(queries, k, initial_depth=depth)
         _assert_exact(scores, rows, reference, k)
         assert np.array_equal(rows[:, :10], np.argsort(-reference, axis=1)[:, :10])
-    storage = index.storage()
-    assert storage["dense_bytes"] == dim * 4 and storage["ot_entries"] == top
-    assert storage["sparse_bytes"] == pytest.approx(top * (4 + 2) + 4 * (n + 1) / n)       # uint16 term ids
-    assert storage["paper_bytes"] == pytest.approx(dim * 4 + top * (4 + 15 / 8))
+    sharded = backend("dupmae").open_searcher([index], SearchOptions()).search(queries, k)   # the search path's
+    assert all(np.array_equal(got, expected) for got, expected in zip(sharded, searcher.search(queries, k)))
+    stored = storage(index)
+    assert stored["dense_bytes"] == dim * 4 and stored["ot_entries"] == top
+    assert stored["sparse_bytes"] == pytest.approx(top * (4 + 2) + 4 * (n + 1) / n)       # uint16 term ids
+    assert stored["paper_bytes"] == pytest.approx(dim * 4 + top * (4 + 15 / 8))
 
 
-def test_uint16_storage_of_cls384_ot260_is_close_to_the_paper_and_search_is_unchanged(tmp_path):
+def test_uint16_storage_of_cls384_ot260_is_close_to_the_paper_and_search_is_exact(tmp_path):
     """The paper's Table 3 configuration: 1536 + 260·6 + 4 = 3100 bytes per passage (was 3620 with int32 ids)
-    against 3063.5 by the paper's accounting and 3072 for cls:768; saving and loading changes no result."""
+    against 3063.5 by the paper's accounting and 3072 for cls:768; the stored index is searched exactly."""
     rng = np.random.default_rng(3)
     n, vocab = 200, 30522
     indices = np.stack([rng.choice(vocab, 260, replace=False) for _ in range(n)])
-    index = DupMAEIndex.build([f"d{i}" for i in range(n)], rng.standard_normal((n, 384)).astype(np.float32),
-                              indices, rng.uniform(0.1, 3, (n, 260)).astype(np.float32), vocab)
-    storage = index.storage()
-    assert storage["total_bytes"] == pytest.approx(384 * 4 + 260 * 6 + 4 * (n + 1) / n)
-    assert abs(storage["total_bytes"] - 3072) / 3072 < 0.01 and storage["paper_bytes"] == pytest.approx(3063.5)
-    loaded = DupMAEIndex.load(index.save(tmp_path / "index"))
+    dense, values = rng.standard_normal((n, 384)).astype(np.float32), rng.uniform(0.1, 3, (n, 260)).astype(np.float32)
+    index = open_index(dupmae_index(tmp_path / "index", dense, indices, values, vocab))
+    stored = storage(index)
+    assert np.load(tmp_path / "index" / "ot.indices.npy").dtype == np.uint16
+    assert stored["total_bytes"] == pytest.approx(384 * 4 + 260 * 6 + 4 * (n + 1) / n)
+    assert abs(stored["total_bytes"] - 3072) / 3072 < 0.01 and stored["paper_bytes"] == pytest.approx(3063.5)
     query_dense, query_ot = rng.standard_normal((5, 384)).astype(np.float32), rng.standard_normal((5, vocab))
-    for original, reread in zip(index.search(query_dense, query_ot, 20), loaded.search(query_dense, query_ot, 20)):
-        assert np.array_equal(original, reread)
+    doc_ot = np.zeros((n, vocab))
+    np.put_along_axis(doc_ot, indices, values, axis=1)
+    reference = query_dense.astype(np.float64) @ dense.T + query_ot @ doc_ot.T
+    scores, rows = DupMAESearcher(index, SearchOptions()).search({"embeddings": query_dense, "ot": query_ot}, 20)
+    _assert_exact(scores, rows, reference, 20)
 
 
-def test_threshold_search_widens_until_the_bound_certifies_the_answer():
+def test_threshold_search_widens_until_the_bound_certifies_the_answer(tmp_path):
     """Document 0 is 11th in both lists but first in total: a depth-2 union misses it, the bound must not."""
     n = 21
     dense = np.zeros((n, 1), np.float32)
@@ -270,8 +286,9 @@ def test_threshold_search_widens_until_the_bound_certifies_the_answer():
     dense[1:11, 0] = 1.0 + np.arange(10) / 100
     sparse[11:21, 0] = 1.0 + np.arange(10) / 100
     dense[0, 0] = sparse[0, 0] = 0.95
-    index = DupMAEIndex.build([str(i) for i in range(n)], dense, np.zeros((n, 1), np.int64), sparse, 1)
-    scores, rows = index.search(np.ones((1, 1), np.float32), np.ones((1, 1), np.float32), 1, initial_depth=2)
+    index = open_index(dupmae_index(tmp_path / "index", dense, np.zeros((n, 1), np.int64), sparse, 1))
+    scores, rows = DupMAESearcher(index, SearchOptions()).search(
+        {"embeddings": np.ones((1, 1), np.float32), "ot": np.ones((1, 1), np.float32)}, 1, initial_depth=2)
     assert rows.tolist() == [[0]] and np.isclose(scores[0, 0], 1.9)
 
 
@@ -345,13 +362,13 @@ def test_finetuned_model_is_searched_exactly_through_the_one_search_path(dupmae_
     got_scores = np.array([sorted(run[q].values(), reverse=True) for q in query_ids])
     _assert_exact(got_scores, got_rows, reference, len(corpus))
     # the threshold algorithm (not brute force) on the real model's vectors: shallow start, top 5
-    index = DupMAEIndex.load(tmp_path / "cache" / "shard-0-of-1")
+    index = open_index(tmp_path / "cache" / "shard-0-of-1")
     encoded = encode_all(retriever.query, [queries[q] for q in query_ids])
-    scores, rows = index.search(encoded["embeddings"], encoded["ot"], 5, initial_depth=5)
+    scores, rows = DupMAESearcher(index, SearchOptions()).search(encoded, 5, initial_depth=5)
     _assert_exact(scores, rows, reference, 5)
-    storage = index.storage()                      # cls:16 floats + 8 OT entries with uint16 term ids
-    assert storage["dense_bytes"] == 16 * 4 and storage["ot_entries"] <= 8
-    assert storage["sparse_bytes"] == pytest.approx(storage["ot_entries"] * (4 + 2) + 4 * (len(corpus) + 1) / len(corpus))
+    stored = storage(index)                        # cls:16 floats + 8 OT entries with uint16 term ids
+    assert stored["dense_bytes"] == 16 * 4 and stored["ot_entries"] <= 8
+    assert stored["sparse_bytes"] == pytest.approx(stored["ot_entries"] * (4 + 2) + 4 * (len(corpus) + 1) / len(corpus))
 
 
 def test_cli_dense_gives_the_mining_run_of_a_dupmae_model(dupmae_finetuned, tiny_collection, tmp_path):

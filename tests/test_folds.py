@@ -53,3 +53,29 @@ def test_a_derived_collection_points_at_the_source_and_splits_its_queries(tmp_pa
         derive_collection(source, tmp_path / "all", parts={"dev": len(original.load_qrels("train"))})
     with pytest.raises(ConfigError, match="already splits"):
         derive_collection(source, tmp_path / "clash", parts={"test": 1})
+
+
+def test_halves_split_the_judged_queries_both_ways_and_the_cli_writes_them(tmp_path):
+    from typer.testing import CliRunner
+
+    from pretrieve.cli import app
+    from pretrieve.data.folds import halves
+
+    source = write_collection(tmp_path / "src")
+    (source / "qrels" / "train.tsv").unlink()                 # a test-only collection, like Cranfield
+    a, b = halves(source, tmp_path / "halves", split="test", seed=5)
+    assert (a.name, b.name) == ("src-a", "src-b")
+    first, second = BeirCollection(a), BeirCollection(b)
+    assert sorted(first.splits()) == sorted(second.splits()) == ["test", "train"]
+    whole = BeirCollection(source).load_qrels("test")
+    assert first.load_qrels("train") == second.load_qrels("test") and first.load_qrels("test") == second.load_qrels("train")
+    assert len(first.load_qrels("train")) == 2 and not set(first.load_qrels("train")) & set(first.load_qrels("test"))
+    assert {**first.load_qrels("train"), **first.load_qrels("test")} == whole
+    assert halves(source, tmp_path / "other", seed=6)[0] != a and \
+        BeirCollection(halves(source, tmp_path / "other", seed=6)[0]).load_qrels("train") != first.load_qrels("train")
+    result = CliRunner().invoke(app, ["data", "halves", str(source), "--out", str(tmp_path / "cli"), "--seed", "5"])
+    assert result.exit_code == 0, result.output
+    assert BeirCollection(tmp_path / "cli" / "src-a").load_qrels("train") == first.load_qrels("train")
+    with pytest.raises(ConfigError, match="already splits"):      # the remainder may not take an existing name
+        derive_collection(write_collection(tmp_path / "both"), tmp_path / "x", carve_from="test",
+                          parts={"dev": 1}, rest="train")

@@ -328,3 +328,71 @@ print('ok')
 """
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0 and "ok" in done.stdout, done.stderr[-2000:]
+
+
+# ------------------------------------------------------------------------------------------- bounded memory
+def _random_fit_inputs(seed: int = 5):
+    rng = random.Random(seed)
+    docs = [f"d{i}" for i in range(80)]
+    runs = [{f"q{q}": {d: float(rng.randint(0, 9)) for d in rng.sample(docs, rng.randint(1, 50))}
+             for q in range(23) if (q, i) not in ((4, 1), (9, 0))} for i in range(2)]
+    qrels = {f"q{q}": {d: rng.randint(1, 2) for d in rng.sample(docs, 3)} for q in range(25)}   # q23, q24: no run
+    return runs, qrels
+
+
+def test_a_fit_scored_block_by_block_is_the_fit_of_every_query_at_once():
+    runs, qrels = _random_fit_inputs()
+    candidates = parse_candidates("auto", None)
+    whole = fit_fusion(runs, qrels, candidates=candidates, step=0.1, block=1000)
+    for block in (1, 4, 22):
+        spec = fit_fusion(runs, qrels, candidates=candidates, step=0.1, block=block)
+        assert spec == whole and spec.fit == whole.fit, block
+    assert whole.fit["queries"] == 23 and len(whole.fit["trials"]) == 1 + 2 * 11
+    with pytest.raises(ConfigError, match="block"):
+        fit_fusion(runs, qrels, block=0)
+
+
+def test_a_streamed_fit_holds_one_block_of_queries_and_reads_each_file_once(tmp_path, monkeypatch):
+    """fit_on_split: the same fit as from values, whatever each file's query order; at most ``block`` queries are
+    prepared at a time, and files in the same query order keep no query read ahead."""
+    from pretrieve.data import trec
+    from pretrieve.retrieval import fusion
+
+    runs, qrels = _random_fit_inputs()
+    root = tmp_path / "c"
+    (root / "qrels").mkdir(parents=True)
+    (root / "qrels" / "train.tsv").write_text("query-id\tcorpus-id\tscore\n" + "".join(
+        f"{q}\t{d}\t{g}\n" for q, docs in qrels.items() for d, g in docs.items()))
+    write_run(runs[0], root / "a.trec")
+    write_run(dict(reversed(list(runs[1].items()))), root / "b.trec")      # the other order: read ahead, still exact
+    write_run(runs[1], root / "c.trec")
+    sizes, ahead, streams = [], [], []
+    real_matrix, real_take, real_iter_run = fusion._ScoreMatrix.__init__, fusion._QueryReader.take, trec.iter_run
+
+    def matrix(self, ranx_runs, queries):
+        sizes.append(len(queries))
+        real_matrix(self, ranx_runs, queries)
+
+    def take(self, ids):
+        out = real_take(self, ids)
+        ahead.append(len(self.ahead))
+        return out
+
+    def iter_run(path):
+        streams.append(Path(path).name)
+        return real_iter_run(path)
+
+    monkeypatch.setattr(fusion._ScoreMatrix, "__init__", matrix)
+    monkeypatch.setattr(fusion._QueryReader, "take", take)
+    monkeypatch.setattr(trec, "iter_run", iter_run)
+    expected = fit_fusion(runs, qrels, candidates=[("wsum", "zscore")], step=0.1)
+    sizes.clear()
+    same_order = fit_on_split([root / "a.trec", root / "c.trec"], root, "train", candidates=[("wsum", "zscore")],
+                              step=0.1, block=5)
+    assert same_order == expected and same_order.fit == expected.fit
+    assert sizes and max(sizes) <= 5 and sum(sizes) == 23 and not any(ahead)
+    assert sorted(streams) == ["a.trec", "c.trec"]                            # one pass over each file
+    other_order = fit_on_split([root / "a.trec", root / "b.trec"], root, "train", candidates=[("wsum", "zscore")],
+                               step=0.1, block=5)
+    assert other_order == expected and other_order.fit == expected.fit and any(ahead)
+    assert fusion.merged_order([["a", "b", "d"], ["a", "c", "d"], ["c", "e"]]) == ["a", "b", "c", "d", "e"]

@@ -179,21 +179,28 @@ def test_set_aside_never_reuses_a_name(tmp_path):
     assert not (tmp_path / "stage").exists()
 
 
-def _fusion_recipe(tmp_path: Path, model: Path, train: Path, zero_shot: Path, **evaluate) -> Path:
+DEV = {"queries": 6, "seed": 0}
+
+
+def _fusion_recipe(tmp_path: Path, model: Path, train: Path, zero_shot: Path, dev=DEV, final=None, **evaluate) -> Path:
     recipe = {
         "name": "tiny-fusion", "out": str(tmp_path / "out"), "model": str(model), "data": str(train), "seed": 7,
+        "dev": dev,
         "finetune": {**FAST, "num_negatives": 2, "query_max_len": 16, "passage_max_len": 32, "bm25_depth": 20,
                      "lr": 5e-4},
         "stages": [
             {"finetune": {"stage": 1}},
+            {"mine": {"depth": 10}},
             {"fuse": {"name": "rrf-zero-shot", "runs": ["bm25", "zero-shot"], "method": "rrf"}},
-            {"fuse": {"name": "final", "runs": ["bm25", "finetune-s1"], "method": "wsum", "norm": "zscore",
-                      "step": 0.25, "depth": 20}},
+            final or {"fuse": {"name": "final", "runs": ["bm25", "finetune-s1"], "method": "wsum", "norm": "zscore",
+                               "step": 0.25, "depth": 20}},
             {"evaluate": {"collections": [str(train), str(zero_shot)], "split": "test", "zero_shot": True,
                           "bm25": True, "depth": 20, "final": "final", "compare": ["bm25", "zero-shot", "rrf-zero-shot"],
                           **evaluate}},
         ],
     }
+    if dev is None:
+        del recipe["dev"]
     tmp_path.mkdir(parents=True, exist_ok=True)
     path = tmp_path / "recipe.yaml"
     path.write_text(yaml.safe_dump(recipe))
@@ -206,7 +213,7 @@ def assert_same_run(run: dict, expected: dict) -> None:
         assert docs == pytest.approx(expected[qid], abs=1e-12), qid
 
 
-def test_fuse_stage_fits_on_train_only_and_adds_tested_rows(tiny_mlm_dir, collections, tmp_path, monkeypatch):
+def test_fuse_stage_fits_on_dev_only_and_adds_tested_rows(tiny_mlm_dir, collections, tmp_path, monkeypatch):
     from pretrieve.recipe.schema import STAGES
     from pretrieve.data import read_run
     from pretrieve.retrieval.fusion import FusionSpec, fuse_runs
@@ -216,7 +223,7 @@ def test_fuse_stage_fits_on_train_only_and_adds_tested_rows(tiny_mlm_dir, collec
     real_fuse = STAGES["fuse"]
     opened: list[str] = []
 
-    def fuse_without_test_qrels(*args, **kwargs):      # the fuse stage may read train qrels, never test qrels
+    def fuse_without_test_qrels(*args, **kwargs):      # the fuse stage may read dev qrels, never test qrels
         with forbid_test_qrels(monkeypatch) as names:
             try:
                 return real_fuse.run(*args, **kwargs)
@@ -227,14 +234,17 @@ def test_fuse_stage_fits_on_train_only_and_adds_tested_rows(tiny_mlm_dir, collec
     train, other = collections
     results = run_recipe(_fusion_recipe(tmp_path, tiny_mlm_dir, train, other), show_progress=False)
     out = tmp_path / "out"
-    assert any(name.endswith("qrels/train.tsv") for name in opened)
+    assert any(name.endswith("qrels/dev.tsv") for name in opened)
+    assert not any(name.endswith("qrels/train.tsv") for name in opened)     # the fine-tuning queries: never read
     rows = {(row["retriever"], row["collection"]): row for row in results["rows"]}
     assert set(rows) == {(r, c) for r in ("bm25", "zero-shot", "finetune-s1", "rrf-zero-shot", "final")
                          for c in ("train", "other")}
     fitted = json.loads((out / "fuse" / "final" / "fusion.json").read_text())
-    assert fitted["method"] == "wsum" and fitted["norm"] == "zscore" and fitted["fit"]["split"] == "train"
-    # the training queries' runs (split "train" of the collection "train")
-    assert (out / "runs" / "finetune-s1.train__train:train.trec").exists() and (out / "runs" / "bm25__train:train.trec").exists()
+    assert fitted["method"] == "wsum" and fitted["norm"] == "zscore" and fitted["fit"]["split"] == "dev"
+    assert fitted["fit"]["queries"] == DEV["queries"]
+    # the dev queries' runs (split "dev" of the training collection, carved into out/dev-split/train)
+    assert (out / "runs" / "finetune-s1.dev__train:dev.trec").exists() and (out / "runs" / "bm25__train:dev.trec").exists()
+    assert results["dev"]["queries"] == DEV["queries"] and results["dev"]["of"] == 20
     spec = FusionSpec.from_dict(fitted)
     for collection in ("train", "other"):      # the zero-shot collection uses the weights fitted on train
         expected = fuse_runs([read_run(out / "runs" / f"bm25__{collection}.trec"),
@@ -249,11 +259,88 @@ def test_fuse_stage_fits_on_train_only_and_adds_tested_rows(tiny_mlm_dir, collec
     markdown = (out / "results.md").read_text()
     assert "Which row to use: `final`" in markdown and f"pretrieve run {tmp_path / 'recipe.yaml'}" in markdown
     assert "Paired two-sided t-tests" in markdown and "`final`: wsum(zscore;" in markdown
+    assert "Dev split: 6 of the 20 `train` queries (seed 0" in markdown
 
     fused = out / "runs" / "final__other.trec"
     before = fused.stat().st_mtime_ns
     again = run_recipe(_fusion_recipe(tmp_path, tiny_mlm_dir, train, other), show_progress=False)
     assert again["rows"] == results["rows"] and fused.stat().st_mtime_ns == before    # current: not rewritten
+
+
+def training_queries(out: Path) -> set[str]:
+    """Every query id of the groups the recipe's fine-tuning stages trained on and its mining stage mined for."""
+    ids = set()
+    for path in [*out.glob("finetune-s*/*groups.jsonl"), *out.glob("mine*/groups.jsonl")]:
+        ids |= {json.loads(line)["query_id"] for line in path.read_text().splitlines() if line.strip()}
+    return ids
+
+
+def spy_on_fits(monkeypatch) -> list[set[str]]:
+    """Every fusion fit's queries: those of the run files it is given and of the qrels of its split (all it reads)."""
+    from pretrieve.data import BeirCollection, read_run
+    from pretrieve.retrieval import fusion
+
+    fitted_on: list[set[str]] = []
+    real_fit = fusion.fit_on_split
+
+    def spy(paths, collection, split, *args, **kwargs):
+        fitted_on.append(set(BeirCollection(collection).load_qrels(split))
+                         | {qid for path in paths for qid in read_run(path)})
+        return real_fit(paths, collection, split, *args, **kwargs)
+
+    monkeypatch.setattr(fusion, "fit_on_split", spy)
+    return fitted_on
+
+
+def test_no_query_used_in_fine_tuning_is_used_to_fit_fusion_weights(tiny_mlm_dir, collections, tmp_path,
+                                                                       monkeypatch):
+    """Every fit (the fuse stage's weights) is given only dev queries, and no dev query is in a training group."""
+    fitted_on = spy_on_fits(monkeypatch)
+    train, other = collections
+    run_recipe(_fusion_recipe(tmp_path, tiny_mlm_dir, train, other, dev={"queries": 5, "seed": 3}), show_progress=False)
+    out = tmp_path / "out"
+    record = json.loads(next(out.glob("dev-split/*/folds.json")).read_text())
+    dev, trained = set(record["queries"]["dev"]), training_queries(out)
+    assert len(dev) == 5 and trained and fitted_on
+    assert not dev & trained and dev | trained == {f"q{i}" for i in range(20)}
+    for used in fitted_on:
+        assert used <= dev and not used & trained
+
+
+def test_fitting_a_fine_tuned_retriever_on_its_training_queries_is_refused(tmp_path, collections):
+    for dev, fit_split in ((None, None), ({"seed": 0}, "train")):
+        recipe = _fusion_recipe(tmp_path, Path("m"), *collections, dev=dev, final={"fuse": {
+            "name": "final", "runs": ["bm25", "finetune-s1"], "method": "wsum", "norm": "zscore",
+            **({"fit_split": fit_split} if fit_split else {})}})
+        with pytest.raises(ConfigError, match=r"stages\[3\]\.fuse: would fit the weight of finetune-s1 on the "
+                                              r"'train' queries it was trained on; add a dev split"):
+            load_recipe(recipe)
+    zero_shot_only = _fusion_recipe(tmp_path, Path("m"), *collections, dev=None, final={"fuse": {
+        "name": "final", "runs": ["bm25", "zero-shot"], "method": "wsum", "norm": "zscore"}})
+    assert load_recipe(zero_shot_only)["stages"][3]["fuse"]["runs"] == ["bm25", "zero-shot"]   # nothing trained
+
+
+@pytest.mark.parametrize("dev, message", [
+    ({"queries": 3, "split": "dev"}, "either 'split'"),
+    ({"queries": 0}, "queries must be >= 1"),
+    ({"split": "test"}, "cannot be the dev split"),
+    ({"sed": 1}, r"dev\.sed: unknown option; did you mean seed"),
+])
+def test_dev_option_errors_are_clear(tmp_path, collections, dev, message):
+    with pytest.raises((ConfigError, InputError), match=message):
+        load_recipe(_fusion_recipe(tmp_path, Path("m"), *collections, dev=dev))
+
+
+def test_the_dev_split_default_size_and_what_carving_too_many_says(tmp_path, collections):
+    from pretrieve.recipe.dev import dev_size, prepare_dev
+
+    assert [dev_size(n) for n in (20, 199, 200, 809, 1000, 1006, 5000)] == [20, 20, 20, 81, 100, 100, 100]
+    train = collections[0]
+    with pytest.raises(ConfigError, match="leaves none to fine-tune on"):
+        prepare_dev({"dev": {"seed": 0}, "finetune": {}}, train, tmp_path)    # 20 of 20 queries
+    data, record = prepare_dev({"dev": {"queries": 19, "seed": 0}, "finetune": {}}, train, tmp_path)
+    assert data == tmp_path / "dev-split" / "train" and record["queries"] == 19 and record["of"] == 20
+    assert prepare_dev({"finetune": {}}, train, tmp_path) == (train, None)
 
 
 @pytest.mark.parametrize("stage, message", [

@@ -15,7 +15,8 @@ from pretrieve.modeling.dual_encoder import DualEncoder, MaskedLMTower
 from pretrieve.modeling.representations import representation_from_config
 from pretrieve.modeling.representations.sparse import (HybridRepresentation, SparseRepresentation, content_positions,
                                                        parse_spec, representation_from_spec)
-from pretrieve.retrieval.index.sparse import SparseIndex
+from pretrieve.retrieval.index import open_index, save_arrays, writing
+from pretrieve.retrieval.index.sparse import SparseSearcher
 from pretrieve.modeling.losses import contrastive_loss, flops_regularizer
 
 from test_dual_encoder import make_batch
@@ -123,7 +124,7 @@ def test_specs_for_fine_tuning(tiny_mlm_dir):
     assert build_representation(config, str(tiny_mlm_dir)).query_flops == 1e-3
 
 
-def test_sparse_search_returns_the_brute_force_top_100(tower, tokenizer):
+def test_sparse_search_returns_the_brute_force_top_100(tower, tokenizer, tmp_path):
     generator = torch.Generator().manual_seed(4)
     rep = SparseRepresentation()
     passages = torch.randint(1000, 8000, (400, 12), generator=generator)
@@ -131,9 +132,11 @@ def test_sparse_search_returns_the_brute_force_top_100(tower, tokenizer):
     with torch.no_grad():
         p = rep.encode(tower(passages, torch.ones_like(passages)), torch.ones_like(passages), passages, tower)
         q = rep.encode(tower(queries, torch.ones_like(queries)), torch.ones_like(queries), queries, tower)
-    index = SparseIndex(sp.csr_matrix(p.float().numpy()))
-    assert index.nnz < p.numel()                                     # stored sparsely
-    scores, rows = index.search(sp.csr_matrix(q.float().numpy()), k=100)
+    with writing(tmp_path / "index", "sparse", [str(i) for i in range(400)], {}, {"test": 1}) as tmp:
+        save_arrays(tmp, {"sparse": sp.csr_matrix(p.float().numpy())})
+    index = SparseSearcher(open_index(tmp_path / "index"))
+    assert index.matrix.nnz < p.numel()                              # stored sparsely
+    scores, rows = index.search({"sparse": sp.csr_matrix(q.float().numpy())}, k=100)
     brute = rep.score(q, p).numpy()
     for row in range(q.shape[0]):
         order = np.lexsort((np.arange(brute.shape[1]), -brute[row]))[:100]

@@ -22,11 +22,11 @@ from pretrieve.modeling.dual_encoder import DualEncoder
 from pretrieve.modeling.export import export_retriever
 from pretrieve.modeling.representations.sparse import HybridRepresentation, SparseRepresentation
 from pretrieve.retrieval.batches import encode_all
-from pretrieve.retrieval.index import SearchOptions
-from pretrieve.retrieval.index.sparse import SparseIndex, SpladeIndex, resolve_mode
+from pretrieve.retrieval.index import SearchOptions, backend, find_shards, open_index
+from pretrieve.retrieval.index.sparse import resolve_mode, shard_searcher, storage
 from pretrieve.retrieval.index.topk import rrf_fuse
 from pretrieve.retrieval.load import load_retriever, retriever_kind
-from pretrieve.retrieval.search import search
+from pretrieve.retrieval.search import build_index, search
 
 from test_finetune import write_collection
 
@@ -212,22 +212,34 @@ def test_rrf_mode_fuses_the_exact_dense_and_sparse_rankings(hybrid_dir, syntheti
         assert np.allclose([run[qid][doc] for doc in got], [fused[row] for row in expected], rtol=1e-9)
 
 
-def test_index_round_trip_and_storage(hybrid_dir, synthetic, tmp_path):
+def test_index_holds_the_encoder_outputs_and_every_mode_searches_it(hybrid_dir, synthetic, tmp_path):
+    """The index ``build_index`` writes holds exactly what the batch encoder gives; the back-end's searcher of each
+    mode (a searcher composed of searchers for hybrid and rrf) gives the run of :func:`search`, one query per
+    score block gives the same ranking, and the storage is what the stored arrays take."""
     corpus, queries = synthetic
     retriever = load_retriever(hybrid_dir, device="cpu", precision="fp32")
     assert (retriever.passage.max_length, retriever.query.max_length) == (PASSAGE_LEN, QUERY_LEN)
     encoded = encode_all(retriever.passage, corpus.full_texts(), batch_size=7)
-    index = SpladeIndex.from_encoded(corpus.ids, encoded, meta={"settings": {"x": 1}})
-    loaded = SpladeIndex.load(index.save(tmp_path / "index"))
-    assert loaded.ids == index.ids and loaded.meta == {"settings": {"x": 1}} and np.array_equal(loaded.dense, index.dense)
+    build_index(retriever, corpus, tmp_path / "index", batch_size=7, show_progress=False)
+    index = open_index(find_shards(tmp_path / "index")[0])
+    assert index.kind == "hybrid" and index.id_list() == corpus.ids
+    assert np.array_equal(index.array("embeddings"), encoded["embeddings"])
+    assert (index.matrix("sparse") != encoded["sparse"]).nnz == 0
     q = encode_all(retriever.query, list(queries.values()))
     for mode in ("dense", "sparse", "hybrid", "rrf"):
-        assert np.array_equal(loaded.search(q, 30, mode)[1], index.search(q, 30, mode)[1])
-    one_at_a_time = index.search(q, 30, "hybrid", block_elements=1)                # one query per score block
-    assert np.array_equal(one_at_a_time[1], index.search(q, 30, "hybrid")[1])
-    storage = index.storage()
-    assert storage["dense_bytes"] == 32 * 4
-    assert storage["sparse_bytes"] == pytest.approx(encoded["sparse"].nnz / len(corpus) * (4 + 2) + 4 * 301 / 300)
+        scores, rows = backend("hybrid").open_searcher([index], SearchOptions(), mode).search(q, 30)
+        run = search(retriever, queries, tmp_path / "index", k=30, mode=mode, show_progress=False)
+        for position, qid in enumerate(queries):
+            found = rows[position] >= 0
+            assert list(run[qid]) == [corpus.ids[row] for row in rows[position][found]]
+            assert np.array_equal(list(run[qid].values()), scores[position][found].tolist())
+    hybrid = shard_searcher(index, SearchOptions(), "hybrid")                    # α·dense + β·sparse, one shard
+    whole_block = hybrid.search(q, 30)
+    hybrid.block_elements = 1                                                   # one query per score block
+    assert np.array_equal(hybrid.search(q, 30)[1], whole_block[1])
+    stored = storage(index)
+    assert stored["dense_bytes"] == 32 * 4
+    assert stored["sparse_bytes"] == pytest.approx(encoded["sparse"].nnz / len(corpus) * (4 + 2) + 4 * 301 / 300)
 
 
 def test_three_shards_give_every_mode_of_one_index(hybrid_dir, synthetic, tmp_path):
@@ -236,22 +248,21 @@ def test_three_shards_give_every_mode_of_one_index(hybrid_dir, synthetic, tmp_pa
     rankings, not the shards')."""
     import scipy.sparse as sp
 
-    from pretrieve.retrieval.index import find_shards, open_index
-    from pretrieve.retrieval.search import build_index
-
     corpus, queries = synthetic
     retriever = load_retriever(hybrid_dir, device="cpu", precision="fp32")
     for shard in range(3):
         build_index(retriever, corpus, tmp_path / "three", shard=shard, num_shards=3, batch_size=16,
                     show_progress=False)
-    shards = [SpladeIndex.load(open_index(path)) for path in find_shards(tmp_path / "three")]
-    whole = SpladeIndex(corpus.ids, SparseIndex(sp.vstack([s.sparse.matrix for s in shards]), corpus.ids),
-                        np.concatenate([s.dense for s in shards]))
+    shards = [open_index(path) for path in find_shards(tmp_path / "three")]
+    whole_dense = np.concatenate([shard.array("embeddings") for shard in shards]).astype(np.float64)
+    whole_sparse = sp.vstack([shard.matrix("sparse") for shard in shards]).astype(np.float64)
     encoded = encode_all(retriever.query, list(queries.values()))
+    dense_scores = encoded["embeddings"].astype(np.float64) @ whole_dense.T
+    sparse_scores = (encoded["sparse"].astype(np.float64) @ whole_sparse.T).toarray()
+    references = {"dense": dense_scores, "sparse": sparse_scores, "hybrid": ALPHA * dense_scores + BETA * sparse_scores}
     for mode in ("dense", "sparse", "hybrid"):                 # the exact top-k of the same vectors
         three = search(retriever, queries, tmp_path / "three", k=30, mode=mode, show_progress=False)
-        reference = whole.scores(encoded, mode, dense_weight=ALPHA, sparse_weight=BETA).astype(np.float64)
-        assert_top_k(three, list(queries), corpus, reference, 30)
+        assert_top_k(three, list(queries), corpus, references[mode], 30)
     run = search(retriever, queries, tmp_path / "three", k=20, mode="rrf", show_progress=False)
     full = [search(retriever, queries, tmp_path / "three", k=len(corpus), mode=mode, show_progress=False)
             for mode in ("dense", "sparse")]                    # the global rankings, merged over the shards
@@ -318,10 +329,10 @@ def test_mote_model_encodes_queries_through_q_ffn_and_passages_through_p_ffn(tok
     assert not np.allclose(q_dense, qp_dense, atol=1e-3)                      # the experts do differ
 
     run = dense_search(model_dir, corpus, queries, k=50, cache_dir=tmp_path / "cache")
-    index = SpladeIndex.load(tmp_path / "cache" / INDEX_DIR)
+    index = open_index(tmp_path / "cache" / INDEX_DIR)
     p_dense, p_sparse = by_view(passage_view, corpus.full_texts(), passage_len)
-    assert np.allclose(index.dense, p_dense, atol=1e-5) and np.allclose(index.sparse.matrix.toarray(), p_sparse,
-                                                                           atol=1e-5)
+    assert np.allclose(index.array("embeddings"), p_dense, atol=1e-5) and np.allclose(
+        index.matrix("sparse").toarray(), p_sparse, atol=1e-5)
     reference = q_dense.astype(np.float64) @ p_dense.T + q_sparse.astype(np.float64) @ p_sparse.T
     assert_top_k(run, list(queries), corpus, reference, 50)
 

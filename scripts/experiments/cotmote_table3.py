@@ -155,16 +155,15 @@ def sparsity(models: dict[str, Path], data: Path, out: Path) -> dict:
     """Average non-zeros per passage (from the cached index) and per test query; bytes per passage stored."""
     from pretrieve.data.collection import BeirCollection
     from pretrieve.retrieval.batches import encode_all
-    from pretrieve.retrieval.index import find_shards
-    from pretrieve.retrieval.index.sparse import SpladeIndex
+    from pretrieve.retrieval.index import find_shards, open_index
+    from pretrieve.retrieval.index.sparse import storage as index_storage
     from pretrieve.retrieval.load import load_retriever
 
     queries = list(BeirCollection(data).load_queries("test").values())
     stats = {}
     for name, model_dir in models.items():
-        index = SpladeIndex.load(find_shards(out / "cache" / name)[0])
         encoded = encode_all(load_retriever(model_dir, device="cpu", precision="fp32").query, queries)
-        storage = index.storage()
+        storage = index_storage(open_index(find_shards(out / "cache" / name)[0]))
         stats[name] = {"passage_terms": storage["sparse_entries"], "query_terms": encoded["sparse"].nnz / len(queries),
                        "sparse_bytes_per_passage": storage["sparse_bytes"],
                        "sparse_bytes_per_passage_int32_ids": storage["sparse_bytes"] + 2 * storage["sparse_entries"],

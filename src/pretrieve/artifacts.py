@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Collection, Iterator, Mapping
 
-from pretrieve.io_utils import atomic_dir, atomic_path
+from pretrieve.io_utils import atomic_dir, atomic_path, in_use
 
 FORMAT = "pretrieve-artifact/1"
 FILE_SIDECAR_SUFFIX = ".artifact.json"
@@ -292,9 +292,11 @@ def _fingerprint_or_none(path: str | Path) -> str | None:
         return None
 
 
-def remove_stale_temporaries(directory: str | Path, older_than: float | None = None) -> list[Path]:
+def remove_stale_temporaries(directory: str | Path, older_than: float | None = None,
+                             names: Collection[str] | None = None) -> list[Path]:
     """Remove temporary siblings (``.<name>.*.tmp`` files and directories) that a killed atomic write left in
-    ``directory``, if last modified before ``older_than`` (a UNIX time; default: this process's start)."""
+    ``directory``, if last modified before ``older_than`` (a UNIX time; default: this process's start) and not held
+    by a live writer (:func:`pretrieve.io_utils.in_use`); with ``names``, only the temporaries of those names."""
     import shutil
 
     directory = Path(directory)
@@ -306,8 +308,10 @@ def remove_stale_temporaries(directory: str | Path, older_than: float | None = N
     for entry in directory.iterdir():
         if not (entry.name.startswith(".") and entry.name.endswith(".tmp")):
             continue
+        if names is not None and not any(entry.name.startswith(f".{name}.") for name in names):
+            continue
         try:
-            if entry.lstat().st_mtime >= older_than:
+            if entry.lstat().st_mtime >= older_than or in_use(entry):
                 continue
             if entry.is_dir() and not entry.is_symlink():
                 shutil.rmtree(entry)

@@ -1,22 +1,36 @@
-"""Atomic file and directory writes.
+"""Atomic file and directory writes, and the one reader of YAML/JSON config files.
 
 Everything pretrieve writes that a crash could leave half-written (runs, metrics, embeddings,
 checkpoints, indexes) goes through these helpers: write to a temporary sibling, fsync, then rename.
 A rename within one filesystem is atomic, so readers see either the old file or the complete new one.
 The result gets the permissions an ordinary ``open``/``mkdir`` would give (the umask's, or those of the
 file it replaces), not the owner-only mode of the temporary files ``tempfile`` creates.
+
+Temporaries are named ``.<name>.<random>.tmp`` and held under an ``flock`` while their writer lives
+(:func:`in_use`): a killed writer's leftovers are removed by the next command
+(:func:`pretrieve.outputs.remove_leftovers`), a running writer's never. :func:`temporary_dir` is such a temporary
+directory for intermediate files (a BM25 index built for one run).
+
+:func:`load_config_file` reads every YAML/JSON config (run configs, method files, recipes); a syntax error is one
+line, ``file:line: problem``.
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 import shutil
 import stat
 import tempfile
 from pathlib import Path
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator
+
+from pretrieve.errors import InputError
+
+if TYPE_CHECKING:
+    import yaml
 
 
 @contextlib.contextmanager
@@ -29,7 +43,8 @@ def atomic_path(path: str | Path, suffix: str = "") -> Iterator[Path]:
     tmp_path = Path(tmp)
     try:
         os.chmod(tmp_path, _final_mode(path, directory=False))
-        yield tmp_path
+        with _claimed(tmp_path):
+            yield tmp_path
         _fsync_file(tmp_path)
         os.replace(tmp_path, path)
     finally:
@@ -59,7 +74,8 @@ def atomic_dir(path: str | Path) -> Iterator[Path]:
     tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
     try:
         os.chmod(tmp, _final_mode(path, directory=True))
-        yield tmp
+        with _claimed(tmp):
+            yield tmp
         for file in tmp.rglob("*"):
             if file.is_file():
                 _fsync_file(file)
@@ -80,6 +96,56 @@ def atomic_dir(path: str | Path) -> Iterator[Path]:
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def temporary_dir(name: str, parent: str | Path | None = None) -> Iterator[Path]:
+    """A temporary directory ``.<name>.<random>.tmp`` in ``parent`` (default: the system's), held while the block
+    runs and removed after it; a killed process's is a leftover :func:`pretrieve.outputs.remove_leftovers` removes."""
+    if parent is not None:
+        Path(parent).mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{name}.", suffix=".tmp", dir=parent))
+    try:
+        with _claimed(tmp):
+            yield tmp
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def _claimed(path: Path) -> Iterator[None]:
+    """Hold an exclusive ``flock`` on ``path`` (a temporary file or directory) while the block runs; the kernel
+    drops it when the process dies, so :func:`in_use` tells a live writer's temporary from a leftover. Where it
+    cannot be taken (an unreadable file, a file system without locks) the write goes on unheld: such a temporary
+    is then protected only by being younger than the command that cleans up."""
+    try:
+        fd: int | None = os.open(path, os.O_RDONLY)
+    except OSError:
+        fd = None
+    try:
+        if fd is not None:
+            with contextlib.suppress(OSError):
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        yield
+    finally:
+        if fd is not None:
+            os.close(fd)
+
+
+def in_use(path: str | Path) -> bool:
+    """Whether a live process holds ``path`` (a temporary of :func:`atomic_path`, :func:`atomic_dir` or
+    :func:`temporary_dir` being written)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)   # a FIFO must not block
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        return True
+    finally:
+        os.close(fd)
+    return False
 
 
 def write_json(path: str | Path, obj: Any) -> None:
@@ -124,3 +190,48 @@ def file_digest(path: str | Path, chunk_size: int = 1 << 20) -> str:
         for chunk in iter(lambda: handle.read(chunk_size), b""):
             digest.update(chunk)
     return digest.hexdigest()
+
+
+def load_config_file(path: str | Path, what: str = "config") -> dict[str, Any]:
+    """The mapping of a YAML or JSON ``what`` file ({} for an empty one; JSON by the ``.json`` suffix).
+
+    Every error is one line naming the file (and the line of a syntax error): ``file:line: invalid YAML: ...``."""
+    import yaml  # here, not at the top: `pretrieve --help` and commands without a config file start without it
+
+    path = Path(path)
+    if not path.exists():
+        raise InputError(f"{what} file not found", path=path)
+    if path.is_dir():
+        raise InputError(f"is a directory, not a {what} file", path=path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise InputError(f"{what} file is not UTF-8 text ({exc.reason} at byte {exc.start})", path=path) from None
+    if path.suffix.lower() == ".json":
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise InputError(f"invalid JSON: {exc.msg} (column {exc.colno})", path=path, line=exc.lineno) from None
+    else:
+        try:
+            data = yaml.safe_load(text)
+        except yaml.YAMLError as exc:
+            raise _yaml_error(exc, path) from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise InputError(f"{what} file must be a mapping of names to values, not a {type(data).__name__}",
+                         path=path)
+    return data
+
+
+def _yaml_error(exc: "yaml.YAMLError", path: Path) -> InputError:
+    """``file:line: invalid YAML: <problem> (column c[; <context> on line l])`` on one line."""
+    mark = getattr(exc, "problem_mark", None)
+    problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+    details = [] if mark is None else [f"column {mark.column + 1}"]
+    context, context_mark = getattr(exc, "context", None), getattr(exc, "context_mark", None)
+    if context and context_mark is not None and (mark is None or context_mark.line != mark.line):
+        details.append(f"{context} on line {context_mark.line + 1}")
+    message = f"invalid YAML: {problem}" + (f" ({'; '.join(details)})" if details else "")
+    return InputError(" ".join(message.split()), path=path, line=None if mark is None else mark.line + 1)

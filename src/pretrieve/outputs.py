@@ -11,20 +11,34 @@
   command still writes (a killed checkpoint save's ``.step-N.tmp/`` counts as free); a command that fails leaves
   no directory it created empty. Under ``torchrun``/``accelerate launch`` only the process of rank 0 takes the lock
   (the others write into the same directory as its helpers).
+* :func:`producing` — the context of a command that writes a file or directory without locking it (``bm25``,
+  ``dense``, ``search``: a run file; ``encode``: an index directory whose shards several processes may write at
+  once): the same preflight, the leftovers of killed writes of that output removed, and a write that fails for
+  lack of space or at the file-size limit (``ENOSPC``, ``EFBIG``, numpy's "N requested and M written") reported
+  as one line naming the user's path (:func:`write_failures`), not an internal temporary file.
+* :func:`check_space` — the space part of the preflight, for a command that knows its sizes only later (``dense``
+  once the model's dimension is known, before it encodes).
+
+Leftovers are only those of dead processes: temporaries older than this process and not held by a live writer
+(:func:`pretrieve.io_utils.in_use`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
+import logging
 import os
 import shutil
 import socket
 import tempfile
 import time
 from pathlib import Path
-from typing import Iterator
+from typing import Collection, Iterator
 
 from pretrieve.errors import InputError, OutputBusyError
+
+logger = logging.getLogger(__name__)
 
 LOCK_FILE = ".pretrieve.lock"
 #: How deep below an output directory leftovers of killed atomic writes are looked for.
@@ -60,7 +74,7 @@ def check_writable(path: str | Path, directory: bool = True, needed_bytes: int =
         if not place.is_dir():
             raise InputError(f"cannot be created: {place} is a file, not a directory", path=path)
     _probe(place, path)
-    _check_space(place, path, needed_bytes, largest_file)
+    check_space(path, needed_bytes, largest_file)
 
 
 def _probe(place: Path, path: Path) -> None:
@@ -74,19 +88,51 @@ def _probe(place: Path, path: Path) -> None:
         raise InputError(f"cannot write here{where}: {exc.strerror or exc}", path=path) from None
 
 
-def _check_space(place: Path, path: Path, needed_bytes: int, largest_file: int) -> None:
+def check_space(path: str | Path, needed_bytes: int = 0, largest_file: int = 0) -> None:
+    """Raise a one-line :class:`InputError` naming ``path`` unless a file of ``largest_file`` bytes is within the
+    file-size limit (``ulimit -f``) and ``needed_bytes`` are free on the file system that holds (or will hold) it."""
     import resource
 
+    path = Path(path)
     if largest_file:
         soft, _ = resource.getrlimit(resource.RLIMIT_FSIZE)
         if soft != resource.RLIM_INFINITY and soft < largest_file:
             raise InputError(f"the file-size limit (ulimit -f: {_size(soft)}) is below the {_size(largest_file)} "
-                             "files this command writes (checkpoints, model weights); raise it", path=path)
+                             "of the largest file this command writes; raise it", path=path)
     if needed_bytes:
-        free = shutil.disk_usage(place).free
+        free = shutil.disk_usage(_first_existing(path)).free
         if free < needed_bytes:
             raise InputError(f"only {_size(free)} free on this file system; this command writes about "
                              f"{_size(needed_bytes)}", path=path)
+
+
+_SPACE_ERRORS = {errno.ENOSPC: "no space left on the disk", errno.EDQUOT: "the disk quota is exhausted",
+                 errno.EFBIG: "a file-size limit (ulimit -f) was reached"}
+
+
+@contextlib.contextmanager
+def write_failures(path: str | Path) -> Iterator[None]:
+    """Report a write that fails for lack of space or at the file-size limit as a one-line :class:`InputError`
+    naming ``path`` (the user's output), whichever internal file it was writing."""
+    try:
+        yield
+    except OSError as exc:
+        reason = _SPACE_ERRORS.get(exc.errno or 0)
+        if reason is None and exc.errno is None and " requested and " in str(exc):   # numpy's short write
+            reason = _short_write_reason(Path(path))
+        if reason is None:
+            raise
+        raise InputError(f"could not be written: {reason}", path=path) from None
+
+
+def _short_write_reason(path: Path) -> str:
+    import resource
+
+    if shutil.disk_usage(_first_existing(path)).free < (1 << 20):
+        return _SPACE_ERRORS[errno.ENOSPC]
+    if resource.getrlimit(resource.RLIMIT_FSIZE)[0] != resource.RLIM_INFINITY:
+        return _SPACE_ERRORS[errno.EFBIG]
+    return "a write stopped short (the disk is full or a file-size limit was reached)"
 
 
 def _size(n: int) -> str:
@@ -158,24 +204,53 @@ class DirectoryLock:
         self.release()
 
 
-def remove_leftovers(directory: str | Path, depth: int = CLEANUP_DEPTH) -> list[Path]:
-    """Remove temporaries of killed atomic writes in ``directory`` and its sub-directories (``depth`` levels)."""
+def remove_leftovers(directory: str | Path, depth: int = CLEANUP_DEPTH,
+                     names: Collection[str] | None = None) -> list[Path]:
+    """Remove temporaries of killed atomic writes in ``directory`` and its sub-directories (``depth`` levels);
+    with ``names``, only those of these names in ``directory`` itself (``.<name>.*.tmp``)."""
+    removed = _remove_leftovers(Path(directory), depth, names)
+    if removed:
+        logger.info("removed %d leftover temporary file(s) of interrupted writes in %s", len(removed), directory)
+    return removed
+
+
+def _remove_leftovers(directory: Path, depth: int, names: Collection[str] | None) -> list[Path]:
     from pretrieve.artifacts import remove_stale_temporaries
 
-    directory = Path(directory)
-    removed = remove_stale_temporaries(directory)
-    if depth > 0 and directory.is_dir():
+    removed = remove_stale_temporaries(directory, names=names)
+    if depth > 0 and names is None and directory.is_dir():
         for child in sorted(directory.iterdir()):
             if child.is_dir() and not child.is_symlink() and not child.name.startswith("."):
-                removed += remove_leftovers(child, depth - 1)
+                removed += _remove_leftovers(child, depth - 1, None)
     return removed
+
+
+def preflight(path: str | Path, directory: bool = False, needed_bytes: int = 0, largest_file: int = 0,
+              scratch: Collection[str] = ()) -> Path:
+    """:func:`check_writable`, then remove the leftovers of killed writes of ``path``: its temporaries beside it,
+    inside it (a directory), and those of the :func:`pretrieve.io_utils.temporary_dir` names in ``scratch`` that
+    the command keeps beside it."""
+    path = Path(path)
+    check_writable(path, directory=directory, needed_bytes=needed_bytes, largest_file=largest_file)
+    remove_leftovers(path.parent, depth=0, names=(path.name, *scratch))
+    if directory:
+        remove_leftovers(path, depth=1)
+    return path
+
+
+@contextlib.contextmanager
+def producing(path: str | Path, directory: bool = False, needed_bytes: int = 0, largest_file: int = 0,
+              scratch: Collection[str] = ()) -> Iterator[Path]:
+    """The context of a command writing the file (or, with ``directory``, the directory) ``path`` without a lock:
+    :func:`preflight`, then :func:`write_failures` naming ``path``."""
+    path = preflight(path, directory, needed_bytes, largest_file, scratch)
+    with write_failures(path):
+        yield path
 
 
 @contextlib.contextmanager
 def writing(out: str | Path, lock: bool = True, needed_bytes: int = 0, largest_file: int = 0) -> Iterator[Path]:
     """The context of a command writing the directory ``out`` (see the module docstring)."""
-    import logging
-
     out = Path(out)
     check_writable(out, directory=True)
     created = _missing_parents(out)
@@ -186,11 +261,9 @@ def writing(out: str | Path, lock: bool = True, needed_bytes: int = 0, largest_f
     holder = DirectoryLock(out) if lock and process_rank() == 0 else contextlib.nullcontext()
     try:
         with holder:
-            removed = remove_leftovers(out) if process_rank() == 0 else []
-            if removed:
-                logging.getLogger(__name__).info("removed %d leftover temporary file(s) of interrupted writes in %s",
-                                                 len(removed), out)
-            _check_space(out, out, needed_bytes, largest_file)   # after the leftovers are gone (a killed save's)
+            if process_rank() == 0:
+                remove_leftovers(out)
+            check_space(out, needed_bytes, largest_file)   # after the leftovers are gone (a killed save's)
             yield out
     except BaseException:
         _remove_empty(out, created)

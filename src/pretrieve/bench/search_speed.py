@@ -170,7 +170,6 @@ def exact_search_peak_rss(root: Path, queries: np.ndarray, k: int = 1000) -> dic
     np.save(queries_file, np.asarray(queries, dtype=np.float32))
     code = ("import json, sys, time, numpy as np\n"
             "from pretrieve.retrieval.index import SearchOptions, backend, find_shards, open_index\n"
-            "from pretrieve.retrieval.search import _search\n"
             "def peak():  # this process's own high-water mark (ru_maxrss would include the parent's, from fork)\n"
             "    for line in open('/proc/self/status'):\n"
             "        if line.startswith('VmHWM:'):\n"
@@ -180,7 +179,8 @@ def exact_search_peak_rss(root: Path, queries: np.ndarray, k: int = 1000) -> dic
             "before = peak()\n"
             "shards = [open_index(p) for p in find_shards(root)]\n"
             "began = time.perf_counter()\n"
-            "scores, rows = _search(backend('dense'), shards, {'embeddings': queries}, k, None, SearchOptions(), {})\n"
+            "searcher = backend('dense').open_searcher(shards, SearchOptions())\n"
+            "scores, rows = searcher.search({'embeddings': queries}, k)\n"
             "print(json.dumps({'seconds': time.perf_counter() - began, 'rows': rows[:, :3].tolist(),\n"
             "                  'baseline_mib': before, 'peak_mib': peak()}))\n")
     try:

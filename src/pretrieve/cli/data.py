@@ -16,7 +16,7 @@ from rich.table import Table
 
 from pretrieve.cli import app
 from pretrieve.data.registry import (KNOWN_COLLECTIONS, check_collection, default_cache_dir, fetch_collection,
-                                     resolve_collection)
+                                     resolve_collection, resolve_collection_path)
 
 data_app = typer.Typer(help="Validate, list, download and convert BEIR-layout collections.", no_args_is_help=True)
 app.add_typer(data_app, name="data")
@@ -72,6 +72,22 @@ def download(
     """Download a known collection (md5-verified, unpacked atomically) unless already present."""
     path = fetch_collection(name, out_dir)
     out.print(str(path))
+
+
+@data_app.command("halves")
+def halves_command(
+    collection: str = typer.Argument(..., help="Collection directory in BEIR layout, or a name under a data root "
+                                     "($PRETRIEVE_DATA, ../shared/data), as a recipe names it."),
+    out_dir: Path = typer.Option(..., "--out", "-o", help="Parent directory of the two derived collections."),
+    split: str = typer.Option("test", "--split", help="The split whose judged queries are halved."),
+    seed: int = typer.Option(0, "--seed", help="Seed of the draw (the same draw gives both collections)."),
+) -> None:
+    """Halve a split's judged queries (seeded) into OUT/NAME-a (train: one half, test: the other) and OUT/NAME-b
+    (the reverse): the in-domain check of a collection without its own training queries."""
+    from pretrieve.data.folds import halves   # numpy and the artefact records: only for this command
+
+    for path in halves(resolve_collection_path(collection, {}), out_dir, split=split, seed=seed):
+        out.print(str(path))
 
 
 @data_app.command("convert")

@@ -1,7 +1,8 @@
 """Option helpers shared by the training and scoring commands (``pretrain``, ``finetune``, ``mine``, ``reranker``).
 
 Torch-free: help texts and defaults come from the settings dataclasses of :mod:`pretrieve.train.settings`, and
-config files are read only when a command runs, so ``pretrieve --help`` never imports torch.
+config files are read by the torch-free :func:`pretrieve.io_utils.load_config_file`, so ``pretrieve --help`` never
+imports torch.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from typing import Optional
 import typer
 
 from pretrieve.data.registry import resolve_collection
+from pretrieve.io_utils import load_config_file
 
 DATA_HELP = "Collection directory in BEIR layout."
 SCORING_PRECISION_HELP = ("auto | fp32 | bf16 | fp16 | int8; auto: bf16 only where the hardware computes it "
@@ -40,12 +42,7 @@ def settings_option(config_cls, name: str, *flags: str, extra: str = "", default
 
 def load_file(path: Optional[Path]) -> dict:
     """The values of a ``--config`` YAML/JSON file ({} without one)."""
-    if path is None:
-        return {}
-    # imported when a command runs: pretrieve.train imports torch, and --help must not
-    from pretrieve.train.run_config import load_config_file
-
-    return load_config_file(path)
+    return {} if path is None else load_config_file(path)
 
 
 def resolve_data(data: Optional[str]) -> Optional[str]:

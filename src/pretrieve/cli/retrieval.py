@@ -6,10 +6,18 @@ load the model with :func:`~pretrieve.retrieval.load.load_retriever` and go thro
 :func:`~pretrieve.retrieval.search.build_index` / :func:`~pretrieve.retrieval.search.search`, for every kind of
 retriever. Progress bars (with ETA) go to stderr. Imports of the retrieval stack happen inside the commands, so that
 `pretrieve --help` and `pretrieve bm25` start without torch, FAISS or scipy.
+
+Outputs are checked before the work (:func:`pretrieve.outputs.producing`): a run file or index that cannot be
+written, a directory where a run file should be, a file-size limit below the largest file (the BM25 index's score
+array, the embeddings) or a disk without room for the index is a one-line error naming the user's path before
+anything is built or encoded (``dense``/``encode``: once the model is loaded, before encoding); a write that still
+fails is reported the same way. Leftovers of killed runs (a BM25 index beside the run, a half-written shard) are
+removed first.
 """
 
 from __future__ import annotations
 
+import tempfile
 import time
 from pathlib import Path
 from typing import Optional
@@ -22,6 +30,7 @@ from pretrieve.data.collection import BeirCollection
 from pretrieve.data.registry import resolve_collection
 from pretrieve.data.trec import write_run
 from pretrieve.errors import ConfigError
+from pretrieve.outputs import check_space, preflight, producing, write_failures
 
 err = Console(stderr=True)
 
@@ -78,6 +87,18 @@ def _check_mode(mode: Optional[str]) -> None:
         raise ConfigError(f"--mode must be one of {', '.join(SEARCH_MODES)}, got '{mode}'")
 
 
+def _index_bytes(retriever, rows: int) -> int:
+    """Bytes of the float32 vectors of ``rows`` passages (the least an index of a dense retriever holds, and its
+    largest file); 0 for other kinds, whose size is known only once encoded."""
+    dim = retriever.passage.settings.get("dim") if retriever.kind == "dense" else None
+    return rows * int(dim) * 4 if dim else 0
+
+
+def _run_bytes(queries: int, k: int, docs: int) -> int:
+    """The least a run of ``queries`` × ``min(k, docs)`` lines takes (a TREC line is at least 20 bytes)."""
+    return queries * min(k, docs) * 20
+
+
 def _report(run: dict, out: Path, began: float) -> None:
     docs = sum(len(d) for d in run.values())
     err.print(f"wrote {out}: {len(run)} queries, {docs} results in {time.perf_counter() - began:.1f} s",
@@ -101,12 +122,18 @@ def bm25(
                                           show_default="every core"),
 ) -> None:
     """BM25 (bm25s, Lucene scoring, English stemming and stopwords) over title + text."""
-    from pretrieve.retrieval.bm25 import BM25Params, bm25_run_file
+    from pretrieve.retrieval.bm25 import SCRATCH_NAME, BM25Params, bm25_run_file, index_space
 
     began = time.perf_counter()
-    queries, lines = bm25_run_file(resolve_collection(data), split, out, k=k, params=BM25Params(k1=k1, b=b),
-                                   exclude_self=exclude_self, index_dir=index, n_threads=threads,
-                                   show_progress=err.is_terminal)
+    collection = _collection(data)
+    # an existing --index is reused while current (a stale one rebuilt: a failure then is reported all the same)
+    needed, largest = (0, 0) if index is not None and index.exists() else index_space(collection.corpus_path)
+    if index is not None:
+        preflight(index, directory=True, needed_bytes=needed, largest_file=largest)
+    with producing(out, needed_bytes=0 if index else needed, largest_file=largest, scratch=(SCRATCH_NAME,)):
+        queries, lines = bm25_run_file(collection, split, out, k=k, params=BM25Params(k1=k1, b=b),
+                                       exclude_self=exclude_self, index_dir=index, n_threads=threads,
+                                       show_progress=err.is_terminal)
     err.print(f"wrote {out}: {queries} queries, {lines} results in {time.perf_counter() - began:.1f} s",
               highlight=False)
 
@@ -130,14 +157,19 @@ def encode(
     overwrite: bool = typer.Option(False, "--overwrite", help="Re-encode even when the shard is current."),
 ) -> None:
     """Encode one corpus shard into OUT (skipped when it is current: same model, settings and passages)."""
+    from pretrieve.retrieval.index import shard_dir_name
     from pretrieve.retrieval.search import build_index
 
-    retriever = _load(model, device, _precision(precision, bf16), max_length=max_length, pooling=pooling,
-                      normalize=normalize)
-    corpus = _collection(data).corpus_dataset()   # memory-mapped Arrow, not Python dicts
-    began = time.perf_counter()
-    shard_dir = build_index(retriever, corpus, out, shard=shard, num_shards=num_shards, batch_size=batch_size,
-                            overwrite=overwrite)
+    with producing(out, directory=True):
+        retriever = _load(model, device, _precision(precision, bf16), max_length=max_length, pooling=pooling,
+                          normalize=normalize)
+        corpus = _collection(data).corpus_dataset()   # memory-mapped Arrow, not Python dicts
+        if overwrite or not (out / shard_dir_name(shard, num_shards)).exists():   # else reused while current
+            size = _index_bytes(retriever, -(-len(corpus) // num_shards))
+            check_space(out, size, size)
+        began = time.perf_counter()
+        shard_dir = build_index(retriever, corpus, out, shard=shard, num_shards=num_shards, batch_size=batch_size,
+                                overwrite=overwrite)
     err.print(f"index shard in {shard_dir} ({time.perf_counter() - began:.1f} s)", highlight=False)
 
 
@@ -173,11 +205,12 @@ def search(
     _check_mode(mode)
     find_shards(index)  # fail on a missing or incomplete index before loading the model
     queries = _collection(data).load_queries(split)
-    retriever = _load(model, device, _precision(precision, bf16), query_max_length=query_max_length,
-                      pooling=pooling, normalize=normalize)
-    run = search_index(retriever, queries, index, k=k, mode=mode, batch_size=batch_size,
-                       options=_options(factory, metric, nprobe, ef_search, gpu))
-    write_run(run, out, tag=mode or retriever.kind, depth=k)
+    with producing(out, needed_bytes=_run_bytes(len(queries), k, 1)):
+        retriever = _load(model, device, _precision(precision, bf16), query_max_length=query_max_length,
+                          pooling=pooling, normalize=normalize)
+        run = search_index(retriever, queries, index, k=k, mode=mode, batch_size=batch_size,
+                           options=_options(factory, metric, nprobe, ef_search, gpu))
+        write_run(run, out, tag=mode or retriever.kind, depth=k)
     _report(run, out, began)
 
 
@@ -214,15 +247,23 @@ def dense(
     score, sparse/hybrid representations); --mode picks another search of a sparse/hybrid model, --factory an
     approximate FAISS index for dense vectors.
     """
+    from pretrieve.retrieval.index import shard_dir_name
     from pretrieve.retrieval.search import search as search_corpus
 
     began = time.perf_counter()
     _check_mode(mode)
     collection = _collection(data)
     queries = collection.load_queries(split)
-    retriever = _load(model, device, _precision(precision, bf16), max_length=max_length,
-                      query_max_length=query_max_length, pooling=pooling, normalize=normalize)
-    run = search_corpus(retriever, queries, collection.corpus_dataset(), k=k, cache_dir=cache, mode=mode,
-                        batch_size=batch_size, options=_options(factory, "ip", nprobe, ef_search, gpu))
-    write_run(run, out, tag=mode or "dense", depth=k)
+    corpus = collection.corpus_dataset()
+    index = preflight(cache, directory=True) if cache else Path(tempfile.gettempdir())   # the corpus index
+    with producing(out, needed_bytes=_run_bytes(len(queries), k, len(corpus))):
+        with write_failures(index):
+            retriever = _load(model, device, _precision(precision, bf16), max_length=max_length,
+                              query_max_length=query_max_length, pooling=pooling, normalize=normalize)
+            if cache is None or not (cache / shard_dir_name(0, 1)).exists():   # else reused while current
+                size = _index_bytes(retriever, len(corpus))
+                check_space(index, size, size)
+            run = search_corpus(retriever, queries, corpus, k=k, cache_dir=cache, mode=mode, batch_size=batch_size,
+                                options=_options(factory, "ip", nprobe, ef_search, gpu))
+        write_run(run, out, tag=mode or "dense", depth=k)
     _report(run, out, began)

@@ -33,8 +33,10 @@ ordinary ``datasets.save_to_disk`` directory (``datasets.load_from_disk`` opens 
 **Where and when.** The directory is ``<input dir>/.pretrieve-cache/<name>.arrow`` (e.g. ``corpus.arrow``), or,
 when the input's directory is read-only (no write permission bits, or not writable), ``$PRETRIEVE_CACHE/arrow/``
 (default ``~/.cache/pretrieve/arrow/``) in a folder named after the input's path; ``cache_dir`` overrides
-both. It is written atomically through :mod:`pretrieve.artifacts` and reused only while current: same format,
-same settings, same input content (the source file's fingerprint; for groups also the corpus dataset's).
+both. It is written atomically through :mod:`pretrieve.artifacts`, under a file lock (``.<name>.arrow.lock``:
+commands started together on a fresh collection build it once, the others wait for it), and reused only while
+current: same format, same settings, same input content (the source file's fingerprint; for groups also the corpus
+dataset's).
 
 **Multi-rank.** Rows are in file order, so a rank takes a contiguous slice:
 ``dataset.select(range(a, b))`` or ``dataset.shard(world, rank, contiguous=True)`` (no copy, no cache file).
@@ -46,6 +48,7 @@ elsewhere; a file added to the directory makes it not current (it is then rebuil
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -53,11 +56,12 @@ import mmap
 import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Iterable, Iterator, Sequence
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+from filelock import FileLock, Timeout
 
 from pretrieve import artifacts
 from pretrieve.data.groups import (GroupStats, TrainingGroup, check_known, drop_positive_negatives, log_problems,
@@ -464,9 +468,35 @@ def build(table: str, path: str | Path, *, num_proc: int | None = None, cache_di
         settings.update(on_unknown=on_unknown, checked_against_corpus=corpus_dir is not None)
         if corpus_dir is not None:
             inputs["corpus"] = corpus_dir
-    status = artifacts.check(target, settings, inputs, kind=KIND)
-    if status.current:
+    if artifacts.check(target, settings, inputs, kind=KIND).current:
         return target
+    with _building(target):
+        status = artifacts.check(target, settings, inputs, kind=KIND)   # another process may have built it meanwhile
+        if not status.current:
+            _convert(table, path, target, settings, inputs, status, num_proc, corpus_dir, on_unknown)
+    return target
+
+
+@contextlib.contextmanager
+def _building(target: Path) -> Iterator[None]:
+    """Hold the build lock of ``target`` (``filelock`` on ``.<name>.lock`` beside it): concurrent commands on a fresh
+    collection build the dataset once; the others wait, then find it current."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    lock = FileLock(str(target.parent / f".{target.name}.lock"))
+    try:
+        lock.acquire(timeout=0)
+    except Timeout:
+        logger.info("waiting for another process building %s", target)
+        lock.acquire()
+    try:
+        yield
+    finally:
+        lock.release()
+
+
+def _convert(table: str, path: Path, target: Path, settings: dict[str, Any], inputs: dict[str, Path],
+             status: artifacts.Freshness, num_proc: int | None, corpus_dir: Path | None, on_unknown: str) -> None:
+    """Convert ``path`` into the Arrow dataset ``target`` (under the build lock)."""
     if status.exists:
         logger.info("rebuilding %s: %s", target, status.reason)
     size = path.stat().st_size
@@ -495,7 +525,6 @@ def build(table: str, path: str | Path, *, num_proc: int | None = None, cache_di
         if table in _ID_KIND:
             _write_id_index(tmp, results, path, ranges, meta["parts"], _ID_KIND[table])
         (tmp / META_FILE).write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
-    return target
 
 
 def _write_state(directory: Path, names: list[str], table: str, fingerprint: str) -> None:

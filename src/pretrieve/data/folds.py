@@ -18,6 +18,9 @@ is rebuilt when any of those changed and otherwise reused as it is.
 Drawing (:func:`carve_queries`): the judged query ids, sorted, are permuted by ``numpy.random.default_rng(seed)``;
 the parts take consecutive slices of that permutation in the order they are given, the rest stays in the split.
 The same ids, sizes and seed always give the same parts, whatever the qrels file's line order.
+
+:func:`halves` (``pretrieve data halves``) writes the two collections of a split's judged queries cut in seeded
+halves both ways (train on one half, test on the other), e.g. for a collection that has only test queries.
 """
 
 from __future__ import annotations
@@ -54,18 +57,23 @@ def carve_queries(query_ids: Sequence[str], sizes: Mapping[str, int], seed: int)
 
 
 def derive_collection(source: str | Path, out: str | Path, carve_from: str = "train",
-                      parts: Mapping[str, int] | None = None, seed: int = 0) -> Path:
-    """The derived collection ``out`` (module docstring), written unless current; returns ``out``."""
+                      parts: Mapping[str, int] | None = None, seed: int = 0, rest: str | None = None) -> Path:
+    """The derived collection ``out`` (module docstring), written unless current; returns ``out``. ``rest``: the
+    name of what the carved split keeps (default: its own name; another name frees it for a part, as
+    :func:`halves` does)."""
     source_collection = BeirCollection(Path(source))
     parts = {str(name): int(size) for name, size in (parts or {}).items()}
+    rest = rest or carve_from
     splits = source_collection.splits()
-    clash = sorted(set(parts) & set(splits))
+    occupied = set(splits) - {carve_from} if rest != carve_from else set(splits)   # names the result already has
+    clash = sorted((set(parts) | ({rest} if rest != carve_from else set())) & occupied | set(parts) & {rest})
     if carve_from not in splits:
         raise ConfigError(f"collection {source} has no '{carve_from}' split to carve (has: {', '.join(splits)})")
     if clash:
         raise ConfigError(f"part name(s) {', '.join(clash)} are already splits of {source}")
     out = Path(out)
-    settings = {"carve_from": carve_from, "parts": parts, "seed": int(seed)}
+    settings = {"carve_from": carve_from, "parts": parts, "seed": int(seed),
+                **({"rest": rest} if rest != carve_from else {})}
     inputs = {"corpus": source_collection.corpus_path, "queries": source_collection.queries_path,
               **{f"qrels:{split}": source_collection.qrels_path(split) for split in splits}}
     if artifacts.is_current(out, settings, inputs, kind=KIND):
@@ -74,8 +82,9 @@ def derive_collection(source: str | Path, out: str | Path, carve_from: str = "tr
     carved = carve_queries(list(qrels[carve_from]), parts, seed)
     whole = qrels[carve_from]
     taken = {qid for ids in carved.values() for qid in ids}
-    qrels[carve_from] = {qid: docs for qid, docs in whole.items() if qid not in taken}
-    if not qrels[carve_from]:
+    del qrels[carve_from]
+    qrels[rest] = {qid: docs for qid, docs in whole.items() if qid not in taken}
+    if not qrels[rest]:
         raise ConfigError(f"carving {parts} leaves no query in the '{carve_from}' split of {source}")
     for name, ids in carved.items():
         qrels[name] = {qid: whole[qid] for qid in ids}
@@ -89,6 +98,23 @@ def derive_collection(source: str | Path, out: str | Path, carve_from: str = "tr
         write_json(tmp / RECORD, {"source": str(Path(source).resolve()), **settings,
                                   "queries": {split: list(judgments) for split, judgments in qrels.items()}})
     return out
+
+
+def halves(source: str | Path, out_dir: str | Path, split: str = "test", seed: int = 0) -> tuple[Path, Path]:
+    """Two derived collections ``<out_dir>/<name>-a`` and ``<name>-b`` that split ``split``'s judged queries into
+    seeded halves both ways (docs/preregistration.md, section B: Cranfield's 225 judged queries): ``-a`` trains on
+    the first half (its ``train`` split) and tests on the other (``test``), ``-b`` the reverse. The first half is
+    :func:`carve_queries`'s draw of ``n // 2`` queries with ``seed``; both collections draw the same."""
+    source = Path(source)
+    n = len(BeirCollection(source).load_qrels(split))
+    if n < 2:
+        raise ConfigError(f"the '{split}' split of {source} has {n} judged queries: too few to halve")
+    out_dir = Path(out_dir)
+    first = derive_collection(source, out_dir / f"{source.name}-a", carve_from=split, parts={"train": n // 2},
+                              seed=seed, rest="test")
+    second = derive_collection(source, out_dir / f"{source.name}-b", carve_from=split, parts={"test": n // 2},
+                               seed=seed, rest="train")
+    return first, second
 
 
 def split_queries(collection: str | Path, split: str) -> set[str]:

@@ -26,6 +26,7 @@ Recipe (YAML or JSON)::
     data: scifact                 # training collection: a path, or a name under a data root
     data_root: null               # also searched (before $PRETRIEVE_DATA and ../shared/data beside the checkout)
     seed: 42
+    dev: {seed: 0}                # held-out training queries (pretrieve.recipe.dev): fits and choices are made on them
     finetune: {pooling: mean}     # options shared by every fine-tuning stage
     stages:
       - pretrain: {method: bow, max_steps: 100}     # corpus defaults to the training collection
@@ -64,7 +65,10 @@ from the previous stage); ``mine`` uses the latest fine-tuned retriever (the sta
 stage-2 negatives; ``teacher`` scores the mined groups with the reranker for stage 3. A second ``mine`` after stage 2
 (``mine-2/``, CDMAE's (Li et al. 2023) K₃ negatives of the stage-2 retriever) replaces the mined groups the reranker and the
 teacher use. ``fuse`` defines a fused retriever (:mod:`pretrieve.recipe.stages.fuse`: reciprocal rank fusion, or a
-normalised weighted sum whose weights are fitted on the training collection's ``train`` queries only); ``evaluate`` adds its rows on every collection and, with ``final``
+normalised weighted sum whose weights are fitted on the training collection's dev queries — or ``train`` without a
+``dev`` split, when nothing fused was trained on them); ``select`` (:mod:`pretrieve.recipe.stages.select`) fuses BM25
+with whichever of the off-the-shelf, WiSE-FT-interpolated and fine-tuned models dev prefers; ``evaluate`` adds its rows
+on every collection and, with ``final``
 and ``compare``, paired t-tests of the final row and a closing paragraph in ``results.md``.
 
 **Several processes** (``torchrun --nproc_per_node N -m pretrieve run``, ``accelerate launch``, several nodes
@@ -87,6 +91,7 @@ from pretrieve import outputs, ranks
 from pretrieve.data.registry import resolve_collections
 from pretrieve.models import resolve_model
 from pretrieve.recipe import stages  # noqa: F401  (registers every stage kind)
+from pretrieve.recipe.dev import prepare_dev
 from pretrieve.recipe.results import RESULT_MEASURES, results_are_current, results_markdown
 from pretrieve.recipe.runner import RunState, run_stages
 from pretrieve.recipe.schema import load_recipe, recipe_collections
@@ -119,8 +124,10 @@ def run_recipe(path: str | Path, out: str | Path | None = None, show_progress: b
     base_model = ranks.once("find the model", lambda: resolve_model(recipe["model"]))
     out_dir = Path(recipe["out"])
     with outputs.writing(out_dir):
-        state = RunState(recipe=recipe, out=out_dir, data=collections[str(recipe["data"])], base_model=base_model,
-                         collections=collections)
+        data, dev = ranks.once("prepare the dev split",
+                               lambda: prepare_dev(recipe, collections[str(recipe["data"])], out_dir))
+        state = RunState(recipe=recipe, out=out_dir, data=data, base_model=base_model, collections=collections,
+                         dev=dev)
         results = run_stages(state, path, show_progress, redo_changed)
     ranks.finish()
     return results

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from pretrieve import artifacts
+from pretrieve.recipe.dev import dev_line
 
 RESULT_MEASURES = ("nDCG@10", "MRR@10", "R@100")
 
@@ -79,7 +80,8 @@ def results_markdown(results: Mapping[str, Any]) -> str:
         lines += [f"| {label} | {seconds:.1f} |" for label, seconds in timings.items()]
         lines += [f"| total | {sum(timings.values()):.1f} |", "",
                   "A stage found finished and current takes about 0 s (it was not run again).", ""]
-    lines += _fusion_lines(results) + _final_lines(results)
+    lines += dev_line(results.get("dev")) + _fusion_lines(results) + _selection_lines(results)
+    lines += _final_lines(results)
     return "\n".join(lines)
 
 
@@ -93,6 +95,23 @@ def _fusion_lines(results: Mapping[str, Any]) -> list[str]:
                f"({fit['measure']} {fit['score']:.4f} there)" if fit else "")
         lines.append(f"- `{name}`: {info['method']} of {' + '.join(f'`{r}`' for r in info['runs'])}{how}")
     return (["Fused rows:", "", *lines, ""]) if lines else []
+
+
+def _selection_lines(results: Mapping[str, Any]) -> list[str]:
+    """The dev selection of a ``select`` stage's fusion: every candidate's dev scores and which was chosen, why."""
+    lines: list[str] = []
+    selected = {row["retriever"]: row["fusion"]["selection"] for row in results["rows"]
+                if (row.get("fusion") or {}).get("selection")}
+    for name, selection in selected.items():
+        measure, chosen = selection["measure"], selection["chosen"]
+        lines += [f"Dev selection of `{name}` ({measure} on the {selection['queries']} `{selection['split']}` "
+                  "queries; each candidate alone, and fused with weights fitted there):", "",
+                  "| candidate | alone | fused | fusion |", "|---|---|---|---|"]
+        for candidate in selection["candidates"]:
+            label = f"**{candidate['name']}** (chosen)" if candidate["name"] == chosen else candidate["name"]
+            lines.append(f"| {label} | {candidate['alone']:.4f} | {candidate['fused']:.4f} | {candidate['fusion']} |")
+        lines += ["", f"`{name}` uses `{chosen}`: {selection['rule']}.", ""]
+    return lines
 
 
 def _final_lines(results: Mapping[str, Any]) -> list[str]:

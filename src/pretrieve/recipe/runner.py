@@ -45,6 +45,8 @@ class RunState:
     fusions: dict[str, dict[str, Any]] = field(default_factory=dict)   # name → {"runs": [...], "spec": FusionSpec}
     timings: dict[str, float] = field(default_factory=dict)
     collections: dict[str, Path] = field(default_factory=dict)  # every collection name of the recipe → its path
+    dev: dict[str, Any] | None = None      # the dev split's record (pretrieve.recipe.dev.prepare_dev), if any
+    candidates: dict[str, str] = field(default_factory=dict)   # select stage: candidate name → model dir (no rows)
 
     @property
     def init_model(self) -> str:
@@ -117,6 +119,8 @@ def run_stages(state: RunState, path: str | Path, show_progress: bool, redo_chan
             logger.info("%s: per rank %s", label, rank_timings[label])
         if rows:
             results["rows"].extend(rows)
+    if state.dev is not None:
+        results["dev"] = state.dev
     results["timings_s"] = state.timings
     if rank_timings:
         results["rank_timings_s"] = rank_timings

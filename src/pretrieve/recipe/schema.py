@@ -17,7 +17,8 @@ from typing import Any, Callable, Mapping
 from pretrieve import ranks
 from pretrieve.errors import ConfigError, InputError
 from pretrieve.options import join_path, validate
-from pretrieve.train.run_config import load_config_file
+from pretrieve.io_utils import load_config_file
+from pretrieve.recipe.dev import validate_dev
 
 #: ``needs(options, recipe, given, where)``: raises a :class:`ConfigError` (naming ``where``) unless what the stage
 #: needs was given by the stages before it (``given``: what each gave → the labels of the stages that gave it).
@@ -74,6 +75,7 @@ class RecipeOptions:
     seed: int = 42
     finetune: dict[str, Any] = field(default_factory=dict)
     dist_timeout_minutes: float | None = None   # under torchrun: the longest a rank waits (pretrieve.ranks: 60)
+    dev: dict[str, Any] | None = None   # held-out training queries (pretrieve.recipe.dev): {seed}, {queries, seed}, {split}
 
 
 def placeholder_config(schema: type, values: Mapping[str, Any]):
@@ -121,6 +123,8 @@ def validate_recipe(recipe: Mapping[str, Any], where: str = "recipe") -> dict[st
     shared = validate(STAGES["finetune"].options, values.get("finetune") or {}, join_path(where, "finetune"),
                       set_elsewhere=STAGES["finetune"].set_by_recipe)
     values["finetune"] = shared
+    if "dev" in values:
+        values["dev"] = validate_dev(values["dev"], values, where)
     validated = []
     for index, entry in enumerate(stages):
         kind, options = stage_entry(entry, index)

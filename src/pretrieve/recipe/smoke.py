@@ -17,6 +17,8 @@ like any other. What changes, and nothing else:
   run time (a synthetic BEIR collection with the needed splits; multi-sentence plain text for pre-training;
   passage/query pairs). Nothing is committed, nothing downloaded. Statistics files named in a method (PMI) are
   dropped so the sliced corpus is counted.
+* **Dev split.** A carved dev split takes 4 of the slice's training queries (the collection's own dev split is
+  sliced like the others).
 * **Budgets.** Steps (2 per training stage, a checkpoint after the first), batch sizes (4), negatives (≤ 3),
   lengths (≤ 48 tokens), depths (BM25 30, mining 10, evaluation 20, re-ranking 10), the evaluated collections (the
   first 3: each is the same code path on another fixture), warm-up (≤ 1 step) and
@@ -55,6 +57,7 @@ MAX_EVAL_COLLECTIONS = 3
 MIN_TRAIN_QUERIES, MIN_EVAL_QUERIES = 8, 2
 MAX_TRAIN_QUERIES, MAX_EVAL_QUERIES = 24, 8
 STEPS = 2
+SMOKE_DEV_QUERIES = 4
 CAPS = {
     "pretrain": {"max_len": (144, 48)},
     "finetune": {"num_negatives": (7, 3), "query_max_len": (32, 16), "passage_max_len": (144, 48),
@@ -84,6 +87,8 @@ def smoke_recipe(recipe: Mapping[str, Any], out: str | Path | None = None) -> di
     smoke["model"] = tiny_model(smoke["model"], models)
     smoke["data"] = str(smoke_collection(smoke["data"], splits[smoke["data"]], data, smoke))
     smoke["finetune"] = _capped("finetune", smoke.get("finetune") or {}, defaults=True)
+    if smoke.get("dev") and not smoke["dev"].get("split"):
+        smoke["dev"] = {**smoke["dev"], "queries": SMOKE_DEV_QUERIES}   # of the slice's 8-24 training queries
     for kind, options in stages:
         if kind in ("pretrain", "finetune", "reranker"):
             # fine-tuning stages inherit the (capped) shared options: only their own values are capped
@@ -142,6 +147,9 @@ def _capped(kind: str, options: Mapping[str, Any], defaults: bool) -> dict[str, 
 def _needed_splits(recipe: Mapping[str, Any], stages: list[tuple[str, dict]]) -> dict[str, set[str]]:
     """Collection entry (as written in the recipe) → the qrels splits the recipe reads from it."""
     splits: dict[str, set[str]] = {recipe["data"]: set()}
+    dev = recipe.get("dev") or {}
+    if dev:   # the collection's own dev split, or the training split the dev queries are carved from
+        splits[recipe["data"]].add(str(dev.get("split") or recipe.get("finetune", {}).get("split", "train")))
     for kind, options in stages:
         if kind in ("finetune", "mine"):
             splits[recipe["data"]].add(options.get("split", recipe.get("finetune", {}).get("split", "train")))

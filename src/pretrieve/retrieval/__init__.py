@@ -26,7 +26,6 @@ _EXPORTS = {
     "load": ("Retriever", "load_retriever", "load_dense_encoder"),
     "batches": ("encode_all", "encode_windows", "resolve_precision"),
     "index": ("SearchOptions", "find_shards", "open_index"),
-    "index.dense": ("FaissIndex",),
     "index.topk": ("merge_topk",),
     "search": ("build_index", "search", "search_blocks"),
 }

@@ -93,26 +93,11 @@ def quantize_int8(module: torch.nn.Module) -> torch.nn.Module:
 
 
 # --------------------------------------------------------------------------------------------- text sources
-class CorpusTexts:
-    """A sliceable view of a corpus's passages (title + text) without materialising them."""
-
-    def __init__(self, corpus) -> None:
-        self.corpus = corpus
-
-    def __len__(self) -> int:
-        return len(self.corpus)
-
-    def __getitem__(self, rows: slice) -> list[str]:
-        start, stop, _ = rows.indices(len(self.corpus))
-        return [self.corpus.full_text(i) for i in range(start, stop)]
-
-
 def text_source(texts: Any) -> Any:
-    """``texts`` as a sized source whose ``[i:j]`` gives a list of strings: a corpus (``full_text``) becomes
-    its passages, a whole corpus dataset a :class:`pretrieve.data.arrow.CorpusTexts` (which gives back the pages of
-    every window it read), another ``datasets.Dataset`` its ``title`` + ``text`` columns, a list stays a list."""
-    if hasattr(texts, "full_text") and hasattr(texts, "ids"):
-        return CorpusTexts(texts)
+    """``texts`` as a sized source of strings for :func:`text_slice`: a corpus (``full_text``) stays itself (its
+    passages are joined as they are read), a whole corpus dataset becomes a :class:`pretrieve.data.arrow.CorpusTexts`
+    (which gives back the pages of every window it read), another ``datasets.Dataset`` stays itself (its ``title`` +
+    ``text`` columns), a list stays a list."""
     if hasattr(texts, "cache_files") and hasattr(texts, "column_names"):
         return arrow.CorpusTexts.of(texts) or texts
     return texts
@@ -120,7 +105,9 @@ def text_source(texts: Any) -> Any:
 
 def text_slice(source: Any, start: int, end: int) -> list[str]:
     """Texts ``start:end`` of a source: a list/sequence, or a dataset whose slice is a dict of columns
-    (``title`` + ``text`` joined as passages are everywhere, else its ``text`` or only column)."""
+    (``title`` + ``text`` joined as passages are everywhere, else its ``text`` or only column), or a corpus."""
+    if hasattr(source, "full_text") and hasattr(source, "ids"):
+        return [source.full_text(i) for i in range(start, min(end, len(source)))]
     part = source[start:end]
     if isinstance(part, Mapping):
         if "text" in part:

@@ -64,7 +64,8 @@ from pretrieve.data.beir import Corpus
 from pretrieve.data.collection import BeirCollection
 from pretrieve.data.trec import Run
 from pretrieve.errors import ConfigError, InputError
-from pretrieve.io_utils import write_json
+from pretrieve.io_utils import temporary_dir, write_json
+from pretrieve.outputs import write_failures
 
 logger = logging.getLogger(__name__)
 
@@ -75,6 +76,8 @@ QUERY_BATCH = 64
 _META_FILE = "pretrieve_bm25.json"
 _IDS_FILE = "doc_ids.npy"
 _SCRATCH = "_chunks"
+#: The temporary directory of an index built for one run (``.pretrieve-bm25.<random>.tmp`` beside the run).
+SCRATCH_NAME = "pretrieve-bm25"
 _METHODS = ("lucene", "robertson", "atire", "bm25l", "bm25+")
 #: A query is scored with a dense array over the whole corpus when its postings exceed this share of it.
 _DENSE_SHARE = 0.125
@@ -494,7 +497,9 @@ def corpus_index(corpus_path: str | Path, params: BM25Params | None = None, inde
 
     With ``index_dir``, an index there is reused when :mod:`pretrieve.artifacts` finds it current (same
     settings, same corpus content); otherwise it is built there atomically and recorded. Without, it is built
-    in a temporary directory (inside ``scratch_dir``, default the system's) removed when the block ends.
+    in a temporary directory (``.pretrieve-bm25.<random>.tmp`` inside ``scratch_dir``, default the system's)
+    removed when the block ends; a killed run's is a leftover the next one removes
+    (:func:`pretrieve.outputs.producing`).
     """
     from pretrieve import artifacts
 
@@ -514,11 +519,17 @@ def corpus_index(corpus_path: str | Path, params: BM25Params | None = None, inde
                 _write_corpus_index(corpus_path, tmp, params, show_progress)
         yield BM25Index.load(index_dir)
         return
-    if scratch_dir is not None:
-        Path(scratch_dir).mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix=".pretrieve-bm25-", dir=scratch_dir) as tmp:
+    with temporary_dir(SCRATCH_NAME, scratch_dir) as tmp:
         _write_corpus_index(corpus_path, tmp, params, show_progress)
         yield BM25Index.load(tmp)
+
+
+def index_space(corpus_path: str | Path) -> tuple[int, int]:
+    """``(bytes, largest file)`` the BM25 index of ``corpus_path`` takes at least, for the preflight: its score and
+    row arrays are each 23-30 % of the JSONL's size on the collections measured (SciFact, NFCorpus-like medical,
+    Cranfield, ADI, LISA, TIME); half of that is assumed, so an index that fits is never refused."""
+    size = Path(corpus_path).stat().st_size
+    return size // 4, size // 8
 
 
 def _write_corpus_index(corpus_path: Path, directory: str | Path, params: BM25Params, show_progress: bool) -> None:
@@ -567,8 +578,11 @@ def bm25_run_file(data: str | Path | BeirCollection, split: str, out: str | Path
                          "file: the run would be empty (do the query ids match?)", path=collection.queries_path)
     out = Path(out)
     settings, inputs = bm25_run_record(collection, split, k, params, exclude_self)
-    with shared_corpus_index(collection.corpus_path, params, index_dir, scratch_dir=out.parent,
-                             show_progress=show_progress) as index:
+    with contextlib.ExitStack() as stack:
+        with write_failures(index_dir or out):   # the index (without index_dir: a temporary one beside the run)
+            index = stack.enter_context(shared_corpus_index(collection.corpus_path, params, index_dir,
+                                                            scratch_dir=out.parent, show_progress=show_progress))
+
         def write_part(start: int, end: int, paths: list[Path]) -> tuple[int, int]:
             with open(paths[0], "w", encoding="utf-8") as handle:
                 writer = RunWriter(handle, out, tag="bm25", depth=k)

@@ -11,11 +11,12 @@ call :func:`search` (or :func:`search_blocks`, its streaming form):
    texts, and otherwise streams the passages through the batch encoder (:mod:`pretrieve.retrieval.batches`)
    into the index format (:mod:`pretrieve.retrieval.index`) — memory is one window, not the corpus.
 2. **Queries** are encoded and searched ``query_block`` at a time (results can be written as they come).
-3. **Shards** are searched one after the other by the kind's back-end (dense: FAISS, exact or approximate;
-   DupMAE: CLS + OT; sparse/hybrid: inverted index) and their top-k merged as they come (stable: earlier shards
-   win ties), so peak memory is one shard's searcher, not the corpus. Rows are global corpus rows until the end,
-   when they become document ids. Exact per-shard top-k merged give the exact global top-k; reciprocal rank
-   fusion (``mode="rrf"``) fuses the *global* dense and sparse rankings.
+3. **Shards** are searched by the searcher the kind's back-end opens over them (dense: FAISS, exact or
+   approximate; DupMAE: CLS + OT; sparse/hybrid: inverted index; every mode a searcher composed of searchers,
+   :mod:`pretrieve.retrieval.index.compose`): one shard after the other, their top-k merged as they come
+   (stable: earlier shards win ties), so peak memory is one shard's searcher, not the corpus. Rows are global
+   corpus rows until the end, when they become document ids. Exact per-shard top-k merged give the exact global
+   top-k; reciprocal rank fusion (``mode="rrf"``) fuses the *global* dense and sparse rankings.
 
 A corpus index of one model and collection is shared by every mode and every later call (mining and evaluation
 of the same model read the same encoding).
@@ -27,7 +28,6 @@ import contextlib
 import hashlib
 import logging
 import tempfile
-from dataclasses import replace
 from pathlib import Path
 from typing import Any, Iterator, Mapping, Sequence
 
@@ -39,8 +39,6 @@ from pretrieve.errors import ConfigError, InputError
 from pretrieve.retrieval.batches import DEFAULT_WINDOW, encode_all, encode_windows, text_slice, text_source
 from pretrieve.retrieval.index import (IndexDir, SearchOptions, backend, decode_ids, find_shards, is_current,
                                        open_index, shard_dir_name, write_parts, writing)
-from pretrieve.retrieval.index.sparse import hybrid_weights
-from pretrieve.retrieval.index.topk import merge_topk, rrf_fuse
 from pretrieve.retrieval.load import Retriever
 
 logger = logging.getLogger(__name__)
@@ -222,7 +220,7 @@ def search_blocks(retriever: Retriever, queries: Mapping[str, str], index_or_cor
         raise ConfigError(f"k must be >= 1, got {k}")
     search_backend = backend(retriever.kind)
     mode = search_backend.resolve_mode(retriever.kind, mode)
-    options = _resolved_options(retriever, options or SearchOptions())
+    options = options or SearchOptions()
     with contextlib.ExitStack() as stack:
         if _is_index(index_or_corpus):
             root = Path(index_or_corpus)
@@ -237,13 +235,13 @@ def search_blocks(retriever: Retriever, queries: Mapping[str, str], index_or_cor
         check_compatible(retriever, shards, root)
         query_ids = list(queries)
         block = query_block_size(retriever, k, query_block)
-        searchers: dict[int, Any] = {}
+        searcher = search_backend.open_searcher(shards, options, mode)
         for first in range(0, len(query_ids), block):
             ids = query_ids[first:first + block]
             encoded = encode_all(retriever.query, [queries[q] for q in ids], batch_size,
                                  show_progress=show_progress and first == 0 and len(query_ids) > batch_size,
                                  description="encode queries")
-            scores, rows = _search(search_backend, shards, encoded, k, mode, options, searchers)
+            scores, rows = searcher.search(encoded, k)
             yield _run_of(ids, scores, rows, shards)
 
 
@@ -251,51 +249,6 @@ def query_block_size(retriever: Retriever, k: int, query_block: int | None = Non
     """How many queries :func:`search_blocks` encodes and searches at once (the unit by which ranks split queries,
     so that each block is computed exactly as in one process)."""
     return query_block or getattr(backend(retriever.kind), "QUERY_BLOCK", None) or max(256, DEFAULT_QUERY_ELEMENTS // k)
-
-
-def _resolved_options(retriever: Retriever, options: SearchOptions) -> SearchOptions:
-    """Hybrid weights default to the ones the model was trained with."""
-    if retriever.kind not in ("sparse", "hybrid"):
-        return options
-    alpha, beta = hybrid_weights(retriever.representation, options.dense_weight, options.sparse_weight)
-    return replace(options, dense_weight=alpha, sparse_weight=beta)
-
-
-def _search(search_backend, shards: Sequence[IndexDir], encoded: Mapping[str, Any], k: int, mode: str | None,
-            options: SearchOptions, searchers: dict) -> tuple[np.ndarray, np.ndarray]:
-    """Global top-``k`` over all shards: ``(scores [Q, k'], global rows [Q, k'])``, row ``-1`` = no result."""
-    if mode == "rrf":
-        depth = min(sum(shard.count for shard in shards), max(k, options.rrf_depth))
-        rankings = _search_shards(search_backend, shards, encoded, depth, ("dense", "sparse"), options, searchers)
-        return rrf_fuse([rows for _, rows in rankings], k, rrf_k=options.rrf_k)
-    return _search_shards(search_backend, shards, encoded, k, (mode,), options, searchers)[0]
-
-
-def _search_shards(search_backend, shards: Sequence[IndexDir], encoded: Mapping[str, Any], k: int,
-                   modes: Sequence[str | None], options: SearchOptions,
-                   searchers: dict) -> list[tuple[np.ndarray, np.ndarray]]:
-    """One pass over the shards — one shard's searcher in memory at a time (a lone shard's is kept in
-    ``searchers`` for the next query block) — merging each mode's top-``k`` as the shards come."""
-    count = _query_count(encoded)
-    merged = [(np.zeros((count, 0), np.float32), np.zeros((count, 0), np.int64)) for _ in modes]
-    offset = 0
-    for position, shard in enumerate(shards):
-        searcher = searchers.get(position) or search_backend.open_searcher(shard, options, modes[0])
-        if len(shards) == 1:
-            searchers[position] = searcher
-        for i, mode in enumerate(modes):
-            shard_scores, shard_rows = searcher.search(encoded, k, mode)
-            shard_rows = np.asarray(shard_rows, dtype=np.int64)
-            found = shard_rows >= 0
-            merged[i] = merge_topk([merged[i][0], np.where(found, shard_scores, -np.inf).astype(np.float32)],
-                                   [merged[i][1], np.where(found, shard_rows + offset, -1)], k)
-        del searcher
-        offset += shard.count
-    return merged
-
-
-def _query_count(encoded: Mapping[str, Any]) -> int:
-    return next(iter(encoded.values())).shape[0] if encoded else 0
 
 
 def _run_of(query_ids: Sequence[str], scores: np.ndarray, rows: np.ndarray, shards: Sequence[IndexDir]) -> Run:

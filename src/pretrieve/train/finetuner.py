@@ -63,10 +63,8 @@ from pretrieve.data.groups import TrainingGroup, sample_group_indices, write_gro
 from pretrieve.errors import ConfigError, InputError
 from pretrieve.io_utils import write_json
 from pretrieve.modeling.dual_encoder import DualEncoder, RetrievalLoss
-from pretrieve.modeling.representations.dupmae import DupMAERepresentation
 from pretrieve.modeling.export import export_retriever
-from pretrieve.modeling.representations import REPRESENTATIONS, DenseRepresentation
-from pretrieve.modeling.representations.sparse import representation_from_spec
+from pretrieve.modeling.representations import DenseRepresentation, from_spec
 from pretrieve.models import resolve_model
 from pretrieve.options import build
 from pretrieve.retrieval.bm25 import bm25_negatives
@@ -212,23 +210,15 @@ def resolve_dense_settings(config: FinetuneConfig, model_path: str) -> FinetuneC
 
 
 def build_representation(config: FinetuneConfig, model_path: str | None = None):
-    """``dense`` (pooling/normalize/similarity settings), ``dupmae[:<spec>]`` (DupMAE, Xiao & Liu 2022, eq. 10–12, e.g.
-    ``dupmae:cls:384,ot:260``; :mod:`pretrieve.modeling.dupmae`), or ``sparse[:<spec>]`` / ``hybrid[:<spec>]``
-    (CoT-MoTE, Ma et al. 2023, eq. 4–6, e.g. ``hybrid:lq=3e-4,ld=1e-4``; :mod:`pretrieve.modeling.sparse`)."""
-    kind, _, spec = config.representation.partition(":")
-    if kind == "dupmae":
-        return DupMAERepresentation.for_model(spec, str(model_path or resolve_model(config.model)),
-                                              temperature=1.0 if config.temperature is None else config.temperature)
-    if kind in ("sparse", "hybrid"):  # SPLADE vector / [CLS] + SPLADE (CoT-MoTE, Ma et al. 2023, eq. 4–6), pretrieve.modeling.sparse
-        return representation_from_spec(kind, spec, str(model_path or resolve_model(config.model)),
-                                        temperature=1.0 if config.temperature is None else config.temperature)
-    if config.representation != "dense":
-        if config.representation not in REPRESENTATIONS:
-            raise ConfigError(f"unknown representation '{config.representation}' (known: "
-                              f"{', '.join(sorted(REPRESENTATIONS))})")
-        raise ConfigError(f"representation '{config.representation}' has no fine-tuning settings here yet")
-    return DenseRepresentation(pooling=config.pooling, normalize=config.normalize, similarity=config.similarity,
-                               temperature=config.temperature)
+    """``dense`` (pooling/normalize/similarity settings), else the kind's own spec through
+    :func:`~pretrieve.modeling.representations.from_spec`: ``dupmae[:<spec>]`` (DupMAE, Xiao & Liu 2022, eq. 10–12,
+    e.g. ``dupmae:cls:384,ot:260``), ``sparse[:<spec>]`` / ``hybrid[:<spec>]`` (CoT-MoTE, Ma et al. 2023, eq. 4–6,
+    e.g. ``hybrid:lq=3e-4,ld=1e-4``)."""
+    if config.representation == "dense":
+        return DenseRepresentation(pooling=config.pooling, normalize=config.normalize, similarity=config.similarity,
+                                   temperature=config.temperature)
+    return from_spec(config.representation, str(model_path or resolve_model(config.model)),
+                     temperature=1.0 if config.temperature is None else config.temperature)
 
 
 def missing_groups_message(stage: int) -> str:

@@ -108,17 +108,15 @@ derives the features to build from the objectives' ``requires`` (``second_view``
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Mapping
 
-import yaml
-
 from pretrieve.data.spans import ContextSpec
-from pretrieve.errors import ConfigError, InputError
+from pretrieve.errors import ConfigError
+from pretrieve.io_utils import load_config_file
 from pretrieve.masking.pmi import PMI_MASKER_DEFAULTS, check_pmi_params
 from pretrieve.modeling.objectives import BOTTLENECKS, OBJECTIVES, check_objective_params, objective_class
 
@@ -397,22 +395,9 @@ def preset(name: str) -> MethodConfig:
 
 
 def load_method_file(path: str | Path) -> MethodConfig:
-    """Read a YAML/JSON method file, apply it over its ``base`` preset (if any) and validate."""
-    path = Path(path)
-    if not path.is_file():
-        raise InputError("method file not found", path=path)
-    text = path.read_text(encoding="utf-8")
-    try:
-        data = json.loads(text) if path.suffix.lower() == ".json" else yaml.safe_load(text)
-    except json.JSONDecodeError as exc:
-        raise InputError(f"invalid JSON: {exc.msg}", path=path, line=exc.lineno) from None
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        raise InputError(f"invalid YAML: {getattr(exc, 'problem', exc)}", path=path,
-                         line=None if mark is None else mark.line + 1) from None
-    if data is None:
-        data = {}
-    return method_from_mapping(data, where=str(path))
+    """Read a YAML/JSON method file (:func:`pretrieve.io_utils.load_config_file`), apply it over its ``base`` preset
+    (if any) and validate."""
+    return method_from_mapping(load_config_file(path, what="method"), where=str(path))
 
 
 def method_from_mapping(data: Any, where: str = "method") -> MethodConfig:

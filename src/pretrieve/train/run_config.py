@@ -1,5 +1,6 @@
 """Run configurations from files and flags: YAML/JSON file first, command-line flags override it.
 
+Files are read by :func:`pretrieve.io_utils.load_config_file` (one line ``file:line: problem`` for a syntax error).
 Every value goes through the one validating loader (:mod:`pretrieve.options`): unknown keys are errors (a typo
 must not silently fall back to a default; the message suggests the closest option), values are coerced to
 their declared types (``lr: 1e-4``, a string to YAML 1.1, is a float) or refused with the key's path, and
@@ -8,14 +9,11 @@ required settings missing from both the file and the flags are reported before a
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Mapping
 
-import yaml
-
-from pretrieve.errors import ConfigError, InputError
+from pretrieve.errors import ConfigError
+from pretrieve.io_utils import load_config_file  # noqa: F401 - the one config reader, re-exported for its users
 from pretrieve.models import resolve_model
 from pretrieve.options import validate
 from pretrieve.train.pretrainer import PretrainConfig
@@ -36,22 +34,6 @@ class PretrainOptions(PretrainConfig):
     encoder_masker: str | None = None
     decoder_masker: str | None = None
     bottleneck: str | None = None
-
-
-def load_config_file(path: str | Path) -> dict[str, Any]:
-    """Read a YAML or JSON mapping; errors name the file."""
-    path = Path(path)
-    if not path.exists():
-        raise InputError("config file not found", path=path)
-    try:
-        data = json.loads(path.read_text()) if path.suffix == ".json" else yaml.safe_load(path.read_text())
-    except (json.JSONDecodeError, yaml.YAMLError) as exc:
-        raise InputError(f"cannot parse config: {exc}", path=path) from None
-    if data is None:
-        return {}
-    if not isinstance(data, dict):
-        raise InputError("config must be a mapping of option names to values", path=path)
-    return data
 
 
 def merge(file_values: Mapping[str, Any], flags: Mapping[str, Any]) -> dict[str, Any]:

@@ -289,7 +289,7 @@ def parse_overrides(text: str | None, where: str) -> dict[str, Any]:
         return {}
     path = Path(text).expanduser()
     if path.suffix.lower() in (".yaml", ".yml", ".json") or path.is_file():
-        from pretrieve.train.run_config import load_config_file
+        from pretrieve.io_utils import load_config_file
 
         return load_config_file(path)
     values: dict[str, Any] = {}

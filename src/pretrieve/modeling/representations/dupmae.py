@@ -187,7 +187,7 @@ class DupMAERepresentation(Representation):
         """Bytes per passage: dense values + ``k`` (index, value) pairs. The paper's accounting is
         ``index_bytes = PAPER_INDEX_BITS / 8`` (see the module docstring); our index stores 2 + 4 for vocabularies of
         ≤ 65,536 entries, 4 + 4 above (plus a 4-byte row pointer per passage, see
-        :meth:`pretrieve.retrieval.index.sparse.SparseIndex.storage_bytes`)."""
+        :func:`pretrieve.retrieval.index.dupmae.storage`)."""
         return self.dense_dim * dense_bytes + (self.ot_k or 0) * (index_bytes + value_bytes)
 
     # ------------------------------------------------------------------ computation

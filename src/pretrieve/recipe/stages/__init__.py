@@ -6,4 +6,4 @@ under ``@stage``) plus its line below.
 """
 
 # registration: each import adds its stage kind
-from pretrieve.recipe.stages import pretrain, finetune, mine, reranker, teacher, fuse, evaluate  # noqa: F401
+from pretrieve.recipe.stages import pretrain, finetune, mine, reranker, teacher, fuse, select, evaluate  # noqa: F401

@@ -3,7 +3,9 @@ the ``evaluate`` stage (:func:`fusion_rows`).
 
 Reciprocal rank fusion needs nothing fitted; a normalised weighted sum (``wsum``, or ``auto``: rrf vs wsum and the
 normalisation) without explicit ``weights`` is fitted on the training collection's ``fit_split`` queries only (never
-``test``), and stored in ``fuse/<name>/fusion.json`` as an artefact of the component runs and that split's qrels.
+``test``; by default the recipe's dev split, :mod:`pretrieve.recipe.dev`, else ``train``), and stored in
+``fuse/<name>/fusion.json`` as an artefact of the component runs and that split's qrels. A fine-tuned retriever's
+weight is never fitted on a split a stage trained or mined on (refused before anything runs: :func:`needs`).
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import json
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 from pretrieve import artifacts, ranks
 from pretrieve.data import BeirCollection, read_run
@@ -20,7 +22,8 @@ from pretrieve.errors import ConfigError
 from pretrieve.evaluation import evaluate
 from pretrieve.recipe.results import RESULT_MEASURES, result_row
 from pretrieve.recipe.runner import RunState, bm25_run, retriever_run, run_tag
-from pretrieve.recipe.schema import stage
+from pretrieve.recipe.dev import dev_split
+from pretrieve.recipe.schema import stage, stage_labels
 from pretrieve.retrieval import fusion
 from pretrieve.retrieval.rerank import rerank_run_file
 
@@ -38,19 +41,50 @@ class FuseOptions:
     weights: list[float] | None = None   # wsum: convex weights; none: fitted on the training queries
     k: int = 60                    # rrf's k
     depth: int = 1000
-    fit_split: str = "train"       # never test
+    fit_split: str | None = None   # default: the recipe's dev split, else train; never test
     step: float = 0.05             # weight grid step when fitting
     measure: str = "nDCG@10"       # what the fit maximises
 
 
-@stage("fuse", FuseOptions, gives="fusion")
+def fit_split(options: Mapping[str, Any], recipe: Mapping[str, Any]) -> str:
+    """Where a fusion's weights are fitted: the option, else the recipe's dev split, else ``train``."""
+    return str(options.get("fit_split") or dev_split(recipe) or "train")
+
+
+def trained_splits(recipe: Mapping[str, Any]) -> set[str]:
+    """The splits of the training collection whose queries some stage trained or mined on (fine-tuning, mining,
+    the reranker)."""
+    shared = recipe.get("finetune") or {}
+    return {str(options.get("split") or (shared.get("split") if kind == "finetune" else None) or "train")
+            for kind, _, options in stage_labels(recipe) if kind in ("finetune", "mine", "reranker")}
+
+
+def check_fit_split(components: list[str], options: Mapping[str, Any], recipe: Mapping[str, Any], where: str) -> None:
+    """A fitted fusion (or selection) never fits a trained retriever's weight on queries it was trained on: its
+    scores there are inflated (issue 21). BM25 and the off-the-shelf model may be fitted anywhere but ``test``."""
+    split = fit_split(options, recipe)
+    if split == fusion.TEST_SPLIT:
+        raise ConfigError(f"{where}: fit_split must be a training split, never '{split}'")
+    trained = [c for c in components if c not in ("bm25", "zero-shot")]
+    if trained and split in trained_splits(recipe):
+        raise ConfigError(f"{where}: would fit the weight of {', '.join(trained)} on the '{split}' queries it was "
+                          "trained on; add a dev split to the recipe (dev: {seed: 0}) or set fit_split to a split "
+                          "no stage trained on")
+
+
+def needs(options: Mapping[str, Any], recipe: Mapping[str, Any], given: Mapping[str, list[str]], where: str) -> None:
+    if options.get("weights") is None and options.get("method", "rrf") != "rrf":
+        check_fit_split([str(c) for c in options.get("runs") or []], options, recipe, where)
+
+
+@stage("fuse", FuseOptions, needs=needs, gives="fusion")
 def stage_fuse(state: RunState, options: dict[str, Any], label: str, show_progress: bool) -> None:
     """A fused retriever: ``runs`` (``bm25``, ``zero-shot``, fine-tuned retrievers such as ``finetune-s2``, or
     ``finetune-s2+rerank@100``) combined by ``method`` rrf | wsum | auto (:mod:`pretrieve.retrieval.fusion`).
 
     ``wsum`` / ``auto`` without explicit ``weights`` fit the weights (``auto``: also rrf vs wsum and the
-    normalisation) on the training collection's ``fit_split`` (default ``train``) queries: every component
-    searches those queries (``runs/<component>.<split>__<collection>.trec``) and only that split's qrels are
+    normalisation) on the training collection's ``fit_split`` (default: the dev split, else ``train``) queries:
+    every component searches those queries (``runs/<component>.<split>__<collection>.trec``) and only that split's qrels are
     read; the fitted fusion is stored in ``fuse/<name>/fusion.json`` (reused while its inputs are unchanged).
     The ``evaluate`` stage then adds one row per fusion and evaluated collection — zero-shot collections use the
     fusion fitted on the training collection.
@@ -77,8 +111,8 @@ def stage_fuse(state: RunState, options: dict[str, Any], label: str, show_progre
                                  depth=depth).check(len(components))
     else:
         spec = fit_fusion(state, name, components, fusion.parse_candidates(method, norm),
-                           str(options.get("fit_split", "train")), str(options.get("measure", fusion.DEFAULT_FIT_MEASURE)),
-                           float(options.get("step", fusion.DEFAULT_STEP)), depth, k, show_progress)
+                          fit_split(options, state.recipe), str(options.get("measure", fusion.DEFAULT_FIT_MEASURE)),
+                          float(options.get("step", fusion.DEFAULT_STEP)), depth, k, show_progress)
     state.fusions[name] = {"runs": components, "spec": spec}
     logger.info("%s: %s = %s of %s", label, name, spec.describe(), ", ".join(components))
 
@@ -92,6 +126,8 @@ def component_source(state: RunState, component: str, where: str) -> tuple[str, 
         return "dense", state.base_model, None
     if component in state.retrievers:
         return "dense", state.retrievers[component], None
+    if component in state.candidates:
+        return "dense", state.candidates[component], None
     base, sep, depth = component.partition("+rerank@")
     if sep and base in state.retrievers and depth.isdigit() and int(depth) > 0:
         if state.reranker is None:
@@ -126,7 +162,7 @@ def fit_fusion(state: RunState, name: str, components: list[str], candidates, sp
     qrels_path = collection.qrels_path(split)          # that split's qrels only; checked before any search
     train_runs = {f"run:{c}": component_run(state, c, collection, split, depth, f"{c}.{split}", show_progress)
                   for c in components}
-    path = state.out / "fuse" / name / "fusion.json"
+    path = fusion_file(state, name)
     settings = {"runs": components, "candidates": [list(c) for c in candidates], "split": split, "measure": measure,
                 "step": step, "depth": depth, "k": k}
     inputs = {**train_runs, "qrels": qrels_path}
@@ -143,6 +179,11 @@ def fit_fusion(state: RunState, name: str, components: list[str], candidates, sp
     return fusion.FusionSpec.from_dict(json.loads(path.read_text(encoding="utf-8")))
 
 
+def fusion_file(state: RunState, name: str) -> Path:
+    """``fuse/<name>/fusion.json``: where the fusion ``name`` fitted by :func:`fit_fusion` is stored."""
+    return state.out / "fuse" / name / "fusion.json"
+
+
 def fusion_rows(state: RunState, collection: BeirCollection, split: str, depth: int, qrels,
                 show_progress: bool) -> list[dict]:
     """One row per fusion of the recipe on this collection: ``runs/<fusion>__<collection>.trec``."""
@@ -152,7 +193,7 @@ def fusion_rows(state: RunState, collection: BeirCollection, split: str, depth: 
         sources = [component_run(state, c, collection, split, depth, c, show_progress) for c in entry["runs"]]
         path = state.run_path(name, collection.root, split)
         inputs = {f"run{i + 1}": p for i, p in enumerate(sources)}
-        fitted = state.out / "fuse" / name / "fusion.json"
+        fitted = entry.get("fitted") or fusion_file(state, name)
         fit_inputs = {"fusion": fitted} if spec.fit and fitted.exists() else {}
 
         def fuse() -> None:   # rank 0 decides and writes: the others wait for the file
@@ -162,5 +203,7 @@ def fusion_rows(state: RunState, collection: BeirCollection, split: str, depth: 
         ranks.once(f"fuse {name}", fuse)
         row = result_row(name, run_tag(collection.root, split), path, evaluate(qrels, read_run(path), RESULT_MEASURES))
         row["fusion"] = {"runs": entry["runs"], "method": spec.describe(), "fit": fusion.fit_record(spec)}
+        if entry.get("selection"):
+            row["fusion"]["selection"] = entry["selection"]
         rows.append(row)
     return rows

@@ -30,13 +30,17 @@ encoding needs memory for one window, not for the corpus. Each representation ki
 
 **The back-end contract**, written down as protocols: a back-end module is a :class:`Backend` — its ``KINDS``,
 ``resolve_mode(kind, mode)`` (the search mode a request means for that kind, or a
-:class:`~pretrieve.errors.ConfigError`) and ``open_searcher(index, options, mode)`` → a :class:`Searcher`, whose
-``search(queries, k, mode)`` gives ``(scores [Q, k'], rows [Q, k'])`` best first (row ``-1``: no result). The
+:class:`~pretrieve.errors.ConfigError`) and ``open_searcher(shards, options, mode)`` → a :class:`Searcher` of a
+corpus's shards, whose ``search(queries, k)`` gives ``(scores [Q, k'], rows [Q, k'])`` best first (row ``-1``: no
+result). A back-end builds it from searchers of one directory, composed (:mod:`pretrieve.retrieval.index.compose`,
+the idea of Pyserini's ``HybridSearcher``): shards merged as they come, a weighted sum of two exhaustive scorers
+(the hybrid score), reciprocal rank fusion of two searchers' rankings (``rrf``). The
 back-ends of representations encoded by a :class:`~pretrieve.modeling.dual_encoder.DualEncoder` (every kind but
 ``dense``, whose vectors come from :class:`~pretrieve.modeling.sentence_transformer.DenseEncoder`) implement
 :class:`PartsEncoder` as well: ``outputs(representation, rep, text_type)`` turns representation rows into index
 parts, ``empty_outputs(representation, vocab_size, text_type)`` gives the parts of no text. Top-k arithmetic shared by
-all: :mod:`pretrieve.retrieval.index.topk`.
+all: :mod:`pretrieve.retrieval.index.topk`. :func:`sparse_part_bytes` / :func:`dense_part_bytes` tell what a part
+takes on disk per passage.
 """
 
 from __future__ import annotations
@@ -104,11 +108,15 @@ class SearchOptions:
 
 
 class Searcher(Protocol):
-    """Searches one opened index directory."""
+    """Searches passages: one index directory, the shards of a corpus in order, or searchers composed of searchers
+    (:mod:`pretrieve.retrieval.index.compose`)."""
 
-    def search(self, queries: Mapping[str, Any], k: int, mode: str | None = None) -> tuple[np.ndarray, np.ndarray]:
+    count: int
+    """How many passages it searches (its rows are ``0 … count - 1``)."""
+
+    def search(self, queries: Mapping[str, Any], k: int) -> tuple[np.ndarray, np.ndarray]:
         """Top-``k`` of encoded ``queries`` (part name → ``[Q, …]`` rows): ``(scores [Q, k'], rows [Q, k'])``, best
-        first, rows of this directory (``-1``: no result)."""
+        first (row ``-1``: no result)."""
         ...
 
 
@@ -121,7 +129,8 @@ class Backend(Protocol):
         """The search mode ``mode`` means for a ``kind`` retriever (None: as trained); refuses an unusable one."""
         ...
 
-    def open_searcher(self, index: IndexDir, options: SearchOptions, mode: str | None = None) -> Searcher:
+    def open_searcher(self, shards: Sequence[IndexDir], options: SearchOptions, mode: str | None = None) -> Searcher:
+        """A searcher of the shards of one corpus (in order; its rows are corpus rows) in search mode ``mode``."""
         ...
 
 
@@ -391,3 +400,21 @@ def load_csr(directory: str | Path, name: str) -> sp.csr_matrix:
     indptr = np.load(directory / f"{name}.indptr.npy")
     index_type = np.int32 if columns <= np.iinfo(np.int32).max else np.int64
     return sp.csr_matrix((data, indices.astype(index_type), indptr), shape=(rows, columns))
+
+
+def sparse_part_bytes(index: IndexDir, name: str) -> dict[str, float]:
+    """Bytes of a sparse part as stored (values, term ids and row pointers; not its 16-byte shape): ``total``,
+    ``per_document``, ``per_entry`` (term id + value) and ``entries_per_document``."""
+    arrays = [np.load(index.path / f"{name}.{array}.npy", mmap_mode="r") for array in ("data", "indices", "indptr")]
+    total = sum(array.nbytes for array in arrays)
+    entries, documents = arrays[0].shape[0], max(1, index.count)
+    return {"total": float(total), "per_document": total / documents,
+            "per_entry": float(arrays[0].itemsize + arrays[1].itemsize), "entries_per_document": entries / documents}
+
+
+def dense_part_bytes(index: IndexDir, name: str = EMBEDDINGS) -> float:
+    """Bytes per passage of a dense part as stored (0 when the index has none)."""
+    if not index.has(name):
+        return 0.0
+    array = index.array(name)
+    return float(array.shape[1] * array.itemsize)

@@ -29,14 +29,15 @@ from __future__ import annotations
 import logging
 import re
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
 from pretrieve import artifacts
 from pretrieve.errors import ConfigError, InputError
 from pretrieve.retrieval.index import EMBEDDINGS, SEARCH_MODES, IndexDir, open_index, writing
-from pretrieve.retrieval.index.topk import merge_topk
+from pretrieve.retrieval.index.compose import ShardSearcher
+from pretrieve.retrieval.index.topk import DEFAULT_BLOCK_ELEMENTS, exhaustive_top_k, merge_topk
 
 logger = logging.getLogger(__name__)
 
@@ -102,113 +103,59 @@ def to_gpus(index, where: str = "index"):
 
 
 # ------------------------------------------------------------------------------------------ FAISS index
-class FaissIndex:
-    """A FAISS index whose rows map to document ids."""
-
-    def __init__(self, index, ids: Sequence[str], factory: str = "Flat", metric: str = "ip"):
-        if index.ntotal != len(ids):
-            raise InputError(f"index holds {index.ntotal} vectors but {len(ids)} ids were given")
-        self.index = index
-        self.ids = list(ids)
-        self.factory = factory
-        self.metric = metric
-
-    @classmethod
-    def build(cls, embeddings: np.ndarray, ids: Sequence[str], factory: str = "Flat", metric: str = "ip",
-              nprobe: int | None = None, ef_search: int | None = None, train_size: int | None = None,
-              seed: int = 0) -> "FaissIndex":
-        """Index ``embeddings [N, d]`` (float32); train first when the index type needs it."""
-        faiss = _faiss()
-        if embeddings.ndim != 2:
-            raise InputError(f"embeddings must be a 2-d array, got shape {embeddings.shape}")
-        if len(embeddings) != len(ids):
-            raise InputError(f"{len(embeddings)} vectors but {len(ids)} ids")
+def build_faiss(vectors: np.ndarray, factory: str = "Flat", metric: str = "ip", train_size: int | None = None,
+                seed: int = 0):
+    """A FAISS index of ``factory`` over ``vectors [N, d]``, trained first when the index type needs it (on a
+    random sample of ``train_size`` rows when given)."""
+    faiss = _faiss()
+    if vectors.ndim != 2:
+        raise InputError(f"embeddings must be a 2-d array, got shape {vectors.shape}")
+    try:
+        index = faiss.index_factory(int(vectors.shape[1]), factory, _metric(metric))
+    except RuntimeError as exc:
+        raise ConfigError(f"invalid FAISS factory string '{factory}': {first_line(exc)}") from None
+    if not index.is_trained:
+        sample = vectors
+        if train_size is not None and train_size < len(vectors):
+            rows = np.sort(np.random.default_rng(seed).choice(len(vectors), size=train_size, replace=False))
+            sample = vectors[rows]
         try:
-            index = faiss.index_factory(int(embeddings.shape[1]), factory, _metric(metric))
+            index.train(as_float32(sample))
         except RuntimeError as exc:
-            raise ConfigError(f"invalid FAISS factory string '{factory}': {first_line(exc)}") from None
-        if not index.is_trained:
-            sample = embeddings
-            if train_size is not None and train_size < len(embeddings):
-                rows = np.sort(np.random.default_rng(seed).choice(len(embeddings), size=train_size, replace=False))
-                sample = embeddings[rows]
-            try:
-                index.train(as_float32(sample))
-            except RuntimeError as exc:
-                raise ConfigError(f"cannot train FAISS index '{factory}' on {len(sample)} vectors: "
-                                  f"{first_line(exc)}") from None
-        for start in range(0, len(embeddings), DEFAULT_BLOCK_ROWS):   # add block by block: no full float32 copy
-            index.add(as_float32(embeddings[start:start + DEFAULT_BLOCK_ROWS]))
-        built = cls(index, ids, factory, metric)
-        built.set_search_params(nprobe=nprobe, ef_search=ef_search)
-        return built
-
-    def set_search_params(self, nprobe: int | None = None, ef_search: int | None = None) -> None:
-        """IVF ``nprobe`` / HNSW ``efSearch`` (ignored, with a warning, by index types without them)."""
-        faiss = _faiss()
-        for name, value in (("nprobe", nprobe), ("efSearch", ef_search)):
-            if value is None:
-                continue
-            try:
-                faiss.ParameterSpace().set_index_parameter(self.index, name, int(value))
-            except RuntimeError:
-                logger.warning("FAISS index '%s' has no parameter %s; ignored", self.factory, name)
-
-    def to_gpus(self) -> "FaissIndex":
-        self.index = to_gpus(self.index, f"FAISS index '{self.factory}'")
-        return self
-
-    def __len__(self) -> int:
-        return self.index.ntotal
-
-    @property
-    def dim(self) -> int:
-        return self.index.d
-
-    def search(self, query_emb: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-        """Top-``k`` per query: ``(scores [Q, k'], rows [Q, k'])`` with ``k' = min(k, N)``, best first.
-
-        For ``metric="l2"`` scores are negated squared distances, so larger is always better.
-        """
-        if k < 1:
-            raise ConfigError(f"k must be >= 1, got {k}")
-        queries = as_float32(query_emb)
-        if queries.ndim != 2 or queries.shape[1] != self.dim:
-            raise InputError(f"query embeddings of shape {queries.shape} do not match index dimension {self.dim}")
-        k = min(k, len(self))
-        if len(queries) == 0 or k == 0:
-            return np.zeros((len(queries), 0), np.float32), np.zeros((len(queries), 0), np.int64)
-        scores, rows = self.index.search(queries, k)
-        if self.metric == "l2":
-            scores = -scores
-        return scores, rows
-
-    def search_run(self, query_emb: np.ndarray, query_ids: Sequence[str], k: int):
-        from pretrieve.data.trec import run_from_arrays
-
-        scores, rows = self.search(query_emb, k)
-        return run_from_arrays(query_ids, self.ids, rows, scores)
-
-    def save(self, path: str | Path, settings: dict | None = None, inputs: dict | None = None) -> Path:
-        """Write the index (``index.faiss``) as an index directory of kind ``faiss``, atomically."""
-        path = Path(path)
-        meta = {"factory": self.factory, "metric": self.metric, "dim": self.dim}
-        with writing(path, "faiss", self.ids, meta, settings or meta, inputs) as tmp:
-            _faiss().write_index(_faiss().index_gpu_to_cpu(self.index) if _on_gpu(self.index) else self.index,
-                                 str(tmp / _FAISS_FILE))
-        return path
-
-    @classmethod
-    def load(cls, path: str | Path, nprobe: int | None = None, ef_search: int | None = None) -> "FaissIndex":
-        index_dir = open_index(path, kind="faiss")
-        loaded = cls(_faiss().read_index(str(index_dir.path / _FAISS_FILE)), index_dir.id_list(),
-                     index_dir.meta["factory"], index_dir.meta["metric"])
-        loaded.set_search_params(nprobe=nprobe, ef_search=ef_search)
-        return loaded
+            raise ConfigError(f"cannot train FAISS index '{factory}' on {len(sample)} vectors: "
+                              f"{first_line(exc)}") from None
+    for start in range(0, len(vectors), DEFAULT_BLOCK_ROWS):   # add block by block: no full float32 copy
+        index.add(as_float32(vectors[start:start + DEFAULT_BLOCK_ROWS]))
+    return index
 
 
-def _on_gpu(index) -> bool:
-    return "Gpu" in type(index).__name__
+def set_search_params(index, factory: str, nprobe: int | None = None, ef_search: int | None = None) -> None:
+    """IVF ``nprobe`` / HNSW ``efSearch`` (ignored, with a warning, by index types without them)."""
+    faiss = _faiss()
+    for name, value in (("nprobe", nprobe), ("efSearch", ef_search)):
+        if value is None:
+            continue
+        try:
+            faiss.ParameterSpace().set_index_parameter(index, name, int(value))
+        except RuntimeError:
+            logger.warning("FAISS index '%s' has no parameter %s; ignored", factory, name)
+
+
+def faiss_search(index, queries: np.ndarray, k: int, metric: str = "ip") -> tuple[np.ndarray, np.ndarray]:
+    """Top-``k`` per query of a FAISS index: ``(scores [Q, k'], rows [Q, k'])`` with ``k' = min(k, N)``, best
+    first. For ``metric="l2"`` scores are negated squared distances, so larger is always better."""
+    if k < 1:
+        raise ConfigError(f"k must be >= 1, got {k}")
+    queries = as_float32(queries)
+    if queries.ndim != 2 or queries.shape[1] != index.d:
+        raise InputError(f"query embeddings of shape {queries.shape} do not match index dimension {index.d}")
+    k = min(k, index.ntotal)
+    if len(queries) == 0 or k == 0:
+        return np.zeros((len(queries), 0), np.float32), np.zeros((len(queries), 0), np.int64)
+    scores, rows = index.search(queries, k)
+    if metric == "l2":
+        scores = -scores
+    return scores, rows
 
 
 # ----------------------------------------------------------------------------------------- exact search
@@ -266,22 +213,28 @@ def resolve_mode(kind: str, mode: str | None) -> str | None:
     return None
 
 
-def approximate_index(index: IndexDir, options) -> FaissIndex:
-    """The FAISS index of ``options.factory`` over an index directory's vectors, built once and reused."""
+def approximate_index(index: IndexDir, options):
+    """The FAISS index of ``options.factory`` over an index directory's vectors, built once and kept as the sibling
+    directory ``<index>.<factory>.<metric>`` (an index directory of kind ``faiss``: ``index.faiss``), reused while
+    it was built from the same vectors with the same settings; on the GPUs when they are used."""
+    faiss = _faiss()
     cache = index.path.with_name(f"{index.path.name}.{factory_slug(options.factory, options.metric)}")
     settings = {"factory": options.factory, "metric": options.metric, "train_size": options.train_size, "seed": 0}
     inputs = {"embeddings": index.path}
     status = artifacts.check(cache, settings, inputs, kind="index")
     if status.current:
-        built = FaissIndex.load(cache, nprobe=options.nprobe, ef_search=options.ef_search)
+        built = faiss.read_index(str(open_index(cache, kind="faiss").path / _FAISS_FILE))
+        set_search_params(built, options.factory, nprobe=options.nprobe, ef_search=options.ef_search)
     else:
         if status.exists:
             logger.info("rebuilding %s: %s", cache, status.reason)
         logger.info("building FAISS index '%s' over %d vectors of %s", options.factory, index.count, index.path)
-        built = FaissIndex.build(index.array(EMBEDDINGS), index.id_list(), options.factory, options.metric,
-                                 nprobe=options.nprobe, ef_search=options.ef_search, train_size=options.train_size)
-        built.save(cache, settings=settings, inputs=inputs)
-    return built.to_gpus() if use_gpus(options.use_gpu) else built
+        built = build_faiss(index.array(EMBEDDINGS), options.factory, options.metric, train_size=options.train_size)
+        set_search_params(built, options.factory, nprobe=options.nprobe, ef_search=options.ef_search)
+        meta = {"factory": options.factory, "metric": options.metric, "dim": int(built.d)}
+        with writing(cache, "faiss", index.id_list(), meta, settings, inputs) as tmp:
+            faiss.write_index(built, str(tmp / _FAISS_FILE))
+    return to_gpus(built, f"FAISS index '{options.factory}'") if use_gpus(options.use_gpu) else built
 
 
 class DenseSearcher:
@@ -291,18 +244,43 @@ class DenseSearcher:
         if not index.has(EMBEDDINGS):
             raise InputError("this index has no dense vectors (embeddings.npy)", path=index.path)
         self.index = index
+        self.count = index.count
         self.options = options
         self.faiss = None if options.factory == "Flat" else approximate_index(index, options)
 
-    def search(self, queries: dict[str, Any], k: int, mode: str | None = None) -> tuple[np.ndarray, np.ndarray]:
+    def search(self, queries: Mapping[str, Any], k: int) -> tuple[np.ndarray, np.ndarray]:
         vectors = queries.get(EMBEDDINGS)
         if vectors is None:
             raise InputError("dense search needs query vectors")
         if self.faiss is not None:
-            return self.faiss.search(vectors, k)
+            return faiss_search(self.faiss, vectors, k, self.options.metric)
         return exact_search(vectors, self.index.path / f"{EMBEDDINGS}.npy", k, self.options.metric,
                             self.options.block_rows, self.options.use_gpu)
 
 
-def open_searcher(index: IndexDir, options, mode: str | None = None) -> DenseSearcher:
-    return DenseSearcher(index, options)
+class DenseScorer:
+    """Inner products of query vectors with every vector of one index directory, in memory (numpy, float32): the
+    dense part of an exhaustive score (the hybrid score of :mod:`pretrieve.retrieval.index.sparse`)."""
+
+    def __init__(self, index: IndexDir, block_elements: int = DEFAULT_BLOCK_ELEMENTS):
+        if not index.has(EMBEDDINGS):
+            raise InputError("this index has no dense vectors (embeddings.npy)", path=index.path)
+        self.vectors = as_float32(index.array(EMBEDDINGS, mmap=False))
+        self.count = len(self.vectors)
+        self.block_elements = block_elements
+
+    def scores(self, queries: Mapping[str, Any]) -> np.ndarray:
+        vectors = queries.get(EMBEDDINGS)
+        if vectors is None:
+            raise ConfigError("this search needs the dense [CLS] part of the queries (a 'hybrid' model)")
+        if vectors.shape[1] != self.vectors.shape[1]:
+            raise InputError(f"dense query vectors have {vectors.shape[1]} dimensions but the index "
+                             f"{self.vectors.shape[1]}")
+        return np.asarray(vectors, dtype=np.float32) @ self.vectors.T
+
+    def search(self, queries: Mapping[str, Any], k: int) -> tuple[np.ndarray, np.ndarray]:
+        return exhaustive_top_k(self.scores, queries, self.count, k, self.block_elements)
+
+
+def open_searcher(shards: Sequence[IndexDir], options, mode: str | None = None) -> ShardSearcher:
+    return ShardSearcher(shards, lambda shard: DenseSearcher(shard, options))

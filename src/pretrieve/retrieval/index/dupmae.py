@@ -1,11 +1,12 @@
 """DupMAE back-end: the [CLS] part in FAISS, the sparse OT part in an inverted index, combined exactly (eq. 12).
 
 A passage is stored as ``ĥ_d`` (``d′`` floats: ``embeddings.npy``, searched through FAISS) and ``(I_d, μ_d[I_d])``
-(its top-``k`` OT entries: the ``ot`` CSR part, a :class:`~pretrieve.retrieval.index.sparse.SparseIndex`); a query
-as ``ĥ_q`` and its *full* OT vector ``μ_q`` (eq. 12 of "RetroMAE v2 / DupMAE: Duplex Masked Auto-Encoder" sums
-``μ_q[i] μ_d[i]`` over the document's indices, see :mod:`pretrieve.modeling.representations.dupmae`).
+(its top-``k`` OT entries: the ``ot`` CSR part, searched by a
+:class:`~pretrieve.retrieval.index.sparse.SparseSearcher`); a query as ``ĥ_q`` and its *full* OT vector ``μ_q``
+(eq. 12 of "RetroMAE v2 / DupMAE: Duplex Masked Auto-Encoder" sums ``μ_q[i] μ_d[i]`` over the document's indices,
+see :mod:`pretrieve.modeling.representations.dupmae`).
 
-Exact two-index search (:meth:`DupMAEIndex.search`) — a threshold algorithm (Fagin et al.) with exact
+Exact two-index search (:meth:`DupMAESearcher.search`) — a threshold algorithm (Fagin et al.) with exact
 rescoring: for depth ``c`` take the top-``c`` of each index, rescore the union of the candidates exactly with
 eq. 12 (dense dot product from the stored vectors + sparse dot product from the forward rows), and keep the
 best ``k``. A document in neither list has a dense score ≤ the dense list's ``c``-th score and a sparse score
@@ -19,7 +20,7 @@ visits every posting list — ``N·k`` multiply-adds per query, the same as a fl
 (the paper's "same computation cost" argument). One-part variants (``cls:…`` or ``ot:…``) search their single
 index directly.
 
-Storage per passage (:meth:`DupMAEIndex.storage`): FAISS Flat keeps ``4·d′`` bytes; the sparse index stores
+Storage per passage (:func:`storage`): FAISS Flat keeps ``4·d′`` bytes; the sparse index stores
 ``k·(4 + 2)`` bytes plus a 4-byte row pointer (float32 values, uint16 term ids: BERT-size vocabularies are below
 2¹⁶) — ``cls:384,ot:260`` takes 1536 + 1560 + 4 = 3100 bytes against the paper's 3063.5 (15-bit indices, reported
 beside it as ``paper_bytes``) and 3072 for ``cls:768``.
@@ -30,19 +31,18 @@ Queries are searched in blocks of :data:`QUERY_BLOCK` (their full OT vectors are
 from __future__ import annotations
 
 import logging
-from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping
 
 import numpy as np
 import scipy.sparse as sp
 import torch
 
-from pretrieve.data.trec import Run, run_from_arrays
 from pretrieve.errors import ConfigError, InputError
-from pretrieve.retrieval.index import EMBEDDINGS, IndexDir, open_index, save_arrays, writing
-from pretrieve.retrieval.index.dense import FaissIndex, as_float32
+from pretrieve.retrieval.index import EMBEDDINGS, IndexDir, dense_part_bytes, sparse_part_bytes
+from pretrieve.retrieval.index.compose import ShardSearcher
+from pretrieve.retrieval.index.dense import as_float32, build_faiss, faiss_search
 from pretrieve.retrieval.index.dense import resolve_mode as dense_mode
-from pretrieve.retrieval.index.sparse import SparseIndex, topk_matrix
+from pretrieve.retrieval.index.sparse import SparseSearcher, topk_matrix
 from pretrieve.retrieval.index.topk import top_k_rows
 
 logger = logging.getLogger(__name__)
@@ -51,88 +51,57 @@ KINDS = ("dupmae",)
 QUERY_BLOCK = 256
 PAPER_INDEX_BYTES = 15 / 8
 """The paper's bytes per OT index (15 bits, §4.2)."""
-_OWN_META = ("format", "kind", "count", "parts", "factory")
 
 
-# ------------------------------------------------------------------------------------------------ index
-class DupMAEIndex:
-    """Dense [CLS] vectors in FAISS + sparse OT vectors in a :class:`SparseIndex`; exact eq. 12 search."""
+# ---------------------------------------------------------------------------------------------- search
+class DupMAESearcher:
+    """One DupMAE index directory: the [CLS] part in FAISS, the OT part in an inverted index; exact eq. 12 search."""
 
-    def __init__(self, ids: Sequence[str], dense: np.ndarray | None = None, sparse: SparseIndex | None = None,
-                 factory: str = "Flat", meta: Mapping[str, Any] | None = None):
-        if dense is None and sparse is None:
-            raise ConfigError("a DupMAE index needs a dense part, a sparse part, or both")
-        self.ids = ids
-        self.dense = None if dense is None else as_float32(dense)
-        self.sparse = sparse
-        for name, size in (("dense", None if dense is None else len(dense)),
-                           ("sparse", None if sparse is None else len(sparse))):
-            if size is not None and size != len(self.ids):
-                raise InputError(f"the {name} part holds {size} passages but {len(self.ids)} ids were given")
-        self.factory = factory
-        self.meta = dict(meta or {})
-        self.faiss = None if self.dense is None else FaissIndex.build(self.dense, self.ids, factory, "ip")
+    def __init__(self, index: IndexDir, options):
+        if index.kind != "dupmae":
+            raise InputError(f"a '{index.kind}' index, not a DupMAE one", path=index.path)
+        if options.factory != "Flat":
+            logger.warning("DupMAE search with FAISS '%s' for the [CLS] part: the result is no longer certified "
+                           "exact", options.factory)
+        self.count = index.count
+        self.dense = as_float32(index.array(EMBEDDINGS, mmap=False)) if index.has(EMBEDDINGS) else None
+        self.faiss = None if self.dense is None else build_faiss(self.dense, options.factory, "ip")
+        self.sparse = SparseSearcher(index, "ot") if index.has("ot") else None
 
-    @classmethod
-    def build(cls, ids: Sequence[str], dense: np.ndarray | None = None, ot_indices: np.ndarray | None = None,
-              ot_values: np.ndarray | None = None, vocab_size: int | None = None, factory: str = "Flat",
-              meta: Mapping[str, Any] | None = None) -> "DupMAEIndex":
-        """From ``ĥ_d [N, d′]`` and/or the top-k OT pairs ``(indices [N, k], values [N, k])`` over ``vocab_size``."""
-        sparse = None
-        if ot_indices is not None:
-            if ot_values is None or vocab_size is None:
-                raise ConfigError("the OT part needs indices, values and the vocabulary size")
-            sparse = SparseIndex.from_topk(ot_indices, ot_values, vocab_size, ids)
-        return cls(ids, dense, sparse, factory, meta)
-
-    def __len__(self) -> int:
-        return len(self.ids)
-
-    # ------------------------------------------------------------------ scoring
-    def exact_scores(self, dense_queries: np.ndarray | None, ot_queries: np.ndarray | None,
-                     rows: np.ndarray) -> np.ndarray:
+    def exact_scores(self, queries: Mapping[str, Any], rows: np.ndarray) -> np.ndarray:
         """Eq. 12 of query ``q`` with passages ``rows[q]`` (``[Q, C]``, ``-1`` → ``-inf``)."""
         rows = np.asarray(rows, dtype=np.int64)
         total = np.zeros(rows.shape, dtype=np.float32)
         if self.dense is not None:
-            queries = as_float32(dense_queries)
+            vectors = as_float32(queries[EMBEDDINGS])
             for q in range(rows.shape[0]):
-                total[q] = self.dense[np.maximum(rows[q], 0)] @ queries[q]
+                total[q] = self.dense[np.maximum(rows[q], 0)] @ vectors[q]
         if self.sparse is not None:
-            total += np.where(rows >= 0, self.sparse.score_rows(ot_queries, np.maximum(rows, 0)), 0.0)
+            total += np.where(rows >= 0, self.sparse.score_rows(queries, np.maximum(rows, 0)), 0.0)
         return np.where(rows >= 0, total, -np.inf).astype(np.float32)
 
-    def brute_force_scores(self, dense_queries: np.ndarray | None, ot_queries: np.ndarray | None) -> np.ndarray:
-        """Eq. 12 of every query with every passage, ``[Q, N]`` (reference for tests and small corpora)."""
-        scores = None
-        if self.dense is not None:
-            scores = as_float32(dense_queries) @ self.dense.T
-        if self.sparse is not None:
-            sparse = self.sparse.score_all(ot_queries)
-            scores = sparse if scores is None else scores + sparse
-        return scores
-
-    def search(self, dense_queries: np.ndarray | None, ot_queries: np.ndarray | None, k: int,
+    def search(self, queries: Mapping[str, Any], k: int,
                initial_depth: int | None = None) -> tuple[np.ndarray, np.ndarray]:
         """Exact top-``k`` by eq. 12: ``(scores [Q, k'], rows [Q, k'])``, ``k' = min(k, N)``, best first."""
         if k < 1:
             raise ConfigError(f"k must be >= 1, got {k}")
-        self._check_queries(dense_queries, ot_queries)
+        self._check_queries(queries)
         if self.sparse is None:
-            return self.faiss.search(dense_queries, k)
+            return faiss_search(self.faiss, queries[EMBEDDINGS], k)
         if self.dense is None:
-            return self.sparse.search(ot_queries, k)
-        count, size, k = ot_queries.shape[0], len(self), min(k, len(self))
+            return self.sparse.search(queries, k)
+        dense_queries, ot_queries = as_float32(queries[EMBEDDINGS]), queries["ot"]
+        count, size, k = ot_queries.shape[0], self.count, min(k, self.count)
         out_scores = np.zeros((count, k), dtype=np.float32)
         out_rows = np.zeros((count, k), dtype=np.int64)
         pending = np.arange(count)
         depth = min(size, max(k, initial_depth or 2 * k))
         while pending.size:
-            dense_q, ot_q = as_float32(dense_queries)[pending], ot_queries[pending]
-            dense_scores, dense_rows = self.faiss.search(dense_q, depth)
-            sparse_scores, sparse_rows = self.sparse.search(ot_q, depth)
+            pending_queries = {EMBEDDINGS: dense_queries[pending], "ot": ot_queries[pending]}
+            dense_scores, dense_rows = faiss_search(self.faiss, pending_queries[EMBEDDINGS], depth)
+            sparse_scores, sparse_rows = self.sparse.search(pending_queries, depth)
             candidates = union_rows(dense_rows, sparse_rows)
-            exact = self.exact_scores(dense_q, ot_q, candidates)
+            exact = self.exact_scores(pending_queries, candidates)
             best = top_k_rows(exact, k)
             scores = np.take_along_axis(exact, best, axis=1)
             if depth >= size:
@@ -146,51 +115,14 @@ class DupMAEIndex:
             depth = min(size, depth * 4)
         return out_scores, out_rows
 
-    def search_run(self, dense_queries: np.ndarray | None, ot_queries: np.ndarray | None,
-                   query_ids: Sequence[str], k: int) -> Run:
-        scores, rows = self.search(dense_queries, ot_queries, k)
-        return run_from_arrays(query_ids, self.ids, rows, scores)
-
-    def _check_queries(self, dense_queries, ot_queries) -> None:
+    def _check_queries(self, queries: Mapping[str, Any]) -> None:
+        dense_queries, ot_queries = queries.get(EMBEDDINGS), queries.get("ot")
         if self.dense is not None and dense_queries is None:
             raise InputError("this index has a dense [CLS] part: dense query vectors are required")
         if self.sparse is not None and ot_queries is None:
             raise InputError("this index has a sparse OT part: query OT vectors are required")
         if self.dense is not None and self.sparse is not None and len(dense_queries) != ot_queries.shape[0]:
             raise InputError(f"{len(dense_queries)} dense but {ot_queries.shape[0]} OT query vectors")
-
-    # ------------------------------------------------------------------ storage
-    def storage(self) -> dict[str, float]:
-        """Bytes per passage: the dense part (fp32), the sparse part as stored (CSR) and per the paper."""
-        dense = 0.0 if self.dense is None else float(self.dense.shape[1] * self.dense.itemsize)
-        sparse = 0.0 if self.sparse is None else self.sparse.storage_bytes()["per_document"]
-        entries = 0.0 if self.sparse is None else self.sparse.storage_bytes()["entries_per_document"]
-        return {"dense_bytes": dense, "sparse_bytes": sparse, "total_bytes": dense + sparse,
-                "ot_entries": entries, "paper_bytes": dense + entries * (4 + PAPER_INDEX_BYTES)}
-
-    # ------------------------------------------------------------------ persistence
-    def save(self, path: str | Path) -> Path:
-        """Write an index directory (``embeddings.npy``, the ``ot`` CSR part, ids, meta), atomically."""
-        meta = {"factory": self.factory, **self.meta}
-        with writing(path, "dupmae", list(self.ids), meta, meta) as tmp:
-            parts: dict[str, Any] = {}
-            if self.dense is not None:
-                parts[EMBEDDINGS] = self.dense
-            if self.sparse is not None:
-                parts["ot"] = self.sparse.matrix
-            save_arrays(tmp, parts)
-        return Path(path)
-
-    @classmethod
-    def load(cls, path: str | Path | IndexDir, factory: str | None = None) -> "DupMAEIndex":
-        index = path if isinstance(path, IndexDir) else open_index(path)
-        if index.kind != "dupmae":
-            raise InputError(f"a '{index.kind}' index, not a DupMAE one", path=index.path)
-        ids = index.id_list()
-        dense = index.array(EMBEDDINGS, mmap=False) if index.has(EMBEDDINGS) else None
-        sparse = SparseIndex(index.matrix("ot"), ids) if index.has("ot") else None
-        meta = {key: value for key, value in index.meta.items() if key not in _OWN_META}
-        return cls(ids, dense, sparse, factory or index.meta.get("factory", "Flat"), meta)
 
 
 def union_rows(first: np.ndarray, second: np.ndarray) -> np.ndarray:
@@ -200,6 +132,25 @@ def union_rows(first: np.ndarray, second: np.ndarray) -> np.ndarray:
     repeat[:, 1:] = merged[:, 1:] == merged[:, :-1]
     merged[repeat | (merged < 0)] = -1
     return merged
+
+
+def storage(index: IndexDir) -> dict[str, float]:
+    """Bytes per passage of a DupMAE index: the dense part (fp32), the OT part as stored (CSR) and per the paper."""
+    dense = dense_part_bytes(index)
+    sparse = sparse_part_bytes(index, "ot") if index.has("ot") else {"per_document": 0.0, "entries_per_document": 0.0}
+    entries = sparse["entries_per_document"]
+    return {"dense_bytes": dense, "sparse_bytes": sparse["per_document"], "total_bytes": dense + sparse["per_document"],
+            "ot_entries": entries, "paper_bytes": dense + entries * (4 + PAPER_INDEX_BYTES)}
+
+
+def resolve_mode(kind: str, mode: str | None) -> str | None:
+    if mode is not None:
+        dense_mode(kind, mode)
+    return None
+
+
+def open_searcher(shards, options, mode: str | None = None) -> ShardSearcher:
+    return ShardSearcher(shards, lambda shard: DupMAESearcher(shard, options))
 
 
 # ------------------------------------------------------------------------------------------- encoding
@@ -226,25 +177,3 @@ def empty_outputs(representation, vocab_size: int, text_type: str) -> dict[str, 
         parts["ot"] = (np.zeros((0, vocab_size), np.float32) if text_type == "query"
                        else sp.csr_matrix((0, vocab_size), dtype=np.float32))
     return parts
-
-
-# ---------------------------------------------------------------------------------------------- search
-def resolve_mode(kind: str, mode: str | None) -> str | None:
-    if mode is not None:
-        dense_mode(kind, mode)
-    return None
-
-
-class DupMAESearcher:
-    def __init__(self, index: IndexDir, options):
-        if options.factory != "Flat":
-            logger.warning("DupMAE search with FAISS '%s' for the [CLS] part: the result is no longer certified "
-                           "exact", options.factory)
-        self.index = DupMAEIndex.load(index, factory=options.factory)
-
-    def search(self, queries: Mapping[str, Any], k: int, mode: str | None = None) -> tuple[np.ndarray, np.ndarray]:
-        return self.index.search(queries.get(EMBEDDINGS), queries.get("ot"), k)
-
-
-def open_searcher(index: IndexDir, options, mode: str | None = None) -> DupMAESearcher:
-    return DupMAESearcher(index, options)

@@ -1,11 +1,12 @@
-"""Top-k arithmetic shared by the search back-ends and the search path: :func:`top_k_rows` (the ``k`` best columns
-of a score matrix, ties by column), :func:`merge_topk` (stable merge of per-block / per-shard results) and
-:func:`rrf_fuse` (reciprocal rank fusion of ranked row lists, Cormack et al. 2009).
+"""Top-k arithmetic shared by the search back-ends: :func:`top_k_rows` (the ``k`` best columns of a score matrix,
+ties by column), :func:`exhaustive_top_k` (the top-k of a scorer of every passage, a block of queries at a time),
+:func:`merge_topk` (stable merge of per-block / per-shard results) and :func:`rrf_fuse` (reciprocal rank fusion of
+ranked row lists, Cormack et al. 2009).
 """
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -13,6 +14,34 @@ from pretrieve.errors import ConfigError, InputError
 
 RRF_K = 60
 DEFAULT_RRF_DEPTH = 1000
+DEFAULT_BLOCK_ELEMENTS = 1 << 26
+"""Exhaustive scoring keeps a block of query × passage scores under this many floats (256 MB)."""
+
+
+def query_count(queries: Mapping[str, Any]) -> int:
+    """How many queries encoded ``queries`` (part name → ``[Q, …]`` rows) hold."""
+    return next(iter(queries.values())).shape[0] if queries else 0
+
+
+def exhaustive_top_k(scores_of: Callable[[Mapping[str, Any]], np.ndarray], queries: Mapping[str, Any], count: int,
+                     k: int, block_elements: int = DEFAULT_BLOCK_ELEMENTS) -> tuple[np.ndarray, np.ndarray]:
+    """Exact top-``k`` of a scorer of every passage (``scores_of(queries)`` → float32 ``[Q, count]``), a block of
+    queries at a time (``block_elements`` scores at most): ``(scores [Q, k'], rows [Q, k'])`` with
+    ``k' = min(k, count)``, best first, ties by row."""
+    if k < 1:
+        raise ConfigError(f"k must be >= 1, got {k}")
+    total, k = query_count(queries), min(k, count)
+    out_scores = np.zeros((total, k), dtype=np.float32)
+    out_rows = np.zeros((total, k), dtype=np.int64)
+    if total == 0 or k == 0:
+        return out_scores, out_rows
+    block = max(1, block_elements // max(1, count))
+    for start in range(0, total, block):
+        part = slice(start, start + block)
+        scores = scores_of({name: value[part] for name, value in queries.items()})
+        out_rows[part] = top_k_rows(scores, k)
+        out_scores[part] = np.take_along_axis(scores, out_rows[part], axis=1)
+    return out_scores, out_rows
 
 
 def top_k_rows(scores: np.ndarray, k: int) -> np.ndarray:

@@ -1,0 +1,100 @@
+"""The practitioner recipe on collections it was not shaped on (docs/preregistration.md, section B; issue 21).
+
+Runs ``configs/scifact-minilm.yaml`` with only its data and evaluation collections changed, as a new user would:
+
+* ``cranfield-a`` / ``cranfield-b``: Cranfield's 225 judged queries halved (seeded, ``pretrieve data halves``);
+  fine-tune on one half (its own dev queries carved by the recipe's ``dev:``), test on the other, both ways;
+* the SciFact case and the zero-shot collections (Cranfield, MED, LISA, TIME, ADI) are the recipe itself
+  (``bash scripts/demo.sh``), whose evaluate stage lists them.
+
+Each case is an ordinary recipe run (resumable: re-run the same command), written to ``OUT/<case>/``; the
+derived recipes are written beside them (``OUT/<case>.yaml``) so each can be re-run alone with ``pretrieve run``.
+At the end, one table of every case's ``final`` against the untrained RRF of BM25 + the off-the-shelf model (Δ,
+95 % CI, paired t-test p), read from each run's ``results.json``, is printed and written to ``OUT/summary.md``.
+
+    python scripts/experiments/recipe_across_collections.py --out outputs/across   # ≈ 2 × 6 min on 2 cores
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+RECIPE = ROOT / "configs" / "scifact-minilm.yaml"
+
+
+def derived_recipe(case: str, out: Path) -> dict:
+    """The shipped recipe with only ``data``, ``out``, ``name`` and the evaluated collections changed."""
+    recipe = yaml.safe_load(RECIPE.read_text())
+    recipe["name"] = f"{recipe['name']}-{case}"
+    recipe["data"] = case
+    recipe["out"] = str(out / case)
+    for stage in recipe["stages"]:
+        if "evaluate" in stage:
+            stage["evaluate"]["collections"] = [case]
+    return recipe
+
+
+def run(cmd: list[str]) -> None:
+    print("+", " ".join(cmd), flush=True)
+    subprocess.run(cmd, check=True)
+
+
+def final_rows(results: dict) -> list[dict]:
+    """The ``final`` row of each evaluated collection of a recipe's results.json, with its paired tests."""
+    return [row for row in results["rows"] if row.get("final")]
+
+
+def summary_lines(cases: list[tuple[str, Path]], measure: str = "ndcg_cut_10") -> list[str]:
+    """One line per case and collection: ``final`` − the untrained RRF (Δ, 95 % CI, p) and the dev choice."""
+    lines = ["| case | collection | final | rrf-zero-shot | Δ | 95 % CI | p | holds | final uses |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for case, path in cases:
+        results = json.loads(path.read_text())
+        scores = {(row["retriever"], row["collection"]): row[measure] for row in results["rows"]}
+        for row in final_rows(results):
+            test = row["vs"]["rrf-zero-shot"]
+            chosen = (row.get("fusion") or {}).get("selection", {}).get("chosen", "?")
+            below = test["significant"] and test["mean_difference"] < 0
+            lines.append(f"| {case} | {row['collection']} | {row[measure]:.4f} | "
+                         f"{scores[('rrf-zero-shot', row['collection'])]:.4f} | {test['mean_difference']:+.4f} | "
+                         f"[{test['ci_low']:+.4f}, {test['ci_high']:+.4f}] | {test['p_value']:.2g} | "
+                         f"{'no' if below else 'yes'} | {chosen} |")
+    return lines
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", type=Path, default=Path("outputs/across"))
+    parser.add_argument("--halves-seed", type=int, default=0)
+    parser.add_argument("--cases", default="cranfield-a,cranfield-b")
+    parser.add_argument("--include", action="append", default=[],
+                        help="another finished run of the recipe to add to the table (e.g. outputs/scifact-minilm)")
+    args = parser.parse_args()
+    out = args.out.resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    pretrieve = str(Path(sys.executable).with_name("pretrieve"))
+    halves = out / "halves"
+    if not (halves / "cranfield-b" / "qrels" / "test.tsv").exists():
+        run([pretrieve, "data", "halves", "cranfield", "--out", str(halves), "--seed", str(args.halves_seed)])
+    for case in args.cases.split(","):
+        path = out / f"{case}.yaml"
+        path.write_text(yaml.safe_dump(derived_recipe(case, out), sort_keys=False))
+        run([pretrieve, "run", str(path), "--data-root", str(halves), "--no-progress"])
+    cases = [(case, out / case / "results.json") for case in args.cases.split(",")]
+    cases += [(f"scifact ({path})", Path(path) / "results.json") for path in args.include]
+    lines = summary_lines(cases)
+    summary = "\n".join(lines) + "\n"
+    (out / "summary.md").write_text(summary)
+    print(summary)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
