@@ -213,6 +213,10 @@ def test_ttest_matches_scipy():
     assert result.p_value == pytest.approx(expected.pvalue, rel=1e-12)
     assert result.mean_difference == pytest.approx(np.mean(run - baseline))
     assert result.n == 7 and result.direction == 1 and result.significant == (expected.pvalue <= 0.05)
+    # the 95 % interval of the mean difference, by hand: mean ± t(0.975, n − 1) · sd / √n
+    diff = run - baseline
+    half = stats.t.ppf(0.975, len(diff) - 1) * diff.std(ddof=1) / np.sqrt(len(diff))
+    assert (result.ci_low, result.ci_high) == pytest.approx((diff.mean() - half, diff.mean() + half), rel=1e-9)
 
 
 def test_identical_runs_are_not_significant():

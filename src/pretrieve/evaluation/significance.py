@@ -64,6 +64,9 @@ class SignificanceResult:
     mean_difference: float
     n: int
     alpha: float = DEFAULT_ALPHA
+    #: ``1 − alpha`` confidence interval of the mean difference, where the test gives one (the t-test); else NaN.
+    ci_low: float = float("nan")
+    ci_high: float = float("nan")
 
     @property
     def significant(self) -> bool:
@@ -95,11 +98,13 @@ def paired_ttest(baseline: np.ndarray, run: np.ndarray, alpha: float = DEFAULT_A
     if n < 2:
         return SignificanceResult("ttest", float("nan"), float("nan"), mean_diff, n, alpha)
     if not np.any(diff):
-        return SignificanceResult("ttest", 0.0, 1.0, 0.0, n, alpha)
+        return SignificanceResult("ttest", 0.0, 1.0, 0.0, n, alpha, 0.0, 0.0)
     with warnings.catch_warnings(), np.errstate(all="ignore"):
         warnings.simplefilter("ignore", RuntimeWarning)  # constant non-zero differences: t = ±inf, p = 0
         result = stats.ttest_rel(run, baseline)
-    return SignificanceResult("ttest", float(result.statistic), float(result.pvalue), mean_diff, n, alpha)
+        low, high = result.confidence_interval(confidence_level=1 - alpha)
+    return SignificanceResult("ttest", float(result.statistic), float(result.pvalue), mean_diff, n, alpha,
+                              float(low), float(high))
 
 
 def paired_permutation_test(baseline: np.ndarray, run: np.ndarray, n_permutations: int = DEFAULT_PERMUTATIONS,

@@ -124,7 +124,7 @@ def _final_lines(results: Mapping[str, Any]) -> list[str]:
     names = list(dict.fromkeys(name for row in finals for name in row["vs"]))
     final = finals[0]["retriever"]
     lines = [f"Paired two-sided t-tests of `{final}` against each baseline ({measure} per query; "
-             "Δ = final − baseline, ▲/▼: p ≤ 0.05):", "",
+             "Δ = final − baseline [95 % CI], ▲/▼: p ≤ 0.05):", "",
              "| collection | " + " | ".join(f"vs `{n}`: Δ (p)" for n in names) + " |", "|---|" + "---|" * len(names)]
     for row in finals:
         cells = []
@@ -135,7 +135,9 @@ def _final_lines(results: Mapping[str, Any]) -> list[str]:
                 continue
             mark = ("▲" if test["mean_difference"] > 0 else "▼") if test.get("significant") else ""
             p = test.get("p_value")
-            cells.append(f"{test['mean_difference']:+.4f}{mark} (p = {p:.2g})" if p is not None else "—")
+            ci = (f" [{test['ci_low']:+.4f}, {test['ci_high']:+.4f}]"
+                  if test.get("ci_low") is not None and test.get("ci_high") is not None else "")
+            cells.append(f"{test['mean_difference']:+.4f}{mark}{ci} (p = {p:.2g})" if p is not None else "—")
         lines.append(f"| {row['collection']} | " + " | ".join(cells) + " |")
     scores = {(row["retriever"], row["collection"]): row[measure] for row in results["rows"]}
     collections = [row["collection"] for row in finals]
