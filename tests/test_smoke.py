@@ -27,7 +27,8 @@ def test_every_shipped_recipe_passes_its_smoke_run(path, tmp_path, tokenizer):
     stages = [next(iter(entry)) if isinstance(entry, dict) else entry for entry in recipe["stages"]]
     # every stage of the recipe ran, in order, with its outputs
     assert list(results["timings_s"]) == _labels(stages)
-    assert results["rows"] and all(0.0 <= row["nDCG@10"] <= 1.0 for row in results["rows"])
+    assert results["rows"] and all(0.0 <= row[m] <= 1.0 for row in results["rows"] for m in row["measures"])
+    assert all("nDCG@10" in row for row in results["rows"] if "measures" not in _evaluate_options(recipe))
     for label in _labels(stages):
         if label.startswith(("pretrain", "finetune", "reranker")):
             assert (out / label / "final").is_dir(), label
@@ -38,6 +39,17 @@ def test_every_shipped_recipe_passes_its_smoke_run(path, tmp_path, tokenizer):
             logs = [json.loads(line) for line in (out / label / "logs.jsonl").read_text().splitlines()]
             assert [entry["step"] for entry in logs] == [1, 2], label
     assert (out / "results.md").exists()
+    # a paper recipe's tables carry the paper's measures and, beside them, the paper's numbers (issue 24)
+    markdown = (out / "results.md").read_text()
+    for entry in recipe.get("expected") or []:
+        rows = [row for row in results["rows"] if row.get("paper") and row["paper"]["table"] == entry["table"]]
+        if not rows:   # --smoke evaluates the first collections only
+            continue
+        assert {row["paper"]["table"] for row in rows} == {entry["table"]} and entry["table"] in markdown
+        for measure in entry["values"]:
+            assert f"| {measure} | paper | Δ |" in markdown, (entry, measure)
+    if recipe.get("expected"):
+        assert "Paper numbers (column \"paper\"" in markdown
     # a second pre-training phase continues from the first; fine-tuning starts from the last phase
     labels = _labels(stages)
     phases = [label for label in labels if label.startswith("pretrain")]
@@ -52,6 +64,10 @@ def test_every_shipped_recipe_passes_its_smoke_run(path, tmp_path, tokenizer):
         mined = [label for label in labels[:labels.index("reranker")] if label.startswith("mine")]
         recorded = artifacts.read_sidecar(out / "reranker" / "final")["inputs"]   # inputs by content
         assert recorded["groups"] == artifacts.fingerprint(out / mined[-1] / "groups.jsonl")
+
+
+def _evaluate_options(recipe) -> dict:
+    return next(entry["evaluate"] for entry in recipe["stages"] if isinstance(entry, dict) and "evaluate" in entry)
 
 
 def _labels(stages: list[str]) -> list[str]:

@@ -24,7 +24,9 @@ formulation* (mean over the gathered queries). It would be wrong for a mean over
 against gathered passages (SimLM's ``use_scaled_loss=False``): there the passages of rank ``r`` never
 receive the gradient of the other ranks' queries, which no constant factor restores. FlagEmbedding's and
 RetroMAE's fine-tuning code gather but do not rescale, so their gradient is the full-batch gradient divided
-by ``W`` (a learning rate silently divided by the number of GPUs).
+by ``W``. Under SGD that is a learning rate divided by the number of GPUs; under Adam/AdamW, whose update is
+invariant to a constant scale of the gradient, it changes only the weight of ``eps`` and what gradient
+clipping (``max_grad_norm``) cuts.
 
 :func:`scale_grad` applies the factor to the gradient only (identity in the forward pass), so the loss
 *value* stays the full-batch loss — the same number on every rank, directly loggable, where Tevatron's

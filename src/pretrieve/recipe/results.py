@@ -1,24 +1,87 @@
 """A recipe's results: one row per retriever and collection (:func:`result_row`), ``results.json`` and ``results.md``
 (:func:`write_results`: the table, the stage times, what each fused row is, and the final row's paired t-tests with
 a closing paragraph), written as artefacts of the run files they were computed from (:func:`results_are_current`).
+
+Each row carries the measures its collection was scored with (the evaluate stage's ``measures``; default
+:data:`RESULT_MEASURES`); ``results.md`` has one table per set of measures. A recipe's ``expected`` numbers (the
+paper's, :func:`validate_expected`) ride on their row as ``paper`` and are printed in a "paper" column beside ours,
+with the difference, and the table of the paper they come from below.
 """
 
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
 from pretrieve import artifacts
+from pretrieve.errors import ConfigError
+from pretrieve.evaluation import parse_measure
+from pretrieve.options import join_path, validate
 from pretrieve.recipe.dev import dev_line
 
+#: The measures of a collection whose evaluate stage names none (``nDCG@10`` is also the final row's t-test measure).
 RESULT_MEASURES = ("nDCG@10", "MRR@10", "R@100")
 
 
+@dataclass
+class ExpectedNumbers:
+    """One entry of a recipe's ``expected``: the paper's numbers for one row on one collection."""
+
+    collection: str                 # as the evaluate stage names it: "msmarco:dev", "msmarco:test", "scifact"
+    table: str                      # where the numbers are printed: 'Table 3, row "BoW Prediction"'
+    values: dict[str, float]        # measure (as the evaluate stage names it) → the paper's number, as a fraction
+    row: str | None = None          # the results row; default: the recipe's last fine-tuned retriever
+
+
+def validate_expected(entries: Any, where: str) -> list[dict[str, Any]]:
+    """A recipe's ``expected``: a list of :class:`ExpectedNumbers` (unknown keys refused, measure names parsed,
+    numbers fractions in [0, 1]); one :class:`ConfigError` naming the key's path otherwise. That each collection,
+    measure and row is one the evaluate stage produces is checked by the stage (``evaluate``'s ``needs``)."""
+    at = join_path(where, "expected")
+    if not isinstance(entries, list):
+        raise ConfigError(f"{at}: expected a list of {{collection, table, values, row}} entries, got {entries!r}")
+    validated = []
+    for index, entry in enumerate(entries):
+        here = join_path(at, index)
+        values = validate(ExpectedNumbers, entry, here)
+        for key in ("collection", "table", "values"):
+            if not values.get(key):
+                raise ConfigError(f"{join_path(here, key)}: required")
+        for measure, number in values["values"].items():
+            _check_measure(measure, join_path(join_path(here, "values"), measure))
+            if not 0.0 <= number <= 1.0:
+                raise ConfigError(f"{join_path(join_path(here, 'values'), measure)}: {number} is not in [0, 1]; "
+                                  "write the paper's numbers as fractions (0.401 for 40.1)")
+        validated.append(values)
+    seen = set()
+    for index, entry in enumerate(validated):
+        key = (entry["collection"], entry.get("row"))
+        if key in seen:
+            raise ConfigError(f"{join_path(at, index)}: a second entry for row {entry.get('row') or '(default)'} "
+                              f"on {entry['collection']}; put its values in the first")
+        seen.add(key)
+    return validated
+
+
+def _check_measure(measure: str, where: str) -> None:
+    try:
+        parse_measure(str(measure))
+    except ConfigError as exc:
+        raise ConfigError(f"{where}: {exc}") from None
+
+
 def result_row(retriever: str, collection: str, run_path: Path, result) -> dict:
-    """One row of the results: the retriever, the collection, its run file and the measures of ``result``."""
-    return {"retriever": retriever, "collection": collection, "run": str(run_path),
-            **{measure: round(result.aggregate[measure], 4) for measure in RESULT_MEASURES}}
+    """One row of the results: the retriever, the collection, its run file, the names of the measures of ``result``
+    (``measures``) and their values."""
+    return {"retriever": retriever, "collection": collection, "run": str(run_path), "measures": list(result.measures),
+            **{measure: round(result.aggregate[measure], 4) for measure in result.measures}}
+
+
+def row_measures(row: Mapping[str, Any]) -> list[str]:
+    """The measures of a results row (rows written before rows named them: :data:`RESULT_MEASURES`)."""
+    return list(row.get("measures") or RESULT_MEASURES)
 
 
 def write_results(out_dir: Path, results: Mapping[str, Any], recipe: Mapping[str, Any]) -> None:
@@ -55,13 +118,11 @@ def results_are_current(out_dir: str | Path) -> bool:
 def results_markdown(results: Mapping[str, Any]) -> str:
     """``results.md``: one row per retriever and collection, the stage times, the fused rows and the final row's
     tests."""
-    lines = [f"# Results: {results['recipe']}", "",
-             "| retriever | collection | " + " | ".join(RESULT_MEASURES) + " |",
-             "|---|---|" + "---|" * len(RESULT_MEASURES)]
-    for row in results["rows"]:
-        lines.append(f"| {row['retriever']} | {row['collection']} | "
-                     + " | ".join(f"{row[m]:.4f}" for m in RESULT_MEASURES) + " |")
-    lines += ["", "Runs are in `runs/`; re-evaluate any of them with `pretrieve evaluate --data DIR --split test RUN`.", ""]
+    lines = [f"# Results: {results['recipe']}", ""]
+    for measures, rows in _tables(results["rows"]):
+        lines += _table_lines(measures, rows) + [""]
+    lines += _paper_lines(results["rows"])
+    lines += ["Runs are in `runs/`; re-evaluate any of them with `pretrieve evaluate --data DIR --split test RUN`.", ""]
     timings = results.get("timings_s") or {}
     per_rank = results.get("rank_timings_s") or {}
     if timings and per_rank:
@@ -83,6 +144,38 @@ def results_markdown(results: Mapping[str, Any]) -> str:
     lines += dev_line(results.get("dev")) + _fusion_lines(results) + _selection_lines(results)
     lines += _final_lines(results)
     return "\n".join(lines)
+
+
+def _tables(rows: list[Mapping[str, Any]]) -> list[tuple[list[str], list[Mapping[str, Any]]]]:
+    """The rows grouped by their measures (one table each, in order of first appearance)."""
+    tables: dict[tuple[str, ...], list[Mapping[str, Any]]] = {}
+    for row in rows:
+        tables.setdefault(tuple(row_measures(row)), []).append(row)
+    return [(list(measures), grouped) for measures, grouped in tables.items()]
+
+
+def _table_lines(measures: list[str], rows: list[Mapping[str, Any]]) -> list[str]:
+    """One results table; a measure the paper reports for some row gets "paper" and "Δ" (ours − paper) columns."""
+    with_paper = {m for row in rows for m in (row.get("paper") or {}).get("values", {})}
+    header = [f"{m} | paper | Δ" if m in with_paper else m for m in measures]
+    lines = ["| retriever | collection | " + " | ".join(header) + " |",
+             "|---|---|" + "---|" * (len(measures) + 2 * len(with_paper & set(measures)))]
+    for row in rows:
+        cells = []
+        for m in measures:
+            cells.append(f"{row[m]:.4f}")
+            if m in with_paper:
+                paper = (row.get("paper") or {}).get("values", {}).get(m)
+                cells += [f"{paper:g}", f"{row[m] - paper:+.4f}"] if paper is not None else ["", ""]
+        lines.append(f"| {row['retriever']} | {row['collection']} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def _paper_lines(rows: list[Mapping[str, Any]]) -> list[str]:
+    """Where each row's paper numbers are printed."""
+    lines = [f"- `{row['retriever']}` on {row['collection']}: {row['paper']['table']}" for row in rows
+             if row.get("paper")]
+    return (["Paper numbers (column \"paper\"; Δ = ours − paper), from:", "", *lines, ""]) if lines else []
 
 
 def _fusion_lines(results: Mapping[str, Any]) -> list[str]:

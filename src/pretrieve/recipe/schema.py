@@ -19,6 +19,7 @@ from pretrieve.errors import ConfigError, InputError
 from pretrieve.options import join_path, validate
 from pretrieve.io_utils import load_config_file
 from pretrieve.recipe.dev import validate_dev
+from pretrieve.recipe.results import validate_expected
 
 #: ``needs(options, recipe, given, where)``: raises a :class:`ConfigError` (naming ``where``) unless what the stage
 #: needs was given by the stages before it (``given``: what each gave → the labels of the stages that gave it).
@@ -76,6 +77,7 @@ class RecipeOptions:
     finetune: dict[str, Any] = field(default_factory=dict)
     dist_timeout_minutes: float | None = None   # under torchrun: the longest a rank waits (pretrieve.ranks: 60)
     dev: dict[str, Any] | None = None   # held-out training queries (pretrieve.recipe.dev): {seed}, {queries, seed}, {split}
+    expected: list[Any] | None = None   # the paper's numbers (pretrieve.recipe.results.ExpectedNumbers), per row
 
 
 def placeholder_config(schema: type, values: Mapping[str, Any]):
@@ -125,6 +127,8 @@ def validate_recipe(recipe: Mapping[str, Any], where: str = "recipe") -> dict[st
     values["finetune"] = shared
     if "dev" in values:
         values["dev"] = validate_dev(values["dev"], values, where)
+    if values.get("expected") is not None:
+        values["expected"] = validate_expected(values["expected"], where)
     validated = []
     for index, entry in enumerate(stages):
         kind, options = stage_entry(entry, index)

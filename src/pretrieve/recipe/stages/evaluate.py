@@ -1,7 +1,11 @@
 """The ``evaluate`` stage: one row per retriever and collection (``runs/<retriever>__<collection>.trec``), BM25 and
 the zero-shot model as baselines, a re-ranked row, one row per fusion, and paired t-tests of the ``final`` row.
 
-Collections default to the recipe's ``data``; ``"msmarco:dev"`` picks a split. Retrievers fine-tuned with the
+Collections default to the recipe's ``data``; ``"msmarco:dev"`` picks a split. ``measures`` names the measures
+(``ir_measures`` names; default nDCG@10, MRR@10, R@100): a list for every collection, or a mapping from a collection
+(as ``collections`` names it) to its list — ``{"msmarco:dev": [MRR@10, R@50, R@1000], "msmarco:test": [nDCG@10,
+"R(rel=2)@1000"]}``; ``(rel=2)`` counts grade ≥ 2 as relevant, as ``trec_eval -l 2`` (TREC DL's recall). The
+recipe's ``expected`` numbers (the paper's) are attached to their rows (``paper``). Retrievers fine-tuned with the
 sparse/hybrid representation get one row per search mode with ``modes`` (``finetune-s1-sparse``, …). With ``final``
 and ``compare``, the final row is tested (nDCG@10 per query, paired two-sided t-tests) against each named row, and
 ``results.md`` closes with which row to use.
@@ -9,6 +13,7 @@ and ``compare``, the final row is tested (nDCG@10 per query, paired two-sided t-
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
@@ -17,10 +22,11 @@ from pretrieve import outputs
 from pretrieve.data import BeirCollection, read_run
 from pretrieve.data.registry import resolve_collection_path
 from pretrieve.errors import ConfigError
-from pretrieve.evaluation import compare, evaluate
+from pretrieve.evaluation import compare, evaluate, parse_measures
+from pretrieve.options import join_path
 from pretrieve.recipe.results import RESULT_MEASURES, result_row
 from pretrieve.recipe.runner import RunState, bm25_run, retriever_run, run_tag
-from pretrieve.recipe.schema import split_collection, stage
+from pretrieve.recipe.schema import split_collection, stage, stage_labels
 from pretrieve.recipe.stages.fuse import fusion_rows
 from pretrieve.retrieval.index import SEARCH_MODES
 from pretrieve.retrieval.load import retriever_kind
@@ -43,12 +49,23 @@ class EvaluateOptions:
     batch_size: int = 64          # texts per forward pass when encoding
     final: str | None = None      # the row to use: paired t-tests against 'compare' and a closing paragraph
     compare: list[str] = field(default_factory=list)
+    measures: list[str] | dict[str, list[str]] | None = None   # default RESULT_MEASURES; a mapping: per collection
 
 
 def check_evaluate(options: dict[str, Any], where: str) -> None:
     search_modes(options.get("modes"))
     if int(options.get("depth", 1000)) < 1 or (options.get("rerank_depth") is not None and options["rerank_depth"] < 1):
         raise ConfigError("depth and rerank_depth must be >= 1")
+    measures = options.get("measures")
+    lists = {"": measures} if isinstance(measures, list) else measures or {}
+    for key, names in lists.items():
+        at = f"measures.{key}" if key else "measures"
+        try:
+            parse_measures(names)
+        except ConfigError as exc:
+            raise ConfigError(f"{at}: {exc}") from None
+        if options.get("final") is not None and RESULT_MEASURES[0] not in names:
+            raise ConfigError(f"{at}: 'final' is tested on {RESULT_MEASURES[0]} per query; add it to the measures")
 
 
 def needs(options: Mapping[str, Any], recipe: Mapping[str, Any], given: Mapping[str, list[str]], where: str) -> None:
@@ -59,6 +76,83 @@ def needs(options: Mapping[str, Any], recipe: Mapping[str, Any], given: Mapping[
     if requested is not None and requested not in retrievers:
         raise ConfigError(f"{where}.rerank: no retriever named {requested!r} before this stage "
                           f"(known: {', '.join(retrievers) or 'none'})")
+    entries = stage_collections(options, recipe)
+    per_collection = options.get("measures")
+    if isinstance(per_collection, Mapping):
+        for key in per_collection:
+            if not any(same_collection(key, entry, options) for entry in entries):
+                raise ConfigError(f"{where}.measures.{key}: not a collection this stage evaluates "
+                                  f"({', '.join(entries)})")
+    check_expected(options, recipe, given, where)
+
+
+def stage_collections(options: Mapping[str, Any], recipe: Mapping[str, Any]) -> list[str]:
+    """The collections an evaluate stage evaluates, as it names them (default: the recipe's data)."""
+    return [str(entry) for entry in options.get("collections") or [recipe["data"]]]
+
+
+def same_collection(a: str, b: str, options: Mapping[str, Any]) -> bool:
+    """Whether two collection names of an evaluate stage are the same collection and split: ``msmarco`` is
+    ``msmarco:test`` under the default ``split``, and a path is its directory's name (as results rows name it;
+    ``--smoke`` evaluates ``<out>/smoke-data/msmarco:dev`` for ``msmarco:dev``)."""
+    split = options.get("split", "test")
+    (name_a, split_a), (name_b, split_b) = split_collection(a), split_collection(b)
+    return (Path(name_a).name, split_a or split) == (Path(name_b).name, split_b or split)
+
+
+def collection_measures(options: Mapping[str, Any], entry: str) -> list[str]:
+    """The measures the stage scores the collection ``entry`` with (its ``measures``; default RESULT_MEASURES)."""
+    measures = options.get("measures")
+    if isinstance(measures, Mapping):
+        measures = next((names for key, names in measures.items() if same_collection(key, entry, options)), None)
+    return list(measures or RESULT_MEASURES)
+
+
+def check_expected(options: Mapping[str, Any], recipe: Mapping[str, Any], given: Mapping[str, list[str]],
+                   where: str) -> None:
+    """The recipe's ``expected`` numbers for this stage's collections name measures it computes there and rows it
+    makes (a fine-tuned retriever before it, ``bm25``, ``zero-shot`` or a fusion, with a search mode or
+    ``+rerank@K`` after it); an entry no evaluate stage of the recipe evaluates is refused too."""
+    root, _, stage_at = where.rpartition("stages[")
+    root, stage_at = root.rstrip(": ."), f"stages[{stage_at}"
+    evaluates = [opts for kind, _, opts in stage_labels(recipe) if kind == "evaluate"]
+    known = ["bm25", "zero-shot", *given.get("retriever", []), *fusion_names(recipe)]
+    for index, entry in enumerate(recipe.get("expected") or []):
+        at = join_path(join_path(root, "expected"), index)
+        collection = entry["collection"]
+        if not any(same_collection(collection, c, opts) for opts in evaluates for c in stage_collections(opts, recipe)):
+            raise ConfigError(f"{at}.collection: no evaluate stage evaluates {collection!r}")
+        here = [c for c in stage_collections(options, recipe) if same_collection(collection, c, options)]
+        if not here:
+            continue
+        measures = collection_measures(options, here[0])
+        for measure in entry["values"]:
+            if measure not in measures:
+                raise ConfigError(f"{at}.values.{measure}: not measured on {collection} by {stage_at} "
+                                  f"(measures: {', '.join(measures)})")
+        row = entry.get("row") or default_expected_row(given)
+        base = re.sub(r"\+rerank@\d+$", "", str(row))
+        base = re.sub(rf"-({'|'.join(SEARCH_MODES)})$", "", base)
+        if base not in known:
+            raise ConfigError(f"{at}.row: no row {row!r} in {stage_at} (rows: {', '.join(known)}, with a search "
+                              "mode or +rerank@K after a retriever)")
+
+
+def default_expected_row(given: Mapping[str, list[str]]) -> str:
+    """The row a paper's numbers belong to unless ``row`` says: the last fine-tuned retriever."""
+    retrievers = given.get("retriever", [])
+    return retrievers[-1] if retrievers else "zero-shot"
+
+
+def fusion_names(recipe: Mapping[str, Any]) -> list[str]:
+    """The names of the recipe's fused rows (``fuse`` and ``select`` stages)."""
+    names = []
+    for kind, _, opts in stage_labels(recipe):
+        if kind == "fuse":
+            names.append(str(opts.get("name") or "fuse-" + "+".join(opts.get("runs", []))))
+        elif kind == "select":
+            names.append(str(opts.get("name") or "final"))
+    return names
 
 
 @stage("evaluate", EvaluateOptions, check=check_evaluate, needs=needs)
@@ -68,35 +162,52 @@ def stage_evaluate(state: RunState, options: dict[str, Any], label: str, show_pr
     depth = int(options.get("depth", 1000))
     modes = search_modes(options.get("modes"))
     encoding = {key: options[key] for key in ("precision", "batch_size") if key in options}
-    collections = [collection_and_split(c, default_split, state)
-                   for c in options.get("collections") or [state.recipe["data"]]]
+    entries = stage_collections(options, state.recipe)
     retrievers = dict(state.retrievers)
     if options.get("zero_shot", False):
         retrievers = {"zero-shot": state.base_model, **retrievers}
     rows = []
     runs_dir = state.out / "runs"
     outputs.remove_leftovers(runs_dir, depth=0)
-    for collection_path, split in collections:
+    for entry in entries:
+        collection_path, split = collection_and_split(entry, default_split, state)
         collection = BeirCollection(collection_path)
         qrels = collection.load_qrels(split)
         tag = run_tag(collection_path, split)
+        measures = collection_measures(options, entry)
+        here = []
         if options.get("bm25", False):
             run_path = bm25_run(state, collection, split, depth)
-            rows.append(result_row("bm25", tag, run_path, evaluate(qrels, read_run(run_path), RESULT_MEASURES)))
+            here.append(result_row("bm25", tag, run_path, evaluate(qrels, read_run(run_path), measures)))
         for name, model_dir in retrievers.items():
             for row_label, mode in labelled_modes(name, model_dir, modes):
                 run_path = retriever_run(state, name, model_dir, collection, split, depth, row_label, mode,
                                          show_progress, encoding)
-                rows.append(result_row(row_label, tag, run_path, evaluate(qrels, read_run(run_path), RESULT_MEASURES)))
+                here.append(result_row(row_label, tag, run_path, evaluate(qrels, read_run(run_path), measures)))
         rerank_depth = options.get("rerank_depth")
         if rerank_depth and state.reranker is not None and state.retrievers:
             name = reranked_retriever(state, options.get("rerank"))
             retriever_run(state, name, state.retrievers[name], collection, split, depth, name, None, show_progress,
                           encoding)
-            rows.append(rerank_row(state, name, collection_path, split, int(rerank_depth), qrels, show_progress))
-        rows.extend(fusion_rows(state, collection, split, depth, qrels, show_progress))
+            here.append(rerank_row(state, name, collection_path, split, int(rerank_depth), qrels, show_progress,
+                                   measures))
+        here.extend(fusion_rows(state, collection, split, depth, qrels, show_progress, measures))
+        attach_expected(here, state, options, entry)
+        rows.extend(here)
         mark_final(rows, options, tag, qrels)
     return rows
+
+
+def attach_expected(rows: list[dict], state: RunState, options: Mapping[str, Any], entry: str) -> None:
+    """The recipe's ``expected`` numbers for the collection ``entry`` go on their row as ``paper`` (the table they
+    come from and the values)."""
+    for expected in state.recipe.get("expected") or []:
+        if not same_collection(expected["collection"], entry, options):
+            continue
+        name = expected.get("row") or default_expected_row({"retriever": list(state.retrievers)})
+        for row in rows:
+            if row["retriever"] == name:
+                row["paper"] = {"table": expected["table"], "values": dict(expected["values"])}
 
 
 def search_modes(value: Any) -> list[str] | None:
@@ -136,13 +247,13 @@ def reranked_retriever(state: RunState, requested: str | None) -> str:
 
 
 def rerank_row(state: RunState, name: str, collection_path: Path, split: str, depth: int, qrels,
-               show_progress: bool) -> dict:
+               show_progress: bool, measures=RESULT_MEASURES) -> dict:
     """``runs/<name>+rerank@<depth>__<collection>.trec``: the reranker's order of the retriever's top ``depth``."""
     source = state.run_path(name, collection_path, split)
     label = f"{name}+rerank@{depth}"
     out = state.run_path(label, collection_path, split)
     rerank_run_file(state.reranker, collection_path, split, source, out, depth=depth, show_progress=show_progress)
-    return result_row(label, run_tag(collection_path, split), out, evaluate(qrels, read_run(out), RESULT_MEASURES))
+    return result_row(label, run_tag(collection_path, split), out, evaluate(qrels, read_run(out), measures))
 
 
 def check_final_options(state: RunState, options: Mapping[str, Any]) -> None:
