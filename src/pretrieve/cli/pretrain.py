@@ -21,9 +21,11 @@ REQUIRED = "Required (here or in --config)."
 def pretrain_command(
     model: Optional[str] = typer.Option(None, help="Encoder to start from: local path, offline alias "
                                         "(minilm, splade-tiny) or hub name (bert-base-uncased). " + REQUIRED),
+    # "\\[": typer reads help as rich markup, where "[@SPLIT]" would be a tag and vanish
     corpus: Optional[str] = typer.Option(None, help="Pre-training text: BEIR directory, corpus.jsonl, "
                                          "JSONL with 'text', plain text (one document per line), a datasets "
-                                         "save_to_disk directory (DIR[@SPLIT]), or hf:NAME[:CONFIG][@SPLIT]. " + REQUIRED),
+                                         "save_to_disk directory (DIR\\[@SPLIT]), or hf:NAME[:CONFIG]\\[@SPLIT]. "
+                                         + REQUIRED),
     out: Optional[Path] = typer.Option(None, help="Output directory (checkpoints, logs, final/). " + REQUIRED),
     method: Optional[str] = typer.Option(None, help="Preset: " + ", ".join(PRESET_NAMES) + " (docs/methods.md); "
                                          "or a method YAML/JSON file. Default: bow."),
