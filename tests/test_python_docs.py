@@ -11,6 +11,7 @@ import pytest
 from pretrieve import models
 from pretrieve.data import registry
 
+from conftest import tiny_bert_config
 from test_finetune import write_collection
 
 DOCS = Path(__file__).resolve().parents[1] / "docs"
@@ -21,10 +22,23 @@ def python_blocks(page: str) -> list[str]:
     return BLOCK.findall((DOCS / page).read_text(encoding="utf-8"))
 
 
+@pytest.fixture(scope="module")
+def tiny_mlm_128(tmp_path_factory, tokenizer) -> Path:
+    """A random BertForMaskedLM of splade-tiny's hidden size (128: DupMAE's ``cls:128`` needs it), 1 layer."""
+    import torch
+    from transformers import BertForMaskedLM
+
+    torch.manual_seed(0)
+    out = tmp_path_factory.mktemp("tiny_mlm_128")
+    BertForMaskedLM(tiny_bert_config(hidden_size=128, num_hidden_layers=1, intermediate_size=256)).save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return out
+
+
 @pytest.fixture
-def notebook(tmp_path, monkeypatch, tiny_mlm_dir) -> Path:
-    """The docs' world: ``scifact`` under $PRETRIEVE_DATA (no download possible), ``minilm`` and ``splade-tiny``
-    the tiny model, a fresh working directory."""
+def notebook(tmp_path, monkeypatch, tiny_mlm_dir, tiny_mlm_128) -> Path:
+    """The docs' world: ``scifact`` under $PRETRIEVE_DATA (no download possible), ``minilm`` a tiny model and
+    ``splade-tiny`` one of its hidden size, a fresh working directory."""
     write_collection(tmp_path / "data" / "scifact")
     monkeypatch.setenv("PRETRIEVE_DATA", str(tmp_path / "data"))
     monkeypatch.setenv("PRETRIEVE_CACHE", str(tmp_path / "cache"))
@@ -34,8 +48,8 @@ def notebook(tmp_path, monkeypatch, tiny_mlm_dir) -> Path:
         raise AssertionError(f"a download was attempted: {url}")
 
     monkeypatch.setattr(registry, "download_file", no_download)
-    for alias in ("minilm", "splade-tiny"):
-        monkeypatch.setitem(models.OFFLINE_MODELS, alias, ("a tiny test model", lambda: tiny_mlm_dir))
+    monkeypatch.setitem(models.OFFLINE_MODELS, "minilm", ("a tiny test model", lambda: tiny_mlm_dir))
+    monkeypatch.setitem(models.OFFLINE_MODELS, "splade-tiny", ("a tiny test model", lambda: tiny_mlm_128))
     (tmp_path / "work").mkdir()
     monkeypatch.chdir(tmp_path / "work")
     return tmp_path / "work"

@@ -201,7 +201,7 @@ def resolve_collections(names: list[str | Path], recipe: Mapping[str, Any] | Non
     if problems:
         known = f"; known collections: {', '.join(KNOWN_COLLECTIONS)}" if unknown else ""
         advice = ("; or pass a local path to a BEIR-layout directory, or a data root holding <name>/corpus.jsonl "
-                  f"(--data-root or data_root, the recipe's data_root, ${DATA_ENV})") if hint else ""
+                  f"(${DATA_ENV}; data_root in a recipe or in Python; `pretrieve run --data-root`)") if hint else ""
         raise InputError(f"collection{'s' if len(problems) > 1 else ''} not found: {'; '.join(problems)}{known}"
                          + advice)
     return found
