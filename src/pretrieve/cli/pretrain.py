@@ -9,6 +9,7 @@ import typer
 
 from pretrieve.cli import app
 from pretrieve.cli.options import DIVERGENCE_HELP, PRECISION_HELP, load_file
+from pretrieve.data.registry import resolve_corpus
 
 #: The method presets (pretrieve.train.method.PRESETS, listed here so that --help does not import torch; a test
 #: keeps the two equal).
@@ -88,5 +89,6 @@ def pretrain_command(
                         bottleneck=bottleneck)
     run_config = build_pretrain_config(load_file(config), flags, method_flags, resume=resume,
                                        where=str(config or "config"))
+    run_config.corpus = resolve_corpus(run_config.corpus)   # a collection name, from the flag or the file
     final = pretrain(run_config)
     typer.echo(f"pre-trained encoder: {final}")
