@@ -15,6 +15,7 @@ from pretrieve.data import registry
 from pretrieve.data.trec import read_run
 from pretrieve.errors import InputError
 
+from conftest import isolated_data_root
 from test_finetune import write_collection
 
 NAME = "scifact"   # a name of the download registry: a resolver that missed $PRETRIEVE_DATA would download it
@@ -24,18 +25,7 @@ NAME = "scifact"   # a name of the download registry: a resolver that missed $PR
 def named_collection(tmp_path, monkeypatch) -> Path:
     """A tiny collection at ``$PRETRIEVE_DATA/scifact``; no other data root, an empty cache, no network, and a
     working directory without a ``./scifact``."""
-    root = write_collection(tmp_path / "data" / NAME)
-    monkeypatch.setenv("PRETRIEVE_DATA", str(tmp_path / "data"))
-    monkeypatch.setenv("PRETRIEVE_CACHE", str(tmp_path / "cache"))
-    monkeypatch.setattr(registry, "checkout_data_dir", lambda: None)
-
-    def no_download(url, dest):
-        raise AssertionError(f"a download was attempted: {url}")
-
-    monkeypatch.setattr(registry, "download_file", no_download)
-    (tmp_path / "work").mkdir()
-    monkeypatch.chdir(tmp_path / "work")
-    return root
+    return write_collection(isolated_data_root(tmp_path, monkeypatch) / NAME)
 
 
 def invoke(*args: str) -> str:

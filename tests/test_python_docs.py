@@ -9,9 +9,8 @@ from pathlib import Path
 import pytest
 
 from pretrieve import models
-from pretrieve.data import registry
 
-from conftest import tiny_bert_config
+from conftest import isolated_data_root, tiny_bert_config
 from test_finetune import write_collection
 
 DOCS = Path(__file__).resolve().parents[1] / "docs"
@@ -39,19 +38,9 @@ def tiny_mlm_128(tmp_path_factory, tokenizer) -> Path:
 def notebook(tmp_path, monkeypatch, tiny_mlm_dir, tiny_mlm_128) -> Path:
     """The docs' world: ``scifact`` under $PRETRIEVE_DATA (no download possible), ``minilm`` a tiny model and
     ``splade-tiny`` one of its hidden size, a fresh working directory."""
-    write_collection(tmp_path / "data" / "scifact")
-    monkeypatch.setenv("PRETRIEVE_DATA", str(tmp_path / "data"))
-    monkeypatch.setenv("PRETRIEVE_CACHE", str(tmp_path / "cache"))
-    monkeypatch.setattr(registry, "checkout_data_dir", lambda: None)
-
-    def no_download(url, dest):
-        raise AssertionError(f"a download was attempted: {url}")
-
-    monkeypatch.setattr(registry, "download_file", no_download)
+    write_collection(isolated_data_root(tmp_path, monkeypatch) / "scifact")
     monkeypatch.setitem(models.OFFLINE_MODELS, "minilm", ("a tiny test model", lambda: tiny_mlm_dir))
     monkeypatch.setitem(models.OFFLINE_MODELS, "splade-tiny", ("a tiny test model", lambda: tiny_mlm_128))
-    (tmp_path / "work").mkdir()
-    monkeypatch.chdir(tmp_path / "work")
     return tmp_path / "work"
 
 
