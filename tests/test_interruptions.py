@@ -16,6 +16,12 @@ from pretrieve.train import checkpoint as ckpt
 from test_guards import corpus  # noqa: F401 - a fixture
 
 
+def _default_sigint() -> None:
+    """In the child: SIGINT back to its default, so that Python turns it into KeyboardInterrupt even when the suite
+    itself was started in the background of a shell without job control (which starts it with SIGINT ignored)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 @pytest.mark.parametrize("sent, code, what", [(signal.SIGINT, 130, "Ctrl-C"), (signal.SIGTERM, 143, "SIGTERM")])
 def test_an_interrupted_run_says_what_was_kept_and_how_to_resume(tiny_mlm_dir, corpus, tmp_path, sent, code,  # noqa: F811
                                                                   what):
@@ -24,7 +30,8 @@ def test_an_interrupted_run_says_what_was_kept_and_how_to_resume(tiny_mlm_dir, c
     process = subprocess.Popen([sys.executable, "-m", "pretrieve", "pretrain", "--model", str(tiny_mlm_dir),
                                 "--corpus", str(corpus), "--out", str(out), "--method", "mlm", "--max-len", "32",
                                 "--batch-size", "4", "--steps", "100000", "--lr", "5e-4", "--save-every", "2",
-                                "--log-every", "1"], stderr=subprocess.PIPE, text=True, env=env)
+                                "--log-every", "1"], stderr=subprocess.PIPE, text=True, env=env,
+                               preexec_fn=_default_sigint)
     deadline = time.time() + 240
     while not ckpt.list_checkpoints(out) and time.time() < deadline and process.poll() is None:
         time.sleep(0.2)
