@@ -22,6 +22,24 @@ def shared_data_dir() -> Path:
     return REPO.parent / "shared" / "data"
 
 
+def isolated_data_root(tmp_path: Path, monkeypatch) -> Path:
+    """``$PRETRIEVE_DATA`` = ``tmp_path/data`` as the only data root: an empty cache, no ``../shared/data``, any
+    download an error, and a fresh working directory ``tmp_path/work`` (so no ``./NAME`` is found either)."""
+    from pretrieve.data import registry
+
+    monkeypatch.setenv("PRETRIEVE_DATA", str(tmp_path / "data"))
+    monkeypatch.setenv("PRETRIEVE_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(registry, "checkout_data_dir", lambda: None)
+
+    def no_download(url, dest):
+        raise AssertionError(f"a download was attempted: {url}")
+
+    monkeypatch.setattr(registry, "download_file", no_download)
+    (tmp_path / "work").mkdir()
+    monkeypatch.chdir(tmp_path / "work")
+    return tmp_path / "data"
+
+
 def collection(name: str) -> Path:
     """Path of a shared collection, skipping the test with a clear reason when it is absent."""
     path = shared_data_dir() / name

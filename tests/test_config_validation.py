@@ -231,6 +231,8 @@ def test_cranfield_is_obtainable_by_name(tmp_path, monkeypatch):
     monkeypatch.setitem(registry.KNOWN_COLLECTIONS, "cranfield", dataclasses.replace(info, md5=None))
     monkeypatch.setattr(registry, "download_file", lambda url, dest: dest.write_bytes(archive.read_bytes()))
     monkeypatch.delenv(registry.OFFLINE_ENV, raising=False)
+    monkeypatch.delenv(registry.DATA_ENV, raising=False)               # no data root holds a copy: the download
+    monkeypatch.setattr(registry, "checkout_data_dir", lambda: None)   # converts one
     root = registry.resolve_collection("cranfield", cache_dir=tmp_path / "cache")
     docs = [json.loads(line) for line in (root / "corpus.jsonl").read_text().splitlines()]
     assert docs[0] == {"_id": "1", "title": "experimental wing", "text": "experimental wing . slipstream study ."}

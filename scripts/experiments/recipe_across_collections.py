@@ -51,7 +51,7 @@ def final_rows(results: dict) -> list[dict]:
     return [row for row in results["rows"] if row.get("final")]
 
 
-def summary_lines(cases: list[tuple[str, Path]], measure: str = "ndcg_cut_10") -> list[str]:
+def summary_lines(cases: list[tuple[str, Path]], measure: str = "nDCG@10") -> list[str]:
     """One line per case and collection: ``final`` − the untrained RRF (Δ, 95 % CI, p) and the dev choice."""
     lines = ["| case | collection | final | rrf-zero-shot | Δ | 95 % CI | p | holds | final uses |",
              "|---|---|---|---|---|---|---|---|---|"]

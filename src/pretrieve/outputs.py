@@ -5,8 +5,8 @@
   space smaller than what the command will write are reported as one-line errors before anything expensive runs.
 * :func:`writing` — the context of a command that writes an output directory (``pretrain``, ``finetune``,
   ``reranker train``, ``run``): preflight, then an exclusive lock (``filelock``: an ``flock`` on
-  ``<out>/.pretrieve.lock``, released when the process exits, also after a crash or ``kill -9``) that makes a
-  second writer fail at once with the first one's PID; temporary files that killed atomic writes left behind are
+  ``<out>/.pretrieve.lock``, released when the process exits, also after a crash or ``kill -9``; its file is removed
+  when the command ends) that makes a second writer fail at once with the first one's PID; temporary files that killed atomic writes left behind are
   removed (:func:`pretrieve.artifacts.remove_stale_temporaries`) before the free space is compared with what the
   command still writes (a killed checkpoint save's ``.step-N.tmp/`` counts as free); a command that fails leaves
   no directory it created empty. Under ``torchrun``/``accelerate launch`` only the process of rank 0 takes the lock
@@ -194,6 +194,10 @@ class DirectoryLock:
         return text.replace("pid", "PID", 1) if text else "PID unknown"
 
     def release(self) -> None:
+        """Release the lock and remove its file, while still holding it (filelock checks that the file it locked
+        was not unlinked meanwhile, so a process that opened it just before cannot hold a removed lock)."""
+        with contextlib.suppress(OSError):
+            self.path.unlink()
         self._lock.release()
 
     def __enter__(self) -> "DirectoryLock":

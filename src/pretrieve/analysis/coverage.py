@@ -203,12 +203,10 @@ def format_examples(report: CoverageReport, width: int = 120) -> str:
 
 def plot_coverage(reports: dict[str, CoverageReport], path: str | Path, recall: bool = False) -> None:
     """Coverage ratio (or ``input_recall``) vs k, one line per checkpoint (PNG)."""
-    import matplotlib
+    from matplotlib.figure import Figure   # only when plotting; no pyplot: the caller's backend is left alone
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(5, 3.5))
+    fig = Figure(figsize=(5, 3.5))
+    ax = fig.subplots()
     all_ks: set[int] = set()
     for name, report in reports.items():
         values = report.input_recall if recall else report.ratio
@@ -230,4 +228,3 @@ def plot_coverage(reports: dict[str, CoverageReport], path: str | Path, recall: 
 
     with atomic_path(path, suffix=".png") as tmp:
         fig.savefig(tmp, dpi=120, format="png")
-    plt.close(fig)

@@ -133,13 +133,11 @@ def sample_pairs(collection, split: str, count: int = DEFAULT_PAIRS, seed: int =
 
 def plot_tsne(results: Mapping[str, DivergenceResult], path: str | Path, title: str | None = None) -> Path:
     """One scatter panel per encoder (queries and passages in two colours, KL/JS in the panel title) → PNG."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from matplotlib.figure import Figure   # only when plotting; no pyplot: the caller's backend is left alone
 
     names: Sequence[str] = list(results)
-    figure, axes = plt.subplots(1, len(names), figsize=(4.2 * len(names), 4.2), squeeze=False)
+    figure = Figure(figsize=(4.2 * len(names), 4.2))
+    axes = figure.subplots(1, len(names), squeeze=False)
     for axis, name in zip(axes[0], names):
         result = results[name]
         axis.scatter(*result.passage_points.T, s=6, alpha=0.6, label="passages", color="tab:orange")
@@ -154,5 +152,4 @@ def plot_tsne(results: Mapping[str, DivergenceResult], path: str | Path, title: 
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     figure.savefig(path, dpi=120)
-    plt.close(figure)
     return path

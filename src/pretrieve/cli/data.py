@@ -16,7 +16,7 @@ from rich.table import Table
 
 from pretrieve.cli import app
 from pretrieve.data.registry import (KNOWN_COLLECTIONS, check_collection, default_cache_dir, fetch_collection,
-                                     resolve_collection, resolve_collection_path)
+                                     resolve_collection)
 
 data_app = typer.Typer(help="Validate, list, download and convert BEIR-layout collections.", no_args_is_help=True)
 app.add_typer(data_app, name="data")
@@ -86,7 +86,7 @@ def halves_command(
     (the reverse): the in-domain check of a collection without its own training queries."""
     from pretrieve.data.folds import halves   # numpy and the artefact records: only for this command
 
-    for path in halves(resolve_collection_path(collection, {}), out_dir, split=split, seed=seed):
+    for path in halves(resolve_collection(collection), out_dir, split=split, seed=seed):
         out.print(str(path))
 
 

@@ -40,8 +40,8 @@ def evaluate_command(
     runs: Annotated[list[Path], typer.Argument(help="TREC run files; the first is the baseline for significance marks.",
                                                metavar="RUN", show_default=False)],
     qrels: Annotated[Optional[Path], typer.Option("--qrels", help="Qrels file (BEIR TSV or TREC format).")] = None,
-    data: Annotated[Optional[Path], typer.Option("--data", help="BEIR collection directory; uses qrels/<split>.tsv "
-                                                 "(instead of --qrels).")] = None,
+    data: Annotated[Optional[str], typer.Option("--data", help="BEIR collection directory or a known collection "
+                                                "name; uses qrels/<split>.tsv (instead of --qrels).")] = None,
     split: Annotated[str, typer.Option("--split", help="Qrels split of --data.")] = "test",
     measures: Annotated[str, typer.Option("--measures", help="Comma-separated ir_measures names, e.g. "
                                           "nDCG@10,MRR@10,R@100,MAP.")] = _DEFAULT_MEASURES,
@@ -66,6 +66,7 @@ def evaluate_command(
     """Evaluate runs against qrels: one row per run, marks for significant differences from the first run."""
     from pretrieve.data.beir import load_qrels
     from pretrieve.data.collection import BeirCollection
+    from pretrieve.data.registry import resolve_collection
     from pretrieve.data.trec import read_run
     from pretrieve.evaluation import RunEvaluator, build_table
 
@@ -74,7 +75,7 @@ def evaluate_command(
     if per_query and json_path is None:
         raise ConfigError("--per-query adds per-query scores to the JSON output: give --json FILE too")
     run_names = _run_names(runs, names)
-    qrels_path = qrels if qrels is not None else BeirCollection(data).qrels_path(split)
+    qrels_path = qrels if qrels is not None else BeirCollection(resolve_collection(data)).qrels_path(split)
     judgments = load_qrels(qrels_path)
     evaluator = RunEvaluator(judgments, measures, missing=missing.value, ignore_identical_ids=ignore_identical_ids)
     results = {}

@@ -89,7 +89,7 @@ def finetune_command(
     """Fine-tune a dual-encoder retriever (stage 1, 2 or 3); OUT/final is a sentence-transformers model."""
     from pretrieve.train.finetuner import build_finetune_config, finetune   # torch: not for --help
 
-    flags = dict(model=model, data=resolve_data(data), out=str(out) if out else None, stage=stage,
+    flags = dict(model=model, data=data, out=str(out) if out else None, stage=stage,
                  groups=str(groups) if groups else None, split=split, num_negatives=num_negatives,
                  query_max_len=query_max_len, passage_max_len=passage_max_len, representation=representation, pooling=pooling, normalize=normalize,
                  similarity=similarity, temperature=temperature, tied=tied, alpha=alpha,
@@ -102,5 +102,6 @@ def finetune_command(
                  overwrite=overwrite or None, allow_inexact_resume=allow_inexact_resume or None,
                  divergence_factor=divergence_factor)
     run_config = build_finetune_config(load_file(config), flags, resume=resume, where=str(config or "config"))
+    run_config.data = resolve_data(run_config.data)   # a name, from the flag or the file
     final = finetune(run_config)
     typer.echo(f"fine-tuned retriever: {final}")

@@ -30,8 +30,8 @@ def fuse_command(
                                           "(default: uniform, or fitted with --fit-data)."),
     k: int = typer.Option(60, "--k", min=1, help="rrf: the constant k of 1/(k + rank)."),
     depth: int = typer.Option(1000, "--depth", min=1, help="Documents per query taken from each run and kept."),
-    fit_data: Optional[Path] = typer.Option(None, "--fit-data", help="Collection (BEIR layout) whose --fit-split "
-                                            "qrels fit the weights."),
+    fit_data: Optional[str] = typer.Option(None, "--fit-data", help="Collection (BEIR layout directory or a known "
+                                           "name) whose --fit-split qrels fit the weights."),
     fit_split: str = typer.Option("train", "--fit-split", help="Qrels split of the training queries (never test)."),
     fit_runs: Optional[list[str]] = typer.Option(None, "--fit-runs", help="The same retrievers' runs on the "
                                                  "--fit-split queries, in the order of RUN (repeat the option or "
@@ -45,6 +45,7 @@ def fuse_command(
     """Fuse runs (reciprocal rank fusion, or normalised scores with convex weights given or fitted on train)."""
     from rich.console import Console
 
+    from pretrieve.data.registry import resolve_collection
     from pretrieve.errors import ConfigError
     from pretrieve.retrieval import fusion
 
@@ -72,6 +73,7 @@ def fuse_command(
         if method == "rrf":
             raise ConfigError("rrf has nothing to fit (k is fixed): drop --fit-*, or use --method wsum or auto")
         candidates = fusion.parse_candidates(method, norm)
+        fit_data = resolve_collection(fit_data)
         spec = fusion.fit_on_split(train_runs, fit_data, fit_split, candidates=candidates, measure=fit_measure,
                                    step=fit_step, depth=depth, k=k)
         err.print(f"fitted on {spec.fit['queries']} {fit_split} queries of {fit_data}: {spec.describe()} "

@@ -47,4 +47,4 @@ def load_file(path: Optional[Path]) -> dict:
 
 def resolve_data(data: Optional[str]) -> Optional[str]:
     """A ``--data`` collection name or path, resolved (:func:`pretrieve.data.registry.resolve_collection`)."""
-    return None if data is None else str(resolve_collection(data))
+    return None if not data else str(resolve_collection(data))

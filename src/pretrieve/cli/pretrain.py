@@ -9,6 +9,7 @@ import typer
 
 from pretrieve.cli import app
 from pretrieve.cli.options import DIVERGENCE_HELP, PRECISION_HELP, load_file
+from pretrieve.data.registry import resolve_corpus
 
 #: The method presets (pretrieve.train.method.PRESETS, listed here so that --help does not import torch; a test
 #: keeps the two equal).
@@ -21,9 +22,11 @@ REQUIRED = "Required (here or in --config)."
 def pretrain_command(
     model: Optional[str] = typer.Option(None, help="Encoder to start from: local path, offline alias "
                                         "(minilm, splade-tiny) or hub name (bert-base-uncased). " + REQUIRED),
+    # "\\[": typer reads help as rich markup, where "[@SPLIT]" would be a tag and vanish
     corpus: Optional[str] = typer.Option(None, help="Pre-training text: BEIR directory, corpus.jsonl, "
                                          "JSONL with 'text', plain text (one document per line), a datasets "
-                                         "save_to_disk directory (DIR[@SPLIT]), or hf:NAME[:CONFIG][@SPLIT]. " + REQUIRED),
+                                         "save_to_disk directory (DIR\\[@SPLIT]), or hf:NAME[:CONFIG]\\[@SPLIT]. "
+                                         + REQUIRED),
     out: Optional[Path] = typer.Option(None, help="Output directory (checkpoints, logs, final/). " + REQUIRED),
     method: Optional[str] = typer.Option(None, help="Preset: " + ", ".join(PRESET_NAMES) + " (docs/methods.md); "
                                          "or a method YAML/JSON file. Default: bow."),
@@ -86,5 +89,6 @@ def pretrain_command(
                         bottleneck=bottleneck)
     run_config = build_pretrain_config(load_file(config), flags, method_flags, resume=resume,
                                        where=str(config or "config"))
+    run_config.corpus = resolve_corpus(run_config.corpus)   # a collection name, from the flag or the file
     final = pretrain(run_config)
     typer.echo(f"pre-trained encoder: {final}")

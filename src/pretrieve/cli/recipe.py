@@ -12,7 +12,8 @@ from pretrieve.cli import app
 
 @app.command("run")
 def run_command(
-    recipe: Path = typer.Argument(..., help="Recipe YAML/JSON (see configs/ and docs/recipes.md)."),
+    recipe: Path = typer.Argument(..., help="Recipe YAML/JSON file, or the name of a recipe shipped with pretrieve "
+                                  "(bow-msmarco, scifact-cpu, ...: configs/; docs/recipes.md)."),
     out: Optional[Path] = typer.Option(None, help="Override the recipe's output directory."),
     progress: bool = typer.Option(True, "--progress/--no-progress", help="Progress bars."),
     redo_changed: bool = typer.Option(False, "--redo-changed",

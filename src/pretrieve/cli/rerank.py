@@ -73,7 +73,7 @@ def reranker_train_command(
     """Train a cross-encoder with listwise cross-entropy over each query's group (no in-batch negatives)."""
     from pretrieve.train.reranker import build_reranker_config, train_reranker   # torch: not for --help
 
-    flags = dict(model=model, data=resolve_data(data), groups=str(groups) if groups else None,
+    flags = dict(model=model, data=data, groups=str(groups) if groups else None,
                  out=str(out) if out else None, num_negatives=num_negatives, max_len=max_len, max_groups=max_groups,
                  batch_size=batch_size, micro_batch_size=micro_batch_size, lr=lr, max_steps=steps, epochs=epochs,
                  warmup_ratio=warmup_ratio, warmup_steps=warmup_steps, schedule=schedule, min_lr_ratio=min_lr_ratio,
@@ -81,8 +81,9 @@ def reranker_train_command(
                  num_workers=num_workers, seed=seed, save_every=save_every, log_every=log_every,
                  overwrite=overwrite or None, allow_inexact_resume=allow_inexact_resume or None,
                  divergence_factor=divergence_factor)
-    final = train_reranker(build_reranker_config(load_file(config), flags, resume=resume,
-                                                 where=str(config or "config")))
+    run_config = build_reranker_config(load_file(config), flags, resume=resume, where=str(config or "config"))
+    run_config.data = resolve_data(run_config.data)   # a name, from the flag or the file
+    final = train_reranker(run_config)
     typer.echo(f"reranker: {final}")
 
 

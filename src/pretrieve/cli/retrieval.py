@@ -11,13 +11,12 @@ Outputs are checked before the work (:func:`pretrieve.outputs.producing`): a run
 written, a directory where a run file should be, a file-size limit below the largest file (the BM25 index's score
 array, the embeddings) or a disk without room for the index is a one-line error naming the user's path before
 anything is built or encoded (``dense``/``encode``: once the model is loaded, before encoding); a write that still
-fails is reported the same way. Leftovers of killed runs (a BM25 index beside the run, a half-written shard) are
-removed first.
+fails is reported the same way. Leftovers of killed runs (a BM25 or dense scratch index beside the run, a half-written
+shard) are removed first.
 """
 
 from __future__ import annotations
 
-import tempfile
 import time
 from pathlib import Path
 from typing import Optional
@@ -248,15 +247,15 @@ def dense(
     approximate FAISS index for dense vectors.
     """
     from pretrieve.retrieval.index import shard_dir_name
-    from pretrieve.retrieval.search import search as search_corpus
+    from pretrieve.retrieval.search import INDEX_SCRATCH, search as search_corpus
 
     began = time.perf_counter()
     _check_mode(mode)
     collection = _collection(data)
     queries = collection.load_queries(split)
     corpus = collection.corpus_dataset()
-    index = preflight(cache, directory=True) if cache else Path(tempfile.gettempdir())   # the corpus index
-    with producing(out, needed_bytes=_run_bytes(len(queries), k, len(corpus))):
+    index = preflight(cache, directory=True) if cache else out.parent   # the corpus index (scratch: beside --out)
+    with producing(out, needed_bytes=_run_bytes(len(queries), k, len(corpus)), scratch=(INDEX_SCRATCH,)):
         with write_failures(index):
             retriever = _load(model, device, _precision(precision, bf16), max_length=max_length,
                               query_max_length=query_max_length, pooling=pooling, normalize=normalize)
@@ -264,6 +263,6 @@ def dense(
                 size = _index_bytes(retriever, len(corpus))
                 check_space(index, size, size)
             run = search_corpus(retriever, queries, corpus, k=k, cache_dir=cache, mode=mode, batch_size=batch_size,
-                                options=_options(factory, "ip", nprobe, ef_search, gpu))
+                                options=_options(factory, "ip", nprobe, ef_search, gpu), scratch_dir=out.parent)
         write_run(run, out, tag=mode or "dense", depth=k)
     _report(run, out, began)

@@ -7,12 +7,16 @@ SMART files from the University of Glasgow (the archive and md5 ir_datasets uses
 documents keep their ids (title = ``.T``, text = ``.W``), queries are numbered 1–225 in file order (the
 numbering ``cranqrel`` uses; the ``.I`` numbers of ``cran.qry`` skip values), and the grades 1 (complete answer)
 … 4 (minimum interest) become 4 … 1, so that higher is more relevant; ``-1`` (no interest) is left out.
-CQADupStack is left out: its zip holds one sub-collection per forum, not one BEIR directory. :func:`resolve_collection` turns a name or a path into a directory in BEIR layout,
-downloading into a cache only when needed; :func:`check_collection` validates a directory and counts
-what it holds (the ``pretrieve data check`` command). :func:`resolve_collections` finds the collections a recipe
-names (a path, or a name under the data roots of :func:`data_roots`, the cache, or the download registry).
+CQADupStack is left out: its zip holds one sub-collection per forum, not one BEIR directory.
 
-Nothing here reaches the network unless a known name is not cached yet. Set ``PRETRIEVE_OFFLINE=1``
+:func:`resolve_collection` (and :func:`resolve_collections`, several at once) is the one resolver of collection
+names for every command, the recipe runner and the Python API: a path is used as given; a name is looked for under
+the data roots of :func:`data_roots` (``--data-root`` / ``data_root=``, a recipe's ``data_root``,
+``$PRETRIEVE_DATA``, ``../shared/data`` beside a source checkout), then in the download cache, and a name of the
+registry found nowhere is downloaded into that cache. :func:`check_collection` validates a directory and counts
+what it holds (the ``pretrieve data check`` command).
+
+Nothing here reaches the network unless a known name is found nowhere yet. Set ``PRETRIEVE_OFFLINE=1``
 to fail at once instead of trying; ``PRETRIEVE_CACHE`` moves the cache (default
 ``$XDG_CACHE_HOME/pretrieve`` or ``~/.cache/pretrieve``; collections go to ``<cache>/collections/<name>``).
 """
@@ -96,26 +100,111 @@ KNOWN_COLLECTIONS: dict[str, CollectionInfo] = {info.name: info for info in (
 
 
 # ------------------------------------------------------------------------------------------- resolving
+# One resolver for every command, the recipe runner and the Python API: a path as given, else a name under the data
+# roots (data_root, the recipe's data_root, $PRETRIEVE_DATA, ../shared/data beside a source checkout), in the
+# download cache, or downloaded. Nothing is downloaded while a copy is found anywhere before.
+DATA_ENV = "PRETRIEVE_DATA"
 
-def resolve_collection(name_or_path: str | Path, cache_dir: str | Path | None = None) -> Path:
-    """A BEIR-layout directory for a local path or a known collection name.
 
-    An existing directory is returned as is. A known name is looked up in ``cache_dir`` (default
-    :func:`default_cache_dir`) and downloaded there only if absent. Anything else is an
-    :class:`InputError`: a missing path, a file, or an unknown name (the message lists the known ones).
-    """
-    candidate = Path(name_or_path).expanduser()
-    if candidate.is_dir():
-        return candidate
-    if candidate.exists():
-        raise InputError("expected a collection directory (BEIR layout), got a file", path=candidate)
-    info = KNOWN_COLLECTIONS.get(str(name_or_path).lower())
-    if info is None:
-        if _looks_like_path(str(name_or_path)):
-            raise InputError("collection directory not found", path=candidate)
-        raise InputError(f"unknown collection '{name_or_path}'; known collections: {', '.join(KNOWN_COLLECTIONS)}"
-                         "; or pass a local path to a BEIR-layout directory")
-    return fetch_collection(info.name, cache_dir)
+def checkout_data_dir() -> Path | None:
+    """``../shared/data`` beside the source checkout this package runs from (None for an installed package)."""
+    root = Path(__file__).resolve().parents[3]
+    return root.parent / "shared" / "data" if (root / "pyproject.toml").exists() else None
+
+
+def data_roots(recipe: Mapping[str, Any] | None = None, data_root: str | Path | None = None) -> list[Path]:
+    """Where named collections are looked for, in order: ``data_root`` (``--data-root`` / ``data_root=``), the
+    recipe's ``data_root``, ``$PRETRIEVE_DATA``, ``../shared/data`` beside a source checkout (then the download
+    cache, see :func:`resolve_collections`)."""
+    roots = []
+    for value in (data_root, (recipe or {}).get("data_root"), os.environ.get(DATA_ENV)):
+        if value:
+            roots.append(Path(os.path.expandvars(str(value))).expanduser())
+    checkout = checkout_data_dir()
+    if checkout is not None:
+        roots.append(checkout)
+    return roots
+
+
+def find_collection(name_or_path: str | Path, recipe: Mapping[str, Any] | None = None,
+                    data_root: str | Path | None = None,
+                    cache_dir: str | Path | None = None) -> tuple[Path | None, list[Path]]:
+    """``(directory, places looked at)``: a path as given, or a name under the data roots or in the download
+    cache — without downloading."""
+    text = str(name_or_path)
+    path = Path(os.path.expandvars(text)).expanduser()
+    if path.is_dir():
+        return path, [path]
+    if _looks_like_path(text):
+        return None, [path]
+    cache = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
+    looked = [root / text for root in data_roots(recipe, data_root)] + [cache / text.lower()]
+    for candidate in looked:
+        if _has_corpus(candidate):
+            return candidate, looked
+    return None, looked
+
+
+def resolve_collection(name_or_path: str | Path, *, data_root: str | Path | None = None,
+                       recipe: Mapping[str, Any] | None = None, cache_dir: str | Path | None = None) -> Path:
+    """The BEIR-layout directory of a path or a collection name (see :func:`resolve_collections`)."""
+    return resolve_collections([name_or_path], recipe, data_root, cache_dir=cache_dir)[str(name_or_path)]
+
+
+def resolve_corpus(value: str | Path, *, data_root: str | Path | None = None) -> str:
+    """A pre-training corpus (``--corpus``, ``corpus=``): a bare collection name → its directory
+    (:func:`resolve_collection`); a path, ``DIR@SPLIT`` or ``hf:NAME`` is returned as given (see
+    :mod:`pretrieve.data.pretrain_text`)."""
+    text = str(value)
+    if not text or text.startswith("hf:") or "@" in text or _looks_like_path(text) or Path(text).exists():
+        return text
+    return str(resolve_collection(text, data_root=data_root))
+
+
+def resolve_collection_path(name_or_path: str, recipe: Mapping[str, Any] | None = None,
+                            data_root: str | Path | None = None) -> Path:
+    """:func:`resolve_collection` under its former name and argument order (recipe stages and benchmarks)."""
+    return resolve_collection(name_or_path, data_root=data_root, recipe=recipe)
+
+
+def resolve_collections(names: list[str | Path], recipe: Mapping[str, Any] | None = None,
+                        data_root: str | Path | None = None, *,
+                        cache_dir: str | Path | None = None) -> dict[str, Path]:
+    """Every collection of ``names`` (keyed by ``str(name)``) → its directory: an existing directory as given; a
+    name under the first data root that has it (:func:`data_roots`) or in the download cache (``cache_dir``,
+    default :func:`~pretrieve.data.records.default_cache_dir`); a name of the download registry found nowhere is
+    downloaded into that cache. One :class:`InputError` lists *all* that cannot be found, with the places looked
+    at, so a run never trains for minutes before a later stage's collection fails."""
+    found: dict[str, Path] = {}
+    problems = []
+    unknown = hint = False
+    for name in dict.fromkeys(str(n) for n in names):
+        path, looked = find_collection(name, recipe, data_root, cache_dir)
+        if path is not None:
+            found[name] = path
+            continue
+        places = ", ".join(map(str, looked))
+        if Path(os.path.expandvars(name)).expanduser().is_file():
+            problems.append(f"'{name}': expected a collection directory (BEIR layout), got a file")
+        elif _looks_like_path(name):
+            problems.append(f"'{name}': collection directory not found")
+        elif name.lower() in KNOWN_COLLECTIONS:
+            try:
+                found[name] = fetch_collection(name, cache_dir)
+            except InputError as exc:   # its message ends with the advice to pass a local path
+                problems.append(f"'{name}' is not in {places}, and {exc}")
+            continue
+        else:
+            unknown = True
+            problems.append(f"unknown collection '{name}' (looked in {places})")
+        hint = True
+    if problems:
+        known = f"; known collections: {', '.join(KNOWN_COLLECTIONS)}" if unknown else ""
+        advice = ("; or pass a local path to a BEIR-layout directory, or a data root holding <name>/corpus.jsonl "
+                  f"(${DATA_ENV}; data_root in a recipe or in Python; `pretrieve run --data-root`)") if hint else ""
+        raise InputError(f"collection{'s' if len(problems) > 1 else ''} not found: {'; '.join(problems)}{known}"
+                         + advice)
+    return found
 
 
 def fetch_collection(name: str, cache_dir: str | Path | None = None) -> Path:
@@ -336,75 +425,3 @@ def check_collection(root: str | Path, splits: list[str] | None = None) -> Colle
             relevant=sum(1 for d in qrels.values() for g in d.values() if g >= 1),
             unknown_queries=check.unknown_queries, unknown_docs=check.unknown_docs))
     return report
-
-
-# ------------------------------------------------------------------------------------ collections by name
-def checkout_data_dir() -> Path | None:
-    """``../shared/data`` beside the source checkout this package runs from (None for an installed package)."""
-    root = Path(__file__).resolve().parents[3]
-    return root.parent / "shared" / "data" if (root / "pyproject.toml").exists() else None
-
-
-def data_roots(recipe: Mapping[str, Any], data_root: str | Path | None = None) -> list[Path]:
-    """Where named collections are looked for: ``data_root`` (``--data-root``), the recipe's ``data_root``,
-    ``$PRETRIEVE_DATA``, ``../shared/data`` beside a source checkout (then the download cache, see
-    :func:`resolve_collection_path`)."""
-    roots = []
-    for value in (data_root, recipe.get("data_root"), os.environ.get("PRETRIEVE_DATA")):
-        if value:
-            roots.append(Path(os.path.expandvars(str(value))).expanduser())
-    checkout = checkout_data_dir()
-    if checkout is not None:
-        roots.append(checkout)
-    return roots
-
-
-def find_collection(name_or_path: str, recipe: Mapping[str, Any],
-                    data_root: str | Path | None = None) -> tuple[Path | None, list[Path]]:
-    """``(directory, places looked at)``: a path as given, or a name under the data roots or in the download
-    cache — without downloading."""
-    path = Path(os.path.expandvars(str(name_or_path))).expanduser()
-    if path.is_dir():
-        return path, [path]
-    looked = [path] if ("/" in str(name_or_path) or str(name_or_path).startswith((".", "~"))) else []
-    if not looked:
-        looked = [root / str(name_or_path) for root in data_roots(recipe, data_root)]
-        looked.append(default_cache_dir() / str(name_or_path).lower())
-    for candidate in looked:
-        if (candidate / "corpus.jsonl").exists() or (candidate / "corpus.jsonl.gz").exists():
-            return candidate, looked
-    return None, looked
-
-
-def resolve_collection_path(name_or_path: str, recipe: Mapping[str, Any],
-                            data_root: str | Path | None = None) -> Path:
-    """A collection given as a path, or as a name under the first data root that has it, or in the download
-    cache; a known name that is nowhere yet is downloaded; anything else is an :class:`InputError` naming the
-    places looked at."""
-    return resolve_collections([name_or_path], recipe, data_root)[str(name_or_path)]
-
-
-def resolve_collections(names: list[str], recipe: Mapping[str, Any],
-                        data_root: str | Path | None = None) -> dict[str, Path]:
-    """Every collection of ``names`` → its directory; one :class:`InputError` listing *all* that cannot be found
-    (with the places looked at), so a run never trains for minutes before a later stage's collection fails."""
-    found: dict[str, Path] = {}
-    problems = []
-    for name in dict.fromkeys(str(n) for n in names):
-        path, looked = find_collection(name, recipe, data_root)
-        if path is None and name.lower() in KNOWN_COLLECTIONS and not looked[:1] == [Path(name)]:
-            try:
-                path = resolve_collection(name)   # downloads into the cache
-            except InputError as exc:
-                problems.append(f"'{name}' (looked in {', '.join(map(str, looked))}; {exc})")
-                continue
-        if path is None:
-            known = "" if name.lower() in KNOWN_COLLECTIONS else " and it is no collection of the download registry"
-            problems.append(f"'{name}' (looked in {', '.join(map(str, looked))}{known})")
-            continue
-        found[name] = path
-    if problems:
-        raise InputError(f"collection{'s' if len(problems) > 1 else ''} not found: {'; '.join(problems)}. Give a "
-                         "path, --data-root DIR (or data_root in the recipe, or $PRETRIEVE_DATA) holding "
-                         "<name>/corpus.jsonl, or a name of `pretrieve data list`")
-    return found

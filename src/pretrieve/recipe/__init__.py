@@ -4,8 +4,10 @@
 directory under ``out``. Before the first stage runs, the **whole recipe is validated** (every key of every
 stage against the stage's declared options schema — a typo anywhere is reported with its path and a
 suggestion, ``stages[4].teacher.max_negative: unknown option; did you mean max_negatives?``; values coerced to
-their types; stage order checked) and **every collection it names is found** (all missing ones are reported at
-once, with the places looked at); then the output directory is checked for writability and locked.
+their types; stage order checked), the output directory is checked for writability and locked (a busy one is
+refused before any model is loaded), and **every collection it names is found** (all missing ones are reported at
+once, with the places looked at). A recipe refused before its first stage has passed leaves the output directory as
+it found it.
 
 Every stage takes paths and returns paths and reuses only what is *current* (:mod:`pretrieve.artifacts`: its
 sidecar records the settings and the fingerprints of its inputs, and its content is intact): a finished stage
@@ -95,7 +97,7 @@ from pretrieve.recipe.dev import prepare_dev
 from pretrieve.recipe.results import RESULT_MEASURES, results_are_current, results_markdown
 from pretrieve.recipe.runner import RunState, run_stages
 from pretrieve.recipe.schema import load_recipe, recipe_collections
-from pretrieve.recipe.smoke import smoke_recipe
+from pretrieve.recipe.smoke import smoke_out, smoke_recipe
 
 __all__ = ["RESULT_MEASURES", "load_recipe", "results_are_current", "results_markdown", "run_recipe"]
 
@@ -105,7 +107,8 @@ def run_recipe(path: str | Path, out: str | Path | None = None, show_progress: b
                dist_timeout_minutes: float | None = None) -> dict[str, Any]:
     """Execute (or resume) a recipe; returns the results dict also written to ``results.json``.
 
-    The whole recipe is validated and every collection found before anything is written. ``smoke``: the recipe
+    The whole recipe is validated, then the output directory locked (a busy one is refused before any model or
+    collection is looked at), and every collection found before anything is written. ``smoke``: the recipe
     made tiny (:mod:`pretrieve.recipe.smoke`), in ``<out>-smoke`` unless ``out`` is given.
 
     Under ``torchrun`` / ``accelerate launch`` every rank runs this: work that happens once (the smoke fixtures,
@@ -115,15 +118,15 @@ def run_recipe(path: str | Path, out: str | Path | None = None, show_progress: b
     if dist_timeout_minutes is not None:
         ranks.check_timeout(dist_timeout_minutes, "--dist-timeout-minutes")
     ranks.init(dist_timeout_minutes or recipe.get("dist_timeout_minutes"))
-    if smoke:
-        recipe = ranks.once("prepare the smoke recipe", lambda: smoke_recipe(recipe, out))
-    elif out is not None:
-        recipe["out"] = str(out)
-    collections = ranks.once("find the collections",
-                             lambda: resolve_collections(recipe_collections(recipe), recipe, data_root))
-    base_model = ranks.once("find the model", lambda: resolve_model(recipe["model"]))
-    out_dir = Path(recipe["out"])
-    with outputs.writing(out_dir):
+    out_dir = smoke_out(recipe, out) if smoke else Path(out if out is not None else recipe["out"])
+    with outputs.writing(out_dir):   # locked first: a busy output is refused before any model or data is touched
+        if smoke:
+            recipe = ranks.once("prepare the smoke recipe", lambda: smoke_recipe(recipe, out))
+        elif out is not None:
+            recipe["out"] = str(out)
+        collections = ranks.once("find the collections",
+                                 lambda: resolve_collections(recipe_collections(recipe), recipe, data_root))
+        base_model = ranks.once("find the model", lambda: resolve_model(recipe["model"]))
         data, dev = ranks.once("prepare the dev split",
                                lambda: prepare_dev(recipe, collections[str(recipe["data"])], out_dir))
         state = RunState(recipe=recipe, out=out_dir, data=data, base_model=base_model, collections=collections,

@@ -2,9 +2,11 @@
 and the recipe's run files.
 
 :class:`RunState` holds what the stages have produced so far (paths). :func:`run_stages` runs every stage in order,
-timing each (per rank under several processes), and writes the results files. :func:`run_stage` refuses a stage
-whose directory was left by other settings (:class:`pretrieve.errors.StaleOutputError`), or with ``redo_changed``
-renames it to ``<dir>.replaced-<UTC time>`` (:func:`set_aside`) and runs the stage again.
+timing each (per rank under several processes), and writes ``recipe.resolved.json`` once the first stage has passed
+(a recipe refused before or at it leaves its output directory as it found it) and the results files.
+:func:`run_stage` refuses a stage whose directory was left by other settings
+(:class:`pretrieve.errors.StaleOutputError`), or with ``redo_changed`` renames it to ``<dir>.replaced-<UTC time>``
+(:func:`set_aside`) and runs the stage again.
 
 The recipe's run files live in ``runs/<retriever>__<collection>[:split].trec`` (:func:`run_tag`); a retriever's
 corpus index in ``embeddings/<retriever>__<collection>`` (one per retriever and collection, shared by mining and
@@ -28,6 +30,9 @@ from pretrieve.recipe.schema import STAGES, stage_labels
 from pretrieve.retrieval import runs
 
 logger = logging.getLogger(__name__)
+
+#: The recipe as run (its collection and model resolved), written once the first stage has passed.
+RESOLVED_FILE = "recipe.resolved.json"
 
 
 @dataclass
@@ -102,8 +107,6 @@ def retriever_run(state: RunState, name: str, model_dir: str, collection: BeirCo
 def run_stages(state: RunState, path: str | Path, show_progress: bool, redo_changed: bool) -> dict[str, Any]:
     """Every stage of ``state.recipe`` in order; returns the results (also written to ``results.json`` / ``.md``)."""
     recipe, out_dir = state.recipe, state.out
-    if ranks.is_main():
-        write_json(out_dir / "recipe.resolved.json", {**recipe, "data": str(state.data), "model": state.base_model})
     results: dict[str, Any] = {"recipe": recipe.get("name") or Path(path).stem, "rows": []}
     labels = stage_labels(recipe)
     rank_timings: dict[str, list[float]] = {}
@@ -112,6 +115,8 @@ def run_stages(state: RunState, path: str | Path, show_progress: bool, redo_chan
         logger.info("stage %d/%d: %s", index + 1, len(labels), label)
         with ranks.guard(label):
             rows = run_stage(kind, state, options, label, show_progress, redo_changed)
+        if index == 0 and ranks.is_main():   # not before: a recipe refused at its first stage leaves no trace
+            write_json(out_dir / RESOLVED_FILE, {**recipe, "data": str(state.data), "model": state.base_model})
         state.timings[label] = round(time.perf_counter() - started, 1)
         if ranks.active():   # per rank: seconds in the stage, of which waiting for the other ranks
             mine = {"s": state.timings[label], "waiting_s": round(ranks.waited() - waited, 1)}

@@ -99,8 +99,27 @@ def check_training(schema: type) -> Callable[[dict[str, Any], str], None]:
 
 
 # ------------------------------------------------------------------------------------------ loading
+#: The recipes shipped with pretrieve: the checkout's ``configs/``, packaged in the wheel as ``pretrieve/configs``.
+SHIPPED_RECIPES = Path(__file__).resolve().parent.parent / "configs"
+
+
+def find_recipe(path_or_name: str | Path) -> Path:
+    """The recipe file ``path_or_name``; a bare name that is no file here (``bow-msmarco``) names a shipped recipe
+    (:data:`SHIPPED_RECIPES`)."""
+    path = Path(path_or_name)
+    if path.exists() or path.suffix or len(path.parts) > 1:
+        return path
+    shipped = SHIPPED_RECIPES / f"{path}.yaml"
+    if not shipped.is_file():
+        known = ", ".join(sorted(p.stem for p in SHIPPED_RECIPES.glob("*.yaml")))
+        raise InputError(f"no such recipe file, nor a shipped recipe of that name (shipped: {known})", path=path)
+    return shipped
+
+
 def load_recipe(path: str | Path) -> dict[str, Any]:
-    """Read and validate a whole recipe (see :func:`validate_recipe`); returns it with coerced option values."""
+    """Read and validate a whole recipe, a file or a shipped recipe's name (:func:`find_recipe`; see
+    :func:`validate_recipe`); returns it with coerced option values."""
+    path = find_recipe(path)
     return validate_recipe(load_config_file(path), str(path))
 
 

@@ -73,11 +73,16 @@ FAMILIES = ("bert", "electra")
 
 
 # ------------------------------------------------------------------------------------------------- recipe
+def smoke_out(recipe: Mapping[str, Any], out: str | Path | None = None) -> Path:
+    """Where the smoke version of ``recipe`` writes: ``out``, else ``<recipe out>-smoke``."""
+    return Path(out) if out is not None else Path(str(recipe["out"]).rstrip("/") + "-smoke")
+
+
 def smoke_recipe(recipe: Mapping[str, Any], out: str | Path | None = None) -> dict[str, Any]:
     """The smoke version of ``recipe`` (a loaded recipe mapping); writes its tiny models and data under the new
     ``out`` (default ``<recipe out>-smoke``)."""
     smoke = copy.deepcopy(dict(recipe))
-    smoke["out"] = str(out) if out is not None else str(recipe["out"]).rstrip("/") + "-smoke"
+    smoke["out"] = str(smoke_out(recipe, out))
     smoke["name"] = f"{recipe.get('name', 'recipe')} (smoke)"
     root = Path(smoke["out"])
     models, data = root / "smoke-models", root / "smoke-data"

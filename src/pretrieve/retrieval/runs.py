@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import tempfile
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence, TypeVar
 
@@ -31,7 +30,7 @@ from pretrieve.precision import resolve_precision
 from pretrieve.retrieval.bm25 import bm25_run_file, bm25_run_record
 from pretrieve.retrieval.batches import resolve_device
 from pretrieve.retrieval.load import Retriever, load_retriever
-from pretrieve.retrieval.search import encode_corpus, query_block_size, search
+from pretrieve.retrieval.search import encode_corpus, query_block_size, scratch_index, search
 
 logger = logging.getLogger(__name__)
 
@@ -68,8 +67,7 @@ def search_split(model: str | Path, collection: BeirCollection, index_dir: str |
     retriever = load_retriever(model, device=device, precision=precision, max_length=max_length,
                                query_max_length=query_max_length)
     with contextlib.ExitStack() as stack:
-        root = Path(index_dir) if index_dir is not None else Path(
-            stack.enter_context(tempfile.TemporaryDirectory(prefix="pretrieve-index-")))
+        root = Path(index_dir) if index_dir is not None else stack.enter_context(scratch_index())
         index = encode_corpus(retriever, ranks.built_once(collection.corpus_dataset), root, batch_size=batch_size,
                               show_progress=show_progress)
         return ranks.split_files(outputs, count,

@@ -5,7 +5,8 @@ call :func:`search` (or :func:`search_blocks`, its streaming form):
 
 1. **Index.** ``index_or_corpus`` is either an index (a directory written by :func:`build_index` /
    ``pretrieve encode``: one index directory or ``shard-I-of-N`` directories) or a corpus. A corpus is encoded
-   into ``cache_dir/shard-0-of-1`` (a temporary directory without ``cache_dir``) by :func:`encode_corpus` (under
+   into ``cache_dir/shard-0-of-1`` (without ``cache_dir``: a scratch directory ``.pretrieve-index.<random>.tmp`` in
+   ``scratch_dir``, removed afterwards, :func:`scratch_index`) by :func:`encode_corpus` (under
    several ranks: each encodes a slice, rank 0 merges them into that same index) / :func:`build_index`, which
    reuses an index that :mod:`pretrieve.artifacts` certifies was made by the same model weights, settings and
    texts, and otherwise streams the passages through the batch encoder (:mod:`pretrieve.retrieval.batches`)
@@ -27,7 +28,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import logging
-import tempfile
 from pathlib import Path
 from typing import Any, Iterator, Mapping, Sequence
 
@@ -36,6 +36,7 @@ import numpy as np
 from pretrieve import ranks
 from pretrieve.data.trec import Run
 from pretrieve.errors import ConfigError, InputError
+from pretrieve.io_utils import temporary_dir
 from pretrieve.retrieval.batches import DEFAULT_WINDOW, encode_all, encode_windows, text_slice, text_source
 from pretrieve.retrieval.index import (IndexDir, SearchOptions, backend, decode_ids, find_shards, is_current,
                                        open_index, shard_dir_name, write_parts, writing)
@@ -45,6 +46,8 @@ logger = logging.getLogger(__name__)
 
 DEFAULT_QUERY_ELEMENTS = 1 << 24
 """Query blocks hold at most this many (query, result) pairs: 16,384 queries at k = 1000."""
+INDEX_SCRATCH = "pretrieve-index"
+"""The name of a corpus index built for one command (:func:`scratch_index`)."""
 
 
 # ------------------------------------------------------------------------------------------------ indexing
@@ -197,16 +200,18 @@ def _is_index(value: Any) -> bool:
 # ------------------------------------------------------------------------------------------------- search
 def search(retriever: Retriever, queries: Mapping[str, str], index_or_corpus: Any, k: int = 1000,
            cache_dir: str | Path | None = None, mode: str | None = None, options: SearchOptions | None = None,
-           batch_size: int = 64, query_block: int | None = None, show_progress: bool = True) -> Run:
+           batch_size: int = 64, query_block: int | None = None, show_progress: bool = True,
+           scratch_dir: str | Path | None = None) -> Run:
     """Top-``k`` of ``queries`` (``{qid: text}``) over an index directory or a corpus (see the module docstring).
 
     ``mode``: a search mode of sparse/hybrid retrievers (``dense`` / ``sparse`` / ``hybrid`` / ``rrf``; default:
-    as trained); ``options``: FAISS factory, metric, GPU use, hybrid weights … (:class:`SearchOptions`).
+    as trained); ``options``: FAISS factory, metric, GPU use, hybrid weights … (:class:`SearchOptions`);
+    ``scratch_dir``: where a corpus is indexed without ``cache_dir`` (:func:`scratch_index`).
     """
     run: Run = {}
     for block in search_blocks(retriever, queries, index_or_corpus, k, cache_dir=cache_dir, mode=mode,
                                options=options, batch_size=batch_size, query_block=query_block,
-                               show_progress=show_progress):
+                               show_progress=show_progress, scratch_dir=scratch_dir):
         run.update(block)
     return run
 
@@ -214,7 +219,7 @@ def search(retriever: Retriever, queries: Mapping[str, str], index_or_corpus: An
 def search_blocks(retriever: Retriever, queries: Mapping[str, str], index_or_corpus: Any, k: int = 1000,
                   cache_dir: str | Path | None = None, mode: str | None = None,
                   options: SearchOptions | None = None, batch_size: int = 64, query_block: int | None = None,
-                  show_progress: bool = True) -> Iterator[Run]:
+                  show_progress: bool = True, scratch_dir: str | Path | None = None) -> Iterator[Run]:
     """:func:`search`, one run per block of ``query_block`` queries (in the order of ``queries``), as they come."""
     if k < 1:
         raise ConfigError(f"k must be >= 1, got {k}")
@@ -229,7 +234,7 @@ def search_blocks(retriever: Retriever, queries: Mapping[str, str], index_or_cor
                 root = encode_corpus(retriever, index_or_corpus, cache_dir, batch_size=batch_size,
                                      show_progress=show_progress)
             else:
-                root = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="pretrieve-index-")))
+                root = stack.enter_context(scratch_index(scratch_dir))
                 build_index(retriever, index_or_corpus, root, batch_size=batch_size, show_progress=show_progress)
         shards = [open_index(path) for path in find_shards(root)]
         check_compatible(retriever, shards, root)
@@ -243,6 +248,16 @@ def search_blocks(retriever: Retriever, queries: Mapping[str, str], index_or_cor
                                  description="encode queries")
             scores, rows = searcher.search(encoded, k)
             yield _run_of(ids, scores, rows, shards)
+
+
+@contextlib.contextmanager
+def scratch_index(parent: str | Path | None = None) -> Iterator[Path]:
+    """A directory for a corpus index used by one command: ``.pretrieve-index.<random>.tmp`` in ``parent`` (default:
+    the system's temporary directory), removed after the block — also after an error or Ctrl-C; a killed command's
+    is a leftover that the next command's preflight removes (:func:`pretrieve.outputs.preflight`, ``scratch``
+    :data:`INDEX_SCRATCH`)."""
+    with temporary_dir(INDEX_SCRATCH, parent) as root:
+        yield root
 
 
 def query_block_size(retriever: Retriever, k: int, query_block: int | None = None) -> int:

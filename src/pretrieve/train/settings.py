@@ -53,7 +53,7 @@ class FinetuneSettings:
     # loop settings whose defaults differ for fine-tuning
     batch_size: int = field(default=16, metadata=_help("Queries per optimizer step, all processes together."))
     lr: float = field(default=2e-5, metadata=_help("Peak learning rate (papers: 2e-5)."))
-    epochs: float = field(default=3.0, metadata=_help("Epochs when max_steps is 0 (papers: 3)."))
+    epochs: float = field(default=3.0, metadata=_help("Epochs when --steps (config: max_steps) is 0 (papers: 3)."))
 
 
 @dataclass
@@ -70,4 +70,4 @@ class RerankerSettings:
     on_unknown: str = field(default="error", metadata=_help("Unknown document ids: error | skip."))
     batch_size: int = field(default=16, metadata=_help("Queries per optimizer step."))
     lr: float = field(default=3e-5, metadata=_help("Peak learning rate."))
-    epochs: float = field(default=1.0, metadata=_help("Epochs when max_steps is 0."))
+    epochs: float = field(default=1.0, metadata=_help("Epochs when --steps (config: max_steps) is 0."))

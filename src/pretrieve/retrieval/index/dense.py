@@ -48,8 +48,11 @@ _FAISS_FILE = "index.faiss"
 
 
 def _faiss():
-    import faiss
-
+    try:
+        import faiss
+    except ImportError:   # an extra: faiss-cpu or faiss-gpu, whichever fits the machine
+        raise ConfigError("FAISS is not installed: pip install 'pretrieve[faiss]' (CPU) or 'pretrieve[faiss-gpu]' "
+                          "(CUDA 12)") from None
     return faiss
 
 

@@ -1,0 +1,288 @@
+"""The Python API: the verbs of the command line as functions, importable from ``pretrieve`` (docs/python.md).
+
+=================== ========================================= ==========================================
+function            returns                                   the command it matches
+=================== ========================================= ==========================================
+:func:`pretrain`    the pre-trained encoder's directory        ``pretrieve pretrain``
+:func:`finetune`    the fine-tuned retriever's directory       ``pretrieve finetune``
+``load_retriever``  a :class:`~pretrieve.retrieval.load.Retriever` (``pretrieve.retrieval.load``)
+:func:`encode`      vectors of texts                           ``pretrieve encode``
+:func:`search`      a run ``{query_id: {doc_id: score}}``      ``pretrieve dense`` / ``search``
+:func:`bm25`        a run                                      ``pretrieve bm25``
+:func:`fuse`        a run                                      ``pretrieve fuse``
+:func:`evaluate`    a :class:`~pretrieve.evaluation.ResultsTable` ``pretrieve evaluate``
+:func:`run_recipe`  the results dict of ``results.json``       ``pretrieve run``
+=================== ========================================= ==========================================
+
+They take what the commands take: models as paths, offline aliases (``minilm``) or hub names
+(:func:`pretrieve.models.resolve_model`), collections as paths or names, found by the one resolver of the command
+line (:func:`pretrieve.data.registry.resolve_collection`: ``data_root``, ``$PRETRIEVE_DATA``, ``../shared/data``
+beside a source checkout, the download cache, else downloaded). Training settings are the fields of the run's
+configuration (``max_steps``, ``batch_size``, ``lr``, … — ``pretrieve pretrain --help`` lists them as flags); an
+unknown one is refused with the closest name. Errors name these Python parameters, not command-line flags.
+
+Nothing here changes global state: no logging handler is added, no log level, environment variable or matplotlib
+backend is set (configure logging yourself to see progress lines). Torch, transformers and FAISS are imported
+inside the verbs that need them, so ``import pretrieve`` stays light and :func:`bm25`, :func:`fuse` and
+:func:`evaluate` never import torch.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Mapping, Sequence, Union
+
+import yaml
+
+from pretrieve.data.collection import BeirCollection
+from pretrieve.data.registry import resolve_collection, resolve_corpus
+from pretrieve.data.trec import read_run
+from pretrieve.errors import ConfigError
+from pretrieve.io_utils import atomic_open
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from pretrieve.evaluation import ResultsTable
+    from pretrieve.retrieval.load import Retriever
+
+logger = logging.getLogger(__name__)
+
+Run = dict[str, dict[str, float]]
+RunLike = Union[Mapping[str, Mapping[str, float]], str, Path]
+"""A run in memory, or a TREC run file."""
+SIDES = ("query", "passage")
+
+
+# ------------------------------------------------------------------------------------------------- training
+def pretrain(model: str | Path, corpus: str | Path, out: str | Path, method: str | Mapping[str, Any] = "bow", *,
+             data_root: str | Path | None = None, **settings: Any) -> Path:
+    """Pre-train ``model`` on ``corpus`` with ``method`` into ``out``; returns ``out/final`` (loads with
+    ``AutoModel.from_pretrained``). A finished run with the same settings is reused, an interrupted one resumes
+    with ``resume=True``.
+
+    ``corpus``: a collection name or directory, a ``corpus.jsonl`` / JSONL / text file, ``DIR@SPLIT`` of a
+    ``datasets`` directory or ``hf:NAME[:CONFIG][@SPLIT]``. ``method``: a preset name (``bow``, ``retromae``,
+    ``dupmae``, …; docs/methods.md), a method file or a mapping. ``settings``: fields of
+    :class:`~pretrieve.train.pretrainer.PretrainConfig` (``max_steps``, ``batch_size``, ``lr``, ``max_len``,
+    ``precision``, ``seed``, …) and the method overrides (``objectives``, ``weights``, ``encoder_mask``, …).
+    """
+    from pretrieve.train.pretrainer import pretrain as run_pretraining   # torch: only when training
+    from pretrieve.train.run_config import build_pretrain_config
+
+    _require(model=model, corpus=corpus, out=out)
+    required = {"model": str(model), "corpus": resolve_corpus(corpus, data_root=data_root), "out": str(out)}
+    config = build_pretrain_config(settings, required, {"method": method}, where="pretrain()")
+    return run_pretraining(config)
+
+
+def finetune(model: str | Path, data: str | Path, out: str | Path, *, stage: int = 1,
+             data_root: str | Path | None = None, **settings: Any) -> Path:
+    """Fine-tune ``model`` as a retriever on the training queries of collection ``data`` (stage 1: BM25
+    negatives; 2 and 3 need ``groups=``, see docs/methods.md); returns ``out/final``, a sentence-transformers
+    folder for dense retrievers. ``settings``: fields of :class:`~pretrieve.train.finetuner.FinetuneConfig`
+    (``max_steps``, ``batch_size``, ``num_negatives``, ``pooling``, ``lr``, ``groups``, ``split``, …)."""
+    from pretrieve.train.finetuner import build_finetune_config   # torch: only when training
+    from pretrieve.train.finetuner import finetune as run_finetuning
+
+    _require(model=model, data=data, out=out)
+    required = {"model": str(model), "data": str(resolve_collection(data, data_root=data_root)), "out": str(out),
+                "stage": stage}
+    config = build_finetune_config(settings, required, where="finetune()")
+    return run_finetuning(config)
+
+
+# ------------------------------------------------------------------------------------------------ retrieval
+def encode(retriever: Retriever | str | Path, texts: Sequence[str], *, side: str = "passage", batch_size: int = 64,
+           show_progress: bool = False) -> np.ndarray | dict[str, Any]:
+    """Encode ``texts`` as queries or passages (``side``) with a retriever (loaded, or a model name / path):
+    a ``[len(texts), dim]`` float32 array for dense retrievers; the named outputs (sparse matrices, token vectors)
+    for other kinds."""
+    from pretrieve.retrieval.batches import encode_all   # torch
+
+    if side not in SIDES:
+        raise ConfigError(f"side must be one of {', '.join(SIDES)}, got {side!r}")
+    if isinstance(texts, str):
+        raise ConfigError("texts must be a sequence of strings, got one string (wrap it in a list)")
+    loaded = _retriever(retriever)
+    outputs = encode_all(getattr(loaded, side), list(texts), batch_size=batch_size, show_progress=show_progress)
+    return outputs["embeddings"] if loaded.kind == "dense" else outputs
+
+
+def search(retriever: Retriever | str | Path, data: str | Path, *, split: str = "test",
+           queries: Mapping[str, str] | None = None, k: int = 1000, data_root: str | Path | None = None,
+           cache: str | Path | None = None, mode: str | None = None, factory: str = "Flat",
+           nprobe: int | None = None, ef_search: int | None = None, gpu: bool | None = None, batch_size: int = 64,
+           show_progress: bool = False) -> Run:
+    """The top-``k`` passages of collection ``data`` for the queries judged in ``split`` (or for ``queries``,
+    ``{query_id: text}``), searched the way the retriever was trained (``mode`` picks another search of a
+    sparse/hybrid model; ``factory`` an approximate FAISS index). ``cache``: a directory where the corpus index is
+    kept and reused while current (default: a temporary one)."""
+    from pretrieve.retrieval.index import SearchOptions   # torch, FAISS
+    from pretrieve.retrieval.search import search as search_corpus
+
+    _positive(k=k, batch_size=batch_size)
+    collection = BeirCollection(resolve_collection(data, data_root=data_root))
+    wanted = dict(queries) if queries is not None else collection.load_queries(split)
+    options = SearchOptions(factory=factory, metric="ip", nprobe=nprobe, ef_search=ef_search, use_gpu=gpu)
+    return search_corpus(_retriever(retriever), wanted, collection.corpus_dataset(), k=k, cache_dir=cache, mode=mode,
+                         options=options, batch_size=batch_size, show_progress=show_progress)
+
+
+def bm25(data: str | Path, *, split: str = "test", queries: Mapping[str, str] | None = None, k: int = 1000,
+         k1: float = 0.9, b: float = 0.4, exclude_self: bool = False, data_root: str | Path | None = None,
+         index: str | Path | None = None) -> Run:
+    """BM25 (bm25s, Lucene scoring, Pyserini's k1/b) over the title + text of collection ``data``: the top ``k``
+    for the queries judged in ``split`` (or for ``queries``). ``index``: a directory where the index is kept and
+    reused while current (default: a temporary one)."""
+    from pretrieve.retrieval.bm25 import BM25Params, corpus_index
+
+    _positive(k=k)
+    collection = BeirCollection(resolve_collection(data, data_root=data_root))
+    wanted = dict(queries) if queries is not None else collection.load_queries(split)
+    with corpus_index(collection.corpus_path, BM25Params(k1=k1, b=b), index_dir=index) as built:
+        return built.search(wanted, k=k, exclude_self=exclude_self)
+
+
+def fuse(runs: Sequence[RunLike], *, method: str = "rrf", norm: str | None = None,
+         weights: Sequence[float] | None = None, k: int = 60, depth: int = 1000, fit_data: str | Path | None = None,
+         fit_runs: Sequence[RunLike] | None = None, fit_split: str = "train", fit_measure: str = "nDCG@10",
+         fit_step: float = 0.05, data_root: str | Path | None = None) -> Run:
+    """One run from several: reciprocal rank fusion (``method="rrf"``, constant ``k``) or a normalised weighted
+    score sum (``"wsum"``, ``norm`` minmax | zscore, convex ``weights``). The weights (or, with ``"auto"``, the
+    method) can instead be fitted on training queries: ``fit_data`` (a collection) with ``fit_runs``, the same
+    retrievers' runs on its ``fit_split`` queries, in the order of ``runs`` (the test split is refused)."""
+    from pretrieve.retrieval import fusion
+
+    loaded = [_run(run, "runs") for run in runs]
+    fitting = fit_data is not None or fit_runs is not None
+    if len(loaded) < 2:
+        raise ConfigError(f"runs: give at least two runs to fuse, got {len(loaded)}")
+    if fitting and (fit_data is None or not fit_runs):
+        raise ConfigError("fitting needs both fit_data (a collection) and fit_runs (one training run per run)")
+    if fitting and weights is not None:
+        raise ConfigError("give either weights or fit_data/fit_runs, not both")
+    if method == "auto" and not fitting:
+        raise ConfigError("method='auto' chooses on training queries: give fit_data and fit_runs")
+    if method == "rrf" and (norm is not None or weights is not None):
+        raise ConfigError("rrf fuses ranks: norm and weights belong to method='wsum'")
+    if fitting:
+        if method == "rrf":
+            raise ConfigError("rrf has nothing to fit (k is fixed): drop fit_data/fit_runs, or use method='wsum' "
+                              "or 'auto'")
+        train_runs = [_run(run, "fit_runs") for run in fit_runs]
+        if len(train_runs) != len(loaded):
+            raise ConfigError(f"fit_runs: {len(train_runs)} training run(s) for {len(loaded)} runs; give one per run, "
+                              "in the same order")
+        qrels = BeirCollection(resolve_collection(fit_data, data_root=data_root)).load_qrels(fit_split)
+        spec = fusion.fit_fusion(train_runs, qrels, fusion.parse_candidates(method, norm), measure=fit_measure,
+                                 step=fit_step, depth=depth, k=k, split=fit_split)
+        logger.info("fusion fitted on %s %s queries: %s", spec.fit["queries"], fit_split, spec.describe())
+    else:
+        spec = fusion.FusionSpec(method, norm or ("minmax" if method == "wsum" else None),
+                                 tuple(weights) if weights is not None else None, k=k, depth=depth)
+    return fusion.fuse_runs(loaded, spec)
+
+
+# ------------------------------------------------------------------------------------------------ evaluation
+def evaluate(runs: RunLike | Sequence[RunLike] | Mapping[str, RunLike], data: str | Path | None = None, *,
+             qrels: str | Path | Mapping[str, Mapping[str, int]] | None = None, split: str = "test",
+             measures: str | Sequence[str] | None = None, test: str | None = "ttest", alpha: float = 0.05,
+             missing: str = "zero", ignore_identical_ids: bool = False,
+             data_root: str | Path | None = None) -> ResultsTable:
+    """Score runs against the ``split`` qrels of collection ``data`` (or against ``qrels``, a file or a dict):
+    one row per run, each later run tested against the first (``test``: ttest | permutation | None).
+
+    ``runs``: one run (a dict or a TREC file), a list of them, or a dict ``{name: run}``; ``measures``:
+    ir_measures names (default: ``pretrieve evaluate``'s). ``print(table.to_markdown())`` shows the table,
+    ``table.value(name, "nDCG@10")`` reads one number."""
+    from pretrieve.data.beir import load_qrels
+    from pretrieve.evaluation import DEFAULT_MEASURES, RunEvaluator, build_table
+
+    if (qrels is None) == (data is None):
+        raise ConfigError("give exactly one of data (a collection, with split) or qrels")
+    if qrels is None:
+        judgments = BeirCollection(resolve_collection(data, data_root=data_root)).load_qrels(split)
+    else:
+        judgments = load_qrels(qrels) if isinstance(qrels, (str, Path)) else qrels
+    evaluator = RunEvaluator(judgments, measures or DEFAULT_MEASURES, missing=missing,
+                             ignore_identical_ids=ignore_identical_ids)
+    results = {name: evaluator(run, name=name) for name, run in _named_runs(runs).items()}
+    return build_table(results, test=test, alpha=alpha)
+
+
+# ---------------------------------------------------------------------------------------------------- recipes
+def run_recipe(recipe: str | Path | Mapping[str, Any], *, out: str | Path | None = None, smoke: bool = False,
+               data_root: str | Path | None = None, redo_changed: bool = False,
+               show_progress: bool = True) -> dict[str, Any]:
+    """Run (or resume) a recipe — a YAML/JSON file or the same as a dict (docs/recipes.md) — and return its results
+    (also in ``results.json`` / ``results.md``). A dict is validated first, then kept as ``recipe.yaml`` in the
+    run's output directory, so that ``pretrieve run OUT/recipe.yaml`` reproduces the run. ``smoke``: the recipe made
+    tiny, in ``<out>-smoke`` unless ``out`` is given."""
+    from pretrieve.recipe import run_recipe as run   # torch: only when running
+    from pretrieve.recipe.schema import validate_recipe
+
+    if isinstance(recipe, Mapping):
+        validate_recipe(recipe, "recipe")
+        if out is None:
+            out = str(recipe["out"]).rstrip("/") + ("-smoke" if smoke else "")
+        path = Path(out) / "recipe.yaml"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with atomic_open(path) as handle:   # paths as strings: the file reads back as the same recipe
+            yaml.safe_dump(json.loads(json.dumps(recipe, default=str)), handle, sort_keys=False)
+        recipe = path
+    return run(recipe, out=out, show_progress=show_progress, redo_changed=redo_changed, data_root=data_root,
+               smoke=smoke)
+
+
+# ---------------------------------------------------------------------------------------------------- helpers
+def _require(**values: Any) -> None:
+    missing = [name for name, value in values.items() if value is None or str(value) == ""]
+    if missing:
+        raise ConfigError(f"missing required argument(s): {', '.join(missing)}")
+
+
+def _positive(**values: int) -> None:
+    for name, value in values.items():
+        if value < 1:
+            raise ConfigError(f"{name} must be >= 1, got {value}")
+
+
+def _retriever(retriever: Retriever | str | Path) -> Retriever:
+    """A loaded retriever as is; a model name or path loaded with the defaults of ``load_retriever``."""
+    from pretrieve.retrieval.load import load_retriever   # torch
+
+    return load_retriever(retriever) if isinstance(retriever, (str, Path)) else retriever
+
+
+def _run(run: RunLike, parameter: str) -> Run:
+    if isinstance(run, (str, Path)):
+        return read_run(run)
+    if not isinstance(run, Mapping):
+        raise ConfigError(f"{parameter}: expected a run ({{query_id: {{doc_id: score}}}}) or a run file, "
+                          f"got {type(run).__name__}")
+    return {str(qid): dict(docs) for qid, docs in run.items()}
+
+
+def _named_runs(runs: RunLike | Sequence[RunLike] | Mapping[str, RunLike]) -> dict[str, Run]:
+    """``{name: run}``: a file is named by its stem, a run in memory ``run1``, ``run2``, … by its place; a dict of
+    runs keeps its names."""
+    if isinstance(runs, Mapping) and runs and all(isinstance(v, (str, Path)) or _is_run(v) for v in runs.values()):
+        return {str(name): _run(run, "runs") for name, run in runs.items()}
+    items = [runs] if isinstance(runs, (str, Path, Mapping)) else list(runs)
+    if not items:
+        raise ConfigError("runs: no run to evaluate")
+    named: dict[str, Run] = {}
+    for index, run in enumerate(items, start=1):
+        name = Path(str(run).removesuffix(".gz")).stem if isinstance(run, (str, Path)) else f"run{index}"
+        if name in named:
+            raise ConfigError(f"runs: two runs are named '{name}'; pass a dict {{name: run}}")
+        named[name] = _run(run, "runs")
+    return named
+
+
+def _is_run(value: Any) -> bool:
+    """Whether ``value`` is a run (``{query_id: {doc_id: score}}``), not one query's ranking."""
+    return isinstance(value, Mapping) and all(isinstance(docs, Mapping) for docs in value.values())

@@ -1,0 +1,78 @@
+"""Every Python block of docs/python.md (and docs/dupmae.md's "Reproduce" example) runs as written, on a tiny random
+model standing in for the model aliases and a generated collection standing in for ``scifact``."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from pretrieve import models
+
+from conftest import isolated_data_root, tiny_bert_config
+from test_finetune import write_collection
+
+DOCS = Path(__file__).resolve().parents[1] / "docs"
+BLOCK = re.compile(r"^```python\n(.*?)^```", re.S | re.M)
+
+
+def python_blocks(page: str) -> list[str]:
+    return BLOCK.findall((DOCS / page).read_text(encoding="utf-8"))
+
+
+@pytest.fixture(scope="module")
+def tiny_mlm_128(tmp_path_factory, tokenizer) -> Path:
+    """A random BertForMaskedLM of splade-tiny's hidden size (128: DupMAE's ``cls:128`` needs it), 1 layer."""
+    import torch
+    from transformers import BertForMaskedLM
+
+    torch.manual_seed(0)
+    out = tmp_path_factory.mktemp("tiny_mlm_128")
+    BertForMaskedLM(tiny_bert_config(hidden_size=128, num_hidden_layers=1, intermediate_size=256)).save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return out
+
+
+@pytest.fixture
+def notebook(tmp_path, monkeypatch, tiny_mlm_dir, tiny_mlm_128) -> Path:
+    """The docs' world: ``scifact`` under $PRETRIEVE_DATA (no download possible), ``minilm`` a tiny model and
+    ``splade-tiny`` one of its hidden size, a fresh working directory."""
+    write_collection(isolated_data_root(tmp_path, monkeypatch) / "scifact")
+    monkeypatch.setitem(models.OFFLINE_MODELS, "minilm", ("a tiny test model", lambda: tiny_mlm_dir))
+    monkeypatch.setitem(models.OFFLINE_MODELS, "splade-tiny", ("a tiny test model", lambda: tiny_mlm_128))
+    return tmp_path / "work"
+
+
+def run_blocks(blocks: list[str], page: str) -> dict:
+    namespace: dict = {"__name__": "__docs__"}
+    for number, block in enumerate(blocks, start=1):
+        try:
+            exec(compile(block, f"{page}, block {number}", "exec"), namespace)
+        except Exception as exc:   # name the block that failed
+            raise AssertionError(f"{page}, block {number} failed: {exc!r}\n{block}") from exc
+    return namespace
+
+
+def test_every_block_of_the_python_page_runs(notebook):
+    blocks = python_blocks("python.md")
+    assert len(blocks) >= 5
+    namespace = run_blocks(blocks, "python.md")
+    table = namespace["table"]
+    assert list(table.results) == ["bm25", "zero-shot", "fine-tuned", "rrf", "fitted"]
+    assert 0.0 <= table.value("rrf", "nDCG@10") <= 1.0
+    assert namespace["passages"].shape[0] == 2 and namespace["query"].shape == (1, namespace["passages"].shape[1])
+    assert set(namespace["mine"]) == {"q1"} and len(namespace["mine"]["q1"]) == 10
+    assert {row["retriever"] for row in namespace["results"]["rows"]} == {"bm25", "zero-shot", "finetune-s1"}
+    assert (notebook / "runs" / "recipe" / "recipe.yaml").is_file()
+
+
+def test_the_dupmae_reproduce_example_runs(notebook):
+    blocks = [block for block in python_blocks("dupmae.md") if "pretrieve.finetune" in block]
+    assert len(blocks) == 1
+    fast = blocks[0].replace("max_steps=100", "max_steps=2")   # the page's budget is minutes; the code is the same
+    assert fast != blocks[0]
+    namespace = run_blocks([fast], "dupmae.md")
+    table = namespace["table"]
+    assert list(table.results) == ["cls:128", "ot:128", "cls:64,ot:64", "cls:64,ot:43"]
+    assert set(table.comparisons) == {"ot:128", "cls:64,ot:64", "cls:64,ot:43"}
