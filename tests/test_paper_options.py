@@ -174,7 +174,7 @@ def test_contexts_and_pseudo_queries_are_drawn_again_every_epoch_unless_fixed(to
     from pretrieve.data.spans import ContextSpec, SpanDataset
 
     assert preset("cotmae").context.redraw and preset("cotmote").context.redraw
-    fixed = SpanDataset(spans.corpus, "mixed", seed=0, redraw=False)
+    fixed = SpanDataset(spans.corpus, "mixed", seed=0, redraw=False, anchors="span")
     for index in range(len(spans)):
         assert spans.draw(index, 0) == spans[index] == fixed.draw(index, 5)   # epoch 0 = dataset[i] = fixed draw
     epochs = [[spans.draw(i, epoch)["context_range"] for i in range(len(spans))] for epoch in range(4)]

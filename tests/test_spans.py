@@ -152,3 +152,30 @@ def test_pairs_batch_routes_queries_and_passages(tmp_path, tokenizer):
                                                            generator=torch.Generator().manual_seed(1))
     assert batch["text_type"].tolist() == [1] * 4 and batch["context_text_type"].tolist() == [0] * 4
     assert {"original_input_ids", "context_original_ids", "context_original_labels"} <= set(batch)
+
+
+def test_anchors_are_one_random_span_per_document_per_draw_unless_every_span(span_corpus):
+    dataset = SpanDataset(span_corpus, "nearby", seed=5)                        # CoT-MAE's CotMAEDataset
+    assert dataset.anchors == "document" and len(dataset) == span_corpus.num_documents
+    for doc in range(len(dataset)):
+        start = span_corpus.document_token_range(doc)[0]
+        spans = {span_corpus.span_token_range(s) for s in span_corpus.document_spans(doc)}
+        draws = [dataset.draw(doc, epoch) for epoch in range(200)]
+        assert {d["document"] for d in draws} == {doc}
+        anchors = {(d["anchor_range"][0] + start, d["anchor_range"][1] + start) for d in draws}
+        assert anchors == spans                                                   # every span drawn, at random
+        assert draws[0] == dataset[doc]
+    again, other = SpanDataset(span_corpus, "nearby", seed=5), SpanDataset(span_corpus, "nearby", seed=6)
+    assert all(again.draw(i, e) == dataset.draw(i, e) for i in range(len(dataset)) for e in range(3))
+    assert any(other.draw(i, e) != dataset.draw(i, e) for i in range(len(dataset)) for e in range(3))
+    every = SpanDataset(span_corpus, "nearby", seed=5, anchors="span")          # every span an anchor
+    assert len(every) == len(span_corpus.spans) - 1
+    for index in range(len(every)):
+        example = every.draw(index, 1)
+        start = span_corpus.document_token_range(example["document"])[0]
+        assert (example["anchor_range"][0] + start, example["anchor_range"][1] + start) == \
+            span_corpus.span_token_range(index)
+    assert preset("cotmae").context.anchors == "document"
+    assert ContextSpec.from_dict({"kind": "mixed", "anchors": "span"}).anchors == "span"
+    with pytest.raises(ConfigError, match="context.anchors must be one of document, span"):
+        ContextSpec.from_dict({"kind": "mixed", "anchors": "tokens"})

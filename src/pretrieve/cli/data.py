@@ -95,6 +95,8 @@ def convert_command(
     out_dir: Path = typer.Argument(..., help="BEIR collection directory to write (created if missing)."),
     corpus: Optional[Path] = typer.Option(None, "--corpus", help="collection.tsv (pid<TAB>passage, or "
                                           "id<TAB>title<TAB>text), or a corpus JSONL (_id or docid, title, text)."),
+    titles: Optional[Path] = typer.Option(None, "--titles", help="id<TAB>title, the corpus's ids in its order "
+                                          "(RocketQA's para.title.txt): the passages' titles."),
     queries: Optional[List[Path]] = typer.Option(None, "--queries", help="qid<TAB>query file (queries.*.tsv, TREC "
                                                  "DL topics); repeatable, merged into queries.jsonl."),
     qrels: Optional[List[str]] = typer.Option(None, "--qrels", help="SPLIT=FILE: TREC (qid 0 pid grade) or BEIR "
@@ -117,7 +119,7 @@ def convert_command(
             raise ConfigError(f"--qrels expects SPLIT=FILE, got {spec!r}")
         pairs.append((split, Path(file)))
     report = convert(out_dir, corpus=corpus, queries=queries or [], qrels=pairs, groups=groups or [],
-                     ir_datasets=ir_datasets or [])
+                     ir_datasets=ir_datasets or [], titles=titles)
     import io
 
     text = io.StringIO()

@@ -10,7 +10,9 @@
   TREC format). The files are not quoted: a quote is a character of the text, and a line is split on tabs only —
   the column count is fixed by the first line, so a tab inside a 2-column passage is an error, not a silently
   cut passage. A corpus may also be a JSONL file with ``docid`` (Tevatron's corpus layout) or ``_id``, ``title``
-  and ``text``.
+  and ``text``. ``titles`` (``pid<TAB>title``, the same ids in the same order, e.g. RocketQA's
+  ``para.title.txt`` beside its ``para.txt``) gives the passages their titles: the titled MS MARCO corpus the BoW,
+  DupMAE, CoT-MAE and CoT-MoTE authors fine-tuned on (bowdpr's ``get_data.sh`` joins the same two files).
 * **Tevatron training groups** (JSONL, one query per line: ``query_id``, ``query``, ``positive_passages`` and
   ``negative_passages``, lists of ``{"docid", "title", "text"}``) → pretrieve groups
   (:mod:`pretrieve.data.groups`: ``query_id``, ``query``, ``positives``, ``negatives``: document ids only, the
@@ -237,18 +239,21 @@ def irds_split_name(name: str) -> str:
 # ------------------------------------------------------------------------------------------- convert
 def convert(out: str | Path, corpus: str | Path | None = None, queries: Sequence[str | Path] = (),
             qrels: Sequence[tuple[str, str | Path]] = (), groups: Sequence[str | Path] = (),
-            ir_datasets: Sequence[str] = ()) -> ConversionReport:
+            ir_datasets: Sequence[str] = (), titles: str | Path | None = None) -> ConversionReport:
     """Write a BEIR directory (and groups) at ``out`` from the given inputs (see the module docstring).
 
     ``qrels``: ``(split, file)`` pairs; ``ir_datasets``: names, each optionally ``NAME=SPLIT``.
     """
     root = Path(out)
+    if titles is not None and corpus is None:
+        raise ConfigError("--titles gives the passages of --corpus their titles: give --corpus too")
     if not (corpus or queries or qrels or groups or ir_datasets):
         raise ConfigError("nothing to convert: give --corpus, --queries, --qrels, --groups or --ir-datasets")
     irds = [(spec.partition("=")[0], spec.partition("=")[2] or irds_split_name(spec.partition("=")[0]))
             for spec in ir_datasets]
     loaded = [(name, split, load_ir_dataset(name)) for name, split in irds]  # fail before writing anything
-    inputs = [Path(p) for p in ([corpus] if corpus else []) + list(queries) + [f for _, f in qrels] + list(groups)]
+    inputs = [Path(p) for p in ([corpus] if corpus else []) + ([titles] if titles else []) + list(queries)
+              + [f for _, f in qrels] + list(groups)]
     for path in inputs:
         if not path.is_file():
             raise InputError("file not found" if not path.exists() else "is a directory, expected a file", path=path)
@@ -261,7 +266,7 @@ def convert(out: str | Path, corpus: str | Path | None = None, queries: Sequence
     if corpus is not None and irds_docs is not None:
         raise ConfigError(f"both --corpus and the documents of ir_datasets '{irds_docs[0]}' given: pick one")
     if corpus is not None:
-        report.documents = _write_corpus(root / "corpus.jsonl", Path(corpus))
+        report.documents = _write_corpus(root / "corpus.jsonl", Path(corpus), None if titles is None else Path(titles))
     elif irds_docs is not None:
         report.documents = _write_irds_corpus(root / "corpus.jsonl", *irds_docs)
     irds_queries = [(name, ds) for name, _, ds in loaded if ds.has_queries()]
@@ -297,18 +302,36 @@ def _json_line(obj: dict) -> str:
     return json.dumps(obj, ensure_ascii=False) + "\n"
 
 
-def _write_corpus(target: Path, source: Path) -> int:
+def _write_corpus(target: Path, source: Path, titles: Path | None = None) -> int:
     ledger = IdLedger("document", [source])
 
     def rows() -> Iterator[str]:
+        titled = None if titles is None else _tsv_rows(titles, "2 (id, title)", (2,))
         for line_no, doc_id, title, text in iter_corpus_file(source):
             ledger.add(doc_id, 0, line_no)
+            if titled is not None:
+                title = _title_of(doc_id, next(titled, None), titles)
             yield _json_line({"_id": doc_id, "title": title, "text": text})
+        if titled is not None and (extra := next(titled, None)) is not None:
+            raise InputError("titles file has more lines than the corpus", path=titles, line=extra[0])
         if not len(ledger.hashes):
             raise InputError("corpus is empty (no documents)", path=source)
         ledger.check()
 
-    return _write_lines(target, {"from": "corpus"}, {"corpus": source}, rows())
+    settings = {"from": "corpus"} if titles is None else {"from": "corpus+titles"}
+    inputs = {"corpus": source} if titles is None else {"corpus": source, "titles": titles}
+    return _write_lines(target, settings, inputs, rows())
+
+
+def _title_of(doc_id: str, row: tuple[int, list[str]] | None, path: Path) -> str:
+    """The title of ``doc_id`` from the titles file's next row (the same ids in the same order as the corpus)."""
+    if row is None:
+        raise InputError(f"titles file ends before document '{doc_id}' of the corpus", path=path)
+    line_no, (title_id, title) = row
+    if title_id != doc_id:
+        raise InputError(f"id '{title_id}' where the corpus has '{doc_id}' (the titles must follow the corpus's "
+                         "order)", path=path, line=line_no, field="id")
+    return title
 
 
 def _write_irds_corpus(target: Path, name: str, dataset) -> int:

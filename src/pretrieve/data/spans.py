@@ -15,8 +15,11 @@ Document spans (:class:`SpanCorpus`, :class:`SpanDataset`):
 * **Packing.** Consecutive sentences are packed greedily into spans of at most ``max_len − 2`` tokens (CoT-MAE
   packs until the budget is *exceeded* and truncates later; it also draws a shorter target length with
   probability 0.15 — we keep every span within the budget and do not shorten). Documents with fewer than two
-  spans have no context and are skipped (as in CoT-MAE's data script). Every span of the remaining documents
-  is an anchor: ``len(dataset)`` is their number.
+  spans have no context and are skipped (as in CoT-MAE's data script).
+* **Anchors** (``anchors``): ``document`` (the default, CoT-MAE's ``CotMAEDataset``) — an example is a document,
+  and each draw picks one of its spans at random as the anchor, so every document weighs the same and
+  ``len(dataset)`` is the number of documents; ``span`` — every span is an anchor of its own (``len(dataset)`` is
+  the number of spans), so long documents weigh more.
 * **Context kinds** (:data:`DOCUMENT_KINDS`): ``nearby`` — the previous or the next span (uniformly among those
   that exist); ``overlap`` — a window that starts inside the anchor: its last ``k`` sentences, ``k`` uniform in
   ``[1, ⌊S/2⌋]`` and reduced until the shared part is at most half of the anchor's tokens (a single sentence
@@ -35,7 +38,7 @@ P-FFN in CoT-MoTE), the context the query (text type 0, Q-FFN), truncated to ``m
 ``query_max_len`` tokens.
 
 Randomness: ``dataset.draw(i, epoch)`` is a deterministic function of ``(seed, i, epoch)`` — its choices (the
-context kind of ``mixed``, the context span, the pseudo-query of a pair) come from
+anchor span of a document, the context kind of ``mixed``, the context span, the pseudo-query of a pair) come from
 ``numpy.random.default_rng([seed, i])`` in epoch 0 and ``default_rng([seed, i, epoch])`` after; the training loop
 calls ``draw`` with the epoch, so an anchor gets a new context every time it is drawn (``redraw: true``, the
 default). That is what the authors' code does: CoT-MAE's collator picks the context kind and CoT-MAE-qc's the
@@ -73,6 +76,7 @@ from pretrieve.io_utils import atomic_open, write_json
 
 DOCUMENT_KINDS = ("nearby", "overlap", "random")
 CONTEXT_KINDS = (*DOCUMENT_KINDS, "mixed", "pairs")
+ANCHORS = ("document", "span")
 QUERY_TYPE, PASSAGE_TYPE = 0, 1
 _SENTENCE_BREAK = re.compile(r"(?<=[.!?])\s+(?=[A-Z0-9\"'(\[])")
 _DOCS_PER_BATCH = 500
@@ -91,6 +95,7 @@ class ContextSpec:
     pairs: str | None = None
     query_max_len: int = 32
     redraw: bool = True
+    anchors: str = "document"     # document spans: one random span per document per draw (CoT-MAE), or every span
 
     def validate(self) -> "ContextSpec":
         if self.kind not in CONTEXT_KINDS:
@@ -101,10 +106,13 @@ class ContextSpec:
             raise ConfigError(f"context.query_max_len must be an integer ≥ 3, got {self.query_max_len!r}")
         if not isinstance(self.redraw, bool):
             raise ConfigError(f"context.redraw must be true or false, got {self.redraw!r}")
+        if self.anchors not in ANCHORS:
+            raise ConfigError(f"context.anchors must be one of {', '.join(ANCHORS)}, got {self.anchors!r}")
         return self
 
     def to_dict(self) -> dict[str, Any]:
-        return {"kind": self.kind, "pairs": self.pairs, "query_max_len": self.query_max_len, "redraw": self.redraw}
+        return {"kind": self.kind, "pairs": self.pairs, "query_max_len": self.query_max_len, "redraw": self.redraw,
+                "anchors": self.anchors}
 
     @classmethod
     def from_dict(cls, data: Any, where: str = "context") -> "ContextSpec":
@@ -112,14 +120,15 @@ class ContextSpec:
             data = {"kind": data}
         if not isinstance(data, Mapping):
             raise ConfigError(f"{where}: expected a mapping or a kind name, got {type(data).__name__}")
-        unknown = sorted(set(data) - {"kind", "pairs", "query_max_len", "redraw"})
+        unknown = sorted(set(data) - {"kind", "pairs", "query_max_len", "redraw", "anchors"})
         if unknown:
             raise ConfigError(f"{where}: unknown field(s) {', '.join(unknown)}; known fields: kind, pairs, "
-                              "query_max_len, redraw")
+                              "query_max_len, redraw, anchors")
         kind = str(data.get("kind", "pairs" if data.get("pairs") else "mixed"))
         pairs = data.get("pairs")
         return cls(kind=kind, pairs=None if pairs is None else str(pairs),
-                   query_max_len=data.get("query_max_len", 32), redraw=data.get("redraw", True)).validate()
+                   query_max_len=data.get("query_max_len", 32), redraw=data.get("redraw", True),
+                   anchors=data.get("anchors", "document")).validate()
 
 
 # -------------------------------------------------------------------------------------------- sentences
@@ -320,18 +329,22 @@ _SAMPLERS = {"nearby": nearby_range, "overlap": overlap_range, "random": random_
 class SpanDataset:
     """Anchor spans of a :class:`SpanCorpus` with a context span of the same document (module docstring)."""
 
-    def __init__(self, corpus: SpanCorpus, kind: str = "mixed", seed: int = 0, redraw: bool = True):
+    def __init__(self, corpus: SpanCorpus, kind: str = "mixed", seed: int = 0, redraw: bool = True,
+                 anchors: str = "document"):
         if kind not in (*DOCUMENT_KINDS, "mixed"):
             raise ConfigError(f"document context kind must be one of {', '.join((*DOCUMENT_KINDS, 'mixed'))}, "
                               f"got {kind!r}")
+        if anchors not in ANCHORS:
+            raise ConfigError(f"anchors must be one of {', '.join(ANCHORS)}, got {anchors!r}")
         self.corpus = corpus
         self.kind = kind
         self.seed = int(seed)
         self.redraw = bool(redraw)
+        self.anchors = anchors
         self.anchor_documents = np.repeat(np.arange(corpus.num_documents), np.diff(corpus.documents))
 
     def __len__(self) -> int:
-        return len(self.anchor_documents)
+        return self.corpus.num_documents if self.anchors == "document" else len(self.anchor_documents)
 
     def __getitem__(self, index: int) -> dict[str, Any]:
         return self.draw(index, 0)
@@ -341,10 +354,15 @@ class SpanDataset:
         if not 0 <= index < len(self):
             raise IndexError(index)
         rng = _draw_rng(self.seed, index, epoch if self.redraw else 0)
-        corpus, doc = self.corpus, int(self.anchor_documents[index])
+        corpus = self.corpus
+        if self.anchors == "document":
+            doc, spans = index, corpus.document_spans(index)
+            span = spans.start + int(rng.integers(len(spans)))
+        else:
+            doc, span = int(self.anchor_documents[index]), index
         kind = self.kind if self.kind != "mixed" else DOCUMENT_KINDS[int(rng.integers(len(DOCUMENT_KINDS)))]
-        anchor = corpus.span_token_range(index)
-        context = _SAMPLERS[kind](corpus, doc, index, rng)
+        anchor = corpus.span_token_range(span)
+        context = _SAMPLERS[kind](corpus, doc, span, rng)
         doc_start = corpus.document_token_range(doc)[0]
         return {"input_ids": self._ids(*anchor), "context_input_ids": self._ids(*context),
                 "text_type": PASSAGE_TYPE, "context_text_type": PASSAGE_TYPE, "context_kind": kind,
@@ -428,7 +446,7 @@ def build_span_dataset(spec: ContextSpec, source: str | Path | None, tokenizer, 
     if source is None:
         raise ConfigError("document context spans need the pre-training corpus")
     return SpanDataset(SpanCorpus.build(source, tokenizer, max_len, cache_dir), spec.kind, seed=seed,
-                       redraw=spec.redraw)
+                       redraw=spec.redraw, anchors=spec.anchors)
 
 
 def write_qrels_pairs(collection, split: str, out: str | Path, min_grade: int = 1) -> int:

@@ -21,9 +21,10 @@ stage  groups (``--groups``)                                                  lo
        scores from the cross-encoder — ``pretrieve reranker teacher``         (α = 0.2)
 ====== ====================================================================== ==============================
 
-Every stage starts again from the *pre-trained* checkpoint (``--model``), not from the previous stage:
+A stage starts from ``--model``: in the papers' recipes the *pre-trained* checkpoint, not the previous stage:
 "At each of the three training stages, retrievers are initialized with the same pre-trained checkpoint"
-(CDMAE, Li et al. 2023, §3.4; SimLM and Tevatron's recipes do the same). Earlier stages only supply negatives.
+(CDMAE, Li et al. 2023, §3.4; SimLM and Tevatron's recipes do the same), so earlier stages only supply negatives.
+STAR (which CPDAE follows) continues stage 2 from the stage-1 model instead (a recipe's ``init: previous``).
 
 Sampling (:class:`GroupCollator`): each step draws, per query, one positive uniformly and ``num_negatives``
 distinct negatives (:func:`pretrieve.data.groups.sample_group_indices`) from the generator the loop seeds per
@@ -280,8 +281,9 @@ def load_training_groups(config: FinetuneConfig, path: Path, corpus) -> "GroupsD
 
 def _warn_if_not_pretrained(config: FinetuneConfig, model_path: str) -> None:
     if config.stage > 1 and (Path(model_path) / "dual_encoder.json").exists():
-        logger.warning("%s is a fine-tuned dual encoder: the papers start every stage from the pre-trained "
-                       "checkpoint (the earlier stages only mine negatives)", model_path)
+        logger.warning("stage %d starts from the fine-tuned dual encoder %s: STAR (CPDAE) continues so, the other "
+                       "papers start every stage from the pre-trained checkpoint (the earlier stages only mine "
+                       "negatives)", config.stage, model_path)
 
 
 # --------------------------------------------------------------------------------------------- running

@@ -36,7 +36,7 @@ dupmae     whole-word, 0.30        whole-word, 0.50    mlm (1) + enhanced (1; qu
 CoT-MAE / CoT-MoTE (CoT-MoTE (Ma et al. 2023); :mod:`pretrieve.modeling.objectives.contextual`, :mod:`pretrieve.data.spans`,
 :mod:`pretrieve.modeling.mote`). Three method fields, all optional (old ``method.json`` files stay loadable):
 ``context`` — where each anchor's context span comes from (``{kind: mixed|nearby|overlap|random}`` spans of
-the same document, or ``{kind: pairs, pairs: <jsonl>}`` passage/query pairs), required by objectives that need
+the same document, one random anchor span per document per draw unless ``anchors: span``, or ``{kind: pairs, pairs: <jsonl>}`` passage/query pairs), required by objectives that need
 the batch feature ``context``; ``mote`` — query/passage FFN experts in the encoder; ``mote_swap`` — the Table 4
 ablation (experts swapped during pre-training).
 

@@ -8,7 +8,9 @@ Collections default to the recipe's ``data``; ``"msmarco:dev"`` picks a split. `
 recipe's ``expected`` numbers (the paper's) are attached to their rows (``paper``). Retrievers fine-tuned with the
 sparse/hybrid representation get one row per search mode with ``modes`` (``finetune-s1-sparse``, …). With ``final``
 and ``compare``, the final row is tested (nDCG@10 per query, paired two-sided t-tests) against each named row, and
-``results.md`` closes with which row to use.
+``results.md`` closes with which row to use. ``ignore_identical_ids`` names the collections (ArguAna, Quora) whose
+runs are scored as BEIR scores them: a query's own document (the same id) is dropped from its ranking
+(:func:`pretrieve.evaluation.metrics.drop_identical_ids`).
 """
 
 from __future__ import annotations
@@ -50,6 +52,7 @@ class EvaluateOptions:
     final: str | None = None      # the row to use: paired t-tests against 'compare' and a closing paragraph
     compare: list[str] = field(default_factory=list)
     measures: list[str] | dict[str, list[str]] | None = None   # default RESULT_MEASURES; a mapping: per collection
+    ignore_identical_ids: list[str] = field(default_factory=list)   # collections scored without a query's own id
 
 
 def check_evaluate(options: dict[str, Any], where: str) -> None:
@@ -83,6 +86,10 @@ def needs(options: Mapping[str, Any], recipe: Mapping[str, Any], given: Mapping[
             if not any(same_collection(key, entry, options) for entry in entries):
                 raise ConfigError(f"{where}.measures.{key}: not a collection this stage evaluates "
                                   f"({', '.join(entries)})")
+    for index, key in enumerate(options.get("ignore_identical_ids") or []):
+        if not any(same_collection(key, entry, options) for entry in entries):
+            raise ConfigError(f"{where}.ignore_identical_ids[{index}]: {key!r} is not a collection this stage "
+                              f"evaluates ({', '.join(entries)})")
     check_expected(options, recipe, given, where)
 
 
@@ -175,27 +182,36 @@ def stage_evaluate(state: RunState, options: dict[str, Any], label: str, show_pr
         qrels = collection.load_qrels(split)
         tag = run_tag(collection_path, split)
         measures = collection_measures(options, entry)
+        ignore = ignores_identical_ids(options, entry)
         here = []
         if options.get("bm25", False):
             run_path = bm25_run(state, collection, split, depth)
-            here.append(result_row("bm25", tag, run_path, evaluate(qrels, read_run(run_path), measures)))
+            here.append(result_row("bm25", tag, run_path, evaluate(qrels, read_run(run_path), measures,
+                                                                   ignore_identical_ids=ignore)))
         for name, model_dir in retrievers.items():
             for row_label, mode in labelled_modes(name, model_dir, modes):
                 run_path = retriever_run(state, name, model_dir, collection, split, depth, row_label, mode,
                                          show_progress, encoding)
-                here.append(result_row(row_label, tag, run_path, evaluate(qrels, read_run(run_path), measures)))
+                here.append(result_row(row_label, tag, run_path, evaluate(qrels, read_run(run_path), measures,
+                                                                          ignore_identical_ids=ignore)))
         rerank_depth = options.get("rerank_depth")
         if rerank_depth and state.reranker is not None and state.retrievers:
             name = reranked_retriever(state, options.get("rerank"))
             retriever_run(state, name, state.retrievers[name], collection, split, depth, name, None, show_progress,
                           encoding)
             here.append(rerank_row(state, name, collection_path, split, int(rerank_depth), qrels, show_progress,
-                                   measures))
-        here.extend(fusion_rows(state, collection, split, depth, qrels, show_progress, measures))
+                                   measures, ignore))
+        here.extend(fusion_rows(state, collection, split, depth, qrels, show_progress, measures,
+                                ignore_identical_ids=ignore))
         attach_expected(here, state, options, entry)
         rows.extend(here)
-        mark_final(rows, options, tag, qrels)
+        mark_final(rows, options, tag, qrels, ignore)
     return rows
+
+
+def ignores_identical_ids(options: Mapping[str, Any], entry: str) -> bool:
+    """Whether the collection ``entry`` is scored without each query's own id (``ignore_identical_ids``)."""
+    return any(same_collection(key, entry, options) for key in options.get("ignore_identical_ids") or [])
 
 
 def attach_expected(rows: list[dict], state: RunState, options: Mapping[str, Any], entry: str) -> None:
@@ -247,13 +263,14 @@ def reranked_retriever(state: RunState, requested: str | None) -> str:
 
 
 def rerank_row(state: RunState, name: str, collection_path: Path, split: str, depth: int, qrels,
-               show_progress: bool, measures=RESULT_MEASURES) -> dict:
+               show_progress: bool, measures=RESULT_MEASURES, ignore_identical_ids: bool = False) -> dict:
     """``runs/<name>+rerank@<depth>__<collection>.trec``: the reranker's order of the retriever's top ``depth``."""
     source = state.run_path(name, collection_path, split)
     label = f"{name}+rerank@{depth}"
     out = state.run_path(label, collection_path, split)
     rerank_run_file(state.reranker, collection_path, split, source, out, depth=depth, show_progress=show_progress)
-    return result_row(label, run_tag(collection_path, split), out, evaluate(qrels, read_run(out), measures))
+    return result_row(label, run_tag(collection_path, split), out,
+                      evaluate(qrels, read_run(out), measures, ignore_identical_ids=ignore_identical_ids))
 
 
 def check_final_options(state: RunState, options: Mapping[str, Any]) -> None:
@@ -272,7 +289,8 @@ def check_final_options(state: RunState, options: Mapping[str, Any]) -> None:
             raise ConfigError(f"evaluate: no row named {name!r} (rows: {', '.join(known)})")
 
 
-def mark_final(rows: list[dict], options: Mapping[str, Any], collection: str, qrels) -> None:
+def mark_final(rows: list[dict], options: Mapping[str, Any], collection: str, qrels,
+               ignore_identical_ids: bool = False) -> None:
     """Paired two-sided t-tests (nDCG@10, per query) of the ``final`` row against each ``compare`` row of this
     collection, stored in the final row as ``vs``."""
     final = options.get("final")
@@ -282,11 +300,11 @@ def mark_final(rows: list[dict], options: Mapping[str, Any], collection: str, qr
     if final not in here:
         raise ConfigError(f"evaluate: final row {final!r} was not evaluated on {collection}")
     measure = RESULT_MEASURES[0]
-    result = evaluate(qrels, read_run(here[final]["run"]), [measure])
+    result = evaluate(qrels, read_run(here[final]["run"]), [measure], ignore_identical_ids=ignore_identical_ids)
     here[final]["final"] = True
     here[final]["vs"] = {}
     for name in options.get("compare", []):
         if name not in here:
             raise ConfigError(f"evaluate: comparison row {name!r} was not evaluated on {collection}")
-        baseline = evaluate(qrels, read_run(here[name]["run"]), [measure])
+        baseline = evaluate(qrels, read_run(here[name]["run"]), [measure], ignore_identical_ids=ignore_identical_ids)
         here[final]["vs"][name] = {"measure": measure, **compare(baseline, result, measure, test="ttest").to_dict()}

@@ -1,15 +1,18 @@
 """The ``finetune`` stage: fine-tuning stage 1, 2 or 3 (:func:`pretrieve.train.finetuner.finetune`) in
 ``finetune-s<stage>/``.
 
-Every stage re-initialises from the pre-trained checkpoint (or the base model), not from the previous stage, as in
-the papers; the recipe's top-level ``finetune`` options are shared by every fine-tuning stage. Stage 2 trains on the
+``init`` says where a stage starts: ``pretrained`` (the default) re-initialises from the pre-trained checkpoint (or
+the base model), as CDMAE, SimLM, Tevatron, bowdpr, CoT-MAE-qc and RetroMAE do; ``previous`` continues from the
+latest fine-tuned retriever, as STAR (which CPDAE follows) continues stage 2 from its BM25 warm-up model. The
+recipe's top-level ``finetune`` options are shared by every fine-tuning stage. Stage 2 trains on the
 latest mined groups (a ``mine`` stage before it), stage 3 on the teacher's (a ``teacher`` stage), unless ``groups``
 names a file.
 """
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from dataclasses import dataclass
+from typing import Any, Literal, Mapping
 
 from pretrieve.errors import ConfigError
 from pretrieve.recipe.runner import RunState
@@ -21,22 +24,33 @@ GROUPS = {2: "mined", 3: "teacher"}
 PRODUCERS = {"mined": "mine", "teacher": "teacher"}
 
 
+@dataclass
+class FinetuneStageOptions(FinetuneConfig):
+    """A fine-tuning stage's options: its run config plus where it starts from (module docstring)."""
+
+    init: Literal["pretrained", "previous"] = "pretrained"
+
+
 def needs(options: Mapping[str, Any], recipe: Mapping[str, Any], given: Mapping[str, list[str]], where: str) -> None:
     shared = recipe.get("finetune", {})
-    stage_no = int({**shared, **options}.get("stage", len(given.get("retriever", [])) + 1))   # as the stage counts
+    merged = {**shared, **options}
+    stage_no = int(merged.get("stage", len(given.get("retriever", [])) + 1))   # as the stage counts
     source = GROUPS.get(stage_no)
     if source is not None and "groups" not in options and "groups" not in shared and source not in given:
         raise ConfigError(f"{where}: stage {stage_no} needs the '{PRODUCERS[source]}' stage earlier in the recipe")
+    if merged.get("init") == "previous" and "retriever" not in given:
+        raise ConfigError(f"{where}.init: 'previous' needs a fine-tuning stage earlier in the recipe")
 
 
-@stage("finetune", FinetuneConfig, set_by_recipe=RECIPE_SETS, check=check_training(FinetuneConfig), needs=needs,
+@stage("finetune", FinetuneStageOptions, set_by_recipe=RECIPE_SETS, check=check_training(FinetuneConfig), needs=needs,
        gives="retriever")
 def stage_finetune(state: RunState, options: dict[str, Any], label: str, show_progress: bool) -> None:
     values = {**state.recipe.get("finetune", {}), **state.seeded(options)}
+    init = state.latest_retriever if values.pop("init", "pretrained") == "previous" else state.init_model
     stage_no = int(values.setdefault("stage", len(state.retrievers) + 1))
     if stage_no in GROUPS and "groups" not in values:
         values["groups"] = state.groups[GROUPS[stage_no]]
-    flags = {**values, "model": state.init_model, "data": str(state.data), "out": str(state.out / label),
+    flags = {**values, "model": init, "data": str(state.data), "out": str(state.out / label),
              "show_progress": show_progress}
     config = build_finetune_config({}, flags, resume=True)
     state.retrievers[label] = str(finetune(config))

@@ -185,9 +185,9 @@ def fusion_file(state: RunState, name: str) -> Path:
 
 
 def fusion_rows(state: RunState, collection: BeirCollection, split: str, depth: int, qrels,
-                show_progress: bool, measures=RESULT_MEASURES) -> list[dict]:
+                show_progress: bool, measures=RESULT_MEASURES, ignore_identical_ids: bool = False) -> list[dict]:
     """One row per fusion of the recipe on this collection: ``runs/<fusion>__<collection>.trec``, scored with
-    ``measures``."""
+    ``measures`` (without each query's own id with ``ignore_identical_ids``)."""
     rows = []
     for name, entry in state.fusions.items():
         spec = entry["spec"]
@@ -202,7 +202,8 @@ def fusion_rows(state: RunState, collection: BeirCollection, split: str, depth: 
                 fusion.write_fused_run(sources, path, spec, tag=name, fit_inputs=fit_inputs)
 
         ranks.once(f"fuse {name}", fuse)
-        row = result_row(name, run_tag(collection.root, split), path, evaluate(qrels, read_run(path), measures))
+        row = result_row(name, run_tag(collection.root, split), path,
+                         evaluate(qrels, read_run(path), measures, ignore_identical_ids=ignore_identical_ids))
         row["fusion"] = {"runs": entry["runs"], "method": spec.describe(), "fit": fusion.fit_record(spec)}
         if entry.get("selection"):
             row["fusion"]["selection"] = entry["selection"]
