@@ -227,14 +227,14 @@ def main() -> None:
 
     from pretrieve.io_utils import write_json
     from pretrieve.models import resolve_model
-    from pretrieve.data.registry import resolve_collection_path
+    from pretrieve.data.registry import resolve_collection
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     torch.set_num_threads(args.threads)
     began = time.perf_counter()
     out, clock = args.out, Clock()
     out.mkdir(parents=True, exist_ok=True)
-    data = resolve_collection_path(args.data, {})
+    data = resolve_collection(args.data)
     base = resolve_model(args.base)
 
     pairs = clock.run("pairs", write_pairs, data, out)

@@ -161,12 +161,6 @@ def resolve_corpus(value: str | Path, *, data_root: str | Path | None = None) ->
     return str(resolve_collection(text, data_root=data_root))
 
 
-def resolve_collection_path(name_or_path: str, recipe: Mapping[str, Any] | None = None,
-                            data_root: str | Path | None = None) -> Path:
-    """:func:`resolve_collection` under its former name and argument order (recipe stages and benchmarks)."""
-    return resolve_collection(name_or_path, data_root=data_root, recipe=recipe)
-
-
 def resolve_collections(names: list[str | Path], recipe: Mapping[str, Any] | None = None,
                         data_root: str | Path | None = None, *,
                         cache_dir: str | Path | None = None) -> dict[str, Path]:

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from pretrieve import recipe as recipe_runner   # the only import of the recipe runner in pretrieve.bench.quality
-from pretrieve.data.registry import resolve_collection_path
+from pretrieve.data.registry import resolve_collection
 from pretrieve.errors import ConfigError
 
 MEASURES = recipe_runner.RESULT_MEASURES        # nDCG@10, MRR@10, R@100
@@ -29,7 +29,7 @@ MEASURES = recipe_runner.RESULT_MEASURES        # nDCG@10, MRR@10, R@100
 
 def collection_path(name_or_path: str) -> Path:
     """A collection named or given as a path, as an absolute path (the recipe runner's lookup)."""
-    return resolve_collection_path(str(name_or_path), {}).resolve()
+    return resolve_collection(str(name_or_path)).resolve()
 
 
 def results_are_current(directory: str | Path) -> bool:

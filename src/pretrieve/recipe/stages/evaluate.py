@@ -22,7 +22,7 @@ from typing import Any, Mapping
 
 from pretrieve import outputs
 from pretrieve.data import BeirCollection, read_run
-from pretrieve.data.registry import resolve_collection_path
+from pretrieve.data.registry import resolve_collection
 from pretrieve.errors import ConfigError
 from pretrieve.evaluation import compare, evaluate, parse_measures
 from pretrieve.options import join_path
@@ -247,7 +247,7 @@ def labelled_modes(name: str, model_dir: str, modes: list[str] | None) -> list[t
 def collection_and_split(entry: str, default_split: str, state: RunState) -> tuple[Path, str]:
     """``"scifact"`` → (path, default split); ``"msmarco:dev"`` → (path, "dev")."""
     name, split = split_collection(str(entry))
-    path = state.collections.get(name) or resolve_collection_path(name, state.recipe)
+    path = state.collections.get(name) or resolve_collection(name, recipe=state.recipe)
     return path, split or default_split
 
 
