@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
+from typing import List, Optional
 
 import typer
 
@@ -23,10 +23,11 @@ def pretrain_command(
     model: Optional[str] = typer.Option(None, help="Encoder to start from: local path, offline alias "
                                         "(minilm, splade-tiny) or hub name (bert-base-uncased). " + REQUIRED),
     # "\\[": typer reads help as rich markup, where "[@SPLIT]" would be a tag and vanish
-    corpus: Optional[str] = typer.Option(None, help="Pre-training text: BEIR directory, corpus.jsonl, "
-                                         "JSONL with 'text', plain text (one document per line), a datasets "
-                                         "save_to_disk directory (DIR\\[@SPLIT]), or hf:NAME[:CONFIG]\\[@SPLIT]. "
-                                         + REQUIRED),
+    corpus: Optional[List[str]] = typer.Option(None, help="Pre-training text: BEIR directory, corpus.jsonl, "
+                                               "JSONL with 'text', plain text (one document per line), a datasets "
+                                               "save_to_disk directory (DIR\\[@SPLIT]), or hf:NAME[:CONFIG]\\[@SPLIT]; "
+                                               "several (repeated or comma-separated) are concatenated in order. "
+                                               + REQUIRED),
     out: Optional[Path] = typer.Option(None, help="Output directory (checkpoints, logs, final/). " + REQUIRED),
     method: Optional[str] = typer.Option(None, help="Preset: " + ", ".join(PRESET_NAMES) + " (docs/methods.md); "
                                          "or a method YAML/JSON file. Default: bow."),
@@ -76,7 +77,7 @@ def pretrain_command(
     from pretrieve.train.pretrainer import pretrain   # torch: not for --help
     from pretrieve.train.run_config import build_pretrain_config
 
-    flags = dict(model=model, corpus=corpus, out=str(out) if out else None, max_len=max_len,
+    flags = dict(model=model, corpus=(corpus[0] if len(corpus) == 1 else corpus) if corpus else None, out=str(out) if out else None, max_len=max_len,
                  batch_size=batch_size, micro_batch_size=micro_batch_size, lr=lr, max_steps=steps,
                  epochs=epochs, warmup_ratio=warmup_ratio, warmup_steps=warmup_steps, schedule=schedule,
                  min_lr_ratio=min_lr_ratio, precision=precision, bf16=bf16,

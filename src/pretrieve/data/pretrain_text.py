@@ -15,6 +15,12 @@ Sources (``--corpus``; :func:`resolve_text_source`):
   BERT and the retrieval-oriented pre-training papers used); downloaded once into the ``datasets`` cache.
   ``datasets`` sources need a ``text`` column (``title`` is prepended when present).
 
+Several sources (``--corpus A,B``, ``--corpus A --corpus B``, ``corpus: [A, B]`` in a config or recipe;
+:func:`split_corpus`) are **concatenated** in the order given — the chunks of A, then those of B — and the training
+loop draws every epoch in a seeded random order over the whole: each source weighs by its number of chunks, as in
+RetroMAE's pre-processing (``concatenate_datasets([bookcorpus, wikipedia])``, then a random sampler). The cache's
+``meta.json`` records each source's passages, chunks, tokens and first chunk (``sources``).
+
 Chunking: each passage is tokenized without special tokens and cut into consecutive chunks of ``max_len - 2``
 tokens; ``[CLS] chunk [SEP]`` (the tokenizer's own cls/sep, e.g. ``<s>``/``</s>`` for RoBERTa) is one training
 example. A trailing chunk shorter than ``min_chunk`` tokens is dropped unless it is the whole passage. (RetroMAE's
@@ -37,6 +43,7 @@ a training process holds only the pages it reads.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import itertools
 import json
@@ -94,6 +101,26 @@ class TextSource:
             config = f":{self.config}" if self.config else ""
             return HF_PREFIX + self.name + config + (f"@{self.split}" if self.split else "")
         return self.path + (f"@{self.split}" if self.split and not self.is_file else "")
+
+
+def split_corpus(value: str | Path | TextSource | list | tuple) -> list[str | TextSource]:
+    """The sources a corpus value names: a list as given, a comma-separated string split at its commas (unless
+    the whole string is an existing path), anything else as one source."""
+    if isinstance(value, (list, tuple)):
+        items = [item for entry in value for item in split_corpus(entry)]
+    elif isinstance(value, TextSource) or "," not in str(value) or Path(str(value)).exists():
+        items = [value if isinstance(value, TextSource) else str(value)]
+    else:
+        items = [part.strip() for part in str(value).split(",")]
+    if not items or any(not str(item) for item in items):
+        raise InputError(f"empty pre-training corpus in {value!r} (expected SOURCE or SOURCE,SOURCE,...)",
+                         field="corpus")
+    return items
+
+
+def resolve_text_sources(value: str | Path | TextSource | list | tuple) -> list[TextSource]:
+    """Every :class:`TextSource` a corpus value names (:func:`split_corpus`), in order."""
+    return [resolve_text_source(item) for item in split_corpus(value)]
 
 
 def resolve_text_source(source: str | Path | TextSource) -> TextSource:
@@ -222,22 +249,22 @@ class TokenizedCorpus:
         return np.diff(self.offsets) + 2
 
     @classmethod
-    def build(cls, source: str | Path | TextSource, tokenizer, max_len: int, cache_dir: str | Path,
+    def build(cls, source: str | Path | TextSource | list, tokenizer, max_len: int, cache_dir: str | Path,
               min_chunk: int = 8, show_progress: bool = True, num_proc: int | None = None) -> "TokenizedCorpus":
-        """Tokenize ``source`` once with ``num_proc`` processes (or reuse the current cache); memory-map it."""
+        """Tokenize ``source`` (one source or several, concatenated in order; :func:`split_corpus`) once with
+        ``num_proc`` processes (or reuse the current cache); memory-map it."""
         if max_len < 8:
             raise InputError(f"max_len must be at least 8, got {max_len}", field="max_len")
-        source = resolve_text_source(source)
-        target, settings, inputs, parts, num_proc, dataset = _plan(source, tokenizer, max_len, min_chunk, cache_dir,
-                                                                   num_proc)
+        sources = resolve_text_sources(source)
+        target, settings, inputs, units, num_proc = _plan(sources, tokenizer, max_len, min_chunk, cache_dir, num_proc)
         status = artifacts.check(target, settings, inputs, kind=TOKEN_CACHE_KIND)
         if not status.current:
             if status.exists:
                 logger.info("re-tokenizing: %s", status.reason)
             with artifacts.write_dir(target, kind=TOKEN_CACHE_KIND, settings=settings, inputs=inputs) as tmp:
-                meta = _tokenize_to(tmp, source, dataset, parts, tokenizer, max_len, min_chunk, num_proc,
-                                    show_progress)
-                meta.update({"source": str(source), "kind": source.kind, "max_len": max_len, "min_chunk": min_chunk,
+                meta = _tokenize_to(tmp, sources, units, tokenizer, num_proc, show_progress)
+                meta.update({"source": ",".join(map(str, sources)), "kind": "+".join(s.kind for s in sources),
+                             "max_len": max_len, "min_chunk": min_chunk,
                              "tokenizer": getattr(tokenizer, "name_or_path", "")})
                 (tmp / "meta.json").write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
         return cls.open(target, tokenizer)
@@ -294,20 +321,42 @@ def cache_name(source: TextSource, tag: str, *settings: Any) -> str:
     return f"{source.label}-{tag}-{hashlib.sha1(raw.encode()).hexdigest()[:16]}"
 
 
-def _plan(source: TextSource, tokenizer, max_len: int, min_chunk: int, cache_dir: str | Path,
+def corpus_cache_name(sources: list[TextSource], tag: str, *settings: Any) -> str:
+    """:func:`cache_name` of one source; of several, their labels joined by ``+`` and a key over all of them."""
+    if len(sources) == 1:
+        return cache_name(sources[0], tag, *settings)
+    raw = "|".join(cache_name(source, tag, *settings) for source in sources)
+    label = "+".join(source.label for source in sources)[:80]
+    return f"{label}-{tag}-{hashlib.sha1(raw.encode()).hexdigest()[:16]}"
+
+
+def _plan(sources: list[TextSource], tokenizer, max_len: int, min_chunk: int, cache_dir: str | Path,
           num_proc: int | None):
-    settings, inputs, parts, size, dataset = source_identity(source)
+    """``(target, settings, inputs, units, num_proc)``: where the cache goes, what makes it current (one source:
+    its own settings and inputs; several: a list of settings and the inputs of each, prefixed ``sourceN-``) and
+    the parts to tokenize, source after source."""
+    identities = [source_identity(source) for source in sources]
+    if len(sources) == 1:
+        settings, inputs = identities[0][0], identities[0][1]
+    else:
+        settings = {"sources": [identity[0] for identity in identities]}
+        inputs = {f"source{i}-{key}": path for i, identity in enumerate(identities) for key, path in identity[1].items()}
     vocab = vocabulary_digest(tokenizer)
     settings.update({"format": TOKEN_CACHE_FORMAT, "max_len": max_len, "min_chunk": min_chunk, "vocabulary": vocab})
-    num_proc = resolve_num_proc(num_proc, size)
-    if source.is_file:
-        parts = byte_ranges(source.path, part_count(source.path, num_proc))
-    elif num_proc > 1 and len(parts) < num_proc:  # spread a dataset over the processes
-        rows = parts[-1][1] if parts else 0
-        step = max(1, -(-rows // num_proc))
-        parts = [(a, min(a + step, rows)) for a in range(0, rows, step)]
-    target = Path(cache_dir) / cache_name(source, f"L{max_len}", vocab, min_chunk)
-    return target, settings, inputs, parts, num_proc, dataset
+    num_proc = resolve_num_proc(num_proc, sum(identity[3] for identity in identities))
+    target = Path(cache_dir) / corpus_cache_name(sources, f"L{max_len}", vocab, min_chunk)
+    dtype = np.dtype(np.uint16 if len(tokenizer) <= np.iinfo(np.uint16).max else np.uint32).str
+    units = []
+    for index, (source, (_, _, parts, _, dataset)) in enumerate(zip(sources, identities)):
+        if source.is_file:
+            parts = byte_ranges(source.path, part_count(source.path, num_proc))
+        elif num_proc > 1 and len(parts) < num_proc:  # spread a dataset over the processes
+            rows = parts[-1][1] if parts else 0
+            step = max(1, -(-rows // num_proc))
+            parts = [(a, min(a + step, rows)) for a in range(0, rows, step)]
+        units.extend(_Unit(source, start, end, f"part-{len(units) + i:05d}", max_len, min_chunk, dtype, dataset, index)
+                     for i, (start, end) in enumerate(parts))
+    return target, settings, inputs, units, num_proc
 
 
 @dataclass(frozen=True)
@@ -320,6 +369,7 @@ class _Unit:
     min_chunk: int
     dtype: str
     dataset: Any = None  # the opened datasets.Dataset of a datasets source (pickles as its file paths)
+    source_index: int = 0   # which of the corpus's sources
 
 
 @dataclass
@@ -379,23 +429,31 @@ def _tokenize_unit(unit: _Unit) -> _UnitResult:
     return _UnitResult(passages, chunks, tokens)
 
 
-def _tokenize_to(directory: Path, source: TextSource, dataset, parts, tokenizer, max_len: int, min_chunk: int,
-                 num_proc: int, show_progress: bool) -> dict:
-    """Tokenize the parts (``num_proc`` processes) and join them into ``tokens.npy`` / ``offsets.npy``."""
+def _tokenize_to(directory: Path, sources: list[TextSource], units: list[_Unit], tokenizer, num_proc: int,
+                 show_progress: bool) -> dict:
+    """Tokenize the parts (``num_proc`` processes) and join them, in order, into ``tokens.npy`` / ``offsets.npy``;
+    the counts of each source go to ``sources``."""
     from tqdm.auto import tqdm
 
-    dtype = np.uint16 if len(tokenizer) <= np.iinfo(np.uint16).max else np.uint32
-    units = [_Unit(source, start, end, str(directory / f"part-{i:05d}"), max_len, min_chunk, np.dtype(dtype).str,
-                   dataset) for i, (start, end) in enumerate(parts)]
-    logger.info("tokenizing %s (%d parts, %d processes)", source, len(units), num_proc)
+    dtype = np.dtype(units[0].dtype) if units else np.dtype(np.uint16)
+    units = [dataclasses.replace(unit, out=str(directory / unit.out)) for unit in units]
+    logger.info("tokenizing %s (%d parts, %d processes)", ", ".join(map(str, sources)), len(units), num_proc)
     progress = tqdm(total=len(units), desc="tokenizing", unit=" parts", disable=not show_progress)
     results = run_parts(_tokenize_unit, units, num_proc, initializer=_set_tokenizer, initargs=(tokenizer,),
                         on_result=lambda _: progress.update(1))
     progress.close()
     total_chunks = sum(r.chunks for r in results)
     total_tokens = sum(r.tokens for r in results)
-    if not total_chunks:
-        raise InputError("pre-training corpus contains no text", path=str(source))
+    per_source = []
+    first_chunk = 0
+    for index, source in enumerate(sources):
+        own = [r for unit, r in zip(units, results) if unit.source_index == index]
+        counts = {"passages": sum(r.passages for r in own), "chunks": sum(r.chunks for r in own),
+                  "tokens": sum(r.tokens for r in own)}
+        if not counts["chunks"]:
+            raise InputError("pre-training corpus contains no text", path=str(source))
+        per_source.append({"source": str(source), "kind": source.kind, "first_chunk": first_chunk, **counts})
+        first_chunk += counts["chunks"]
     with open(directory / "tokens.npy", "wb") as out:
         _write_npy_header(out, dtype, total_tokens)
         for unit in units:
@@ -413,7 +471,7 @@ def _tokenize_to(directory: Path, source: TextSource, dataset, parts, tokenizer,
                 running = int(ends[-1])
             Path(unit.out + ".lengths").unlink()
     return {"passages": sum(r.passages for r in results), "chunks": total_chunks, "tokens": total_tokens,
-            "dtype": str(np.dtype(dtype)), "parts": len(units)}
+            "dtype": str(np.dtype(dtype)), "parts": len(units), "sources": per_source}
 
 
 def _write_npy_header(handle, dtype, length: int) -> None:

@@ -7,7 +7,11 @@ SMART files from the University of Glasgow (the archive and md5 ir_datasets uses
 documents keep their ids (title = ``.T``, text = ``.W``), queries are numbered 1–225 in file order (the
 numbering ``cranqrel`` uses; the ``.I`` numbers of ``cran.qry`` skip values), and the grades 1 (complete answer)
 … 4 (minimum interest) become 4 … 1, so that higher is more relevant; ``-1`` (no interest) is left out.
-CQADupStack is left out: its zip holds one sub-collection per forum, not one BEIR directory.
+CQADupStack is left out: its zip holds one sub-collection per forum, not one BEIR directory. ``msmarco-titled`` is
+MS MARCO's passages *with titles*, the corpus the BoW, DupMAE, CoT-MAE and CoT-MoTE authors fine-tuned and evaluated
+on: RocketQA's ``para.txt`` joined with its ``para.title.txt`` (the archive bowdpr's and RetroMAE's ``get_data.sh``
+download; :func:`pretrieve.data.convert.convert` with ``titles``), with the queries and qrels of BEIR's ``msmarco``
+(the same passage ids; resolved, or downloaded, first).
 
 :func:`resolve_collection` (and :func:`resolve_collections`, several at once) is the one resolver of collection
 names for every command, the recipe runner and the Python API: a path is used as given; a name is looked for under
@@ -27,6 +31,7 @@ import hashlib
 import http.client
 import os
 import shutil
+import tarfile
 import tempfile
 import urllib.error
 import urllib.request
@@ -37,6 +42,8 @@ from typing import Any, Mapping
 
 from pretrieve.data.beir import check_qrels, iter_corpus, load_qrels, load_queries
 from pretrieve.data.collection import BeirCollection
+from pretrieve.data.convert import convert
+from pretrieve.data.pretrain_text import split_corpus
 from pretrieve.data.records import default_cache_dir
 from pretrieve.errors import InputError
 from pretrieve.io_utils import atomic_dir
@@ -44,6 +51,8 @@ from pretrieve.io_utils import atomic_dir
 BEIR_URL = "https://public.ukp.informatik.tu-darmstadt.de/thakur/BEIR/datasets/{name}.zip"
 #: The SMART distribution of Cranfield (cran.all.1400, cran.qry, cranqrel) that ir_datasets downloads as well.
 CRANFIELD_URL = "http://ir.dcs.gla.ac.uk/resources/test_collections/cran/cran.tar.gz"
+#: RocketQA's MS MARCO passages with titles (marco/para.txt, marco/para.title.txt, …); no published checksum.
+ROCKETQA_MARCO_URL = "https://rocketqa.bj.bcebos.com/corpus/marco.tar.gz"
 DOWNLOAD_TIMEOUT_S = 60
 OFFLINE_ENV = "PRETRIEVE_OFFLINE"
 
@@ -57,7 +66,8 @@ class CollectionInfo:
     md5: str | None
     splits: tuple[str, ...]
     description: str
-    archive: str = "beir-zip"      # how the download is unpacked: "beir-zip" or "cranfield-smart" (converted)
+    archive: str = "beir-zip"      # how the download is unpacked: "beir-zip", "cranfield-smart" or "rocketqa-titled"
+    base: str | None = None        # the collection whose queries and qrels a derived corpus takes
 
 
 def _beir(name: str, md5: str, splits: tuple[str, ...], description: str) -> CollectionInfo:
@@ -96,6 +106,9 @@ KNOWN_COLLECTIONS: dict[str, CollectionInfo] = {info.name: info for info in (
     CollectionInfo("cranfield", CRANFIELD_URL, "1730f7be572d95a5a4b56c59a7b900a5", ("test",),
                    "Cranfield aeronautics abstracts (ir_datasets: cranfield), 1.4K documents, 225 queries, "
                    "graded qrels", archive="cranfield-smart"),
+    CollectionInfo("msmarco-titled", ROCKETQA_MARCO_URL, None, ("train", "dev", "test"),
+                   "MS MARCO passages with RocketQA's titles (the BoW, DupMAE, CoT-MAE, CoT-MoTE corpus); queries and "
+                   "qrels of BEIR's msmarco", archive="rocketqa-titled", base="msmarco"),
 )}
 
 
@@ -151,12 +164,18 @@ def resolve_collection(name_or_path: str | Path, *, data_root: str | Path | None
     return resolve_collections([name_or_path], recipe, data_root, cache_dir=cache_dir)[str(name_or_path)]
 
 
-def resolve_corpus(value: str | Path, *, data_root: str | Path | None = None) -> str:
+def resolve_corpus(value: str | Path | list, *, data_root: str | Path | None = None) -> str | list[str]:
     """A pre-training corpus (``--corpus``, ``corpus=``): a bare collection name → its directory
     (:func:`resolve_collection`); a path, ``DIR@SPLIT`` or ``hf:NAME`` is returned as given (see
-    :mod:`pretrieve.data.pretrain_text`)."""
-    text = str(value)
-    if not text or text.startswith("hf:") or "@" in text or _looks_like_path(text) or Path(text).exists():
+    :mod:`pretrieve.data.pretrain_text`). Several sources (a list, or comma-separated) → the list of each resolved."""
+    if not value:
+        return str(value or "")
+    sources = [_resolve_corpus_source(str(source), data_root) for source in split_corpus(value)]
+    return sources[0] if len(sources) == 1 else sources
+
+
+def _resolve_corpus_source(text: str, data_root: str | Path | None) -> str:
+    if text.startswith("hf:") or "@" in text or _looks_like_path(text) or Path(text).exists():
         return text
     return str(resolve_collection(text, data_root=data_root))
 
@@ -213,7 +232,8 @@ def fetch_collection(name: str, cache_dir: str | Path | None = None) -> Path:
     if target.exists() and (not target.is_dir() or any(target.iterdir())):
         raise InputError(f"exists but holds no corpus.jsonl; remove it or download '{info.name}' elsewhere "
                          "(it is never overwritten)", path=target)
-    return _download_and_unpack(info, target)
+    base = resolve_collection(info.base, cache_dir=cache_dir) if info.base else None   # before the long download
+    return _download_and_unpack(info, target, base)
 
 
 def _looks_like_path(text: str) -> bool:
@@ -240,7 +260,7 @@ def file_md5(path: Path) -> str:
     return digest.hexdigest()
 
 
-def _download_and_unpack(info: CollectionInfo, target: Path) -> Path:
+def _download_and_unpack(info: CollectionInfo, target: Path, base: Path | None = None) -> Path:
     hint = "; pass a local path to a BEIR-layout directory"
     if os.environ.get(OFFLINE_ENV, "").strip() not in ("", "0"):
         raise InputError(f"could not download '{info.name}' from {info.url}: offline mode ({OFFLINE_ENV} is set)"
@@ -262,6 +282,8 @@ def _download_and_unpack(info: CollectionInfo, target: Path) -> Path:
                                  f"(corrupt or changed download; retry, or pass a local path)", path=info.url)
         if info.archive == "cranfield-smart":
             _convert_cranfield(archive, target)
+        elif info.archive == "rocketqa-titled":
+            _convert_rocketqa_titled(archive, target, base)
         else:
             _unpack(archive, target, info.name)
     finally:
@@ -293,7 +315,6 @@ def _convert_cranfield(archive: Path, target: Path) -> None:
     """The SMART files of Cranfield (a ``.tar.gz``) → a BEIR-layout directory, atomically (module docstring)."""
     import io
     import json
-    import tarfile
 
     try:
         with tarfile.open(archive, "r:*") as tar:
@@ -320,6 +341,31 @@ def _convert_cranfield(archive: Path, target: Path) -> None:
         (tmp / "qrels").mkdir()
         (tmp / "qrels" / "test.tsv").write_text("query-id\tcorpus-id\tscore\n" + "".join(
             f"{qid}\t{doc}\t{grade}\n" for qid, doc, grade in qrels), encoding="utf-8")
+
+
+def _convert_rocketqa_titled(archive: Path, target: Path, base: Path) -> None:
+    """RocketQA's ``marco.tar.gz`` → the titled passages (``para.txt`` joined with ``para.title.txt``, as
+    bowdpr's ``get_data.sh``) with the queries and qrels of ``base`` (BEIR's msmarco), atomically."""
+    with atomic_dir(target) as tmp:
+        staging = tmp / ".rocketqa"
+        staging.mkdir()
+        try:
+            with tarfile.open(archive, "r:*") as tar:
+                members = {Path(m.name).name: m for m in tar.getmembers() if m.isfile()}
+                missing = [name for name in ("para.txt", "para.title.txt") if name not in members]
+                if missing:
+                    raise InputError(f"RocketQA's MS MARCO archive lacks {', '.join(missing)}", path=archive)
+                for name in ("para.txt", "para.title.txt"):
+                    with tar.extractfile(members[name]) as source, open(staging / name, "wb") as out:
+                        shutil.copyfileobj(source, out, 1 << 20)
+        except tarfile.TarError as exc:
+            raise InputError(f"downloaded archive of 'msmarco-titled' is not a valid tar.gz ({exc})",
+                             path=archive) from None
+        convert(tmp, corpus=staging / "para.txt", titles=staging / "para.title.txt")
+        shutil.rmtree(staging)
+        collection = BeirCollection(base)
+        shutil.copyfile(collection.queries_path, tmp / collection.queries_path.name)
+        shutil.copytree(base / "qrels", tmp / "qrels")
 
 
 def _smart_records(text: str) -> list[dict[str, str]]:

@@ -69,7 +69,7 @@ import numpy as np
 
 from pretrieve.data.jsonl import iter_jsonl
 from pretrieve import artifacts
-from pretrieve.data.pretrain_text import (cache_name, iter_pretrain_texts, resolve_text_source, source_identity,
+from pretrieve.data.pretrain_text import (cache_name, iter_pretrain_texts, resolve_text_sources, source_identity,
                                           vocabulary_digest)
 from pretrieve.errors import ConfigError, InputError
 from pretrieve.io_utils import atomic_open, write_json
@@ -195,7 +195,11 @@ class SpanCorpus:
         """Split, tokenize and pack ``source`` once (or reuse the cache) and memory-map the result."""
         if max_len < 8:
             raise InputError(f"max_len must be at least 8, got {max_len}", field="max_len")
-        source = resolve_text_source(source)
+        sources = resolve_text_sources(source)
+        if len(sources) > 1:
+            raise ConfigError(f"document context spans read one corpus source, got {len(sources)} "
+                              f"({', '.join(map(str, sources))}): join the documents into one file")
+        source = sources[0]
         settings, inputs = source_identity(source)[:2]
         vocabulary = vocabulary_digest(tokenizer)
         settings.update({"format": _CACHE_VERSION, "max_len": max_len, "vocabulary": vocabulary})

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from pretrieve import ranks
+from pretrieve.data.pretrain_text import split_corpus
 from pretrieve.errors import ConfigError, InputError
 from pretrieve.options import join_path, validate
 from pretrieve.io_utils import load_config_file
@@ -217,9 +218,9 @@ def recipe_collections(recipe: Mapping[str, Any]) -> list[str]:
     nor a hub dataset (``hf:NAME``), and each ``evaluate`` collection (without its ``:split``)."""
     names = [str(recipe["data"])]
     for kind, _, options in stage_labels(recipe):
-        corpus = str(options.get("corpus") or "")
-        if kind == "pretrain" and corpus and not corpus.startswith("hf:") and not Path(corpus).expanduser().exists():
-            names.append(corpus)   # a collection name (a hub dataset, hf:NAME, is the pre-trainer's to load)
+        for corpus in split_corpus(options.get("corpus")) if kind == "pretrain" and options.get("corpus") else []:
+            if not str(corpus).startswith("hf:") and not Path(str(corpus)).expanduser().exists():
+                names.append(str(corpus))   # a collection name (a hub dataset, hf:NAME, is the pre-trainer's to load)
         if kind == "evaluate":
             for entry in options.get("collections") or [recipe["data"]]:
                 names.append(split_collection(str(entry))[0])

@@ -26,7 +26,7 @@ from transformers import AutoConfig, AutoTokenizer
 
 from pretrieve import artifacts
 from pretrieve.ranks import built_once
-from pretrieve.data.pretrain_text import TokenizedCorpus, resolve_text_source
+from pretrieve.data.pretrain_text import TokenizedCorpus, resolve_text_sources
 from pretrieve.data.spans import build_span_dataset
 from pretrieve.errors import ConfigError
 from pretrieve.io_utils import write_json
@@ -53,7 +53,8 @@ class PretrainConfig(LoopConfig):
     """One pre-training run: what to train on, the method, and the loop settings."""
 
     model: str = ""
-    corpus: str = ""
+    corpus: str | list[str] = ""
+    """One source, or several concatenated in order (a list or a comma-separated string; pretrieve.data.pretrain_text)."""
     out: str = ""
     method: Any = "bow"
     max_len: int = 144
@@ -86,10 +87,14 @@ def run_settings(config: PretrainConfig, method) -> tuple[dict[str, Any], dict[s
     starting checkpoint and the corpus file) to fingerprint by content."""
     resolved = dataclasses.asdict(config) | {"method": method.to_dict()}
     settings = {key: value for key, value in resolved.items() if key not in PATH_SETTINGS}
-    source = resolve_text_source(config.corpus)   # a file or a save_to_disk directory by content; a hub name by name
-    inputs, named = artifacts.run_inputs(model=config.model, corpus=source.path or str(source))
-    if source.split:
-        named["corpus_split"] = source.split
+    # each source: a file or a save_to_disk directory by content, a hub name by name (one source: "corpus")
+    sources = resolve_text_sources(config.corpus)
+    keys = ["corpus"] if len(sources) == 1 else [f"corpus{i}" for i in range(len(sources))]
+    inputs, named = artifacts.run_inputs(model=config.model,
+                                         **{key: source.path or str(source) for key, source in zip(keys, sources)})
+    for key, source in zip(keys, sources):
+        if source.split:
+            named[f"{key}_split"] = source.split
     return settings | named, inputs
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from pretrieve.data.pretrain_text import split_corpus
 from pretrieve.recipe.runner import RunState
 from pretrieve.recipe.schema import RECIPE_SETS, placeholder_config, stage
 from pretrieve.train import pretrainer
@@ -26,8 +27,9 @@ def check_pretrain(options: dict[str, Any], where: str) -> None:
 def stage_pretrain(state: RunState, options: dict[str, Any], label: str, show_progress: bool) -> None:
     out = state.out / label   # a second pretrain stage (pretrain-2) continues from the first's encoder
     values = state.seeded(options)
-    corpus = str(values.get("corpus") or state.data)
-    values["corpus"] = str(state.collections.get(corpus, corpus))
+    sources = [str(state.collections.get(str(source), source)) for source in split_corpus(values.get("corpus")
+                                                                                         or state.data)]
+    values["corpus"] = sources[0] if len(sources) == 1 else sources   # several: concatenated in order
     method = values.pop("method", "bow")
     flags = {**values, "model": state.init_model, "out": str(out), "show_progress": show_progress}
     config = build_pretrain_config({}, flags, {"method": method}, resume=True)
