@@ -138,7 +138,8 @@ def test_msmarco_titled_is_rocketqas_passages_with_titles_and_beirs_judgments(tm
     assert corpus == [
         {"_id": "0", "title": "The Manhattan Project",
          "text": "The presence of communication amid scientific minds was equally important."},
-        {"_id": "1", "title": "-", "text": "The Manhattan Project and its atomic bomb helped bring an end to World War II."},
+        {"_id": "1", "title": "-",
+         "text": "The Manhattan Project and its atomic bomb helped bring an end to World War II."},
         {"_id": "2", "title": "", "text": "Essay on the Manhattan Project."}]
     assert (path / "queries.jsonl").read_bytes() == (beir / "queries.jsonl").read_bytes()
     assert (path / "qrels" / "dev.tsv").read_bytes() == (beir / "qrels" / "dev.tsv").read_bytes()

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO
-from pretrieve.data.pretrain_text import iter_pretrain_texts, resolve_text_source
+from pretrieve.data.pretrain_text import iter_pretrain_texts, resolve_text_source, resolve_text_sources
 from pretrieve.recipe.schema import load_recipe, stage_labels
 
 TEXTS = ["Anarchism is a political philosophy.", "Albedo is the fraction of sunlight that is reflected.",
@@ -35,5 +35,5 @@ def test_hf_corpus_loads_a_local_hub_format_dataset(tmp_path, monkeypatch):
 def test_paper_recipes_name_a_loadable_wikipedia_with_its_config(recipe):
     loaded = load_recipe(REPO / "configs" / f"{recipe}-msmarco.yaml")
     corpora = [opts["corpus"] for kind, _, opts in stage_labels(loaded) if kind == "pretrain"]
-    source = resolve_text_source(corpora[0])
+    source = resolve_text_sources(corpora[0])[0]   # Wikipedia first (then BookCorpus where the paper adds it)
     assert (source.name, source.config) == ("wikimedia/wikipedia", "20231101.en")

@@ -145,14 +145,50 @@ def test_bad_measures_and_expected_numbers_are_one_located_error(tiny_mlm_dir, t
     assert message in str(error.value) and "\n" not in str(error.value)
 
 
+#: The recipes whose authors fine-tuned on RocketQA's MS MARCO passages with titles (docs/methods.md).
+TITLED = ("bow", "dupmae", "cotmae", "cotmote")
+
+
 @pytest.mark.parametrize("name", PAPER_RECIPES)
 def test_paper_recipes_ask_for_their_papers_measures_and_cite_a_table_for_each_number(name):
     recipe = load_recipe(CONFIGS / f"{name}-msmarco.yaml")
     evaluate_stage = next(opts["evaluate"] for opts in recipe["stages"] if "evaluate" in opts)
-    dev = evaluate_stage["measures"]["msmarco:dev"]
+    marco = "msmarco-titled" if name in TITLED else "msmarco"   # CPDAE: STAR's official collection; CDMAE: SimLM's
+    assert recipe["data"] == marco
+    dev = evaluate_stage["measures"][f"{marco}:dev"]
     assert dev[0] == "MRR@10" and "R@1000" in dev and ("R@50" in dev) == (name != "cpdae") and ("R@1" in dev) == (
         name == "cotmote")
-    assert evaluate_stage["measures"]["msmarco:test"] == ["nDCG@10", "R(rel=2)@1000"]
+    assert evaluate_stage["measures"][f"{marco}:test"] == ["nDCG@10", "R(rel=2)@1000"]
     expected = recipe["expected"]
-    assert {entry["collection"] for entry in expected} >= {"msmarco:dev"}
+    assert {entry["collection"] for entry in expected} >= {f"{marco}:dev"}
     assert all(entry["table"].startswith(("Table", "CoT-MoTE", "CDMAE")) for entry in expected)
+
+
+@pytest.mark.parametrize("name", ["bow", "dupmae", "cdmae", "cpdae"])
+def test_general_pre_training_reads_the_papers_corpora_in_order(name):
+    recipe = load_recipe(CONFIGS / f"{name}-msmarco.yaml")
+    first = next(opts["pretrain"] for opts in recipe["stages"] if "pretrain" in opts)["corpus"]
+    wikipedia, bookcorpus = "hf:wikimedia/wikipedia:20231101.en", "hf:bookcorpus/bookcorpus"
+    assert first == (wikipedia if name == "cpdae" else [wikipedia, bookcorpus])   # CPDAE: English Wikipedia only
+
+
+BEIR_SETS = {"trec-covid", "nfcorpus", "nq", "hotpotqa", "fiqa", "arguana", "webis-touche2020", "quora",
+             "dbpedia-entity", "scidocs", "fever", "climate-fever", "scifact"}
+
+
+@pytest.mark.parametrize("name, table", [("bow-beir", 'Table 6, column "30%"'),
+                                         ("dupmae-beir", 'Table 2, column "DupMAE"'),
+                                         ("cdmae-msmarco", 'Table 3, column "CDMAE"')])
+def test_beir_tables_cover_every_downloadable_set_scored_as_beir_scores_them(name, table):
+    recipe = load_recipe(CONFIGS / f"{name}.yaml")
+    stage = [opts["evaluate"] for opts in recipe["stages"] if "evaluate" in opts][-1]
+    assert set(stage["collections"]) == BEIR_SETS and stage["measures"] == ["nDCG@10"]
+    assert sorted(stage["ignore_identical_ids"]) == ["arguana", "quora"] and stage["collections"][0] == "arguana"
+    beir = {entry["collection"]: entry for entry in recipe["expected"] if entry["collection"] in BEIR_SETS}
+    assert set(beir) == BEIR_SETS and all(entry["table"].startswith(table) for entry in beir.values())
+    assert all(list(entry["values"]) == ["nDCG@10"] for entry in beir.values())
+    if name.endswith("-beir"):   # the separate BEIR fine-tuning: general corpus only, one stage, group 2, lr 1e-5
+        kinds = [next(iter(entry)) for entry in recipe["stages"]]
+        assert kinds == ["pretrain", "finetune", "evaluate"] and recipe["data"] == "msmarco-titled"
+        shared = recipe["finetune"]
+        assert (shared["num_negatives"], shared["lr"], shared["epochs"], shared["batch_size"]) == (1, 1e-5, 10, 1024)

@@ -340,7 +340,8 @@ def _plan(sources: list[TextSource], tokenizer, max_len: int, min_chunk: int, ca
         settings, inputs = identities[0][0], identities[0][1]
     else:
         settings = {"sources": [identity[0] for identity in identities]}
-        inputs = {f"source{i}-{key}": path for i, identity in enumerate(identities) for key, path in identity[1].items()}
+        inputs = {f"source{i}-{key}": path
+                  for i, identity in enumerate(identities) for key, path in identity[1].items()}
     vocab = vocabulary_digest(tokenizer)
     settings.update({"format": TOKEN_CACHE_FORMAT, "max_len": max_len, "min_chunk": min_chunk, "vocabulary": vocab})
     num_proc = resolve_num_proc(num_proc, sum(identity[3] for identity in identities))

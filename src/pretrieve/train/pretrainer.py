@@ -54,7 +54,7 @@ class PretrainConfig(LoopConfig):
 
     model: str = ""
     corpus: str | list[str] = ""
-    """One source, or several concatenated in order (a list or a comma-separated string; pretrieve.data.pretrain_text)."""
+    """One source, or several concatenated in order (a list, or comma-separated; pretrieve.data.pretrain_text)."""
     out: str = ""
     method: Any = "bow"
     max_len: int = 144
