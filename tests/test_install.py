@@ -39,7 +39,7 @@ def test_a_recipe_is_found_by_name_outside_the_checkout(tmp_path, monkeypatch):
     (tmp_path / "bow-msmarco").write_text("a file of that name wins")
     assert find_recipe("bow-msmarco") == Path("bow-msmarco")
     assert find_recipe("mine.yaml") == Path("mine.yaml")            # a path stays a path (and fails as one)
-    with pytest.raises(InputError, match=r"bow-msmarcoo: no such recipe file.*shipped: bow-msmarco, "):
+    with pytest.raises(InputError, match=r"bow-msmarcoo: no such recipe file.*shipped: bow-beir, bow-msmarco, "):
         find_recipe("bow-msmarcoo")
 
 

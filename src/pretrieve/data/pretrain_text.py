@@ -355,8 +355,9 @@ def _plan(sources: list[TextSource], tokenizer, max_len: int, min_chunk: int, ca
             rows = parts[-1][1] if parts else 0
             step = max(1, -(-rows // num_proc))
             parts = [(a, min(a + step, rows)) for a in range(0, rows, step)]
-        units.extend(_Unit(source, start, end, f"part-{len(units) + i:05d}", max_len, min_chunk, dtype, dataset, index)
-                     for i, (start, end) in enumerate(parts))
+        first = len(units)
+        units += [_Unit(source, start, end, f"part-{first + i:05d}", max_len, min_chunk, dtype, dataset, index)
+                  for i, (start, end) in enumerate(parts)]
     return target, settings, inputs, units, num_proc
 
 
