@@ -152,3 +152,20 @@ def test_msmarco_titled_needs_beirs_msmarco_first(tmp_path, monkeypatch):
     monkeypatch.setenv("PRETRIEVE_OFFLINE", "1")
     with pytest.raises(InputError, match="'msmarco'"):
         resolve_collection("msmarco-titled")
+
+
+@pytest.mark.parametrize("flags", [["--corpus", "A", "--corpus", "B"], ["--corpus", "A,B"]])
+def test_the_cli_takes_several_sources(flags, tiny_mlm_dir, tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    from pretrieve.cli import app
+    from pretrieve.train import pretrainer
+
+    (tmp_path / "A").write_text("first source\n", encoding="utf-8")
+    (tmp_path / "B").write_text("second source\n", encoding="utf-8")
+    monkeypatch.chdir(tmp_path)
+    seen = []
+    monkeypatch.setattr(pretrainer, "pretrain", lambda config: seen.append(config.corpus) or tmp_path / "final")
+    result = CliRunner().invoke(app, ["pretrain", "--model", str(tiny_mlm_dir), "--out", "out", *flags])
+    assert result.exit_code == 0, result.output
+    assert seen == [["A", "B"]]
