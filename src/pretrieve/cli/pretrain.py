@@ -77,7 +77,8 @@ def pretrain_command(
     from pretrieve.train.pretrainer import pretrain   # torch: not for --help
     from pretrieve.train.run_config import build_pretrain_config
 
-    flags = dict(model=model, corpus=(corpus[0] if len(corpus) == 1 else corpus) if corpus else None, out=str(out) if out else None, max_len=max_len,
+    sources = corpus[0] if corpus and len(corpus) == 1 else corpus or None   # one source: as before
+    flags = dict(model=model, corpus=sources, out=str(out) if out else None, max_len=max_len,
                  batch_size=batch_size, micro_batch_size=micro_batch_size, lr=lr, max_steps=steps,
                  epochs=epochs, warmup_ratio=warmup_ratio, warmup_steps=warmup_steps, schedule=schedule,
                  min_lr_ratio=min_lr_ratio, precision=precision, bf16=bf16,
