@@ -22,6 +22,10 @@ sentence-transformers (v2 to v6) does:
 * ``Dense`` modules (``nn.Linear`` + activation, optional residual) are loaded with their weights;
   ``Dropout`` is the identity at inference; a ``Normalize`` module (which must come last) sets
   ``normalize=True``; any other module raises :class:`~pretrieve.errors.ConfigError`;
+* a ``Router`` (``router_config.json``; sentence-transformers ≥ 5) as the first module: each side reads the chain
+  of its route — the task ``"query"`` for queries, ``"document"`` for passages, resolved as sentence-transformers
+  does (``route_mappings``, then the route named after the task, then ``default_route``) — followed by the modules
+  after the Router (``SentenceTransformersConfig.routed`` tells that the sides may differ);
 * ``config_sentence_transformers.json``: ``prompts`` and ``default_prompt_name`` give the query and
   passage prompts, following ``encode_query`` / ``encode_document``'s documented choice among the
   *saved* prompts (query: ``"query"``; passage: the first of ``"document"``, ``"passage"``,

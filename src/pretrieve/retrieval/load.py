@@ -69,13 +69,18 @@ DEFAULT_PASSAGE_LENGTH, DEFAULT_QUERY_LENGTH = 144, 32
 # ------------------------------------------------------------------------------------------ dense encoders
 def load_dense_encoder(name_or_path: str | Path, pooling: str | Sequence[str] | None = None,
                        normalize: bool | None = None, max_length: int | None = None,
-                       device: str | torch.device = "cpu", side: str = "passage") -> DenseEncoder:
+                       device: str | torch.device = "cpu", side: str = "passage",
+                       transformer_path: str | None = None) -> DenseEncoder:
     """A :class:`DenseEncoder` of a checkpoint; sentence-transformers settings are read, explicit arguments
-    override them. ``side`` picks the route of a ``Router`` model (``"query"`` or ``"passage"``)."""
+    override them. ``side`` picks the route of a ``Router`` model (``"query"`` or ``"passage"``);
+    ``transformer_path`` loads the transformer from that subfolder instead of the one the files name (``""``: the
+    root, where a CoT-MoTE export keeps its MoTE checkpoint)."""
     name_or_path = resolve_model(name_or_path)
     files = ModelFiles(name_or_path)
     st = read_sentence_transformers_config(files, side)
-    location, extra = files.model_location(st.transformer_path if st else "")
+    if transformer_path is None:
+        transformer_path = st.transformer_path if st else ""
+    location, extra = files.model_location(transformer_path)
     try:
         tokenizer = AutoTokenizer.from_pretrained(location, **extra)
         model = AutoModel.from_pretrained(location, **extra)
@@ -244,16 +249,18 @@ def load_retriever(name_or_path: str | Path, device: str | torch.device = "auto"
 
 def _dense_encoders(resolved: str, path: Path | None, pooling, normalize, max_length: int | None,
                     device: torch.device) -> tuple[DenseEncoder, DenseEncoder]:
-    """``(query, passage)`` encoders: the two routes of a sentence-transformers ``Router`` model (pretrieve's
-    export of separate towers or of CoT-MoTE experts), two routed views of a CoT-MoTE checkpoint without one (a
-    pre-trained encoder), else one encoder for both sides."""
+    """``(query, passage)`` encoders: two routed views of a CoT-MoTE checkpoint (its root is the source of truth;
+    the per-side copies of an export are for sentence-transformers), the two routes of a sentence-transformers
+    ``Router`` model (pretrieve's export of separate towers, or any such model), else one encoder for both sides."""
+    if path is not None and is_mote_checkpoint(path):  # one set of weights, queries through Q-FFN, passages P-FFN
+        encoder = load_dense_encoder(resolved, pooling=pooling, normalize=normalize, max_length=max_length,
+                                     device=device, transformer_path="")
+        query, passage = copy.copy(encoder), copy.copy(encoder)
+        query.model, passage.model = (view.eval() for view in routed_views(encoder.model, path))
+        return query, passage
     st = read_sentence_transformers_config(ModelFiles(resolved))
     if st is not None and st.routed:
         return tuple(load_dense_encoder(resolved, pooling=pooling, normalize=normalize, max_length=max_length,
                                         device=device, side=side) for side in ("query", "passage"))
     encoder = load_dense_encoder(resolved, pooling=pooling, normalize=normalize, max_length=max_length, device=device)
-    if path is not None and is_mote_checkpoint(path):  # one set of weights, queries through Q-FFN, passages P-FFN
-        query, passage = copy.copy(encoder), copy.copy(encoder)
-        query.model, passage.model = (view.eval() for view in routed_views(encoder.model, path))
-        return query, passage
     return encoder, encoder
