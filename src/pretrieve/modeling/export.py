@@ -205,7 +205,8 @@ def write_transformer_config(directory: str | Path, max_seq_length: int) -> None
 
 
 def write_router_config(directory: str | Path) -> None:
-    """``router_config.json``: task ``query`` → the transformer in ``query/``, ``document`` (default) → ``passage/``."""
+    """``router_config.json``: the task ``query`` → the transformer in ``query/``, ``document`` (the default) →
+    ``passage/``."""
     write_json(Path(directory) / ROUTER_CONFIG,
                {"types": {side: TRANSFORMER_TYPE for side in SIDES.values()},
                 "structure": {task: [side] for task, side in SIDES.items()},

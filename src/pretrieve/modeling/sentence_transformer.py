@@ -345,8 +345,8 @@ def read_sentence_transformers_config(files: ModelFiles, side: str = "passage") 
 
 def _route(files: ModelFiles, path: str, side: str) -> list[tuple[str, str]]:
     """The modules (type, path) of the ``Router`` at ``path`` that a text of ``side`` goes through: the route of the
-    task (``query`` / ``document``) as sentence-transformers resolves it (``route_mappings`` ``(task, None)`` or
-    ``(task, 'text')``, then the route named after the task, then ``default_route``)."""
+    task (``query`` / ``document``) for text as sentence-transformers resolves it (``route_mappings``, then the
+    route named after the task, then one named ``text``, then ``default_route``)."""
     where = f"{files.name}/{path + '/' if path else ''}{ROUTER_CONFIG}"
     router = files.json(f"{path}/{ROUTER_CONFIG}" if path else ROUTER_CONFIG)
     if not isinstance(router, dict) or not isinstance(router.get("structure"), dict):
@@ -355,7 +355,7 @@ def _route(files: ModelFiles, path: str, side: str) -> list[tuple[str, str]]:
     parameters = router.get("parameters") or {}
     mappings = {str(key).replace(" ", ""): value for key, value in (parameters.get("route_mappings") or {}).items()}
     route = (mappings.get(f"('{task}','text')") or mappings.get(f"('{task}',None)") or mappings.get("(None,'text')")
-             or mappings.get("(None,None)") or (task if task in router["structure"] else None)
+             or mappings.get("(None,None)") or next((key for key in (task, "text") if key in router["structure"]), None)
              or parameters.get("default_route"))
     if route not in router["structure"]:
         raise ConfigError(f"{where}: no route for the task '{task}' (routes: {', '.join(router['structure'])})")
