@@ -86,9 +86,9 @@ def export_retriever(model: DualEncoder, tokenizer, directory: str | Path, max_s
                     model.representation.kind)
         return directory
     if mote:
+        experts = next(module for module in model.query_tower.modules() if is_mote(module))
         for side in SIDES.values():
-            expert_model(model.query_tower.encoder.model, side).save_pretrained(str(directory / side),
-                                                                              safe_serialization=True)
+            expert_model(experts, side).save_pretrained(str(directory / side), safe_serialization=True)
             _save_tokenizer(tokenizer, directory / side, max_seq_length)
     if model.tied and not mote:
         write_transformer_config(directory, max_seq_length)
