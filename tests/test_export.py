@@ -121,7 +121,7 @@ def test_mote_export_routes_queries_to_the_query_expert(tokenizer, tmp_path):
             param.add_(0.1 * torch.randn_like(param))
     encoder.save_pretrained(tmp_path / "mote")
     tokenizer.save_pretrained(tmp_path / "mote")
-    model = DualEncoder.from_pretrained(tmp_path / "mote", DenseRepresentation("cls", normalize=True))
+    model = DualEncoder.from_pretrained(tmp_path / "mote", DenseRepresentation("cls", normalize=True, temperature=0.05))
     out = export_retriever(model, tokenizer, tmp_path / "exported", MAX_LEN)
     for side in ("query", "passage"):
         assert "mote" not in json.loads((out / side / "config.json").read_text())

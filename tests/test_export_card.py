@@ -34,7 +34,7 @@ Paired two-sided t-tests of `finetune-s1` against each baseline (nDCG@10 per que
 @pytest.fixture()
 def fine_tuned(tiny_bert_dir, tokenizer, tmp_path) -> Path:
     """A fine-tuned-looking retriever folder with training leftovers that an export must not carry."""
-    model = DualEncoder.from_pretrained(tiny_bert_dir, DenseRepresentation("mean", normalize=True))
+    model = DualEncoder.from_pretrained(tiny_bert_dir, DenseRepresentation("mean", normalize=True, temperature=0.05))
     out = export_retriever(model, tokenizer, tmp_path / "finetune-s1" / "final", 48,
                            training={"stage": 1, "query_max_len": 16, "passage_max_len": 48, "num_negatives": 3,
                                      "init": "bert-base-uncased"})
