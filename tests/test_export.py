@@ -1,5 +1,5 @@
-"""Export: sentence-transformers and pretrieve's loader load the fine-tuned retriever and encode alike;
-a CoT-MoTE export warns that sentence-transformers runs its passage expert only."""
+"""Export: sentence-transformers and pretrieve's loader load the fine-tuned retriever and encode alike — siamese,
+separate towers and CoT-MoTE (through sentence-transformers' Router), with their prompts."""
 
 from __future__ import annotations
 
@@ -58,24 +58,33 @@ def test_cosine_model_gets_a_normalize_module(tiny_bert_dir, tokenizer, tmp_path
     np.testing.assert_allclose(vectors, raw / np.linalg.norm(raw, axis=1, keepdims=True), atol=1e-5)
 
 
-def test_separate_towers_are_two_sentence_transformers_folders(tiny_bert_dir, tokenizer, tmp_path):
+def assert_sides_match(out, model, tokenizer):
+    """``SentenceTransformer(out).encode_query/encode_document`` and pretrieve's loader both give the model's query
+    and passage vectors (max abs diff ≤ 1e-5)."""
     from sentence_transformers import SentenceTransformer
 
+    st = SentenceTransformer(str(out), device="cpu")
+    retriever = load_retriever(out, device="cpu", precision="fp32")
+    queries = model_vectors(model, tokenizer, TEXTS, "query")
+    passages = model_vectors(model, tokenizer, TEXTS, "passage")
+    np.testing.assert_allclose(st.encode_query(TEXTS, convert_to_numpy=True), queries, atol=1e-5)
+    np.testing.assert_allclose(st.encode_document(TEXTS, convert_to_numpy=True), passages, atol=1e-5)
+    np.testing.assert_allclose(retriever.query_encoder.embed(TEXTS).numpy(), queries, atol=1e-5)
+    np.testing.assert_allclose(retriever.passage_encoder.embed(TEXTS).numpy(), passages, atol=1e-5)
+    assert not np.allclose(queries, passages, atol=1e-3)   # the two sides really differ
 
+
+def test_separate_towers_export_through_a_router(tiny_bert_dir, tokenizer, tmp_path):
     model = DualEncoder.from_pretrained(tiny_bert_dir, DenseRepresentation("mean"), tied=False)
     with torch.no_grad():
         for param in model.tower("query").parameters():
             param.add_(0.01 * torch.randn_like(param))
     out = export_retriever(model, tokenizer, tmp_path / "sep", MAX_LEN)
-    assert not (out / "modules.json").exists() and (out / "dual_encoder.json").exists()
-    retriever = load_retriever(out, device="cpu", precision="fp32")
-    query_encoder, passage_encoder = retriever.query_encoder, retriever.passage_encoder
-    for side, encoder in (("query", query_encoder), ("passage", passage_encoder)):
-        expected = model_vectors(model, tokenizer, TEXTS, side)
-        np.testing.assert_allclose(encoder.embed(TEXTS).numpy(), expected, atol=1e-5)
-        st = SentenceTransformer(str(out / side), device="cpu")
-        np.testing.assert_allclose(st.encode(TEXTS, convert_to_numpy=True), expected, atol=1e-5)
-    assert not np.allclose(query_encoder.embed(TEXTS).numpy(), passage_encoder.embed(TEXTS).numpy())
+    modules = json.loads((out / "modules.json").read_text())
+    assert [m["type"].rsplit(".", 1)[1] for m in modules] == ["Router", "Pooling"]
+    assert json.loads((out / "router_config.json").read_text())["structure"] == {"query": ["query"],
+                                                                                  "document": ["passage"]}
+    assert_sides_match(out, model, tokenizer)
     assert DualEncoder.load(out).tied is False
 
 
@@ -96,15 +105,13 @@ def test_pretrieve_dense_runs_on_the_export(tiny_bert_dir, tokenizer, tmp_path):
     assert set(run) == {"t0", "t1", "t2", "t3"} and all(len(docs) == 5 for docs in run.values())
 
 
-def test_mote_export_warns_that_sentence_transformers_runs_the_passage_expert_only(tokenizer, tmp_path):
-    """sentence-transformers cannot route queries to Q-FFN: the export says so (warning + flag in its config),
-    SentenceTransformer encodes every text with the passage expert, and pretrieve's loaders route both."""
-    from sentence_transformers import SentenceTransformer
-
+def test_mote_export_routes_queries_to_the_query_expert(tokenizer, tmp_path):
+    """CoT-MoTE: each side is written as a plain transformer (shared weights + its FFN experts) behind a Router, so
+    sentence-transformers encodes queries with Q-FFN and passages with P-FFN, exactly as pretrieve; the root keeps
+    the MoTE checkpoint for pretrieve (DualEncoder.load restores both experts)."""
     from conftest import tiny_bert_config
     from pretrieve.modeling import Encoder
-    from pretrieve.modeling.export import MoTEExportWarning
-    from pretrieve.modeling.mote import enable_mote, expert_parameters
+    from pretrieve.modeling.mote import enable_mote, expert_parameters, is_mote
 
     torch.manual_seed(0)
     encoder = Encoder.from_config(tiny_bert_config())
@@ -114,29 +121,38 @@ def test_mote_export_warns_that_sentence_transformers_runs_the_passage_expert_on
             param.add_(0.1 * torch.randn_like(param))
     encoder.save_pretrained(tmp_path / "mote")
     tokenizer.save_pretrained(tmp_path / "mote")
-    model = DualEncoder.from_pretrained(tmp_path / "mote", DenseRepresentation("cls"))
-    with pytest.warns(MoTEExportWarning, match="passage expert only"):
-        out = export_retriever(model, tokenizer, tmp_path / "exported", MAX_LEN)
-    config = json.loads((out / "config_sentence_transformers.json").read_text())
-    assert config["mote_passage_expert_only"] is True
-    st_vectors = SentenceTransformer(str(out), device="cpu").encode(TEXTS, convert_to_numpy=True)
-    passages = model_vectors(model, tokenizer, TEXTS, "passage")
-    queries = model_vectors(model, tokenizer, TEXTS, "query")
-    np.testing.assert_allclose(st_vectors, passages, atol=1e-5)               # P-FFN for every text
-    assert not np.allclose(st_vectors, queries, atol=1e-3)
+    model = DualEncoder.from_pretrained(tmp_path / "mote", DenseRepresentation("cls", normalize=True, temperature=0.05))
+    out = export_retriever(model, tokenizer, tmp_path / "exported", MAX_LEN)
+    for side in ("query", "passage"):
+        assert "mote" not in json.loads((out / side / "config.json").read_text())
+    assert_sides_match(out, model, tokenizer)
+    reloaded = DualEncoder.load(out)
+    assert reloaded.tied and is_mote(reloaded.query_tower.encoder.model)
+
+
+def test_prompts_are_saved_and_used_by_both_loaders(tiny_bert_dir, tokenizer, tmp_path):
+    """A prompt changes the vectors exactly as prepending its text does; an exported model's prompts are used by
+    SentenceTransformer.encode_query/encode_document and by pretrieve, and explicit prompts replace them."""
+    from sentence_transformers import SentenceTransformer
+
+    from pretrieve.retrieval.batches import encode_all
+
+    model = DualEncoder.from_pretrained(tiny_bert_dir, DenseRepresentation("mean"))
+    out = export_retriever(model, tokenizer, tmp_path / "prompted", MAX_LEN,
+                           prompts={"query": "query: ", "passage": "passage: "})
+    assert json.loads((out / "config_sentence_transformers.json").read_text())["prompts"] == {
+        "query": "query: ", "document": "passage: "}
+    queries = model_vectors(model, tokenizer, ["query: " + t for t in TEXTS], "query")
+    passages = model_vectors(model, tokenizer, ["passage: " + t for t in TEXTS], "passage")
+    st = SentenceTransformer(str(out), device="cpu")
+    np.testing.assert_allclose(st.encode_query(TEXTS, convert_to_numpy=True), queries, atol=1e-5)
+    np.testing.assert_allclose(st.encode_document(TEXTS, convert_to_numpy=True), passages, atol=1e-5)
     retriever = load_retriever(out, device="cpu", precision="fp32")
-    query_encoder, passage_encoder = retriever.query_encoder, retriever.passage_encoder
-    np.testing.assert_allclose(query_encoder.embed(TEXTS).numpy(), queries, atol=1e-5)
-    np.testing.assert_allclose(passage_encoder.embed(TEXTS).numpy(), passages, atol=1e-5)
-
-
-def test_plain_export_does_not_warn(tiny_bert_dir, tokenizer, tmp_path):
-    import warnings
-
-    from pretrieve.modeling.export import MoTEExportWarning
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("error", MoTEExportWarning)
-        out = export_retriever(DualEncoder.from_pretrained(tiny_bert_dir, DenseRepresentation("cls")), tokenizer,
-                               tmp_path / "plain", MAX_LEN)
-    assert "mote_passage_expert_only" not in json.loads((out / "config_sentence_transformers.json").read_text())
+    np.testing.assert_allclose(encode_all(retriever.query, TEXTS)["embeddings"], queries, atol=1e-5)
+    np.testing.assert_allclose(encode_all(retriever.passage, TEXTS)["embeddings"], passages, atol=1e-5)
+    other = load_retriever(out, device="cpu", precision="fp32", query_prompt="search_query: ", passage_prompt="")
+    np.testing.assert_allclose(encode_all(other.query, TEXTS)["embeddings"],
+                               model_vectors(model, tokenizer, ["search_query: " + t for t in TEXTS], "query"),
+                               atol=1e-5)
+    np.testing.assert_allclose(encode_all(other.passage, TEXTS)["embeddings"],
+                               model_vectors(model, tokenizer, TEXTS, "passage"), atol=1e-5)

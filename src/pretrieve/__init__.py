@@ -2,7 +2,7 @@
 
 The verbs of the command line are functions here (:mod:`pretrieve.api`; docs/python.md): :func:`pretrain`,
 :func:`finetune`, :func:`load_retriever`, :func:`encode`, :func:`search`, :func:`bm25`, :func:`fuse`,
-:func:`evaluate` and :func:`run_recipe`. They are imported on first use (PEP 562), so ``import pretrieve`` (and the
+:func:`evaluate`, :func:`run_recipe` and :func:`export`. They are imported on first use (PEP 562), so ``import pretrieve`` (and the
 ``pretrieve`` command's start) loads neither torch nor transformers, and importing it changes no global state.
 """
 
@@ -11,7 +11,8 @@ import importlib
 __version__ = "0.1.0"
 
 _EXPORTS = {
-    "pretrieve.api": ("bm25", "encode", "evaluate", "finetune", "fuse", "pretrain", "run_recipe", "search"),
+    "pretrieve.api": ("bm25", "encode", "evaluate", "export", "finetune", "fuse", "pretrain", "run_recipe",
+                      "search"),
     "pretrieve.retrieval.load": ("load_retriever",),
 }
 _MODULE_OF = {name: module for module, names in _EXPORTS.items() for name in names}

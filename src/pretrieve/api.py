@@ -12,6 +12,8 @@ function            returns                                   the command it mat
 :func:`fuse`        a run                                      ``pretrieve fuse``
 :func:`evaluate`    a :class:`~pretrieve.evaluation.ResultsTable` ``pretrieve evaluate``
 :func:`run_recipe`  the results dict of ``results.json``       ``pretrieve run``
+:func:`export`      the export folder (sentence-transformers   ``pretrieve export``
+                    model + model card)
 =================== ========================================= ==========================================
 
 They take what the commands take: models as paths, offline aliases (``minilm``) or hub names
@@ -96,17 +98,23 @@ def finetune(model: str | Path, data: str | Path, out: str | Path, *, stage: int
 
 # ------------------------------------------------------------------------------------------------ retrieval
 def encode(retriever: Retriever | str | Path, texts: Sequence[str], *, side: str = "passage", batch_size: int = 64,
-           show_progress: bool = False) -> np.ndarray | dict[str, Any]:
+           show_progress: bool = False, prompt: str | None = None) -> np.ndarray | dict[str, Any]:
     """Encode ``texts`` as queries or passages (``side``) with a retriever (loaded, or a model name / path):
     a ``[len(texts), dim]`` float32 array for dense retrievers; the named outputs (sparse matrices, token vectors)
-    for other kinds."""
+    for other kinds. ``prompt`` (with a model name / path) replaces the side's saved prompt (``""``: none); a
+    loaded retriever takes its prompts from ``load_retriever(query_prompt=…, passage_prompt=…)``."""
     from pretrieve.retrieval.batches import encode_all   # torch
+    from pretrieve.retrieval.load import load_retriever
 
     if side not in SIDES:
         raise ConfigError(f"side must be one of {', '.join(SIDES)}, got {side!r}")
     if isinstance(texts, str):
         raise ConfigError("texts must be a sequence of strings, got one string (wrap it in a list)")
-    loaded = _retriever(retriever)
+    if prompt is not None and not isinstance(retriever, (str, Path)):
+        raise ConfigError("prompt: give the prompts of a loaded retriever to load_retriever(query_prompt=..., "
+                          "passage_prompt=...)")
+    loaded = (load_retriever(retriever, **{f"{side}_prompt": prompt}) if prompt is not None
+              else _retriever(retriever))
     outputs = encode_all(getattr(loaded, side), list(texts), batch_size=batch_size, show_progress=show_progress)
     return outputs["embeddings"] if loaded.kind == "dense" else outputs
 
@@ -211,6 +219,32 @@ def evaluate(runs: RunLike | Sequence[RunLike] | Mapping[str, RunLike], data: st
                              ignore_identical_ids=ignore_identical_ids)
     results = {name: evaluator(run, name=name) for name, run in _named_runs(runs).items()}
     return build_table(results, test=test, alpha=alpha)
+
+
+# ---------------------------------------------------------------------------------------------------- export
+def export(model: str | Path, out: str | Path, *, recipe_out: str | Path | None = None,
+           query_prompt: str | None = None, passage_prompt: str | None = None, license: str = "apache-2.0",
+           push_to_hub: str | None = None, private: bool = False, token: str | None = None) -> Path:
+    """Export the retriever fine-tuned in ``model`` to ``out``: a sentence-transformers model (``Router`` for
+    separate towers and CoT-MoTE experts; pretrieve's own format for sparse / DupMAE) with a ``README.md`` model
+    card (docs/export.md). ``recipe_out``: the recipe's output folder, whose resolved recipe and ``results.md`` go
+    into the card; ``query_prompt`` / ``passage_prompt`` are saved with the model; ``push_to_hub``: a Hub model
+    repository to upload to (``token`` or the logged-in one). Returns ``out``."""
+    from pretrieve.io_utils import load_config_file
+    from pretrieve.modeling.export import export_model, hub_token, push_to_hub as push   # torch
+
+    if push_to_hub:
+        token = hub_token(token)   # before the work: a push that cannot happen fails at once
+    recipe = results = None
+    if recipe_out is not None:
+        recipe = load_config_file(Path(recipe_out) / "recipe.resolved.json", "resolved recipe")
+        results_md = Path(recipe_out) / "results.md"
+        results = results_md.read_text(encoding="utf-8") if results_md.is_file() else None
+    exported = export_model(model, out, query_prompt=query_prompt, passage_prompt=passage_prompt, recipe=recipe,
+                            results=results, license=license, repo_id=push_to_hub)
+    if push_to_hub:
+        push(exported, push_to_hub, private=private, token=token)
+    return exported
 
 
 # ---------------------------------------------------------------------------------------------------- recipes

@@ -26,6 +26,10 @@ REQUIRED = "Required (here or in --config)."
 OVERWRITE_HELP = "Discard a previous run in --out (checkpoints, final/, logs) and start afresh."
 INEXACT_HELP = ("Resume even when a checkpoint's RNG state cannot be restored (warns; losses differ from an "
                 "uninterrupted run).")
+QUERY_PROMPT_HELP = ("Text prepended to every query (E5/BGE-style instruction, e.g. 'query: '); replaces the "
+                     "prompt the model saved ('' for none).")
+PASSAGE_PROMPT_HELP = ("Text prepended to every passage (e.g. 'passage: '); replaces the prompt the model saved "
+                       "('' for none).")
 DIVERGENCE_HELP = ("Stop when the loss stays above this multiple of its running median (+ MAD, at least 1) "
                    "for 3 steps in a row (0: only non-finite losses).")
 

@@ -25,6 +25,7 @@ import typer
 from rich.console import Console
 
 from pretrieve.cli import app
+from pretrieve.cli.options import PASSAGE_PROMPT_HELP, QUERY_PROMPT_HELP
 from pretrieve.data.collection import BeirCollection
 from pretrieve.data.registry import resolve_collection
 from pretrieve.data.trec import write_run
@@ -59,11 +60,13 @@ def _precision(precision: str, bf16: bool) -> str:
 
 
 def _load(model: str, device: str, precision: str, max_length: Optional[int] = None,
-          query_max_length: Optional[int] = None, pooling: Optional[str] = None, normalize: Optional[bool] = None):
+          query_max_length: Optional[int] = None, pooling: Optional[str] = None, normalize: Optional[bool] = None,
+          query_prompt: Optional[str] = None, passage_prompt: Optional[str] = None):
     from pretrieve.retrieval.load import load_retriever
 
     retriever = load_retriever(model, device=device, precision=precision, max_length=max_length,
-                               query_max_length=query_max_length, pooling=pooling, normalize=normalize)
+                               query_max_length=query_max_length, pooling=pooling, normalize=normalize,
+                               query_prompt=query_prompt, passage_prompt=passage_prompt)
     passage = retriever.passage.settings
     details = (f"pooling={passage['pooling']} normalize={passage['normalize']} dim={passage['dim']} "
                if retriever.kind == "dense" else "")
@@ -152,6 +155,8 @@ def encode(
                                              show_default=False),
     precision: str = typer.Option("auto", "--precision", help=PRECISION_HELP),
     bf16: bool = typer.Option(False, "--bf16", hidden=True, help="Same as --precision bf16."),
+    query_prompt: Optional[str] = typer.Option(None, "--query-prompt", help=QUERY_PROMPT_HELP),
+    passage_prompt: Optional[str] = typer.Option(None, "--passage-prompt", help=PASSAGE_PROMPT_HELP),
     device: str = typer.Option("auto", "--device", help="cpu, cuda, cuda:1, ... or auto."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Re-encode even when the shard is current."),
 ) -> None:
@@ -161,7 +166,7 @@ def encode(
 
     with producing(out, directory=True):
         retriever = _load(model, device, _precision(precision, bf16), max_length=max_length, pooling=pooling,
-                          normalize=normalize)
+                          normalize=normalize, query_prompt=query_prompt, passage_prompt=passage_prompt)
         corpus = _collection(data).corpus_dataset()   # memory-mapped Arrow, not Python dicts
         if overwrite or not (out / shard_dir_name(shard, num_shards)).exists():   # else reused while current
             size = _index_bytes(retriever, -(-len(corpus) // num_shards))
@@ -194,6 +199,8 @@ def search(
                                              show_default=False),
     precision: str = typer.Option("auto", "--precision", help=PRECISION_HELP),
     bf16: bool = typer.Option(False, "--bf16", hidden=True, help="Same as --precision bf16."),
+    query_prompt: Optional[str] = typer.Option(None, "--query-prompt", help=QUERY_PROMPT_HELP),
+    passage_prompt: Optional[str] = typer.Option(None, "--passage-prompt", help=PASSAGE_PROMPT_HELP),
     device: str = typer.Option("auto", "--device", help="cpu, cuda, cuda:1, ... or auto."),
 ) -> None:
     """Encode the split's queries and search every shard of INDEX (streaming top-k merge); write the run."""
@@ -206,7 +213,8 @@ def search(
     queries = _collection(data).load_queries(split)
     with producing(out, needed_bytes=_run_bytes(len(queries), k, 1)):
         retriever = _load(model, device, _precision(precision, bf16), query_max_length=query_max_length,
-                          pooling=pooling, normalize=normalize)
+                          pooling=pooling, normalize=normalize, query_prompt=query_prompt,
+                          passage_prompt=passage_prompt)
         run = search_index(retriever, queries, index, k=k, mode=mode, batch_size=batch_size,
                            options=_options(factory, metric, nprobe, ef_search, gpu))
         write_run(run, out, tag=mode or retriever.kind, depth=k)
@@ -237,6 +245,8 @@ def dense(
                                              show_default=False),
     precision: str = typer.Option("auto", "--precision", help=PRECISION_HELP),
     bf16: bool = typer.Option(False, "--bf16", hidden=True, help="Same as --precision bf16."),
+    query_prompt: Optional[str] = typer.Option(None, "--query-prompt", help=QUERY_PROMPT_HELP),
+    passage_prompt: Optional[str] = typer.Option(None, "--passage-prompt", help=PASSAGE_PROMPT_HELP),
     device: str = typer.Option("auto", "--device", help="cpu, cuda, cuda:1, ... or auto."),
     mode: Optional[str] = typer.Option(None, "--mode", help=MODE_HELP),
 ) -> None:
@@ -258,7 +268,8 @@ def dense(
     with producing(out, needed_bytes=_run_bytes(len(queries), k, len(corpus)), scratch=(INDEX_SCRATCH,)):
         with write_failures(index):
             retriever = _load(model, device, _precision(precision, bf16), max_length=max_length,
-                              query_max_length=query_max_length, pooling=pooling, normalize=normalize)
+                              query_max_length=query_max_length, pooling=pooling, normalize=normalize,
+                              query_prompt=query_prompt, passage_prompt=passage_prompt)
             if cache is None or not (cache / shard_dir_name(0, 1)).exists():   # else reused while current
                 size = _index_bytes(retriever, len(corpus))
                 check_space(index, size, size)

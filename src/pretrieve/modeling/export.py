@@ -1,92 +1,171 @@
 """Export a fine-tuned dual encoder so that retrieval tools load it as they are.
 
 :func:`export_retriever` writes a :class:`~pretrieve.modeling.dual_encoder.DualEncoder` (``save``), its tokenizer
-and, for dense representations, the sentence-transformers files beside every tower:
+and, for dense representations, the files of a sentence-transformers (v2 to v6) model:
 
-* ``modules.json`` — ``Transformer`` (the tower, at the folder's root) → ``Pooling`` (``1_Pooling``) →
-  ``Normalize`` (``2_Normalize``, when the representation normalises or is trained on cosine similarity);
-* ``sentence_bert_config.json`` — ``max_seq_length`` (the passage length used in training) and
-  ``do_lower_case: false``; the tokenizer's ``model_max_length`` is set to the same value, which is where
-  sentence-transformers 6 reads it;
+* ``modules.json`` — the input module, then ``Pooling`` (``1_Pooling``) → ``Normalize`` (``2_Normalize``, when
+  the representation normalises or is trained on cosine similarity);
+* ``sentence_bert_config.json`` beside every transformer — ``max_seq_length`` (the passage length used in
+  training) and ``do_lower_case: false``; the tokenizer's ``model_max_length`` is set to the same value, which is
+  where sentence-transformers 6 reads it;
 * ``1_Pooling/config.json`` — ``word_embedding_dimension`` and the ``pooling_mode_*`` booleans (``cls`` or
   ``mean``), the form every sentence-transformers version from 2 to 6 reads;
 * ``config_sentence_transformers.json`` — ``similarity_fn_name`` ``"cosine"`` for cosine/normalised
-  representations, else ``"dot"``; no prompts.
+  representations, else ``"dot"``, and the ``prompts`` (``{"query": …, "document": …}``) when the model is
+  used with instructions (E5/BGE-style ``"query: "``), so ``encode_query`` / ``encode_document`` prepend them.
 
-So a siamese dense model loads with ``sentence_transformers.SentenceTransformer(path)`` and with
-``pretrieve.retrieval.load.load_retriever(path)`` (``pretrieve dense --model path``), and both encode the same
-vectors the model computed in training (with a Normalize module added for cosine-trained models, which changes
-no cosine score).
+Three dense layouts, all loading with ``SentenceTransformer(path)``, with
+:func:`pretrieve.retrieval.load.load_retriever` (``pretrieve dense --model path``) and ``DualEncoder.load``:
 
-A model with separate towers (``tied=False``) is written as ``query/`` and ``passage/`` subfolders, each a
-complete sentence-transformers model of its own side, plus ``dual_encoder.json`` at the root. The root itself
-is *not* a sentence-transformers model (sentence-transformers has no notion of two encoders in one folder):
-load ``path/query`` for queries and ``path/passage`` for passages, or ``DualEncoder.load(path)``.
-Representations other than dense (sparse, DupMAE) get no sentence-transformers files.
+* **siamese** (one tower): the input module is a ``Transformer`` at the folder's root;
+* **separate towers** (``tied=False``): the input module is sentence-transformers' ``Router``
+  (``router_config.json``): the task ``"query"`` runs the ``Transformer`` in ``query/``, the task ``"document"``
+  (the default) the one in ``passage/`` — the two towers as ``DualEncoder.save`` writes them — so
+  ``encode_query`` / ``encode_document`` give the query and passage vectors;
+* **CoT-MoTE** (one tower with query/passage FFN experts, Ma et al. 2023): the root keeps the MoTE checkpoint
+  (``DualEncoder.load``, further fine-tuning), and each side is also written as a plain transformer — shared
+  weights + that side's experts (:func:`expert_model`) — in ``query/`` and ``passage/``, routed by a ``Router``
+  as above. Exact (no approximation), at the cost of two plain copies of the weights beside the MoTE one.
 
-**CoT-MoTE models** (query and passage FFN experts, CoT-MoTE (Ma et al. 2023)) cannot be expressed in sentence-transformers,
-which runs one network on every text: ``SentenceTransformer(path)`` (through ``AutoModel``) loads the *passage*
-expert — the one stored under BERT's parameter names — and ignores the query expert, so it would encode
-queries through P-FFN. The export still writes the sentence-transformers files (pretrieve's own loaders read
-their pooling, normalisation and length, and route the experts:
-:func:`pretrieve.retrieval.load.load_retriever`, ``pretrieve dense``), but it warns
-(:class:`MoTEExportWarning`) and records ``"mote_passage_expert_only": true`` in
-``config_sentence_transformers.json``; use the folder with pretrieve, or with sentence-transformers for
-passages only.
+Representations other than dense (sparse, hybrid, DupMAE) get no sentence-transformers files: their folder is
+pretrieve's own format (``dual_encoder.json`` + a Hugging Face checkpoint with its MLM head), loaded by
+``load_retriever`` / ``pretrieve dense`` (docs/export.md).
+
+:func:`export_model` (``pretrieve export``, ``pretrieve.export``) turns a fine-tuned model folder into a clean
+export of this layout plus its model card (:mod:`pretrieve.modeling.model_card`), and :func:`push_to_hub` uploads
+the folder with ``huggingface_hub``.
 """
 
 from __future__ import annotations
 
+import copy
+import json
 import logging
-import warnings
+import shutil
 from importlib import metadata
 from pathlib import Path
 from typing import Any, Mapping
 
+from huggingface_hub import HfApi, get_token
+from torch import nn
+from transformers import AutoTokenizer
+
+from pretrieve.errors import ConfigError, InputError
 from pretrieve.io_utils import write_json
-from pretrieve.modeling.dual_encoder import DualEncoder
-from pretrieve.modeling.mote import is_mote
+from pretrieve.modeling.dual_encoder import DualEncoder, read_dual_encoder_config
+from pretrieve.modeling.model_card import DEFAULT_LICENSE, write_model_card
+from pretrieve.modeling.mote import EXPERTS, CONFIG_KEY, is_mote, routed_modules
 from pretrieve.modeling.representations import DenseRepresentation
 
 logger = logging.getLogger(__name__)
 
-
-class MoTEExportWarning(UserWarning):
-    """A CoT-MoTE model was exported with sentence-transformers files that can only run its passage expert."""
-
-
-MOTE_WARNING = ("{path}: this CoT-MoTE model routes queries through its query FFN expert, which "
-                "sentence-transformers cannot do — SentenceTransformer('{path}') loads the passage expert only and "
-                "would encode queries with it. Search it with pretrieve (pretrieve dense / "
-                "retrieval.load.load_retriever), which routes both experts.")
-
 POOLING_KEYS = {"cls": "pooling_mode_cls_token", "mean": "pooling_mode_mean_tokens"}
 _ALL_POOLING_KEYS = ("pooling_mode_cls_token", "pooling_mode_mean_tokens", "pooling_mode_max_tokens",
                      "pooling_mode_mean_sqrt_len_tokens")
+ROUTER_CONFIG = "router_config.json"
+SIDES = {"query": "query", "document": "passage"}
+"""sentence-transformers' task → the folder (and pretrieve text type) of its side."""
+TRANSFORMER_TYPE = "sentence_transformers.models.Transformer"
 
 
 def export_retriever(model: DualEncoder, tokenizer, directory: str | Path, max_seq_length: int,
-                     training: Mapping[str, Any] | None = None) -> Path:
-    """Save ``model`` + ``tokenizer`` into ``directory`` in the layout described in the module docstring."""
+                     training: Mapping[str, Any] | None = None,
+                     prompts: Mapping[str, str | None] | None = None) -> Path:
+    """Save ``model`` + ``tokenizer`` into ``directory`` in the layout described in the module docstring.
+
+    ``prompts``: ``{"query": …, "passage": …}`` instructions the model is used with (None or empty: none)."""
     directory = Path(directory)
     model.save(directory, training=training)
-    tower_dirs = [directory] if model.tied else [directory / "query", directory / "passage"]
+    _save_tokenizer(tokenizer, directory, max_seq_length)
+    mote = model.tied and tower_is_mote(model.query_tower)
     if not model.tied:
-        _save_tokenizer(tokenizer, directory, max_seq_length)
-    dense = isinstance(model.representation, DenseRepresentation)
-    for tower_dir, tower in zip(tower_dirs, [model.query_tower] if model.tied else [model.query_tower,
-                                                                                     model.passage_tower]):
-        _save_tokenizer(tokenizer, tower_dir, max_seq_length)
-        if dense:
-            mote = tower_is_mote(tower)
-            write_sentence_transformers_files(tower_dir, model.representation, model.query_tower.hidden_size,
-                                              max_seq_length, mote_passage_expert_only=mote)
-            if mote:
-                warnings.warn(MOTE_WARNING.format(path=tower_dir), MoTEExportWarning, stacklevel=2)
+        for side in SIDES.values():
+            _save_tokenizer(tokenizer, directory / side, max_seq_length)
     if not isinstance(model.representation, DenseRepresentation):
         logger.info("representation '%s' is not dense: no sentence-transformers files written",
                     model.representation.kind)
+        return directory
+    if mote:
+        experts = next(module for module in model.query_tower.modules() if is_mote(module))
+        for side in SIDES.values():
+            expert_model(experts, side).save_pretrained(str(directory / side), safe_serialization=True)
+            _save_tokenizer(tokenizer, directory / side, max_seq_length)
+    if model.tied and not mote:
+        write_transformer_config(directory, max_seq_length)
+    else:
+        for side in SIDES.values():
+            write_transformer_config(directory / side, max_seq_length)
+        write_router_config(directory)
+    write_sentence_transformers_files(directory, model.representation, model.query_tower.hidden_size,
+                                      router=not model.tied or mote, prompts=prompts)
     return directory
+
+
+def export_model(model_dir: str | Path, out: str | Path, *, query_prompt: str | None = None,
+                 passage_prompt: str | None = None, recipe: Mapping[str, Any] | None = None,
+                 results: str | None = None, row: str | None = None, license: str = DEFAULT_LICENSE,
+                 repo_id: str | None = None) -> Path:
+    """Export the retriever fine-tuned by pretrieve in ``model_dir`` to ``out`` (:func:`export_retriever`'s layout,
+    its ``finetune_config.json``, and a ``README.md`` model card); returns ``out``.
+
+    ``query_prompt`` / ``passage_prompt`` replace the prompts the model saved (``""``: none); ``recipe`` (a resolved
+    recipe) and ``results`` (its ``results.md``) go into the card, ``row`` names the model's row there; ``repo_id``
+    names the model in the card's usage.
+    """
+    model_dir, out = Path(model_dir), Path(out)
+    info = read_dual_encoder_config(model_dir)
+    if out.resolve() == model_dir.resolve():
+        raise ConfigError(f"out: {out} is the model folder itself; export into another folder")
+    if out.exists() and any(out.iterdir()) and not (out / "dual_encoder.json").is_file():
+        raise InputError("exists and is not an export (not overwritten)", path=out)
+    model = DualEncoder.load(model_dir, info=info).eval()
+    tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+    training = dict(info.get("training") or {})
+    length = int(training.get("passage_max_len") or tokenizer.model_max_length)
+    prompts = saved_prompts(model_dir)
+    for side, given in (("query", query_prompt), ("passage", passage_prompt)):
+        if given is not None:
+            prompts[side] = given
+    if out.exists():
+        shutil.rmtree(out)
+    export_retriever(model, tokenizer, out, length, training=training, prompts=prompts)
+    if (model_dir / "finetune_config.json").is_file():
+        shutil.copy2(model_dir / "finetune_config.json", out / "finetune_config.json")
+    write_model_card(out, recipe=recipe, results=results, row=row, license=license, repo_id=repo_id)
+    return out
+
+
+def saved_prompts(directory: str | Path) -> dict[str, str]:
+    """``{"query": …, "passage": …}`` from an export's ``config_sentence_transformers.json`` (empty without)."""
+    path = Path(directory) / "config_sentence_transformers.json"
+    try:
+        saved = json.loads(path.read_text(encoding="utf-8")).get("prompts") or {}
+    except (OSError, ValueError):
+        return {}
+    return {side: saved[task] for task, side in SIDES.items() if saved.get(task)}
+
+
+def push_to_hub(directory: str | Path, repo_id: str, private: bool = False, token: str | None = None) -> str:
+    """Upload the export in ``directory`` to the Hugging Face Hub model repository ``repo_id`` (created when
+    missing, ``private`` then); returns the repository's URL. Needs a token (``token``, ``$HF_TOKEN`` or
+    ``hf auth login``)."""
+    directory = Path(directory)
+    if not (directory / "README.md").is_file():
+        raise InputError("not an export with a model card (README.md missing); run pretrieve export first",
+                         path=directory)
+    api = HfApi(token=hub_token(token))
+    url = api.create_repo(repo_id, repo_type="model", private=private, exist_ok=True)
+    api.upload_folder(repo_id=repo_id, folder_path=str(directory), repo_type="model",
+                      commit_message="Upload retriever exported by pretrieve")
+    return str(url)
+
+
+def hub_token(token: str | None = None) -> str:
+    """``token``, else the one ``huggingface_hub`` finds (``$HF_TOKEN``, ``hf auth login``); ConfigError without."""
+    token = token or get_token()
+    if not token:
+        raise ConfigError("push_to_hub: no Hugging Face token; set HF_TOKEN or run `hf auth login`")
+    return token
 
 
 def _save_tokenizer(tokenizer, directory: Path, max_seq_length: int) -> None:
@@ -103,27 +182,57 @@ def tower_is_mote(tower) -> bool:
     return any(is_mote(module) for module in tower.modules())
 
 
+def expert_model(model: nn.Module, expert: str) -> nn.Module:
+    """A plain copy of the MoTE model ``model`` whose every layer runs the ``expert`` (``"query"`` or
+    ``"passage"``) FFN: shared weights + that expert, under the original parameter names (loads with
+    ``AutoModel``)."""
+    if expert not in EXPERTS:
+        raise ValueError(f"expert must be one of {EXPERTS}, got {expert!r}")
+    plain = copy.deepcopy(model)
+    for name, routed in routed_modules(plain):
+        parent_name, _, child = name.rpartition(".")
+        setattr(plain.get_submodule(parent_name) if parent_name else plain, child, getattr(routed, expert))
+    del plain.mote_router
+    if hasattr(plain.config, CONFIG_KEY):
+        delattr(plain.config, CONFIG_KEY)
+    return plain
+
+
+def write_transformer_config(directory: str | Path, max_seq_length: int) -> None:
+    """``sentence_bert_config.json`` of a ``Transformer`` module."""
+    write_json(Path(directory) / "sentence_bert_config.json",
+               {"max_seq_length": int(max_seq_length), "do_lower_case": False})
+
+
+def write_router_config(directory: str | Path) -> None:
+    """``router_config.json``: the task ``query`` → the transformer in ``query/``, ``document`` (the default) →
+    ``passage/``."""
+    write_json(Path(directory) / ROUTER_CONFIG,
+               {"types": {side: TRANSFORMER_TYPE for side in SIDES.values()},
+                "structure": {task: [side] for task, side in SIDES.items()},
+                "parameters": {"default_route": "document", "allow_empty_key": True, "route_mappings": {}}})
+
+
 def write_sentence_transformers_files(directory: str | Path, representation: DenseRepresentation, dimension: int,
-                                      max_seq_length: int, mote_passage_expert_only: bool = False) -> None:
-    """``modules.json``, ``sentence_bert_config.json``, ``1_Pooling/``, ``2_Normalize/`` and
-    ``config_sentence_transformers.json`` for a folder whose root holds the transformer (with
-    ``"mote_passage_expert_only": true`` for a CoT-MoTE model, see the module docstring)."""
+                                      router: bool = False, prompts: Mapping[str, str | None] | None = None) -> None:
+    """``modules.json``, ``1_Pooling/``, ``2_Normalize/`` and ``config_sentence_transformers.json`` of a folder
+    whose input module (a ``Transformer``, or a ``Router`` when ``router``) is at its root."""
     directory = Path(directory)
-    modules = [{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+    first = "sentence_transformers.models.Router" if router else TRANSFORMER_TYPE
+    modules = [{"idx": 0, "name": "0", "path": "", "type": first},
                {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"}]
     if representation.unit_vectors:
         modules.append({"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"})
         (directory / "2_Normalize").mkdir(parents=True, exist_ok=True)
     write_json(directory / "modules.json", modules)
-    write_json(directory / "sentence_bert_config.json", {"max_seq_length": int(max_seq_length), "do_lower_case": False})
     pooling = {"word_embedding_dimension": int(dimension)}
     pooling.update({key: key == POOLING_KEYS[representation.pooling] for key in _ALL_POOLING_KEYS})
     write_json(directory / "1_Pooling" / "config.json", pooling)
-    settings = {"__version__": _versions(), "prompts": {}, "default_prompt_name": None,
-                "similarity_fn_name": "cosine" if representation.unit_vectors else "dot"}
-    if mote_passage_expert_only:
-        settings["mote_passage_expert_only"] = True
-    write_json(directory / "config_sentence_transformers.json", settings)
+    saved = {task: (prompts or {}).get(side) for task, side in SIDES.items()}
+    write_json(directory / "config_sentence_transformers.json",
+               {"__version__": _versions(), "prompts": {task: text for task, text in saved.items() if text},
+                "default_prompt_name": None,
+                "similarity_fn_name": "cosine" if representation.unit_vectors else "dot"})
 
 
 def _versions() -> dict[str, str]:

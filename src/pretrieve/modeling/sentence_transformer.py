@@ -22,6 +22,10 @@ sentence-transformers (v2 to v6) does:
 * ``Dense`` modules (``nn.Linear`` + activation, optional residual) are loaded with their weights;
   ``Dropout`` is the identity at inference; a ``Normalize`` module (which must come last) sets
   ``normalize=True``; any other module raises :class:`~pretrieve.errors.ConfigError`;
+* a ``Router`` (``router_config.json``; sentence-transformers ≥ 5) as the first module: each side reads the chain
+  of its route — the task ``"query"`` for queries, ``"document"`` for passages, resolved as sentence-transformers
+  does (``route_mappings``, then the route named after the task, then ``default_route``) — followed by the modules
+  after the Router (``SentenceTransformersConfig.routed`` tells that the sides may differ);
 * ``config_sentence_transformers.json``: ``prompts`` and ``default_prompt_name`` give the query and
   passage prompts, following ``encode_query`` / ``encode_document``'s documented choice among the
   *saved* prompts (query: ``"query"``; passage: the first of ``"document"``, ``"passage"``,
@@ -206,6 +210,9 @@ LEGACY_POOLING_KEYS: dict[str, str] = {
 }
 
 _PASSAGE_PROMPT_NAMES = ("document", "passage", "corpus")
+ROUTER_CONFIG = "router_config.json"
+TASKS = {"query": "query", "passage": "document"}
+"""pretrieve's text type → sentence-transformers' task (a ``Router``'s route key)."""
 _INFERENCE_NO_OPS = {"Dropout"}
 
 
@@ -265,6 +272,7 @@ class SentenceTransformersConfig:
     prompts: dict[str, str] = field(default_factory=dict)
     default_prompt_name: str | None = None
     similarity: str | None = None
+    routed: bool = False           # the input module is a Router: the query and passage sides may differ
 
     @property
     def query_prompt(self) -> str | None:
@@ -285,19 +293,25 @@ class SentenceTransformersConfig:
         return self.prompts.get(self.default_prompt_name) or None
 
 
-def read_sentence_transformers_config(files: ModelFiles) -> SentenceTransformersConfig | None:
-    """Parse ``modules.json`` and the module configs, or None when the checkpoint has no ``modules.json``."""
+def read_sentence_transformers_config(files: ModelFiles, side: str = "passage") -> SentenceTransformersConfig | None:
+    """Parse ``modules.json`` and the module configs for ``side`` (``"query"`` or ``"passage"``: the route a
+    ``Router`` takes for the task ``"query"`` / ``"document"``), or None when the checkpoint has no
+    ``modules.json``."""
     modules = files.json("modules.json")
     if modules is None:
         return None
     where = f"{files.name}/modules.json"
     if not isinstance(modules, list) or not modules:
         raise InputError("expected a non-empty list of modules", path=where)
+    chain = [(str(entry.get("type", "")), str(entry.get("path", "")))
+             for entry in sorted(modules, key=lambda m: m.get("idx", 0))]
     config = SentenceTransformersConfig()
+    if chain[0][0].rpartition(".")[2] in ("Router", "Asym"):
+        config.routed = True
+        chain = _route(files, chain[0][1], side) + chain[1:]
     seen_transformer = seen_pooling = False
-    for position, entry in enumerate(sorted(modules, key=lambda m: m.get("idx", 0))):
-        kind = str(entry.get("type", "")).rpartition(".")[2]
-        path = str(entry.get("path", ""))
+    for position, (module_type, path) in enumerate(chain):
+        kind = module_type.rpartition(".")[2]
         if config.normalize:
             raise ConfigError(f"{where}: module '{kind}' after Normalize is not supported")
         if kind == "Transformer" and position == 0:
@@ -317,8 +331,9 @@ def read_sentence_transformers_config(files: ModelFiles) -> SentenceTransformers
         elif kind in _INFERENCE_NO_OPS and seen_pooling:
             continue
         else:
-            raise ConfigError(f"{where}: module {position} of type '{entry.get('type')}' is not supported here "
-                              "(supported chain: Transformer → Pooling → Dense* → Normalize?)")
+            raise ConfigError(f"{where}: module {position} of type '{module_type}' is not supported here "
+                              "(supported chain: Transformer → Pooling → Dense* → Normalize?, or a Router whose "
+                              "routes start one)")
     if not seen_pooling:
         raise ConfigError(f"{where}: no Pooling module after the Transformer; cannot make one vector per text")
     st_config = files.json("config_sentence_transformers.json") or {}
@@ -326,6 +341,27 @@ def read_sentence_transformers_config(files: ModelFiles) -> SentenceTransformers
     config.default_prompt_name = st_config.get("default_prompt_name")
     config.similarity = st_config.get("similarity_fn_name")
     return config
+
+
+def _route(files: ModelFiles, path: str, side: str) -> list[tuple[str, str]]:
+    """The modules (type, path) of the ``Router`` at ``path`` that a text of ``side`` goes through: the route of the
+    task (``query`` / ``document``) for text as sentence-transformers resolves it (``route_mappings``, then the
+    route named after the task, then one named ``text``, then ``default_route``)."""
+    where = f"{files.name}/{path + '/' if path else ''}{ROUTER_CONFIG}"
+    router = files.json(f"{path}/{ROUTER_CONFIG}" if path else ROUTER_CONFIG)
+    if not isinstance(router, dict) or not isinstance(router.get("structure"), dict):
+        raise InputError("a Router module needs a router_config.json with 'types' and 'structure'", path=where)
+    task = TASKS[side]
+    parameters = router.get("parameters") or {}
+    mappings = {str(key).replace(" ", ""): value for key, value in (parameters.get("route_mappings") or {}).items()}
+    route = (mappings.get(f"('{task}','text')") or mappings.get(f"('{task}',None)") or mappings.get("(None,'text')")
+             or mappings.get("(None,None)") or next((key for key in (task, "text") if key in router["structure"]), None)
+             or parameters.get("default_route"))
+    if route not in router["structure"]:
+        raise ConfigError(f"{where}: no route for the task '{task}' (routes: {', '.join(router['structure'])})")
+    types = router.get("types") or {}
+    prefix = f"{path}/" if path else ""
+    return [(str(types.get(module_id, "")), prefix + str(module_id)) for module_id in router["structure"][route]]
 
 
 def _read_transformer(files: ModelFiles, path: str, config: SentenceTransformersConfig) -> None:

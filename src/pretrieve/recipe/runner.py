@@ -3,7 +3,8 @@ and the recipe's run files.
 
 :class:`RunState` holds what the stages have produced so far (paths). :func:`run_stages` runs every stage in order,
 timing each (per rank under several processes), and writes ``recipe.resolved.json`` once the first stage has passed
-(a recipe refused before or at it leaves its output directory as it found it) and the results files.
+(a recipe refused before or at it leaves its output directory as it found it), the results files and ``export/``
+(:func:`export_final`: the final retriever with its model card).
 :func:`run_stage` refuses a stage whose directory was left by other settings
 (:class:`pretrieve.errors.StaleOutputError`), or with ``redo_changed`` renames it to ``<dir>.replaced-<UTC time>``
 (:func:`set_aside`) and runs the stage again.
@@ -25,6 +26,7 @@ from pretrieve import ranks
 from pretrieve.data.collection import BeirCollection
 from pretrieve.errors import StaleOutputError
 from pretrieve.io_utils import write_json
+from pretrieve.modeling.export import export_model
 from pretrieve.recipe.results import write_results
 from pretrieve.recipe.schema import STAGES, stage_labels
 from pretrieve.retrieval import runs
@@ -132,8 +134,24 @@ def run_stages(state: RunState, path: str | Path, show_progress: bool, redo_chan
     results["command"] = f"pretrieve run {path}"
     if ranks.is_main():
         write_results(out_dir, results, recipe)
+        export_final(state, results)
     ranks.barrier("write the results")
     return results
+
+
+def export_final(state: RunState, results: Mapping[str, Any]) -> Path | None:
+    """``export/``: the final row's retriever (for a fused final row, its chosen or latest fine-tuned model) as a
+    sentence-transformers model whose card carries the recipe and ``results.md`` (docs/export.md)."""
+    finals = [row["retriever"] for row in results["rows"] if row.get("final")]
+    chosen = [row["fusion"]["selection"]["chosen"] for row in results["rows"]
+              if row.get("final") and (row.get("fusion") or {}).get("selection")]
+    models = {**state.retrievers, **state.candidates}
+    name = next((n for n in finals + chosen if n in models), list(state.retrievers)[-1] if state.retrievers else None)
+    if name is None:
+        return None
+    recipe = {**state.recipe, "data": str(state.data), "model": state.base_model}
+    return export_model(models[name], state.out / "export", recipe=recipe, row=name,
+                        results=(state.out / "results.md").read_text(encoding="utf-8"))
 
 
 def run_stage(kind: str, state: RunState, options: dict[str, Any], label: str, show_progress: bool,

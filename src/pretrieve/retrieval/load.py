@@ -11,9 +11,11 @@ It reads a model's configuration once, here and nowhere else:
   :func:`pretrieve.modeling.sentence_transformer.read_sentence_transformers_config`.
 
 A **dense** retriever is run by :class:`~pretrieve.modeling.sentence_transformer.DenseEncoder` (transformer →
-pooling → Dense* → Normalize): one encoder for both sides, or the ``query/`` and ``passage/`` towers of a
-fine-tuned model with separate towers, or — for a CoT-MoTE checkpoint — two views of one model routed to its
-query and passage FFN experts. Any checkpoint without ``modules.json`` (``bert-base-uncased``, a pre-trained
+pooling → Dense* → Normalize): one encoder for both sides, or one per route of a sentence-transformers
+``Router`` (task ``query`` / ``document``: pretrieve's export of separate towers and of CoT-MoTE experts,
+:mod:`pretrieve.modeling.export`), or — for a CoT-MoTE checkpoint without one (a pre-trained encoder) — two views
+of one model routed to its query and passage FFN experts. Query / passage prompts saved with a model are used
+unless the caller gives its own. Any checkpoint without ``modules.json`` (``bert-base-uncased``, a pre-trained
 pretrieve encoder) uses the pooling the caller names (``cls`` by default, the papers' choice) and no
 normalisation; explicit arguments override what a checkpoint says. The **other kinds** are run by
 :class:`~pretrieve.modeling.dual_encoder.DualEncoder` (``encode(text_type, …)``), whose representation rows are
@@ -67,13 +69,18 @@ DEFAULT_PASSAGE_LENGTH, DEFAULT_QUERY_LENGTH = 144, 32
 # ------------------------------------------------------------------------------------------ dense encoders
 def load_dense_encoder(name_or_path: str | Path, pooling: str | Sequence[str] | None = None,
                        normalize: bool | None = None, max_length: int | None = None,
-                       device: str | torch.device = "cpu") -> DenseEncoder:
+                       device: str | torch.device = "cpu", side: str = "passage",
+                       transformer_path: str | None = None) -> DenseEncoder:
     """A :class:`DenseEncoder` of a checkpoint; sentence-transformers settings are read, explicit arguments
-    override them."""
+    override them. ``side`` picks the route of a ``Router`` model (``"query"`` or ``"passage"``);
+    ``transformer_path`` loads the transformer from that subfolder instead of the one the files name (``""``: the
+    root, where a CoT-MoTE export keeps its MoTE checkpoint)."""
     name_or_path = resolve_model(name_or_path)
     files = ModelFiles(name_or_path)
-    st = read_sentence_transformers_config(files)
-    location, extra = files.model_location(st.transformer_path if st else "")
+    st = read_sentence_transformers_config(files, side)
+    if transformer_path is None:
+        transformer_path = st.transformer_path if st else ""
+    location, extra = files.model_location(transformer_path)
     try:
         tokenizer = AutoTokenizer.from_pretrained(location, **extra)
         model = AutoModel.from_pretrained(location, **extra)
@@ -168,7 +175,7 @@ def dense_side(encoder: DenseEncoder, text_type: str, max_length: int, precision
 
 
 def dual_encoder_side(model, tokenizer, backend: PartsEncoder, text_type: str, max_length: int, precision: str,
-                      device: torch.device) -> Side:
+                      device: torch.device, prompt: str | None = None) -> Side:
     representation = model.representation
     vocab = int(model.query_tower.config.vocab_size)
 
@@ -180,18 +187,23 @@ def dual_encoder_side(model, tokenizer, backend: PartsEncoder, text_type: str, m
         return backend.empty_outputs(representation, vocab, text_type)
 
     settings = {"representation": representation.config(), "max_length": int(max_length), "tied": model.tied}
-    return Side(text_type, tokenizer, int(max_length), forward, empty, device, precision, settings)
+    if prompt:
+        settings["prompt"] = prompt
+    return Side(text_type, tokenizer, int(max_length), forward, empty, device, precision, settings, prompt or None)
 
 
 # ------------------------------------------------------------------------------------------------ loading
 def load_retriever(name_or_path: str | Path, device: str | torch.device = "auto", precision: str = "auto",
                    max_length: int | None = None, query_max_length: int | None = None,
-                   pooling: str | Sequence[str] | None = None, normalize: bool | None = None) -> Retriever:
+                   pooling: str | Sequence[str] | None = None, normalize: bool | None = None,
+                   query_prompt: str | None = None, passage_prompt: str | None = None) -> Retriever:
     """Load any retriever — a sentence-transformers or Hugging Face checkpoint (path, hub name or offline alias)
     or a model fine-tuned by pretrieve — with its query and passage sides (see the module docstring).
 
     ``max_length`` / ``query_max_length`` override the passage / query lengths; ``pooling`` / ``normalize`` apply
     to plain dense checkpoints only (a fine-tuned retriever's representation is saved with it).
+    ``query_prompt`` / ``passage_prompt``: text prepended to every query / passage (E5/BGE-style ``"query: "``);
+    given, they replace the prompts the checkpoint saved (``""``: none).
     """
     resolved = resolve_model(name_or_path)
     path = Path(resolved) if Path(resolved).is_dir() else None
@@ -206,8 +218,11 @@ def load_retriever(name_or_path: str | Path, device: str | torch.device = "auto"
     trained_query = int(training["query_max_len"]) if training.get("query_max_len") else None
     common = dict(name=str(resolved), kind=kind, precision=chosen, path=path, config=config)
     if kind == "dense":
-        query_encoder, passage_encoder = _dense_encoders(resolved, path, config, pooling, normalize, max_length,
-                                                         torch_device)
+        query_encoder, passage_encoder = _dense_encoders(resolved, path, pooling, normalize, max_length, torch_device)
+        if query_prompt is not None:
+            query_encoder.query_prompt = query_prompt or None
+        if passage_prompt is not None:
+            passage_encoder.passage_prompt = passage_prompt or None
         if chosen == "int8":
             for model in {id(e.model): e.model for e in (query_encoder, passage_encoder)}.values():
                 quantize_int8(model)
@@ -226,21 +241,26 @@ def load_retriever(name_or_path: str | Path, device: str | torch.device = "auto"
     query_length = query_max_length or trained_query or DEFAULT_QUERY_LENGTH
     search = backend(kind)
     return Retriever(**common, representation=model.representation, model=model,
-                     query=dual_encoder_side(model, tokenizer, search, "query", query_length, chosen, torch_device),
+                     query=dual_encoder_side(model, tokenizer, search, "query", query_length, chosen, torch_device,
+                                             query_prompt),
                      passage=dual_encoder_side(model, tokenizer, search, "passage", passage_length, chosen,
-                                               torch_device))
+                                               torch_device, passage_prompt))
 
 
-def _dense_encoders(resolved: str, path: Path | None, config: Mapping[str, Any] | None, pooling, normalize,
-                    max_length: int | None, device: torch.device) -> tuple[DenseEncoder, DenseEncoder]:
-    """``(query, passage)`` encoders: the two towers of a fine-tuned model with separate towers, two routed
-    views of a CoT-MoTE checkpoint, else one encoder for both sides."""
-    if config is not None and not config.get("tied", True):
-        return (load_dense_encoder(path / "query", max_length=max_length, device=device),
-                load_dense_encoder(path / "passage", max_length=max_length, device=device))
-    encoder = load_dense_encoder(resolved, pooling=pooling, normalize=normalize, max_length=max_length, device=device)
+def _dense_encoders(resolved: str, path: Path | None, pooling, normalize, max_length: int | None,
+                    device: torch.device) -> tuple[DenseEncoder, DenseEncoder]:
+    """``(query, passage)`` encoders: two routed views of a CoT-MoTE checkpoint (its root is the source of truth;
+    the per-side copies of an export are for sentence-transformers), the two routes of a sentence-transformers
+    ``Router`` model (pretrieve's export of separate towers, or any such model), else one encoder for both sides."""
     if path is not None and is_mote_checkpoint(path):  # one set of weights, queries through Q-FFN, passages P-FFN
+        encoder = load_dense_encoder(resolved, pooling=pooling, normalize=normalize, max_length=max_length,
+                                     device=device, transformer_path="")
         query, passage = copy.copy(encoder), copy.copy(encoder)
         query.model, passage.model = (view.eval() for view in routed_views(encoder.model, path))
         return query, passage
+    st = read_sentence_transformers_config(ModelFiles(resolved))
+    if st is not None and st.routed:
+        return tuple(load_dense_encoder(resolved, pooling=pooling, normalize=normalize, max_length=max_length,
+                                        device=device, side=side) for side in ("query", "passage"))
+    encoder = load_dense_encoder(resolved, pooling=pooling, normalize=normalize, max_length=max_length, device=device)
     return encoder, encoder

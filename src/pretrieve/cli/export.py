@@ -1,0 +1,36 @@
+"""``pretrieve export``: a fine-tuned retriever as a sentence-transformers model (``Router`` for separate towers and
+CoT-MoTE experts) with its model card, optionally pushed to the Hugging Face Hub (docs/export.md)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from pretrieve.cli import app
+from pretrieve.cli.options import PASSAGE_PROMPT_HELP, QUERY_PROMPT_HELP
+
+
+@app.command("export")
+def export_command(
+    model_dir: Path = typer.Argument(..., help="A retriever fine-tuned by pretrieve (its folder, e.g. "
+                                     "OUT/finetune-s2/final of a recipe)."),
+    out: Path = typer.Option(..., "--out", "-o", help="Export folder (model, tokenizer, README.md card)."),
+    recipe_out: Optional[Path] = typer.Option(None, "--recipe-out", help="The recipe's output folder: its "
+                                              "recipe.resolved.json and results.md go into the card."),
+    query_prompt: Optional[str] = typer.Option(None, "--query-prompt", help=QUERY_PROMPT_HELP),
+    passage_prompt: Optional[str] = typer.Option(None, "--passage-prompt", help=PASSAGE_PROMPT_HELP),
+    license: str = typer.Option("apache-2.0", "--license", help="License named in the card."),
+    push_to_hub: Optional[str] = typer.Option(None, "--push-to-hub", help="Upload the export to this Hub model "
+                                              "repository (OWNER/NAME; needs HF_TOKEN or `hf auth login`)."),
+    private: bool = typer.Option(False, "--private", help="Create the Hub repository private."),
+) -> None:
+    """Export MODEL_DIR to OUT as a model that loads with SentenceTransformer(OUT) and pretrieve, with a model card."""
+    from pretrieve.api import export   # the Python verb; torch only when it runs
+
+    exported = export(model_dir, out, recipe_out=recipe_out, query_prompt=query_prompt, passage_prompt=passage_prompt,
+                      license=license, push_to_hub=push_to_hub, private=private)
+    typer.echo(f"exported: {exported}")
+    if push_to_hub:
+        typer.echo(f"pushed: https://huggingface.co/{push_to_hub}")

@@ -1,0 +1,222 @@
+"""The model card (``README.md``) of an exported retriever: what it is, what it was trained on and how, how well it
+does, what to cite, and how to load it.
+
+:func:`model_card` builds the Markdown from what the export folder and its history record — no network, no
+training statistics sentence-transformers' own card machinery would need from its trainer:
+
+* ``dual_encoder.json``: the representation, tied or separate towers, the training lengths, the groups file and the
+  checkpoint fine-tuning started from (``training.init``); ``finetune_config.json``: the training collection and
+  the number of training groups (queries) kept;
+* the chain of ``init`` checkpoints, followed back through earlier fine-tuning stages and the pre-training run
+  (``pretrain_config.json``: method and corpus) to the **base model** (a hub name or path);
+* a recipe's resolved configuration (``recipe.resolved.json``; printed as YAML) and its ``results.md`` (the results
+  tables and the paired t-tests), when the export comes from a recipe;
+* the **papers to cite**, from the methods used (pre-training preset, CoT-MoTE experts, representation):
+  :data:`PAPERS`.
+
+The front matter (``library_name``, ``pipeline_tag``, ``base_model``, ``license``, ``tags``) is the Hugging Face
+Hub's model-card metadata.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Mapping
+
+import yaml
+
+#: key → (first author, year, title); cited when a run used the method.
+PAPERS: dict[str, tuple[str, int, str]] = {
+    "dropdecoder": ("Ma et al.", 2024, "Drop your Decoder: Pre-training with Bag-of-Word Prediction for Dense "
+                                       "Passage Retrieval"),
+    "retromae": ("Xiao et al.", 2022, "RetroMAE: Pre-Training Retrieval-oriented Language Models Via Masked "
+                                      "Auto-Encoder"),
+    "dupmae": ("Xiao & Liu", 2022, "RetroMAE v2: Duplex Masked Auto-Encoder For Pre-Training Retrieval-Oriented "
+                                   "Language Models"),
+    "cpdae": ("Ma et al.", 2022, "A Contrastive Pre-training Approach to Learn Discriminative Autoencoder for Dense "
+                                 "Retrieval"),
+    "cdmae": ("Li et al.", 2023, "Challenging Decoder helps in Masked Auto-Encoder Pre-training for Dense Passage "
+                                 "Retrieval"),
+    "cotmae": ("Wu et al.", 2023, "CoT-MAE: ConTextual Masked Auto-Encoder for Dense Passage Retrieval"),
+    "cotmote": ("Ma et al.", 2023, "CoT-MoTE: Exploring ConTextual Masked Auto-Encoder Pre-training with "
+                                   "Mixture-of-Textual-Experts for Passage Retrieval"),
+    "tsdae": ("Wang et al.", 2021, "TSDAE: Using Transformer-based Sequential Denoising Auto-Encoder for "
+                                   "Unsupervised Sentence Embedding Learning"),
+    "splade": ("Formal et al.", 2021, "SPLADE: Sparse Lexical and Expansion Model for First Stage Ranking"),
+    "sbert": ("Reimers & Gurevych", 2019, "Sentence-BERT: Sentence Embeddings using Siamese BERT-Networks"),
+}
+#: pre-training preset → the papers behind it (Drop your Decoder reproduces the MAE baselines).
+METHOD_PAPERS: dict[str, tuple[str, ...]] = {
+    "mlm": ("dropdecoder",), "bow": ("dropdecoder",), "ae": ("dropdecoder",), "ar": ("dropdecoder",),
+    "retromae": ("retromae",), "cpdae": ("cpdae",), "cpdae-r": ("cpdae",), "cdmae": ("cdmae",),
+    "cdmae-random": ("cdmae",), "dupmae": ("dupmae",), "dupmae-code": ("dupmae",), "cotmae": ("cotmae",),
+    "cotmote": ("cotmae", "cotmote"), "cotmote-swap": ("cotmae", "cotmote"), "tsdae": ("tsdae",),
+}
+REPRESENTATION_PAPERS: dict[str, tuple[str, ...]] = {"dupmae": ("dupmae",), "sparse": ("splade",),
+                                                     "hybrid": ("splade", "cotmote")}
+DEFAULT_LICENSE = "apache-2.0"
+
+
+def model_card(directory: str | Path, recipe: Mapping[str, Any] | None = None, results: str | None = None,
+               row: str | None = None, license: str = DEFAULT_LICENSE, repo_id: str | None = None) -> str:
+    """The Markdown card of the exported retriever in ``directory`` (``recipe``: a resolved recipe; ``results``:
+    its ``results.md``; ``row``: this model's row there; ``repo_id``: the hub name it will be loaded by, else its
+    folder)."""
+    directory = Path(directory)
+    info = _json(directory / "dual_encoder.json") or {}
+    training = info.get("training") or {}
+    representation = info.get("representation") or {"type": "dense"}
+    kind = str(representation.get("type", "dense"))
+    history = _history(training.get("init"))
+    base = history["base"] or (recipe or {}).get("model") or "unknown"
+    mote = history["mote"] or bool((_json(directory / "config.json") or {}).get("mote"))
+    finetune = (_json(directory / "finetune_config.json") or {})
+    data = (finetune.get("config") or {}).get("data") or (recipe or {}).get("data")
+    groups = (finetune.get("groups_stats") or {}).get("kept")
+    methods = list(history["methods"])
+    pretrain = (recipe or {}).get("pretrain") or {}
+    if isinstance(pretrain, Mapping) and isinstance(pretrain.get("method"), str) and not methods:
+        methods.append(pretrain["method"])
+    name = repo_id or directory.name
+    dense = kind == "dense"
+    tags = ["pretrieve", "dense-retrieval" if dense else f"{kind}-retrieval"] + (["sentence-transformers"] if dense
+                                                                                 else [])
+    front = {"library_name": "sentence-transformers" if dense else "pretrieve", "license": license, "tags": tags}
+    if dense:
+        front["pipeline_tag"] = "sentence-similarity"
+    if not _looks_local(base):
+        front["base_model"] = base
+    lines = ["---", yaml.safe_dump(front, sort_keys=False).strip(), "---", "",
+             f"# {name}", "",
+             f"A {_describe(kind, representation, info.get('tied', True), mote)} trained with "
+             "pretrieve " + (f"(recipe `{recipe['name']}`)" if recipe and recipe.get("name")
+                                                  else "") + ".", "",
+             "## Model", "", f"- base model: `{_shown(base)}`"]
+    if methods:
+        lines.append(f"- pre-training: {', '.join(f'`{m}`' for m in methods)}"
+                     + (f" on `{_shown(history['corpus'])}`" if history["corpus"] else ""))
+    lines.append(f"- representation: `{json.dumps(representation, sort_keys=True)}`")
+    if training:
+        lines.append(f"- lengths: queries {training.get('query_max_len', '?')}, passages "
+                     f"{training.get('passage_max_len', '?')} tokens")
+    lines += ["", "## Training data", ""]
+    if data:
+        lines.append(f"- collection: `{_shown(data)}`" + (", split `train`" if training else ""))
+    if training.get("stage"):
+        lines.append(f"- fine-tuning stage {training['stage']}" + (f" on {groups} training queries (groups of a "
+                                                                    f"positive and {training.get('num_negatives', '?')}"
+                                                                    " negatives)" if groups else ""))
+    if not data and not training:
+        lines.append("- not recorded")
+    if recipe:
+        lines += ["", "## Recipe", "", f"`pretrieve run` with this resolved recipe (`{recipe.get('name', '')}`):", "",
+                  "```yaml", yaml.safe_dump(_relative(dict(recipe)), sort_keys=False).strip(), "```"]
+    if results:
+        body = results.split("\n", 1)[1] if results.startswith("# ") else results
+        lines += ["", "## Results", "", "From the recipe's `results.md` (paired two-sided t-tests of the final row)"
+                  + (f"; this model is the row `{row}`:" if row else ":"), "", body.strip()]
+    lines += ["", "## Usage", ""] + _usage(name, kind, info.get("tied", True) is False or mote)
+    papers = _papers(methods, kind, mote)
+    lines += ["", "## Citation", "", "Please cite the papers of the methods this model was built with:", ""]
+    lines += [f"- {PAPERS[key][0]} ({PAPERS[key][1]}). *{PAPERS[key][2]}*." for key in papers]
+    lines += ["", "## License", "", f"`{license}` (check the base model's license as well).", ""]
+    return "\n".join(lines)
+
+
+def write_model_card(directory: str | Path, **kwargs: Any) -> Path:
+    """Write :func:`model_card` to ``directory/README.md``; returns its path."""
+    path = Path(directory) / "README.md"
+    path.write_text(model_card(directory, **kwargs), encoding="utf-8")
+    return path
+
+
+def _describe(kind: str, representation: Mapping[str, Any], tied: bool, mote: bool) -> str:
+    if kind != "dense":
+        return {"sparse": "SPLADE-style sparse retriever", "hybrid": "hybrid dense + sparse retriever",
+                "dupmae": "DupMAE ([CLS] + ordinary-token) retriever"}.get(kind, f"{kind} retriever")
+    how = ("with shared attention and query/passage FFN experts (CoT-MoTE)" if mote
+           else "with separate query and passage towers" if not tied else "siamese")
+    return f"dense retriever ({representation.get('pooling', 'cls')} pooling, {how})"
+
+
+def _usage(name: str, kind: str, routed: bool) -> list[str]:
+    lines = []
+    if kind == "dense":
+        lines += ["```python", "from sentence_transformers import SentenceTransformer", "",
+                  f'model = SentenceTransformer("{name}")',
+                  'queries = model.encode_query(["what causes rain?"])',
+                  'passages = model.encode_document(["Rain falls when ..."])',
+                  "scores = model.similarity(queries, passages)", "```", ""]
+        if routed:
+            lines += ["Queries and passages take their own route (sentence-transformers' `Router`): use "
+                      "`encode_query` / `encode_document`, not `encode`.", ""]
+    lines += ["With pretrieve:", "", "```python", "import pretrieve", "",
+              f'retriever = pretrieve.load_retriever("{name}")',
+              'vectors = pretrieve.encode(retriever, ["what causes rain?"], side="query")', "```", "",
+              "```bash", f"pretrieve dense --model {name} --data scifact --out run.trec", "```"]
+    return lines
+
+
+def _papers(methods: list[str], kind: str, mote: bool) -> list[str]:
+    keys = [key for method in methods for key in METHOD_PAPERS.get(method, ())]
+    keys += list(REPRESENTATION_PAPERS.get(kind, ())) + (["cotmote"] if mote else [])
+    keys += ["sbert"] if kind == "dense" else []
+    return list(dict.fromkeys(keys))
+
+
+def _history(init: Any, depth: int = 0) -> dict[str, Any]:
+    """Base model, pre-training methods and corpus, and MoTE, by following ``init`` checkpoints back."""
+    found: dict[str, Any] = {"base": None, "methods": [], "corpus": None, "mote": False}
+    if not init:
+        return found
+    path = Path(str(init))
+    if depth > 8 or not path.is_dir():
+        found["base"] = str(init)
+        return found
+    found["mote"] = bool((_json(path / "config.json") or {}).get("mote"))
+    pretrain = _json(path / "pretrain_config.json")
+    dual = _json(path / "dual_encoder.json")
+    if pretrain is not None:
+        method = pretrain.get("method")
+        name = method.get("name") if isinstance(method, Mapping) else method
+        earlier = _history(pretrain.get("model"), depth + 1)
+        found.update(base=earlier["base"], corpus=pretrain.get("corpus"),
+                     methods=earlier["methods"] + ([str(name)] if name else []),
+                     mote=found["mote"] or bool(isinstance(method, Mapping) and method.get("mote")))
+    elif dual is not None:
+        earlier = _history((dual.get("training") or {}).get("init"), depth + 1)
+        found.update(base=earlier["base"], corpus=earlier["corpus"], methods=earlier["methods"],
+                     mote=found["mote"] or earlier["mote"])
+    else:
+        found["base"] = str(init)
+    return found
+
+
+def _json(path: Path) -> dict[str, Any] | None:
+    try:
+        value = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def _looks_local(name: str) -> bool:
+    return name.startswith((".", "/", "~")) or name.count("/") > 1 or Path(name).exists()
+
+
+def _shown(value: Any) -> str:
+    """A path as its last two parts (a machine's absolute paths say nothing to the card's reader)."""
+    text = str(value)
+    if not text.startswith(("/", "~")):
+        return text
+    return "/".join(Path(text).parts[-2:])
+
+
+def _relative(value: Any) -> Any:
+    """The recipe with absolute paths shortened by :func:`_shown`."""
+    if isinstance(value, Mapping):
+        return {key: _relative(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_relative(item) for item in value]
+    return _shown(value) if isinstance(value, str) else value

@@ -1,0 +1,148 @@
+"""`pretrieve export` / `pretrieve.export`: the export folder, its model card (recipe, results table with t-tests,
+citations) and the push to the Hub, checked offline against a patched HfApi."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+import pretrieve
+from pretrieve.cli import app, main
+from pretrieve.modeling.dual_encoder import DualEncoder
+from pretrieve.modeling.export import export_retriever
+from pretrieve.modeling.representations import DenseRepresentation
+
+RESULTS_MD = """# Results: tiny-recipe
+
+| retriever | collection | nDCG@10 | MRR@10 | R@100 |
+|---|---|---|---|---|
+| bm25 | scifact | 0.6762 | 0.6413 | 0.9127 |
+| finetune-s1 | scifact | 0.6508 | 0.6091 | 0.9237 |
+
+Paired two-sided t-tests of `finetune-s1` against each baseline (nDCG@10 per query; Δ = final − baseline [95 % CI], ▲/▼: p ≤ 0.05):
+
+| collection | vs `bm25`: Δ (p) |
+|---|---|
+| scifact | -0.0254 [-0.0500, -0.0008] (p = 0.043) |
+"""
+
+
+@pytest.fixture()
+def fine_tuned(tiny_bert_dir, tokenizer, tmp_path) -> Path:
+    """A fine-tuned-looking retriever folder with training leftovers that an export must not carry."""
+    model = DualEncoder.from_pretrained(tiny_bert_dir, DenseRepresentation("mean", normalize=True, temperature=0.05))
+    out = export_retriever(model, tokenizer, tmp_path / "finetune-s1" / "final", 48,
+                           training={"stage": 1, "query_max_len": 16, "passage_max_len": 48, "num_negatives": 3,
+                                     "init": "bert-base-uncased"})
+    (out / "finetune_config.json").write_text(json.dumps({"config": {"data": "scifact"},
+                                                          "groups_stats": {"kept": 728}}))
+    (out / "logs.jsonl").write_text("{}\n")
+    (out / "checkpoints").mkdir()
+    (out / "checkpoints" / "step-1.bin").write_bytes(b"x")
+    return out
+
+
+def test_export_command_writes_a_card_with_the_recipe_and_its_results(fine_tuned, tmp_path):
+    recipe_out = tmp_path / "recipe-out"
+    recipe_out.mkdir()
+    (recipe_out / "recipe.resolved.json").write_text(json.dumps(
+        {"name": "tiny-recipe", "model": "bert-base-uncased", "pretrain": {"method": "bow"},
+         "stages": [{"pretrain": {}}, {"finetune": {"stage": 1}}]}))
+    (recipe_out / "results.md").write_text(RESULTS_MD)
+    out = tmp_path / "exported"
+    result = CliRunner().invoke(app, ["export", str(fine_tuned), "--out", str(out), "--recipe-out", str(recipe_out),
+                                      "--query-prompt", "query: "])
+    assert result.exit_code == 0, result.output
+    card = (out / "README.md").read_text()
+    assert "library_name: sentence-transformers" in card and "base_model: bert-base-uncased" in card
+    assert "recipe `tiny-recipe`" in card and "method: bow" in card            # the recipe, as YAML
+    assert "| finetune-s1 | scifact | 0.6508 | 0.6091 | 0.9237 |" in card        # the results table
+    assert "| scifact | -0.0254 [-0.0500, -0.0008] (p = 0.043) |" in card        # the t-tests
+    assert "728 training queries" in card and "`scifact`" in card
+    assert "Ma et al. (2024). *Drop your Decoder" in card and "Reimers & Gurevych (2019)" in card
+    assert "encode_query" in card and "pretrieve.load_retriever" in card and "apache-2.0" in card
+    assert json.loads((out / "config_sentence_transformers.json").read_text())["prompts"] == {"query": "query: "}
+    assert not (out / "logs.jsonl").exists() and not (out / "checkpoints").exists()
+
+
+class FakeHfApi:
+    """Records what would be sent to the Hub: the repository created and the files of the uploaded folder."""
+
+    calls: list = []
+
+    def __init__(self, token=None):
+        self.token = token
+
+    def create_repo(self, repo_id, **kwargs):
+        FakeHfApi.calls.append(("create_repo", repo_id, kwargs, self.token))
+        return f"https://huggingface.co/{repo_id}"
+
+    def upload_folder(self, repo_id, folder_path, **kwargs):
+        files = sorted(p.relative_to(folder_path).as_posix() for p in Path(folder_path).rglob("*") if p.is_file())
+        FakeHfApi.calls.append(("upload_folder", repo_id, kwargs, files))
+
+
+def test_push_to_hub_uploads_the_export_folder_and_nothing_else(fine_tuned, tmp_path, monkeypatch):
+    import pretrieve.modeling.export as export_module
+
+    FakeHfApi.calls = []
+    monkeypatch.setattr(export_module, "HfApi", FakeHfApi)
+    out = pretrieve.export(fine_tuned, tmp_path / "exported", push_to_hub="someone/tiny-retriever", private=True,
+                           token="hf_test")
+    (create, repo, create_kwargs, token), (upload, upload_repo, upload_kwargs, files) = FakeHfApi.calls
+    assert (create, repo, token) == ("create_repo", "someone/tiny-retriever", "hf_test")
+    assert create_kwargs["private"] is True and create_kwargs["exist_ok"] is True
+    assert (upload, upload_repo, upload_kwargs["repo_type"]) == ("upload_folder", "someone/tiny-retriever", "model")
+    expected = {"README.md", "config.json", "model.safetensors", "dual_encoder.json", "finetune_config.json",
+                "modules.json", "sentence_bert_config.json", "config_sentence_transformers.json",
+                "1_Pooling/config.json", "tokenizer.json", "tokenizer_config.json"}
+    assert expected <= set(files)
+    assert set(files) == {p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file()}
+    assert not any(name.startswith(("checkpoints/", "logs")) for name in files)
+    assert 'SentenceTransformer("someone/tiny-retriever")' in (out / "README.md").read_text()
+
+
+def test_push_without_a_token_is_one_error_line_before_any_work(fine_tuned, tmp_path, monkeypatch, capsys):
+    import pretrieve.modeling.export as export_module
+
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    monkeypatch.setattr(export_module, "get_token", lambda: None)
+    monkeypatch.setattr(export_module, "HfApi", FakeHfApi)
+    out = tmp_path / "exported"
+    monkeypatch.setattr(sys, "argv", ["pretrieve", "export", str(fine_tuned), "--out", str(out),
+                                      "--push-to-hub", "someone/tiny-retriever"])
+    with pytest.raises(SystemExit) as exit_info:
+        main()
+    assert exit_info.value.code == 2
+    errors = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert len(errors) == 1 and errors[0].startswith("error:") and "token" in errors[0], errors
+    assert not out.exists()
+
+
+def test_export_refuses_a_folder_that_is_not_a_pretrieve_retriever(tiny_bert_dir, tmp_path):
+    from pretrieve.errors import InputError
+
+    with pytest.raises(InputError, match="dual_encoder.json"):
+        pretrieve.export(tiny_bert_dir, tmp_path / "exported")
+
+
+def test_a_recipe_exports_its_final_retriever_with_the_card(fine_tuned, tmp_path):
+    """The recipe's last step (after results.md): ``export/`` holds the final row's retriever and its card."""
+    from pretrieve.recipe.runner import RunState, export_final
+
+    state = RunState(recipe={"name": "tiny-recipe", "stages": [{"finetune": {"stage": 1}}]}, out=tmp_path / "run",
+                     data=Path("scifact"), base_model="bert-base-uncased", retrievers={"finetune-s1": str(fine_tuned)})
+    state.out.mkdir()
+    (state.out / "results.md").write_text(RESULTS_MD)
+    rows = [{"retriever": "bm25", "collection": "scifact"},
+            {"retriever": "finetune-s1", "collection": "scifact", "final": True, "vs": {}}]
+    exported = export_final(state, {"rows": rows})
+    assert exported == state.out / "export"
+    card = (exported / "README.md").read_text()
+    assert "recipe `tiny-recipe`" in card and "this model is the row `finetune-s1`" in card
+    assert "| finetune-s1 | scifact | 0.6508 | 0.6091 | 0.9237 |" in card and "(p = 0.043)" in card
+    assert (exported / "modules.json").is_file()
