@@ -60,7 +60,8 @@ SIDES = ("query", "passage")
 
 # ------------------------------------------------------------------------------------------------- training
 def pretrain(model: str | Path, corpus: str | Path, out: str | Path, method: str | Mapping[str, Any] = "bow", *,
-             data_root: str | Path | None = None, **settings: Any) -> Path:
+             data_root: str | Path | None = None, report_to: str | Sequence[str] | None = None,
+             **settings: Any) -> Path:
     """Pre-train ``model`` on ``corpus`` with ``method`` into ``out``; returns ``out/final`` (loads with
     ``AutoModel.from_pretrained``). A finished run with the same settings is reused, an interrupted one resumes
     with ``resume=True``.
@@ -70,29 +71,34 @@ def pretrain(model: str | Path, corpus: str | Path, out: str | Path, method: str
     ``dupmae``, …; docs/methods.md), a method file or a mapping. ``settings``: fields of
     :class:`~pretrieve.train.pretrainer.PretrainConfig` (``max_steps``, ``batch_size``, ``lr``, ``max_len``,
     ``precision``, ``seed``, …) and the method overrides (``objectives``, ``weights``, ``encoder_mask``, …).
+    ``report_to``: experiment trackers besides ``out/logs.jsonl`` (``"tensorboard"``, ``["wandb", "mlflow"]``, …:
+    accelerate's names; default none; docs/recipes.md, "Tracking").
     """
     from pretrieve.train.pretrainer import pretrain as run_pretraining   # torch: only when training
     from pretrieve.train.run_config import build_pretrain_config
 
     _require(model=model, corpus=corpus, out=out)
     required = {"model": str(model), "corpus": resolve_corpus(corpus, data_root=data_root), "out": str(out)}
-    config = build_pretrain_config(settings, required, {"method": method}, where="pretrain()")
+    config = build_pretrain_config({**settings, "report_to": report_to}, required, {"method": method},
+                                   where="pretrain()")
     return run_pretraining(config)
 
 
 def finetune(model: str | Path, data: str | Path, out: str | Path, *, stage: int = 1,
-             data_root: str | Path | None = None, **settings: Any) -> Path:
+             data_root: str | Path | None = None, report_to: str | Sequence[str] | None = None,
+             **settings: Any) -> Path:
     """Fine-tune ``model`` as a retriever on the training queries of collection ``data`` (stage 1: BM25
     negatives; 2 and 3 need ``groups=``, see docs/methods.md); returns ``out/final``, a sentence-transformers
     folder for dense retrievers. ``settings``: fields of :class:`~pretrieve.train.finetuner.FinetuneConfig`
-    (``max_steps``, ``batch_size``, ``num_negatives``, ``pooling``, ``lr``, ``groups``, ``split``, …)."""
+    (``max_steps``, ``batch_size``, ``num_negatives``, ``pooling``, ``lr``, ``groups``, ``split``, …). ``report_to``:
+    experiment trackers, as for :func:`pretrain`."""
     from pretrieve.train.finetuner import build_finetune_config   # torch: only when training
     from pretrieve.train.finetuner import finetune as run_finetuning
 
     _require(model=model, data=data, out=out)
     required = {"model": str(model), "data": str(resolve_collection(data, data_root=data_root)), "out": str(out),
                 "stage": stage}
-    config = build_finetune_config(settings, required, where="finetune()")
+    config = build_finetune_config({**settings, "report_to": report_to}, required, where="finetune()")
     return run_finetuning(config)
 
 

@@ -15,7 +15,7 @@ import typer
 
 from pretrieve.cli import app
 from pretrieve.cli.options import (DIVERGENCE_HELP, INEXACT_HELP, OVERWRITE_HELP, PRECISION_HELP, REQUIRED,
-                                   load_file, resolve_data, settings_option)
+                                   load_file, report_to_option, resolve_data, settings_option)
 from pretrieve.train.settings import FinetuneSettings
 
 
@@ -85,6 +85,7 @@ def finetune_command(
     allow_inexact_resume: bool = typer.Option(False, "--allow-inexact-resume", help=INEXACT_HELP),
     divergence_factor: Optional[float] = typer.Option(None, "--divergence-factor", help=DIVERGENCE_HELP,
                                                       show_default="10"),
+    report_to: Optional[str] = report_to_option(),
 ) -> None:
     """Fine-tune a dual-encoder retriever (stage 1, 2 or 3); OUT/final is a sentence-transformers model."""
     from pretrieve.train.finetuner import build_finetune_config, finetune   # torch: not for --help
@@ -100,7 +101,7 @@ def finetune_command(
                  bf16=bf16, gradient_checkpointing=gradient_checkpointing, grad_cache_chunk=grad_cache_chunk,
                  seed=seed, save_every=save_every, log_every=log_every, num_workers=num_workers,
                  overwrite=overwrite or None, allow_inexact_resume=allow_inexact_resume or None,
-                 divergence_factor=divergence_factor)
+                 divergence_factor=divergence_factor, report_to=report_to)
     run_config = build_finetune_config(load_file(config), flags, resume=resume, where=str(config or "config"))
     run_config.data = resolve_data(run_config.data)   # a name, from the flag or the file
     final = finetune(run_config)

@@ -52,3 +52,14 @@ def load_file(path: Optional[Path]) -> dict:
 def resolve_data(data: Optional[str]) -> Optional[str]:
     """A ``--data`` collection name or path, resolved (:func:`pretrieve.data.registry.resolve_collection`)."""
     return None if not data else str(resolve_collection(data))
+
+
+# ------------------------------------------------------------------------------------------ experiment trackers
+REPORT_TO_HELP = ("Experiment trackers besides OUT/logs.jsonl, comma-separated, by accelerate's names: tensorboard "
+                  "(events in OUT/trackers/), wandb, mlflow, comet_ml, aim, clearml, dvclive, swanlab, trackio; all "
+                  "(every installed one) or none.")
+
+
+def report_to_option():
+    """``--report-to``, the same on every training command (``pretrain``, ``finetune``, ``reranker train``)."""
+    return typer.Option(None, "--report-to", help=REPORT_TO_HELP, show_default="none")

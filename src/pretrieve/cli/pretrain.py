@@ -8,7 +8,7 @@ from typing import List, Optional
 import typer
 
 from pretrieve.cli import app
-from pretrieve.cli.options import DIVERGENCE_HELP, PRECISION_HELP, load_file
+from pretrieve.cli.options import DIVERGENCE_HELP, PRECISION_HELP, load_file, report_to_option
 from pretrieve.data.registry import resolve_corpus
 
 #: The method presets (pretrieve.train.method.PRESETS, listed here so that --help does not import torch; a test
@@ -72,6 +72,7 @@ def pretrain_command(
                                               "checkpoint's RNG state cannot be restored (warns; losses differ "
                                               "from an uninterrupted run)."),
     divergence_factor: Optional[float] = typer.Option(None, help=DIVERGENCE_HELP, show_default="10"),
+    report_to: Optional[str] = report_to_option(),
 ) -> None:
     """Pre-train an encoder; the result in OUT/final loads with AutoModel.from_pretrained."""
     from pretrieve.train.pretrainer import pretrain   # torch: not for --help
@@ -85,7 +86,7 @@ def pretrain_command(
                  gradient_checkpointing=gradient_checkpointing, seed=seed,
                  save_every=save_every, log_every=log_every, num_workers=num_workers, num_proc=num_proc,
                  overwrite=overwrite or None, allow_inexact_resume=allow_inexact_resume or None,
-                 divergence_factor=divergence_factor)
+                 divergence_factor=divergence_factor, report_to=report_to)
     method_flags = dict(method=method, objectives=objectives, weights=weights, encoder_mask=encoder_mask,
                         decoder_mask=decoder_mask, encoder_masker=encoder_masker, decoder_masker=decoder_masker,
                         bottleneck=bottleneck)

@@ -16,7 +16,8 @@ from rich.console import Console
 
 from pretrieve.cli import app
 from pretrieve.cli.options import (DATA_HELP, DIVERGENCE_HELP, INEXACT_HELP, OVERWRITE_HELP, PRECISION_HELP,
-                                   REQUIRED, SCORING_PRECISION_HELP, load_file, resolve_data, settings_option)
+                                   REQUIRED, SCORING_PRECISION_HELP, load_file, report_to_option, resolve_data,
+                                   settings_option)
 from pretrieve.train.settings import RerankerSettings
 
 err = Console(stderr=True)
@@ -69,6 +70,7 @@ def reranker_train_command(
     allow_inexact_resume: bool = typer.Option(False, "--allow-inexact-resume", help=INEXACT_HELP),
     divergence_factor: Optional[float] = typer.Option(None, "--divergence-factor", help=DIVERGENCE_HELP,
                                                       show_default="10"),
+    report_to: Optional[str] = report_to_option(),
 ) -> None:
     """Train a cross-encoder with listwise cross-entropy over each query's group (no in-batch negatives)."""
     from pretrieve.train.reranker import build_reranker_config, train_reranker   # torch: not for --help
@@ -80,7 +82,7 @@ def reranker_train_command(
                  precision=precision, bf16=bf16, gradient_checkpointing=gradient_checkpointing,
                  num_workers=num_workers, seed=seed, save_every=save_every, log_every=log_every,
                  overwrite=overwrite or None, allow_inexact_resume=allow_inexact_resume or None,
-                 divergence_factor=divergence_factor)
+                 divergence_factor=divergence_factor, report_to=report_to)
     run_config = build_reranker_config(load_file(config), flags, resume=resume, where=str(config or "config"))
     run_config.data = resolve_data(run_config.data)   # a name, from the flag or the file
     final = train_reranker(run_config)

@@ -65,9 +65,11 @@ class RunState:
         return list(self.retrievers.values())[-1] if self.retrievers else None
 
     def seeded(self, options: Mapping[str, Any]) -> dict[str, Any]:
-        """A training stage's options with the recipe's seed unless the stage sets its own."""
+        """A training stage's options with the recipe's seed unless the stage sets its own, and the recipe's
+        experiment trackers (``report_to``)."""
         values = dict(options)
         values.setdefault("seed", self.recipe.get("seed", 42))
+        values["report_to"] = self.recipe.get("report_to")
         return values
 
     def embeddings(self, retriever: str, collection: Path) -> Path:

@@ -21,6 +21,7 @@ from pretrieve.options import join_path, validate
 from pretrieve.io_utils import load_config_file
 from pretrieve.recipe.dev import validate_dev
 from pretrieve.recipe.results import validate_expected
+from pretrieve.train.config import check_trackers
 
 #: ``needs(options, recipe, given, where)``: raises a :class:`ConfigError` (naming ``where``) unless what the stage
 #: needs was given by the stages before it (``given``: what each gave → the labels of the stages that gave it).
@@ -61,7 +62,8 @@ def stage(kind: str, options: type, set_by_recipe: Mapping[str, str] | None = No
 RECIPE_SETS = {"model": "the recipe's 'model' (or the pre-trained checkpoint) is used",
                "data": "the recipe's 'data' is used", "out": "each stage writes under the recipe's 'out'",
                "resume": "the recipe resumes its stages itself", "overwrite": "the recipe resumes its stages itself",
-               "show_progress": "use --progress/--no-progress"}
+               "show_progress": "use --progress/--no-progress",
+               "report_to": "the recipe's top-level 'report_to' names the trackers of every training stage"}
 
 
 @dataclass
@@ -79,6 +81,7 @@ class RecipeOptions:
     dist_timeout_minutes: float | None = None   # under torchrun: the longest a rank waits (pretrieve.ranks: 60)
     dev: dict[str, Any] | None = None   # held-out training queries (pretrieve.recipe.dev): {seed}, {queries, seed}, {split}
     expected: list[Any] | None = None   # the paper's numbers (pretrieve.recipe.results.ExpectedNumbers), per row
+    report_to: str | list[str] | None = None   # every training stage's trackers (train.config.check_trackers)
 
 
 def placeholder_config(schema: type, values: Mapping[str, Any]):
@@ -139,6 +142,8 @@ def validate_recipe(recipe: Mapping[str, Any], where: str = "recipe") -> dict[st
             ranks.check_timeout(values["dist_timeout_minutes"], "dist_timeout_minutes")
         except ConfigError as exc:
             raise InputError(str(exc), path=where, field="dist_timeout_minutes") from None
+    if values.get("report_to") is not None:
+        values["report_to"] = check_trackers(values["report_to"], join_path(where, "report_to"))
     stages = values["stages"]
     if not isinstance(stages, list) or not stages:
         raise InputError("'stages' must be a non-empty list", path=where, field="stages")

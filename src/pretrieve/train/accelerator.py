@@ -1,15 +1,16 @@
 """The accelerate ``Accelerator`` of a training run and how a model is prepared for it: intra-op threads per
-process, DDP's unused-parameter search, activation (gradient) checkpointing."""
+process, DDP's unused-parameter search, activation (gradient) checkpointing, experiment trackers."""
 
 from __future__ import annotations
 
 import logging
 import os
+from pathlib import Path
 from typing import Mapping
 
 import torch
 from accelerate import Accelerator
-from accelerate.utils import DistributedDataParallelKwargs
+from accelerate.utils import DistributedDataParallelKwargs, ProjectConfiguration
 from transformers import PreTrainedModel
 
 from pretrieve.errors import ConfigError
@@ -18,15 +19,26 @@ from pretrieve.train.config import LoopConfig
 
 logger = logging.getLogger(__name__)
 
+TRACKERS_DIR = "trackers"
+"""Where, under a run's output directory, the trackers that write files keep them (TensorBoard:
+``<out>/trackers/<project>/``)."""
 
-def make_accelerator(config: LoopConfig):
+
+def make_accelerator(config: LoopConfig, out: str | Path | None = None):
     """The accelerate ``Accelerator`` of a run (CPU gloo or CUDA NCCL under ``torchrun``/``accelerate launch``).
+
+    It logs to the trackers of ``config.report_to`` (``log_with``), with ``out`` as its project directory and
+    ``out/trackers`` (:data:`TRACKERS_DIR`) as the trackers' logging directory; the loop starts them
+    (:func:`pretrieve.train.loop.train`).
 
     Mixed precision is the loop's (:class:`pretrieve.precision.MixedPrecision`), not accelerate's. DDP's
     unused-parameter search is switched on or off per model by :func:`pretrieve.train.loop.train`
     (:func:`leaves_parameters_unused`), before ``prepare``. Under several processes per node, each gets ``cores / processes`` intra-op threads (:func:`set_threads_per_rank`).
     """
     config.resolved_precision()  # a bad precision fails here, before any model is built
+    trackers = config.trackers()  # an unknown tracker, or one whose package is missing, too
+    project = None if out is None else ProjectConfiguration(project_dir=str(out),
+                                                            logging_dir=str(Path(out) / TRACKERS_DIR))
     if config.bf16:
         logger.warning("bf16: true is deprecated; write precision: bf16 (--precision bf16)")
     # Without an accelerator, accelerate only sets up multi-process (gloo) training under torchrun /
@@ -34,7 +46,8 @@ def make_accelerator(config: LoopConfig):
     # step_scheduler_with_optimizer=False: our batch_size is already global, so the schedule advances
     # once per optimizer step (accelerate would otherwise step it once per process).
     accelerator = Accelerator(mixed_precision="no", kwargs_handlers=[DistributedDataParallelKwargs()],
-                              cpu=not torch.cuda.is_available(), step_scheduler_with_optimizer=False)
+                              cpu=not torch.cuda.is_available(), step_scheduler_with_optimizer=False,
+                              log_with=trackers or None, project_config=project)
     set_threads_per_rank()
     return accelerator
 

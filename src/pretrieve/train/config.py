@@ -2,15 +2,20 @@
 
 :data:`BOOKKEEPING` settings do not change what a run computes (how it is logged, checkpointed and fed): they are
 left out when a finished run's settings are compared. :data:`RESUMABLE_CHANGES` may also differ between an
-interrupted run and its resumption.
+interrupted run and its resumption. :func:`check_trackers` checks ``report_to``, the experiment trackers a run
+logs to (accelerate's, by accelerate's names).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Sequence
+
+from accelerate.tracking import get_available_trackers
+from accelerate.utils import LoggerType
 
 from pretrieve.errors import ConfigError
 from pretrieve.precision import check_precision, resolve_precision
@@ -60,6 +65,10 @@ class LoopConfig:
     divergence_warmup: int = 5
     """Normal losses the guard's reference needs before 3 abnormal ones in a row stop the run (until then it takes
     this many in a row)."""
+    report_to: str | list[str] | None = None
+    """Experiment trackers besides ``logs.jsonl``: accelerate's names (tensorboard, wandb, mlflow, comet_ml, aim,
+    clearml, dvclive, swanlab, trackio, or all: every installed one), comma-separated or a list; None or none: no
+    tracker (:func:`check_trackers`)."""
 
     def validate(self, world_size: int = 1) -> None:
         if self.schedule not in SCHEDULES:
@@ -81,6 +90,7 @@ class LoopConfig:
             raise ConfigError("max_steps must be ≥ 0 and epochs > 0")
         if self.divergence_factor < 0 or (0 < self.divergence_factor <= 1) or self.divergence_warmup < 1:
             raise ConfigError("divergence_factor must be > 1 (0 turns the check off) and divergence_warmup ≥ 1")
+        self.trackers()
         if self.resume and self.overwrite:
             raise ConfigError("--resume continues the run in the output directory and --overwrite discards it: "
                               "give one of them")
@@ -94,6 +104,10 @@ class LoopConfig:
         if self.bf16 and self.precision != "bf16":
             raise ConfigError(f"bf16: true (deprecated) contradicts precision: {self.precision}; drop bf16")
         return self.precision if device is None else resolve_precision(self.precision, device, training=True)
+
+    def trackers(self) -> list[str]:
+        """The trackers ``report_to`` names, checked (:func:`check_trackers`)."""
+        return check_trackers(self.report_to)
 
     def loop(self) -> "LoopConfig":
         """The loop settings alone (a trainer's config is these plus its own)."""
@@ -112,11 +126,33 @@ class LoopConfig:
         return self.max_steps or max(1, math.ceil(self.epochs * steps_per_epoch))
 
 
+NO_TRACKER = "none"
+
+
+def check_trackers(report_to: str | Sequence[str] | None, where: str = "report_to") -> list[str]:
+    """accelerate's tracker names in ``report_to`` (``"tensorboard,wandb"`` or a list; ``none`` names none), each
+    once, in order. A name accelerate does not know, or a tracker whose package is not installed, is a
+    :class:`ConfigError` naming ``where``."""
+    given = report_to.split(",") if isinstance(report_to, str) else list(report_to or [])
+    names = [str(name).strip().lower() for name in given]
+    names = list(dict.fromkeys(name for name in names if name and name != NO_TRACKER))
+    known = LoggerType.list()
+    for name in names:
+        if name not in known:
+            close = difflib.get_close_matches(name, known, n=1)
+            hint = f"did you mean {close[0]}?" if close else f"choose from {NO_TRACKER}, {', '.join(known)}"
+            raise ConfigError(f"{where}: unknown tracker '{name}'; {hint}")
+        if name != "all" and LoggerType(name) not in get_available_trackers():
+            raise ConfigError(f"{where}: the tracker '{name}' needs its package, which is not installed "
+                              f"(pip install {name})")
+    return names
+
+
 # Settings that do not change what a run computes: how it is logged, checkpointed and fed, and how memory is
 # traded for compute (gradient checkpointing and gradient caching give the same gradients).
 BOOKKEEPING = ("resume", "show_progress", "save_every", "keep_checkpoints", "log_every", "num_workers",
                "gradient_checkpointing", "grad_cache_chunk", "overwrite", "allow_inexact_resume", "divergence_factor",
-               "divergence_warmup")
+               "divergence_warmup", "report_to")
 # Settings that may also change between an interrupted run and its resumption: micro-batching splits the same
 # global batch, the cache only holds tokenized text, and the step budget only says how far the run goes.
 RESUMABLE_CHANGES = frozenset(BOOKKEEPING) | {"micro_batch_size", "cache_dir", "max_steps", "epochs"}

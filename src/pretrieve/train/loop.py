@@ -36,8 +36,11 @@ Contract: a *dataset* (``len`` + ``dataset[i]``), a *collator* ``collator(exampl
   set (fine-tuning with in-batch negatives) is stepped by :func:`pretrieve.train.grad_cache.grad_cached_step`;
   under several processes on one node each process uses ``cores / processes`` threads unless
   ``OMP_NUM_THREADS`` says otherwise.
-* **Logging.** ``logs.jsonl`` (every ``log_every`` steps: each logged loss, learning rate, samples/s)
-  and TensorBoard scalars under ``tb/``; a progress bar with ETA.
+* **Logging.** ``logs.jsonl`` (every ``log_every`` steps: each logged loss, learning rate, samples/s; what resume
+  and the analyses read), the same values to the experiment trackers of ``report_to`` (accelerate's: TensorBoard
+  under ``<out>/trackers/``, W&B, MLflow, …; the run's resolved config, flattened, as their config), and a progress
+  bar with ETA. A resumed run drops the ``logs.jsonl`` lines past its checkpoint, and TensorBoard hides the events
+  past it (``purge_step``), so no step is shown twice; W&B and MLflow start a new run (see :func:`start_trackers`).
 * **Checkpoints.** Every ``save_every`` steps, atomically (:mod:`pretrieve.train.checkpoint`);
   ``resume=True`` restarts from the newest complete one — only when that checkpoint was written with the
   same settings (``run_info["config"]``, bookkeeping such as logging, checkpoint frequency, micro-batch size
@@ -184,28 +187,17 @@ def linear_with_floor(step: int, *, warmup: int, total: int, floor: float) -> fl
 
 
 class LogWriter:
-    """Writes ``logs.jsonl`` and TensorBoard scalars (main process only)."""
+    """Writes ``logs.jsonl`` (main process only)."""
 
     def __init__(self, out_dir: Path, enabled: bool):
         self.enabled = enabled
         self.path = out_dir / "logs.jsonl"
-        self.tb = None
-        if enabled:
-            try:
-                from torch.utils.tensorboard import SummaryWriter
-
-                self.tb = SummaryWriter(str(out_dir / "tb"))
-            except ImportError:
-                logger.info("tensorboard not installed: logging to logs.jsonl only")
 
     def write(self, step: int, values: dict[str, float]) -> None:
         if not self.enabled:
             return
         with open(self.path, "a", encoding="utf-8") as handle:
             handle.write(json.dumps({"step": step, **values}) + "\n")
-        if self.tb is not None:
-            for key, value in values.items():
-                self.tb.add_scalar(key, value, step)
 
     def truncate_after(self, step: int) -> None:
         """Drop log lines past ``step`` (written after the checkpoint we resume from)."""
@@ -218,9 +210,45 @@ class LogWriter:
         if self.enabled and self.path.exists():
             self.path.unlink()
 
-    def close(self) -> None:
-        if self.tb is not None:
-            self.tb.close()
+
+TRACKER_PROJECT = "pretrieve"
+"""The project every run is tracked under (W&B's project, MLflow's experiment, TensorBoard's folder under
+``<out>/trackers/``)."""
+
+
+def start_trackers(accelerator, config: Mapping[str, Any], start_step: int) -> None:
+    """Start the accelerator's trackers (``log_with``) with the run's resolved ``config`` flattened to scalars
+    (:func:`flat_config`). A resumed run (``start_step`` > 0) writes TensorBoard events into the same folder with
+    ``purge_step`` at the first step it redoes, so TensorBoard's reader hides the events an interrupted run logged
+    past its checkpoint; W&B and MLflow start a new run (their own resumption, ``WANDB_RUN_ID`` with
+    ``WANDB_RESUME=allow`` or ``MLFLOW_RUN_ID``, continues the old one)."""
+    init_kwargs = {"tensorboard": {"purge_step": start_step + 1}} if start_step else None
+    accelerator.init_trackers(TRACKER_PROJECT, config=flat_config(config), init_kwargs=init_kwargs)
+
+
+def end_trackers(accelerator) -> None:
+    """Close the trackers (main process): what ``accelerator.end_training()`` does, without also destroying the
+    process group, which the export's barrier and a recipe's next stage still use."""
+    for tracker in accelerator.trackers:
+        tracker.finish()
+    accelerator.trackers = []
+
+
+def flat_config(values: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """``values`` with nested mappings flattened to dotted keys (``method.name``), lists as JSON and other objects as
+    text: the scalars (str, int, float, bool, None) trackers take as a run's config."""
+    flat: dict[str, Any] = {}
+    for key, value in values.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, Mapping):
+            flat.update(flat_config(value, f"{name}."))
+        elif isinstance(value, (list, tuple)):
+            flat[name] = json.dumps(value, default=str)
+        elif value is None or isinstance(value, (str, int, float, bool)):
+            flat[name] = value
+        else:
+            flat[name] = str(value)
+    return flat
 
 
 def read_logs(out_dir: str | Path) -> list[dict[str, float]]:
@@ -231,13 +259,15 @@ def read_logs(out_dir: str | Path) -> list[dict[str, float]]:
 
 def train(model: torch.nn.Module, dataset, collator, config: LoopConfig, out_dir: str | Path,
           export: Callable[[torch.nn.Module, Path], None], run_info: dict[str, Any],
-          accelerator=None, description: str = "train", record: Mapping[str, Any] | None = None) -> Path:
+          accelerator=None, description: str = "train", record: Mapping[str, Any] | None = None,
+          tracked_config: Mapping[str, Any] | None = None) -> Path:
     """Train ``model`` and export it to ``<out_dir>/final``; returns that directory.
 
     ``record`` (``{"kind", "settings", "inputs"}``) describes the export in its sidecar (:mod:`pretrieve.artifacts`),
     which :func:`pretrieve.train.run.finished_run` reads to decide whether the run is finished and current.
+    ``tracked_config`` (default: ``run_info["config"]``) is the config the trackers record (:func:`start_trackers`).
     """
-    accelerator = accelerator or make_accelerator(config)
+    accelerator = accelerator or make_accelerator(config, out_dir)
     world, rank = accelerator.num_processes, accelerator.process_index
     config.validate(world)
     out = Path(out_dir)
@@ -266,6 +296,7 @@ def train(model: torch.nn.Module, dataset, collator, config: LoopConfig, out_dir
         logger.info("resumed from %s (step %d)", resume_from, start_step)
     else:
         writer.reset()
+    start_trackers(accelerator, run_info.get("config", {}) if tracked_config is None else tracked_config, start_step)
     state = {**run_info, "total_steps": total_steps}
 
     batches = torch.utils.data.DataLoader(
@@ -298,14 +329,15 @@ def train(model: torch.nn.Module, dataset, collator, config: LoopConfig, out_dir
                 steps = window.steps
                 values = window.flush()
                 progress.set_postfix(loss=f"{values['loss']:.4f}")
-                writer.write(done, values | {"lr": scheduler.get_last_lr()[0],
-                                             "samples_per_s": steps * config.batch_size / elapsed})
+                values |= {"lr": scheduler.get_last_lr()[0], "samples_per_s": steps * config.batch_size / elapsed}
+                writer.write(done, values)
+                accelerator.log(values, step=done)
                 window_start = time.perf_counter()
             if save_now:
                 keep = config.keep_checkpoints if guard.steady(done - config.save_every) else 0   # 0: no pruning
                 ckpt.save_checkpoint(accelerator, out, done, state, keep, precision.scaler)
     progress.close()
-    writer.close()
+    end_trackers(accelerator)
 
     final_dir = out / "final"
     accelerator.wait_for_everyone()

@@ -11,14 +11,15 @@
    ``overwrite`` (:func:`check_restart`);
 5. **fingerprint** the inputs by content (recorded in every checkpoint, so a resume on other inputs is refused);
 6. **check the model** against the settings before anything heavy (hook :meth:`TrainingRun.check_model`);
-7. **the accelerator** (:func:`pretrieve.train.accelerator.make_accelerator`) and the settings checked for its
-   number of processes;
+7. **the accelerator** (:func:`pretrieve.train.accelerator.make_accelerator`, with the run's experiment trackers)
+   and the settings checked for its number of processes;
 8. **data built once**: rank 0 builds (or finds current) the cached datasets while the others wait, then they
    open them (hook :meth:`TrainingRun.build_data`, through :func:`pretrieve.data.arrow.built_once`);
 9. **model and collator** (seeded; hooks :meth:`TrainingRun.build_model`, :meth:`TrainingRun.build_collator`),
    and the run's resolved config written beside its checkpoints (main process);
-10. **train and export** (:func:`pretrieve.train.loop.train`, which resumes from the newest checkpoint when asked;
-    hook :meth:`TrainingRun.export`), then :meth:`TrainingRun.finish`.
+10. **train and export** (:func:`pretrieve.train.loop.train`, which resumes from the newest checkpoint when asked
+    and gives the trackers the resolved config of step 9; hook :meth:`TrainingRun.export`), then
+    :meth:`TrainingRun.finish`.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ from pretrieve import artifacts, outputs
 from pretrieve.errors import ConfigError, StaleOutputError
 from pretrieve.io_utils import write_json
 from pretrieve.train import checkpoint as ckpt
-from pretrieve.train.accelerator import make_accelerator
+from pretrieve.train.accelerator import TRACKERS_DIR, make_accelerator
 from pretrieve.train.config import LoopConfig
 from pretrieve.train.loop import train
 
@@ -98,6 +99,7 @@ class TrainingRun(abc.ABC):
     def run(self) -> Path:
         """Run (resume, or skip when already finished) the training; returns ``<out>/final``."""
         self.check()
+        self.config.trackers()   # an unknown tracker, or one whose package is missing, before the output is touched
         written = len(ckpt.list_checkpoints(self.out)) if self.config.resume else 0   # a resume writes the rest
         needed, largest = outputs.training_space(self.config.model, self.config.keep_checkpoints, written)
         with outputs.writing(self.out, needed_bytes=needed, largest_file=largest):
@@ -114,7 +116,7 @@ class TrainingRun(abc.ABC):
         check_restart(self.out, config, files=(self.config_file,))
         fingerprints = {name: artifacts.fingerprint(path) for name, path in inputs.items()}
         self.check_model()
-        self.accelerator = make_accelerator(config)
+        self.accelerator = make_accelerator(config, self.out)
         config.validate(self.accelerator.num_processes)
         dataset = self.build_data()
         torch.manual_seed(config.seed)
@@ -125,7 +127,8 @@ class TrainingRun(abc.ABC):
             write_json(self.out / self.config_file, self.config_record())
         final = train(model, dataset, collator, config.loop(), self.out, self.export,
                       {"config": settings | {"inputs": fingerprints}}, accelerator=self.accelerator,
-                      description=self.description, record={"kind": self.kind, "settings": settings, "inputs": inputs})
+                      description=self.description, record={"kind": self.kind, "settings": settings, "inputs": inputs},
+                      tracked_config=self.config_record())
         self.finish(final)
         return final
 
@@ -160,9 +163,10 @@ def finished_run(out: str | Path, kind: str, settings: Mapping[str, Any], inputs
 def check_restart(out: str | Path, config: LoopConfig, files: Collection[str] = ()) -> None:
     """Before a run starts without ``resume``: refuse an output directory that holds a previous run's checkpoints
     (naming ``--resume`` and ``--overwrite``); with ``overwrite``, remove that run (checkpoints, ``final/``,
-    logs and ``files``) first."""
+    logs, the trackers' files and ``files``) first."""
     out = Path(out)
-    previous = [out / name for name in ("checkpoints", "final", "logs.jsonl", "tb", *files) if (out / name).exists()]
+    previous = [out / name for name in ("checkpoints", "final", "logs.jsonl", TRACKERS_DIR, *files)
+                if (out / name).exists()]
     if config.resume or not previous:
         return
     if config.overwrite:
