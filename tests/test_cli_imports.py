@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import resource
 import subprocess
 import sys
 import time
@@ -61,12 +62,14 @@ def test_a_model_command_still_gets_transformers_quiet_progress_bars():
 
 
 def test_help_is_fast():
-    """`pretrieve --help` takes ~0.3 s on an idle 2-core machine (bar: 0.5 s); the bound here is generous
-    because the test machine is shared: importing torch alone takes ~2 s."""
-    began = time.perf_counter()
+    """`pretrieve --help` takes ~0.3 s on an idle 2-core machine (bar: 0.5 s). Measured as the child's CPU time
+    (user + system), which a loaded machine does not inflate the way it inflates wall time; the bound is generous
+    all the same: importing torch alone takes ~2 s of CPU."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     result = subprocess.run([sys.executable, "-m", "pretrieve", "--help"], capture_output=True, text=True,
-                            env=_env(), timeout=120)
-    elapsed = time.perf_counter() - began
+                            env=_env(), timeout=300)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     assert result.returncode == 0 and "bm25" in result.stdout
-    if elapsed > 1.5:
-        pytest.fail(f"`pretrieve --help` took {elapsed:.2f} s")
+    if cpu > 1.5:
+        pytest.fail(f"`pretrieve --help` took {cpu:.2f} s of CPU")
