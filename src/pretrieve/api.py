@@ -29,18 +29,14 @@ inside the verbs that need them, so ``import pretrieve`` stays light and :func:`
 
 from __future__ import annotations
 
-import json
 import logging
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping, Sequence, Union
-
-import yaml
 
 from pretrieve.data.collection import BeirCollection
 from pretrieve.data.registry import resolve_collection, resolve_corpus
 from pretrieve.data.trec import read_run
 from pretrieve.errors import ConfigError
-from pretrieve.io_utils import atomic_open
 
 if TYPE_CHECKING:
     import numpy as np
@@ -219,20 +215,10 @@ def run_recipe(recipe: str | Path | Mapping[str, Any], *, out: str | Path | None
                show_progress: bool = True) -> dict[str, Any]:
     """Run (or resume) a recipe — a YAML/JSON file or the same as a dict (docs/recipes.md) — and return its results
     (also in ``results.json`` / ``results.md``). A dict is validated first, then kept as ``recipe.yaml`` in the
-    run's output directory, so that ``pretrieve run OUT/recipe.yaml`` reproduces the run. ``smoke``: the recipe made
-    tiny, in ``<out>-smoke`` unless ``out`` is given."""
+    run's output directory once it is locked, so that ``pretrieve run OUT/recipe.yaml`` reproduces the run.
+    ``smoke``: the recipe made tiny, in ``<out>-smoke`` unless ``out`` is given."""
     from pretrieve.recipe import run_recipe as run   # torch: only when running
-    from pretrieve.recipe.schema import validate_recipe
 
-    if isinstance(recipe, Mapping):
-        validate_recipe(recipe, "recipe")
-        if out is None:
-            out = str(recipe["out"]).rstrip("/") + ("-smoke" if smoke else "")
-        path = Path(out) / "recipe.yaml"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with atomic_open(path) as handle:   # paths as strings: the file reads back as the same recipe
-            yaml.safe_dump(json.loads(json.dumps(recipe, default=str)), handle, sort_keys=False)
-        recipe = path
     return run(recipe, out=out, show_progress=show_progress, redo_changed=redo_changed, data_root=data_root,
                smoke=smoke)
 
