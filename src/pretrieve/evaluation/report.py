@@ -88,13 +88,13 @@ class ResultsTable:
                 f"{UP} higher, {DOWN} lower.")
 
     def p_table(self) -> tuple[list[str], list[list[str]]]:
-        """``(header, rows)`` of the p-values the marks are decided on: one row per tested run (empty without
-        tests)."""
+        """``(header, rows)`` of the p-values the marks are decided on: a column per tested run, a row per measure
+        (empty without tests)."""
         if not self.test or len(self.results) < 2:
             return [], []
         label = "p (Holm)" if self.correction == "holm" else "p"
-        header = [f"{label} vs {self.baseline}", *self.measures]
-        return header, [[run, *(format_p(self.p_value(run, m)) for m in self.measures)] for run in self.comparisons]
+        header = [f"{label} vs {self.baseline}", *self.comparisons]
+        return header, [[m, *(format_p(self.p_value(run, m)) for run in self.comparisons)] for m in self.measures]
 
     def to_markdown(self, digits: int = DIGITS) -> str:
         """A GitHub-flavoured markdown table, with the legend below it (and the p-values, when tested)."""
@@ -107,7 +107,7 @@ class ResultsTable:
         text += "\n" + note + (" " + legend if legend else "") + "\n"
         p_header, p_rows = self.p_table()
         if p_rows:
-            text += "\n" + markdown_table(p_header, p_rows, align=["l"] + ["r"] * len(self.measures))
+            text += "\n" + markdown_table(p_header, p_rows, align=["l"] + ["r"] * (len(p_header) - 1))
         return text
 
     def to_dict(self, per_query: bool = False) -> dict[str, Any]:
