@@ -91,7 +91,8 @@ def test_one_command_evaluates_bm25_and_models_on_two_collections(two_collection
             "--out", str(out)]
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
-    printed = {line.split()[0]: line.split()[1:] for line in result.stdout.splitlines() if line.split()}
+    cells = [[cell.strip() for cell in line.split("│")] for line in result.stdout.splitlines() if "│" in line]
+    printed = {row[0]: row[1:] for row in cells}
     assert {"alpha", "beta", "Average"} <= set(printed)
     report = json.loads((out / "results.json").read_text())
     assert report["collections"] == ["alpha", "beta"] and report["baseline"] == "bm25"
@@ -113,7 +114,8 @@ def test_one_command_evaluates_bm25_and_models_on_two_collections(two_collection
     assert markdown.splitlines()[0].startswith("| Collection | bm25 nDCG@10 | bert nDCG@10 | p |")
     assert "Holm-adjusted over the 2 runs tested against it" in markdown
     runs = sorted((out / "runs").glob("*.trec"))
-    assert [p.name for p in runs] == sorted(f"{m}__{c}.trec" for m in ("bm25", "bert", "mlm") for c in ("alpha", "beta"))
+    assert [p.name for p in runs] == sorted(f"{model}__{collection}.trec" for model in ("bm25", "bert", "mlm")
+                                            for collection in ("alpha", "beta"))
     # run again through the Python API: the runs are current, so reused (not searched again), and the table is the same
     import pretrieve
 

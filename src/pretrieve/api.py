@@ -278,7 +278,7 @@ def _evaluate_models(models, data, *, out, split, measures, test, alpha, correct
         table = collections_table(results, chosen, test=test, alpha=alpha, correction=correction)
         if out is not None:
             metadata = {"split": split, "depth": depth, "models": {name: str(model) for name, model in named.items()},
-                        "collections": {label: str(c.root) for label, c in collections.items()}, "runs": run_files,
+                        "data": {label: str(c.root) for label, c in collections.items()}, "run_files": run_files,
                         "provenance": provenance()}
             table.write(json_path=root / "results.json", md_path=root / "results.md", metadata=metadata)
     return table

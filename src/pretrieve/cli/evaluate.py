@@ -65,8 +65,8 @@ def evaluate_command(
                                                 "one or more, comma-separated.")] = None,
     split: Annotated[str, typer.Option("--split", help="Qrels split of --data.")] = "test",
     measures: Annotated[Optional[str], typer.Option("--measures", help="Comma-separated ir_measures names, e.g. "
-                                                    f"nDCG@10,MRR@10,R@100,MAP [default: {_DEFAULT_MEASURES}; with "
-                                                    f"--model: {_MODEL_MEASURES}]", show_default=False)] = None,
+                                                    f"nDCG@10,MRR@10,R@100,MAP (default: {_DEFAULT_MEASURES}; with "
+                                                    f"--model: {_MODEL_MEASURES})", show_default=False)] = None,
     names: Annotated[Optional[str], typer.Option("--names", help="Comma-separated run (or model) names "
                                                  "(default: file names without extension; a model's last path "
                                                  "part).")] = None,

@@ -82,7 +82,7 @@ class ResultsTable:
             return ""
         tested = len(self.results) - 1
         adjusted = (f", Holm-adjusted over the {tested} runs tested against it on each measure"
-                    if self.correction == "holm" else "")
+                    if self.correction == "holm" and tested > 1 else "")
         return (f"{SIGNIFICANCE_MARK} significantly different from '{self.baseline}' "
                 f"({_TEST_NAMES.get(self.test, self.test)} over the per-query scores{adjusted}, p ≤ {self.alpha:g}); "
                 f"{UP} higher, {DOWN} lower.")
@@ -92,7 +92,7 @@ class ResultsTable:
         (empty without tests)."""
         if not self.test or len(self.results) < 2:
             return [], []
-        label = "p (Holm)" if self.correction == "holm" else "p"
+        label = "p (Holm)" if self.correction == "holm" and len(self.comparisons) > 1 else "p"
         header = [f"{label} vs {self.baseline}", *self.comparisons]
         return header, [[m, *(format_p(self.p_value(run, m)) for run in self.comparisons)] for m in self.measures]
 
@@ -308,7 +308,7 @@ class CollectionsTable:
         text = f"Average: the unweighted mean over the {len(self.beir.collections)} collections."
         if self.test and len(self.beir.runs) > 1:
             adjusted = (f", Holm-adjusted over the {len(self.beir.runs) - 1} runs tested against it on each collection "
-                        "and measure" if first.correction == "holm" else "")
+                        "and measure" if first.correction == "holm" and len(self.beir.runs) > 2 else "")
             text += (f" {SIGNIFICANCE_MARK} significantly different from '{self.baseline}' on that collection "
                      f"({_TEST_NAMES.get(self.test, self.test)} over the per-query scores{adjusted}, "
                      f"p ≤ {first.alpha:g}); {UP} higher, {DOWN} lower; p: the p-value the mark is decided on.")
