@@ -238,7 +238,7 @@ def test_context_methods_pretrain_from_the_loop(tiny_mlm_dir, small_corpus, tmp_
 def test_tied_decoder_save_notice_is_demoted_and_other_shared_tensors_still_warn(caplog):
     import logging
 
-    from pretrieve.train.checkpoint import TiedDecoderNotice
+    from pretrieve.train.checkpoint import TiedDecoderNotice, tied_decoder_notice
 
     def record(names):
         return logging.LogRecord("accelerate.utils.other", logging.WARNING, __file__, 1,
@@ -251,4 +251,9 @@ def test_tied_decoder_save_notice_is_demoted_and_other_shared_tensors_still_warn
     assert "tied decoder tensors saved once" in caplog.text
     assert notice.filter(record({"encoder.model.cls.predictions.decoder.weight", "heads.ae.proj.weight"})) is True
     assert notice.filter(logging.LogRecord("other", logging.WARNING, __file__, 1, "unrelated", (), None)) is True
-    assert any(isinstance(f, TiedDecoderNotice) for f in logging.getLogger("accelerate.utils.other").filters)
+    installed = lambda: any(isinstance(f, TiedDecoderNotice)   # noqa: E731
+                            for f in logging.getLogger("accelerate.utils.other").filters)
+    assert not installed()                 # importing the module changes no logger: only a save installs it
+    with tied_decoder_notice():
+        assert installed()
+    assert not installed()

@@ -73,19 +73,60 @@ def test_import_exports_the_verbs_lazily_and_changes_no_global_state(tmp_path):
 
 
 def test_plots_leave_the_callers_matplotlib_backend_alone(tmp_path):
+    cell = "{'mean': 0.5, 'std': 0.0, 'n': 1}"
+    summary = (f"{{'collections': ['c'], 'settings': {{'seeds': [0], 'base': 'minilm'}}, 'methods': {{'mlm': "
+               f"{{'seeds': [0], 'scores': {{'nDCG@10': {{'c': {cell}, 'avg': {cell}}}}}}}}}}}")
     code = ("import matplotlib, numpy as np\nmatplotlib.use('svg')\n"
             "from pretrieve.analysis.coverage import CoverageReport, plot_coverage\n"
             "from pretrieve.analysis.divergence import DivergenceResult, plot_tsne\n"
+            "from pretrieve.bench.quality.report import plot_results\n"
             "report = CoverageReport('m', (1, 2), {1: 0.5, 2: 0.25}, 3)\n"
             f"plot_coverage({{'m': report}}, {str(tmp_path / 'coverage.png')!r})\n"
             "points = np.zeros((4, 2))\n"
             f"plot_tsne({{'m': DivergenceResult(0.1, 0.2, points, points + 1)}}, {str(tmp_path / 'tsne.png')!r})\n"
+            f"plot_results({summary}, {str(tmp_path / 'results.png')!r})\n"
             "print(matplotlib.get_backend())\n")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=_env(), timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.strip().splitlines()[-1] == "svg"
-    for name in ("coverage.png", "tsne.png"):
+    for name in ("coverage.png", "tsne.png", "results.png"):
         assert (tmp_path / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+# Imports the libraries pretrieve builds on first (their own import-time set-up is theirs), snapshots the global state,
+# then imports every module of the library (the command line, which configures its process, aside) and compares.
+IMPORT_ALL_SCRIPT = """
+import importlib, json, logging, os, pkgutil, sys
+import accelerate, accelerate.utils.other, matplotlib, sentence_transformers, torch, transformers
+import pretrieve
+
+def loggers():
+    return {name: (lg.level, list(lg.handlers), list(lg.filters))
+            for name, lg in logging.Logger.manager.loggerDict.items() if isinstance(lg, logging.Logger)}
+
+def state():
+    return (list(logging.root.handlers), logging.root.level, list(logging.root.filters), dict(os.environ),
+            list(sys.meta_path), matplotlib.get_backend())
+
+before, known = state(), loggers()
+names = [m.name for m in pkgutil.walk_packages(pretrieve.__path__, "pretrieve.")
+         if not m.name.startswith(("pretrieve.cli", "pretrieve.__main__"))]
+for name in names:
+    importlib.import_module(name)
+now = loggers()
+print(json.dumps({"modules": names, "unchanged": [a == b for a, b in zip(before, state())],
+                  "changed_loggers": sorted(n for n, s in known.items() if now[n] != s)}))
+"""
+
+
+def test_importing_any_module_changes_no_global_state():
+    result = subprocess.run([sys.executable, "-c", IMPORT_ALL_SCRIPT], capture_output=True, text=True, env=_env(),
+                            timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+    assert "pretrieve.train.checkpoint" in report["modules"] and "pretrieve.bench.quality.report" in report["modules"]
+    assert report["unchanged"] == [True] * 6        # root handlers, level, filters; environment; import hooks; backend
+    assert report["changed_loggers"] == []          # e.g. no filter on accelerate's logger
 
 
 @pytest.fixture

@@ -11,6 +11,7 @@ function            returns                                   the command it mat
 :func:`bm25`        a run                                      ``pretrieve bm25``
 :func:`fuse`        a run                                      ``pretrieve fuse``
 :func:`evaluate`    a :class:`~pretrieve.evaluation.ResultsTable` ``pretrieve evaluate``
+                    (of ``models=``: a ``CollectionsTable``)
 :func:`run_recipe`  the results dict of ``results.json``       ``pretrieve run``
 :func:`export`      the export folder (sentence-transformers   ``pretrieve export``
                     model + model card)
@@ -26,28 +27,29 @@ unknown one is refused with the closest name. Errors name these Python parameter
 Nothing here changes global state: no logging handler is added, no log level, environment variable or matplotlib
 backend is set (configure logging yourself to see progress lines). Torch, transformers and FAISS are imported
 inside the verbs that need them, so ``import pretrieve`` stays light and :func:`bm25`, :func:`fuse` and
-:func:`evaluate` never import torch.
+:func:`evaluate` of runs never import torch.
 """
 
 from __future__ import annotations
 
-import json
+import contextlib
 import logging
+import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping, Sequence, Union
 
-import yaml
-
+from pretrieve import outputs
 from pretrieve.data.collection import BeirCollection
 from pretrieve.data.registry import resolve_collection, resolve_corpus
 from pretrieve.data.trec import read_run
 from pretrieve.errors import ConfigError
-from pretrieve.io_utils import atomic_open
+from pretrieve.models import resolve_model
+from pretrieve.provenance import provenance
 
 if TYPE_CHECKING:
     import numpy as np
 
-    from pretrieve.evaluation import ResultsTable
+    from pretrieve.evaluation import CollectionsTable, ResultsTable
     from pretrieve.retrieval.load import Retriever
 
 logger = logging.getLogger(__name__)
@@ -201,30 +203,99 @@ def fuse(runs: Sequence[RunLike], *, method: str = "rrf", norm: str | None = Non
 
 
 # ------------------------------------------------------------------------------------------------ evaluation
-def evaluate(runs: RunLike | Sequence[RunLike] | Mapping[str, RunLike], data: str | Path | None = None, *,
+def evaluate(runs: RunLike | Sequence[RunLike] | Mapping[str, RunLike] | None = None,
+             data: str | Path | Sequence[str | Path] | None = None, *,
+             models: Sequence[str | Path] | Mapping[str, str | Path] | None = None, out: str | Path | None = None,
              qrels: str | Path | Mapping[str, Mapping[str, int]] | None = None, split: str = "test",
              measures: str | Sequence[str] | None = None, test: str | None = "ttest", alpha: float = 0.05,
-             missing: str = "zero", ignore_identical_ids: bool = False,
-             data_root: str | Path | None = None) -> ResultsTable:
+             correction: str | None = "holm", missing: str = "zero", ignore_identical_ids: bool = False,
+             depth: int = 1000, precision: str = "auto", batch_size: int = 64, data_root: str | Path | None = None,
+             show_progress: bool = False) -> ResultsTable | CollectionsTable:
     """Score runs against the ``split`` qrels of collection ``data`` (or against ``qrels``, a file or a dict):
-    one row per run, each later run tested against the first (``test``: ttest | permutation | None).
+    one row per run, each later run tested against the first (``test``: ttest | permutation | None; ``correction``:
+    the p-values of the runs tested against the first adjusted together by Holm, or None).
 
     ``runs``: one run (a dict or a TREC file), a list of them, or a dict ``{name: run}``; ``measures``:
     ir_measures names (default: ``pretrieve evaluate``'s). ``print(table.to_markdown())`` shows the table,
-    ``table.value(name, "nDCG@10")`` reads one number."""
+    ``table.value(name, "nDCG@10")`` reads one number.
+
+    ``models`` instead of ``runs``: each model (``"bm25"``, a pretrieve checkpoint or exported directory, any
+    sentence-transformers model by path, offline alias or hub name; a list, or a dict ``{name: model}``) searches
+    every collection of ``data`` (one, a list or a comma-separated string) to ``depth``; returns the BEIR-style
+    :class:`~pretrieve.evaluation.CollectionsTable` (a row per collection and the average, a column per model and
+    measure; default measures nDCG@10 and R@100). ``out``: where the runs are written (and reused while current),
+    with ``results.md`` / ``results.json``; default a temporary directory, nothing kept."""
     from pretrieve.data.beir import load_qrels
     from pretrieve.evaluation import DEFAULT_MEASURES, RunEvaluator, build_table
 
+    if (runs is None) == (models is None):
+        raise ConfigError("give exactly one of runs or models")
+    if models is not None:
+        return _evaluate_models(models, data, out=out, split=split, measures=measures, test=test, alpha=alpha,
+                                correction=correction, missing=missing, ignore_identical_ids=ignore_identical_ids,
+                                depth=depth, precision=precision, batch_size=batch_size, data_root=data_root,
+                                show_progress=show_progress, qrels=qrels)
     if (qrels is None) == (data is None):
         raise ConfigError("give exactly one of data (a collection, with split) or qrels")
     if qrels is None:
+        if not isinstance(data, (str, Path)):
+            raise ConfigError("data: runs are scored on one collection; give a list of collections with models")
         judgments = BeirCollection(resolve_collection(data, data_root=data_root)).load_qrels(split)
     else:
         judgments = load_qrels(qrels) if isinstance(qrels, (str, Path)) else qrels
     evaluator = RunEvaluator(judgments, measures or DEFAULT_MEASURES, missing=missing,
                              ignore_identical_ids=ignore_identical_ids)
     results = {name: evaluator(run, name=name) for name, run in _named_runs(runs).items()}
-    return build_table(results, test=test, alpha=alpha)
+    return build_table(results, test=test, alpha=alpha, correction=correction)
+
+
+MODEL_MEASURES = "nDCG@10,R@100"
+"""The measures of ``evaluate(models=...)`` / ``pretrieve evaluate --model`` unless given (BEIR's)."""
+
+
+def _evaluate_models(models, data, *, out, split, measures, test, alpha, correction, missing, ignore_identical_ids,
+                     depth, precision, batch_size, data_root, show_progress, qrels) -> CollectionsTable:
+    """``evaluate(models=...)``: every model's run on every collection (:func:`pretrieve.retrieval.runs.model_run`),
+    scored and tabulated (:func:`pretrieve.evaluation.collections_table`), written under ``out`` when given."""
+    from pretrieve.evaluation import RunEvaluator, collections_table, parse_measures
+    from pretrieve.retrieval.runs import model_run   # torch: only when models are searched
+
+    if qrels is not None:
+        raise ConfigError("qrels: models are scored on the qrels of each collection of data; drop qrels")
+    if data is None or (not isinstance(data, (str, Path)) and not list(data)):
+        raise ConfigError("data: give the collections to evaluate the models on")
+    _positive(depth=depth, batch_size=batch_size)
+    named = _named_models(models)
+    entries = [c.strip() for c in data.split(",")] if isinstance(data, str) else \
+        [str(c) for c in ([data] if isinstance(data, Path) else data)]
+    collections = {}
+    for entry in entries:
+        collection = BeirCollection(resolve_collection(entry, data_root=data_root))
+        if collection.root.name in collections:
+            raise ConfigError(f"data: two collections are named '{collection.root.name}'")
+        collections[collection.root.name] = collection
+    resolved = {name: model if model == "bm25" else resolve_model(model) for name, model in named.items()}
+    chosen = list(parse_measures(measures or MODEL_MEASURES))
+    results: dict[str, dict[str, Any]] = {name: {} for name in named}
+    run_files: dict[str, dict[str, str]] = {name: {} for name in named}
+    with contextlib.ExitStack() as stack:
+        root = (stack.enter_context(outputs.writing(out)) if out is not None
+                else Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="pretrieve-evaluate-"))))
+        for label, collection in collections.items():
+            evaluator = RunEvaluator(collection.load_qrels(split), chosen, missing=missing,
+                                     ignore_identical_ids=ignore_identical_ids)
+            for name, model in resolved.items():
+                path = model_run(model, name, collection, split, depth, root, precision=precision,
+                                 batch_size=batch_size, show_progress=show_progress)
+                results[name][label] = evaluator(read_run(path), name=name)
+                run_files[name][label] = str(path.relative_to(root))
+        table = collections_table(results, chosen, test=test, alpha=alpha, correction=correction)
+        if out is not None:
+            metadata = {"split": split, "depth": depth, "models": {name: str(model) for name, model in named.items()},
+                        "data": {label: str(c.root) for label, c in collections.items()}, "run_files": run_files,
+                        "provenance": provenance()}
+            table.write(json_path=root / "results.json", md_path=root / "results.md", metadata=metadata)
+    return table
 
 
 # ---------------------------------------------------------------------------------------------------- export
@@ -259,20 +330,10 @@ def run_recipe(recipe: str | Path | Mapping[str, Any], *, out: str | Path | None
                show_progress: bool = True) -> dict[str, Any]:
     """Run (or resume) a recipe — a YAML/JSON file or the same as a dict (docs/recipes.md) — and return its results
     (also in ``results.json`` / ``results.md``). A dict is validated first, then kept as ``recipe.yaml`` in the
-    run's output directory, so that ``pretrieve run OUT/recipe.yaml`` reproduces the run. ``smoke``: the recipe made
-    tiny, in ``<out>-smoke`` unless ``out`` is given."""
+    run's output directory once it is locked, so that ``pretrieve run OUT/recipe.yaml`` reproduces the run.
+    ``smoke``: the recipe made tiny, in ``<out>-smoke`` unless ``out`` is given."""
     from pretrieve.recipe import run_recipe as run   # torch: only when running
-    from pretrieve.recipe.schema import validate_recipe
 
-    if isinstance(recipe, Mapping):
-        validate_recipe(recipe, "recipe")
-        if out is None:
-            out = str(recipe["out"]).rstrip("/") + ("-smoke" if smoke else "")
-        path = Path(out) / "recipe.yaml"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with atomic_open(path) as handle:   # paths as strings: the file reads back as the same recipe
-            yaml.safe_dump(json.loads(json.dumps(recipe, default=str)), handle, sort_keys=False)
-        recipe = path
     return run(recipe, out=out, show_progress=show_progress, redo_changed=redo_changed, data_root=data_root,
                smoke=smoke)
 
@@ -320,6 +381,28 @@ def _named_runs(runs: RunLike | Sequence[RunLike] | Mapping[str, RunLike]) -> di
         if name in named:
             raise ConfigError(f"runs: two runs are named '{name}'; pass a dict {{name: run}}")
         named[name] = _run(run, "runs")
+    return named
+
+
+def _named_models(models: Sequence[str | Path] | Mapping[str, str | Path]) -> dict[str, str]:
+    """``{name: model}``: a dict keeps its names; in a list ``bm25`` is ``bm25`` and a model is named by its last path
+    part (``minilm``, ``checkpoints/scifact`` → ``scifact``)."""
+    if isinstance(models, (str, Path)):
+        models = [models]
+    if isinstance(models, Mapping):
+        named = {str(name): str(model) for name, model in models.items()}
+    else:
+        named = {}
+        for model in models:
+            name = Path(str(model).rstrip("/")).name or str(model)
+            if name in named:
+                raise ConfigError(f"models: two models are named '{name}'; pass a dict {{name: model}}")
+            named[name] = str(model)
+    if not named:
+        raise ConfigError("models: no model to evaluate")
+    for name in named:
+        if not name or any(c in name for c in "/\\") or name.startswith("."):
+            raise ConfigError(f"models: {name!r} cannot name run files; pass a dict {{name: model}}")
     return named
 
 

@@ -203,9 +203,12 @@ def format_examples(report: CoverageReport, width: int = 120) -> str:
 
 def plot_coverage(reports: dict[str, CoverageReport], path: str | Path, recall: bool = False) -> None:
     """Coverage ratio (or ``input_recall``) vs k, one line per checkpoint (PNG)."""
-    from matplotlib.figure import Figure   # only when plotting; no pyplot: the caller's backend is left alone
+    # only when plotting; the object API, no pyplot: the caller's backend is left alone
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
 
     fig = Figure(figsize=(5, 3.5))
+    FigureCanvasAgg(fig)
     ax = fig.subplots()
     all_ks: set[int] = set()
     for name, report in reports.items():

@@ -133,10 +133,13 @@ def sample_pairs(collection, split: str, count: int = DEFAULT_PAIRS, seed: int =
 
 def plot_tsne(results: Mapping[str, DivergenceResult], path: str | Path, title: str | None = None) -> Path:
     """One scatter panel per encoder (queries and passages in two colours, KL/JS in the panel title) → PNG."""
-    from matplotlib.figure import Figure   # only when plotting; no pyplot: the caller's backend is left alone
+    # only when plotting; the object API, no pyplot: the caller's backend is left alone
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
 
     names: Sequence[str] = list(results)
     figure = Figure(figsize=(4.2 * len(names), 4.2))
+    FigureCanvasAgg(figure)
     axes = figure.subplots(1, len(names), squeeze=False)
     for axis, name in zip(axes[0], names):
         result = results[name]

@@ -1,8 +1,14 @@
-"""``pretrieve evaluate``: score TREC runs against qrels and print one row per run.
+"""``pretrieve evaluate``: score TREC runs against qrels and print one row per run — or evaluate models.
 
 Thin: it resolves the qrels (a file, or a BEIR collection + split), reads the runs, and hands them to
 :mod:`pretrieve.evaluation`. The table is printed with rich (significance marks against the first
-run); ``--json`` / ``--md`` write the same table to files.
+run, Holm-adjusted when several runs are tested); ``--json`` / ``--md`` write the same table to files.
+
+With ``--model`` (repeated) instead of run files, each model (``bm25``, a pretrieve checkpoint, any
+sentence-transformers model) searches every collection of ``--data`` (comma-separated) and the BEIR-style table is
+printed — a row per collection and the average, a column per model — through :func:`pretrieve.api.evaluate`, the
+one implementation of the Python API's ``evaluate(models=...)``; ``--out`` keeps the runs (reused while current),
+``results.md`` and ``results.json``.
 """
 
 from __future__ import annotations
@@ -22,11 +28,18 @@ from pretrieve.errors import ConfigError
 
 # Kept in sync with pretrieve.evaluation.metrics.DEFAULT_MEASURES (not imported, so that `--help` stays fast).
 _DEFAULT_MEASURES = "MRR@10,R@5,R@20,R@50,R@100,R@1000,nDCG@10,nDCG@100,MAP"
+# Kept in sync with pretrieve.api.MODEL_MEASURES (the default with --model).
+_MODEL_MEASURES = "nDCG@10,R@100"
 
 
 class SignificanceTest(str, Enum):
     ttest = "ttest"
     permutation = "permutation"
+    none = "none"
+
+
+class Correction(str, Enum):
+    holm = "holm"
     none = "none"
 
 
@@ -37,16 +50,34 @@ class MissingQueries(str, Enum):
 
 @app.command("evaluate")
 def evaluate_command(
-    runs: Annotated[list[Path], typer.Argument(help="TREC run files; the first is the baseline for significance marks.",
-                                               metavar="RUN", show_default=False)],
+    runs: Annotated[Optional[list[Path]], typer.Argument(help="TREC run files; the first is the baseline for "
+                                                         "significance marks.", metavar="[RUN]...",
+                                                         show_default=False)] = None,
+    models: Annotated[Optional[list[str]], typer.Option("--model", help="Instead of RUN files: a model to evaluate "
+                                                        "on every --data collection (repeat it; the first is the "
+                                                        "baseline): bm25, a pretrieve checkpoint or exported "
+                                                        "directory, any sentence-transformers model (path, offline "
+                                                        "alias such as minilm, hub name).", show_default=False)]
+        = None,
     qrels: Annotated[Optional[Path], typer.Option("--qrels", help="Qrels file (BEIR TSV or TREC format).")] = None,
     data: Annotated[Optional[str], typer.Option("--data", help="BEIR collection directory or a known collection "
-                                                "name; uses qrels/<split>.tsv (instead of --qrels).")] = None,
+                                                "name; uses qrels/<split>.tsv (instead of --qrels). With --model: "
+                                                "one or more, comma-separated.")] = None,
     split: Annotated[str, typer.Option("--split", help="Qrels split of --data.")] = "test",
-    measures: Annotated[str, typer.Option("--measures", help="Comma-separated ir_measures names, e.g. "
-                                          "nDCG@10,MRR@10,R@100,MAP.")] = _DEFAULT_MEASURES,
-    names: Annotated[Optional[str], typer.Option("--names", help="Comma-separated run names "
-                                                 "(default: file names without extension).")] = None,
+    measures: Annotated[Optional[str], typer.Option("--measures", help="Comma-separated ir_measures names, e.g. "
+                                                    f"nDCG@10,MRR@10,R@100,MAP (default: {_DEFAULT_MEASURES}; with "
+                                                    f"--model: {_MODEL_MEASURES})", show_default=False)] = None,
+    names: Annotated[Optional[str], typer.Option("--names", help="Comma-separated run (or model) names "
+                                                 "(default: file names without extension; a model's last path "
+                                                 "part).")] = None,
+    out: Annotated[Optional[Path], typer.Option("--out", help="With --model: where the runs are kept (reused while "
+                                                "current), with results.md and results.json (default: a temporary "
+                                                "directory, nothing kept).")] = None,
+    depth: Annotated[int, typer.Option("--depth", help="With --model: passages retrieved per query.", min=1)] = 1000,
+    precision: Annotated[str, typer.Option("--precision", help="With --model: precision of the encoders "
+                                           "(auto, fp32, bf16, fp16, int8).")] = "auto",
+    batch_size: Annotated[int, typer.Option("--batch-size", help="With --model: texts per forward pass.", min=1)]
+        = 64,
     json_path: Annotated[Optional[Path], typer.Option("--json", help="Write the results (and p-values) as JSON.")] = None,
     md_path: Annotated[Optional[Path], typer.Option("--md", help="Write the table as markdown.")] = None,
     per_query: Annotated[bool, typer.Option("--per-query", help="Include per-query scores in the JSON.")] = False,
@@ -56,6 +87,10 @@ def evaluate_command(
     permutations: Annotated[int, typer.Option("--permutations", help="Random sign flips of the permutation test.")]
         = 10_000,
     seed: Annotated[int, typer.Option("--seed", help="Seed of the permutation test.")] = 0,
+    correction: Annotated[Correction, typer.Option("--correction", help="Multiple comparisons: 'holm' adjusts the "
+                                                   "p-values of the runs tested against the first (per measure, and "
+                                                   "per collection) together; 'none' tests each alone.")]
+        = Correction.holm,
     missing: Annotated[MissingQueries, typer.Option("--missing", help="Judged queries absent from a run: score "
                                                     "them 'zero' (trec_eval -c; every row over the same queries) or "
                                                     "'ignore' them (answered queries only, as pytrec_eval/BEIR).")]
@@ -63,32 +98,76 @@ def evaluate_command(
     ignore_identical_ids: Annotated[bool, typer.Option("--ignore-identical-ids", help="Drop documents whose id equals "
                                                        "the query id (BEIR's option for ArguAna/Quora).")] = False,
 ) -> None:
-    """Evaluate runs against qrels: one row per run, marks for significant differences from the first run."""
+    """Evaluate runs against qrels (one row per run), or models on collections (--model; a row per collection):
+    marks for significant differences from the first."""
     from pretrieve.data.beir import load_qrels
     from pretrieve.data.collection import BeirCollection
     from pretrieve.data.registry import resolve_collection
     from pretrieve.data.trec import read_run
     from pretrieve.evaluation import RunEvaluator, build_table
 
-    if (qrels is None) == (data is None):
-        raise ConfigError("give exactly one of --qrels FILE or --data DIR (with --split)")
     if per_query and json_path is None:
         raise ConfigError("--per-query adds per-query scores to the JSON output: give --json FILE too")
+    test_name = None if test is SignificanceTest.none else test.value
+    chosen_correction = None if correction is Correction.none else correction.value
+    if models:
+        _evaluate_models(runs or [], models, data, qrels, names, out, split, measures, test_name, alpha,
+                         chosen_correction, missing.value, ignore_identical_ids, depth, precision, batch_size,
+                         json_path, md_path, per_query)
+        return
+    if not runs:
+        raise ConfigError("give the RUN files to evaluate, or models with --model")
+    if out is not None:
+        raise ConfigError("--out keeps the runs of --model; with RUN files use --json/--md")
+    if (qrels is None) == (data is None):
+        raise ConfigError("give exactly one of --qrels FILE or --data DIR (with --split)")
     run_names = _run_names(runs, names)
     qrels_path = qrels if qrels is not None else BeirCollection(resolve_collection(data)).qrels_path(split)
     judgments = load_qrels(qrels_path)
-    evaluator = RunEvaluator(judgments, measures, missing=missing.value, ignore_identical_ids=ignore_identical_ids)
+    evaluator = RunEvaluator(judgments, measures or _DEFAULT_MEASURES, missing=missing.value,
+                             ignore_identical_ids=ignore_identical_ids)
     results = {}
     for name, path in zip(run_names, runs):
         results[name] = evaluator(read_run(path), name=str(path))
         _note_missing(name, results[name])
-    table = build_table(results, test=None if test is SignificanceTest.none else test.value, alpha=alpha,
-                        n_permutations=permutations, seed=seed)
+    table = build_table(results, test=test_name, alpha=alpha, n_permutations=permutations, seed=seed,
+                        correction=chosen_correction)
     _print_table(table)
     metadata = {"qrels": str(qrels_path), "run_files": {name: str(path) for name, path in zip(run_names, runs)},
                 "provenance": _provenance()}
     table.write(json_path=json_path, md_path=md_path, per_query=per_query, metadata=metadata)
     for path in (json_path, md_path):
+        if path is not None:
+            err_console.print(f"wrote {path}", highlight=False, markup=False)
+
+
+def _evaluate_models(runs: list[Path], models: list[str], data: str | None, qrels: Path | None, names: str | None,
+                     out: Path | None, split: str, measures: str | None, test: str | None, alpha: float,
+                     correction: str | None, missing: str, ignore_identical_ids: bool, depth: int, precision: str,
+                     batch_size: int, json_path: Path | None, md_path: Path | None, per_query: bool) -> None:
+    """``--model``: every model on every --data collection (:func:`pretrieve.api.evaluate`), the table printed."""
+    from pretrieve.api import evaluate   # torch: only when models are searched
+
+    if runs:
+        raise ConfigError("give either RUN files or --model, not both")
+    if qrels is not None or data is None:
+        raise ConfigError("--model evaluates on collections: give --data NAME[,NAME...] (not --qrels)")
+    if names is not None:
+        given = [n.strip() for n in names.split(",")]
+        if len(given) != len(models):
+            raise ConfigError(f"--names needs one name per --model: got {len(given)} names for {len(models)} models")
+        if len(set(given)) != len(given):
+            raise ConfigError("--names: a name is used twice")
+        chosen: list[str] | dict[str, str] = dict(zip(given, models))
+    else:
+        chosen = models
+    table = evaluate(models=chosen, data=data, out=out, split=split, measures=measures, test=test, alpha=alpha,
+                     correction=correction, missing=missing, ignore_identical_ids=ignore_identical_ids, depth=depth,
+                     precision=precision, batch_size=batch_size, show_progress=True)
+    header, rows = table.grid()
+    _print_grid(header, rows, table.legend())
+    table.write(json_path=json_path, md_path=md_path, per_query=per_query)
+    for path in (json_path, md_path, *((out / "results.md", out / "results.json") if out is not None else ())):
         if path is not None:
             err_console.print(f"wrote {path}", highlight=False, markup=False)
 
@@ -116,26 +195,38 @@ def _note_missing(name: str, result) -> None:
 
 
 def _print_table(table) -> None:
-    rich_table = Table(show_edge=False)
-    rich_table.add_column("Run", no_wrap=True)
-    for measure in table.measures:
-        rich_table.add_column(measure, justify="right", no_wrap=True)
-    for run in table.results:
-        cells = []
-        for measure in table.measures:
-            mark = table.mark(run, measure)
-            style = "green" if mark.endswith("▲") else "red" if mark.endswith("▼") else ""
-            cells.append(Text(f"{table.value(run, measure):.4f}") + Text(mark, style=style))
-        rich_table.add_row(Text(run), *cells)
-    out = Console()
-    width = out.measure(rich_table, options=out.options.update_width(10_000)).maximum
-    if width > out.width:
-        out = Console(width=width)  # never truncate scores: a narrow terminal wraps the lines instead
-    out.print(rich_table)
+    header = ["Run", *table.measures]
+    rows = [[run, *(table.cell(run, measure) for measure in table.measures)] for run in table.results]
     n_queries = sorted({r.n_queries for r in table.results.values()})
     legend = table.legend()
-    out.print(f"Means over {', '.join(map(str, n_queries))} queries." + (" " + legend if legend else ""),
-              highlight=False, markup=False)
+    out = _print_grid(header, rows, f"Means over {', '.join(map(str, n_queries))} queries." +
+                      (" " + legend if legend else ""))
+    p_header, p_rows = table.p_table()
+    if p_rows:
+        _print_grid(p_header, p_rows, "", out)
+
+
+def _print_grid(header: list[str], rows: list[list[str]], legend: str, out: Console | None = None) -> Console:
+    """A table (the first column left-aligned, the others right-aligned, ▲ green and ▼ red) and a legend below."""
+    rich_table = Table(show_edge=False)
+    for index, name in enumerate(header):
+        rich_table.add_column(name, justify="left" if index == 0 else "right", no_wrap=True)
+    for row in rows:
+        cells = [Text(row[0])]
+        for cell in row[1:]:
+            mark = cell.lstrip("0123456789.–-")
+            style = "green" if mark.endswith("▲") else "red" if mark.endswith("▼") else ""
+            cells.append(Text(cell[:len(cell) - len(mark)]) + Text(mark, style=style))
+        rich_table.add_row(*cells)
+    if out is None:
+        out = Console()
+        width = out.measure(rich_table, options=out.options.update_width(10_000)).maximum
+        if width > out.width:
+            out = Console(width=width)  # never truncate scores: a narrow terminal wraps the lines instead
+    out.print(rich_table)
+    if legend:
+        out.print(legend, highlight=False, markup=False)
+    return out
 
 
 def _provenance() -> dict:

@@ -6,12 +6,14 @@ Knows nothing about models: it scores runs (``{query_id: {doc_id: score}}``) aga
 
 from pretrieve.evaluation.metrics import (DEFAULT_MEASURES, EvalResult, RunEvaluator, evaluate, parse_measure,
                                           parse_measures, trec_eval_ranking)
-from pretrieve.evaluation.report import BeirTable, ResultsTable, beir_table, build_table, format_value
-from pretrieve.evaluation.significance import (SignificanceResult, compare, paired_permutation_test,
-                                               paired_scores, paired_ttest)
+from pretrieve.evaluation.report import (BeirTable, CollectionsTable, ResultsTable, beir_table, build_table,
+                                         collections_table, format_p, format_value)
+from pretrieve.evaluation.significance import (SignificanceResult, compare, holm, holm_family, holm_note,
+                                               paired_permutation_test, paired_scores, paired_ttest)
 
 __all__ = [
-    "DEFAULT_MEASURES", "BeirTable", "EvalResult", "ResultsTable", "RunEvaluator", "SignificanceResult",
-    "beir_table", "build_table", "compare", "evaluate", "format_value", "paired_permutation_test",
-    "paired_scores", "paired_ttest", "parse_measure", "parse_measures", "trec_eval_ranking",
+    "DEFAULT_MEASURES", "BeirTable", "CollectionsTable", "EvalResult", "ResultsTable", "RunEvaluator",
+    "SignificanceResult", "beir_table", "build_table", "collections_table", "compare", "evaluate", "format_p",
+    "format_value", "holm", "holm_family", "holm_note", "paired_permutation_test", "paired_scores", "paired_ttest",
+    "parse_measure", "parse_measures", "trec_eval_ranking",
 ]

@@ -6,7 +6,10 @@ p-values, optionally per-query scores). Rendering for the terminal lives in the 
 :class:`ResultsTable`.
 
 Marks: ``†`` = significantly different from the baseline (first run) at ``alpha``; ``▲``/``▼`` = the
-run's mean is higher/lower than the baseline's. Only significant differences are marked.
+run's mean is higher/lower than the baseline's. Only significant differences are marked. When several runs are
+tested against the baseline, the decision is made on Holm's adjusted p-value (``correction="holm"``, the default):
+the family is the runs tested against the baseline on one measure (and one collection); the tables show the
+adjusted p-values beside the means and say so.
 """
 
 from __future__ import annotations
@@ -19,13 +22,14 @@ from typing import Any, Mapping, Sequence
 from pretrieve.errors import ConfigError
 from pretrieve.evaluation.metrics import EvalResult
 from pretrieve.evaluation.significance import (DEFAULT_ALPHA, DEFAULT_PERMUTATIONS, TESTS, SignificanceResult,
-                                               check_alpha, compare)
+                                               check_alpha, compare, holm_family)
 from pretrieve.io_utils import atomic_open, write_json
 
 SIGNIFICANCE_MARK = "†"
 UP, DOWN = "▲", "▼"
 DIGITS = 4
 _TEST_NAMES = {"ttest": "paired two-sided t-test", "permutation": "paired two-sided randomization test"}
+CORRECTIONS = ("holm",)
 
 
 def format_value(value: float, digits: int = DIGITS) -> str:
@@ -51,6 +55,7 @@ class ResultsTable:
     test: str | None = "ttest"
     alpha: float = DEFAULT_ALPHA
     comparisons: dict[str, dict[str, SignificanceResult]] = field(default_factory=dict)
+    correction: str | None = "holm"
 
     @property
     def baseline(self) -> str:
@@ -66,23 +71,44 @@ class ResultsTable:
         """``0.6521†▲``: the mean and its significance mark."""
         return format_value(self.value(run, measure), digits) + self.mark(run, measure)
 
+    def p_value(self, run: str, measure: str) -> float:
+        """The p-value ``run``'s mark is decided on (Holm's where adjusted); NaN for the baseline or untested."""
+        result = self.comparisons.get(run, {}).get(measure)
+        return result.decisive_p if result is not None else float("nan")
+
     def legend(self) -> str:
         """One sentence explaining the marks (empty when no test was run or there is one run)."""
         if not self.test or len(self.results) < 2:
             return ""
+        tested = len(self.results) - 1
+        adjusted = (f", Holm-adjusted over the {tested} runs tested against it on each measure"
+                    if self.correction == "holm" and tested > 1 else "")
         return (f"{SIGNIFICANCE_MARK} significantly different from '{self.baseline}' "
-                f"({_TEST_NAMES.get(self.test, self.test)} over the per-query scores, p ≤ {self.alpha:g}); "
+                f"({_TEST_NAMES.get(self.test, self.test)} over the per-query scores{adjusted}, p ≤ {self.alpha:g}); "
                 f"{UP} higher, {DOWN} lower.")
 
+    def p_table(self) -> tuple[list[str], list[list[str]]]:
+        """``(header, rows)`` of the p-values the marks are decided on: a column per tested run, a row per measure
+        (empty without tests)."""
+        if not self.test or len(self.results) < 2:
+            return [], []
+        label = "p (Holm)" if self.correction == "holm" and len(self.comparisons) > 1 else "p"
+        header = [f"{label} vs {self.baseline}", *self.comparisons]
+        return header, [[m, *(format_p(self.p_value(run, m)) for run in self.comparisons)] for m in self.measures]
+
     def to_markdown(self, digits: int = DIGITS) -> str:
-        """A GitHub-flavoured markdown table, with the legend below it."""
+        """A GitHub-flavoured markdown table, with the legend below it (and the p-values, when tested)."""
         header = ["Run", *self.measures]
         rows = [[run, *(self.cell(run, m, digits) for m in self.measures)] for run in self.results]
         text = markdown_table(header, rows, align=["l"] + ["r"] * len(self.measures))
         n_queries = sorted({result.n_queries for result in self.results.values()})
         note = f"Means over {', '.join(map(str, n_queries))} queries."
         legend = self.legend()
-        return text + "\n" + note + (" " + legend if legend else "") + "\n"
+        text += "\n" + note + (" " + legend if legend else "") + "\n"
+        p_header, p_rows = self.p_table()
+        if p_rows:
+            text += "\n" + markdown_table(p_header, p_rows, align=["l"] + ["r"] * (len(p_header) - 1))
+        return text
 
     def to_dict(self, per_query: bool = False) -> dict[str, Any]:
         """Everything: means, query counts, test results against the baseline, per-query scores if asked."""
@@ -93,7 +119,7 @@ class ResultsTable:
                 entry["significance"] = {m: r.to_dict() for m, r in self.comparisons[name].items()}
             runs.append(entry)
         return {"measures": list(self.measures), "baseline": self.baseline, "test": self.test,
-                "alpha": self.alpha, "runs": runs}
+                "correction": self.correction if self.test else None, "alpha": self.alpha, "runs": runs}
 
     def write(self, json_path: str | Path | None = None, md_path: str | Path | None = None,
               per_query: bool = False, metadata: Mapping[str, Any] | None = None) -> None:
@@ -107,16 +133,20 @@ class ResultsTable:
 
 def build_table(results: Mapping[str, EvalResult], measures: Sequence[str] | None = None,
                 test: str | None = "ttest", alpha: float = DEFAULT_ALPHA,
-                n_permutations: int = DEFAULT_PERMUTATIONS, seed: int = 0) -> ResultsTable:
+                n_permutations: int = DEFAULT_PERMUTATIONS, seed: int = 0,
+                correction: str | None = "holm") -> ResultsTable:
     """Tabulate ``{run_name: EvalResult}`` (first = baseline) and test every other run against it.
 
     ``measures`` defaults to the first run's measures; ``test`` is ``"ttest"``, ``"permutation"`` or
-    ``None`` (no tests, no marks).
+    ``None`` (no tests, no marks); ``correction``: ``"holm"`` (the p-values of the runs tested against the baseline
+    on one measure adjusted together, the marks decided on them) or ``None`` (each test at ``alpha`` alone).
     """
     if not results:
         raise ConfigError("no runs to tabulate")
     if test is not None and test not in TESTS:
         raise ConfigError(f"unknown significance test '{test}' (choose from {', '.join(TESTS)})")
+    if correction is not None and correction not in CORRECTIONS:
+        raise ConfigError(f"unknown correction '{correction}' (choose from {', '.join(CORRECTIONS)} or none)")
     check_alpha(alpha)
     results = dict(results)
     measures = list(measures) if measures is not None else list(next(iter(results.values())).measures)
@@ -124,13 +154,25 @@ def build_table(results: Mapping[str, EvalResult], measures: Sequence[str] | Non
         absent = [m for m in measures if m not in result.aggregate]
         if absent:
             raise ConfigError(f"run '{name}' has no score for {', '.join(absent)}")
-    table = ResultsTable(results, measures, test=test, alpha=alpha)
+    table = ResultsTable(results, measures, test=test, alpha=alpha, correction=correction)
     if test is not None:
         baseline = results[table.baseline]
         for name, result in list(results.items())[1:]:
             table.comparisons[name] = {m: compare(baseline, result, m, test=test, alpha=alpha,
                                                   n_permutations=n_permutations, seed=seed) for m in measures}
+        if correction == "holm":
+            for m in measures:
+                adjusted = holm_family([table.comparisons[name][m] for name in table.comparisons])
+                for name, result in zip(table.comparisons, adjusted):
+                    table.comparisons[name][m] = result
     return table
+
+
+def format_p(p: float) -> str:
+    """A p-value with 3 significant digits (``<0.001`` below); NaN as an en dash."""
+    if p is None or math.isnan(p):
+        return "–"
+    return "<0.001" if p < 0.001 else f"{p:.3g}"
 
 
 def markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]], align: Sequence[str] | None = None) -> str:
@@ -221,3 +263,84 @@ def beir_table(results: Mapping[str, Mapping[str, EvalResult]], measure: str | S
                                       f"(have: {', '.join(result.aggregate)})")
                 values[run][(collection, m)] = result.aggregate[m] if result is not None else float("nan")
     return BeirTable(list(results), collections, measures, values)
+
+
+@dataclass
+class CollectionsTable:
+    """Several runs (models) on several collections, BEIR-style: one row per collection and the average row, one
+    column per run and measure — each later run's mark and Holm-adjusted p-value against the first run on that
+    collection beside its mean (``tables``: the per-collection :class:`ResultsTable`, with the tests)."""
+
+    beir: BeirTable
+    tables: dict[str, ResultsTable]
+
+    @property
+    def baseline(self) -> str:
+        return self.beir.runs[0]
+
+    def grid(self, digits: int = DIGITS) -> tuple[list[str], list[list[str]]]:
+        """``(header, rows)``: a row per collection, then ``Average`` (the unweighted mean over the collections)."""
+        beir, tested = self.beir, self.test is not None and len(self.beir.runs) > 1
+        header, rows = ["Collection"], [[c] for c in beir.collections] + [["Average"]]
+        for m in beir.measures:
+            for run in beir.runs:
+                header.append(run if len(beir.measures) == 1 else f"{run} {m}")
+                if tested and run != self.baseline:
+                    header.append("p")
+                for row, c in zip(rows, beir.collections):
+                    table = self.tables[c]
+                    present = run in table.results
+                    row.append(table.cell(run, m, digits) if present else "–")
+                    if tested and run != self.baseline:
+                        row.append(format_p(table.p_value(run, m)) if present else "–")
+                rows[-1].append(format_value(beir.average(run, m), digits))
+                if tested and run != self.baseline:
+                    rows[-1].append("")
+        return header, rows
+
+    @property
+    def test(self) -> str | None:
+        return next(iter(self.tables.values())).test
+
+    def legend(self) -> str:
+        """What the rows, the average and the marks are."""
+        first = next(iter(self.tables.values()))
+        text = f"Average: the unweighted mean over the {len(self.beir.collections)} collections."
+        if self.test and len(self.beir.runs) > 1:
+            adjusted = (f", Holm-adjusted over the {len(self.beir.runs) - 1} runs tested against it on each collection "
+                        "and measure" if first.correction == "holm" and len(self.beir.runs) > 2 else "")
+            text += (f" {SIGNIFICANCE_MARK} significantly different from '{self.baseline}' on that collection "
+                     f"({_TEST_NAMES.get(self.test, self.test)} over the per-query scores{adjusted}, "
+                     f"p ≤ {first.alpha:g}); {UP} higher, {DOWN} lower; p: the p-value the mark is decided on.")
+        return text
+
+    def to_markdown(self, digits: int = DIGITS) -> str:
+        header, rows = self.grid(digits)
+        return markdown_table(header, rows, align=["l"] + ["r"] * (len(header) - 1)) + "\n" + self.legend() + "\n"
+
+    def to_dict(self, per_query: bool = False) -> dict[str, Any]:
+        """The BEIR table (scores and averages) and, per collection, the :class:`ResultsTable` with its tests."""
+        return {**self.beir.to_dict(), "baseline": self.baseline,
+                "per_collection": {c: table.to_dict(per_query=per_query) for c, table in self.tables.items()}}
+
+    def write(self, json_path: str | Path | None = None, md_path: str | Path | None = None,
+              per_query: bool = False, metadata: Mapping[str, Any] | None = None) -> None:
+        """Write the JSON and/or markdown forms (atomically); ``metadata`` is added to the JSON."""
+        if json_path is not None:
+            write_json(json_path, {**self.to_dict(per_query=per_query), **(metadata or {})})
+        if md_path is not None:
+            with atomic_open(md_path) as handle:
+                handle.write(self.to_markdown())
+
+
+def collections_table(results: Mapping[str, Mapping[str, EvalResult]], measures: str | Sequence[str],
+                      test: str | None = "ttest", alpha: float = DEFAULT_ALPHA,
+                      n_permutations: int = DEFAULT_PERMUTATIONS, seed: int = 0,
+                      correction: str | None = "holm") -> CollectionsTable:
+    """Tabulate ``{run: {collection: EvalResult}}`` (the first run is the baseline): the BEIR table of ``measures``
+    (:func:`beir_table`) and each collection's :func:`build_table` (tests against the baseline, ``correction``)."""
+    beir = beir_table(results, measures)
+    tables = {c: build_table({run: per[c] for run, per in results.items() if c in per}, beir.measures, test=test,
+                             alpha=alpha, n_permutations=n_permutations, seed=seed, correction=correction)
+              for c in beir.collections}
+    return CollectionsTable(beir, tables)

@@ -38,8 +38,8 @@ from __future__ import annotations
 
 import math
 import warnings
-from dataclasses import asdict, dataclass
-from typing import Literal
+from dataclasses import asdict, dataclass, replace
+from typing import Literal, Sequence
 
 import numpy as np
 from scipy import stats
@@ -67,11 +67,19 @@ class SignificanceResult:
     #: ``1 − alpha`` confidence interval of the mean difference, where the test gives one (the t-test); else NaN.
     ci_low: float = float("nan")
     ci_high: float = float("nan")
+    #: ``p_value`` adjusted by Holm over the tests it was compared with (:func:`holm_family`); NaN when not adjusted.
+    p_holm: float = float("nan")
+
+    @property
+    def decisive_p(self) -> float:
+        """The p-value the decision is made on: Holm's where the test was adjusted, else the raw one."""
+        return self.p_value if math.isnan(self.p_holm) else self.p_holm
 
     @property
     def significant(self) -> bool:
-        """``p ≤ alpha`` (a NaN p-value, e.g. fewer than two queries, is never significant)."""
-        return not math.isnan(self.p_value) and self.p_value <= self.alpha
+        """``p ≤ alpha``, Holm's ``p`` where adjusted (a NaN p-value, e.g. fewer than two queries, is never
+        significant)."""
+        return not math.isnan(self.decisive_p) and self.decisive_p <= self.alpha
 
     @property
     def direction(self) -> int:
@@ -79,7 +87,10 @@ class SignificanceResult:
         return int(np.sign(self.mean_difference))
 
     def to_dict(self) -> dict:
+        """The fields (NaN as None; ``p_holm`` only where adjusted) and ``significant``."""
         out = asdict(self)
+        if math.isnan(self.p_holm):
+            del out["p_holm"]
         out["significant"] = self.significant
         return {key: (None if isinstance(value, float) and math.isnan(value) else value)
                 for key, value in out.items()}
@@ -285,6 +296,31 @@ def holm(p_values) -> np.ndarray:
     adjusted = np.empty_like(p)
     adjusted[order] = scaled
     return adjusted
+
+
+def holm_family(results: Sequence[SignificanceResult]) -> list[SignificanceResult]:
+    """The tests of one family (several runs against one baseline, on one measure) with their Holm-adjusted p-values
+    (``p_holm``), in order; a test without a p-value (NaN: fewer than two queries) is left out of the family."""
+    tested = [i for i, result in enumerate(results) if not math.isnan(result.p_value)]
+    adjusted = holm([results[i].p_value for i in tested]) if tested else []
+    out = list(results)
+    for i, p in zip(tested, adjusted):
+        out[i] = replace(results[i], p_holm=float(p))
+    return out
+
+
+def holm_note(p_values: Sequence[float | None], alpha: float = DEFAULT_ALPHA) -> str:
+    """One sentence for a table of raw p-values: whether Holm's adjustment over them (one family) changes any
+    decision at ``alpha`` (None / NaN values, tests not made, are left out)."""
+    raw = [float(p) for p in p_values if p is not None and not math.isnan(float(p))]
+    if len(raw) < 2:
+        return ""
+    adjusted = holm(raw)
+    lost = sum(1 for p, q in zip(raw, adjusted) if p <= alpha < q)
+    what = (f"Holm's adjustment over these {len(raw)} tests changes no decision at p ≤ {alpha:g}" if not lost else
+            f"Holm's adjustment over these {len(raw)} tests makes {lost} of the "
+            f"{sum(1 for p in raw if p <= alpha)} significant differences (p ≤ {alpha:g}) not significant")
+    return what + " (the p-values shown are unadjusted)."
 
 
 def minimum_detectable_effect(se: float, alpha: float = DEFAULT_ALPHA, power: float = DEFAULT_POWER,

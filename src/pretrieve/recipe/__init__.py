@@ -86,23 +86,27 @@ evaluated run (re-evaluate any number with ``pretrieve evaluate``), ``results.js
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
+
+import yaml
 
 from pretrieve import outputs, ranks
 from pretrieve.data.registry import resolve_collections
+from pretrieve.io_utils import atomic_open
 from pretrieve.models import resolve_model
 from pretrieve.recipe import stages  # noqa: F401  (registers every stage kind)
 from pretrieve.recipe.dev import prepare_dev
 from pretrieve.recipe.results import RESULT_MEASURES, results_are_current, results_markdown
 from pretrieve.recipe.runner import RunState, run_stages
-from pretrieve.recipe.schema import load_recipe, recipe_collections
+from pretrieve.recipe.schema import load_recipe, recipe_collections, validate_recipe
 from pretrieve.recipe.smoke import smoke_out, smoke_recipe
 
 __all__ = ["RESULT_MEASURES", "load_recipe", "results_are_current", "results_markdown", "run_recipe"]
 
 
-def run_recipe(path: str | Path, out: str | Path | None = None, show_progress: bool = True,
+def run_recipe(path: str | Path | Mapping[str, Any], out: str | Path | None = None, show_progress: bool = True,
                redo_changed: bool = False, data_root: str | Path | None = None, smoke: bool = False,
                dist_timeout_minutes: float | None = None) -> dict[str, Any]:
     """Execute (or resume) a recipe; returns the results dict also written to ``results.json``.
@@ -113,13 +117,19 @@ def run_recipe(path: str | Path, out: str | Path | None = None, show_progress: b
 
     Under ``torchrun`` / ``accelerate launch`` every rank runs this: work that happens once (the smoke fixtures,
     downloads, the results files) is rank 0's while the others wait, the other stages split their work by rank
-    (:mod:`pretrieve.ranks`); ``dist_timeout_minutes`` (else the recipe's) bounds every wait."""
-    recipe = load_recipe(path)
+    (:mod:`pretrieve.ranks`); ``dist_timeout_minutes`` (else the recipe's) bounds every wait.
+
+    ``path`` may be the recipe itself (a mapping): validated like a file, then kept as ``recipe.yaml`` in the output
+    directory once it is locked (so that ``pretrieve run OUT/recipe.yaml`` reproduces the run)."""
+    given = path if isinstance(path, Mapping) else None
+    recipe = validate_recipe(given, "recipe") if given is not None else load_recipe(path)
     if dist_timeout_minutes is not None:
         ranks.check_timeout(dist_timeout_minutes, "--dist-timeout-minutes")
     ranks.init(dist_timeout_minutes or recipe.get("dist_timeout_minutes"))
     out_dir = smoke_out(recipe, out) if smoke else Path(out if out is not None else recipe["out"])
     with outputs.writing(out_dir):   # locked first: a busy output is refused before any model or data is touched
+        if given is not None:
+            path = ranks.once("keep the recipe", lambda: keep_recipe(given, out_dir))
         if smoke:
             recipe = ranks.once("prepare the smoke recipe", lambda: smoke_recipe(recipe, out))
         elif out is not None:
@@ -134,3 +144,11 @@ def run_recipe(path: str | Path, out: str | Path | None = None, show_progress: b
         results = run_stages(state, path, show_progress, redo_changed)
     ranks.finish()
     return results
+
+
+def keep_recipe(recipe: Mapping[str, Any], out_dir: Path) -> Path:
+    """``out_dir/recipe.yaml``: a recipe given as a mapping, as YAML (paths as strings, so it reads back the same)."""
+    path = out_dir / "recipe.yaml"
+    with atomic_open(path) as handle:
+        yaml.safe_dump(json.loads(json.dumps(dict(recipe), default=str)), handle, sort_keys=False)
+    return path

@@ -83,7 +83,7 @@ class FusionSpec:
             raise ConfigError(f"fusion depth must be >= 1, got {self.depth}")
         if self.method == "rrf":
             if self.norm is not None or self.weights is not None:
-                raise ConfigError("rrf fuses ranks: it takes neither a normalisation nor weights (use --method wsum)")
+                raise ConfigError("rrf fuses ranks: it takes neither a normalisation nor weights (use the method wsum)")
             if self.k < 1:
                 raise ConfigError(f"rrf k must be >= 1, got {self.k}")
             return self

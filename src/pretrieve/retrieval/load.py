@@ -210,7 +210,7 @@ def load_retriever(name_or_path: str | Path, device: str | torch.device = "auto"
     config = read_retriever_config(path) if path is not None else None
     kind = retriever_kind(resolved, config or {})
     if config is not None and (pooling is not None or normalize is not None):
-        raise ConfigError("--pooling/--normalize do not apply to a retriever fine-tuned by pretrieve (its "
+        raise ConfigError("pooling/normalize do not apply to a retriever fine-tuned by pretrieve (its "
                           "representation is saved with it)")
     torch_device = resolve_device(device)
     chosen = resolve_precision(precision, torch_device)

@@ -13,6 +13,8 @@ across ranks.
   one process) into part files that rank 0 merges into the very files one process writes
   (:func:`pretrieve.ranks.split_files`).
 * :func:`is_current` — whether an output is current, rank 0's answer on every rank.
+* :func:`model_run` — the run file of BM25 or any retriever under an evaluation directory (``pretrieve evaluate
+  --model``): ``runs/<name>__<collection>[:split].trec``, its index kept beside it.
 """
 
 from __future__ import annotations
@@ -106,3 +108,17 @@ def bm25_run(collection: BeirCollection, split: str, depth: int, out: Path, inde
     if not is_current(out, settings, inputs, kind="run"):
         bm25_run_file(collection, split, out, k=depth, index_dir=index_dir)
     return out
+
+
+def model_run(model: str, name: str, collection: BeirCollection, split: str, depth: int, out: Path, *,
+              precision: str = "auto", batch_size: int = 64, show_progress: bool = True) -> Path:
+    """``out/runs/<name>__<collection>[:split].trec``: ``model``'s run (``"bm25"``, or a retriever: a path, an offline
+    alias or a hub name, see :func:`pretrieve.retrieval.load.load_retriever`), searched now unless current; its index
+    kept in ``out/index/<name>/<collection>`` (BM25's in ``out/bm25-index/<collection>``)."""
+    tag = collection.root.name if split == "test" else f"{collection.root.name}:{split}"
+    path = Path(out) / "runs" / f"{name}__{tag}.trec"
+    if model == "bm25":
+        return bm25_run(collection, split, depth, path, index_dir=Path(out) / "bm25-index" / collection.root.name)
+    return retriever_run(model, collection, split, depth, path, index_dir=Path(out) / "index" / name /
+                         collection.root.name, precision=precision, batch_size=batch_size, tag=name,
+                         show_progress=show_progress)

@@ -11,8 +11,8 @@ main process renames it.
 
 accelerate saves safetensors without aliased tensors and warns about each one it drops; the MLM decoder's
 weight (and bias) tied to the input embeddings are such aliases by construction and are tied again when the
-model is built, so that warning is turned into a DEBUG line (:class:`TiedDecoderNotice`). Any other shared
-tensor keeps its warning.
+model is built, so that warning is turned into a DEBUG line (:class:`TiedDecoderNotice`, on accelerate's logger only
+while a checkpoint is saved: importing this module changes no logger). Any other shared tensor keeps its warning.
 
 Resuming (:func:`load_checkpoint`) is checked: a checkpoint written under other settings is refused
 (:func:`check_resumable`), and so is one whose RNG state cannot be restored exactly.
@@ -20,6 +20,7 @@ Resuming (:func:`load_checkpoint`) is checked: a checkpoint written under other 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -27,7 +28,7 @@ import random
 import re
 import shutil
 from pathlib import Path
-from typing import Any, Collection, Mapping
+from typing import Any, Collection, Iterator, Mapping
 
 import torch
 from accelerate.utils import load as accelerate_load
@@ -62,9 +63,16 @@ class TiedDecoderNotice(logging.Filter):
         return True
 
 
-_accelerate_logger = logging.getLogger("accelerate.utils.other")
-if not any(isinstance(f, TiedDecoderNotice) for f in _accelerate_logger.filters):
-    _accelerate_logger.addFilter(TiedDecoderNotice())
+@contextlib.contextmanager
+def tied_decoder_notice() -> Iterator[None]:
+    """:class:`TiedDecoderNotice` on accelerate's logger for the duration (a checkpoint's save), removed after."""
+    target = logging.getLogger("accelerate.utils.other")
+    notice = TiedDecoderNotice()
+    target.addFilter(notice)
+    try:
+        yield
+    finally:
+        target.removeFilter(notice)
 
 
 class CheckpointWriteError(PretrieveError):
@@ -119,7 +127,8 @@ def save_checkpoint(accelerator, out_dir: str | Path, step: int, state: dict[str
         tmp.mkdir(parents=True)
     accelerator.wait_for_everyone()
     try:
-        accelerator.save_state(str(tmp))
+        with tied_decoder_notice():
+            accelerator.save_state(str(tmp))
         accelerator.wait_for_everyone()
         if accelerator.is_main_process:
             extra = {SCALER_KEY: scaler.state_dict()} if scaler is not None else {}

@@ -237,19 +237,21 @@ def _pvalue_section(methods: Mapping[str, Any], names: Sequence[str]) -> list[st
 
 def plot_results(summary: Mapping[str, Any], path: str | Path, measure: str = PRIMARY) -> None:
     """Grouped bars: one group per collection (+ avg), one bar per method, std over seeds as error bars."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    # only when plotting; the object API, no pyplot: a notebook's backend is left alone
+    from matplotlib import colormaps
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
 
     from pretrieve.io_utils import atomic_path
 
     groups = [*summary["collections"], "avg"]
     methods = [(m, e) for m, e in summary["methods"].items() if e["seeds"]]
-    fig, ax = plt.subplots(figsize=(max(6.0, 0.3 * len(groups) * max(1, len(methods))), 4.5))
+    fig = Figure(figsize=(max(6.0, 0.3 * len(groups) * max(1, len(methods))), 4.5))
+    FigureCanvasAgg(fig)
+    ax = fig.subplots()
     width = 0.8 / max(1, len(methods))
     x = np.arange(len(groups))
-    palette = plt.get_cmap("tab10" if len(methods) <= 10 else "tab20")   # a distinct colour per method
+    palette = colormaps["tab10" if len(methods) <= 10 else "tab20"]   # a distinct colour per method
     for i, (method, entry) in enumerate(methods):
         cells = [entry["scores"][measure][g] for g in groups]
         errors = [c["std"] for c in cells] if any(c["n"] > 1 for c in cells) else None
@@ -271,7 +273,6 @@ def plot_results(summary: Mapping[str, Any], path: str | Path, measure: str = PR
     fig.tight_layout()
     with atomic_path(path, suffix=".png") as tmp:
         fig.savefig(tmp, dpi=120, format="png")
-    plt.close(fig)
 
 
 def write_report(out: str | Path, summary: Mapping[str, Any], plot: bool = True) -> list[Path]:
