@@ -389,3 +389,25 @@ def test_a_fine_tuning_stage_numbered_by_its_place_needs_its_groups_before_anyth
         validate_recipe(recipe)
     recipe["stages"].insert(1, "mine")
     assert len(validate_recipe(recipe)["stages"]) == 3
+
+
+
+def test_evaluate_retrievers_limits_the_fine_tuned_rows_and_a_wrong_name_is_refused_first(tiny_mlm_dir, collections,
+                                                                                          tmp_path):
+    train, other = collections
+    recipe = {"name": "rows", "out": str(tmp_path / "out"), "model": str(tiny_mlm_dir), "data": str(train), "seed": 7,
+              "finetune": {**FAST, "num_negatives": 2, "query_max_len": 16, "passage_max_len": 32, "bm25_depth": 20},
+              "stages": [{"finetune": {"stage": 1}},
+                         {"evaluate": {"collections": [str(train)], "depth": 20, "retrievers": ["finetune-s1"]}},
+                         {"evaluate": {"collections": [str(other)], "depth": 20, "bm25": True, "zero_shot": True,
+                                       "retrievers": []}}]}
+    bad, good = tmp_path / "bad.yaml", tmp_path / "good.yaml"
+    bad.write_text(yaml.safe_dump({**recipe, "stages": [recipe["stages"][0],
+                                                        {"evaluate": {"retrievers": ["finetune-s2"]}}]}))
+    good.write_text(yaml.safe_dump(recipe))
+    with pytest.raises(ConfigError, match=r"stages\[1\]\.evaluate\.retrievers\[0\]: no fine-tuned retriever named "
+                                          r"'finetune-s2' before this stage \(known: finetune-s1\)"):
+        run_recipe(bad, show_progress=False)
+    assert not (tmp_path / "out" / "finetune-s1").exists()   # refused before anything trained
+    rows = {(row["retriever"], row["collection"]) for row in run_recipe(good, show_progress=False)["rows"]}
+    assert rows == {("finetune-s1", "train"), ("bm25", "other"), ("zero-shot", "other")}

@@ -30,14 +30,15 @@ RECIPE = ROOT / "configs" / "scifact-minilm.yaml"
 
 
 def derived_recipe(case: str, out: Path) -> dict:
-    """The shipped recipe with only ``data``, ``out``, ``name`` and the evaluated collections changed."""
+    """The shipped recipe with only ``data``, ``out``, ``name`` and the evaluated collections changed (its first
+    evaluate stage, on ``case``'s test queries; the zero-shot collections are the SciFact case's)."""
     recipe = yaml.safe_load(RECIPE.read_text())
     recipe["name"] = f"{recipe['name']}-{case}"
     recipe["data"] = case
     recipe["out"] = str(out / case)
-    for stage in recipe["stages"]:
-        if "evaluate" in stage:
-            stage["evaluate"]["collections"] = [case]
+    evaluates = [stage for stage in recipe["stages"] if "evaluate" in stage]
+    recipe["stages"] = [stage for stage in recipe["stages"] if "evaluate" not in stage] + evaluates[:1]
+    evaluates[0]["evaluate"]["collections"] = [case]      # the first (all rows), on the held-out half only
     return recipe
 
 

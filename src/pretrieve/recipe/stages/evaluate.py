@@ -1,16 +1,17 @@
 """The ``evaluate`` stage: one row per retriever and collection (``runs/<retriever>__<collection>.trec``), BM25 and
 the zero-shot model as baselines, a re-ranked row, one row per fusion, and paired t-tests of the ``final`` row.
 
-Collections default to the recipe's ``data``; ``"msmarco:dev"`` picks a split. ``measures`` names the measures
-(``ir_measures`` names; default nDCG@10, MRR@10, R@100): a list for every collection, or a mapping from a collection
-(as ``collections`` names it) to its list — ``{"msmarco:dev": [MRR@10, R@50, R@1000], "msmarco:test": [nDCG@10,
-"R(rel=2)@1000"]}``; ``(rel=2)`` counts grade ≥ 2 as relevant, as ``trec_eval -l 2`` (TREC DL's recall). The
-recipe's ``expected`` numbers (the paper's) are attached to their rows (``paper``). Retrievers fine-tuned with the
-sparse/hybrid representation get one row per search mode with ``modes`` (``finetune-s1-sparse``, …). With ``final``
-and ``compare``, the final row is tested (nDCG@10 per query, paired two-sided t-tests) against each named row, and
-``results.md`` closes with which row to use. ``ignore_identical_ids`` names the collections (ArguAna, Quora) whose
-runs are scored as BEIR scores them: a query's own document (the same id) is dropped from its ranking
-(:func:`pretrieve.evaluation.metrics.drop_identical_ids`).
+Collections default to the recipe's ``data``; ``"msmarco:dev"`` picks a split. ``retrievers`` limits the rows of
+fine-tuned retrievers to those named (default: every one; a fusion or ``rerank`` still searches what it needs).
+``measures`` names the measures (``ir_measures`` names; default nDCG@10, MRR@10, R@100): a list for every
+collection, or a mapping from a collection (as ``collections`` names it) to its list — ``{"msmarco:dev": [MRR@10,
+R@50, R@1000], "msmarco:test": [nDCG@10, "R(rel=2)@1000"]}``; ``(rel=2)`` counts grade ≥ 2 as relevant, as
+``trec_eval -l 2`` (TREC DL's recall). The recipe's ``expected`` numbers (the paper's) are attached to their rows
+(``paper``). Retrievers fine-tuned with the sparse/hybrid representation get one row per search mode with ``modes``
+(``finetune-s1-sparse``, …). With ``final`` and ``compare``, the final row is tested (nDCG@10 per query, paired
+two-sided t-tests) against each named row, and ``results.md`` closes with which row to use. ``ignore_identical_ids``
+names the collections (ArguAna, Quora) whose runs are scored as BEIR scores them: a query's own document (the same
+id) is dropped from its ranking (:func:`pretrieve.evaluation.metrics.drop_identical_ids`).
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ class EvaluateOptions:
     depth: int = 1000
     bm25: bool = False
     zero_shot: bool = False
+    retrievers: list[str] | None = None   # the fine-tuned retrievers that get rows (default: every one)
     rerank_depth: int | None = None
     rerank: str | None = None
     modes: list[str] | str | None = None
@@ -75,6 +77,10 @@ def needs(options: Mapping[str, Any], recipe: Mapping[str, Any], given: Mapping[
     retrievers = given.get("retriever", [])
     if not retrievers and not options.get("zero_shot"):
         raise ConfigError(f"{where}: no retriever to evaluate (add 'finetune' stages or zero_shot: true)")
+    for index, name in enumerate(options.get("retrievers") or []):
+        if name not in retrievers:
+            raise ConfigError(f"{where}.retrievers[{index}]: no fine-tuned retriever named {name!r} before this "
+                              f"stage (known: {', '.join(retrievers) or 'none'})")
     requested = options.get("rerank")
     if requested is not None and requested not in retrievers:
         raise ConfigError(f"{where}.rerank: no retriever named {requested!r} before this stage "
@@ -170,7 +176,8 @@ def stage_evaluate(state: RunState, options: dict[str, Any], label: str, show_pr
     modes = search_modes(options.get("modes"))
     encoding = {key: options[key] for key in ("precision", "batch_size") if key in options}
     entries = stage_collections(options, state.recipe)
-    retrievers = dict(state.retrievers)
+    retrievers = {name: path for name, path in state.retrievers.items()
+                  if options.get("retrievers") is None or name in options["retrievers"]}
     if options.get("zero_shot", False):
         retrievers = {"zero-shot": state.base_model, **retrievers}
     rows = []
@@ -283,7 +290,8 @@ def check_final_options(state: RunState, options: Mapping[str, Any]) -> None:
     if not isinstance(compared, list):
         raise ConfigError(f"evaluate: 'compare' must be a list of row names, got {compared!r}")
     known = (["bm25"] if options.get("bm25") else []) + (["zero-shot"] if options.get("zero_shot") else []) \
-        + list(state.retrievers) + list(state.fusions)
+        + [name for name in state.retrievers if options.get("retrievers") is None or name in options["retrievers"]] \
+        + list(state.fusions)
     for name in [final, *compared]:
         if name not in known and "+rerank@" not in str(name):
             raise ConfigError(f"evaluate: no row named {name!r} (rows: {', '.join(known)})")
