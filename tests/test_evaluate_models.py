@@ -124,3 +124,22 @@ def test_one_command_evaluates_bm25_and_models_on_two_collections(two_collection
                                data=["alpha", "beta"], depth=20, measures="nDCG@10,MRR@10", out=out)
     assert {p: p.stat().st_mtime_ns for p in runs} == written
     assert table.beir.to_dict() == {key: report[key] for key in ("collections", "measures", "runs")}
+
+
+def test_the_recipe_t_test_table_says_whether_holm_changes_a_decision():
+    from pretrieve.recipe import results_markdown
+
+    def row(retriever, collection, score, vs=None):
+        return {"retriever": retriever, "collection": collection, "nDCG@10": score, "MRR@10": score,
+                "R@100": score, **({"final": True, "vs": vs} if vs else {})}
+
+    def test(delta, p):
+        return {"mean_difference": delta, "p_value": p, "significant": p <= 0.05, "ci_low": None, "ci_high": None}
+
+    rows = [row("bm25", "a", 0.5), row("bm25", "b", 0.4), row("zero-shot", "a", 0.5), row("zero-shot", "b", 0.4),
+            row("final", "a", 0.6, {"bm25": test(0.1, 0.04), "zero-shot": test(0.1, 0.001)}),
+            row("final", "b", 0.5, {"bm25": test(0.1, 0.03), "zero-shot": test(0.1, 0.002)})]
+    markdown = results_markdown({"recipe": "r", "rows": rows})
+    # Holm over 4 tests: 0.001·4, 0.002·3, 0.03·2 = 0.06 > 0.05, 0.04 → 0.06: two of four decisions change
+    assert ("Holm's adjustment over these 4 tests makes 2 of the 4 significant differences (p ≤ 0.05) not "
+            "significant (the p-values shown are unadjusted).") in markdown

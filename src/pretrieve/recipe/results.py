@@ -18,6 +18,7 @@ from typing import Any, Mapping
 from pretrieve import artifacts
 from pretrieve.errors import ConfigError
 from pretrieve.evaluation import parse_measure
+from pretrieve.evaluation.significance import holm_note
 from pretrieve.options import join_path, validate
 from pretrieve.recipe.dev import dev_line
 
@@ -232,6 +233,8 @@ def _final_lines(results: Mapping[str, Any]) -> list[str]:
                   if test.get("ci_low") is not None and test.get("ci_high") is not None else "")
             cells.append(f"{test['mean_difference']:+.4f}{mark}{ci} (p = {p:.2g})" if p is not None else "—")
         lines.append(f"| {row['collection']} | " + " | ".join(cells) + " |")
+    note = holm_note([test.get("p_value") for row in finals for test in row["vs"].values()])
+    lines += ["", note] if note else []
     scores = {(row["retriever"], row["collection"]): row[measure] for row in results["rows"]}
     collections = [row["collection"] for row in finals]
     fused = {row["retriever"] for row in results["rows"] if row.get("fusion")}
