@@ -1,5 +1,5 @@
 """Every Python block of docs/python.md (and docs/dupmae.md's "Reproduce" example) runs as written, on a tiny random
-model standing in for the model aliases and a generated collection standing in for ``scifact``."""
+model standing in for the model aliases and generated collections standing in for ``scifact`` and ``cranfield``."""
 
 from __future__ import annotations
 
@@ -36,9 +36,11 @@ def tiny_mlm_128(tmp_path_factory, tokenizer) -> Path:
 
 @pytest.fixture
 def notebook(tmp_path, monkeypatch, tiny_mlm_dir, tiny_mlm_128) -> Path:
-    """The docs' world: ``scifact`` under $PRETRIEVE_DATA (no download possible), ``minilm`` a tiny model and
-    ``splade-tiny`` one of its hidden size, a fresh working directory."""
-    write_collection(isolated_data_root(tmp_path, monkeypatch) / "scifact")
+    """The docs' world: ``scifact`` and ``cranfield`` under $PRETRIEVE_DATA (no download possible), ``minilm`` a
+    tiny model and ``splade-tiny`` one of its hidden size, a fresh working directory."""
+    root = isolated_data_root(tmp_path, monkeypatch)
+    write_collection(root / "scifact")
+    write_collection(root / "cranfield")
     monkeypatch.setitem(models.OFFLINE_MODELS, "minilm", ("a tiny test model", lambda: tiny_mlm_dir))
     monkeypatch.setitem(models.OFFLINE_MODELS, "splade-tiny", ("a tiny test model", lambda: tiny_mlm_128))
     return tmp_path / "work"

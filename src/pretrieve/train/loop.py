@@ -196,6 +196,7 @@ class LogWriter:
     def write(self, step: int, values: dict[str, float]) -> None:
         if not self.enabled:
             return
+        self.path.parent.mkdir(parents=True, exist_ok=True)   # a run may log before anything else made its folder
         with open(self.path, "a", encoding="utf-8") as handle:
             handle.write(json.dumps({"step": step, **values}) + "\n")
 
