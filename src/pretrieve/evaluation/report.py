@@ -46,8 +46,21 @@ def significance_mark(result: SignificanceResult | None) -> str:
     return SIGNIFICANCE_MARK + (UP if result.direction > 0 else DOWN if result.direction < 0 else "")
 
 
+class WrittenTable:
+    """``write``, shared by the tables that have ``to_dict(per_query=)`` and ``to_markdown()``."""
+
+    def write(self, json_path: str | Path | None = None, md_path: str | Path | None = None,
+              per_query: bool = False, metadata: Mapping[str, Any] | None = None) -> None:
+        """Write the JSON and/or markdown forms (atomically); ``metadata`` is added to the JSON."""
+        if json_path is not None:
+            write_json(json_path, {**self.to_dict(per_query=per_query), **(metadata or {})})
+        if md_path is not None:
+            with atomic_open(md_path) as handle:
+                handle.write(self.to_markdown())
+
+
 @dataclass
-class ResultsTable:
+class ResultsTable(WrittenTable):
     """Runs × measures on one collection, with each run's tests against the baseline (first run)."""
 
     results: dict[str, EvalResult]
@@ -120,15 +133,6 @@ class ResultsTable:
             runs.append(entry)
         return {"measures": list(self.measures), "baseline": self.baseline, "test": self.test,
                 "correction": self.correction if self.test else None, "alpha": self.alpha, "runs": runs}
-
-    def write(self, json_path: str | Path | None = None, md_path: str | Path | None = None,
-              per_query: bool = False, metadata: Mapping[str, Any] | None = None) -> None:
-        """Write the JSON and/or markdown forms (atomically); ``metadata`` is added to the JSON."""
-        if json_path is not None:
-            write_json(json_path, {**self.to_dict(per_query=per_query), **(metadata or {})})
-        if md_path is not None:
-            with atomic_open(md_path) as handle:
-                handle.write(self.to_markdown())
 
 
 def build_table(results: Mapping[str, EvalResult], measures: Sequence[str] | None = None,
@@ -266,7 +270,7 @@ def beir_table(results: Mapping[str, Mapping[str, EvalResult]], measure: str | S
 
 
 @dataclass
-class CollectionsTable:
+class CollectionsTable(WrittenTable):
     """Several runs (models) on several collections, BEIR-style: one row per collection and the average row, one
     column per run and measure — each later run's mark and Holm-adjusted p-value against the first run on that
     collection beside its mean (``tables``: the per-collection :class:`ResultsTable`, with the tests)."""
@@ -322,15 +326,6 @@ class CollectionsTable:
         """The BEIR table (scores and averages) and, per collection, the :class:`ResultsTable` with its tests."""
         return {**self.beir.to_dict(), "baseline": self.baseline,
                 "per_collection": {c: table.to_dict(per_query=per_query) for c, table in self.tables.items()}}
-
-    def write(self, json_path: str | Path | None = None, md_path: str | Path | None = None,
-              per_query: bool = False, metadata: Mapping[str, Any] | None = None) -> None:
-        """Write the JSON and/or markdown forms (atomically); ``metadata`` is added to the JSON."""
-        if json_path is not None:
-            write_json(json_path, {**self.to_dict(per_query=per_query), **(metadata or {})})
-        if md_path is not None:
-            with atomic_open(md_path) as handle:
-                handle.write(self.to_markdown())
 
 
 def collections_table(results: Mapping[str, Mapping[str, EvalResult]], measures: str | Sequence[str],
