@@ -42,9 +42,34 @@ def derived_recipe(case: str, out: Path) -> dict:
     return recipe
 
 
+PRETRIEVE = str(Path(sys.executable).with_name("pretrieve"))
+
+
 def run(cmd: list[str]) -> None:
     print("+", " ".join(cmd), flush=True)
     subprocess.run(cmd, check=True)
+
+
+def cranfield_halves(out: Path, seed: int) -> Path:
+    """``OUT/halves``: Cranfield's judged queries halved (``pretrieve data halves``), made once."""
+    halves = out / "halves"
+    if not (halves / "cranfield-b" / "qrels" / "test.tsv").exists():
+        run([PRETRIEVE, "data", "halves", "cranfield", "--out", str(halves), "--seed", str(seed)])
+    return halves
+
+
+def run_recipe(recipe: dict, path: Path, halves: Path) -> None:
+    """Write the derived ``recipe`` to ``path`` and run it (resumable); the halves are found through --data-root,
+    every other collection as usual."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump(recipe, sort_keys=False))
+    run([PRETRIEVE, "run", str(path), "--data-root", str(halves), "--no-progress"])
+
+
+def write_summary(out: Path, lines: list[str]) -> None:
+    summary = "\n".join(lines) + "\n"
+    (out / "summary.md").write_text(summary)
+    print(summary)
 
 
 def final_rows(results: dict) -> list[dict]:
@@ -80,20 +105,12 @@ def main() -> int:
     args = parser.parse_args()
     out = args.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
-    pretrieve = str(Path(sys.executable).with_name("pretrieve"))
-    halves = out / "halves"
-    if not (halves / "cranfield-b" / "qrels" / "test.tsv").exists():
-        run([pretrieve, "data", "halves", "cranfield", "--out", str(halves), "--seed", str(args.halves_seed)])
+    halves = cranfield_halves(out, args.halves_seed)
     for case in args.cases.split(","):
-        path = out / f"{case}.yaml"
-        path.write_text(yaml.safe_dump(derived_recipe(case, out), sort_keys=False))
-        run([pretrieve, "run", str(path), "--data-root", str(halves), "--no-progress"])
+        run_recipe(derived_recipe(case, out), out / f"{case}.yaml", halves)
     cases = [(case, out / case / "results.json") for case in args.cases.split(",")]
     cases += [(f"scifact ({path})", Path(path) / "results.json") for path in args.include]
-    lines = summary_lines(cases)
-    summary = "\n".join(lines) + "\n"
-    (out / "summary.md").write_text(summary)
-    print(summary)
+    write_summary(out, summary_lines(cases))
     return 0
 
 

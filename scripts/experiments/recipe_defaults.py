@@ -22,14 +22,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 from pathlib import Path
 
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from recipe_across_collections import RECIPE, derived_recipe  # noqa: E402  (a sibling script, not a package)
+from recipe_across_collections import (RECIPE, cranfield_halves, derived_recipe, run_recipe,  # noqa: E402
+                                       write_summary)  # (a sibling script, not a package)
+
+from pretrieve.recipe.stages.select import choose  # noqa: E402
 
 
 def setting_name(lr: float, epochs: float) -> str:
@@ -54,8 +56,10 @@ def dev_scores(run_dir: Path, name: str = "final") -> dict:
         fits[path.parent.name.split(".", 1)[1]] = json.loads(path.read_text())["fit"]
     if not fits:
         raise FileNotFoundError(f"{run_dir}: no fuse/{name}.*/fusion.json (has the recipe finished?)")
-    chosen = max(fits, key=lambda c: round(fits[c]["score"], 12))   # as select.choose, up to candidate order
     finetuned = [c for c in fits if c != "zero-shot" and not c.startswith("wise-")]
+    wise = sorted((c for c in fits if c.startswith("wise-")), key=lambda c: float(c.split("-", 1)[1]))
+    order = [c for c in ["zero-shot", *wise, *finetuned] if c in fits]     # the select stage's candidate order
+    chosen = choose({c: fits[c]["score"] for c in order})
     alone = fits[finetuned[0]]["single_runs"]["run1"] if finetuned else float("nan")
     return {"final": fits[chosen]["score"], "alone": alone, "chosen": chosen, "queries": fits[chosen]["queries"]}
 
@@ -70,27 +74,16 @@ def main() -> int:
     args = parser.parse_args()
     out = args.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
-    pretrieve = str(Path(sys.executable).with_name("pretrieve"))
     shipped = yaml.safe_load(RECIPE.read_text())["finetune"]
     default = setting_name(float(shipped["lr"]), float(shipped["epochs"]))
-    halves = out / "halves"
     cases = args.cases.split(",")
-    if any(case.startswith("cranfield-") for case in cases) and not (halves / "cranfield-b").is_dir():
-        subprocess.run([pretrieve, "data", "halves", "cranfield", "--out", str(halves), "--seed",
-                        str(args.halves_seed)], check=True)
+    halves = cranfield_halves(out, args.halves_seed)
     settings = [(float(lr), float(epochs)) for lr in args.lr.split(",") for epochs in args.epochs.split(",")]
     table: dict[str, dict[str, dict]] = {}
     for lr, epochs in settings:
         for case in cases:
             recipe = grid_recipe(case, lr, epochs, out)
-            path = out / case / f"{setting_name(lr, epochs)}.yaml"
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(yaml.safe_dump(recipe, sort_keys=False))
-            command = [pretrieve, "run", str(path), "--no-progress"]
-            if case.startswith("cranfield-"):
-                command += ["--data-root", str(halves)]
-            print("+", " ".join(command), flush=True)
-            subprocess.run(command, check=True)
+            run_recipe(recipe, out / case / f"{setting_name(lr, epochs)}.yaml", halves)
             table.setdefault(setting_name(lr, epochs), {})[case] = dev_scores(Path(recipe["out"]))
     means = {setting: sum(row[c]["final"] for c in cases) / len(cases) for setting, row in table.items()}
     best = max(means, key=lambda s: (round(means[s], 4), s == default))
@@ -101,9 +94,7 @@ def main() -> int:
         cells = [f"{row[c]['final']:.4f} ({row[c]['alone']:.4f}; {row[c]['chosen']})" for c in cases]
         mark = " **chosen**" if setting == best else ""
         lines.append(f"| {setting}{mark} | " + " | ".join(cells) + f" | {means[setting]:.4f} |")
-    summary = "\n".join(lines) + "\n"
-    (out / "summary.md").write_text(summary)
-    print(summary)
+    write_summary(out, lines)
     return 0
 
 
