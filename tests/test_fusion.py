@@ -17,8 +17,8 @@ from pretrieve import artifacts
 from pretrieve.data.collection import BeirCollection
 from pretrieve.data.trec import read_run, write_run
 from pretrieve.errors import ConfigError
-from pretrieve.retrieval.fusion import (FusionSpec, fit_fusion, fit_on_split, fuse_runs, parse_candidates,
-                                        simplex_grid)
+from pretrieve.retrieval.fusion import (FusionSpec, cross_fit_folds, fit_fusion, fit_on_split, fuse_runs,
+                                        parse_candidates, simplex_grid)
 
 R1 = {"q1": {"a": 3.0, "b": 2.0, "c": 1.0}, "q2": {"x": 1.0, "y": 0.5}}
 R2 = {"q1": {"b": 10.0, "d": 5.0, "a": 1.0}, "q2": {"y": 2.0, "z": 1.0}, "q3": {"m": 1.0}}
@@ -350,6 +350,45 @@ def test_a_fit_scored_block_by_block_is_the_fit_of_every_query_at_once():
     assert whole.fit["queries"] == 23 and len(whole.fit["trials"]) == 1 + 2 * 11
     with pytest.raises(ConfigError, match="block"):
         fit_fusion(runs, qrels, block=0)
+
+
+def test_the_cross_fitted_score_scores_each_fold_with_weights_fitted_on_the_others():
+    """Amendment 2: a weighted sum's cross-fitted score equals fitting on four folds' queries and scoring the fifth
+    with those weights, fold by fold, every query once; RRF's cross-fitted score is its plain score."""
+    from pretrieve.evaluation.metrics import RunEvaluator
+
+    runs, qrels = _random_fit_inputs(0)
+    spec = fit_fusion(runs, qrels, candidates=[("wsum", "zscore")], step=0.1)
+    folds = cross_fit_folds(list(qrels))
+    assert len(folds) == 5 and sorted(q for fold in folds for q in fold) == sorted(qrels)
+    assert cross_fit_folds(list(reversed(list(qrels)))) == folds          # seeded, not order-dependent
+    per_query = {}
+    for fold in folds:
+        others = {qid: rel for qid, rel in qrels.items() if qid not in fold}
+        weights = fit_fusion([{q: r for q, r in run.items() if q in others} for run in runs], others,
+                             candidates=[("wsum", "zscore")], step=0.1).weights
+        fused = fuse_runs(runs, FusionSpec("wsum", "zscore", weights))
+        scores = RunEvaluator(qrels, ["nDCG@10"])(fused).per_query["nDCG@10"]
+        per_query.update({qid: scores.get(qid, 0.0) for qid in fold})
+    assert spec.fit["folds"] == 5
+    assert spec.fit["cross_fitted"] == pytest.approx(sum(per_query.values()) / len(qrels), abs=1e-12)
+    assert spec.fit["cross_fitted"] < spec.fit["score"]       # noise runs: the in-sample fit is optimistic
+    rrf = fit_fusion(runs, qrels, candidates=[("rrf", None)])
+    assert rrf.fit["cross_fitted"] == rrf.fit["score"]
+
+
+def test_auto_chooses_the_method_by_the_cross_fitted_score_then_fits_it_on_every_query():
+    """On noise runs the fitted weighted sum beats RRF on the fit queries only because it saw them: cross-fitted,
+    it loses, so ``auto`` keeps RRF. Where the weighted sum wins cross-fitted, its weights are the in-sample fit's."""
+    runs, qrels = _random_fit_inputs(0)
+    auto = fit_fusion(runs, qrels, candidates=parse_candidates("auto", "zscore"), step=0.1)
+    rrf_row, wsum_row = auto.fit["candidates"]
+    assert wsum_row["score"] > rrf_row["score"] and wsum_row["cross_fitted"] < rrf_row["cross_fitted"]
+    assert auto.method == "rrf" and auto.fit["cross_fitted"] == rrf_row["cross_fitted"]
+    good_runs, good_qrels = _train_example()
+    chosen = fit_fusion(good_runs, good_qrels, candidates=parse_candidates("auto", "minmax"), step=0.25)
+    alone = fit_fusion(good_runs, good_qrels, candidates=[("wsum", "minmax")], step=0.25)
+    assert chosen.method == "wsum" and chosen.weights == alone.weights
 
 
 def test_a_streamed_fit_holds_one_block_of_queries_and_reads_each_file_once(tmp_path, monkeypatch):

@@ -60,6 +60,7 @@ def test_select_compares_every_candidate_on_dev_and_the_final_row_uses_the_best(
     markdown = (out / "results.md").read_text()
     assert "Dev selection of `final`" in markdown and f"**{selection['chosen']}** (chosen)" in markdown
     assert "ties go to the candidate closest to the off-the-shelf model" in markdown
+    assert "| candidate | alone | fused | cross-fitted | fusion |" in markdown
     for row in finals:   # test rows exist for the chosen candidate's fusion on both collections
         assert Path(row["run"]).exists()
 
@@ -74,25 +75,29 @@ def test_choose_prefers_the_best_and_on_a_tie_the_candidate_closest_to_the_off_t
 def test_where_fine_tuning_hurts_on_dev_final_is_the_fitted_zero_shot_fusion(tmp_path, monkeypatch):
     state = RunState(recipe={"dev": {"seed": 0}, "finetune": {}}, out=tmp_path, data=tmp_path, base_model="base",
                      retrievers={"finetune-s1": "ft1", "finetune-s2": "ft2"})
-    dev_scores = {"zero-shot": 0.61, "wise-0.25": 0.60, "wise-0.5": 0.58, "finetune-s2": 0.55}
+    dev_scores = {"zero-shot": 0.61, "wise-0.25": 0.60, "wise-0.5": 0.58, "finetune-s2": 0.55}   # cross-fitted
+    in_sample = {"zero-shot": 0.62, "wise-0.25": 0.63, "wise-0.5": 0.64, "finetune-s2": 0.66}   # optimistic: unused
     fits = []
 
     def fake_fit(state, name, components, candidates, split, measure, step, depth, k, show_progress):
-        fits.append((name, components, split))
+        fits.append((name, components, split, candidates))
         candidate = components[-1]
-        return FusionSpec("wsum", "zscore", (0.5, 0.5), fit={"score": dev_scores[candidate], "queries": 81,
+        return FusionSpec("wsum", "zscore", (0.5, 0.5), fit={"score": in_sample[candidate], "queries": 81,
+                                                              "cross_fitted": dev_scores[candidate],
                                                               "single_runs": {"run0": 0.4, "run1": 0.3}})
 
     monkeypatch.setattr(select, "fit_fusion", fake_fit)
     monkeypatch.setattr(select, "interpolated", lambda state, finetuned, alpha, out: f"{finetuned}@{alpha}")
     select.stage_select(state, {"alphas": [0.5, 0.25]}, "select", False)
     assert [f[0] for f in fits] == ["final.zero-shot", "final.wise-0.25", "final.wise-0.5", "final.finetune-s2"]
-    assert all(split == "dev" and components[0] == "bm25" for _, components, split in fits)
+    assert all(split == "dev" and components[0] == "bm25" for _, components, split, _ in fits)
+    assert all(candidates == [("rrf", None), ("wsum", "zscore")] for *_, candidates in fits)   # method auto
     assert state.candidates == {"wise-0.25": "ft2@0.25", "wise-0.5": "ft2@0.5"}
     entry = state.fusions["final"]
     assert entry["runs"] == ["bm25", "zero-shot"] and entry["selection"]["chosen"] == "zero-shot"
     assert entry["fitted"] == tmp_path / "fuse" / "final.zero-shot" / "fusion.json"
-    assert [c["fused"] for c in entry["selection"]["candidates"]] == list(dev_scores.values())
+    assert [c["cross_fitted"] for c in entry["selection"]["candidates"]] == list(dev_scores.values())
+    assert [c["fused"] for c in entry["selection"]["candidates"]] == list(in_sample.values())
 
 
 @pytest.mark.parametrize("stage, dev, message", [

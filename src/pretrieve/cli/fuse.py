@@ -77,7 +77,7 @@ def fuse_command(
         spec = fusion.fit_on_split(train_runs, fit_data, fit_split, candidates=candidates, measure=fit_measure,
                                    step=fit_step, depth=depth, k=k)
         err.print(f"fitted on {spec.fit['queries']} {fit_split} queries of {fit_data}: {spec.describe()} "
-                  f"({fit_measure} {spec.fit['score']:.4f}; single runs "
+                  f"({fit_measure} {spec.fit['score']:.4f}, cross-fitted {spec.fit['cross_fitted']:.4f}; single runs "
                   + ", ".join(f"{v:.4f}" for v in spec.fit["single_runs"].values()) + ")")
         fit_inputs = {f"fit_run{i + 1}": p for i, p in enumerate(train_runs)}
         from pretrieve.data.collection import BeirCollection

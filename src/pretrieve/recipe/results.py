@@ -185,8 +185,10 @@ def _fusion_lines(results: Mapping[str, Any]) -> list[str]:
     lines = []
     for name, info in fused.items():
         fit = info.get("fit")
-        how = (f", weights fitted on the {fit['queries']} `{fit['split']}` queries of the training collection "
-               f"({fit['measure']} {fit['score']:.4f} there)" if fit else "")
+        verb = "weights fitted" if str(info["method"]).startswith("wsum") else "chosen"   # rrf fits no weight
+        crossed = f", cross-fitted {fit['cross_fitted']:.4f}" if fit and "cross_fitted" in fit else ""
+        how = (f", {verb} on the {fit['queries']} `{fit['split']}` queries of the training collection "
+               f"({fit['measure']} {fit['score']:.4f} there{crossed})" if fit else "")
         lines.append(f"- `{name}`: {info['method']} of {' + '.join(f'`{r}`' for r in info['runs'])}{how}")
     return (["Fused rows:", "", *lines, ""]) if lines else []
 
@@ -199,11 +201,14 @@ def _selection_lines(results: Mapping[str, Any]) -> list[str]:
     for name, selection in selected.items():
         measure, chosen = selection["measure"], selection["chosen"]
         lines += [f"Dev selection of `{name}` ({measure} on the {selection['queries']} `{selection['split']}` "
-                  "queries; each candidate alone, and fused with weights fitted there):", "",
-                  "| candidate | alone | fused | fusion |", "|---|---|---|---|"]
+                  "queries; each candidate alone, fused with weights fitted there, and cross-fitted: each fold of "
+                  "the dev queries scored by weights fitted on the others):", "",
+                  "| candidate | alone | fused | cross-fitted | fusion |", "|---|---|---|---|---|"]
         for candidate in selection["candidates"]:
             label = f"**{candidate['name']}** (chosen)" if candidate["name"] == chosen else candidate["name"]
-            lines.append(f"| {label} | {candidate['alone']:.4f} | {candidate['fused']:.4f} | {candidate['fusion']} |")
+            crossed = candidate.get("cross_fitted")
+            lines.append(f"| {label} | {candidate['alone']:.4f} | {candidate['fused']:.4f} | "
+                         f"{'—' if crossed is None else f'{crossed:.4f}'} | {candidate['fusion']} |")
         lines += ["", f"`{name}` uses `{chosen}`: {selection['rule']}.", ""]
     return lines
 

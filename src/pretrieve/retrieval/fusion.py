@@ -28,6 +28,14 @@ queries or judgments of the runs that are fused afterwards. Callers load only th
 be ``test``. The grid is the simplex with step ``step`` (0.05: weights 0, 0.05, …, 1 for two runs); ties
 go to the weights closest to uniform.
 
+**Choosing a method by cross-fitting.** The fitted score of a weighted sum is optimistic: its weights were chosen
+on the very queries that score it, while RRF has nothing to fit. So a fit that is given several candidates
+(``method: auto``) compares them by their *cross-fitted* score (docs/preregistration.md, amendment 2): the fit
+queries fall into :data:`CROSS_FIT_FOLDS` seeded folds, each fold is scored by the weights fitted on the others,
+and every query is scored once by weights that did not see it (RRF's cross-fitted score is its plain score). The
+candidate with the highest cross-fitted score wins (ties: the earlier candidate), and its weights are then fitted on
+every fit query. The report records each candidate's fitted and cross-fitted score.
+
 **Bounded memory.** A fit scores the grid :data:`FIT_BLOCK` judged queries at a time and keeps only per-query
 values (:func:`_fit_blocks`); :func:`fit_on_split` streams the run files (one pass each), so a fit's peak memory
 is one block's, flat in the number of fit queries (a 2-run, depth-1000 wsum fit: ~0.54 GB peak RSS for 250, 1,000
@@ -60,6 +68,8 @@ DEFAULT_DEPTH = 1000
 DEFAULT_STEP = 0.05
 DEFAULT_FIT_MEASURE = "nDCG@10"
 FIT_BLOCK = 64      # judged queries fused and scored at a time when fitting (the memory of a fit is one block's)
+CROSS_FIT_FOLDS = 5  # folds of the fit queries for the cross-fitted score (amendment 2)
+CROSS_FIT_SEED = 0
 TEST_SPLIT = "test"
 _RANX_NORMS = {"minmax": "min-max", "zscore": "zmuv"}
 
@@ -277,7 +287,7 @@ def _fit_blocks(blocks: Iterable[list[Run]], n_runs: int, qrels: Qrels, judged: 
         raise ConfigError(f"step must divide 1 (e.g. 0.05, 0.1, 0.25), got {step}")
     if not judged:
         raise InputError("the training runs share no query with the training qrels")
-    trials = [(method, spec.check(n_runs)) for method, norm in candidates
+    trials = [(c, spec.check(n_runs)) for c, (method, norm) in enumerate(candidates)
               for spec in ([FusionSpec("rrf", k=k, depth=depth)] if method == "rrf" else
                            [FusionSpec("wsum", norm, weights, depth=depth) for weights in simplex_grid(n_runs, step)])]
     values: list[dict[str, float]] = [{} for _ in trials]     # per trial: query → measure
@@ -290,13 +300,13 @@ def _fit_blocks(blocks: Iterable[list[Run]], n_runs: int, qrels: Qrels, judged: 
             continue
         evaluator = RunEvaluator({qid: qrels[qid] for qid in queries}, [measure])
         prepared: dict[tuple[str, str | None], Any] = {}
-        for i, (method, spec) in enumerate(trials):
-            key = (method, spec.norm)
+        for i, (_, spec) in enumerate(trials):
+            key = (spec.method, spec.norm)
             if key not in prepared:      # each candidate's runs prepared (and, for wsum, read into a matrix) once
                 block_queries, ranx_runs = _ranx_inputs(runs, spec)
-                prepared[key] = (_ScoreMatrix(ranx_runs, block_queries) if method == "wsum"
+                prepared[key] = (_ScoreMatrix(ranx_runs, block_queries) if spec.method == "wsum"
                                  else (block_queries, ranx_runs))
-            if method == "wsum":
+            if spec.method == "wsum":
                 fused = prepared[key].weighted_sum(spec.weights, cutoff)
             else:
                 fused = _combine(prepared[key][1], prepared[key][0], spec, cut=cutoff is None)
@@ -308,22 +318,58 @@ def _fit_blocks(blocks: Iterable[list[Run]], n_runs: int, qrels: Qrels, judged: 
         gc.collect()   # ranx's runs hold reference cycles: freed now, the next block reuses their memory
     parsed = evaluator.measures[measure]   # the ir_measures measure: its own aggregation, as RunEvaluator's
 
-    def aggregate(per_query: Mapping[str, float]) -> float:   # every judged query (one no run has: the default)
-        result = parsed.aggregator()
-        for qid in qrels:
+    def aggregate(per_query: Mapping[str, float], qids: Iterable[str] = qrels) -> float:
+        result = parsed.aggregator()   # every judged query (one no run has: the default)
+        for qid in qids:
             result.add(per_query.get(qid, float(parsed.DEFAULT)))
         return float(result.result())
 
-    scored = [(aggregate(per_query), _distance_from_uniform(spec, n_runs), spec)
-              for per_query, (_, spec) in zip(values, trials)]
-    best_score, _, best = max(scored, key=lambda t: (round(t[0], 12), -t[1]))
+    def best_trial(indices: Sequence[int], qids: Iterable[str] = qrels) -> int:   # ties: closest to uniform
+        qids = list(qids)
+        return max(indices, key=lambda i: (round(aggregate(values[i], qids), 12),
+                                           -_distance_from_uniform(trials[i][1], n_runs)))
+
+    folds = cross_fit_folds(list(qrels))
+
+    def cross_fitted(indices: Sequence[int]) -> float:
+        if len(indices) == 1 or len(folds) < 2:      # nothing fitted (rrf), or too few queries to hold any out
+            return aggregate(values[best_trial(indices)])
+        out_of_fold: dict[str, float] = {}
+        for fold in folds:
+            held_out = set(fold)
+            chosen = best_trial(indices, (qid for qid in qrels if qid not in held_out))
+            out_of_fold.update({qid: values[chosen].get(qid, float(parsed.DEFAULT)) for qid in fold})
+        return aggregate(out_of_fold)
+
+    per_candidate = [[i for i, (c, _) in enumerate(trials) if c == index] for index in range(len(candidates))]
+    fitted = [best_trial(indices) for indices in per_candidate]
+    crossed = [cross_fitted(indices) for indices in per_candidate]
+    chosen = max(range(len(candidates)), key=lambda c: (round(crossed[c], 12), -c))
+    best = trials[fitted[chosen]][1]
+    best_score = aggregate(values[fitted[chosen]])
     single_scores = {f"run{i}": aggregate(per_query) for i, per_query in enumerate(singles)}
     report = {"split": split, "measure": measure, "queries": judged, "step": step,
-              "score": best_score, "single_runs": single_scores,
-              "trials": [{"fusion": spec.describe(), "score": score} for score, _, spec in scored]}
-    logger.info("fitted %s on %d %s queries: %s %.4f (single runs: %s)", best.describe(), judged, split,
-                measure, best_score, ", ".join(f"{v:.4f}" for v in single_scores.values()))
+              "score": best_score, "cross_fitted": crossed[chosen], "folds": len(folds),
+              "single_runs": single_scores,
+              "candidates": [{"fusion": trials[fitted[c]][1].describe(), "score": aggregate(values[fitted[c]]),
+                              "cross_fitted": crossed[c]} for c in range(len(candidates))],
+              "trials": [{"fusion": spec.describe(), "score": aggregate(per_query)}
+                         for per_query, (_, spec) in zip(values, trials)]}
+    logger.info("fitted %s on %d %s queries: %s %.4f, cross-fitted %.4f (single runs: %s)", best.describe(),
+                judged, split, measure, best_score, crossed[chosen],
+                ", ".join(f"{v:.4f}" for v in single_scores.values()))
     return replace(best, fit=report)
+
+
+def cross_fit_folds(qids: Sequence[str], folds: int = CROSS_FIT_FOLDS, seed: int = CROSS_FIT_SEED) -> list[list[str]]:
+    """The fit queries in ``folds`` seeded folds of near-equal size (fewer when there are fewer queries), for the
+    cross-fitted score of :func:`fit_fusion`. The order of ``qids`` does not matter."""
+    import random
+
+    order = sorted(qids)
+    random.Random(seed).shuffle(order)
+    n = min(folds, len(order))
+    return [order[i::n] for i in range(n)] if n else []
 
 
 class _ScoreMatrix:
@@ -502,7 +548,8 @@ def fit_record(spec: FusionSpec) -> dict[str, Any] | None:
     """The part of a fitted spec's report that describes the fit (recorded with the fused run)."""
     if not spec.fit:
         return None
-    return {key: spec.fit[key] for key in ("split", "measure", "queries", "step", "score") if key in spec.fit}
+    return {key: spec.fit[key] for key in ("split", "measure", "queries", "step", "score", "cross_fitted", "folds")
+            if key in spec.fit}
 
 
 def write_fused_run(run_paths: Sequence[str | Path], out: str | Path, spec: FusionSpec, tag: str = "fused",

@@ -6,11 +6,15 @@ Candidates, in this order: ``zero-shot`` (the recipe's model as it is), ``wise-<
 Wortsman et al. 2022: the weights ``(1 − α)·θ_start + α·θ_finetuned``, :func:`pretrieve.modeling.interpolate.
 interpolate_retriever`, written to ``<label>/wise-<α>/``; ``θ_start`` is the checkpoint fine-tuning started from), and
 the fine-tuned retriever ``model`` (default: the latest). Each is fused with ``runs`` (default ``[bm25]``) exactly as
-the ``fuse`` stage fits a fusion — weights fitted on the dev split (``fit_split``; by default the recipe's
-:mod:`dev <pretrieve.recipe.dev>` split, and never a split a stage trained on), stored in
-``fuse/<name>.<candidate>/fusion.json`` — and the candidate whose fitted fusion scores the highest ``measure`` there
-is chosen; ties go to the candidate earlier in the order, the one closest to the off-the-shelf model. So where
-fine-tuning does not help on dev, ``final`` is (at least) the fitted fusion of BM25 and the off-the-shelf model.
+the ``fuse`` stage fits a fusion — by default ``method: auto``, RRF (nothing fitted) or a weighted sum of z-scores
+with weights fitted on the dev split (``fit_split``; by default the recipe's :mod:`dev <pretrieve.recipe.dev>`
+split, and never a split a stage trained on), stored in ``fuse/<name>.<candidate>/fusion.json``. Candidates and
+fusion methods are compared by their **cross-fitted** dev score (docs/preregistration.md, amendment 2;
+:func:`pretrieve.retrieval.fusion.fit_fusion`): a weighted sum is scored on each of five folds of the dev queries
+by weights fitted on the other four, so a fit cannot win by having seen the queries that score it, and RRF by its
+plain dev score. The highest wins; ties go to the candidate earlier in the order, the one closest to the
+off-the-shelf model, and to RRF before the weighted sum. The winner's weights are fitted on every dev query. So
+where fine-tuning does not help on dev, ``final`` is (at least) a fusion of BM25 and the off-the-shelf model.
 
 The ``evaluate`` stage adds the chosen fusion's rows like any fusion's; ``results.md`` lists every candidate's dev
 scores (alone and fused) and says which was chosen and why. Only the chosen candidate is searched on the evaluated
@@ -35,8 +39,9 @@ from pretrieve.retrieval import fusion
 
 logger = logging.getLogger(__name__)
 
-RULE = "the highest dev {measure} of the candidates fused with {runs}; ties go to the candidate closest to the " \
-       "off-the-shelf model"
+RULE = "the highest cross-fitted dev {measure} of the candidates fused with {runs} (weights fitted on four folds of " \
+       "the dev queries score the fifth; RRF fits nothing); ties go to the candidate closest to the off-the-shelf " \
+       "model, then to RRF"
 
 
 @dataclass
@@ -47,7 +52,7 @@ class SelectOptions:
     model: str | None = None        # the fine-tuned retriever; default: the latest
     alphas: list[float] = field(default_factory=lambda: [0.25, 0.5, 0.75])   # WiSE-FT weights of the fine-tuned model
     runs: list[str] = field(default_factory=lambda: ["bm25"])                # fused with each candidate
-    method: str = "wsum"            # as the fuse stage's: rrf | wsum | auto
+    method: str = "auto"            # as the fuse stage's: rrf | wsum | auto
     norm: str | None = "zscore"
     depth: int = 1000
     k: int = 60
@@ -61,7 +66,7 @@ def check_select(options: dict[str, Any], where: str) -> None:
     if any(not 0.0 < a < 1.0 for a in alphas) or len(set(alphas)) != len(alphas):
         raise ConfigError("alphas must be distinct and strictly between 0 and 1 (0, the off-the-shelf model, and "
                           f"1, the fine-tuned one, are always candidates), got {alphas}")
-    fusion.parse_candidates(str(options.get("method", "wsum")), options.get("norm"))
+    fusion.parse_candidates(str(options.get("method", "auto")), options.get("norm", "zscore"))
     runs = [str(r) for r in options.get("runs", ["bm25"])]
     if not runs or len(set(runs)) != len(runs):
         raise ConfigError(f"'runs' must list one or more distinct retrievers to fuse each candidate with, got {runs}")
@@ -93,22 +98,23 @@ def stage_select(state: RunState, options: dict[str, Any], label: str, show_prog
                                                        state.out / label / candidate)
     split = fit_split(options, state.recipe)
     measure = str(options.get("measure", fusion.DEFAULT_FIT_MEASURE))
-    fits = {candidate: fit_fusion(state, f"{name}.{candidate}", [*runs, candidate],
-                                  fusion.parse_candidates(str(options.get("method", "wsum")), options.get("norm")),
-                                  split, measure, float(options.get("step", fusion.DEFAULT_STEP)),
-                                  int(options.get("depth", fusion.DEFAULT_DEPTH)),
+    methods = fusion.parse_candidates(str(options.get("method", "auto")), options.get("norm", "zscore"))
+    fits = {candidate: fit_fusion(state, f"{name}.{candidate}", [*runs, candidate], methods, split, measure,
+                                  float(options.get("step", fusion.DEFAULT_STEP)), int(options.get("depth", fusion.DEFAULT_DEPTH)),
                                   int(options.get("k", fusion.RRF_K)), show_progress)
             for candidate in candidates}
-    chosen = choose({candidate: spec.fit["score"] for candidate, spec in fits.items()})
+    chosen = choose({candidate: spec.fit["cross_fitted"] for candidate, spec in fits.items()})
     selection = {"split": split, "measure": measure, "queries": fits[chosen].fit["queries"], "chosen": chosen,
                  "rule": RULE.format(measure=measure, runs=" + ".join(runs)),
                  "candidates": [{"name": candidate, "alpha": alpha, "fusion": spec.describe(),
-                                 "fused": spec.fit["score"], "alone": spec.fit["single_runs"][f"run{len(runs)}"]}
+                                 "fused": spec.fit["score"], "cross_fitted": spec.fit["cross_fitted"],
+                                 "alone": spec.fit["single_runs"][f"run{len(runs)}"]}
                                 for (candidate, alpha), spec in zip(candidates.items(), fits.values())]}
     state.fusions[name] = {"runs": [*runs, chosen], "spec": fits[chosen], "selection": selection,
                            "fitted": fusion_file(state, f"{name}.{chosen}")}
-    logger.info("%s: %s = %s of %s, chosen on %d %s queries (%s %.4f)", label, name, fits[chosen].describe(),
-                " + ".join([*runs, chosen]), selection["queries"], split, measure, fits[chosen].fit["score"])
+    logger.info("%s: %s = %s of %s, chosen on %d %s queries (%s %.4f, cross-fitted %.4f)", label, name,
+                fits[chosen].describe(), " + ".join([*runs, chosen]), selection["queries"], split, measure,
+                fits[chosen].fit["score"], fits[chosen].fit["cross_fitted"])
 
 
 def choose(scores: Mapping[str, float]) -> str:
