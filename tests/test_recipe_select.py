@@ -38,8 +38,12 @@ def test_select_compares_every_candidate_on_dev_and_the_final_row_uses_the_best(
     names = [c["name"] for c in selection["candidates"]]
     assert names == ["zero-shot", "wise-0.5", "finetune-s1"] and selection["split"] == "dev"
     scores = {c["name"]: c["fused"] for c in selection["candidates"]}
-    best = max(scores.values())
-    assert selection["chosen"] == next(n for n in names if scores[n] == best)
+    crossed = {c["name"]: c["cross_fitted"] for c in selection["candidates"]}    # method auto: chosen cross-fitted
+    assert selection["chosen"] == next(n for n in names if crossed[n] == max(crossed.values()))
+    for c in selection["candidates"]:   # each model's fusion: the method whose cross-fitted score is highest
+        assert [m["fusion"].split("(")[0] for m in c["methods"]] == ["rrf", "wsum"]
+        assert c["cross_fitted"] == max(m["cross_fitted"] for m in c["methods"])
+        assert c["methods"][0]["cross_fitted"] == c["methods"][0]["score"]   # RRF fits nothing
     assert all(row["fusion"]["runs"] == ["bm25", selection["chosen"]] for row in finals)
     for candidate in names:
         fitted = json.loads((out / "fuse" / f"final.{candidate}" / "fusion.json").read_text())
@@ -60,7 +64,8 @@ def test_select_compares_every_candidate_on_dev_and_the_final_row_uses_the_best(
     markdown = (out / "results.md").read_text()
     assert "Dev selection of `final`" in markdown and f"**{selection['chosen']}** (chosen)" in markdown
     assert "ties go to the candidate closest to the off-the-shelf model" in markdown
-    assert "| candidate | alone | fused | cross-fitted | fusion |" in markdown
+    assert "| candidate | alone | fused | cross-fitted | fusion | every fusion tried: fused / cross-fitted |" in markdown
+    assert markdown.count("rrf(k=60) ") >= len(selection["candidates"])     # each candidate's RRF is listed
     for row in finals:   # test rows exist for the chosen candidate's fusion on both collections
         assert Path(row["run"]).exists()
 

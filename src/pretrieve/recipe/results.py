@@ -203,12 +203,15 @@ def _selection_lines(results: Mapping[str, Any]) -> list[str]:
         lines += [f"Dev selection of `{name}` ({measure} on the {selection['queries']} `{selection['split']}` "
                   "queries; each candidate alone, fused with weights fitted there, and cross-fitted: each fold of "
                   "the dev queries scored by weights fitted on the others):", "",
-                  "| candidate | alone | fused | cross-fitted | fusion |", "|---|---|---|---|---|"]
+                  "| candidate | alone | fused | cross-fitted | fusion | every fusion tried: fused / cross-fitted |",
+                  "|---|---|---|---|---|---|"]
         for candidate in selection["candidates"]:
             label = f"**{candidate['name']}** (chosen)" if candidate["name"] == chosen else candidate["name"]
             crossed = candidate.get("cross_fitted")
+            tried = "; ".join(f"{m['fusion']} {m['score']:.4f} / {m['cross_fitted']:.4f}"
+                              for m in candidate.get("methods", []))
             lines.append(f"| {label} | {candidate['alone']:.4f} | {candidate['fused']:.4f} | "
-                         f"{'—' if crossed is None else f'{crossed:.4f}'} | {candidate['fusion']} |")
+                         f"{'—' if crossed is None else f'{crossed:.4f}'} | {candidate['fusion']} | {tried or '—'} |")
         lines += ["", f"`{name}` uses `{chosen}`: {selection['rule']}.", ""]
     return lines
 

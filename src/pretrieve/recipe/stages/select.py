@@ -108,7 +108,8 @@ def stage_select(state: RunState, options: dict[str, Any], label: str, show_prog
                  "rule": RULE.format(measure=measure, runs=" + ".join(runs)),
                  "candidates": [{"name": candidate, "alpha": alpha, "fusion": spec.describe(),
                                  "fused": spec.fit["score"], "cross_fitted": spec.fit["cross_fitted"],
-                                 "alone": spec.fit["single_runs"][f"run{len(runs)}"]}
+                                 "alone": spec.fit["single_runs"][f"run{len(runs)}"],
+                                 "methods": spec.fit.get("candidates", [])}
                                 for (candidate, alpha), spec in zip(candidates.items(), fits.values())]}
     state.fusions[name] = {"runs": [*runs, chosen], "spec": fits[chosen], "selection": selection,
                            "fitted": fusion_file(state, f"{name}.{chosen}")}
