@@ -6,7 +6,9 @@ halves (``pretrieve data halves``; fine-tune on one half's training queries) —
 ``configs/scifact-minilm.yaml`` is run with only ``data``, the fine-tuning ``lr`` / ``epochs`` and the output
 changed, and **without its evaluate stage**: nothing reads a test query. What is compared is the dev score of the
 recipe's ``final`` row — the best of its ``select`` candidates (off the shelf, WiSE-FT interpolations, fine-tuned),
-each fused with BM25, weights fitted on the same dev queries — read from ``fuse/final.<candidate>/fusion.json``.
+each fused with BM25 by RRF or a weighted sum — as ``select`` compares them: the **cross-fitted** dev score (a
+weighted sum's weights fitted on four folds of the dev queries score the fifth; docs/preregistration.md, amendment
+2), read from ``fuse/final.<candidate>/fusion.json``.
 
 Decision rule (fixed before any number is seen): the setting with the highest **mean dev nDCG@10 of final over the
 cases** becomes the recipe's default; a tie (4 digits) goes to the setting the recipe ships. The table also gives
@@ -59,9 +61,10 @@ def dev_scores(run_dir: Path, name: str = "final") -> dict:
     finetuned = [c for c in fits if c != "zero-shot" and not c.startswith("wise-")]
     wise = sorted((c for c in fits if c.startswith("wise-")), key=lambda c: float(c.split("-", 1)[1]))
     order = [c for c in ["zero-shot", *wise, *finetuned] if c in fits]     # the select stage's candidate order
-    chosen = choose({c: fits[c]["score"] for c in order})
+    chosen = choose({c: fits[c]["cross_fitted"] for c in order})
     alone = fits[finetuned[0]]["single_runs"]["run1"] if finetuned else float("nan")
-    return {"final": fits[chosen]["score"], "alone": alone, "chosen": chosen, "queries": fits[chosen]["queries"]}
+    return {"final": fits[chosen]["cross_fitted"], "alone": alone, "chosen": chosen,
+            "queries": fits[chosen]["queries"]}
 
 
 def main() -> int:
@@ -87,8 +90,8 @@ def main() -> int:
             table.setdefault(setting_name(lr, epochs), {})[case] = dev_scores(Path(recipe["out"]))
     means = {setting: sum(row[c]["final"] for c in cases) / len(cases) for setting, row in table.items()}
     best = max(means, key=lambda s: (round(means[s], 4), s == default))
-    lines = [f"Dev nDCG@10 of final (fine-tuned alone; select's choice), {len(cases)} cases; rule: highest mean, "
-             f"a 4-digit tie goes to the shipped {default}.", "",
+    lines = [f"Cross-fitted dev nDCG@10 of final (fine-tuned alone; select's choice), {len(cases)} cases; rule: "
+             f"highest mean, a 4-digit tie goes to the shipped {default}.", "",
              "| setting | " + " | ".join(cases) + " | mean |", "|---" * (len(cases) + 2) + "|"]
     for setting, row in table.items():
         cells = [f"{row[c]['final']:.4f} ({row[c]['alone']:.4f}; {row[c]['chosen']})" for c in cases]
