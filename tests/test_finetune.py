@@ -284,3 +284,42 @@ def test_cli_help_shows_defaults_and_cli_runs_a_stage(tiny_bert_dir, tiny_collec
     config_file.write_text("stage: 2\nnum_negatvies: 3\n")
     result = runner.invoke(app, ["finetune", "--config", str(config_file), "--model", str(tiny_bert_dir)])
     assert result.exit_code != 0 and "num_negatvies" in str(result.exception)
+
+
+# ------------------------------------------------------------------------------------------------ prompts
+def test_the_collator_puts_each_sides_prompt_before_its_texts(tokenizer, tiny_collection):
+    corpus = BeirCollection(tiny_collection).load_corpus()
+    groups = [TrainingGroup("q0", "protein?", ["d0"], ["d20", "d21", "d22"])]
+    collator = GroupCollator(tokenizer, corpus, num_negatives=3, query_max_len=12, passage_max_len=24,
+                             query_prompt="query: ", passage_prompt="passage: ")
+    batch = collator(groups, torch.Generator().manual_seed(1))
+    queries = tokenizer.batch_decode(batch["query_input_ids"], skip_special_tokens=True)
+    passages = tokenizer.batch_decode(batch["passage_input_ids"], skip_special_tokens=True)
+    assert queries[0].startswith("query : protein"), queries
+    assert all(text.startswith("passage :") for text in passages) and passages[0].startswith("passage : protein")
+    plain = GroupCollator(tokenizer, corpus, num_negatives=3, query_max_len=12, passage_max_len=24)(
+        groups, torch.Generator().manual_seed(1))
+    assert tokenizer.batch_decode(plain["query_input_ids"], skip_special_tokens=True)[0].startswith("protein")
+
+
+def test_a_checkpoints_saved_prompts_are_trained_with_and_saved_with_the_fine_tuned_model(tiny_bert_dir,
+                                                                                         tiny_collection, tmp_path):
+    """An E5/BGE-style checkpoint's prompts: used in training by default, saved with the model (so mining, search
+    and export use them); given as '' they are dropped; a run without prompts keeps the settings it had before."""
+    from test_dense import LEGACY_MEAN, make_st_checkpoint
+
+    from pretrieve.retrieval.load import load_retriever
+
+    checkpoint = make_st_checkpoint(tmp_path / "st", tiny_bert_dir, pooling=LEGACY_MEAN, normalize=False)
+    (checkpoint / "config_sentence_transformers.json").write_text(json.dumps(
+        {"prompts": {"query": "query: ", "document": "passage: "}, "default_prompt_name": None}))
+    final = finetune(make_config(checkpoint, tiny_collection, tmp_path / "prompted", max_steps=2))
+    record = json.loads((final / "finetune_config.json").read_text())
+    assert record["settings"]["query_prompt"] == "query: " and record["settings"]["passage_prompt"] == "passage: "
+    retriever = load_retriever(final)
+    assert (retriever.query.prompt, retriever.passage.prompt) == ("query: ", "passage: ")
+    none = finetune(make_config(checkpoint, tiny_collection, tmp_path / "none", max_steps=2, query_prompt="",
+                                passage_prompt=""))
+    settings = json.loads((none / "finetune_config.json").read_text())["settings"]
+    assert "query_prompt" not in settings and "passage_prompt" not in settings
+    assert (load_retriever(none).query.prompt, load_retriever(none).passage.prompt) == (None, None)

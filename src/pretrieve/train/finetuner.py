@@ -38,7 +38,9 @@ batch in stage 3), lr 2e-5, 3 epochs, dot product with τ = 1 on [CLS] vectors. 
 papers' lr, epochs, lengths, similarity and α but use batch 16 and 7 negatives (group 8), which fits a CPU
 or a small GPU; set ``batch_size: 64`` and ``num_negatives: 15`` in a config file to match the papers.
 ``pooling`` / ``normalize`` default to what a sentence-transformers checkpoint declares (all-MiniLM-L6-v2:
-mean + normalize), else [CLS] without normalisation (papers); ``temperature`` defaults to 1 for unnormalised dot
+mean + normalize), else [CLS] without normalisation (papers); so do ``query_prompt`` / ``passage_prompt`` (an
+E5/BGE-style checkpoint's saved prompts, put before each query / passage in training and saved with the fine-tuned
+model, so that mining, search and export use the texts it was trained on); ``temperature`` defaults to 1 for unnormalised dot
 products and 0.05 for cosine or normalised vectors.
 """
 
@@ -88,6 +90,7 @@ CONFIG_FILE = "finetune_config.json"
 KIND = "retriever"
 # Paths: the run's inputs are compared by content (artifacts.fingerprint), never by where they are.
 PATH_SETTINGS = ("model", "data", "out", "groups")
+PROMPT_SETTINGS = ("query_prompt", "passage_prompt")
 COSINE_TEMPERATURE = 0.05
 #: LoopConfig fields that do not change what a run computes (ignored when deciding whether a run is done).
 
@@ -122,9 +125,11 @@ class FinetuneConfig(FinetuneSettings, LoopConfig):
             raise ConfigError(f"grad_cache_chunk must be an integer >= 1, got {self.grad_cache_chunk!r}")
 
     def settings(self) -> dict[str, Any]:
-        """The resolved settings that determine the result (bookkeeping options and paths left out)."""
+        """The resolved settings that determine the result (bookkeeping options and paths left out; a prompt only
+        when there is one, so runs made before prompts existed stay current)."""
         return {key: value for key, value in dataclasses.asdict(self).items()
-                if key not in BOOKKEEPING and key not in PATH_SETTINGS}
+                if key not in BOOKKEEPING and key not in PATH_SETTINGS
+                and not (key in PROMPT_SETTINGS and not value)}
 
     def inputs(self, model_path: str) -> tuple[dict[str, Path], dict[str, str]]:
         """What the run is trained from, fingerprinted by content: the checkpoint, the collection's corpus, queries
@@ -147,8 +152,10 @@ class GroupCollator:
     """
 
     def __init__(self, tokenizer, corpus: "Corpus | CorpusTexts", num_negatives: int, query_max_len: int = 32,
-                 passage_max_len: int = 144, teacher_scores: bool = False):
+                 passage_max_len: int = 144, teacher_scores: bool = False, query_prompt: str | None = None,
+                 passage_prompt: str | None = None):
         self.tokenizer = tokenizer
+        self.prompts = {"query": query_prompt or "", "passage": passage_prompt or ""}
         self.corpus = corpus
         self.num_negatives = num_negatives
         self.query_max_len = query_max_len
@@ -178,6 +185,8 @@ class GroupCollator:
         return batch
 
     def _tokenize(self, prefix: str, texts: list[str], max_length: int) -> dict[str, torch.Tensor]:
+        if self.prompts[prefix]:     # as sentence-transformers does: the prompt string before the text
+            texts = [self.prompts[prefix] + text for text in texts]
         encoded = self.tokenizer(texts, padding=True, truncation=True, max_length=max_length, return_tensors="pt")
         keys = ("input_ids", "attention_mask", "token_type_ids")
         return {f"{prefix}_{key}": encoded[key] for key in keys if key in encoded}
@@ -190,9 +199,11 @@ def resolve_dense_settings(config: FinetuneConfig, model_path: str) -> FinetuneC
     Non-dense representations (``dupmae:...``) ignore pooling/normalisation; their temperature defaults to 1
     (the papers' plain dot product)."""
     if config.representation != "dense":
-        return dataclasses.replace(config, temperature=1.0 if config.temperature is None else config.temperature)
+        return dataclasses.replace(config, temperature=1.0 if config.temperature is None else config.temperature,
+                                   query_prompt=config.query_prompt or "", passage_prompt=config.passage_prompt or "")
     st = None
-    if config.pooling is None or config.normalize is None:
+    if config.pooling is None or config.normalize is None or config.query_prompt is None \
+            or config.passage_prompt is None:
         try:
             st = read_sentence_transformers_config(ModelFiles(model_path))
         except (InputError, ConfigError) as exc:
@@ -207,7 +218,14 @@ def resolve_dense_settings(config: FinetuneConfig, model_path: str) -> FinetuneC
     temperature = config.temperature
     if temperature is None:
         temperature = COSINE_TEMPERATURE if (normalize or config.similarity == "cos") else 1.0
-    return dataclasses.replace(config, pooling=pooling, normalize=normalize, temperature=temperature)
+    query_prompt = config.query_prompt if config.query_prompt is not None else (st.query_prompt if st else None)
+    passage_prompt = (config.passage_prompt if config.passage_prompt is not None
+                      else (st.passage_prompt if st else None))
+    if (query_prompt or passage_prompt) and st is not None and not st.include_prompt and pooling == "mean":
+        raise ConfigError(f"{model_path} leaves its prompt's tokens out of mean pooling, which fine-tuning does not "
+                          "do: pass query_prompt: '' and passage_prompt: '' to train without prompts")
+    return dataclasses.replace(config, pooling=pooling, normalize=normalize, temperature=temperature,
+                               query_prompt=query_prompt or "", passage_prompt=passage_prompt or "")
 
 
 def build_representation(config: FinetuneConfig, model_path: str | None = None):
@@ -355,7 +373,8 @@ class FinetuningRun(TrainingRun):
     def build_collator(self, model, dataset) -> GroupCollator:
         config = self.config
         return GroupCollator(self.tokenizer, CorpusTexts(self.corpus), config.num_negatives, config.query_max_len,
-                             config.passage_max_len, teacher_scores=config.stage == 3)
+                             config.passage_max_len, teacher_scores=config.stage == 3,
+                             query_prompt=config.query_prompt, passage_prompt=config.passage_prompt)
 
     def config_record(self) -> dict[str, Any]:
         return {"settings": self.settings, "config": dataclasses.asdict(self.config)}
@@ -365,7 +384,8 @@ class FinetuningRun(TrainingRun):
         training = {"stage": config.stage, "query_max_len": config.query_max_len,
                     "passage_max_len": config.passage_max_len, "num_negatives": config.num_negatives,
                     "groups": str(self.groups_path), "init": self.model_path}
-        export_retriever(unwrapped, self.tokenizer, directory, config.passage_max_len, training=training)
+        export_retriever(unwrapped, self.tokenizer, directory, config.passage_max_len, training=training,
+                         prompts={"query": config.query_prompt, "passage": config.passage_prompt})
         write_json(directory / CONFIG_FILE, self.config_record() | {"groups_stats": self.groups.stats.as_dict()})
 
 

@@ -35,6 +35,12 @@ class FinetuneSettings:
         "cls | mean; default: the checkpoint's sentence-transformers pooling, else cls (papers)."))
     normalize: bool | None = field(default=None, metadata=_help(
         "L2-normalise vectors; default: whether the checkpoint has a Normalize module."))
+    query_prompt: str | None = field(default=None, metadata=_help(
+        "Text put before every query in training and saved with the model, so that search uses it too "
+        "(E5/BGE-style 'query: '); default: the checkpoint's saved sentence-transformers query prompt; '': none."))
+    passage_prompt: str | None = field(default=None, metadata=_help(
+        "Text put before every passage in training and saved with the model; default: the checkpoint's saved "
+        "sentence-transformers passage prompt; '': none."))
     similarity: str = field(default="dot", metadata=_help("dot (papers) | cos."))
     temperature: float | None = field(default=None, metadata=_help(
         "Softmax temperature; default: 1 for dot products, 0.05 for cosine/normalised vectors."))
