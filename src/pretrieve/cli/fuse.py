@@ -23,7 +23,7 @@ def fuse_command(
     out: Path = typer.Option(..., "--out", "-o", help="Fused run to write (TREC format)."),
     method: str = typer.Option("rrf", "--method", help="rrf (reciprocal rank fusion) | wsum (normalised weighted "
                                "score sum) | auto (with --fit-*: whichever of rrf / wsum scores best on the "
-                               "training queries)."),
+                               "training queries, wsum cross-fitted on 5 folds of them)."),
     norm: Optional[str] = typer.Option(None, "--norm", help="wsum: per-query normalisation, minmax | zscore "
                                        "(default minmax; with --method auto: both are tried)."),
     weights: Optional[str] = typer.Option(None, "--weights", help="wsum: comma-separated convex weights, one per run "
