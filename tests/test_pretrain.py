@@ -61,11 +61,12 @@ def _config(model, corpus, out, **kw) -> PretrainConfig:
 @pytest.mark.slow
 @pytest.mark.parametrize("preset", PRESETS)
 def test_every_preset_lowers_each_objective_loss_on_scifact(preset, scifact, tiny_mlm_dir, tmp_path):
-    config = _config(tiny_mlm_dir, scifact, tmp_path / preset, method=preset, max_steps=200, batch_size=8,
+    # 100 steps: every objective of every preset is at ~0.78 of its step-10 value by then (0.72 at 200 steps)
+    config = _config(tiny_mlm_dir, scifact, tmp_path / preset, method=preset, max_steps=100, batch_size=8,
                      max_len=64, lr=1e-3, warmup_ratio=0.05, log_every=10, cache_dir=str(tmp_path / "cache"))
     final = pretrain(config)
     logs = read_logs(tmp_path / preset)
-    assert logs[-1]["step"] == 200
+    assert logs[-1]["step"] == 100
     objectives = [key for key in logs[0] if key.startswith("loss/")]
     assert objectives, logs[0]
     for key in objectives:
