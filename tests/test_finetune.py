@@ -116,10 +116,22 @@ def test_dense_mining_excludes_positives_keeps_rank_order_and_depth(tiny_bert_di
     from pretrieve.modeling.export import export_retriever
     from pretrieve.retrieval.mining import mine_negatives
 
+    from pretrieve.retrieval import runs as runs_module
+
     model_dir = export_retriever(DualEncoder.from_pretrained(tiny_bert_dir), tokenizer, tmp_path / "model", 48,
                                  training={"query_max_len": 16})
+    scratch_parents = []
+    real_scratch = runs_module.scratch_index
+
+    def recording_scratch(parent=None):
+        scratch_parents.append(parent)
+        return real_scratch(parent)
+
+    monkeypatch.setattr(runs_module, "scratch_index", recording_scratch)
     out = mine_negatives(model_dir, tiny_collection, "train", tmp_path / "mined.jsonl", depth=5,
                          run_out=tmp_path / "mined.trec", show_progress=False, device="cpu")
+    # without a cache the corpus index is a scratch folder beside the output (not in the system's temp), removed after
+    assert scratch_parents == [tmp_path] and not list(tmp_path.glob(".pretrieve-index*"))
     run = read_run(tmp_path / "mined.trec")
     groups = read_groups(out)
     assert all(len(docs) == 5 for docs in run.values())

@@ -59,7 +59,8 @@ def search_split(model: str | Path, collection: BeirCollection, index_dir: str |
                  show_progress: bool = True, check: Callable[[list[T]], None] | None = None) -> list[T]:
     """Load the retriever ``model`` (``device``, ``precision``, ``max_length``, ``query_max_length``: see
     :func:`pretrieve.retrieval.load.load_retriever`), encode the collection's corpus into ``index_dir`` (None: a
-    temporary directory, for one process), then write ``outputs`` from ``count`` query items split by rank: each
+    temporary directory beside the first output — on the disk the user chose for the results, not the system's
+    temporary one, which may be too small for a large corpus — for one process), then write ``outputs`` from ``count`` query items split by rank: each
     rank calls ``write_part(retriever, index, a, b, paths)`` for its slice ``[a, b)`` of whole blocks of
     ``query_block`` queries (default: the search's own block for ``depth``). Returns every rank's ``write_part``
     result (``check`` may refuse them before anything is written)."""
@@ -69,7 +70,8 @@ def search_split(model: str | Path, collection: BeirCollection, index_dir: str |
     retriever = load_retriever(model, device=device, precision=precision, max_length=max_length,
                                query_max_length=query_max_length)
     with contextlib.ExitStack() as stack:
-        root = Path(index_dir) if index_dir is not None else stack.enter_context(scratch_index())
+        root = (Path(index_dir) if index_dir is not None else
+                stack.enter_context(scratch_index(Path(outputs[0][0]).parent if outputs else None)))
         index = encode_corpus(retriever, ranks.built_once(collection.corpus_dataset), root, batch_size=batch_size,
                               show_progress=show_progress)
         return ranks.split_files(outputs, count,
