@@ -156,3 +156,29 @@ def test_prompts_are_saved_and_used_by_both_loaders(tiny_bert_dir, tokenizer, tm
                                atol=1e-5)
     np.testing.assert_allclose(encode_all(other.passage, TEXTS)["embeddings"],
                                model_vectors(model, tokenizer, TEXTS, "passage"), atol=1e-5)
+
+
+def test_an_interpolated_mote_export_keeps_its_side_folders_equal_to_its_experts(tokenizer, tmp_path):
+    """WiSE-FT of an exported CoT-MoTE retriever: the root (both experts) and the per-side folders that
+    sentence-transformers reads must stay one model — each side's FFN interpolated with the base's same expert."""
+    from conftest import tiny_bert_config
+    from pretrieve.modeling import Encoder
+    from pretrieve.modeling.interpolate import interpolate_retriever
+    from pretrieve.modeling.mote import enable_mote, expert_parameters
+
+    torch.manual_seed(0)
+    encoder = Encoder.from_config(tiny_bert_config())
+    enable_mote(encoder.model)
+    with torch.no_grad():
+        for param in expert_parameters(encoder.model, "query"):
+            param.add_(0.1 * torch.randn_like(param))
+    encoder.save_pretrained(tmp_path / "base")
+    tokenizer.save_pretrained(tmp_path / "base")
+    model = DualEncoder.from_pretrained(tmp_path / "base", DenseRepresentation("cls", normalize=True,
+                                                                               temperature=0.05))
+    with torch.no_grad():   # "fine-tuning": every weight moves
+        for param in model.parameters():
+            param.add_(0.05 * torch.randn_like(param))
+    finetuned = export_retriever(model, tokenizer, tmp_path / "finetuned", MAX_LEN)
+    mixed = interpolate_retriever(tmp_path / "base", finetuned, 0.5, tmp_path / "wise")
+    assert_sides_match(mixed, DualEncoder.load(mixed).eval(), tokenizer)

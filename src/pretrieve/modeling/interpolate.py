@@ -15,7 +15,11 @@ modules, ``dual_encoder.json``, tokenizer) and rewrites each ``*.safetensors`` f
   ``BertForMaskedLM`` base (``bert.encoder…``) matches a fine-tuned ``BertModel`` tower (``encoder…``);
 * a tensor the base does not have (a query expert of CoT-MoTE, a learned projection, an MLM head the base
   lacks) keeps its fine-tuned value and is counted;
-* separate towers (``query/``, ``passage/``) are each interpolated with the base checkpoint's weights.
+* separate towers (``query/``, ``passage/``) are each interpolated with the base checkpoint's weights;
+* a CoT-MoTE export (Ma et al. 2023; :mod:`pretrieve.modeling.mote`) holds both experts at its root and one plain
+  transformer per side in ``query/`` and ``passage/`` (the side's expert under the original FFN names): the
+  ``query/`` copy is interpolated with the base's *query* expert (the base's ``….query.…`` tensors; a base without
+  experts has one FFN, which both experts started from), so the side folders stay equal to the root's experts.
 
 A tensor with a matching name but another shape is an error (not the base this model was fine-tuned from).
 The output folder is written atomically and holds ``interpolation.json`` (base, fine-tuned, ``α``, counts).
@@ -32,6 +36,7 @@ from safetensors.torch import load_file, save_file
 from pretrieve.errors import ConfigError, InputError
 from pretrieve.io_utils import atomic_dir, write_json
 from pretrieve.models import resolve_model
+from pretrieve.modeling.mote import EXPERTS, is_mote_checkpoint
 
 PREFIXES = ("0.auto_model.", "bert.", "model.")
 RECORD = "interpolation.json"
@@ -54,6 +59,18 @@ def _base_tensors(base: Path) -> dict[str, torch.Tensor]:
         for name, tensor in load_file(str(path)).items():
             tensors.setdefault(weight_key(name), tensor)
     return tensors
+
+
+def query_expert_view(base: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """``base`` with each FFN tensor replaced by its CoT-MoTE query expert's (``M.query.k`` → ``M.k``, where
+    ``M.k`` is a base tensor): the weights a MoTE export's ``query/`` copy is interpolated with."""
+    view = dict(base)
+    marker = f".{EXPERTS[0]}."
+    for name, tensor in base.items():
+        module, found, rest = name.rpartition(marker)
+        if found and f"{module}.{rest}" in base and tensor.shape == base[f"{module}.{rest}"].shape:
+            view[f"{module}.{rest}"] = tensor
+    return view
 
 
 def interpolate_tensors(base: Mapping[str, torch.Tensor], finetuned: Mapping[str, torch.Tensor], alpha: float,
@@ -90,6 +107,8 @@ def interpolate_retriever(base: str | Path, finetuned: str | Path, alpha: float,
     if not weight_files:
         raise InputError("no *.safetensors weights to interpolate", path=str(finetuned_dir))
     base_tensors = _base_tensors(base_dir)
+    query_side = finetuned_dir / EXPERTS[0]
+    mote_query = query_expert_view(base_tensors) if is_mote_checkpoint(finetuned_dir) else None
     counts = {"interpolated": 0, "kept": 0}
     with atomic_dir(out) as tmp:
         for path in sorted(finetuned_dir.rglob("*")):
@@ -100,7 +119,8 @@ def interpolate_retriever(base: str | Path, finetuned: str | Path, alpha: float,
                 target.parent.mkdir(parents=True, exist_ok=True)
                 target.write_bytes(path.read_bytes())
         for path in weight_files:
-            tensors, mixed, kept = interpolate_tensors(base_tensors, load_file(str(path)), float(alpha), str(path))
+            base_side = mote_query if mote_query is not None and path.parent == query_side else base_tensors
+            tensors, mixed, kept = interpolate_tensors(base_side, load_file(str(path)), float(alpha), str(path))
             target = tmp / path.relative_to(finetuned_dir)
             target.parent.mkdir(parents=True, exist_ok=True)
             save_file(tensors, str(target), metadata={"format": "pt"})
