@@ -105,13 +105,12 @@ def test_pretrieve_dense_runs_on_the_export(tiny_bert_dir, tokenizer, tmp_path):
     assert set(run) == {"t0", "t1", "t2", "t3"} and all(len(docs) == 5 for docs in run.values())
 
 
-def test_mote_export_routes_queries_to_the_query_expert(tokenizer, tmp_path):
-    """CoT-MoTE: each side is written as a plain transformer (shared weights + its FFN experts) behind a Router, so
-    sentence-transformers encodes queries with Q-FFN and passages with P-FFN, exactly as pretrieve; the root keeps
-    the MoTE checkpoint for pretrieve (DualEncoder.load restores both experts)."""
+def tiny_mote_retriever(tokenizer, path):
+    """A tiny CoT-MoTE checkpoint saved to ``path`` (query experts moved away from the passage ones) and the dual
+    encoder on it ([CLS], normalised)."""
     from conftest import tiny_bert_config
     from pretrieve.modeling import Encoder
-    from pretrieve.modeling.mote import enable_mote, expert_parameters, is_mote
+    from pretrieve.modeling.mote import enable_mote, expert_parameters
 
     torch.manual_seed(0)
     encoder = Encoder.from_config(tiny_bert_config())
@@ -119,9 +118,18 @@ def test_mote_export_routes_queries_to_the_query_expert(tokenizer, tmp_path):
     with torch.no_grad():
         for param in expert_parameters(encoder.model, "query"):
             param.add_(0.1 * torch.randn_like(param))
-    encoder.save_pretrained(tmp_path / "mote")
-    tokenizer.save_pretrained(tmp_path / "mote")
-    model = DualEncoder.from_pretrained(tmp_path / "mote", DenseRepresentation("cls", normalize=True, temperature=0.05))
+    encoder.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return DualEncoder.from_pretrained(path, DenseRepresentation("cls", normalize=True, temperature=0.05))
+
+
+def test_mote_export_routes_queries_to_the_query_expert(tokenizer, tmp_path):
+    """CoT-MoTE: each side is written as a plain transformer (shared weights + its FFN experts) behind a Router, so
+    sentence-transformers encodes queries with Q-FFN and passages with P-FFN, exactly as pretrieve; the root keeps
+    the MoTE checkpoint for pretrieve (DualEncoder.load restores both experts)."""
+    from pretrieve.modeling.mote import is_mote
+
+    model = tiny_mote_retriever(tokenizer, tmp_path / "mote")
     out = export_retriever(model, tokenizer, tmp_path / "exported", MAX_LEN)
     for side in ("query", "passage"):
         assert "mote" not in json.loads((out / side / "config.json").read_text())
@@ -161,21 +169,9 @@ def test_prompts_are_saved_and_used_by_both_loaders(tiny_bert_dir, tokenizer, tm
 def test_an_interpolated_mote_export_keeps_its_side_folders_equal_to_its_experts(tokenizer, tmp_path):
     """WiSE-FT of an exported CoT-MoTE retriever: the root (both experts) and the per-side folders that
     sentence-transformers reads must stay one model — each side's FFN interpolated with the base's same expert."""
-    from conftest import tiny_bert_config
-    from pretrieve.modeling import Encoder
     from pretrieve.modeling.interpolate import interpolate_retriever
-    from pretrieve.modeling.mote import enable_mote, expert_parameters
 
-    torch.manual_seed(0)
-    encoder = Encoder.from_config(tiny_bert_config())
-    enable_mote(encoder.model)
-    with torch.no_grad():
-        for param in expert_parameters(encoder.model, "query"):
-            param.add_(0.1 * torch.randn_like(param))
-    encoder.save_pretrained(tmp_path / "base")
-    tokenizer.save_pretrained(tmp_path / "base")
-    model = DualEncoder.from_pretrained(tmp_path / "base", DenseRepresentation("cls", normalize=True,
-                                                                               temperature=0.05))
+    model = tiny_mote_retriever(tokenizer, tmp_path / "base")
     with torch.no_grad():   # "fine-tuning": every weight moves
         for param in model.parameters():
             param.add_(0.05 * torch.randn_like(param))
