@@ -210,8 +210,9 @@ def _selection_lines(results: Mapping[str, Any]) -> list[str]:
             crossed = candidate.get("cross_fitted")
             tried = "; ".join(f"{m['fusion']} {m['score']:.4f} / {m['cross_fitted']:.4f}"
                               for m in candidate.get("methods", []))
-            lines.append(f"| {label} | {candidate['alone']:.4f} | {candidate['fused']:.4f} | "
-                         f"{'—' if crossed is None else f'{crossed:.4f}'} | {candidate['fusion']} | {tried or '—'} |")
+            crossed_cell = "—" if crossed is None else f"{crossed:.4f}"
+            lines.append(f"| {label} | {candidate['alone']:.4f} | {candidate['fused']:.4f} | {crossed_cell} | "
+                         f"{candidate['fusion']} | {tried or '—'} |")
         lines += ["", f"`{name}` uses `{chosen}`: {selection['rule']}.", ""]
     return lines
 

@@ -52,7 +52,7 @@ import math
 import warnings
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Mapping, Sequence
+from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
 from pretrieve.errors import ConfigError, InputError
 
@@ -324,37 +324,37 @@ def _fit_blocks(blocks: Iterable[list[Run]], n_runs: int, qrels: Qrels, judged: 
             result.add(per_query.get(qid, float(parsed.DEFAULT)))
         return float(result.result())
 
-    def best_trial(indices: Sequence[int], qids: Iterable[str] = qrels) -> int:   # ties: closest to uniform
-        qids = list(qids)
-        return max(indices, key=lambda i: (round(aggregate(values[i], qids), 12),
-                                           -_distance_from_uniform(trials[i][1], n_runs)))
+    scores = [aggregate(per_query) for per_query in values]        # each trial on every fit query, once
+
+    def best_trial(indices: Sequence[int], score: Callable[[int], float]) -> int:   # ties: closest to uniform
+        return max(indices, key=lambda i: (round(score(i), 12), -_distance_from_uniform(trials[i][1], n_runs)))
 
     folds = cross_fit_folds(list(qrels))
 
-    def cross_fitted(indices: Sequence[int]) -> float:
+    def cross_fitted(indices: Sequence[int], fitted: int) -> float:
         if len(indices) == 1 or len(folds) < 2:      # nothing fitted (rrf), or too few queries to hold any out
-            return aggregate(values[best_trial(indices)])
+            return scores[fitted]
         out_of_fold: dict[str, float] = {}
         for fold in folds:
             held_out = set(fold)
-            chosen = best_trial(indices, (qid for qid in qrels if qid not in held_out))
+            kept = [qid for qid in qrels if qid not in held_out]
+            chosen = best_trial(indices, lambda i: aggregate(values[i], kept))
             out_of_fold.update({qid: values[chosen].get(qid, float(parsed.DEFAULT)) for qid in fold})
         return aggregate(out_of_fold)
 
     per_candidate = [[i for i, (c, _) in enumerate(trials) if c == index] for index in range(len(candidates))]
-    fitted = [best_trial(indices) for indices in per_candidate]
-    crossed = [cross_fitted(indices) for indices in per_candidate]
+    fitted = [best_trial(indices, scores.__getitem__) for indices in per_candidate]
+    crossed = [cross_fitted(indices, index) for indices, index in zip(per_candidate, fitted)]
     chosen = max(range(len(candidates)), key=lambda c: (round(crossed[c], 12), -c))
     best = trials[fitted[chosen]][1]
-    best_score = aggregate(values[fitted[chosen]])
+    best_score = scores[fitted[chosen]]
     single_scores = {f"run{i}": aggregate(per_query) for i, per_query in enumerate(singles)}
     report = {"split": split, "measure": measure, "queries": judged, "step": step,
               "score": best_score, "cross_fitted": crossed[chosen], "folds": len(folds),
               "single_runs": single_scores,
-              "candidates": [{"fusion": trials[fitted[c]][1].describe(), "score": aggregate(values[fitted[c]]),
+              "candidates": [{"fusion": trials[fitted[c]][1].describe(), "score": scores[fitted[c]],
                               "cross_fitted": crossed[c]} for c in range(len(candidates))],
-              "trials": [{"fusion": spec.describe(), "score": aggregate(per_query)}
-                         for per_query, (_, spec) in zip(values, trials)]}
+              "trials": [{"fusion": spec.describe(), "score": score} for score, (_, spec) in zip(scores, trials)]}
     logger.info("fitted %s on %d %s queries: %s %.4f, cross-fitted %.4f (single runs: %s)", best.describe(),
                 judged, split, measure, best_score, crossed[chosen],
                 ", ".join(f"{v:.4f}" for v in single_scores.values()))

@@ -40,8 +40,8 @@ or a small GPU; set ``batch_size: 64`` and ``num_negatives: 15`` in a config fil
 ``pooling`` / ``normalize`` default to what a sentence-transformers checkpoint declares (all-MiniLM-L6-v2:
 mean + normalize), else [CLS] without normalisation (papers); so do ``query_prompt`` / ``passage_prompt`` (an
 E5/BGE-style checkpoint's saved prompts, put before each query / passage in training and saved with the fine-tuned
-model, so that mining, search and export use the texts it was trained on); ``temperature`` defaults to 1 for unnormalised dot
-products and 0.05 for cosine or normalised vectors.
+model, so that mining, search and export use the texts it was trained on); ``temperature`` defaults to 1 for
+unnormalised dot products and 0.05 for cosine or normalised vectors.
 """
 
 from __future__ import annotations

@@ -100,7 +100,8 @@ def stage_select(state: RunState, options: dict[str, Any], label: str, show_prog
     measure = str(options.get("measure", fusion.DEFAULT_FIT_MEASURE))
     methods = fusion.parse_candidates(str(options.get("method", "auto")), options.get("norm", "zscore"))
     fits = {candidate: fit_fusion(state, f"{name}.{candidate}", [*runs, candidate], methods, split, measure,
-                                  float(options.get("step", fusion.DEFAULT_STEP)), int(options.get("depth", fusion.DEFAULT_DEPTH)),
+                                  float(options.get("step", fusion.DEFAULT_STEP)),
+                                  int(options.get("depth", fusion.DEFAULT_DEPTH)),
                                   int(options.get("k", fusion.RRF_K)), show_progress)
             for candidate in candidates}
     chosen = choose({candidate: spec.fit["cross_fitted"] for candidate, spec in fits.items()})
