@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from safetensors.torch import load_file, save_file
 
 from pretrieve.data.beir import Corpus
 from pretrieve.data.trec import read_run
@@ -185,8 +186,6 @@ def make_st_checkpoint(root: Path, tiny_bert_dir: Path, pooling: dict, dense: bo
     (root / "1_Pooling").mkdir()
     (root / "1_Pooling" / "config.json").write_text(json.dumps(pooling))
     if dense:
-        from safetensors.torch import save_file
-
         torch.manual_seed(1)
         in_features = 32 * (len(pooling["pooling_mode"]) if isinstance(pooling.get("pooling_mode"), list) else 1)
         (root / "2_Dense").mkdir()
@@ -516,6 +515,24 @@ def test_query_encoder_must_match_the_passage_vectors(tmp_path, tiny_bert_dir):
     wider = dense(tiny_bert_dir, pooling="cls+mean")
     with pytest.raises(InputError, match="64-d"):
         search(wider, {"q": "cat"}, tmp_path, k=3, show_progress=False)
+
+
+def test_a_copied_model_folder_is_the_same_encoder_another_model_is_warned_about(tmp_path, tiny_bert_dir, caplog):
+    """The index records the encoding model's content fingerprint: searching with a copy of that folder (another
+    path, the same weights, e.g. an output folder moved elsewhere) gives no warning; other weights do."""
+    build_index(dense(tiny_bert_dir, pooling="cls"), tiny_corpus(5), tmp_path / "index", show_progress=False)
+    copy = shutil.copytree(tiny_bert_dir, tmp_path / "copy")
+    with caplog.at_level("WARNING", logger="pretrieve.retrieval.search"):
+        search(dense(copy, pooling="cls"), {"q": "cat"}, tmp_path / "index", k=3, show_progress=False)
+    assert "differs" not in caplog.text
+    weights = next(copy.glob("*.safetensors"))
+    tensors = load_file(str(weights))
+    name = next(n for n, t in tensors.items() if t.is_floating_point())
+    tensors[name] = tensors[name] + 0.01
+    save_file(tensors, str(weights))
+    with caplog.at_level("WARNING", logger="pretrieve.retrieval.search"):
+        search(dense(copy, pooling="cls"), {"q": "cat"}, tmp_path / "index", k=3, show_progress=False)
+    assert "query encoder differs" in caplog.text and "model:" in caplog.text
 
 
 # ----------------------------------------------------------------------------- real model vs sentence-transformers

@@ -3,6 +3,7 @@ model, each fused with BM25 with weights fitted on dev; the final fusion uses wh
 
 from __future__ import annotations
 
+import importlib.util
 import json
 from pathlib import Path
 
@@ -37,9 +38,15 @@ def test_select_compares_every_candidate_on_dev_and_the_final_row_uses_the_best(
     selection = finals[0]["fusion"]["selection"]
     names = [c["name"] for c in selection["candidates"]]
     assert names == ["zero-shot", "wise-0.5", "finetune-s1"] and selection["split"] == "dev"
+    assert selection["model"] == "finetune-s1"
+    # results.json keeps every select stage's choice, with or without an evaluate stage (recipe_defaults.py reads it)
+    assert json.loads((out / "results.json").read_text())["selections"] == {"final": selection}
     scores = {c["name"]: c["fused"] for c in selection["candidates"]}
     crossed = {c["name"]: c["cross_fitted"] for c in selection["candidates"]}    # method auto: chosen cross-fitted
     assert selection["chosen"] == next(n for n in names if crossed[n] == max(crossed.values()))
+    assert recipe_defaults().dev_scores(out) == {"final": crossed[selection["chosen"]], "chosen": selection["chosen"],
+                                                 "alone": selection["candidates"][-1]["alone"],
+                                                 "queries": selection["queries"]}
     for c in selection["candidates"]:   # each model's fusion: the method whose cross-fitted score is highest
         assert [m["fusion"].split("(")[0] for m in c["methods"]] == ["rrf", "wsum"]
         assert c["cross_fitted"] == max(m["cross_fitted"] for m in c["methods"])
@@ -68,6 +75,15 @@ def test_select_compares_every_candidate_on_dev_and_the_final_row_uses_the_best(
     assert markdown.count("rrf(k=60) ") >= len(selection["candidates"])     # each candidate's RRF is listed
     for row in finals:   # test rows exist for the chosen candidate's fusion on both collections
         assert Path(row["run"]).exists()
+
+
+def recipe_defaults():
+    """scripts/experiments/recipe_defaults.py as a module (a script beside its sibling, not a package)."""
+    scripts = Path(__file__).resolve().parents[1] / "scripts" / "experiments"
+    spec = importlib.util.spec_from_file_location("recipe_defaults", scripts / "recipe_defaults.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def test_choose_prefers_the_best_and_on_a_tie_the_candidate_closest_to_the_off_the_shelf_model():

@@ -33,7 +33,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from recipe_across_collections import (RECIPE, cranfield_halves, derived_recipe, run_recipe,  # noqa: E402
                                        write_summary)  # (a sibling script, not a package)
 
-from pretrieve.recipe.stages.select import choose  # noqa: E402
 
 
 def setting_name(lr: float, epochs: float) -> str:
@@ -51,20 +50,16 @@ def grid_recipe(case: str, lr: float, epochs: float, out: Path) -> dict:
 
 
 def dev_scores(run_dir: Path, name: str = "final") -> dict:
-    """Dev nDCG@10 of ``final`` (its best candidate's fitted fusion), of the fine-tuned model alone, and the
-    chosen candidate, from the select stage's fusion files."""
-    fits = {}
-    for path in sorted((run_dir / "fuse").glob(f"{name}.*/fusion.json")):
-        fits[path.parent.name.split(".", 1)[1]] = json.loads(path.read_text())["fit"]
-    if not fits:
-        raise FileNotFoundError(f"{run_dir}: no fuse/{name}.*/fusion.json (has the recipe finished?)")
-    finetuned = [c for c in fits if c != "zero-shot" and not c.startswith("wise-")]
-    wise = sorted((c for c in fits if c.startswith("wise-")), key=lambda c: float(c.split("-", 1)[1]))
-    order = [c for c in ["zero-shot", *wise, *finetuned] if c in fits]     # the select stage's candidate order
-    chosen = choose({c: fits[c]["cross_fitted"] for c in order})
-    alone = fits[finetuned[0]]["single_runs"]["run1"] if finetuned else float("nan")
-    return {"final": fits[chosen]["cross_fitted"], "alone": alone, "chosen": chosen,
-            "queries": fits[chosen]["queries"]}
+    """Dev nDCG@10 of ``final`` (its chosen candidate's cross-fitted fusion score), of the fine-tuned model alone,
+    and the chosen candidate, from the selection the recipe's ``select`` stage wrote to ``results.json``."""
+    results = json.loads((run_dir / "results.json").read_text()) if (run_dir / "results.json").is_file() else {}
+    selection = results.get("selections", {}).get(name)
+    if selection is None:
+        raise FileNotFoundError(f"{run_dir}/results.json: no selection of {name!r} (has the recipe finished?)")
+    candidates = {c["name"]: c for c in selection["candidates"]}
+    chosen = candidates[selection["chosen"]]
+    return {"final": chosen["cross_fitted"], "alone": candidates[selection["model"]]["alone"],
+            "chosen": selection["chosen"], "queries": selection["queries"]}
 
 
 def main() -> int:

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Optional
+from typing import Annotated, Optional
 
 import typer
 from rich.console import Console
@@ -49,6 +49,28 @@ PRECISION_HELP = ("Encoder precision: auto (bf16 where the hardware computes it 
 FACTORY_HELP = ("faiss.index_factory string for dense vectors: Flat (exact), HNSW32, IVF4096,Flat, IVF4096,PQ64, "
                 "IVF4096,SQ8, SQfp16, ... (built once per index and kept beside it).")
 GPU_HELP = "Search on the GPU(s) (FAISS with GPU support); default: when FAISS sees a GPU."
+
+# The options several commands share, declared once (typer reads the option from the annotation).
+Model = Annotated[str, typer.Option("--model", "-m", help=MODEL_HELP)]
+Data = Annotated[str, typer.Option("--data", "-d", help=DATA_HELP)]
+RunOut = Annotated[Path, typer.Option("--out", "-o", help="Run file to write (TREC format).")]
+Split = Annotated[str, typer.Option("--split", "-s", help="Qrels split whose judged queries are searched.")]
+Depth = Annotated[int, typer.Option("--k", min=1, help="Documents retrieved per query.")]
+Factory = Annotated[str, typer.Option("--factory", help=FACTORY_HELP)]
+Nprobe = Annotated[Optional[int], typer.Option("--nprobe", min=1, help="IVF cells visited per query.")]
+EfSearch = Annotated[Optional[int], typer.Option("--ef-search", min=1, help="HNSW efSearch.")]
+Gpu = Annotated[Optional[bool], typer.Option("--gpu/--no-gpu", help=GPU_HELP, show_default=False)]
+Mode = Annotated[Optional[str], typer.Option("--mode", help=MODE_HELP)]
+MaxLength = Annotated[Optional[int], typer.Option("--max-length", min=2,
+                                                  help="Passage token limit; default: the model's.")]
+Pooling = Annotated[Optional[str], typer.Option("--pooling", help=POOLING_HELP)]
+Normalize = Annotated[Optional[bool], typer.Option("--normalize/--no-normalize", help=NORMALIZE_HELP,
+                                                   show_default=False)]
+Precision = Annotated[str, typer.Option("--precision", help=PRECISION_HELP)]
+Bf16 = Annotated[bool, typer.Option("--bf16", hidden=True, help="Same as --precision bf16.")]
+QueryPrompt = Annotated[Optional[str], typer.Option("--query-prompt", help=QUERY_PROMPT_HELP)]
+PassagePrompt = Annotated[Optional[str], typer.Option("--passage-prompt", help=PASSAGE_PROMPT_HELP)]
+Device = Annotated[str, typer.Option("--device", help="cpu, cuda, cuda:1, ... or auto.")]
 
 
 def _collection(data: str) -> BeirCollection:
@@ -109,10 +131,10 @@ def _report(run: dict, out: Path, began: float) -> None:
 
 @app.command("bm25")
 def bm25(
-    data: str = typer.Option(..., "--data", "-d", help=DATA_HELP),
-    out: Path = typer.Option(..., "--out", "-o", help="Run file to write (TREC format)."),
-    split: str = typer.Option("test", "--split", "-s", help="Qrels split whose judged queries are searched."),
-    k: int = typer.Option(1000, "--k", min=1, help="Documents retrieved per query."),
+    data: Data,
+    out: RunOut,
+    split: Split = "test",
+    k: Depth = 1000,
     k1: float = typer.Option(0.9, "--k1", min=0.0, help="BM25 k1 (Pyserini default)."),
     b: float = typer.Option(0.4, "--b", min=0.0, max=1.0, help="BM25 b (Pyserini default)."),
     exclude_self: bool = typer.Option(False, "--exclude-self",
@@ -142,22 +164,20 @@ def bm25(
 
 @app.command("encode")
 def encode(
-    model: str = typer.Option(..., "--model", "-m", help=MODEL_HELP),
-    data: str = typer.Option(..., "--data", "-d", help=DATA_HELP),
-    out: Path = typer.Option(..., "--out", "-o", help="Index directory (shards go to OUT/shard-I-of-N)."),
+    model: Model,
+    data: Data,
+    out: Annotated[Path, typer.Option("--out", "-o", help="Index directory (shards go to OUT/shard-I-of-N).")],
     shard: int = typer.Option(0, "--shard", min=0, help="Which shard of the corpus to encode (0-based)."),
     num_shards: int = typer.Option(1, "--num-shards", min=1, help="Number of contiguous corpus shards."),
     batch_size: int = typer.Option(64, "--batch-size", min=1, help="Passages per forward pass."),
-    max_length: Optional[int] = typer.Option(None, "--max-length", min=2,
-                                             help="Passage token limit; default: the model's."),
-    pooling: Optional[str] = typer.Option(None, "--pooling", help=POOLING_HELP),
-    normalize: Optional[bool] = typer.Option(None, "--normalize/--no-normalize", help=NORMALIZE_HELP,
-                                             show_default=False),
-    precision: str = typer.Option("auto", "--precision", help=PRECISION_HELP),
-    bf16: bool = typer.Option(False, "--bf16", hidden=True, help="Same as --precision bf16."),
-    query_prompt: Optional[str] = typer.Option(None, "--query-prompt", help=QUERY_PROMPT_HELP),
-    passage_prompt: Optional[str] = typer.Option(None, "--passage-prompt", help=PASSAGE_PROMPT_HELP),
-    device: str = typer.Option("auto", "--device", help="cpu, cuda, cuda:1, ... or auto."),
+    max_length: MaxLength = None,
+    pooling: Pooling = None,
+    normalize: Normalize = None,
+    precision: Precision = "auto",
+    bf16: Bf16 = False,
+    query_prompt: QueryPrompt = None,
+    passage_prompt: PassagePrompt = None,
+    device: Device = "auto",
     overwrite: bool = typer.Option(False, "--overwrite", help="Re-encode even when the shard is current."),
 ) -> None:
     """Encode one corpus shard into OUT (skipped when it is current: same model, settings and passages)."""
@@ -179,29 +199,28 @@ def encode(
 
 @app.command("search")
 def search(
-    model: str = typer.Option(..., "--model", "-m", help=MODEL_HELP + " The one that encoded the index."),
-    data: str = typer.Option(..., "--data", "-d", help=DATA_HELP),
-    index: Path = typer.Option(..., "--index", help="Index directory written by `pretrieve encode` (or --cache)."),
-    out: Path = typer.Option(..., "--out", "-o", help="Run file to write (TREC format)."),
-    split: str = typer.Option("test", "--split", "-s", help="Qrels split whose judged queries are searched."),
-    k: int = typer.Option(1000, "--k", min=1, help="Documents retrieved per query."),
-    factory: str = typer.Option("Flat", "--factory", help=FACTORY_HELP),
+    model: Annotated[str, typer.Option("--model", "-m", help=MODEL_HELP + " The one that encoded the index.")],
+    data: Data,
+    index: Annotated[Path, typer.Option("--index", help="Index directory written by `pretrieve encode` (or --cache).")],
+    out: RunOut,
+    split: Split = "test",
+    k: Depth = 1000,
+    factory: Factory = "Flat",
     metric: str = typer.Option("ip", "--metric", help="ip (inner product) or l2."),
-    nprobe: Optional[int] = typer.Option(None, "--nprobe", min=1, help="IVF cells visited per query."),
-    ef_search: Optional[int] = typer.Option(None, "--ef-search", min=1, help="HNSW efSearch."),
-    gpu: Optional[bool] = typer.Option(None, "--gpu/--no-gpu", help=GPU_HELP, show_default=False),
-    mode: Optional[str] = typer.Option(None, "--mode", help=MODE_HELP),
+    nprobe: Nprobe = None,
+    ef_search: EfSearch = None,
+    gpu: Gpu = None,
+    mode: Mode = None,
     batch_size: int = typer.Option(64, "--batch-size", min=1, help="Queries per forward pass."),
     query_max_length: Optional[int] = typer.Option(None, "--query-max-length", min=2,
                                                    help="Query token limit; default: the model's."),
-    pooling: Optional[str] = typer.Option(None, "--pooling", help=POOLING_HELP),
-    normalize: Optional[bool] = typer.Option(None, "--normalize/--no-normalize", help=NORMALIZE_HELP,
-                                             show_default=False),
-    precision: str = typer.Option("auto", "--precision", help=PRECISION_HELP),
-    bf16: bool = typer.Option(False, "--bf16", hidden=True, help="Same as --precision bf16."),
-    query_prompt: Optional[str] = typer.Option(None, "--query-prompt", help=QUERY_PROMPT_HELP),
-    passage_prompt: Optional[str] = typer.Option(None, "--passage-prompt", help=PASSAGE_PROMPT_HELP),
-    device: str = typer.Option("auto", "--device", help="cpu, cuda, cuda:1, ... or auto."),
+    pooling: Pooling = None,
+    normalize: Normalize = None,
+    precision: Precision = "auto",
+    bf16: Bf16 = False,
+    query_prompt: QueryPrompt = None,
+    passage_prompt: PassagePrompt = None,
+    device: Device = "auto",
 ) -> None:
     """Encode the split's queries and search every shard of INDEX (streaming top-k merge); write the run."""
     from pretrieve.retrieval.index import find_shards
@@ -223,32 +242,30 @@ def search(
 
 @app.command("dense")
 def dense(
-    model: str = typer.Option(..., "--model", "-m", help=MODEL_HELP),
-    data: str = typer.Option(..., "--data", "-d", help=DATA_HELP),
-    out: Path = typer.Option(..., "--out", "-o", help="Run file to write (TREC format)."),
-    split: str = typer.Option("test", "--split", "-s", help="Qrels split whose judged queries are searched."),
+    model: Model,
+    data: Data,
+    out: RunOut,
+    split: Split = "test",
     cache: Optional[Path] = typer.Option(None, "--cache", help="Keep the corpus index here and reuse it while it "
                                                                "is current; default: a temporary directory."),
-    k: int = typer.Option(1000, "--k", min=1, help="Documents retrieved per query."),
-    factory: str = typer.Option("Flat", "--factory", help=FACTORY_HELP),
-    nprobe: Optional[int] = typer.Option(None, "--nprobe", min=1, help="IVF cells visited per query."),
-    ef_search: Optional[int] = typer.Option(None, "--ef-search", min=1, help="HNSW efSearch."),
-    gpu: Optional[bool] = typer.Option(None, "--gpu/--no-gpu", help=GPU_HELP, show_default=False),
+    k: Depth = 1000,
+    factory: Factory = "Flat",
+    nprobe: Nprobe = None,
+    ef_search: EfSearch = None,
+    gpu: Gpu = None,
     batch_size: int = typer.Option(64, "--batch-size", min=1, help="Texts per forward pass."),
-    max_length: Optional[int] = typer.Option(None, "--max-length", min=2,
-                                             help="Passage token limit; default: the model's."),
+    max_length: MaxLength = None,
     query_max_length: Optional[int] = typer.Option(None, "--query-max-length", min=2,
                                                    help="Query token limit; default: the model's (the trained "
                                                         "one for a fine-tuned retriever)."),
-    pooling: Optional[str] = typer.Option(None, "--pooling", help=POOLING_HELP),
-    normalize: Optional[bool] = typer.Option(None, "--normalize/--no-normalize", help=NORMALIZE_HELP,
-                                             show_default=False),
-    precision: str = typer.Option("auto", "--precision", help=PRECISION_HELP),
-    bf16: bool = typer.Option(False, "--bf16", hidden=True, help="Same as --precision bf16."),
-    query_prompt: Optional[str] = typer.Option(None, "--query-prompt", help=QUERY_PROMPT_HELP),
-    passage_prompt: Optional[str] = typer.Option(None, "--passage-prompt", help=PASSAGE_PROMPT_HELP),
-    device: str = typer.Option("auto", "--device", help="cpu, cuda, cuda:1, ... or auto."),
-    mode: Optional[str] = typer.Option(None, "--mode", help=MODE_HELP),
+    pooling: Pooling = None,
+    normalize: Normalize = None,
+    precision: Precision = "auto",
+    bf16: Bf16 = False,
+    query_prompt: QueryPrompt = None,
+    passage_prompt: PassagePrompt = None,
+    device: Device = "auto",
+    mode: Mode = None,
 ) -> None:
     """Encode the corpus and the split's queries, search, write the run.
 

@@ -130,6 +130,9 @@ def run_stages(state: RunState, path: str | Path, show_progress: bool, redo_chan
             results["rows"].extend(rows)
     if state.dev is not None:
         results["dev"] = state.dev
+    selections = {name: entry["selection"] for name, entry in state.fusions.items() if entry.get("selection")}
+    if selections:   # every select stage's dev choice, also in a recipe without an evaluate stage
+        results["selections"] = selections
     results["timings_s"] = state.timings
     if rank_timings:
         results["rank_timings_s"] = rank_timings

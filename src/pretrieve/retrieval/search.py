@@ -33,7 +33,7 @@ from typing import Any, Iterator, Mapping, Sequence
 
 import numpy as np
 
-from pretrieve import ranks
+from pretrieve import artifacts, ranks
 from pretrieve.data.trec import Run
 from pretrieve.errors import ConfigError, InputError
 from pretrieve.io_utils import temporary_dir
@@ -301,6 +301,15 @@ def describe_shards(shards: Sequence[IndexDir], root: Path) -> dict[str, Any]:
     return reference or {}
 
 
+def same_local_model(retriever: Retriever, shards: Sequence[IndexDir]) -> bool:
+    """Whether every shard was encoded by a model with the same content as the retriever's local directory (a
+    folder copied or moved since: another path, the same weights), by the fingerprint its sidecar recorded."""
+    if retriever.path is None:
+        return False
+    recorded = [(artifacts.read_sidecar(shard.path) or {}).get("inputs", {}).get("model") for shard in shards]
+    return None not in recorded and set(recorded) == {artifacts.fingerprint(retriever.path)}
+
+
 def check_compatible(retriever: Retriever, shards: Sequence[IndexDir], root: Path) -> None:
     """Raise when the retriever's queries cannot be compared with the indexed passages; warn when their encoders'
     settings differ."""
@@ -316,7 +325,7 @@ def check_compatible(retriever: Retriever, shards: Sequence[IndexDir], root: Pat
                              path=root)
         differing = [f"{key}: {passage.get(key)!r} vs {query.get(key)!r}" for key in ("pooling", "normalize")
                      if passage.get(key) != query.get(key)]
-        if indexed.get("model") != retriever.name:
+        if indexed.get("model") != retriever.name and not same_local_model(retriever, shards):
             differing.insert(0, f"model: {indexed.get('model')} vs {retriever.name}")
         if differing:
             logger.warning("query encoder differs from the one that encoded %s (%s)", root, "; ".join(differing))

@@ -106,6 +106,7 @@ def stage_select(state: RunState, options: dict[str, Any], label: str, show_prog
             for candidate in candidates}
     chosen = choose({candidate: spec.fit["cross_fitted"] for candidate, spec in fits.items()})
     selection = {"split": split, "measure": measure, "queries": fits[chosen].fit["queries"], "chosen": chosen,
+                 "model": finetuned,
                  "rule": RULE.format(measure=measure, runs=" + ".join(runs)),
                  "candidates": [{"name": candidate, "alpha": alpha, "fusion": spec.describe(),
                                  "fused": spec.fit["score"], "cross_fitted": spec.fit["cross_fitted"],
