@@ -23,27 +23,35 @@ import tempfile
 import time
 
 
-def one(mode: str, queries: int, group: int, chunk: int) -> dict:
+def one(mode: str, queries: int, group: int, chunk: int, shape: str = "bert4") -> dict:
     import torch
     from transformers import AutoTokenizer, BertConfig, BertModel
 
     from pretrieve.models import resolve_model
     from pretrieve.modeling.dual_encoder import DualEncoder
+    from pretrieve.train.accelerator import enable_gradient_checkpointing
     from pretrieve.train.grad_cache import grad_cached_step
     from pretrieve.precision import MixedPrecision
 
-    torch.set_num_threads(1)
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     torch.manual_seed(0)
     tokenizer = AutoTokenizer.from_pretrained(resolve_model("minilm"))
-    with tempfile.TemporaryDirectory() as directory:
-        BertModel(BertConfig(vocab_size=len(tokenizer), hidden_size=256, num_hidden_layers=4, num_attention_heads=4,
-                             intermediate_size=1024)).save_pretrained(directory)
-        tokenizer.save_pretrained(directory)
-        model = DualEncoder.from_pretrained(directory)
+    if shape == "demo":   # the practitioner recipe's step: all-MiniLM-L6-v2, passages 144 tokens, queries 32
+        model = DualEncoder.from_pretrained(str(resolve_model("minilm")))
+        query_len, passage_len = 32, 144
+    else:
+        with tempfile.TemporaryDirectory() as directory:
+            BertModel(BertConfig(vocab_size=len(tokenizer), hidden_size=256, num_hidden_layers=4,
+                                 num_attention_heads=4, intermediate_size=1024)).save_pretrained(directory)
+            tokenizer.save_pretrained(directory)
+            model = DualEncoder.from_pretrained(directory)
+        query_len, passage_len = 16, 64
+    if mode == "checkpointed":
+        enable_gradient_checkpointing(model)
     model.train()
     generator = torch.Generator().manual_seed(1)
-    q = torch.randint(1000, len(tokenizer), (queries, 16), generator=generator)
-    p = torch.randint(1000, len(tokenizer), (queries * group, 64), generator=generator)
+    q = torch.randint(1000, len(tokenizer), (queries, query_len), generator=generator)
+    p = torch.randint(1000, len(tokenizer), (queries * group, passage_len), generator=generator)
     batch = {"query_input_ids": q, "query_attention_mask": torch.ones_like(q),
              "passage_input_ids": p, "passage_attention_mask": torch.ones_like(p)}
     with open("/proc/self/clear_refs", "w") as handle:   # reset the peak RSS (VmHWM) to the current RSS
@@ -72,26 +80,38 @@ def _status_kb(field: str) -> int:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--child", nargs=4, metavar=("MODE", "QUERIES", "GROUP", "CHUNK"))
+    parser.add_argument("--shape", choices=["bert4", "demo"], default="bert4",
+                        help="bert4: the random 4-layer BERT, 256 passages; demo: the practitioner recipe's step "
+                             "(all-MiniLM-L6-v2, 16 queries x 4 passages, its grad_cache_chunk 16), plain vs "
+                             "gradient caching vs gradient checkpointing")
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--child", nargs=5, metavar=("MODE", "QUERIES", "GROUP", "CHUNK", "SHAPE"))
     args = parser.parse_args()
     if args.child:
-        mode, queries, group, chunk = args.child
-        print(json.dumps(one(mode, int(queries), int(group), int(chunk))))
+        mode, queries, group, chunk, shape = args.child
+        print(json.dumps(one(mode, int(queries), int(group), int(chunk), shape)))
         return
-    runs = {"plain-256": ("plain", 16, 16, 0), "cached-256/32": ("cached", 16, 16, 32), "plain-32": ("plain", 2, 16, 0)}
+    if args.shape == "demo":
+        runs = {"plain-64": ("plain", 16, 4, 0), "cached-64/16": ("cached", 16, 4, 16),
+                "checkpointed-64": ("checkpointed", 16, 4, 0)}
+    else:
+        runs = {"plain-256": ("plain", 16, 16, 0), "cached-256/32": ("cached", 16, 16, 32),
+                "plain-32": ("plain", 2, 16, 0)}
     results: dict[str, list[dict]] = {name: [] for name in runs}
-    env = dict(os.environ, OMP_NUM_THREADS="1")
+    env = dict(os.environ, OMP_NUM_THREADS=str(args.threads))
     for _ in range(args.repeats):
         for name, spec in runs.items():   # interleaved
-            out = subprocess.run([sys.executable, __file__, "--child", *map(str, spec)], capture_output=True,
-                                 text=True, env=env, check=True)
+            out = subprocess.run([sys.executable, __file__, "--child", *map(str, spec), args.shape],
+                                 capture_output=True, text=True, env=env, check=True)
             results[name].append(json.loads(out.stdout.strip().splitlines()[-1]))
     summary = {name: {"peak_growth_mb": statistics.median(r["peak_growth_mb"] for r in rows),
                       "seconds": statistics.median(r["seconds"] for r in rows), "loss": rows[0]["loss"]}
                for name, rows in results.items()}
-    summary["memory_plain_over_cached"] = (summary["plain-256"]["peak_growth_mb"]
-                                           / summary["cached-256/32"]["peak_growth_mb"])
-    summary["time_cached_over_plain"] = summary["cached-256/32"]["seconds"] / summary["plain-256"]["seconds"]
+    plain, *others = [name for name in runs if runs[name][1] * runs[name][2] == max(q * g for _, q, g, _ in
+                                                                                     runs.values())]
+    for name in others:   # every way of taking the full batch's step, against the plain one
+        summary[f"memory_plain_over_{name}"] = summary[plain]["peak_growth_mb"] / summary[name]["peak_growth_mb"]
+        summary[f"time_{name}_over_plain"] = summary[name]["seconds"] / summary[plain]["seconds"]
     print(json.dumps(summary, indent=2))
 
 
