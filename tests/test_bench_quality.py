@@ -561,3 +561,33 @@ def test_holm_corrects_within_each_declared_family():
     assert anchor[0]["p_holm"] == pytest.approx(anchor[0]["p_value"])      # a family of one is not corrected
     with pytest.raises(ConfigError, match="listed twice"):
         parse_contrasts(["anchor:tsdae-mlm", "anchor:tsdae-mlm"], list(per_arm))
+
+
+def test_pretrain_overrides_reach_every_arm_and_a_mean_bottleneck_is_pre_trained(tiny_mlm_dir, collections, tmp_path,
+                                                                                   monkeypatch):
+    """`--pretrain bottleneck=mean` (Tier 3: a mean-pooled retriever pre-trained on the vector it uses) goes into
+    the pre-training settings, the fingerprint bench.json compares, and each arm's pre-trained method."""
+    captured = {}
+    monkeypatch.setattr(quality, "run_quality_bench", lambda settings, progress=None: captured.setdefault("s", settings)
+                        and {})
+    monkeypatch.setattr(report, "results_markdown", lambda summary: "")
+    train, _ = collections
+    result = CliRunner().invoke(app, ["bench", "quality", "--base", str(tiny_mlm_dir), "--train", str(train),
+                                      "--out", str(tmp_path / "cli"), "--pretrain", "bottleneck=mean,lr=1e-3",
+                                      "--budget", "2"])
+    assert result.exit_code == 0, result.output
+    assert captured["s"].pretrain["bottleneck"] == "mean" and captured["s"].pretrain["max_steps"] == 2
+    assert captured["s"].resolved().fingerprint()["pretrain"]["bottleneck"] == "mean"
+    with pytest.raises(ConfigError, match="'method' is set by the harness"):
+        settings_for(tiny_mlm_dir, collections, tmp_path / "bad", ("bow",), pretrain={**PRETRAIN, "method": "mlm"}
+                     ).resolved()
+    with pytest.raises(ConfigError, match="bottleneck"):
+        settings_for(tiny_mlm_dir, collections, tmp_path / "bad", ("bow",), pretrain={**PRETRAIN, "botleneck": "mean"}
+                     ).resolved()
+
+    settings = settings_for(tiny_mlm_dir, collections, tmp_path / "q", ("bow",), seeds=(3,),
+                            pretrain={**PRETRAIN, "bottleneck": "mean"}).resolved()
+    bench = quality.Bench(settings, quality.load_state(Path(settings.out), settings))
+    final = Path(bench.pretrained("bow", 3))
+    method = json.loads((final / "method.json").read_text())
+    assert method["name"] == "bow" and method["bottleneck"] == "mean"

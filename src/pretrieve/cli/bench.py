@@ -406,6 +406,10 @@ def bench_quality_command(
     max_len: Optional[int] = typer.Option(None, min=8, help="Pre-training max length", show_default="144; 128 quick"),
     lr: Optional[float] = typer.Option(None, help="Pre-training learning rate",
                                        show_default="3e-4; 5e-5 for minilm-like bases"),
+    pretrain_overrides: Optional[str] = typer.Option(
+        None, "--pretrain", help="Pre-training overrides of every arm: a YAML/JSON file (keys of `pretrieve pretrain "
+        "--config`) or key=value,key=value, e.g. bottleneck=mean (the objectives read the mean-pooled vector a "
+        "mean-pooled retriever uses; docs/methods.md)."),
     finetune: Optional[str] = typer.Option(None, help="Stage-1 fine-tuning overrides: a YAML/JSON file (keys of "
                                            "`pretrieve finetune --config`, plus 'methods: {NAME: {...}}' per method) "
                                            "or key=value,key=value."),
@@ -439,6 +443,7 @@ def bench_quality_command(
         if train is None and not smoke:
             raise InputError("give --train DIR (the fine-tuning collection)", field="train")
         pretrain, finetune_defaults = quality.defaults_for_base(base, quick)
+        pretrain.update(quality.parse_overrides(pretrain_overrides, "--pretrain"))
         for key, value in (("max_steps", budget), ("batch_size", batch_size), ("max_len", max_len), ("lr", lr)):
             if value is not None:
                 pretrain[key] = value

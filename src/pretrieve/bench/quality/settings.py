@@ -206,8 +206,10 @@ def smoke_settings(settings: QualityBenchSettings, explicit_methods: bool = True
     """``--smoke``: the same comparison (arms, folds, dev, grid, contrasts, statistics) on a tiny random BERT and
     a synthetic collection (:mod:`pretrieve.recipe.smoke`'s fixtures, written once under ``<out>/smoke-fixtures``), with
     budgets of a few steps, so that the whole harness runs end to end in well under a minute. The numbers mean
-    nothing. Without ``explicit_methods`` the arms are :data:`SMOKE_METHODS`."""
+    nothing. Without ``explicit_methods`` the arms are :data:`SMOKE_METHODS`; method overrides of ``--pretrain``
+    (``bottleneck``, objectives, maskers) are kept."""
     from pretrieve.recipe.smoke import tiny_model, write_fixture_collection
+    from pretrieve.train.run_config import METHOD_FLAG_KEYS
 
     fixtures = Path(settings.out).expanduser().absolute() / "smoke-fixtures"
     collection = fixtures / "smoke"
@@ -218,7 +220,9 @@ def smoke_settings(settings: QualityBenchSettings, explicit_methods: bool = True
             for key, values in (settings.grid or {}).items()}
     methods = tuple(settings.methods) if explicit_methods else SMOKE_METHODS
     return replace(settings, base=model, train=str(collection), eval=(), pretrain_data=None, methods=methods,
-                   pretrain=dict(SMOKE_PRETRAIN), finetune=dict(SMOKE_FINETUNE), finetune_per_method={},
+                   pretrain={**SMOKE_PRETRAIN, **{key: value for key, value in settings.pretrain.items()
+                                                  if key in METHOD_FLAG_KEYS}},   # budgets shrink, methods stay
+                   finetune=dict(SMOKE_FINETUNE), finetune_per_method={},
                    depth=100, coverage_texts=8, dev_queries=min(settings.dev_queries, 4), grid=grid,
                    bootstrap=min(settings.bootstrap, 500),
                    probe_steps=tuple(sorted({1, 2})) if settings.probe_steps else ())
@@ -282,7 +286,7 @@ def grid_points(grid: Mapping[str, Sequence]) -> list[dict[str, Any]]:
 
 
 def parse_overrides(text: str | None, where: str) -> dict[str, Any]:
-    """``--finetune``: a YAML/JSON file, or inline ``key=value,key=value`` (values read as JSON, else YAML)."""
+    """``--pretrain`` / ``--finetune``: a YAML/JSON file, or inline ``key=value,key=value`` (values read as JSON, else YAML)."""
     import yaml
 
     if not text:
