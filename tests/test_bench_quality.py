@@ -568,8 +568,12 @@ def test_pretrain_overrides_reach_every_arm_and_a_mean_bottleneck_is_pre_trained
     """`--pretrain bottleneck=mean` (Tier 3: a mean-pooled retriever pre-trained on the vector it uses) goes into
     the pre-training settings, the fingerprint bench.json compares, and each arm's pre-trained method."""
     captured = {}
-    monkeypatch.setattr(quality, "run_quality_bench", lambda settings, progress=None: captured.setdefault("s", settings)
-                        and {})
+
+    def run_quality_bench(settings, progress=None):   # the CLI's settings, nothing run
+        captured["s"] = settings
+        return {}
+
+    monkeypatch.setattr(quality, "run_quality_bench", run_quality_bench)
     monkeypatch.setattr(report, "results_markdown", lambda summary: "")
     train, _ = collections
     result = CliRunner().invoke(app, ["bench", "quality", "--base", str(tiny_mlm_dir), "--train", str(train),

@@ -39,7 +39,6 @@ from recipe_across_collections import (RECIPE, cranfield_halves, derived_recipe,
                                        write_summary)  # (a sibling script, not a package)
 
 
-
 def setting_name(lr: float, epochs: float) -> str:
     return f"lr{lr:g}-epochs{epochs:g}"
 

@@ -61,9 +61,9 @@ def search_split(model: str | Path, collection: BeirCollection, index_dir: str |
     :func:`pretrieve.retrieval.load.load_retriever`), encode the collection's corpus into ``index_dir`` (None: a
     temporary directory beside the first output — on the disk the user chose for the results, not the system's
     temporary one, which may be too small for a large corpus — for one process), then write ``outputs`` from
-    ``count`` query items split by rank: each rank calls ``write_part(retriever, index, a, b, paths)`` for its slice ``[a, b)`` of whole blocks of
-    ``query_block`` queries (default: the search's own block for ``depth``). Returns every rank's ``write_part``
-    result (``check`` may refuse them before anything is written)."""
+    ``count`` query items split by rank: each rank calls ``write_part(retriever, index, a, b, paths)`` for its slice
+    ``[a, b)`` of whole blocks of ``query_block`` queries (default: the search's own block for ``depth``). Returns
+    every rank's ``write_part`` result (``check`` may refuse them before anything is written)."""
     if ranks.active() and index_dir is None:
         raise ConfigError(f"{what} under several ranks needs a cache_dir that every rank shares (for the corpus "
                           "index)")

@@ -192,14 +192,11 @@ class LogWriter:
     def __init__(self, out_dir: Path, enabled: bool):
         self.enabled = enabled
         self.path = out_dir / "logs.jsonl"
-        self._folder_made = False
 
     def write(self, step: int, values: dict[str, float]) -> None:
         if not self.enabled:
             return
-        if not self._folder_made:   # a run may log before anything else made its folder
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._folder_made = True
+        self.path.parent.mkdir(parents=True, exist_ok=True)   # a run may log before anything else made its folder
         with open(self.path, "a", encoding="utf-8") as handle:
             handle.write(json.dumps({"step": step, **values}) + "\n")
 

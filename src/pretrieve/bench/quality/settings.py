@@ -286,7 +286,8 @@ def grid_points(grid: Mapping[str, Sequence]) -> list[dict[str, Any]]:
 
 
 def parse_overrides(text: str | None, where: str) -> dict[str, Any]:
-    """``--pretrain`` / ``--finetune``: a YAML/JSON file, or inline ``key=value,key=value`` (values read as JSON, else YAML)."""
+    """``--pretrain`` / ``--finetune``: a YAML/JSON file, or inline ``key=value,key=value`` (values read as JSON,
+    else YAML)."""
     import yaml
 
     if not text:
