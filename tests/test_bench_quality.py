@@ -450,6 +450,28 @@ def test_the_aa_arm_runs_other_seeds_and_contrasts_are_reported_with_holm(crossf
     assert "## Contrasts (nDCG@10" in markdown and "| train | mlm-aa − mlm |" in markdown
 
 
+def test_bench_claims_recomputes_a_tier_and_refuses_a_directory_without_a_comparison(crossfit, tmp_path):
+    """`bench claims` on a finished comparison: the A/A row carries the tier's own bootstrap and Holm p, the rows
+    whose arms or tiers are missing are pending; a directory without bench.json is one line, exit 2."""
+    _, out, summary = crossfit
+    result = CliRunner().invoke(app, ["bench", "claims", "--tier1", str(out), "--out", str(tmp_path / "claims")])
+    assert result.exit_code == 0, result.output
+    table = json.loads((tmp_path / "claims.json").read_text())
+    recorded = next(e for e in summary["contrasts"]["nDCG@10"]["train"] if e["contrast"] == "mlm-aa-mlm")
+    aa = next(c for c in table["claims"] if c["id"] == "aa")
+    assert aa["evidence"][0]["delta"] == pytest.approx(recorded["delta"], abs=1e-12)
+    assert aa["evidence"][0]["p_holm"] == pytest.approx(recorded["p_holm"], abs=1e-12)
+    assert aa["verdict"] == ("passed" if recorded["p_holm"] >= 0.05 else "failed")
+    assert table["inputs"]["tier1"]["methods"]["mlm-aa"]["seeds"] == [1001, 1002]
+    if not table["withheld"]:
+        verdicts = {c["id"]: c["verdict"] for c in table["claims"]}
+        assert verdicts["h1"] == verdicts["pmi"] == verdicts["minilm"] == "pending"   # no bow/retromae; no tiers
+    assert (tmp_path / "claims.md").read_text().startswith("# Decision table")
+    from test_input_guards import assert_one_line_error, run_cli
+
+    assert_one_line_error(run_cli("bench", "claims", "--tier1", str(tmp_path)), "bench.json missing", "tier1")
+
+
 def test_contrasts_and_folds_are_checked(tiny_mlm_dir, collections, tmp_path):
     with pytest.raises(ConfigError, match="does not name two compared arms"):
         settings_for(tiny_mlm_dir, collections, tmp_path, ("none", "mlm"), contrasts=("bow-mlm",)).resolved()

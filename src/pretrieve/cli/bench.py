@@ -1,4 +1,4 @@
-"""``pretrieve bench pretrain | masking | encode | quality``: speed and quality benchmarks on this machine.
+"""``pretrieve bench pretrain | masking | encode | quality | claims``: speed and quality benchmarks on this machine.
 
 Thin wrappers: parse options, call :func:`pretrieve.bench.pretrain_speed.bench_pretrain`,
 :func:`pretrieve.masking.latency.masking_latency` or :func:`pretrieve.bench.encode_speed.encoding_throughput`,
@@ -10,6 +10,8 @@ whole ``--corpus`` (or ``--statistics``, e.g. a directory of ``pretrieve stats p
 method pre-trained at the same budget, fine-tuned the same way, evaluated on every ``--eval`` collection,
 over seeds; resumable) and writes ``results.md`` / ``results.json`` / ``results.png`` into ``--out``; the
 markdown is also printed. ``--report-only`` recomputes the report from the saved runs of ``--out``.
+``bench claims`` applies the pre-registered decision rules to several such comparisons (the tiers of issue #20,
+:mod:`pretrieve.bench.quality.claims`).
 """
 
 from __future__ import annotations
@@ -473,6 +475,39 @@ def bench_quality_command(
         paths = [Path(out) / name for name in ("results.md", "results.json", "results.png")]
     typer.echo(report.results_markdown(summary))
     err.print("wrote " + ", ".join(str(p) for p in paths), highlight=False, markup=False)
+
+
+@bench_app.command("claims")
+def bench_claims_command(
+    tier1: Optional[Path] = typer.Option(None, "--tier1", help="Tier 1's comparison (SPLADE-tiny: none, mlm, bow, "
+                                         "retromae, tsdae, mlm-aa; probes)."),
+    budget: Optional[Path] = typer.Option(None, "--budget", help="Tier 2a's comparison (mlm vs bow at 6,000 steps)."),
+    scratch: Optional[Path] = typer.Option(None, "--scratch", help="Tier 2b's comparison (the from-scratch base)."),
+    dupmae: Optional[Path] = typer.Option(None, "--dupmae", help="Tier 2c's comparison (retromae and dupmae under "
+                                          "CLS+OT)."),
+    cdmae: Optional[Path] = typer.Option(None, "--cdmae", help="Tier 2d's comparison (cdmae vs cdmae-random)."),
+    minilm: Optional[Path] = typer.Option(None, "--minilm", help="Tier 3's comparison (all-MiniLM-L6-v2, mean "
+                                          "bottleneck)."),
+    margin: float = typer.Option(0.02, "--margin", help="The pre-registered margin."),
+    alpha: float = typer.Option(0.05, "--alpha", help="The pre-registered significance level."),
+    out: Optional[Path] = typer.Option(None, "--out", help="Write the table to FILE.md and FILE.json (atomically)."),
+) -> None:
+    """The claims benchmark's decision table (issue #20): docs/preregistration.md's rules applied to the tiers'
+    `bench quality` comparisons, each recomputed from its saved runs; rows whose tiers have not finished are
+    pending."""
+    from pretrieve.bench.quality import claims
+
+    given = {"tier1": tier1, "budget": budget, "scratch": scratch, "dupmae": dupmae, "cdmae": cdmae,
+             "minilm": minilm}
+    if not any(given.values()):
+        raise InputError("give at least one tier's comparison directory, e.g. --tier1 DIR", field="tier1")
+    _quiet_logging()
+    tiers = {name: claims.load_tier(name, path) for name, path in given.items() if path is not None}
+    table = claims.decide_claims(tiers, margin=margin, alpha=alpha)
+    typer.echo(claims.claims_markdown(table))
+    if out is not None:
+        paths = claims.write_claims(table, out)
+        err.print("wrote " + ", ".join(str(p) for p in paths), highlight=False, markup=False)
 
 
 def _numbers(text: str, what: str) -> list[float]:
