@@ -4,6 +4,7 @@ hand-made tier summaries, the permutation p of Spearman's ρ against an enumerat
 from __future__ import annotations
 
 import itertools
+import math
 from pathlib import Path
 
 import numpy as np
@@ -25,15 +26,18 @@ def entry(contrast: str, delta: float, half_width: float = 0.01, p_holm: float =
 
 
 class FakeTier(claims.Tier):
-    """A tier built from a hand-made summary; coverage, per-query scores and checkpoint digests given as dicts."""
+    """A tier built from a hand-made summary (every arm of its contrasts finished with the pre-registered number
+    of seeds unless said); coverage, per-query scores and checkpoint digests given as dicts."""
 
-    def __init__(self, name, contrasts=(), methods=None, gates=None, seeds=(1,), settings=None, selection=None,
+    def __init__(self, name, contrasts=(), methods=None, gates=None, seeds=None, settings=None, selection=None,
                  coverage=None, per_query=None, digests=None):
-        methods = methods or {}
+        seeds = seeds or tuple(range(1, claims.PREREGISTERED_SEEDS[name] + 1))
+        methods = {**{arm: {} for e in contrasts for arm in (e["a"], e["b"])}, **(methods or {})}
         summary = {"in_domain": IN_DOMAIN, "contrasts": {"nDCG@10": {IN_DOMAIN: list(contrasts)}},
                    "methods": {arm: {"status": "done", "seeds": list(m.get("seeds", claims.arm_seeds(arm, seeds))),
-                                     "scores": {"nDCG@10": {IN_DOMAIN: {"per_seed": {
-                                         str(s): v for s, v in m.get("ndcg", {}).items()}}}},
+                                     "scores": {"nDCG@10": {IN_DOMAIN: {
+                                         "per_seed": {str(s): v for s, v in m.get("ndcg", {}).items()},
+                                         "mean": float(np.mean(list(m["ndcg"].values()))) if m.get("ndcg") else None}}},
                                      "pretrain": {"samples_per_s": m.get("speed")}} for arm, m in methods.items()},
                    "settings": {"base": "splade-tiny", "seeds": list(seeds), "finetune": {"lr": 1e-4},
                                 "contrasts": [], **(settings or {})},
@@ -62,6 +66,12 @@ def verdict(table, key):
 
 
 AA_OK = entry("mlm-aa-mlm", 0.001, 0.02, p_holm=0.9, family="aa")
+STRONG = {"accuracy": 0.41}
+
+
+def scratch_tier(contrasts, none=0.25):
+    """The from-scratch base's tier; its `none` arm fine-tuned to ``none`` nDCG@10 (the gate needs > 0.10)."""
+    return FakeTier("scratch", contrasts, methods={"none": {"ndcg": {1: none, 2: none}}})
 
 
 def test_h1_is_confirmed_only_with_the_same_sign_on_the_from_scratch_base():
@@ -69,34 +79,54 @@ def test_h1_is_confirmed_only_with_the_same_sign_on_the_from_scratch_base():
                      gates=moved())
     assert verdict(claims.decide_claims({"tier1": tier1}), "h1") == "pending"
     for delta, p, expected in ((0.01, 0.03, "confirmed"), (0.01, 0.2, "undecided"), (-0.01, 0.01, "undecided")):
-        scratch = FakeTier("scratch", [entry("bow-mlm", delta, p_holm=p)])
-        assert verdict(claims.decide_claims({"tier1": tier1, "scratch": scratch}), "h1") == expected, (delta, p)
+        tiers = {"tier1": tier1, "scratch": scratch_tier([entry("bow-mlm", delta, p_holm=p)])}
+        assert verdict(claims.decide_claims(tiers, scratch_mlm=STRONG), "h1") == expected, (delta, p)
+        assert verdict(claims.decide_claims(tiers), "h1") == "pending"      # the base's gate is not known yet
     # a gain just under the margin is not a confirmation
     tier1 = FakeTier("tier1", [entry("bow-mlm", 0.0199, p_holm=0.001), entry("retromae-mlm", 0.0), AA_OK],
                      gates=moved())
-    scratch = FakeTier("scratch", [entry("bow-mlm", 0.05, p_holm=0.001)])
-    assert verdict(claims.decide_claims({"tier1": tier1, "scratch": scratch}), "h1") == "undecided"
+    scratch = scratch_tier([entry("bow-mlm", 0.05, p_holm=0.001)])
+    table = claims.decide_claims({"tier1": tier1, "scratch": scratch}, scratch_mlm=STRONG)
+    assert verdict(table, "h1") == "undecided"
+
+
+def test_a_from_scratch_base_that_fails_its_gate_leaves_the_row_to_splade_tiny_alone_and_says_so():
+    tier1 = FakeTier("tier1", [entry("bow-mlm", 0.03, p_holm=0.01), entry("retromae-mlm", 0.0), AA_OK],
+                     gates=moved())
+    no_replication = scratch_tier([entry("bow-mlm", -0.01, p_holm=0.5)])
+    for gate, none in (({"accuracy": 0.18}, 0.25), (STRONG, 0.08)):
+        tiers = {"tier1": tier1, "scratch": scratch_tier([entry("bow-mlm", -0.01, p_holm=0.5)], none=none)}
+        table = claims.decide_claims(tiers, scratch_mlm=gate)
+        row = next(c for c in table["claims"] if c["id"] == "h1")
+        assert row["verdict"] == "confirmed on SPLADE-tiny only (the from-scratch base is too weak to inform)"
+        shown = claims.claims_markdown(table)
+        assert "from-scratch base gate: held-out MLM accuracy" in shown and ": failed" in shown
+    tiers = {"tier1": tier1, "scratch": no_replication}
+    assert verdict(claims.decide_claims(tiers, scratch_mlm=STRONG), "h1") == "undecided"
 
 
 def test_h1_is_refuted_only_where_every_arm_changed_the_representation_and_the_probe_saturated():
     nulls = [entry("bow-mlm", 0.0), entry("retromae-mlm", -0.005), entry("bow-none", 0.0),
              entry("retromae-none", 0.0), AA_OK]
-    scratch = FakeTier("scratch", [entry("bow-mlm", 0.001), entry("bow-none", 0.0)])
+    scratch = scratch_tier([entry("bow-mlm", 0.001), entry("bow-none", 0.0)])
     tiers = {"tier1": FakeTier("tier1", nulls, gates=moved()), "scratch": scratch}
-    assert verdict(claims.decide_claims(tiers), "h1") == "refuted-at-this-scale"
-    assert verdict(claims.decide_claims(tiers), "h0") == "refuted-at-this-scale"
+
+    def decided(key):
+        return verdict(claims.decide_claims(tiers, scratch_mlm=STRONG), key)
+
+    assert decided("h1") == decided("h0") == "refuted-at-this-scale"
     tiers["tier1"] = FakeTier("tier1", nulls, gates=moved(retromae=False))
-    assert verdict(claims.decide_claims(tiers), "h1") == "undecided"
+    assert decided("h1") == "undecided"
     tiers["tier1"] = FakeTier("tier1", nulls, gates=moved(saturated=False))
-    assert verdict(claims.decide_claims(tiers), "h1") == "pending"          # the 6,000-step tier must run first
+    assert decided("h1") == "pending"                                     # the 6,000-step tier must run first
     tiers["budget"] = FakeTier("budget", [entry("bow-mlm", 0.004)])
-    assert verdict(claims.decide_claims(tiers), "h1") == "refuted-at-this-scale"
+    assert decided("h1") == "refuted-at-this-scale"
     tiers["budget"] = FakeTier("budget", [entry("bow-mlm", 0.03, p_holm=0.01)])   # the long budget gains
-    assert verdict(claims.decide_claims(tiers), "h1") == "undecided"
+    assert decided("h1") == "undecided"
     # an upper bound at the margin is not below it
     tiers = {"tier1": FakeTier("tier1", [entry("bow-mlm", 0.01, 0.01), entry("retromae-mlm", 0.0), AA_OK],
                                gates=moved()), "scratch": scratch}
-    assert verdict(claims.decide_claims(tiers), "h1") == "undecided"
+    assert decided("h1") == "undecided"
 
 
 def test_a_significant_aa_control_withholds_every_other_row():
@@ -117,10 +147,10 @@ def test_coverage_rises_by_the_margin_with_an_interval_over_passages():
     methods = {"mlm": {}, "bow": {}, "retromae": {}}
 
     def tier(bow_shift, retromae_shift):
-        coverage = {("mlm", s): base + noise() for s in (1, 2)}
-        coverage.update({("bow", s): base + bow_shift + noise() for s in (1, 2)})
-        coverage.update({("retromae", s): base + retromae_shift + noise() for s in (1, 2)})
-        return FakeTier("tier1", [AA_OK], methods=methods, seeds=(1, 2), coverage=coverage)
+        coverage = {("mlm", s): base + noise() for s in (1, 2, 3)}
+        coverage.update({("bow", s): base + bow_shift + noise() for s in (1, 2, 3)})
+        coverage.update({("retromae", s): base + retromae_shift + noise() for s in (1, 2, 3)})
+        return FakeTier("tier1", [AA_OK], methods=methods, coverage=coverage)
 
     table = claims.decide_claims({"tier1": tier(0.08, 0.06)})
     assert verdict(table, "coverage") == "confirmed"
@@ -138,27 +168,45 @@ def test_spearman_p_is_the_exact_permutation_p():
     assert p == pytest.approx(np.mean(np.abs(every) >= abs(rho) - 1e-12))
 
 
-def test_coverage_tracks_quality_over_first_seed_checkpoints_none_once():
-    arms = ("none", "mlm", "bow", "retromae", "mlm-aa")
-    quality = dict(zip(arms, (0.30, 0.32, 0.36, 0.38, 0.33)))
-    coverage = dict(zip(arms, (0.10, 0.12, 0.20, 0.25, 0.13)))
+def test_coverage_tracks_quality_over_first_seed_checkpoints_of_three_tiers_none_once():
+    points = {"tier1": {"none": (0.10, 0.30), "mlm": (0.12, 0.32), "bow": (0.20, 0.36), "mlm-aa": (0.13, 0.33)},
+              "budget": {"mlm": (0.14, 0.34), "bow": (0.25, 0.40)},
+              "cdmae": {"none": (0.10, 0.30), "cdmae": (0.15, 0.35), "cdmae-random": (0.11, 0.31)}}
 
-    def tier(name, arms_here, seeds_done=None):
-        methods = {a: {"ndcg": {claims.arm_seeds(a, (1,))[0]: quality[a]}} for a in arms_here}
-        if seeds_done is not None:
-            for a in arms_here:
-                methods[a]["seeds"] = seeds_done
-        cov = {(a, claims.arm_seeds(a, (1,))[0]): [coverage[a]] * 4 for a in arms_here}
-        return FakeTier(name, [AA_OK], methods=methods, coverage=cov)
+    def tier(name, first_seed_done=True):
+        arms = points[name]
+        seed = lambda arm: claims.arm_seeds(arm, (1,))[0]   # noqa: E731
+        methods = {a: {"ndcg": {seed(a): q}, **({} if first_seed_done else {"seeds": [seed(a) + 1]})}
+                   for a, (_, q) in arms.items()}
+        return FakeTier(name, [AA_OK] if name == "tier1" else [], methods=methods,
+                        coverage={(a, seed(a)): [c] * 4 for a, (c, _) in arms.items()})
 
-    table = claims.decide_claims({"tier1": tier("tier1", arms), "cdmae": tier("cdmae", ("none",))})
+    table = claims.decide_claims({name: tier(name) for name in points})
     claim = next(c for c in table["claims"] if c["id"] == "tracks")
-    points = claim["evidence"][0]["points"]
-    assert [q["arm"] for q in points] == list(arms) and claim["evidence"][0]["rho"] == pytest.approx(1.0)
-    assert claim["verdict"] == "confirmed" and claim["evidence"][0]["p_value"] == pytest.approx(2 / 120)
-    # an arm whose first seed did not finish is left out (its second seed is not a stand-in)
-    table = claims.decide_claims({"tier1": tier("tier1", ("none", "mlm")), "budget": tier("budget", ("bow",), [2])})
-    assert verdict(table, "tracks") == "pending"
+    used = [(q["tier"], q["arm"]) for q in claim["evidence"][0]["points"]]
+    assert sorted(used) == sorted([("tier1", a) for a in points["tier1"]] + [
+        ("budget", "mlm"), ("budget", "bow"), ("cdmae", "cdmae"), ("cdmae", "cdmae-random")])
+    assert claim["verdict"] == "confirmed" and claim["evidence"][0]["rho"] == pytest.approx(1.0)
+    assert claim["evidence"][0]["p_value"] == pytest.approx(2 / math.factorial(8))
+    # every first-seed checkpoint of the three tiers, or the row is pending (its verdict so far kept)
+    partial = claims.decide_claims({"tier1": tier("tier1"), "budget": tier("budget")})
+    row = next(c for c in partial["claims"] if c["id"] == "tracks")
+    assert row["verdict"] == "pending" and row["interim"] == "confirmed" and "Tier 2d" in row["notes"][-1]
+    late = claims.decide_claims({"tier1": tier("tier1"), "budget": tier("budget", False), "cdmae": tier("cdmae")})
+    row = next(c for c in late["claims"] if c["id"] == "tracks")
+    assert row["verdict"] == "pending" and "Tier 2a (6,000 steps) bow" in row["notes"][-1]
+
+
+def test_a_row_with_fewer_seeds_than_pre_registered_is_pending_with_its_verdict_so_far():
+    tier1 = FakeTier("tier1", [entry("bow-retromae", -0.04, 0.01, family="anchor"), AA_OK], seeds=(1,),
+                     methods={"bow": {"speed": 95.0}, "mlm": {"speed": 100.0}})
+    table = claims.decide_claims({"tier1": tier1})
+    row = next(c for c in table["claims"] if c["id"] == "cost")
+    assert row["verdict"] == "pending" and row["interim"] == "refuted-at-this-scale"
+    assert "bow: 1 of 3 seeds" in row["notes"][-1] and verdict(table, "aa") == "pending"
+    assert "**pending** (so far: refuted-at-this-scale)" in claims.claims_markdown(table)
+    decided = claims.decide_claims({"tier1": tier1}, seeds=None)
+    assert verdict(decided, "cost") == "refuted-at-this-scale" and verdict(decided, "aa") == "passed"
 
 
 def test_bow_cost_and_tsdae_rows():
@@ -239,3 +287,20 @@ def test_spearman_with_ties_and_beyond_the_exact_range():
     reference = stats.permutation_test((x,), lambda v: stats.spearmanr(v, y).statistic, permutation_type="pairings",
                                        n_resamples=3_000, random_state=0).pvalue
     assert p == pytest.approx(reference, abs=0.03)
+
+
+def test_the_scratch_gate_file_is_checked(tmp_path):
+    from pretrieve.errors import InputError
+
+    good = tmp_path / "mlm_accuracy.json"
+    good.write_text('{"accuracy": 0.31, "masked_tokens": 900}')
+    assert claims.read_mlm_gate(good)["accuracy"] == 0.31
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"acc": 0.3}')
+    with pytest.raises(InputError, match="no 'accuracy'"):
+        claims.read_mlm_gate(bad)
+    broken = tmp_path / "broken.json"
+    broken.write_text('{"accuracy": \n')
+    with pytest.raises(InputError, match="not JSON") as info:
+        claims.read_mlm_gate(broken)
+    assert info.value.line == 2

@@ -13,6 +13,9 @@
   token cache, or ``--statistics`` from ``pretrieve stats pmi``), the masks are drawn on its first
   ``--num-texts`` examples. Writes ``masking_stats.json``, ``masking_stats.md`` (the markdown table of
   :func:`~pretrieve.analysis.masking_stats.format_comparison`) and ``provenance.json`` into ``--out``.
+* ``mlm-accuracy`` — held-out masked-token accuracy of a checkpoint's MLM head (:mod:`pretrieve.analysis.mlm_accuracy`):
+  the from-scratch base's gate in the claims benchmark (accuracy ≥ 0.25, docs/preregistration.md); writes
+  ``mlm_accuracy.json`` and ``provenance.json`` into ``--out``.
 * ``word-distribution`` — CPDAE's decoded word distribution of a text (CPDAE, Ma et al. 2022, Table 4), sub-word
   probabilities summed per word (:func:`pretrieve.analysis.word_distribution.decode_words`).
 * ``stopword-mass`` — the decoded probability mass on stopwords of CPDAE checkpoints on the same texts, e.g.
@@ -133,6 +136,48 @@ def coverage_command(
     if out is not None:
         _write_outputs(out, reports, dict(corpus=corpus, num_texts=len(texts), ks=k_values, max_len=max_len,
                                           exclude_stopwords=exclude_stopwords))
+
+
+@analyze_app.command("mlm-accuracy")
+def mlm_accuracy_command(
+    model: str = typer.Option(..., "--model", "-m", help="Checkpoint directory or offline alias (with its MLM head)."),
+    corpus: str = typer.Option(..., help="Held-out texts (none the model trained on): BEIR directory / JSONL / "
+                               "plain text; the first --num-texts passages in file order are used."),
+    num_texts: int = typer.Option(500, min=1, help="Passages evaluated (the first N of the corpus)."),
+    max_len: int = typer.Option(144, min=2, help="Texts are truncated to this many tokens."),
+    mask_ratio: float = typer.Option(0.15, help="Share of each text's tokens masked (at least one)."),
+    seed: int = typer.Option(0, help="Seed of the masked positions."),
+    batch_size: int = typer.Option(32, min=1, help="Texts per forward pass."),
+    tokenizer: Optional[str] = typer.Option(None, help="Tokenizer path/alias when the checkpoint has none."),
+    out: Optional[Path] = typer.Option(None, help="Directory for mlm_accuracy.json, provenance.json."),
+) -> None:
+    """Held-out masked-token accuracy of a checkpoint's MLM head — the from-scratch base's gate of the claims
+    benchmark (accuracy ≥ 0.25; docs/preregistration.md)."""
+    from pretrieve.analysis.coverage import load_encoder
+    from pretrieve.analysis.mlm_accuracy import mlm_accuracy
+    from pretrieve.models import resolve_model
+
+    path = resolve_model(model)
+    texts = _first_texts(corpus, num_texts)
+    encoder, created = load_encoder(path)
+    if created:
+        raise InputError("the checkpoint has no MLM head: its accuracy would measure a random head", path=path)
+    result = mlm_accuracy(encoder, _tokenizer(path, tokenizer), texts, max_len=max_len, mask_ratio=mask_ratio,
+                          seed=seed, batch_size=batch_size, name=model)
+    report = result.to_dict()
+    out_console.print(f"{model}: masked-token accuracy {result.accuracy:.4f} over {result.masked_tokens} masked "
+                      f"tokens of {result.num_texts} texts; cross-entropy {result.loss:.4f} (perplexity "
+                      f"{result.perplexity:.1f}); gate accuracy ≥ {report['gate']['accuracy_at_least']}: "
+                      f"{'passed' if report['gate']['passed'] else 'not passed'}", highlight=False)
+    if out is not None:
+        from pretrieve.io_utils import write_json
+        from pretrieve.provenance import write_provenance
+
+        out.mkdir(parents=True, exist_ok=True)
+        write_json(out / "mlm_accuracy.json", {**report, "corpus": corpus})
+        write_provenance(out, {"analysis": "mlm-accuracy", "checkpoint": str(path), "corpus": corpus,
+                               "num_texts": len(texts), **result.settings})
+        err.print(f"wrote {out / 'mlm_accuracy.json'}", highlight=False)
 
 
 def _print_table(reports, ks: list[int], title: str, attribute: str) -> None:

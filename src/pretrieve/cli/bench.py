@@ -488,8 +488,13 @@ def bench_claims_command(
     cdmae: Optional[Path] = typer.Option(None, "--cdmae", help="Tier 2d's comparison (cdmae vs cdmae-random)."),
     minilm: Optional[Path] = typer.Option(None, "--minilm", help="Tier 3's comparison (all-MiniLM-L6-v2, mean "
                                           "bottleneck)."),
+    scratch_gate: Optional[Path] = typer.Option(None, "--scratch-gate", help="The from-scratch base's held-out MLM "
+                                                "accuracy: mlm_accuracy.json of `pretrieve analyze mlm-accuracy`."),
     margin: float = typer.Option(0.02, "--margin", help="The pre-registered margin."),
     alpha: float = typer.Option(0.05, "--alpha", help="The pre-registered significance level."),
+    any_seeds: bool = typer.Option(False, "--any-seeds", help="Decide with the seeds each tier has (smoke runs, "
+                                   "interim looks); by default a row whose arms have fewer seeds than "
+                                   "pre-registered (Tier 1: 3, Tier 2a: 1, other tiers: 2) is pending."),
     out: Optional[Path] = typer.Option(None, "--out", help="Write the table to FILE.md and FILE.json (atomically)."),
 ) -> None:
     """The claims benchmark's decision table (issue #20): docs/preregistration.md's rules applied to the tiers'
@@ -502,8 +507,10 @@ def bench_claims_command(
     if not any(given.values()):
         raise InputError("give at least one tier's comparison directory, e.g. --tier1 DIR", field="tier1")
     _quiet_logging()
+    gate = claims.read_mlm_gate(scratch_gate) if scratch_gate is not None else None
     tiers = {name: claims.load_tier(name, path) for name, path in given.items() if path is not None}
-    table = claims.decide_claims(tiers, margin=margin, alpha=alpha)
+    table = claims.decide_claims(tiers, margin=margin, alpha=alpha,
+                                 seeds=None if any_seeds else claims.PREREGISTERED_SEEDS, scratch_mlm=gate)
     typer.echo(claims.claims_markdown(table))
     if out is not None:
         paths = claims.write_claims(table, out)

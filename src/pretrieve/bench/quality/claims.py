@@ -13,12 +13,17 @@ the papers' claims. The evidence is spread over several ``pretrieve bench qualit
 :func:`load_tier` recomputes each tier's summary from its ``bench.json`` and saved runs
 (:func:`pretrieve.bench.quality.summary.summarize`: the one freshness rule — nothing is read from a stale
 ``results.json``); :func:`decide_claims` applies the rules; a claim whose tiers are absent or unfinished is
-*pending*. Every number is nDCG@10 on the in-domain collection, pooled over the folds (the estimand of the
-pre-registration); Δ, its 95 % interval, p and Holm p are the tier's own paired multi-bootstrap and Holm family.
+*pending* — and so is one whose arms have fewer seeds than the pre-registration fixes (:data:`PREREGISTERED_SEEDS`;
+the verdict so far is kept as ``interim``). Every number is nDCG@10 on the in-domain collection, pooled over the
+folds (the estimand of the pre-registration); Δ, its 95 % interval, p and Holm p are the tier's own paired
+multi-bootstrap and Holm family.
 
-Where the pre-registration leaves a detail open, the reading taken here (docs/results.md repeats it):
+Where the pre-registration leaves a detail open, the reading taken here (its amendment 6 records it):
 
-* H1/H0 "same sign with p < 0.05 on the from-scratch base": that base's Holm-adjusted p (its own family).
+* H1/H0 "same sign with p < 0.05 on the from-scratch base": that base's Holm-adjusted p (its own family). The base
+  counts only once its gate is known — held-out MLM accuracy ≥ 0.25 (:mod:`pretrieve.analysis.mlm_accuracy`, given
+  as ``scratch_mlm``) and ``none`` fine-tuned above 0.10 nDCG@10; a base that fails it is too weak to inform, and
+  the row is decided on SPLADE-tiny alone, its verdict saying so ("confirmed on SPLADE-tiny only …").
 * H1/H0 "refuted … while the probe shows the representation changed": every compared arm's upper bound is below
   the margin on every base that ran it (``bow`` on both), *and* each of them moved the Tier-1 probe or coverage
   (the gate's per-arm verdict); and no null is called while the Tier-1 probe was still rising (the pre-saturation
@@ -26,8 +31,8 @@ Where the pre-registration leaves a detail open, the reading taken here (docs/re
 * "Coverage rises": stopword-excluded coverage@10 per passage of the coverage sample, paired multi-bootstrap over
   passages × the seeds both arms finished.
 * "Coverage tracks retrieval quality": one point per first-seed checkpoint of the primary base with the [CLS]
-  representation (Tiers 1, 2a and 2d; ``none`` once), Spearman ρ and its two-sided permutation p (exact where
-  n! ≤ 100,000).
+  representation (Tiers 1, 2a and 2d, pending until all three have them; ``none`` once), Spearman ρ and its
+  two-sided permutation p (exact where n! ≤ 100,000).
 * "BoW ≈ enhanced decoding at MLM cost": pre-training samples/s of ``bow`` over ``mlm`` from the trainer logs
   (mean over seeds; timings of a shared machine, so read with care).
 * "pretrieve's methods vs TSDAE": judged against H1 on the primary base (the base both ran).
@@ -57,6 +62,7 @@ TIER_TITLES = {"tier1": "Tier 1 (SPLADE-tiny)", "budget": "Tier 2a (6,000 steps)
                "dupmae": "Tier 2c (CLS+OT)", "cdmae": "Tier 2d (PMI vs random masking)",
                "minilm": "Tier 3 (all-MiniLM-L6-v2, mean)"}
 PENDING = "pending"
+SCRATCH_ACCURACY, SCRATCH_NONE = 0.25, 0.10
 COVERAGE_RISE = 0.05
 COST_RATIO = 0.9
 COVERAGE_VARIANT, COVERAGE_K = "no-stopwords", "10"
@@ -64,6 +70,9 @@ CLAIM_BOOTSTRAP = 10_000
 EXACT_PERMUTATIONS = 100_000
 RETRIEVAL_ARMS = ("bow", "retromae")
 SPEARMAN_TIERS = ("tier1", "budget", "cdmae")
+#: Seeds per arm the pre-registration fixes for each tier; a row whose inputs have fewer is *pending* (its verdict
+#: so far is kept as ``interim``) unless ``decide_claims(..., seeds=None)``.
+PREREGISTERED_SEEDS = {"tier1": 3, "budget": 1, "scratch": 2, "dupmae": 2, "cdmae": 2, "minilm": 2}
 #: Settings that may differ between Tier 1 and Tier 2c for "CLS+OT vs CLS" to compare the same checkpoints.
 REPRESENTATION_KEYS = ("representation",)
 
@@ -143,6 +152,22 @@ def load_tier(name: str, out: str | Path) -> Tier:
     return Tier(name, out, summarize(out))
 
 
+def read_mlm_gate(path: str | Path) -> dict[str, Any]:
+    """The report of ``pretrieve analyze mlm-accuracy`` (``mlm_accuracy.json``), checked for its accuracy."""
+    path = Path(path)
+    try:
+        report = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise InputError("no such file", path=path, field="scratch-gate") from None
+    except json.JSONDecodeError as exc:
+        raise InputError(f"not JSON ({exc.msg})", path=path, line=exc.lineno, field="scratch-gate") from None
+    accuracy = report.get("accuracy") if isinstance(report, dict) else None
+    if not isinstance(accuracy, (int, float)) or not 0 <= accuracy <= 1:
+        raise InputError("no 'accuracy' in [0, 1]: expected mlm_accuracy.json of `pretrieve analyze "
+                         "mlm-accuracy`", path=path, field="accuracy")
+    return report
+
+
 # -- evidence ---------------------------------------------------------------------------------------------------
 
 def _evidence(tier: Tier, contrast: str, label: str | None = None) -> dict[str, Any] | None:
@@ -150,18 +175,21 @@ def _evidence(tier: Tier, contrast: str, label: str | None = None) -> dict[str, 
     if entry is None:
         return None
     a, b = entry["a"], entry["b"]
-    return {"label": label or f"{a} − {b}", "tier": tier.name, "contrast": contrast, "a": a, "b": b,
+    return {"label": label or f"{a} − {b}", "tier": tier.name, "inputs": [[tier.name, a], [tier.name, b]],
+            "contrast": contrast, "a": a, "b": b,
             "family": entry["family"], "delta": entry["delta"], "ci_low": entry["ci_low"], "ci_high": entry["ci_high"],
             "p_value": entry["p_value"], "p_holm": entry["p_holm"], "mde_holm": entry["mde_holm"],
             "n_queries": entry["n_queries"], "n_seeds": entry["n_seeds"]}
 
 
-def _bootstrap_evidence(label: str, tier: str, x: np.ndarray, y: np.ndarray, strata: Sequence[str] | None,
-                        unit: str, **extra: Any) -> dict[str, Any]:
+def _bootstrap_evidence(label: str, inputs: Sequence[tuple[str, str]], x: np.ndarray, y: np.ndarray,
+                        strata: Sequence[str] | None, unit: str, **extra: Any) -> dict[str, Any]:
     from pretrieve.evaluation.significance import multi_bootstrap
 
     result = multi_bootstrap(x, y, strata, n_boot=CLAIM_BOOTSTRAP)
-    return {"label": label, "tier": tier, "delta": result.delta, "ci_low": result.ci_low, "ci_high": result.ci_high,
+    tier = "+".join(dict.fromkeys(name for name, _ in inputs))
+    return {"label": label, "tier": tier, "inputs": [list(i) for i in inputs], "delta": result.delta,
+            "ci_low": result.ci_low, "ci_high": result.ci_high,
             "p_value": result.p_value, "p_holm": result.p_value, "mde_holm": result.mde(), "unit": unit,
             "n_queries": result.n_queries, "n_seeds": list(result.n_seeds), **extra}
 
@@ -189,33 +217,55 @@ def aa_control(tiers: Mapping[str, Tier], alpha: float) -> dict[str, Any]:
                   "significant, the statistics are wrong and no other row is reported until fixed", verdict, [e])
 
 
-def beats(tiers: Mapping[str, Tier], baseline: str, margin: float, alpha: float) -> dict[str, Any]:
-    """H1 (baseline ``mlm``) and H0 (baseline ``none``)."""
+def scratch_gate(tier: Tier, mlm: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The from-scratch base's gate: held-out MLM accuracy ≥ 0.25 (``mlm``: ``analyze mlm-accuracy``'s report) and
+    ``none`` fine-tuned above 0.10 nDCG@10; ``passed`` is None while either is unknown."""
+    cell = ((tier.summary["methods"].get("none") or {}).get("scores", {}).get(PRIMARY, {}).get(tier.in_domain) or {})
+    accuracy, none = (mlm or {}).get("accuracy"), cell.get("mean")
+    passed = None if accuracy is None or none is None else bool(accuracy >= SCRATCH_ACCURACY and none > SCRATCH_NONE)
+    return {"label": "from-scratch base gate", "tier": tier.name, "accuracy": accuracy, "none_ndcg": none,
+            "passed": passed}
+
+
+def beats(tiers: Mapping[str, Tier], baseline: str, margin: float, alpha: float,
+          mlm_gate: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """H1 (baseline ``mlm``) and H0 (baseline ``none``); ``mlm_gate``: the from-scratch base's held-out MLM
+    accuracy report. A base that fails its gate is too weak to inform: the row is then decided on SPLADE-tiny alone
+    and says so."""
     key, claim = ("h1", "H1 retrieval-oriented pre-training beats further MLM") if baseline == "mlm" else \
         ("h0", "H0 pre-training beats no pre-training")
     rule = (f"confirmed: bow or retromae − {baseline} ≥ +{margin} with Holm p < {alpha} on SPLADE-tiny and the same "
             f"sign with Holm p < {alpha} on the from-scratch base; refuted at this scale: upper CI bound < "
             f"+{margin} for every arm on both bases while the probe shows each arm changed the representation "
-            "(and the probe had stopped rising, or the 6,000-step tier ran); otherwise undecided")
+            "(and the probe had stopped rising, or the 6,000-step tier ran); otherwise undecided. A from-scratch base "
+            f"that fails its gate (held-out MLM accuracy ≥ {SCRATCH_ACCURACY}, `none` fine-tuned > {SCRATCH_NONE}) is "
+            "too weak to inform: the row is then decided on SPLADE-tiny alone and says so")
     first, scratch, budget = tiers.get("tier1"), tiers.get("scratch"), tiers.get("budget")
     primary = {arm: _evidence(first, f"{arm}-{baseline}", f"SPLADE-tiny: {arm} − {baseline}") if first else None
                for arm in RETRIEVAL_ARMS}
     replica = {arm: _evidence(scratch, f"{arm}-{baseline}", f"from scratch: {arm} − {baseline}") if scratch else None
                for arm in RETRIEVAL_ARMS}
     long_run = _evidence(budget, f"bow-{baseline}", f"6,000 steps: bow − {baseline}") if budget else None
-    evidence = [*primary.values(), *replica.values(), long_run]
+    gate = scratch_gate(scratch, mlm_gate) if scratch is not None else None
+    weak = gate is not None and gate["passed"] is False
+    only = " on SPLADE-tiny only (the from-scratch base is too weak to inform)" if weak else ""
+    evidence = [*primary.values(), *replica.values(), long_run, gate]
     notes = []
     if not any(primary.values()):
         return _claim(key, claim, rule, PENDING, evidence, ["Tier 1 has not finished these arms"])
-    for arm in RETRIEVAL_ARMS:
-        p, r = primary[arm], replica[arm]
-        if _gained(p, margin, alpha) and r is not None and r["delta"] > 0 and r["p_holm"] < alpha:
-            return _claim(key, claim, rule, "confirmed", evidence, [f"{arm} on both bases"])
     if scratch is None or replica["bow"] is None:
         return _claim(key, claim, rule, PENDING, evidence, ["the from-scratch base (Tier 2b) has not run"])
+    if gate["passed"] is None:
+        return _claim(key, claim, rule, PENDING, evidence, ["the from-scratch base's gate is unknown: give its "
+                                                            "held-out MLM accuracy (--scratch-gate)"])
+    for arm in RETRIEVAL_ARMS:
+        p, r = primary[arm], replica[arm]
+        if _gained(p, margin, alpha) and (weak or (r is not None and r["delta"] > 0 and r["p_holm"] < alpha)):
+            return _claim(key, claim, rule, "confirmed" + only, evidence, [f"{arm}" + ("" if weak else
+                                                                                       " on both bases")])
     moved = ((first.gate("objectives_move_representation") or {}).get("arms") or {})
     saturated = (first.gate("pre_saturation") or {}).get("passed")
-    compared = [e for e in evidence if e is not None]
+    compared = [e for e in [*primary.values(), *([] if weak else replica.values()), long_run] if e is not None]
     all_below = all(e["ci_high"] < margin for e in compared) and all(primary[arm] for arm in RETRIEVAL_ARMS)
     changed = all((moved.get(arm) or {}).get("moved") for arm in RETRIEVAL_ARMS)
     if not changed:
@@ -223,8 +273,8 @@ def beats(tiers: Mapping[str, Tier], baseline: str, margin: float, alpha: float)
     if saturated is not True and budget is None:
         notes.append("the Tier-1 probe was still rising (or was not probed) and the 6,000-step tier has not run")
         return _claim(key, claim, rule, PENDING if all_below and changed else "undecided", evidence, notes)
-    return _claim(key, claim, rule, "refuted-at-this-scale" if all_below and changed else "undecided", evidence,
-                  notes)
+    return _claim(key, claim, rule, "refuted-at-this-scale" + only if all_below and changed else "undecided",
+                  evidence, notes)
 
 
 def coverage_rises(tiers: Mapping[str, Tier]) -> dict[str, Any]:
@@ -239,8 +289,9 @@ def coverage_rises(tiers: Mapping[str, Tier]) -> dict[str, Any]:
         y = [tier.coverage("mlm", s) for s in seeds]
         if not seeds or any(v is None for v in x + y):
             return _claim("coverage", claim, rule, PENDING, evidence, [f"no coverage of {arm} and mlm yet"])
-        evidence.append(_bootstrap_evidence(f"coverage@10 (no stopwords): {arm} − mlm", tier.name, np.stack(x),
-                                            np.stack(y), None, "passages"))
+        evidence.append(_bootstrap_evidence(f"coverage@10 (no stopwords): {arm} − mlm",
+                                            [(tier.name, arm), (tier.name, "mlm")], np.stack(x), np.stack(y), None,
+                                            "passages"))
     if all(e["delta"] >= COVERAGE_RISE and e["ci_low"] > 0 for e in evidence):
         verdict = "confirmed"
     elif all(e["delta"] <= 0 for e in evidence):
@@ -275,6 +326,7 @@ def coverage_tracks_quality(tiers: Mapping[str, Tier], alpha: float) -> dict[str
     claim = "Coverage tracks retrieval quality"
     first = tiers.get("tier1")
     points: list[dict[str, Any]] = []
+    unfinished: list[str] = []
     seen_none = False
     for name in SPEARMAN_TIERS:
         tier = tiers.get(name)
@@ -282,25 +334,34 @@ def coverage_tracks_quality(tiers: Mapping[str, Tier], alpha: float) -> dict[str
             continue
         for arm in tier.summary["methods"]:
             seed = arm_seeds(arm, tier.settings["seeds"])[0]
-            if seed not in tier.seeds(arm) or (arm_method(arm)[0] == "none" and seen_none):
+            if arm_method(arm)[0] == "none" and seen_none:
                 continue
             coverage, score = tier.coverage(arm, seed), tier.score(arm, seed)
-            if coverage is None or score is None:
+            if seed not in tier.seeds(arm) or coverage is None or score is None:
+                unfinished.append(f"{TIER_TITLES[name]} {arm}")
                 continue
             seen_none = seen_none or arm_method(arm)[0] == "none"
             points.append({"tier": name, "arm": arm, "seed": seed, "coverage": float(coverage.mean()),
                            "ndcg": float(score)})
+    missing = [TIER_TITLES[name] for name in SPEARMAN_TIERS if name not in tiers] + unfinished
     if len(points) < 3:
         return _claim("tracks", claim, rule, PENDING, [], ["fewer than 3 finished checkpoints"])
     x, y = [q["coverage"] for q in points], [q["ndcg"] for q in points]
     if len(set(x)) < 2 or len(set(y)) < 2:
-        return _claim("tracks", claim, rule, "undecided", [], ["coverage or nDCG@10 is the same at every checkpoint: "
-                                                               "no rank correlation"])
-    rho, p = spearman(x, y)
-    verdict = "confirmed" if rho > 0 and p < alpha else "refuted-at-this-scale" if rho <= 0 else "undecided"
-    evidence = {"label": f"Spearman ρ over {len(points)} checkpoints", "tier": "+".join(dict.fromkeys(
-        q["tier"] for q in points)), "rho": rho, "p_value": p, "points": points}
-    return _claim("tracks", claim, rule, verdict, [evidence])
+        verdict, evidence = "undecided", []
+        notes = ["coverage or nDCG@10 is the same at every checkpoint: no rank correlation"]
+    else:
+        rho, p = spearman(x, y)
+        verdict = "confirmed" if rho > 0 and p < alpha else "refuted-at-this-scale" if rho <= 0 else "undecided"
+        evidence = [{"label": f"Spearman ρ over {len(points)} checkpoints", "tier": "+".join(dict.fromkeys(
+            q["tier"] for q in points)), "rho": rho, "p_value": p, "points": points}]
+        notes = []
+    result = _claim("tracks", claim, rule, verdict, evidence, notes)
+    if missing:
+        result.update(interim=verdict, verdict=PENDING)
+        result["notes"].append("interim: not yet over every first-seed checkpoint (missing: " + ", ".join(missing)
+                               + ")")
+    return result
 
 
 def bow_cost(tiers: Mapping[str, Tier], margin: float) -> dict[str, Any]:
@@ -315,6 +376,7 @@ def bow_cost(tiers: Mapping[str, Tier], margin: float) -> dict[str, Any]:
         return _claim("cost", claim, rule, PENDING, [e])
     ratio = speed["bow"] / speed["mlm"]
     cost = {"label": "pre-training samples/s, bow / mlm", "tier": tier.name, "ratio": ratio,
+            "inputs": [[tier.name, "bow"], [tier.name, "mlm"]],
             "samples_per_s": speed}
     verdict = "confirmed" if ratio >= COST_RATIO and e["ci_low"] > -margin else \
         "refuted-at-this-scale" if e["ci_high"] < -margin else "undecided"
@@ -332,7 +394,7 @@ def versus_tsdae(tiers: Mapping[str, Tier], h1: Mapping[str, Any], margin: float
     if e is None:
         return _claim("tsdae", claim, rule, PENDING, [e])
     primary_h1 = any(_gained(x, margin, alpha) for x in h1["evidence"] if x["tier"] == "tier1"
-                     and x["contrast"].endswith("-mlm"))
+                     and x.get("contrast", "").endswith("-mlm"))
     if _gained(e, margin, alpha):
         verdict = "both gain" if primary_h1 else "toolkit lags TSDAE: audit the objectives"
     elif e["ci_high"] < margin and not primary_h1:
@@ -369,7 +431,8 @@ def dupmae_representation(tiers: Mapping[str, Tier], margin: float, alpha: float
         y = np.array([[scores.get(k, 0.0) for k in keys] for scores in y_scores])
         same = [ot.checkpoint_digest("retromae", s) == first.checkpoint_digest("retromae", s)
                 and ot.checkpoint_digest("retromae", s) is not None for s in seeds]
-        representation = _bootstrap_evidence("retromae checkpoints: CLS+OT − CLS", "dupmae+tier1", x, y,
+        representation = _bootstrap_evidence("retromae checkpoints: CLS+OT − CLS",
+                                             [(ot.name, "retromae"), (first.name, "retromae")], x, y,
                                              [k[0] if isinstance(k, tuple) else "all" for k in keys], "queries",
                                              same_checkpoints=all(same), seeds=seeds)
         if not all(same):
@@ -439,10 +502,29 @@ def budget_sensitivity(tiers: Mapping[str, Tier], margin: float, alpha: float) -
     return _claim("budget", "Budget sensitivity: bow − mlm after 6,000 pre-training steps", rule, verdict, [e])
 
 
-def decide_claims(tiers: Mapping[str, Tier], margin: float = 0.02, alpha: float = 0.05) -> dict[str, Any]:
+def _require_seeds(claim: dict[str, Any], tiers: Mapping[str, Tier],
+                   seeds: Mapping[str, int] | None) -> dict[str, Any]:
+    """A row whose inputs have fewer seeds than pre-registered is pending; its verdict so far is kept as
+    ``interim``."""
+    if not seeds or claim["verdict"] == PENDING:
+        return claim
+    short = [f"{TIER_TITLES[name]} {arm}: {len(tiers[name].seeds(arm))} of {seeds[name]} seeds"
+             for e in claim["evidence"] for name, arm in e.get("inputs", [])
+             if len(tiers[name].seeds(arm)) < seeds.get(name, 0)]
+    if short:
+        claim.update(interim=claim["verdict"], verdict=PENDING)
+        claim["notes"].append("interim, fewer seeds than pre-registered: " + "; ".join(dict.fromkeys(short)))
+    return claim
+
+
+def decide_claims(tiers: Mapping[str, Tier], margin: float = 0.02, alpha: float = 0.05,
+                  seeds: Mapping[str, int] | None = PREREGISTERED_SEEDS,
+                  scratch_mlm: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """Every row of the pre-registered decision table, with its evidence; the A/A row alone if that control
-    failed."""
-    aa = aa_control(tiers, alpha)
+    failed. ``seeds``: the seeds per arm each tier needs before a row is decided (``None``: decide with what there
+    is — smoke runs, interim looks). ``scratch_mlm``: ``pretrieve analyze mlm-accuracy``'s report on the
+    from-scratch base (its gate)."""
+    aa = _require_seeds(aa_control(tiers, alpha), tiers, seeds)
     inputs = {name: {"out": str(tier.out), "base": tier.settings.get("base"),
                      "methods": {arm: {"status": entry["status"], "seeds": entry["seeds"]}
                                  for arm, entry in tier.summary["methods"].items()},
@@ -450,14 +532,16 @@ def decide_claims(tiers: Mapping[str, Tier], margin: float = 0.02, alpha: float 
               for name, tier in tiers.items()}
     if aa["verdict"] == "failed":
         return {"margin": margin, "alpha": alpha, "measure": PRIMARY, "inputs": inputs, "withheld": True,
-                "claims": [aa]}
-    h1 = beats(tiers, "mlm", margin, alpha)
-    claims = [h1, beats(tiers, "none", margin, alpha), coverage_rises(tiers), coverage_tracks_quality(tiers, alpha),
-              bow_cost(tiers, margin), versus_tsdae(tiers, h1, margin, alpha),
-              *dupmae_representation(tiers, margin, alpha), pmi_masking(tiers, margin, alpha),
-              budget_sensitivity(tiers, margin, alpha), minilm_gains(tiers, alpha), aa]
+                "seeds_required": dict(seeds or {}), "claims": [aa]}
+    h1 = beats(tiers, "mlm", margin, alpha, scratch_mlm)
+    rows = [h1, beats(tiers, "none", margin, alpha, scratch_mlm), coverage_rises(tiers),
+            coverage_tracks_quality(tiers, alpha),
+            bow_cost(tiers, margin), versus_tsdae(tiers, h1, margin, alpha),
+            *dupmae_representation(tiers, margin, alpha), pmi_masking(tiers, margin, alpha),
+            budget_sensitivity(tiers, margin, alpha), minilm_gains(tiers, alpha)]
+    claims = [_require_seeds(row, tiers, seeds) for row in rows] + [aa]
     return {"margin": margin, "alpha": alpha, "measure": PRIMARY, "inputs": inputs, "withheld": False,
-            "claims": claims}
+            "seeds_required": dict(seeds or {}), "claims": claims}
 
 
 # -- the table --------------------------------------------------------------------------------------------------
@@ -467,6 +551,12 @@ def _signed(value: float) -> str:
 
 
 def _describe(e: Mapping[str, Any]) -> str:
+    if "accuracy" in e:
+        def show(value):
+            return "unknown" if value is None else f"{value:.3f}"
+        verdict = {True: "passed", False: "failed", None: "unknown"}[e["passed"]]
+        return (f"{e['label']}: held-out MLM accuracy {show(e['accuracy'])} (≥ {SCRATCH_ACCURACY}), `none` "
+                f"fine-tuned {show(e['none_ndcg'])} (> {SCRATCH_NONE}): {verdict}")
     if "rho" in e:
         return f"{e['label']}: ρ = {e['rho']:+.3f}, p = {e['p_value']:.3g}"
     if "ratio" in e:
@@ -482,7 +572,8 @@ def claims_markdown(table: Mapping[str, Any]) -> str:
              f"Rules: docs/preregistration.md, section A (margin {table['margin']}, α {table['alpha']}). Evidence: "
              f"{table['measure']} on the in-domain collection pooled over the folds unless said; Δ [95 % interval] "
              "from the paired multi-bootstrap over queries × seeds (stratified by fold), Holm p within the tier's "
-             "declared family, MDE at 80 % power after Holm. *pending*: a tier this row needs has not finished.", ""]
+             "declared family, MDE at 80 % power after Holm. *pending*: a tier this row needs has not finished "
+             "(with fewer seeds than pre-registered, the verdict so far is shown beside it).", ""]
     if table["withheld"]:
         lines += ["**The A/A control is significant: the statistics are wrong, and no other row is reported until "
                   "they are fixed.**", ""]
@@ -490,7 +581,8 @@ def claims_markdown(table: Mapping[str, Any]) -> str:
     for claim in table["claims"]:
         evidence = "<br>".join(_describe(e) for e in claim["evidence"]) or "—"
         notes = "".join(f"<br>*{note}*" for note in claim["notes"])
-        lines.append(f"| {claim['claim']} | {evidence}{notes} | **{claim['verdict']}** |")
+        so_far = f" (so far: {claim['interim']})" if claim.get("interim") else ""
+        lines.append(f"| {claim['claim']} | {evidence}{notes} | **{claim['verdict']}**{so_far} |")
     lines += ["", "## Rules", ""] + [f"* **{c['claim']}** — {c['rule']}." for c in table["claims"]]
     lines += ["", "## Inputs", ""]
     for name, tier in table["inputs"].items():
@@ -514,4 +606,5 @@ def write_claims(table: Mapping[str, Any], prefix: str | Path) -> list[Path]:
     return [md, js]
 
 
-__all__ = ["TIERS", "Tier", "load_tier", "decide_claims", "claims_markdown", "write_claims", "spearman"]
+__all__ = ["TIERS", "Tier", "load_tier", "read_mlm_gate", "decide_claims", "claims_markdown", "write_claims",
+           "spearman"]
