@@ -234,7 +234,7 @@ def test_dupmae_compares_the_same_checkpoints_under_both_representations_only_if
     ot = {("retromae", s): {k: v + 0.03 for k, v in cls[("retromae", s)].items()} for s in (1, 2)}
     digests = {("retromae", 1): "a", ("retromae", 2): "b"}
     tier1 = FakeTier("tier1", [AA_OK], methods={"retromae": {}}, seeds=(1, 2, 3), per_query=cls, digests=digests,
-                     selection={"chosen": {"lr": 3e-4, "epochs": 5}})
+                     selection={"chosen": {"lr": 3e-4, "epochs": 5, "max_steps": 0}})   # as the grid records it
     tier2c = FakeTier("dupmae", [entry("dupmae-retromae", 0.001, 0.01)], methods={"retromae": {}}, seeds=(1, 2),
                       per_query=ot, digests=digests,
                       settings={"finetune": {"lr": 3e-4, "epochs": 5, "representation": "dupmae"}})

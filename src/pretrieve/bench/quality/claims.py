@@ -128,12 +128,13 @@ class Tier:
         return file_digest(path) if path.exists() else None
 
     def finetune(self, arm: str) -> dict[str, Any]:
-        """The fine-tuning settings an arm ran with: base, per-method overrides, then the dev-chosen protocol."""
+        """The fine-tuning settings an arm ran with (as the harness merges them: common, dev-chosen protocol, the
+        arm's own); ``max_steps`` 0 or absent — "train ``epochs``" — is left out, so both spellings compare equal."""
         settings = self.settings
-        method = arm_method(arm)[0]
         chosen = (self.summary.get("selection") or {}).get("chosen") or {}
-        return {**settings.get("finetune", {}), **(settings.get("finetune_per_method") or {}).get(method, {}),
-                **chosen}
+        merged = {**settings.get("finetune", {}), **chosen,
+                  **(settings.get("finetune_per_method") or {}).get(arm_method(arm)[0], {})}
+        return {k: v for k, v in merged.items() if not (k == "max_steps" and not v)}
 
     def gate(self, name: str) -> dict[str, Any] | None:
         return (self.summary.get("gates") or {}).get(name)
