@@ -53,8 +53,9 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from pretrieve.analysis.mlm_accuracy import GATE_ACCURACY
 from pretrieve.bench.quality.arms import arm_method, arm_seeds
-from pretrieve.bench.quality.settings import COVERAGE_FILE, PRIMARY, STATE_FILE, seed_dir
+from pretrieve.bench.quality.settings import COVERAGE_FILE, PRIMARY, STATE_FILE, merged_finetune, seed_dir
 from pretrieve.errors import InputError
 
 TIERS = ("tier1", "budget", "scratch", "dupmae", "cdmae", "minilm")
@@ -62,7 +63,7 @@ TIER_TITLES = {"tier1": "Tier 1 (SPLADE-tiny)", "budget": "Tier 2a (6,000 steps)
                "dupmae": "Tier 2c (CLS+OT)", "cdmae": "Tier 2d (PMI vs random masking)",
                "minilm": "Tier 3 (all-MiniLM-L6-v2, mean)"}
 PENDING = "pending"
-SCRATCH_ACCURACY, SCRATCH_NONE = 0.25, 0.10
+SCRATCH_NONE = 0.10
 COVERAGE_RISE = 0.05
 COST_RATIO = 0.9
 COVERAGE_VARIANT, COVERAGE_K = "no-stopwords", "10"
@@ -110,8 +111,7 @@ class Tier:
         if self._scores is None:
             from pretrieve.bench.quality.summary import Scores
 
-            state = json.loads((self.out / STATE_FILE).read_text(encoding="utf-8"))
-            self._scores = Scores(self.out, state["settings"]["fingerprint"])
+            self._scores = Scores(self.out, self.settings)     # the summary's settings hold the fingerprint
         return self._scores.scores(arm, seed, self.in_domain, PRIMARY)
 
     def coverage(self, arm: str, seed: int) -> np.ndarray | None:
@@ -130,10 +130,8 @@ class Tier:
     def finetune(self, arm: str) -> dict[str, Any]:
         """The fine-tuning settings an arm ran with (as the harness merges them: common, dev-chosen protocol, the
         arm's own); ``max_steps`` 0 or absent — "train ``epochs``" — is left out, so both spellings compare equal."""
-        settings = self.settings
-        chosen = (self.summary.get("selection") or {}).get("chosen") or {}
-        merged = {**settings.get("finetune", {}), **chosen,
-                  **(settings.get("finetune_per_method") or {}).get(arm_method(arm)[0], {})}
+        merged = merged_finetune(self.settings.get("finetune", {}), (self.summary.get("selection") or {}).get("chosen"),
+                                 self.settings.get("finetune_per_method"), arm_method(arm)[0])
         return {k: v for k, v in merged.items() if not (k == "max_steps" and not v)}
 
     def gate(self, name: str) -> dict[str, Any] | None:
@@ -191,7 +189,7 @@ def _bootstrap_evidence(label: str, inputs: Sequence[tuple[str, str]], x: np.nda
     tier = "+".join(dict.fromkeys(name for name, _ in inputs))
     return {"label": label, "tier": tier, "inputs": [list(i) for i in inputs], "delta": result.delta,
             "ci_low": result.ci_low, "ci_high": result.ci_high,
-            "p_value": result.p_value, "p_holm": result.p_value, "mde_holm": result.mde(), "unit": unit,
+            "p_value": result.p_value, "mde": result.mde(), "unit": unit,
             "n_queries": result.n_queries, "n_seeds": list(result.n_seeds), **extra}
 
 
@@ -223,7 +221,7 @@ def scratch_gate(tier: Tier, mlm: Mapping[str, Any] | None) -> dict[str, Any]:
     ``none`` fine-tuned above 0.10 nDCG@10; ``passed`` is None while either is unknown."""
     cell = ((tier.summary["methods"].get("none") or {}).get("scores", {}).get(PRIMARY, {}).get(tier.in_domain) or {})
     accuracy, none = (mlm or {}).get("accuracy"), cell.get("mean")
-    passed = None if accuracy is None or none is None else bool(accuracy >= SCRATCH_ACCURACY and none > SCRATCH_NONE)
+    passed = None if accuracy is None or none is None else bool(accuracy >= GATE_ACCURACY and none > SCRATCH_NONE)
     return {"label": "from-scratch base gate", "tier": tier.name, "accuracy": accuracy, "none_ndcg": none,
             "passed": passed}
 
@@ -239,7 +237,7 @@ def beats(tiers: Mapping[str, Tier], baseline: str, margin: float, alpha: float,
             f"sign with Holm p < {alpha} on the from-scratch base; refuted at this scale: upper CI bound < "
             f"+{margin} for every arm on both bases while the probe shows each arm changed the representation "
             "(and the probe had stopped rising, or the 6,000-step tier ran); otherwise undecided. A from-scratch base "
-            f"that fails its gate (held-out MLM accuracy ≥ {SCRATCH_ACCURACY}, `none` fine-tuned > {SCRATCH_NONE}) is "
+            f"that fails its gate (held-out MLM accuracy ≥ {GATE_ACCURACY}, `none` fine-tuned > {SCRATCH_NONE}) is "
             "too weak to inform: the row is then decided on SPLADE-tiny alone and says so")
     first, scratch, budget = tiers.get("tier1"), tiers.get("scratch"), tiers.get("budget")
     primary = {arm: _evidence(first, f"{arm}-{baseline}", f"SPLADE-tiny: {arm} − {baseline}") if first else None
@@ -430,8 +428,8 @@ def dupmae_representation(tiers: Mapping[str, Tier], margin: float, alpha: float
         keys = sorted(set().union(*x_scores, *y_scores), key=str)
         x = np.array([[scores.get(k, 0.0) for k in keys] for scores in x_scores])
         y = np.array([[scores.get(k, 0.0) for k in keys] for scores in y_scores])
-        same = [ot.checkpoint_digest("retromae", s) == first.checkpoint_digest("retromae", s)
-                and ot.checkpoint_digest("retromae", s) is not None for s in seeds]
+        digests = [(ot.checkpoint_digest("retromae", s), first.checkpoint_digest("retromae", s)) for s in seeds]
+        same = [a is not None and a == b for a, b in digests]
         representation = _bootstrap_evidence("retromae checkpoints: CLS+OT − CLS",
                                              [(ot.name, "retromae"), (first.name, "retromae")], x, y,
                                              [k[0] if isinstance(k, tuple) else "all" for k in keys], "queries",
@@ -556,7 +554,7 @@ def _describe(e: Mapping[str, Any]) -> str:
         def show(value):
             return "unknown" if value is None else f"{value:.3f}"
         verdict = {True: "passed", False: "failed", None: "unknown"}[e["passed"]]
-        return (f"{e['label']}: held-out MLM accuracy {show(e['accuracy'])} (≥ {SCRATCH_ACCURACY}), `none` "
+        return (f"{e['label']}: held-out MLM accuracy {show(e['accuracy'])} (≥ {GATE_ACCURACY}), `none` "
                 f"fine-tuned {show(e['none_ndcg'])} (> {SCRATCH_NONE}): {verdict}")
     if "rho" in e:
         return f"{e['label']}: ρ = {e['rho']:+.3f}, p = {e['p_value']:.3g}"
@@ -565,6 +563,8 @@ def _describe(e: Mapping[str, Any]) -> str:
     text = f"{e['label']}: {_signed(e['delta'])} [{_signed(e['ci_low'])}, {_signed(e['ci_high'])}]"
     if e.get("unit") == "passages":
         return f"{text}, p {e['p_value']:.3g}"
+    if "p_holm" not in e:                          # a single test of its own (not in a tier's Holm family)
+        return f"{text}, p {e['p_value']:.3g}, MDE {e['mde']:.3f}"
     return f"{text}, Holm p {e['p_holm']:.3g}, MDE {e['mde_holm']:.3f}"
 
 

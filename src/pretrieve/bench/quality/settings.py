@@ -187,11 +187,18 @@ class QualityBenchSettings:
                 "select_arm": self.select_arm if self.grid else None, "probe_steps": list(self.probe_steps)}
 
     def finetune_for(self, method: str, chosen: Mapping[str, Any] | None = None) -> dict[str, Any]:
-        """The fine-tuning settings of an arm: the common ones, the protocol chosen on dev, the arm's own."""
-        return {**self.finetune, **(chosen or {}), **self.finetune_per_method.get(method, {})}
+        """The fine-tuning settings of an arm (:func:`merged_finetune`)."""
+        return merged_finetune(self.finetune, chosen, self.finetune_per_method, method)
 
     def arm_seeds(self, arm: str) -> list[int]:
         return arm_seeds(arm, self.seeds)
+
+
+def merged_finetune(common: Mapping[str, Any], chosen: Mapping[str, Any] | None,
+                    per_method: Mapping[str, Mapping[str, Any]] | None, method: str) -> dict[str, Any]:
+    """The fine-tuning settings of an arm whose method is ``method``: the common ones, then the protocol chosen on
+    dev, then the method's own overrides."""
+    return {**common, **(chosen or {}), **(per_method or {}).get(method, {})}
 
 
 SMOKE_METHODS = ("none", "mlm", "bow", "mlm-aa")
