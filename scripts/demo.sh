@@ -2,9 +2,10 @@
 # Set up (if needed) and run the main job: the practitioner recipe configs/scifact-minilm.yaml —
 # all-MiniLM-L6-v2 fine-tuned on SciFact (stage 1 with BM25 negatives → mining → stage 2 with mined negatives),
 # fused with BM25 (model, fusion method and weights chosen on 81 held-out dev queries, scored by cross-fitting),
-# evaluated on SciFact test (in-domain) and Cranfield, MED, LISA, TIME, ADI (zero-shot) beside BM25, the
-# off-the-shelf model and their untrained fusion, with paired t-tests.
-# 1 h 52 min on 2 AVX2-only CPU cores (encoding in fp32; faster where the CPU has native bf16). Output:
+# evaluated on SciFact test (in-domain) and Cranfield (zero-shot) beside BM25, the off-the-shelf model and their
+# untrained fusion, with paired t-tests (the cross-collection check adds MED, LISA, TIME and ADI to the run:
+# `python scripts/experiments/recipe_across_collections.py --include outputs/scifact-minilm`, docs/recipes.md).
+# ≈ 1 h 20 min on 2 AVX2-only CPU cores (encoding in fp32; faster where the CPU has native bf16). Output:
 # outputs/scifact-minilm/ (results.md, results.json, runs/). At the end every number is compared to 4 digits with
 # the run documented in docs/recipes.md (docs/measured/scifact-minilm.results.json, measured on such a CPU).
 # Re-running skips finished stages; an interrupted run resumes where it stopped.

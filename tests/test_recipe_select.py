@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 from safetensors.torch import load_file
 
 from pretrieve.errors import ConfigError
@@ -77,13 +78,37 @@ def test_select_compares_every_candidate_on_dev_and_the_final_row_uses_the_best(
         assert Path(row["run"]).exists()
 
 
-def recipe_defaults():
-    """scripts/experiments/recipe_defaults.py as a module (a script beside its sibling, not a package)."""
+def experiment_script(name: str):
+    """scripts/experiments/NAME.py as a module (a script beside its siblings, not a package)."""
     scripts = Path(__file__).resolve().parents[1] / "scripts" / "experiments"
-    spec = importlib.util.spec_from_file_location("recipe_defaults", scripts / "recipe_defaults.py")
+    spec = importlib.util.spec_from_file_location(name, scripts / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def recipe_defaults():
+    return experiment_script("recipe_defaults")
+
+
+def test_the_cross_collection_check_adds_the_zero_shot_collections_to_the_demos_own_run(tmp_path):
+    """Amendment 7: the shipped recipe, on the demo's output, with one more evaluate stage — every other stage and
+    setting as shipped (so the run's models, dev choice and run files are reused, not recomputed)."""
+    across = experiment_script("recipe_across_collections")
+    shipped = yaml.safe_load(across.RECIPE.read_text())
+    recipe = across.zero_shot_recipe(tmp_path / "demo")
+    assert recipe["out"] == str((tmp_path / "demo").resolve())
+    assert {k: v for k, v in recipe.items() if k not in ("out", "stages")} == \
+        {k: v for k, v in shipped.items() if k not in ("out", "stages")}
+    assert recipe["stages"][:-1] == shipped["stages"]
+    added = recipe["stages"][-1]["evaluate"]
+    assert added["collections"] == ["med", "lisa", "time", "adi"] and added["retrievers"] == ["finetune-s2"]
+    assert added["final"] == "final" and added["compare"] == shipped["stages"][-1]["evaluate"]["compare"]
+    assert not set(added["collections"]) & {c for stage in shipped["stages"] if "evaluate" in stage
+                                              for c in stage["evaluate"]["collections"]}
+    path = tmp_path / "check.yaml"
+    path.write_text(yaml.safe_dump(recipe, sort_keys=False))
+    assert [next(iter(stage)) for stage in load_recipe(path)["stages"]][-2:] == ["evaluate", "evaluate"]
 
 
 def test_choose_prefers_the_best_and_on_a_tie_the_candidate_closest_to_the_off_the_shelf_model():

@@ -4,15 +4,18 @@ Runs ``configs/scifact-minilm.yaml`` with only its data and evaluation collectio
 
 * ``cranfield-a`` / ``cranfield-b``: Cranfield's 225 judged queries halved (seeded, ``pretrieve data halves``);
   fine-tune on one half (its own dev queries carved by the recipe's ``dev:``), test on the other, both ways;
-* the SciFact case and the zero-shot collections (Cranfield, MED, LISA, TIME, ADI) are the recipe itself
-  (``bash scripts/demo.sh``), whose evaluate stage lists them.
+* the SciFact case is the recipe itself (``bash scripts/demo.sh``), whose evaluate stage has SciFact test and
+  zero-shot Cranfield; ``--include`` a finished run of it (e.g. ``outputs/scifact-minilm``) adds the other
+  zero-shot collections (MED, LISA, TIME, ADI) to that run — the shipped recipe plus one evaluate stage, written to
+  ``OUT/scifact-zero-shot.yaml`` with the run's own ``out``, so its models and runs are reused (a run made with
+  other settings is refused, naming the setting that differs) — and its rows to the table.
 
 Each case is an ordinary recipe run (resumable: re-run the same command), written to ``OUT/<case>/``; the
 derived recipes are written beside them (``OUT/<case>.yaml``) so each can be re-run alone with ``pretrieve run``.
 At the end, one table of every case's ``final`` against the untrained RRF of BM25 + the off-the-shelf model (Δ,
 95 % CI, paired t-test p), read from each run's ``results.json``, is printed and written to ``OUT/summary.md``.
 
-    python scripts/experiments/recipe_across_collections.py --out outputs/across   # ≈ 2 × 6 min on 2 cores
+    python scripts/experiments/recipe_across_collections.py --out outputs/across --include outputs/scifact-minilm
 """
 
 from __future__ import annotations
@@ -42,6 +45,21 @@ def derived_recipe(case: str, out: Path) -> dict:
     return recipe
 
 
+# The zero-shot collections of the cross-collection check beyond the recipe's own Cranfield (docs/recipes.md).
+MORE_ZERO_SHOT = ["med", "lisa", "time", "adi"]
+
+
+def zero_shot_recipe(run_dir: Path) -> dict:
+    """The shipped recipe, writing to the finished run ``run_dir``, with one more evaluate stage: zero-shot
+    :data:`MORE_ZERO_SHOT` with BM25, the off-the-shelf model, the stage-2 model and ``final`` (fusion weights and
+    model: the run's SciFact dev choice), and the same paired tests."""
+    recipe = yaml.safe_load(RECIPE.read_text())
+    recipe["out"] = str(run_dir.resolve())
+    evaluate = dict(next(stage for stage in recipe["stages"] if "evaluate" in stage)["evaluate"])
+    recipe["stages"].append({"evaluate": {**evaluate, "collections": MORE_ZERO_SHOT, "retrievers": ["finetune-s2"]}})
+    return recipe
+
+
 PRETRIEVE = str(Path(sys.executable).with_name("pretrieve"))
 
 
@@ -58,12 +76,12 @@ def cranfield_halves(out: Path, seed: int) -> Path:
     return halves
 
 
-def run_recipe(recipe: dict, path: Path, halves: Path) -> None:
+def run_recipe(recipe: dict, path: Path, halves: Path | None) -> None:
     """Write the derived ``recipe`` to ``path`` and run it (resumable); the halves are found through --data-root,
     every other collection as usual."""
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(yaml.safe_dump(recipe, sort_keys=False))
-    run([PRETRIEVE, "run", str(path), "--data-root", str(halves), "--no-progress"])
+    run([PRETRIEVE, "run", str(path), *(["--data-root", str(halves)] if halves else []), "--no-progress"])
 
 
 def write_summary(out: Path, lines: list[str]) -> None:
@@ -109,7 +127,9 @@ def main() -> int:
     for case in args.cases.split(","):
         run_recipe(derived_recipe(case, out), out / f"{case}.yaml", halves)
     cases = [(case, out / case / "results.json") for case in args.cases.split(",")]
-    cases += [(f"scifact ({path})", Path(path) / "results.json") for path in args.include]
+    for index, path in enumerate(args.include):   # the SciFact run(s), with the other zero-shot collections added
+        run_recipe(zero_shot_recipe(Path(path)), out / f"scifact-zero-shot{index or ''}.yaml", None)
+        cases.append((f"scifact ({path})", Path(path) / "results.json"))
     write_summary(out, summary_lines(cases))
     return 0
 
