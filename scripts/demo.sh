@@ -5,7 +5,7 @@
 # evaluated on SciFact test (in-domain) and Cranfield (zero-shot) beside BM25, the off-the-shelf model and their
 # untrained fusion, with paired t-tests (the cross-collection check adds MED, LISA, TIME and ADI to the run:
 # `python scripts/experiments/recipe_across_collections.py --include outputs/scifact-minilm`, docs/recipes.md).
-# ≈ 1 h 20 min on 2 AVX2-only CPU cores (encoding in fp32; faster where the CPU has native bf16). Output:
+# ≈ 1 h 40 min on 2 AVX2-only CPU cores (encoding in fp32; faster where the CPU has native bf16). Output:
 # outputs/scifact-minilm/ (results.md, results.json, runs/). At the end every number is compared to 4 digits with
 # the run documented in docs/recipes.md (docs/measured/scifact-minilm.results.json, measured on such a CPU).
 # Re-running skips finished stages; an interrupted run resumes where it stopped.
