@@ -98,6 +98,19 @@ def test_a_grad_cached_step_gives_the_plain_steps_loss_and_gradients(tmp_path, t
         assert torch.allclose(plain[name], cached[name], atol=1e-5), (name, (plain[name] - cached[name]).abs().max())
 
 
+def test_under_bf16_autocast_the_scores_and_loss_are_float32(tmp_path, tokenizer):
+    """Autocast would run the score matmul in bf16 (a bf16 score matrix is coarse at τ = 0.05); the loss must
+    score the representations in fp32, i.e. equal the loss of the same representations without autocast."""
+    model = make_model(tmp_path, tokenizer)
+    batch = make_batch(tokenizer, queries=4, group=4)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        q, p = model.encode_batch(batch, "query"), model.encode_batch(batch, "passage")
+        loss, _ = model.loss(q, p, batch)
+    assert loss.dtype == torch.float32
+    reference, _ = model.loss(q.detach().float(), p.detach().float(), batch)
+    assert float(loss) == pytest.approx(float(reference), abs=1e-6)   # bf16 scores: off by 3e-5 here
+
+
 def test_the_re_forward_replays_each_sub_batchs_dropout(tmp_path, tokenizer):
     model = make_model(tmp_path, tokenizer, dropout=0.3)
     model.train()

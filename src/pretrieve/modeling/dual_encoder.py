@@ -288,7 +288,16 @@ class DualEncoder(nn.Module):
     def loss(self, q: Tensor, p: Tensor, batch: Mapping[str, Tensor]) -> tuple[Tensor, dict[str, Tensor]]:
         """The fine-tuning loss of query and passage representations ``q`` ``[B, ·]`` / ``p`` ``[B·G, ·]`` (teacher
         scores, when present, from ``batch``); split from :meth:`forward` so that gradient caching
-        (:mod:`pretrieve.train.grad_cache`) can compute it on cached representations."""
+        (:mod:`pretrieve.train.grad_cache`) can compute it on cached representations.
+
+        Scores and loss are computed in float32 with autocast off, whatever the training precision: under bf16 /
+        fp16 autocast the representations come out in half precision, and a half-precision score matrix is too
+        coarse for a small temperature (bf16 resolves 2^-8 near 1, a twelfth of a logit at τ = 0.05). In fp32
+        nothing changes (``.float()`` of a float32 tensor is the tensor itself)."""
+        with torch.autocast(device_type=q.device.type, enabled=False):
+            return self._loss(q.float(), p.float(), batch)
+
+    def _loss(self, q: Tensor, p: Tensor, batch: Mapping[str, Tensor]) -> tuple[Tensor, dict[str, Tensor]]:
         options = self.representation.loss_options()
         temperature = self.representation.temperature
         settings = self.loss_config
