@@ -5,7 +5,8 @@
 # evaluated on SciFact test (in-domain) and Cranfield (zero-shot) beside BM25, the off-the-shelf model and their
 # untrained fusion, with paired t-tests (the cross-collection check adds MED, LISA, TIME and ADI to the run:
 # `python scripts/experiments/recipe_across_collections.py --include outputs/scifact-minilm`, docs/recipes.md).
-# ≈ 1 h 40 min on 2 AVX2-only CPU cores (encoding in fp32; faster where the CPU has native bf16). Output:
+# 21 min from a fresh clone on 2 CPU cores with AVX512-BF16 (training and encoding in bf16 autocast); a CPU
+# without native bf16 runs both in fp32: ≈ 1 h 10 min on 2 AVX2-only cores (estimated from its stage times). Output:
 # outputs/scifact-minilm/ (results.md, results.json, runs/). At the end every number is compared to 4 digits with
 # the run documented in docs/recipes.md (docs/measured/scifact-minilm.results.json, measured on such a CPU).
 # Re-running skips finished stages; an interrupted run resumes where it stopped.
@@ -21,6 +22,6 @@ bash scripts/setup.sh
 cat outputs/scifact-minilm/results.md
 .venv/bin/python scripts/experiments/compare_measured.py outputs/scifact-minilm/results.json \
   docs/measured/scifact-minilm.results.json \
-  || echo "demo: some numbers differ from the documented run (expected where the CPU computes bf16 natively)"
+  || echo "demo: some numbers differ from the documented run (expected on a CPU without native bf16, which trains and encodes in fp32)"
 echo "demo: ${SECONDS} s wall; CPU time (user, system) of this shell and of its children:"
 times

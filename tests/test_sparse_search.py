@@ -236,7 +236,14 @@ def test_index_holds_the_encoder_outputs_and_every_mode_searches_it(hybrid_dir, 
     hybrid = shard_searcher(index, SearchOptions(), "hybrid")                    # α·dense + β·sparse, one shard
     whole_block = hybrid.search(q, 30)
     hybrid.block_elements = 1                                                   # one query per score block
-    assert np.array_equal(hybrid.search(q, 30)[1], whole_block[1])
+    one = hybrid.search(q, 30)
+    # the same scores and ranking up to float rounding: score blocks of other shapes round differently on some CPUs
+    # (AVX512), so two passages whose scores tie to 1e-6 may swap places, and nothing else may
+    np.testing.assert_allclose(one[0], whole_block[0], rtol=1e-6)
+    scores = whole_block[0]
+    for query, position in zip(*np.nonzero(one[1] != whole_block[1])):
+        neighbours = scores[query, max(position - 1, 0):position + 2]
+        assert np.sum(np.isclose(neighbours, scores[query, position], rtol=1e-6)) >= 2, (query, position)
     stored = storage(index)
     assert stored["dense_bytes"] == 32 * 4
     assert stored["sparse_bytes"] == pytest.approx(encoded["sparse"].nnz / len(corpus) * (4 + 2) + 4 * 301 / 300)
