@@ -8,7 +8,8 @@ computes it natively (a CUDA device with bf16 support; a CPU with AVX512-BF16 or
 *slower* than fp32, which is why ``auto`` never picks it there.
 
 :func:`resolve_precision` turns a name into the one to run on a device (refusing ``int8`` off the CPU and, with
-``training=True``, at all: a quantised model has no gradients); :func:`autocast` is its context.
+``training=True``, at all: a quantised model has no gradients); :func:`autocast` is its context;
+:func:`full_precision` upcasts half-precision values for the losses (softmax, scores at a small temperature).
 """
 
 from __future__ import annotations
@@ -117,3 +118,8 @@ class MixedPrecision:
             return
         self.scaler.step(optimizer)
         self.scaler.update()
+
+
+def full_precision(x: torch.Tensor) -> torch.Tensor:
+    """Upcast fp16/bf16 values to float32 for softmax-based losses (float32/float64 are kept)."""
+    return x.float() if x.dtype in (torch.float16, torch.bfloat16) else x

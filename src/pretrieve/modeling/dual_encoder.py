@@ -50,6 +50,7 @@ from pretrieve.io_utils import write_json
 from pretrieve.modeling.encoder import Encoder
 from pretrieve.modeling.losses import combined_distillation_loss, contrastive_loss, group_scores
 from pretrieve.modeling.mote import is_mote_checkpoint
+from pretrieve.precision import full_precision
 from pretrieve.modeling.representations import DenseRepresentation, Representation, representation_from_config
 
 TEXT_TYPES = ("query", "passage")
@@ -295,7 +296,7 @@ class DualEncoder(nn.Module):
         resolves 2^-8 near 1: 0.08 of a logit at τ = 0.05). Half-precision representations are upcast to float32;
         float32 and float64 ones are used as they are, so in fp32 nothing changes."""
         with torch.autocast(device_type=q.device.type, enabled=False):
-            return self._loss(_at_least_float32(q), _at_least_float32(p), batch)
+            return self._loss(full_precision(q), full_precision(p), batch)
 
     def _loss(self, q: Tensor, p: Tensor, batch: Mapping[str, Tensor]) -> tuple[Tensor, dict[str, Tensor]]:
         options = self.representation.loss_options()
@@ -400,8 +401,3 @@ def _tower_class(kind: str) -> type[Tower]:
     if kind not in TOWERS:
         raise ConfigError(f"unknown tower kind '{kind}' (known: {', '.join(sorted(TOWERS))})")
     return TOWERS[kind]
-
-
-def _at_least_float32(tensor: Tensor) -> Tensor:
-    """``tensor`` in float32 if it is in a half-precision type, else as it is (float64 stays float64)."""
-    return tensor.float() if tensor.dtype in (torch.float16, torch.bfloat16) else tensor

@@ -50,6 +50,7 @@ from torch import Tensor
 
 from pretrieve.errors import ConfigError
 from pretrieve.modeling.distributed import gather_with_grad, is_distributed, scale_grad, world_size
+from pretrieve.precision import full_precision
 
 Similarity = Literal["dot", "cos"]
 SIMILARITIES: tuple[str, ...] = ("dot", "cos")
@@ -296,8 +297,7 @@ def _in_batch_infonce(scores: Tensor, group_size: int, temperature: float) -> Te
 
 def _as_logits(scores: Tensor, temperature: float) -> Tensor:
     """``scores / temperature``, in float32 at least (a log-sum-exp in fp16/bf16 loses the small terms)."""
-    if scores.dtype in (torch.float16, torch.bfloat16):
-        scores = scores.float()
+    scores = full_precision(scores)
     return scores / temperature if temperature != 1 else scores
 
 

@@ -46,12 +46,12 @@ import inspect
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from pretrieve.errors import ConfigError
 from pretrieve.modeling.encoder import Encoder, EncoderOutput
+from pretrieve.precision import full_precision
 
 
 BOTTLENECKS = ("cls", "mean")
@@ -162,7 +162,3 @@ def token_prediction_loss(encoder: Encoder, hidden: Tensor, labels: Tensor) -> t
     logits = encoder.mlm_logits(hidden[selected])
     return F.cross_entropy(full_precision(logits), labels[selected]), count
 
-
-def full_precision(x: Tensor) -> Tensor:
-    """Upcast fp16/bf16 values to float32 for softmax-based losses (float32/float64 are kept)."""
-    return x.float() if x.dtype in (torch.float16, torch.bfloat16) else x

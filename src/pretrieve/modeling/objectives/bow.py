@@ -33,7 +33,8 @@ import torch
 from torch import Tensor
 
 from pretrieve.modeling.encoder import Encoder, EncoderOutput
-from pretrieve.modeling.objectives.base import Objective, ObjectiveOutput, bottleneck, full_precision, register_objective
+from pretrieve.modeling.objectives.base import Objective, ObjectiveOutput, bottleneck, register_objective
+from pretrieve.precision import full_precision
 
 PROGRESS = "training_progress"
 """Batch key of ``step / total_steps`` (put there by :class:`pretrieve.train.loop.StepBatches`)."""

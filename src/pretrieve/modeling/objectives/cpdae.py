@@ -73,8 +73,9 @@ from torch import Tensor, nn
 
 from pretrieve.errors import ConfigError, InputError
 from pretrieve.modeling.encoder import Encoder, EncoderOutput
-from pretrieve.modeling.objectives.base import (Objective, ObjectiveOutput, bottleneck, full_precision,
-                                                register_objective, token_prediction_loss)
+from pretrieve.modeling.objectives.base import (Objective, ObjectiveOutput, bottleneck, register_objective,
+                                                token_prediction_loss)
+from pretrieve.precision import full_precision
 from pretrieve.modeling.objectives.decoder_layers import LayerShape
 
 CONTRASTS = ("js", "dense", "none")

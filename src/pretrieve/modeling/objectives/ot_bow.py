@@ -47,9 +47,9 @@ from torch import Tensor
 
 from pretrieve.errors import ConfigError
 from pretrieve.modeling.encoder import Encoder, EncoderOutput
-from pretrieve.modeling.objectives.base import (Objective, ObjectiveOutput, full_precision, positive_int,
-                                                register_objective)
+from pretrieve.modeling.objectives.base import Objective, ObjectiveOutput, positive_int, register_objective
 from pretrieve.modeling.objectives.bow import bow_cross_entropy
+from pretrieve.precision import full_precision
 
 OT_BOW_VARIANTS = ("paper", "code")
 DEFAULT_CHUNK_ELEMENTS = 1 << 26
