@@ -1,0 +1,179 @@
+"""``pretrieve bench quality | claims``: the retrieval-quality comparison and the claims benchmark's decision table.
+
+``bench quality`` trains. It calls :func:`pretrieve.bench.quality.run.run_quality_bench` (every method pre-trained
+at the same budget, fine-tuned the same way, evaluated on every ``--eval`` collection, over seeds; resumable) and
+writes ``results.md`` / ``results.json`` / ``results.png`` into ``--out``; the markdown is also printed.
+``--report-only`` recomputes the report from the saved records of ``--out``. ``bench claims`` applies the
+pre-registered decision rules to several such comparisons (:mod:`pretrieve.bench.quality.claims`).
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from pretrieve.bench.quality.arms import DEFAULT_METHODS as DEFAULT_QUALITY_METHODS
+from pretrieve.cli.bench import _numbers, _quiet_logging, _set_threads, _split, bench_app, err
+from pretrieve.errors import InputError
+
+@bench_app.command("quality")
+def bench_quality_command(
+    out: Path = typer.Option(..., help="Directory of the comparison (bench.json, one folder per method, results.*). "
+                             "Rerun the same command to resume."),
+    base: str = typer.Option("splade-tiny", help="Starting checkpoint of every method: path or offline alias."),
+    methods: Optional[str] = typer.Option(None, help="Comma-separated presets, plus 'none' (no pre-training: the "
+                                          "base model is fine-tuned) and NAME-aa (an A/A control: NAME with other "
+                                          "seeds).", show_default=",".join(DEFAULT_QUALITY_METHODS)
+                                          + "; with --smoke none,mlm,bow,mlm-aa"),
+    pretrain_data: Optional[str] = typer.Option(None, "--pretrain-data", help="Pre-training corpus: BEIR dir / "
+                                                "JSONL / text, or a collection name; comma-separate several to "
+                                                "pre-train on their union", show_default="--train"),
+    train: Optional[str] = typer.Option(None, "--train", help="Fine-tuning collection (BEIR, its splits make the "
+                                        "folds); required unless --report-only."),
+    eval_: Optional[list[str]] = typer.Option(None, "--eval", help="Evaluation collection; repeat (or comma-separate) "
+                                              "for several: the training collection is in-domain (pooled over the "
+                                              "folds), the others zero-shot.", show_default="--train"),
+    folds: str = typer.Option("train:test", "--folds", help="Comma-separated TRAIN:TEST splits of the training "
+                              "collection: fine-tune on the first, evaluate on the second (cross-fitting: "
+                              "train:test,test:train)."),
+    dev_queries: int = typer.Option(100, "--dev-queries", min=0, help="Training queries held out of every fold "
+                                    "(seeded), used only to choose the fine-tuning protocol."),
+    dev_seed: int = typer.Option(0, "--dev-seed", help="Seed of the dev draw."),
+    grid_lr: Optional[str] = typer.Option(None, "--grid-lr", help="Fine-tuning learning rates searched on dev "
+                                          "(comma-separated, e.g. 5e-5,1e-4,3e-4); with --grid-epochs."),
+    grid_epochs: Optional[str] = typer.Option(None, "--grid-epochs", help="Fine-tuning epochs searched on dev "
+                                              "(comma-separated, e.g. 2,5,10)."),
+    select_arm: str = typer.Option("mlm", "--select-arm", help="The arm whose first seed and fold choose the "
+                                   "protocol on dev."),
+    contrasts: Optional[str] = typer.Option(None, "--contrasts", help="The declared contrasts, comma-separated A-B; "
+                                            "FAMILY:A-B puts one in a Holm family of that name (default: "
+                                            "primary), e.g. bow-mlm,mlm-none,anchor:tsdae-mlm,aa:mlm-aa-mlm; "
+                                            "multi-bootstrap + Holm within each family",
+                                            show_default="the arms' subset of bow-mlm, retromae-mlm, bow-none, "
+                                                         "retromae-none, mlm-none"),
+    margin: float = typer.Option(0.02, "--margin", help="Non-inferiority / decision margin of a contrast's Δ."),
+    bootstrap: int = typer.Option(10_000, "--bootstrap", min=100, help="Multi-bootstrap resamples."),
+    probe_steps: Optional[str] = typer.Option(None, "--probe-steps", help="Pre-training steps (comma-separated, e.g. "
+                                              "100,300,600) at which each arm's first seed is probed: [CLS] "
+                                              "retrieval without fine-tuning and coverage; gates in bench.json."),
+    budget: Optional[int] = typer.Option(None, "--budget", min=1, help="Pre-training steps of every method",
+                                         show_default="100; 30 with --quick; minilm-like bases 40"),
+    seeds: int = typer.Option(1, "--seeds", min=1, help="Repetitions: seeds --seed, --seed+1, ..."),
+    seed: int = typer.Option(42, "--seed", help="First seed."),
+    quick: bool = typer.Option(False, "--quick", help="Small budget for a first look (30 pre-training steps × 16, "
+                               "30 fine-tuning steps × 16)."),
+    batch_size: Optional[int] = typer.Option(None, min=1, help="Pre-training batch size",
+                                            show_default="32; 16 quick or minilm-like bases"),
+    max_len: Optional[int] = typer.Option(None, min=8, help="Pre-training max length", show_default="144; 128 quick"),
+    lr: Optional[float] = typer.Option(None, help="Pre-training learning rate",
+                                       show_default="3e-4; 5e-5 for minilm-like bases"),
+    pretrain_overrides: Optional[str] = typer.Option(
+        None, "--pretrain", help="Pre-training overrides of every arm: a YAML/JSON file (keys of `pretrieve pretrain "
+        "--config`) or key=value,key=value, e.g. bottleneck=mean (the objectives read the mean-pooled vector a "
+        "mean-pooled retriever uses; docs/methods.md)."),
+    finetune: Optional[str] = typer.Option(None, help="Stage-1 fine-tuning overrides: a YAML/JSON file (keys of "
+                                           "`pretrieve finetune --config`, plus 'methods: {NAME: {...}}' per method) "
+                                           "or key=value,key=value."),
+    split: str = typer.Option("test", help="Qrels split of the zero-shot collections."),
+    depth: int = typer.Option(1000, min=100, help="Retrieved passages per query."),
+    coverage_texts: int = typer.Option(300, min=1, help="Passages of the coverage sample (the first N of the "
+                                       "pre-training corpus)."),
+    alpha: float = typer.Option(0.05, help="Significance level (bootstrap intervals, Holm, t-tests)."),
+    retry_failed: bool = typer.Option(False, "--retry-failed", help="Run again the method × seeds that failed."),
+    keep_checkpoints: bool = typer.Option(False, "--keep-checkpoints", help="Keep training checkpoints of "
+                                          "finished runs (final models and runs are always kept)."),
+    report_only: bool = typer.Option(False, "--report-only", help="Only recompute results.* from the saved runs."),
+    smoke: bool = typer.Option(False, "--smoke", help="The same comparison on a tiny random model and a synthetic "
+                               "collection with budgets of a few steps: checks the whole harness in under a minute "
+                               "(numbers meaningless; --base, --train, --eval, --pretrain-data and budgets ignored)."),
+    progress: bool = typer.Option(False, "--progress/--no-progress", help="Progress bars of each stage."),
+    threads: Optional[int] = typer.Option(None, help="torch intra-op threads (default: torch's choice)."),
+) -> None:
+    """Retrieval quality per pre-training method at an equal budget (Drop your Decoder, Ma et al. 2024, Tables 5/6),
+    cross-fitted, with a dev-chosen fine-tuning protocol, coverage and multi-bootstrap contrasts (issue #20)."""
+    from pretrieve.bench.quality import report, run, settings as quality
+
+    _quiet_logging()
+    _set_threads(threads)
+    if report_only:
+        from pretrieve.bench.quality.summary import summarize
+
+        summary = summarize(out)
+        paths = report.write_report(out, summary)
+    else:
+        if train is None and not smoke:
+            raise InputError("give --train DIR (the fine-tuning collection)", field="train")
+        pretrain, finetune_defaults = quality.defaults_for_base(base, quick)
+        pretrain.update(quality.parse_overrides(pretrain_overrides, "--pretrain"))
+        for key, value in (("max_steps", budget), ("batch_size", batch_size), ("max_len", max_len), ("lr", lr)):
+            if value is not None:
+                pretrain[key] = value
+        finetune_values, per_method = quality.split_finetune_overrides(
+            quality.parse_overrides(finetune, "finetune"), "--finetune")
+        grid = {key: tuple(_numbers(text, f"grid-{key}")) for key, text in (("lr", grid_lr), ("epochs", grid_epochs))
+                if text}
+        settings = quality.QualityBenchSettings(
+            base=base, train=train or "", out=str(out),
+            methods=tuple(_split(methods, "method")) if methods else DEFAULT_QUALITY_METHODS,
+            pretrain_data=tuple(_split(pretrain_data, "pretrain-data")) if pretrain_data else None,
+            eval=tuple(e for entry in eval_ or [] for e in _split(entry, "eval")),
+            seeds=tuple(range(seed, seed + seeds)), pretrain=pretrain,
+            finetune={**finetune_defaults, **finetune_values},
+            finetune_per_method=per_method, split=split, depth=depth, coverage_texts=coverage_texts, alpha=alpha,
+            folds=tuple(_split(folds, "folds")), dev_queries=dev_queries, dev_seed=dev_seed, grid=grid,
+            select_arm=select_arm, contrasts=tuple(_split(contrasts, "contrast")) if contrasts else (),
+            margin=margin, bootstrap=bootstrap,
+            probe_steps=tuple(int(v) for v in _numbers(probe_steps, "probe-steps")) if probe_steps else (),
+            retry_failed=retry_failed, keep_checkpoints=keep_checkpoints, show_progress=progress)
+        if smoke:
+            settings = quality.smoke_settings(settings, explicit_methods=methods is not None)
+        started = time.perf_counter()
+        summary = run.run_quality_bench(settings, progress=lambda line: err.print(line, highlight=False,
+                                                                                  markup=False))
+        err.print(f"[bench quality] {time.perf_counter() - started:.0f} s", highlight=False)
+        paths = [Path(out) / name for name in ("results.md", "results.json", "results.png")]
+    typer.echo(report.results_markdown(summary))
+    err.print("wrote " + ", ".join(str(p) for p in paths), highlight=False, markup=False)
+
+
+@bench_app.command("claims")
+def bench_claims_command(
+    tier1: Optional[Path] = typer.Option(None, "--tier1", help="Tier 1's comparison (SPLADE-tiny: none, mlm, bow, "
+                                         "retromae, tsdae, mlm-aa; probes)."),
+    budget: Optional[Path] = typer.Option(None, "--budget", help="Tier 2a's comparison (mlm vs bow at 6,000 steps)."),
+    scratch: Optional[Path] = typer.Option(None, "--scratch", help="Tier 2b's comparison (the from-scratch base)."),
+    dupmae: Optional[Path] = typer.Option(None, "--dupmae", help="Tier 2c's comparison (retromae and dupmae under "
+                                          "CLS+OT)."),
+    cdmae: Optional[Path] = typer.Option(None, "--cdmae", help="Tier 2d's comparison (cdmae vs cdmae-random)."),
+    minilm: Optional[Path] = typer.Option(None, "--minilm", help="Tier 3's comparison (all-MiniLM-L6-v2, mean "
+                                          "bottleneck)."),
+    scratch_gate: Optional[Path] = typer.Option(None, "--scratch-gate", help="The from-scratch base's held-out MLM "
+                                                "accuracy: mlm_accuracy.json of `pretrieve analyze mlm-accuracy`."),
+    margin: float = typer.Option(0.02, "--margin", help="The pre-registered margin."),
+    alpha: float = typer.Option(0.05, "--alpha", help="The pre-registered significance level."),
+    any_seeds: bool = typer.Option(False, "--any-seeds", help="Decide with the seeds each tier has (smoke runs, "
+                                   "interim looks); by default a row whose arms have fewer seeds than "
+                                   "pre-registered (Tier 1: 3, Tier 2a: 1, other tiers: 2) is pending."),
+    out: Optional[Path] = typer.Option(None, "--out", help="Write the table to FILE.md and FILE.json (atomically)."),
+) -> None:
+    """The claims benchmark's decision table (issue #20): docs/preregistration.md's rules applied to the tiers'
+    `bench quality` comparisons, each recomputed from its saved runs; rows whose tiers have not finished are
+    pending."""
+    from pretrieve.bench.quality import claims
+
+    given = {"tier1": tier1, "budget": budget, "scratch": scratch, "dupmae": dupmae, "cdmae": cdmae,
+             "minilm": minilm}
+    if not any(given.values()):
+        raise InputError("give at least one tier's comparison directory, e.g. --tier1 DIR", field="tier1")
+    _quiet_logging()
+    gate = claims.read_mlm_gate(scratch_gate) if scratch_gate is not None else None
+    tiers = {name: claims.load_tier(name, path) for name, path in given.items() if path is not None}
+    table = claims.decide_claims(tiers, margin=margin, alpha=alpha,
+                                 seeds=None if any_seeds else claims.PREREGISTERED_SEEDS, scratch_mlm=gate)
+    typer.echo(claims.claims_markdown(table))
+    if out is not None:
+        paths = claims.write_claims(table, out)
+        err.print("wrote " + ", ".join(str(p) for p in paths), highlight=False, markup=False)
