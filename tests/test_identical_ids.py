@@ -65,3 +65,59 @@ def test_ignore_identical_ids_names_collections_the_stage_evaluates():
         validate_recipe(recipe)
     recipe["stages"][0]["evaluate"]["ignore_identical_ids"] = ["argu"]
     validate_recipe(recipe)
+
+
+# A hand-made run: each query's own id ranks first (q1) or second (q2); the relevant documents are d1 and d4.
+HAND_RUN = {"q1": {"q1": 3.0, "d1": 2.0, "d2": 1.0}, "q2": {"d3": 3.0, "q2": 2.0, "d4": 1.0}}
+HAND_QRELS = {"q1": {"d1": 1}, "q2": {"d4": 1}}
+# Computed by hand. As scored: d1 at rank 2 (RR 1/2, nDCG 1/log2 3), d4 at rank 3 (RR 1/3, nDCG 1/log2 4 = 1/2).
+# Without each query's own id (BEIR): d1 at rank 1 (RR 1, nDCG 1), d4 at rank 2 (RR 1/2, nDCG 1/log2 3).
+LOG2_3 = 1.584962500721156
+KEPT = {"MRR@10": (1 / 2 + 1 / 3) / 2, "nDCG@10": (1 / LOG2_3 + 1 / 2) / 2}
+DROPPED = {"MRR@10": (1 + 1 / 2) / 2, "nDCG@10": (1 + 1 / LOG2_3) / 2}
+
+
+def test_dropping_identical_ids_matches_a_hand_computation():
+    for ignore, expected in ((False, KEPT), (True, DROPPED)):
+        got = evaluate(HAND_QRELS, HAND_RUN, list(expected), ignore_identical_ids=ignore).aggregate
+        assert got == pytest.approx(expected, abs=1e-9)
+
+
+def write_hand_collection(root: Path) -> Path:
+    root.mkdir(parents=True)
+    docs = ["q1", "q2", "d1", "d2", "d3", "d4"]
+    (root / "corpus.jsonl").write_text("".join(json.dumps({"_id": d, "title": "", "text": f"text {d}"}) + "\n"
+                                               for d in docs))
+    (root / "queries.jsonl").write_text("".join(json.dumps({"_id": q, "text": f"text {q}"}) + "\n" for q in HAND_QRELS))
+    (root / "qrels").mkdir()
+    (root / "qrels" / "test.tsv").write_text("query-id\tcorpus-id\tscore\n" + "".join(
+        f"{q}\t{d}\t{g}\n" for q, docs_ in HAND_QRELS.items() for d, g in docs_.items()))
+    return root
+
+
+@pytest.mark.parametrize("ignored, dropped", [(True, {"one", "two"}), (["two"], {"two"}), (False, set())])
+def test_ignore_identical_ids_true_scores_every_collection_of_the_stage_as_beir(tmp_path, monkeypatch, ignored,
+                                                                                dropped):
+    """``ignore_identical_ids: true`` is BEIR's default for every dataset; a list names collections; false: none."""
+    from pretrieve.data.trec import write_run
+    from pretrieve.recipe.stages import evaluate as evaluate_stage
+
+    def hand_run(state, collection, split, depth):   # the stage scores this run instead of searching BM25
+        path = state.run_path("bm25", collection.root, split)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_run(HAND_RUN, path)
+        return path
+
+    monkeypatch.setattr(evaluate_stage, "bm25_run", hand_run)
+    data = {name: write_hand_collection(tmp_path / name) for name in ("one", "two")}
+    recipe = {"out": "o", "model": "m", "data": "one",
+              "stages": [{"evaluate": {"zero_shot": True, "collections": ["one", "two"],
+                                       "ignore_identical_ids": ignored}}]}
+    validate_recipe(recipe)   # true/false are accepted besides a list of names
+    state = RunState(recipe={"data": "one"}, out=tmp_path / "out", data=data["one"], base_model="m", collections=data)
+    options = {"collections": ["one", "two"], "bm25": True, "measures": ["MRR@10", "nDCG@10"],
+               "ignore_identical_ids": ignored}
+    scored = {row["collection"]: row for row in stage_evaluate(state, options, "evaluate", False)}
+    for name in ("one", "two"):
+        expected = DROPPED if name in dropped else KEPT
+        assert {m: scored[name][m] for m in expected} == {m: round(v, 4) for m, v in expected.items()}

@@ -28,8 +28,9 @@ Conventions (chosen to match ``pytrec_eval`` / BEIR's ``EvaluateRetrieval.evalua
   ``pytrec_eval`` are therefore first re-scored with ``trec_eval``'s ranking (:func:`trec_eval_ranking`),
   so every measure sees the same ranking.
 * ``ignore_identical_ids`` (off by default) drops documents whose id equals the query id, as BEIR's
-  ``evaluate`` does by default for ArguAna/Quora. It is wrong for collections whose query and document
-  ids are unrelated numbers (Cranfield), hence opt-in.
+  ``EvaluateRetrieval.evaluate`` does by default (``ignore_identical_ids=True``) for every dataset; it matters
+  where queries are documents of the corpus (ArguAna, Quora). It is wrong for collections whose query and
+  document ids are unrelated numbers (MS MARCO, Cranfield), hence opt-in.
 """
 
 from __future__ import annotations

@@ -10,8 +10,11 @@ R@50, R@1000], "msmarco:test": [nDCG@10, "R(rel=2)@1000"]}``; ``(rel=2)`` counts
 (``paper``). Retrievers fine-tuned with the sparse/hybrid representation get one row per search mode with ``modes``
 (``finetune-s1-sparse``, …). With ``final`` and ``compare``, the final row is tested (nDCG@10 per query, paired
 two-sided t-tests) against each named row, and ``results.md`` closes with which row to use. ``ignore_identical_ids``
-names the collections (ArguAna, Quora) whose runs are scored as BEIR scores them: a query's own document (the same
-id) is dropped from its ranking (:func:`pretrieve.evaluation.metrics.drop_identical_ids`).
+names the collections whose runs are scored as BEIR scores them: a query's own document (the same id) is dropped
+from its ranking (:func:`pretrieve.evaluation.metrics.drop_identical_ids`); ``true`` applies it to every collection
+of the stage, as BEIR's ``EvaluateRetrieval.evaluate`` does by default (``ignore_identical_ids=True``) for every
+dataset — the protocol of the papers' BEIR tables. Keep it off for collections whose query and document ids are
+unrelated numbers (MS MARCO, Cranfield): there it would drop documents that merely share a number.
 """
 
 from __future__ import annotations
@@ -54,7 +57,7 @@ class EvaluateOptions:
     final: str | None = None      # the row to use: paired t-tests against 'compare' and a closing paragraph
     compare: list[str] = field(default_factory=list)
     measures: list[str] | dict[str, list[str]] | None = None   # default RESULT_MEASURES; a mapping: per collection
-    ignore_identical_ids: list[str] = field(default_factory=list)   # collections scored without a query's own id
+    ignore_identical_ids: bool | list[str] = field(default_factory=list)   # collections (true: all) without own id
 
 
 def check_evaluate(options: dict[str, Any], where: str) -> None:
@@ -92,7 +95,8 @@ def needs(options: Mapping[str, Any], recipe: Mapping[str, Any], given: Mapping[
             if not any(same_collection(key, entry, options) for entry in entries):
                 raise ConfigError(f"{where}.measures.{key}: not a collection this stage evaluates "
                                   f"({', '.join(entries)})")
-    for index, key in enumerate(options.get("ignore_identical_ids") or []):
+    ignored = options.get("ignore_identical_ids")
+    for index, key in enumerate(ignored if isinstance(ignored, list) else []):   # true / false: every / none
         if not any(same_collection(key, entry, options) for entry in entries):
             raise ConfigError(f"{where}.ignore_identical_ids[{index}]: {key!r} is not a collection this stage "
                               f"evaluates ({', '.join(entries)})")
@@ -217,8 +221,12 @@ def stage_evaluate(state: RunState, options: dict[str, Any], label: str, show_pr
 
 
 def ignores_identical_ids(options: Mapping[str, Any], entry: str) -> bool:
-    """Whether the collection ``entry`` is scored without each query's own id (``ignore_identical_ids``)."""
-    return any(same_collection(key, entry, options) for key in options.get("ignore_identical_ids") or [])
+    """Whether the collection ``entry`` is scored without each query's own id (``ignore_identical_ids``: a list of
+    collections, or ``true`` for every collection of the stage)."""
+    ignored = options.get("ignore_identical_ids") or []
+    if isinstance(ignored, bool):
+        return ignored
+    return any(same_collection(key, entry, options) for key in ignored)
 
 
 def attach_expected(rows: list[dict], state: RunState, options: Mapping[str, Any], entry: str) -> None:
