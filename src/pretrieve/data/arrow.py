@@ -30,10 +30,9 @@ writing its own Arrow file in batches of 8,192 rows, so memory does not grow wit
 ordinary ``datasets.save_to_disk`` directory (``datasets.load_from_disk`` opens it too) plus ``ids.hash.npy`` /
 ``ids.row.npy`` and ``meta.json``.
 
-**Where and when.** The directory is ``<input dir>/.pretrieve-cache/<name>.arrow`` (e.g. ``corpus.arrow``), or,
-when the input's directory is read-only (no write permission bits, or not writable), ``$PRETRIEVE_CACHE/arrow/``
-(default ``~/.cache/pretrieve/arrow/``) in a folder named after the input's path; ``cache_dir`` overrides
-both. It is written atomically through :mod:`pretrieve.artifacts`, under a file lock (``.<name>.arrow.lock``:
+**Where and when.** The directory is ``$PRETRIEVE_CACHE/arrow/<input dir name>-<hash of its path>/<name>.arrow``
+(default ``~/.cache/pretrieve/arrow/…``; e.g. ``corpus.arrow``): the user's cache, never the data folder (which
+may be shared, read-only or written by others); ``cache_dir`` overrides it. It is written atomically through :mod:`pretrieve.artifacts`, under a file lock (``.<name>.arrow.lock``:
 commands started together on a fresh collection build it once, the others wait for it), and reused only while
 current: same format, same settings, same input content (the source file's fingerprint; for groups also the corpus
 dataset's).
@@ -69,8 +68,8 @@ from pretrieve.data.groups import (GroupStats, TrainingGroup, check_known, drop_
 from pretrieve.data.jsonl import _open_binary, iter_jsonl, iter_lines
 from pretrieve.data.parallel import (byte_ranges, located_in_part, lines_before, part_count, resolve_num_proc,
                                      run_parts)
-from pretrieve.data.records import (collection_file, default_cache_dir, duplicate_id_message, join_title,
-                                     parse_document, parse_query)
+from pretrieve.data.records import (collection_file, duplicate_id_message, join_title, parse_document, parse_query,
+                                     user_cache_dir)
 from pretrieve.errors import ConfigError, InputError
 
 if TYPE_CHECKING:
@@ -281,12 +280,17 @@ class CorpusTexts:
         return texts if len(texts) == len(dataset) else None
 
     def __getitem__(self, rows: slice) -> list[str]:
-        """Passages of rows ``rows`` (a slice with step 1), in order."""
+        """Passages of rows ``rows`` (a slice with step 1), in order, title and text joined by a space."""
         start, stop, step = rows.indices(len(self))
         if step != 1:
             raise ValueError("CorpusTexts reads contiguous rows only")
-        count = max(0, stop - start)
-        passages = [join_title(title or "", text) for title, text in
+        return self.rows_text(start, stop)
+
+    def rows_text(self, start: int, end: int, sep: str = " ") -> list[str]:
+        """``title + sep + text`` of rows ``start:end``, in order."""
+        start, end, _ = slice(start, end).indices(len(self))
+        count = max(0, end - start)
+        passages = [join_title(title or "", text, sep) for title, text in
                     zip(self.titles.slice(start, count).to_pylist(), self.texts.slice(start, count).to_pylist())]
         release_pages(self._maps)
         return passages
@@ -330,26 +334,9 @@ def cache_root(source: str | Path, cache_dir: str | Path | None = None) -> Path:
     """Directory holding the Arrow datasets of files in ``source``'s directory (see the module docstring)."""
     if cache_dir is not None:
         return Path(cache_dir)
-    source = Path(source)
-    beside = source.parent / CACHE_DIR_NAME
-    if _writable(source.parent, beside):
-        return beside
-    digest = hashlib.sha1(str(source.parent.resolve()).encode()).hexdigest()[:12]
-    return default_cache_dir().parent / "arrow" / f"{source.parent.name}-{digest}"
-
-
-def _writable(directory: Path, beside: Path) -> bool:
-    """Writable for this user and meant to be written (root ignores permissions; a directory without any write
-    bit is treated as read-only)."""
-    try:
-        if beside.is_dir():
-            return os.access(beside, os.W_OK) and bool(beside.stat().st_mode & 0o222)
-        if not (os.access(directory, os.W_OK) and directory.stat().st_mode & 0o222):
-            return False
-        beside.mkdir(exist_ok=True)
-        return True
-    except OSError:
-        return False
+    parent = Path(source).parent
+    digest = hashlib.sha1(str(parent.resolve()).encode()).hexdigest()[:12]
+    return user_cache_dir("arrow", f"{parent.name}-{digest}")
 
 
 def dataset_path(source: str | Path, cache_dir: str | Path | None = None) -> Path:

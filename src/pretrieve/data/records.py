@@ -2,10 +2,15 @@
 the Arrow builders of :mod:`pretrieve.data.arrow`, the converters of :mod:`pretrieve.data.convert`):
 
 * :class:`Document` and :func:`join_title` — a passage and the text every retriever indexes (title + text);
+  :func:`title_separator` — what goes between them for a model: ``space`` (``title + " " + text``, the default) or
+  ``sep`` (``title + tokenizer.sep_token + text``, the join of RetroMAE's ``preprocess.py`` and Tevatron's
+  ``TrainPreProcessor``, which the BoW, DupMAE, CoT-MAE and CoT-MoTE authors fine-tuned with);
 * :func:`parse_document` / :func:`parse_query` — one ``corpus.jsonl`` / ``queries.jsonl`` object, validated
   (an :class:`~pretrieve.errors.InputError` naming file, line and field), and :func:`duplicate_id_message`;
 * :func:`collection_file` — ``corpus.jsonl`` / ``queries.jsonl`` of a collection directory (or its ``.gz``);
-* :func:`default_cache_dir` — where downloaded collections (and, beside them, derived data) are kept.
+* :func:`default_cache_dir` — where downloaded collections are kept, and :func:`user_cache_dir` — pretrieve's user
+  cache (``$PRETRIEVE_CACHE``, else ``$XDG_CACHE_HOME/pretrieve`` or ``~/.cache/pretrieve``), where every derived
+  cache goes (Arrow datasets, corpus embeddings): never inside a data folder.
 """
 
 from __future__ import annotations
@@ -38,6 +43,24 @@ def join_title(title: str, text: str, sep: str = " ") -> str:
     return f"{title}{sep}{text}" if title else text
 
 
+#: How a model's passages join title and text: ``space`` = ``title + " " + text``; ``sep`` = ``title +
+#: tokenizer.sep_token + text`` (RetroMAE's ``examples/msmarco/preprocess.py``, Tevatron's ``TrainPreProcessor``).
+TITLE_JOINS = ("space", "sep")
+
+
+def title_separator(join: str | None, tokenizer=None) -> str:
+    """The string between title and text for ``join`` (:data:`TITLE_JOINS`; None = ``space``): ``" "``, or the
+    tokenizer's separator token (``[SEP]`` for BERT and ELECTRA), which the tokenizer turns into its id."""
+    if join in (None, "space"):
+        return " "
+    if join != "sep":
+        raise ValueError(f"title_join must be one of {', '.join(TITLE_JOINS)}, got {join!r}")
+    sep = getattr(tokenizer, "sep_token", None)
+    if not sep:
+        raise ValueError("title_join 'sep' needs a tokenizer with a separator token (sep_token)")
+    return sep
+
+
 def parse_document(obj: dict, path: str | Path, line: int) -> Document:
     """One ``corpus.jsonl`` object as a Document: ``_id`` (non-empty), ``title`` (optional), ``text``."""
     doc_id = require_str(obj, "_id", path, line, allow_empty=False)
@@ -68,11 +91,17 @@ def collection_file(root: Path, name: str) -> Path:
     raise InputError(f"{name} not found in collection", path=root)
 
 
-def default_cache_dir() -> Path:
-    """Where downloaded collections are kept: ``$PRETRIEVE_CACHE/collections`` or the XDG cache."""
+def user_cache_dir(*parts: str) -> Path:
+    """pretrieve's user cache, ``$PRETRIEVE_CACHE`` or ``$XDG_CACHE_HOME/pretrieve`` (default
+    ``~/.cache/pretrieve``), joined with ``parts``."""
     root = os.environ.get(CACHE_ENV)
     if root:
-        return Path(root).expanduser() / "collections"
+        return Path(root).expanduser().joinpath(*parts)
     xdg = os.environ.get("XDG_CACHE_HOME")
     base = Path(xdg).expanduser() if xdg else Path.home() / ".cache"
-    return base / "pretrieve" / "collections"
+    return base.joinpath("pretrieve", *parts)
+
+
+def default_cache_dir() -> Path:
+    """Where downloaded collections are kept: ``$PRETRIEVE_CACHE/collections`` or the XDG cache."""
+    return user_cache_dir("collections")

@@ -32,6 +32,7 @@ import contextlib
 import itertools
 import logging
 import queue
+import sys
 import threading
 import time
 import warnings
@@ -67,6 +68,7 @@ class Side:
     precision: str
     settings: dict[str, Any]
     prompt: str | None = None
+    title_sep: str = " "   # between a passage's title and text (the model's title_join, pretrieve.data.records)
 
     def empty_outputs(self) -> dict[str, Any]:
         return self.empty()
@@ -103,18 +105,21 @@ def text_source(texts: Any) -> Any:
     return texts
 
 
-def text_slice(source: Any, start: int, end: int) -> list[str]:
+def text_slice(source: Any, start: int, end: int, sep: str = " ") -> list[str]:
     """Texts ``start:end`` of a source: a list/sequence, or a dataset whose slice is a dict of columns
-    (``title`` + ``text`` joined as passages are everywhere, else its ``text`` or only column), or a corpus."""
+    (``title`` + ``sep`` + ``text`` as passages are joined everywhere, else its ``text`` or only column), or a
+    corpus."""
     if hasattr(source, "full_text") and hasattr(source, "ids"):
-        return [source.full_text(i) for i in range(start, min(end, len(source)))]
+        return [source.full_text(i, sep) for i in range(start, min(end, len(source)))]
+    if isinstance(source, arrow.CorpusTexts):
+        return source.rows_text(start, end, sep)
     part = source[start:end]
     if isinstance(part, Mapping):
         if "text" in part:
             titles = part.get("title")
             if titles is None:
                 return [str(text) for text in part["text"]]
-            return [join_title(title or "", text) for title, text in zip(titles, part["text"])]
+            return [join_title(title or "", text, sep) for title, text in zip(titles, part["text"])]
         if len(part) == 1:
             return [str(text) for text in next(iter(part.values()))]
         raise ConfigError(f"a dataset of texts needs a 'text' column (and optionally 'title'); it has "
@@ -241,7 +246,8 @@ def encode_windows(side: Side, texts: Any, batch_size: int = 64, start: int = 0,
     def produce() -> Iterator[tuple[int, int, list[Batch]]]:
         for first in range(start, end, window):
             last = min(end, first + window)
-            yield first, last - first, window_batches(side, text_slice(source, first, last), batch_size)
+            yield first, last - first, window_batches(side, text_slice(source, first, last, side.title_sep),
+                                                      batch_size)
 
     with progress_bar(end - start, description, enabled=show_progress) as advance:
         for first, count, batches in _background(produce, prefetch=2):
@@ -290,7 +296,8 @@ def progress_bar(total: int, description: str, enabled: bool = True,
                  unit: str = "texts") -> Iterator[Callable[[int], None]]:
     """A rich progress bar on stderr (count, rate, elapsed, ETA); yields ``advance(n)``.
 
-    When stderr is not a terminal (batch jobs, log files) the same figures are logged every 10 %.
+    When stderr is not a terminal (batch jobs, log files) the same figures are logged every 10 % — printed on stderr
+    when logging is not configured (a script of the Python API); a Jupyter notebook gets the bar.
     """
     if not enabled or total == 0:
         yield lambda n: None
@@ -298,7 +305,7 @@ def progress_bar(total: int, description: str, enabled: bool = True,
     from rich.console import Console
 
     console = Console(stderr=True)
-    if not console.is_terminal:
+    if not console.is_terminal and not console.is_jupyter:
         yield _logging_progress(total, description, unit)
         return
     from rich.progress import (BarColumn, MofNCompleteColumn, Progress, ProgressColumn, TextColumn,
@@ -332,8 +339,12 @@ def _logging_progress(total: int, description: str, unit: str) -> Callable[[int]
         elapsed = time.perf_counter() - began
         rate = state["done"] / elapsed if elapsed > 0 else float("inf")
         eta = (total - state["done"]) / rate if rate > 0 else 0.0
-        logger.info("%s: %d/%d %s (%.0f%%), %.1f %s/s, elapsed %s, ETA %s", description, state["done"], total, unit,
-                    100 * state["done"] / total, rate, unit, _clock(elapsed), _clock(eta))
+        line = (f"{description}: {state['done']}/{total} {unit} ({100 * state['done'] / total:.0f}%), "
+                f"{rate:.1f} {unit}/s, elapsed {_clock(elapsed)}, ETA {_clock(eta)}")
+        if logger.hasHandlers():
+            logger.info("%s", line)
+        else:   # logging not configured (the Python API in a script): progress goes to stderr all the same
+            print(line, file=sys.stderr, flush=True)
 
     return advance
 

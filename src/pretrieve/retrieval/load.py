@@ -5,7 +5,9 @@ It reads a model's configuration once, here and nowhere else:
 
 * ``dual_encoder.json`` — a retriever fine-tuned by pretrieve (:mod:`pretrieve.modeling.dual_encoder`): its
   representation kind (``dense``, ``dupmae`` = DupMAE's [CLS] + ordinary-token vectors, ``sparse``, ``hybrid``),
-  whether the towers are tied, and the query/passage lengths it was trained with;
+  whether the towers are tied, the query/passage lengths it was trained with, and how it joined a passage's title
+  and text (``title_join``: ``sep`` = the tokenizer's [SEP] between them, as the authors' pre-processing; the
+  passage side joins the corpus alike, :func:`joining_titles`);
 * the sentence-transformers files (``modules.json`` and the module folders) of dense models, read exactly as
   sentence-transformers (v2 to v6) reads them by
   :func:`pretrieve.modeling.sentence_transformer.read_sentence_transformers_config`.
@@ -45,13 +47,14 @@ import torch
 from torch import Tensor
 from transformers import AutoModel, AutoTokenizer
 
+from pretrieve.data.records import title_separator
 from pretrieve.errors import ConfigError, InputError
 from pretrieve.modeling.dual_encoder import DualEncoder, read_dual_encoder_config
 from pretrieve.modeling.mote import is_mote_checkpoint, routed_views
 from pretrieve.modeling.pooling import parse_pooling
 from pretrieve.modeling.sentence_transformer import (DenseEncoder, ModelFiles, add_lowercase, default_max_length,
                                                      read_sentence_transformers_config)
-from pretrieve.models import resolve_model
+from pretrieve.models import no_remote_code, resolve_model
 from pretrieve.precision import resolve_precision
 from pretrieve.retrieval.batches import Side, quantize_int8, resolve_device
 from pretrieve.retrieval.index import BACKENDS, PartsEncoder, backend
@@ -82,6 +85,7 @@ def load_dense_encoder(name_or_path: str | Path, pooling: str | Sequence[str] | 
         transformer_path = st.transformer_path if st else ""
     location, extra = files.model_location(transformer_path)
     try:
+        extra |= no_remote_code(location, extra.get("subfolder", ""))
         tokenizer = AutoTokenizer.from_pretrained(location, **extra)
         model = AutoModel.from_pretrained(location, **extra)
     except OSError as exc:
@@ -231,20 +235,35 @@ def load_retriever(name_or_path: str | Path, device: str | torch.device = "auto"
         query_length = query_max_length or trained_query or query_encoder.max_length
         passage_length = max_length or passage_encoder.max_length
         return Retriever(**common, query=dense_side(query_encoder, "query", query_length, chosen),
-                         passage=dense_side(passage_encoder, "passage", passage_length, chosen),
+                         passage=joining_titles(dense_side(passage_encoder, "passage", passage_length, chosen),
+                                                training.get("title_join")),
                          query_encoder=query_encoder, passage_encoder=passage_encoder)
     model = DualEncoder.load(path, info=config).to(torch_device).eval()
     if chosen == "int8":
         quantize_int8(model)
-    tokenizer = AutoTokenizer.from_pretrained(str(path))
+    tokenizer = AutoTokenizer.from_pretrained(str(path), **no_remote_code(path))
     passage_length = max_length or int(training.get("passage_max_len") or DEFAULT_PASSAGE_LENGTH)
     query_length = query_max_length or trained_query or DEFAULT_QUERY_LENGTH
     search = backend(kind)
     return Retriever(**common, representation=model.representation, model=model,
                      query=dual_encoder_side(model, tokenizer, search, "query", query_length, chosen, torch_device,
                                              query_prompt),
-                     passage=dual_encoder_side(model, tokenizer, search, "passage", passage_length, chosen,
-                                               torch_device, passage_prompt))
+                     passage=joining_titles(dual_encoder_side(model, tokenizer, search, "passage", passage_length,
+                                                              chosen, torch_device, passage_prompt),
+                                            training.get("title_join")))
+
+
+def joining_titles(side: Side, join: str | None) -> Side:
+    """The passage side joining title and text as the model was trained to (``title_join`` of its training record,
+    :func:`pretrieve.data.records.title_separator`); a join other than the default space is part of the side's
+    settings, so an index encoded with another join is never reused."""
+    try:
+        side.title_sep = title_separator(join, side.tokenizer)
+    except ValueError as exc:
+        raise ConfigError(f"the model's training record: {exc}") from None
+    if join not in (None, "space"):
+        side.settings["title_join"] = join
+    return side
 
 
 def _dense_encoders(resolved: str, path: Path | None, pooling, normalize, max_length: int | None,

@@ -63,12 +63,13 @@ from pretrieve.ranks import built_once
 from pretrieve.data.beir import Corpus
 from pretrieve.data.collection import BeirCollection
 from pretrieve.data.groups import TrainingGroup, sample_group_indices, write_groups
+from pretrieve.data.records import TITLE_JOINS, title_separator
 from pretrieve.errors import ConfigError, InputError
 from pretrieve.io_utils import write_json
 from pretrieve.modeling.dual_encoder import DualEncoder, RetrievalLoss
 from pretrieve.modeling.export import export_retriever
 from pretrieve.modeling.representations import DenseRepresentation, from_spec
-from pretrieve.models import resolve_model
+from pretrieve.models import no_remote_code, resolve_model
 from pretrieve.options import build
 from pretrieve.retrieval.bm25 import bm25_negatives
 from pretrieve.modeling.sentence_transformer import ModelFiles, read_sentence_transformers_config
@@ -117,6 +118,8 @@ class FinetuneConfig(FinetuneSettings, LoopConfig):
                 raise ConfigError(f"{name} must be >= 2, got {getattr(self, name)}")
         if self.max_groups is not None and self.max_groups < 1:
             raise ConfigError(f"max_groups must be >= 1, got {self.max_groups}")
+        if self.title_join not in TITLE_JOINS:
+            raise ConfigError(f"title_join must be one of {', '.join(TITLE_JOINS)}, got {self.title_join!r}")
         if self.on_unknown not in ("error", "skip"):
             raise ConfigError(f"on_unknown must be 'error' or 'skip', got {self.on_unknown!r}")
         if self.grad_cache_chunk is not None and (isinstance(self.grad_cache_chunk, bool)
@@ -126,10 +129,11 @@ class FinetuneConfig(FinetuneSettings, LoopConfig):
 
     def settings(self) -> dict[str, Any]:
         """The resolved settings that determine the result (bookkeeping options and paths left out; a prompt only
-        when there is one, so runs made before prompts existed stay current)."""
+        when there is one, and the title join only when it is not the default space, so runs made before these
+        options existed stay current)."""
         return {key: value for key, value in dataclasses.asdict(self).items()
                 if key not in BOOKKEEPING and key not in PATH_SETTINGS
-                and not (key in PROMPT_SETTINGS and not value)}
+                and not (key in PROMPT_SETTINGS and not value) and not (key == "title_join" and value == "space")}
 
     def inputs(self, model_path: str) -> tuple[dict[str, Path], dict[str, str]]:
         """What the run is trained from, fingerprinted by content: the checkpoint, the collection's corpus, queries
@@ -153,8 +157,9 @@ class GroupCollator:
 
     def __init__(self, tokenizer, corpus: "Corpus | CorpusTexts", num_negatives: int, query_max_len: int = 32,
                  passage_max_len: int = 144, teacher_scores: bool = False, query_prompt: str | None = None,
-                 passage_prompt: str | None = None):
+                 passage_prompt: str | None = None, title_sep: str = " "):
         self.tokenizer = tokenizer
+        self.title_sep = title_sep   # between a passage's title and text (pretrieve.data.records.title_separator)
         self.prompts = {"query": query_prompt or "", "passage": passage_prompt or ""}
         self.corpus = corpus
         self.num_negatives = num_negatives
@@ -172,7 +177,7 @@ class GroupCollator:
         for group in groups:
             positive, negatives = sample_group_indices(group, self.num_negatives, rng)
             ids = [group.positives[positive]] + [group.negatives[i] for i in negatives]
-            passages.extend(self.corpus.texts_of(ids))
+            passages.extend(self.corpus.texts_of(ids, self.title_sep))
             if self.teacher_scores:
                 if not group.has_scores:
                     raise InputError(f"training group of query '{group.query_id}' has no teacher scores",
@@ -342,7 +347,7 @@ class FinetuningRun(TrainingRun):
     def check_model(self) -> None:
         _warn_if_not_pretrained(self.config, self.model_path)
         try:
-            model_config = AutoConfig.from_pretrained(self.model_path)
+            model_config = AutoConfig.from_pretrained(self.model_path, **no_remote_code(self.model_path))
         except OSError as exc:
             raise InputError(f"cannot load the model: {exc}", path=self.model_path) from None
         for name in ("query_max_len", "passage_max_len"):
@@ -362,7 +367,7 @@ class FinetuningRun(TrainingRun):
 
     def build_model(self) -> torch.nn.Module:
         config = self.config
-        self.tokenizer = AutoTokenizer.from_pretrained(self.model_path)
+        self.tokenizer = AutoTokenizer.from_pretrained(self.model_path, **no_remote_code(self.model_path))
         loss = RetrievalLoss(in_batch=config.in_batch, gather=config.gather, alpha=config.alpha,
                              teacher_temperature=config.teacher_temperature)
         model = DualEncoder.from_pretrained(self.model_path, representation=self.representation, tied=config.tied,
@@ -374,7 +379,8 @@ class FinetuningRun(TrainingRun):
         config = self.config
         return GroupCollator(self.tokenizer, CorpusTexts(self.corpus), config.num_negatives, config.query_max_len,
                              config.passage_max_len, teacher_scores=config.stage == 3,
-                             query_prompt=config.query_prompt, passage_prompt=config.passage_prompt)
+                             query_prompt=config.query_prompt, passage_prompt=config.passage_prompt,
+                             title_sep=title_separator(config.title_join, self.tokenizer))
 
     def config_record(self) -> dict[str, Any]:
         return {"settings": self.settings, "config": dataclasses.asdict(self.config)}
@@ -384,6 +390,8 @@ class FinetuningRun(TrainingRun):
         training = {"stage": config.stage, "query_max_len": config.query_max_len,
                     "passage_max_len": config.passage_max_len, "num_negatives": config.num_negatives,
                     "groups": str(self.groups_path), "init": self.model_path}
+        if config.title_join != "space":   # read back by pretrieve.retrieval.load: passages are encoded alike
+            training["title_join"] = config.title_join
         export_retriever(unwrapped, self.tokenizer, directory, config.passage_max_len, training=training,
                          prompts={"query": config.query_prompt, "passage": config.passage_prompt})
         write_json(directory / CONFIG_FILE, self.config_record() | {"groups_stats": self.groups.stats.as_dict()})

@@ -30,6 +30,9 @@ class FinetuneSettings:
     num_negatives: int = field(default=7, metadata=_help("Hard negatives per query per step (papers: 15)."))
     query_max_len: int = field(default=32, metadata=_help("Query token limit."))
     passage_max_len: int = field(default=144, metadata=_help("Passage token limit (title + text)."))
+    title_join: str = field(default="space", metadata=_help(
+        "Between a passage's title and its text: space (title + ' ' + text) | sep (title + the tokenizer's [SEP] + "
+        "text, as RetroMAE's and Tevatron's pre-processing); saved with the model, so that search joins them alike."))
     representation: str = field(default="dense", metadata=_help("Representation type."))
     pooling: str | None = field(default=None, metadata=_help(
         "cls | mean; default: the checkpoint's sentence-transformers pooling, else cls (papers)."))
