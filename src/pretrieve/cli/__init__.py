@@ -32,10 +32,13 @@ from pretrieve.errors import PretrieveError
 
 #: Help width when stdout is not a terminal (rich would assume 80 columns and cut option names and defaults).
 HELP_WIDTH = 120
-if typer.rich_utils.MAX_WIDTH is None and not os.environ.get("COLUMNS") and not sys.stdout.isatty():
+if getattr(typer.rich_utils, "MAX_WIDTH", 0) is None and not os.environ.get("COLUMNS") and not sys.stdout.isatty():
     typer.rich_utils.MAX_WIDTH = HELP_WIDTH
 
-_display_type_rich = TyperOption.display_type_rich
+# Newer typers (0.2x) print a flag's type as ``<bool>`` through TyperOption.display_type_rich; older ones have no
+# such method and print no type for a flag. Wrap the method only where it exists, so that the CLI starts on every
+# typer that pyproject allows (tests/test_cli_typer.py).
+_display_type_rich = getattr(TyperOption, "display_type_rich", None)
 
 
 def _flag_type(self, ctx):
@@ -43,7 +46,8 @@ def _flag_type(self, ctx):
     return None if self.is_flag else _display_type_rich(self, ctx)
 
 
-TyperOption.display_type_rich = _flag_type
+if _display_type_rich is not None:
+    TyperOption.display_type_rich = _flag_type
 
 app = typer.Typer(
     name="pretrieve",
