@@ -170,9 +170,9 @@ def test_cli_bm25(tmp_path):
 # ------------------------------------------------------------------------------------------- at scale
 def bm25s_reference(corpus: Corpus, method: str = "lucene"):
     """bm25s used directly, as its README shows: tokenise everything, BM25.index."""
-    from pretrieve.retrieval.bm25 import BM25Params, _import_bm25s, make_tokenizer
+    from pretrieve.retrieval.bm25 import BM25Params, import_bm25s, make_tokenizer
 
-    bm25s = _import_bm25s()
+    bm25s = import_bm25s()
     tokenizer = make_tokenizer(BM25Params(method=method))
     ids = tokenizer.tokenize(corpus.full_texts(), update_vocab=True, return_as="ids", show_progress=False)
     reference = bm25s.BM25(k1=0.9, b=0.4, method=method)

@@ -107,7 +107,9 @@ def frequent_token_ids(tokenizer, texts: Iterable[str], n: int = 500, batch_size
 
 def stopword_ids(tokenizer) -> list[int]:
     """Vocabulary ids of the English stopwords (bm25s ``STOPWORDS_EN``) that are single tokens."""
-    from bm25s.stopwords import STOPWORDS_EN
+    from pretrieve.retrieval.bm25 import import_bm25s
+
+    STOPWORDS_EN = import_bm25s().stopwords.STOPWORDS_EN  # without JAX
 
     vocab = tokenizer.get_vocab()
     return sorted({vocab[word] for word in STOPWORDS_EN if word in vocab})

@@ -58,7 +58,9 @@ class MaskedTermStats:
 
 def token_classes(tokenizer: Any) -> tuple[np.ndarray, np.ndarray]:
     """Boolean ``[V]`` arrays ``(is_stopword, is_punctuation)`` over the tokenizer's ids (see module docstring)."""
-    from bm25s.stopwords import STOPWORDS_EN_PLUS
+    from pretrieve.retrieval.bm25 import import_bm25s
+
+    STOPWORDS_EN_PLUS = import_bm25s().stopwords.STOPWORDS_EN_PLUS  # without JAX
 
     stopwords = {word.lower() for word in STOPWORDS_EN_PLUS}
     size = len(tokenizer)

@@ -86,7 +86,9 @@ def decoded_distributions(model: Any, tokenizer: Any, texts: Sequence[str], *, m
 
 def stopword_token_ids(tokenizer: Any) -> torch.Tensor:
     """Ids of the NLTK English stopwords that are single tokens of the vocabulary."""
-    from bm25s.stopwords import STOPWORDS_EN_PLUS
+    from pretrieve.retrieval.bm25 import import_bm25s
+
+    STOPWORDS_EN_PLUS = import_bm25s().stopwords.STOPWORDS_EN_PLUS  # without JAX
 
     vocab = tokenizer.get_vocab()
     return torch.tensor(sorted({vocab[w] for w in STOPWORDS_EN_PLUS if w in vocab}), dtype=torch.long)

@@ -83,8 +83,33 @@ _METHODS = ("lucene", "robertson", "atire", "bm25l", "bm25+")
 _DENSE_SHARE = 0.125
 
 
-def _import_bm25s():
-    """Import bm25s, which sets its own logger to DEBUG on import; keep it at WARNING or above."""
+#: The modules bm25s' ``selection`` imports to pick JAX for its top-k when it can.
+_JAX_MODULES = ("jax", "jax.lax")
+
+
+def import_bm25s():
+    """Import bm25s without JAX, its logger kept at WARNING or above (bm25s sets it to DEBUG on import).
+
+    bm25s' ``selection`` module imports ``jax.lax`` when it is importable and runs a top-k with it at import,
+    which starts XLA: on a GPU it preallocates most of the device's memory, fighting torch for it. pretrieve
+    never uses bm25s' top-k (the search selects its own, with numpy) and asks bm25s for its numpy backend, so JAX
+    is hidden while bm25s is first imported (``sys.modules[name] = None`` makes ``import jax`` fail) and put back
+    after: a program that uses JAX itself keeps it, and bm25s records JAX as unavailable.
+    """
+    import sys
+
+    if "bm25s" not in sys.modules:
+        missing = object()
+        saved = {name: sys.modules.get(name, missing) for name in _JAX_MODULES}
+        sys.modules.update(dict.fromkeys(_JAX_MODULES))
+        try:
+            import bm25s  # noqa: F401
+        finally:
+            for name, module in saved.items():
+                if module is missing:
+                    sys.modules.pop(name, None)
+                else:
+                    sys.modules[name] = module
     import bm25s
 
     bm25s_logger = logging.getLogger("bm25s")
@@ -131,7 +156,7 @@ def default_threads() -> int:
 
 def make_tokenizer(params: BM25Params):
     """The bm25s tokenizer for ``params``: lower-case, split, drop stopwords, stem."""
-    bm25s = _import_bm25s()
+    bm25s = import_bm25s()
     import Stemmer
 
     stemmer = Stemmer.Stemmer(params.stemmer) if params.stemmer else None
@@ -158,7 +183,7 @@ def write_index(documents: Iterable[tuple[str, str]], directory: str | Path, par
     """
     from tqdm.auto import tqdm
 
-    _import_bm25s()
+    import_bm25s()
     from bm25s import scoring
 
     params = params or BM25Params()
@@ -278,7 +303,7 @@ def _check_unique(doc_ids: np.ndarray) -> None:
 
 
 def _new_retriever(params: BM25Params):
-    bm25s = _import_bm25s()
+    bm25s = import_bm25s()
     return bm25s.BM25(k1=params.k1, b=params.b, method=params.method, backend="numpy")
 
 
@@ -458,7 +483,7 @@ class BM25Index:
     def load(cls, path: str | Path, mmap: bool = True) -> "BM25Index":
         """Open an index written by :func:`write_index` / :meth:`save`; ``mmap`` maps its arrays instead of
         reading them (``bm25s.BM25.load(mmap=True)``)."""
-        bm25s = _import_bm25s()
+        bm25s = import_bm25s()
 
         path = Path(path)
         meta_path = path / _META_FILE
@@ -473,7 +498,7 @@ class BM25Index:
         tokenizer.load_vocab(str(path))
         tokenizer.load_stopwords(str(path))
         # the search maps query words with the tokenizer's vocabulary; bm25s' copy of it is not needed
-        retriever = bm25s.BM25.load(str(path), mmap=mmap, load_vocab=False, show_progress=False)
+        retriever = bm25s.BM25.load(str(path), mmap=mmap, load_vocab=False, show_progress=False, backend="numpy")
         doc_ids = np.load(path / _IDS_FILE, mmap_mode="r" if mmap else None)
         if len(doc_ids) != retriever.scores["num_docs"]:
             raise InputError(f"{len(doc_ids)} document ids for {retriever.scores['num_docs']} indexed documents",
