@@ -53,16 +53,17 @@ def export_checkpoint_encoder(checkpoint: str | Path, final: str | Path, out: st
 
 
 def cls_probe(model: str | Path, collections: Sequence[str | Path], out: str | Path, depth: int = 100,
-              batch_size: int = 64, similarities: Sequence[str] = SIMILARITIES) -> dict[str, Any]:
+              batch_size: int = 64, similarities: Sequence[str] = SIMILARITIES,
+              precision: str = "auto") -> dict[str, Any]:
     """``{similarity: {"<collection>:<split>": {"aggregate": {measure: mean}, "per_query": {measure: {qid: v}}}}}``
-    of [CLS] retrieval with ``model`` (runs and corpus indexes under ``out``)."""
+    of [CLS] retrieval with ``model`` (runs and corpus indexes under ``out``), encoded at ``precision``."""
     from pretrieve.retrieval.load import load_retriever
     from pretrieve.retrieval.search import encode_corpus, search
 
     out = Path(out)
     results: dict[str, Any] = {}
     for similarity in similarities:
-        retriever = load_retriever(str(model), pooling="cls", normalize=similarity == "cos")
+        retriever = load_retriever(str(model), pooling="cls", normalize=similarity == "cos", precision=precision)
         results[similarity] = {}
         for path in collections:
             collection = BeirCollection(Path(path))

@@ -21,8 +21,24 @@ from pretrieve.errors import InputError
 
 @bench_app.command("quality")
 def bench_quality_command(
-    out: Path = typer.Option(..., help="Directory of the comparison (bench.json, one folder per method, results.*). "
-                             "Rerun the same command to resume."),
+    out: Path = typer.Option(..., help="Scratch directory of the comparison (checkpoints, runs, derived collections; "
+                             "results.*). Rerun the same command to resume."),
+    records: Optional[Path] = typer.Option(None, "--records", help="Records directory: tier.json and one small record "
+                                           "per dev-grid point and per arm × seed — the comparison's state, meant to "
+                                           "be committed (e.g. results/claims/tier1); a cell with a current record is "
+                                           "done on any machine.", show_default="<out>/records"),
+    cells: Optional[str] = typer.Option(None, "--cells", help="Run only these arm × seed cells: ARM:SEED or ARM "
+                                        "(every seed), comma-separated, e.g. mlm:1,bow:1 (the dev grid runs first if "
+                                        "it has no chosen point)."),
+    select_only: bool = typer.Option(False, "--select-only", help="Run only the dev grid (its points without a "
+                                     "record), no arm × seed cell."),
+    jobs: int = typer.Option(1, "--jobs", min=1, help="Cells at once, each in its own process (2 on a 2-core CPU; "
+                             "6–8 on one GPU)."),
+    commit_records: bool = typer.Option(False, "--commit", help="Commit each record with git as it lands (only that "
+                                        "file), so a machine that is replaced loses only the cells in flight."),
+    precision: str = typer.Option("fp32", "--precision", help="The one precision of every cell (training, encoding, "
+                                  "probes): fp32, bf16 or fp16; recorded, and records of another precision do not "
+                                  "count."),
     base: str = typer.Option("splade-tiny", help="Starting checkpoint of every method: path or offline alias."),
     methods: Optional[str] = typer.Option(None, help="Comma-separated presets, plus 'none' (no pre-training: the "
                                           "base model is fine-tuned) and NAME-aa (an A/A control: NAME with other "
@@ -58,7 +74,7 @@ def bench_quality_command(
     bootstrap: int = typer.Option(10_000, "--bootstrap", min=100, help="Multi-bootstrap resamples."),
     probe_steps: Optional[str] = typer.Option(None, "--probe-steps", help="Pre-training steps (comma-separated, e.g. "
                                               "100,300,600) at which each arm's first seed is probed: [CLS] "
-                                              "retrieval without fine-tuning and coverage; gates in bench.json."),
+                                              "retrieval without fine-tuning and coverage; the gates are computed from them."),
     budget: Optional[int] = typer.Option(None, "--budget", min=1, help="Pre-training steps of every method",
                                          show_default="100; 30 with --quick; minilm-like bases 40"),
     seeds: int = typer.Option(1, "--seeds", min=1, help="Repetitions: seeds --seed, --seed+1, ..."),
@@ -85,12 +101,14 @@ def bench_quality_command(
     retry_failed: bool = typer.Option(False, "--retry-failed", help="Run again the method × seeds that failed."),
     keep_checkpoints: bool = typer.Option(False, "--keep-checkpoints", help="Keep training checkpoints of "
                                           "finished runs (final models and runs are always kept)."),
-    report_only: bool = typer.Option(False, "--report-only", help="Only recompute results.* from the saved runs."),
+    report_only: bool = typer.Option(False, "--report-only", help="Only recompute results.* (into --out) from the "
+                                     "records (--records)."),
     smoke: bool = typer.Option(False, "--smoke", help="The same comparison on a tiny random model and a synthetic "
                                "collection with budgets of a few steps: checks the whole harness in under a minute "
                                "(numbers meaningless; --base, --train, --eval, --pretrain-data and budgets ignored)."),
     progress: bool = typer.Option(False, "--progress/--no-progress", help="Progress bars of each stage."),
-    threads: Optional[int] = typer.Option(None, help="torch intra-op threads (default: torch's choice)."),
+    threads: Optional[int] = typer.Option(None, help="torch intra-op threads of each cell (default: the cores / "
+                                          "--jobs)."),
 ) -> None:
     """Retrieval quality per pre-training method at an equal budget (Drop your Decoder, Ma et al. 2024, Tables 5/6),
     cross-fitted, with a dev-chosen fine-tuning protocol, coverage and multi-bootstrap contrasts (issue #20)."""
@@ -101,8 +119,9 @@ def bench_quality_command(
     if report_only:
         from pretrieve.bench.quality.summary import summarize
 
-        summary = summarize(out)
-        paths = report.write_report(out, summary)
+        records_dir = records or out / "records"
+        summary = summarize(records_dir)
+        paths = report.write_report(out, summary, records_dir)
     else:
         if train is None and not smoke:
             raise InputError("give --train DIR (the fine-tuning collection)", field="train")
@@ -127,12 +146,15 @@ def bench_quality_command(
             select_arm=select_arm, contrasts=tuple(_split(contrasts, "contrast")) if contrasts else (),
             margin=margin, bootstrap=bootstrap,
             probe_steps=tuple(int(v) for v in _numbers(probe_steps, "probe-steps")) if probe_steps else (),
+            precision=precision, records=str(records) if records else None, threads=threads,
             retry_failed=retry_failed, keep_checkpoints=keep_checkpoints, show_progress=progress)
         if smoke:
             settings = quality.smoke_settings(settings, explicit_methods=methods is not None)
         started = time.perf_counter()
         summary = run.run_quality_bench(settings, progress=lambda line: err.print(line, highlight=False,
-                                                                                  markup=False))
+                                                                                  markup=False),
+                                        cells=_split(cells, "cell") if cells else None, select_only=select_only,
+                                        jobs=jobs, commit_records=commit_records)
         err.print(f"[bench quality] {time.perf_counter() - started:.0f} s", highlight=False)
         paths = [Path(out) / name for name in ("results.md", "results.json", "results.png")]
     typer.echo(report.results_markdown(summary))
@@ -160,7 +182,7 @@ def bench_claims_command(
     out: Optional[Path] = typer.Option(None, "--out", help="Write the table to FILE.md and FILE.json (atomically)."),
 ) -> None:
     """The claims benchmark's decision table (issue #20): docs/preregistration.md's rules applied to the tiers'
-    `bench quality` comparisons, each recomputed from its saved runs; rows whose tiers have not finished are
+    `bench quality` comparisons, each recomputed from its records alone; rows whose tiers have not finished are
     pending."""
     from pretrieve.bench.quality import claims
 

@@ -25,6 +25,8 @@ AA_SEED_OFFSET = 1000
 DEFAULT_CONTRASTS = ("bow-mlm", "retromae-mlm", "bow-none", "retromae-none", "mlm-none")
 #: The Holm family of a contrast written without a ``FAMILY:`` label.
 PRIMARY_FAMILY = "primary"
+#: The family an A/A contrast (``X-aa − X``) is always put in.
+AA_FAMILY = "aa"
 
 
 def split_family(text: str) -> tuple[str, str]:
@@ -92,6 +94,8 @@ def parse_contrasts(items: Sequence[str] | None, arms: Sequence[str]) -> tuple[s
     for item in items:
         label, contrast = split_family(item)
         a, b = parse_contrast(contrast, arms)
+        if label == PRIMARY_FAMILY and arm_method(a) == (b, AA_SEED_OFFSET):
+            label = AA_FAMILY   # an A/A control is its own family: in another it would inflate that family's Holm
         name = f"{a}-{b}" if label == PRIMARY_FAMILY else f"{label}:{a}-{b}"
         if name in family:
             raise ConfigError(f"contrast '{name}' listed twice")

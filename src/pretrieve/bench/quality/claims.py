@@ -10,9 +10,9 @@ the papers' claims. The evidence is spread over several ``pretrieve bench qualit
 * ``cdmae`` — Tier 2d: ``cdmae`` vs ``cdmae-random``;
 * ``minilm`` — Tier 3: all-MiniLM-L6-v2 with ``bottleneck: mean``: ``none``/``mlm``/``bow``/``tsdae``.
 
-:func:`load_tier` recomputes each tier's summary from its ``bench.json`` and saved runs
-(:func:`pretrieve.bench.quality.summary.summarize`: the one freshness rule — nothing is read from a stale
-``results.json``); :func:`decide_claims` applies the rules; a claim whose tiers are absent or unfinished is
+:func:`load_tier` recomputes each tier's summary from its records directory alone
+(:func:`pretrieve.bench.quality.summary.summarize`: the committed records of :mod:`pretrieve.bench.quality.records`
+— no checkpoint, run file or stale ``results.json`` is read); :func:`decide_claims` applies the rules; a claim whose tiers are absent or unfinished is
 *pending* — and so is one whose arms have fewer seeds than the pre-registration fixes (:data:`PREREGISTERED_SEEDS`;
 the verdict so far is kept as ``interim``). Every number is nDCG@10 on the in-domain collection, pooled over the
 folds (the estimand of the pre-registration); Δ, its 95 % interval, p and Holm p are the tier's own paired
@@ -55,7 +55,8 @@ import numpy as np
 
 from pretrieve.analysis.mlm_accuracy import GATE_ACCURACY
 from pretrieve.bench.quality.arms import arm_method, arm_seeds
-from pretrieve.bench.quality.settings import COVERAGE_FILE, PRIMARY, STATE_FILE, merged_finetune, seed_dir
+from pretrieve.bench.quality.records import TIER_FILE, Records
+from pretrieve.bench.quality.settings import PRIMARY, merged_finetune
 from pretrieve.errors import InputError
 
 TIERS = ("tier1", "budget", "scratch", "dupmae", "cdmae", "minilm")
@@ -73,7 +74,7 @@ RETRIEVAL_ARMS = ("bow", "retromae")
 SPEARMAN_TIERS = ("tier1", "budget", "cdmae")
 #: Seeds per arm the pre-registration fixes for each tier; a row whose inputs have fewer is *pending* (its verdict
 #: so far is kept as ``interim``) unless ``decide_claims(..., seeds=None)``.
-PREREGISTERED_SEEDS = {"tier1": 3, "budget": 1, "scratch": 2, "dupmae": 2, "cdmae": 2, "minilm": 2}
+PREREGISTERED_SEEDS = {"tier1": 3, "budget": 3, "scratch": 2, "dupmae": 2, "cdmae": 2, "minilm": 2}
 #: Settings that may differ between Tier 1 and Tier 2c for "CLS+OT vs CLS" to compare the same checkpoints.
 REPRESENTATION_KEYS = ("representation",)
 
@@ -107,25 +108,26 @@ class Tier:
         cell = self.summary["methods"].get(arm, {}).get("scores", {}).get(PRIMARY, {}).get(self.in_domain)
         return None if cell is None else cell["per_seed"].get(str(seed))
 
+    def record(self, arm: str, seed: int) -> dict[str, Any] | None:
+        """The current, finished record of an arm × seed (None if it has none)."""
+        records = Records(self.out)
+        return records.cell(arm, seed, records.tier(), (self.summary.get("selection") or {}).get("chosen") or {})
+
     def per_query(self, arm: str, seed: int) -> dict[Any, float]:
         if self._scores is None:
             from pretrieve.bench.quality.summary import Scores
 
-            self._scores = Scores(self.out, self.settings)     # the summary's settings hold the fingerprint
+            self._scores = Scores({(a, s): self.record(a, s) for a, entry in self.summary["methods"].items()
+                                   for s in entry["seeds"]}, self.in_domain)
         return self._scores.scores(arm, seed, self.in_domain, PRIMARY)
 
     def coverage(self, arm: str, seed: int) -> np.ndarray | None:
-        path = seed_dir(self.out, arm, seed) / COVERAGE_FILE
-        if not path.exists():
-            return None
-        variant = (json.loads(path.read_text(encoding="utf-8")).get("variants") or {}).get(COVERAGE_VARIANT)
+        record = self.record(arm, seed) if seed in self.seeds(arm) else None
+        variant = ((record or {}).get("coverage") or {}).get("variants", {}).get(COVERAGE_VARIANT)
         return None if not variant else np.asarray(variant["per_text"][COVERAGE_K], dtype=np.float64)
 
     def checkpoint_digest(self, arm: str, seed: int) -> str | None:
-        from pretrieve.io_utils import file_digest
-
-        path = seed_dir(self.out, arm, seed) / "pretrain" / "final" / "model.safetensors"
-        return file_digest(path) if path.exists() else None
+        return (self.record(arm, seed) or {}).get("checkpoint_sha256")
 
     def finetune(self, arm: str) -> dict[str, Any]:
         """The fine-tuning settings an arm ran with (as the harness merges them: common, dev-chosen protocol, the
@@ -138,17 +140,17 @@ class Tier:
         return (self.summary.get("gates") or {}).get(name)
 
 
-def load_tier(name: str, out: str | Path) -> Tier:
-    """A tier's comparison directory, its summary recomputed from ``bench.json`` and the saved runs."""
+def load_tier(name: str, records: str | Path) -> Tier:
+    """A tier's records directory (``bench quality --records``), its summary recomputed from the records alone."""
     from pretrieve.bench.quality.summary import summarize
 
     if name not in TIERS:
         raise InputError(f"unknown tier '{name}'; choose from {', '.join(TIERS)}", field="tier")
-    out = Path(out)
-    if not (out / STATE_FILE).exists():
-        raise InputError(f"no `pretrieve bench quality` comparison here ({STATE_FILE} missing)", path=out,
-                         field=name)
-    return Tier(name, out, summarize(out))
+    records = Path(records)
+    if not (records / TIER_FILE).exists():
+        raise InputError(f"no records of a `pretrieve bench quality` comparison here ({TIER_FILE} missing)",
+                         path=records, field=name)
+    return Tier(name, records, summarize(records))
 
 
 def read_mlm_gate(path: str | Path) -> dict[str, Any]:
@@ -178,6 +180,9 @@ def _evidence(tier: Tier, contrast: str, label: str | None = None) -> dict[str, 
             "contrast": contrast, "a": a, "b": b,
             "family": entry["family"], "delta": entry["delta"], "ci_low": entry["ci_low"], "ci_high": entry["ci_high"],
             "p_value": entry["p_value"], "p_holm": entry["p_holm"], "mde_holm": entry["mde_holm"],
+            "mde_rule": entry.get("mde_rule"), "power_at_margin": entry.get("power_at_margin"),
+            "family_size": entry.get("family_size"),
+            "seed_variance_estimated": bool(entry.get("seed_variance_estimated", True)),
             "n_queries": entry["n_queries"], "n_seeds": entry["n_seeds"]}
 
 
@@ -244,12 +249,19 @@ def beats(tiers: Mapping[str, Tier], baseline: str, margin: float, alpha: float,
                for arm in RETRIEVAL_ARMS}
     replica = {arm: _evidence(scratch, f"{arm}-{baseline}", f"from scratch: {arm} − {baseline}") if scratch else None
                for arm in RETRIEVAL_ARMS}
-    long_run = _evidence(budget, f"bow-{baseline}", f"6,000 steps: bow − {baseline}") if budget else None
+    # amendment 6: the 6,000-step tier's bow − mlm joins the evidence of either null (Tier 2a has no `none`);
+    # amendment 9: only with its seed variance estimated (≥ 2 seeds per arm), else it cannot bound anything
+    long_run = _evidence(budget, "bow-mlm", "6,000 steps: bow − mlm") if budget else None
+    if long_run is not None and not long_run["seed_variance_estimated"]:
+        notes_long = ["the 6,000-step tier has one seed per arm: descriptive only, not evidence for a null"]
+        long_evidence, long_run = long_run, None
+    else:
+        notes_long, long_evidence = [], None
     gate = scratch_gate(scratch, mlm_gate) if scratch is not None else None
     weak = gate is not None and gate["passed"] is False
     only = " on SPLADE-tiny only (the from-scratch base is too weak to inform)" if weak else ""
-    evidence = [*primary.values(), *replica.values(), long_run, gate]
-    notes = []
+    evidence = [*primary.values(), *replica.values(), long_run or long_evidence, gate]
+    notes = list(notes_long)
     if not any(primary.values()):
         return _claim(key, claim, rule, PENDING, evidence, ["Tier 1 has not finished these arms"])
     if scratch is None or replica["bow"] is None:
@@ -269,7 +281,7 @@ def beats(tiers: Mapping[str, Tier], baseline: str, margin: float, alpha: float,
     changed = all((moved.get(arm) or {}).get("moved") for arm in RETRIEVAL_ARMS)
     if not changed:
         notes.append("the Tier-1 gate does not show every compared arm changing the representation")
-    if saturated is not True and budget is None:
+    if saturated is not True and long_run is None:
         notes.append("the Tier-1 probe was still rising (or was not probed) and the 6,000-step tier has not run")
         return _claim(key, claim, rule, PENDING if all_below and changed else "undecided", evidence, notes)
     return _claim(key, claim, rule, "refuted-at-this-scale" + only if all_below and changed else "undecided",
@@ -392,11 +404,13 @@ def versus_tsdae(tiers: Mapping[str, Tier], h1: Mapping[str, Any], margin: float
     e = _evidence(tier, "tsdae-mlm", "SPLADE-tiny: tsdae − mlm") if tier else None
     if e is None:
         return _claim("tsdae", claim, rule, PENDING, [e])
-    primary_h1 = any(_gained(x, margin, alpha) for x in h1["evidence"] if x["tier"] == "tier1"
-                     and x.get("contrast", "").endswith("-mlm"))
+    h1_primary = [x for x in h1["evidence"] if x["tier"] == "tier1" and x.get("contrast", "").endswith("-mlm")]
+    primary_h1 = any(_gained(x, margin, alpha) for x in h1_primary)
+    # "TSDAE null too": TSDAE's upper bound below the margin *and* H1's (every compared arm's) as well
+    h1_null = len(h1_primary) == len(RETRIEVAL_ARMS) and all(x["ci_high"] < margin for x in h1_primary)
     if _gained(e, margin, alpha):
         verdict = "both gain" if primary_h1 else "toolkit lags TSDAE: audit the objectives"
-    elif e["ci_high"] < margin and not primary_h1:
+    elif e["ci_high"] < margin and h1_null:
         verdict = "this regime cannot show the effect"
     else:
         verdict = "undecided"
@@ -416,7 +430,7 @@ def dupmae_representation(tiers: Mapping[str, Tier], margin: float, alpha: float
     notes = []
     a_ft, b_ft = ot.finetune("retromae"), first.finetune("retromae")
     differ = sorted(k for k in set(a_ft) | set(b_ft) if k not in REPRESENTATION_KEYS and a_ft.get(k) != b_ft.get(k))
-    differ += [k for k in ("base", "pretrain", "pretrain_data", "train", "folds", "dev_queries", "dev_seed")
+    differ += [k for k in ("identities", "pretrain", "folds", "dev_queries", "dev_seed", "precision")
                if ot.settings.get(k) != first.settings.get(k)]
     seeds = [s for s in ot.seeds("retromae") if s in first.seeds("retromae")]
     representation = None
@@ -492,12 +506,12 @@ def minilm_gains(tiers: Mapping[str, Tier], alpha: float) -> dict[str, Any]:
 
 
 def budget_sensitivity(tiers: Mapping[str, Tier], margin: float, alpha: float) -> dict[str, Any]:
-    from pretrieve.evaluation.significance import decide
+    from pretrieve.bench.quality.summary import decide_entry
 
     rule = f"the issue's rule on bow − mlm at 6,000 steps (Δ ≥ +{margin}, Holm p < {alpha}; upper bound < +{margin})"
     tier = tiers.get("budget")
     e = _evidence(tier, "bow-mlm", "6,000 steps: bow − mlm") if tier else None
-    verdict = PENDING if e is None else decide(e["delta"], e["ci_high"], e["p_holm"], margin, alpha)
+    verdict = PENDING if e is None else decide_entry(e, margin, alpha)
     return _claim("budget", "Budget sensitivity: bow − mlm after 6,000 pre-training steps", rule, verdict, [e])
 
 
@@ -565,7 +579,12 @@ def _describe(e: Mapping[str, Any]) -> str:
         return f"{text}, p {e['p_value']:.3g}"
     if "p_holm" not in e:                          # a single test of its own (not in a tier's Holm family)
         return f"{text}, p {e['p_value']:.3g}, MDE {e['mde']:.3f}"
-    return f"{text}, Holm p {e['p_holm']:.3g}, MDE {e['mde_holm']:.3f}"
+    text = f"{text}, Holm p {e['p_holm']:.3g} (of {e.get('family_size') or '?'}), MDE {e['mde_holm']:.3f}"
+    if e.get("mde_rule") is not None:
+        text += f", rule's MDE {e['mde_rule']:.3f} (power at the margin {e['power_at_margin']:.2f})"
+    if not e.get("seed_variance_estimated", True):
+        text += ", *one seed: descriptive*"
+    return text
 
 
 def claims_markdown(table: Mapping[str, Any]) -> str:

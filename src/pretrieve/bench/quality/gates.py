@@ -1,4 +1,4 @@
-"""The gates of issue #20, computed from the probes of each arm's first seed and written into ``bench.json``.
+"""The gates of issue #20, computed from the probes and coverage in each arm's first-seed record.
 
 * **objectives move the representation** — for ``bow`` and ``retromae`` (those compared), against ``mlm``:
   the [CLS] probe (nDCG@10 of retrieval without fine-tuning at the last probed step, every judged query of every
@@ -11,23 +11,18 @@
 * **pre-saturation** — per arm, whether the probe (nDCG@10, pooled) rose by more than 0.02 between the last two
   probed steps: if so the budget is still climbing, and a null result must not be called before a longer budget.
 
-Every gate records its inputs (the probe and coverage files, steps, deltas, intervals) beside its verdict. A
+Every gate records its inputs (the records, steps, deltas, intervals) beside its verdict. A
 contrast ``a − mlm`` takes ``representation_changed`` from arm ``a``'s verdict (used by the report: "refuted at
 this scale" only where the representation changed).
 """
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Mapping
 
 import numpy as np
 
 from pretrieve.evaluation.significance import multi_bootstrap
-
-if TYPE_CHECKING:
-    from pretrieve.bench.quality.run import Bench
 
 REFERENCE = "mlm"
 GATED_ARMS = ("bow", "retromae")
@@ -36,10 +31,6 @@ SATURATION = 0.02
 PROBE_MEASURE = "nDCG@10"
 COVERAGE_VARIANT, COVERAGE_K = "no-stopwords", "10"
 GATE_BOOTSTRAP = 2000
-
-
-def _read(path: Path) -> dict[str, Any] | None:
-    return json.loads(path.read_text(encoding="utf-8")) if path.exists() else None
 
 
 def _probe_vector(probe: dict[str, Any], similarity: str) -> dict[tuple[str, str], float]:
@@ -56,44 +47,42 @@ def _moved(a: dict, b: dict, strata: bool) -> dict[str, Any]:
             "moved": bool(result.delta >= MOVE and result.ci_low > 0)}
 
 
-def compute_gates(bench: "Bench") -> dict[str, Any]:
-    """The gates' verdicts and inputs (module docstring); arms without probes are left out."""
-    settings = bench.settings
-    first = {arm: settings.arm_seeds(arm)[0] for arm in settings.methods}
-    probes: dict[str, dict[int, tuple[Path, dict]]] = {}
-    for arm in settings.methods:
-        for step in bench.probe_steps(arm, first[arm]):
-            path = bench.probe_record(arm, first[arm], step)[0]
-            data = _read(path)
-            if data is not None:
-                probes.setdefault(arm, {})[step] = (path, data)
+def compute_gates(first_seed: Mapping[str, Mapping[str, Any] | None]) -> dict[str, Any]:
+    """The gates' verdicts and inputs (module docstring) from each arm's first-seed cell record (``None``: not
+    finished); arms without probes are left out."""
+    probes: dict[str, dict[int, tuple[str, dict]]] = {}
+    coverage: dict[str, dict | None] = {}
+    for arm, record in first_seed.items():
+        if not record:
+            continue
+        where = f"{arm}/seed{record.get('seed')}"
+        coverage[arm] = record.get("coverage")
+        for step, probe in (record.get("probes") or {}).items():
+            probes.setdefault(arm, {})[int(step)] = (f"{where} probe step {step}", probe)
     gates: dict[str, Any] = {}
     reference = probes.get(REFERENCE)
     arms = {}
     if reference:
         ref_step = max(reference)
         ref_path, ref_probe = reference[ref_step]
-        ref_cov_path = bench.coverage_record(REFERENCE, first[REFERENCE])[0]
-        ref_cov = _read(ref_cov_path)
+        ref_cov = coverage.get(REFERENCE)
         for arm in GATED_ARMS:
             if arm not in probes:
                 continue
             step = max(probes[arm])
             path, probe = probes[arm][step]
             entry: dict[str, Any] = {"step": step, "reference_step": ref_step,
-                                     "inputs": {"probe": str(path), "reference_probe": str(ref_path)}}
+                                     "inputs": {"probe": path, "reference_probe": ref_path}}
             for similarity in probe["retrieval"]:
                 entry[f"probe_{similarity}"] = _moved(_probe_vector(probe, similarity),
                                                       _probe_vector(ref_probe, similarity), strata=True)
-            cov_path = bench.coverage_record(arm, first[arm])[0]
-            cov = _read(cov_path)
-            variant = (cov or {}).get("variants", {}).get(COVERAGE_VARIANT)
+            variant = (coverage.get(arm) or {}).get("variants", {}).get(COVERAGE_VARIANT)
             ref_variant = (ref_cov or {}).get("variants", {}).get(COVERAGE_VARIANT)
             if variant and ref_variant:
                 a = dict(enumerate(variant["per_text"][COVERAGE_K]))
                 b = dict(enumerate(ref_variant["per_text"][COVERAGE_K]))
                 entry["coverage"] = _moved(a, b, strata=False)
-                entry["inputs"].update(coverage=str(cov_path), reference_coverage=str(ref_cov_path))
+                entry["inputs"].update(coverage=f"{arm} coverage", reference_coverage=f"{REFERENCE} coverage")
             entry["moved"] = any(value.get("moved") for key, value in entry.items()
                                  if key.startswith("probe_") or key == "coverage")
             arms[arm] = entry

@@ -74,10 +74,11 @@ def pretrain_recipe(name: str, out: Path, base: str, data: str, seed: int, metho
 
 
 def finetune_recipe(name: str, out: Path, model: str, data: str, seed: int, finetune: Mapping[str, Any],
-                    train_split: str, groups: Path, evaluate: list[str], depth: int) -> dict:
+                    train_split: str, groups: Path, evaluate: list[str], depth: int,
+                    precision: str = "auto") -> dict:
     """Fine-tune stage 1 on ``train_split`` of ``data`` with ``groups`` → evaluate on ``evaluate``
-    (``"path:split"`` entries)."""
+    (``"path:split"`` entries), encoding at ``precision``."""
     return {"name": name, "out": str(out), "model": model, "data": data, "seed": seed,
             "finetune": {**finetune, "split": train_split},
             "stages": [{"finetune": {"stage": 1, "groups": str(groups)}},
-                       {"evaluate": {"collections": list(evaluate), "depth": depth}}]}
+                       {"evaluate": {"collections": list(evaluate), "depth": depth, "precision": precision}}]}

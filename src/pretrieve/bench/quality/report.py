@@ -121,20 +121,24 @@ def results_markdown(summary: Mapping[str, Any]) -> str:
     failures = [(m, s, e) for m, entry in methods.items() for s, e in entry["failed"].items()]
     if failures:
         lines += ["## Failures", ""] + [f"- `{m}` seed {s}: {_md_escape(e, 600)}" for m, s, e in failures] + [""]
-    example = next(((m, s, runs) for m, e in methods.items() for s, runs in e["runs"].items()), None)
-    lines += ["## Reproducing a number", "",
-              f"Every cell is computed from the saved TREC runs `<out>/<method>/seed<k>/<fold>/runs/{RETRIEVER}__"
-              "<collection>[:split].trec` (per-seed values in results.json). Re-evaluate one with:", ""]
-    if example is not None:
-        _, _, runs = example
-        fold, files = next(iter(runs.items()))
-        name = summary.get("in_domain", names[0])
-        split = fold.split(":")[1]
-        lines += ["```", f"pretrieve evaluate --data <out>/collections/{name} --split {split} "
-                  f"--measures {','.join(summary['measures'])} {files[name]}", "```", ""]
-    lines += ["Each recipe is a `recipe.json` beside its outputs: `<out>/<method>/seed<k>/recipe.json` (pre-training), "
-              "`<out>/<method>/seed<k>/<fold>/recipe.json` (fine-tuning and evaluation); `pretrieve run` repeats it.",
-              ""]
+    progress = summary.get("progress") or {}
+    lines += ["## Progress and provenance", "",
+              f"Cells recorded: {progress.get('cells_done', 0)} done, {progress.get('cells_failed', 0)} failed, "
+              f"{len(progress.get('cells_todo') or [])} to do"
+              + (f" ({', '.join(progress['cells_todo'])})" if progress.get("cells_todo") else "")
+              + (f"; dev grid: {progress.get('select_done')} points recorded, "
+                 f"{len(progress.get('select_todo') or [])} to do" if progress.get("select_done") is not None else "")
+              + f". Precision of every cell: {settings.get('precision')}.", ""]
+    for method, entry in methods.items():
+        if entry.get("machines"):
+            lines.append(f"- `{method}`: " + "; ".join(entry["machines"]))
+    lines += ["", "## Reproducing a number", "",
+              f"Every number here is recomputed from the records in `{summary.get('records')}` "
+              "(`cells/<arm>/seed<k>.json`: per-query scores of every fold model on every collection, coverage, "
+              "probes, timings, commit, machine and precision; `select/<point>.json`: the dev grid): "
+              "`pretrieve bench quality --report-only --records DIR --out DIR2`. The TREC runs, checkpoints and "
+              "`recipe.json` files of a cell are in the scratch `--out` of the machine that ran it, "
+              f"`<out>/<method>/seed<k>/<fold>/runs/{RETRIEVER}__<collection>[:split].trec`.", ""]
     return "\n".join(lines)
 
 
@@ -170,9 +174,15 @@ def _contrast_section(summary: Mapping[str, Any]) -> list[str]:
              f"margin {settings.get('margin')}: *confirmed* if Δ ≥ +margin with Holm p < {settings['alpha']}, "
              "*refuted at this scale* if the upper bound < +margin (reported as a refutation only where a probe "
              "shows the representation changed), *undecided* otherwise. σ_q: SD over queries of the seed-averaged "
-             "difference; τ: SD over seeds of each arm's mean; MDE: 80 % power at α (Holm: at α / family size).", ""]
+             "difference; τ: SD over seeds of each arm's mean; MDE: 80 % power at α (Holm: at α / family size) of "
+             "the test Δ ≠ 0; rule's MDE: the true Δ the *confirmed* rule (Δ̂ ≥ margin and Holm p < α) reaches with "
+             "80 % power, and its power at Δ = margin (at most one half). A declared contrast without results counts "
+             "as p = 1 in its family. With one seed in an arm the bootstrap sees no seed variance: such a contrast "
+             "is *descriptive*, never decided. t-test p: on seed-averaged scores, ignores seed variance "
+             "(descriptive). Only the in-domain nDCG@10 is registered for the claims: the other collections' "
+             "decisions are descriptive.", ""]
     header = ["collection", "contrast", "Δ", "95% CI", "p", "Holm p", "t-test p", "σ_q", "τ (A, B)", "SE", "MDE",
-              "MDE Holm", "queries", "seeds", "decision"]
+              "MDE Holm", "rule's MDE", "power at margin", "queries", "seeds", "decision"]
     lines += ["| " + " | ".join(header) + " |", "|---|---|" + "---:|" * (len(header) - 3) + "---|"]
     for name, entries in table.items():
         for e in entries:
@@ -184,7 +194,9 @@ def _contrast_section(summary: Mapping[str, Any]) -> list[str]:
                 name, f"{e['a']} − {e['b']}" + ("" if e.get("family", "primary") == "primary" else f" ({e['family']})"), f"{e['delta']:+.4f}", f"[{e['ci_low']:+.4f}, {e['ci_high']:+.4f}]",
                 f"{e['p_value']:.3g}", f"{e['p_holm']:.3g}", "—" if ttest_p is None else f"{ttest_p:.3g}",
                 f"{e['sigma_q']:.4f}", f"{e['tau'][0]:.4f}, {e['tau'][1]:.4f}", f"{e['se']:.4f}", f"{e['mde']:.4f}",
-                f"{e['mde_holm']:.4f}", str(e["n_queries"]), f"{e['n_seeds'][0]}, {e['n_seeds'][1]}",
+                f"{e['mde_holm']:.4f}", f"{e.get('mde_rule', float('nan')):.4f}",
+                f"{e.get('power_at_margin', float('nan')):.2f}", str(e["n_queries"]),
+                f"{e['n_seeds'][0]}, {e['n_seeds'][1]}",
                 decision]) + " |")
     return lines + [""]
 
@@ -199,14 +211,35 @@ def _families(contrasts) -> str:
 
 
 def _selection_section(selection: Mapping[str, Any] | None) -> list[str]:
+    """The dev grid as a table of learning rate × epochs (the dev curve), and the chosen point."""
     if not selection:
         return []
+    chosen = selection.get("chosen")
     lines = ["## Fine-tuning protocol (chosen once on dev)", "",
              f"Grid {json.dumps(selection['grid'])} with `{selection['arm']}` seed {selection['seed']}, fold "
              f"{selection['fold']}, scored by {selection['measure']} on {selection['dev_queries']} dev queries; "
-             f"applied to every arm and fold: **{json.dumps(selection['chosen'])}**.", "",
-             "| point | dev " + selection["measure"] + " |", "|---|---:|"]
-    lines += [f"| {name} | {score:.4f} |" for name, score in selection["scores"].items()]
+             + (f"applied to every arm and fold: **{json.dumps(chosen)}**." if chosen is not None else
+                f"**not chosen yet**: {len(selection.get('todo') or [])} points have no record "
+                f"({', '.join(selection.get('todo') or []) or 'every point failed'})."), ""]
+    grid = selection.get("grid") or {}
+    lrs, epochs = list(grid.get("lr") or [None]), list(grid.get("epochs") or [None])
+    scores = selection.get("scores") or {}
+
+    def name(lr, epoch) -> str:
+        return "-".join(part for part in (f"lr{lr:g}" if lr is not None else "",
+                                          f"epochs{epoch:g}" if epoch is not None else "") if part) or "default"
+
+    lines += ["| lr \\ epochs | " + " | ".join("—" if e is None else f"{e:g}" for e in epochs) + " |",
+              "|---|" + "---:|" * len(epochs)]
+    for lr in lrs:
+        cells = []
+        for epoch in epochs:
+            value = scores.get(name(lr, epoch))
+            text = "—" if value is None else "failed" if value == float("-inf") else f"{value:.4f}"
+            if chosen is not None and name(lr, epoch) == name(chosen.get("lr"), chosen.get("epochs")):
+                text = f"**{text}**"
+            cells.append(text)
+        lines.append(f"| {'—' if lr is None else f'{lr:g}'} | " + " | ".join(cells) + " |")
     return lines + [""]
 
 
@@ -275,7 +308,7 @@ def plot_results(summary: Mapping[str, Any], path: str | Path, measure: str = PR
         fig.savefig(tmp, dpi=120, format="png")
 
 
-def write_report(out: str | Path, summary: Mapping[str, Any], plot: bool = True) -> list[Path]:
+def write_report(out: str | Path, summary: Mapping[str, Any], records: str | Path, plot: bool = True) -> list[Path]:
     """``results.md``, ``results.json``, ``per_query.tsv`` (every per-query score with its fold label) and
     (``plot``) ``results.png`` in ``out``; returns the paths written."""
     out = Path(out)
@@ -285,7 +318,7 @@ def write_report(out: str | Path, summary: Mapping[str, Any], plot: bool = True)
     with atomic_open(out / "per_query.tsv") as handle:
         columns = ["arm", "seed", "collection", "fold", "query", *summary["measures"]]
         handle.write("\t".join(columns) + "\n")
-        for row in per_query_rows(out, summary):
+        for row in per_query_rows(records, summary):
             handle.write("\t".join(str(row[c]) for c in columns) + "\n")
     paths = [out / "results.md", out / "results.json", out / "per_query.tsv"]
     if plot:

@@ -1,11 +1,21 @@
-"""Running (and resuming) a comparison: the shared inputs, the fine-tuning selection, every arm × seed.
+"""Running (and resuming) a comparison as cells: the shared inputs, the dev-grid points, every arm × seed.
 
-See :mod:`pretrieve.bench.quality` for what is run. State lives in ``<out>/bench.json`` (written atomically): the
-result-determining settings (a rerun with other ones is refused, naming them), the protocol chosen on dev, and the
-status of every arm × seed. Everything an arm × seed produces is reused only while current
-(:mod:`pretrieve.artifacts`): a recipe's ``results.json`` (:func:`~pretrieve.bench.quality.recipes.results_are_current`),
-``coverage.json`` (made by that checkpoint from that corpus sample with those settings), the derived collection and
-the pre-training union.
+A comparison is a set of **cells** — a point of the dev grid (the selection arm's first seed fine-tuned on the
+first fold with that point, scored on dev) and an arm × seed (its pre-training, every fold's fine-tuning and
+evaluation, its coverage and, for the first seed, its probes) — each ending in a small record
+(:mod:`pretrieve.bench.quality.records`) in the records directory. The records are the comparison's state: a cell
+whose current record exists is done, on any machine and in any checkout (a fresh clone with committed records runs
+only the rest); everything reported is recomputed from the records (:mod:`pretrieve.bench.quality.summary`).
+``<out>`` is scratch: checkpoints, runs, derived collections, BM25 groups — reused while current
+(:mod:`pretrieve.artifacts`: each recipe's ``results.json``, coverage and probe files, the derived collection, the
+pre-training union), so that an interrupted cell resumes where it stopped on the same machine.
+
+:func:`run_quality_bench` runs the selection first (the grid points without a record; the protocol is chosen once
+all have one), then the arm × seed cells without a current record (``cells``: only those), ``jobs`` at a time as
+separate processes (:mod:`concurrent.futures` with the ``spawn`` start method; each process runs one cell with
+``threads`` torch threads and writes its record; ``jobs = 1`` runs the same function in this process). A cell that
+fails (an exception; a non-finite loss or score) records its error and the others go on; it is not retried unless
+``retry_failed``. With ``commit`` every record is committed with git as it lands.
 """
 
 from __future__ import annotations
@@ -13,9 +23,13 @@ from __future__ import annotations
 import json
 import logging
 import math
+import multiprocessing
+import os
 import shutil
 import time
 import traceback
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from dataclasses import replace
 from itertools import islice
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
@@ -23,13 +37,14 @@ from typing import Any, Callable, Mapping, Sequence
 from pretrieve import artifacts
 from pretrieve.bench.quality import recipes
 from pretrieve.bench.quality.arms import NO_PRETRAIN, arm_method
-from pretrieve.bench.quality.gates import compute_gates
+from pretrieve.bench.quality.records import (DONE, FAILED, CELL_FORMAT, SELECT_FORMAT, Records, commit, rounded,
+                                             stamp, trimmed_coverage, write_record)
 from pretrieve.bench.quality.report import write_report
-from pretrieve.bench.quality.settings import (COVERAGE_FILE, PRIMARY, STATE_FILE, STATUS_FILE, QualityBenchSettings,
-                                              fold_dir, grid_points, parse_fold, run_key, seed_dir)
-from pretrieve.bench.quality.summary import summarize
+from pretrieve.bench.quality.settings import (COVERAGE_FILE, PRIMARY, RETRIEVER, QualityBenchSettings, fold_dir,
+                                              grid_points, parse_fold, point_name, seed_dir)
+from pretrieve.bench.quality.summary import selection, summarize
 from pretrieve.errors import ConfigError, InputError
-from pretrieve.io_utils import write_json
+from pretrieve.io_utils import file_digest
 
 logger = logging.getLogger(__name__)
 
@@ -41,43 +56,6 @@ FREQUENT_SAMPLE = 100_000       # passages of the pre-training corpus whose toke
 PROBE_FILE = "probe.json"
 PROBE_DEPTH = 100
 DEV = "dev"
-
-
-# --------------------------------------------------------------------------------------------- state
-def load_state(out: Path, settings: QualityBenchSettings) -> dict[str, Any]:
-    """``bench.json``, created on the first run; a rerun with other result-determining settings is refused."""
-    path = out / STATE_FILE
-    fingerprint = json.loads(json.dumps(settings.fingerprint(), default=str))
-    if path.exists():
-        state = json.loads(path.read_text(encoding="utf-8"))
-        recorded = state.get("settings", {}).get("fingerprint", {})
-        differing = artifacts.differing_values(recorded, fingerprint)
-        if differing and state.get("runs"):
-            raise ConfigError(f"{path} records a comparison with other settings "
-                              f"({artifacts.describe_changes(recorded, fingerprint, differing)}); "
-                              "use another --out, or the same settings to resume it")
-    else:
-        state = {"version": 2, "runs": {}}
-    methods = list(dict.fromkeys([*state.get("settings", {}).get("methods", []), *settings.methods]))
-    seeds = sorted(set(state.get("settings", {}).get("seeds", [])) | set(settings.seeds))
-    state["settings"] = {"fingerprint": fingerprint, "methods": methods, "seeds": seeds, "alpha": settings.alpha,
-                         "contrasts": list(settings.contrasts), "margin": settings.margin,
-                         "bootstrap": settings.bootstrap}
-    return state
-
-
-def save_state(out: Path, state: Mapping[str, Any]) -> None:
-    write_json(out / STATE_FILE, state)
-
-
-def _write_arm_status(out: Path, arm: str, state: Mapping[str, Any]) -> None:
-    prefix = f"{arm}/"
-    runs = {key[len(prefix):]: value for key, value in state["runs"].items() if key.startswith(prefix)}
-    write_json(out / arm / STATUS_FILE, {"method": arm, "runs": runs})
-
-
-def _now() -> str:
-    return time.strftime("%Y-%m-%d %H:%M:%S")
 
 
 # -------------------------------------------------------------------------------------------- inputs
@@ -151,8 +129,8 @@ def coverage_texts(settings: QualityBenchSettings, corpus: str) -> list[str]:
 class Bench:
     """One comparison's shared inputs, computed once per process."""
 
-    def __init__(self, settings: QualityBenchSettings, state: dict[str, Any]):
-        self.settings, self.state, self.out = settings, state, Path(settings.out)
+    def __init__(self, settings: QualityBenchSettings):
+        self.settings, self.out = settings, Path(settings.out)
         self.data = derived_collection(settings)
         self.corpus = pretrain_corpus(settings)
         self._pairs: Path | None = None
@@ -169,7 +147,7 @@ class Bench:
         if not recipes.results_are_current(directory):
             if self._pairs is None and recipes.needs_pairs(method):
                 self._pairs = prepare_pairs(self.settings, self.data)
-            pretrain = dict(self.settings.pretrain)
+            pretrain = {**self.settings.pretrain, "precision": self.settings.precision}
             if self.settings.probe_steps and seed == self.settings.arm_seeds(arm)[0]:
                 pretrain.update(save_every=_gcd(self.settings.probe_steps), keep_checkpoints=0)
             recipe = recipes.pretrain_recipe(f"bench-quality-{arm}-seed{seed}", directory, self.settings.base,
@@ -189,8 +167,9 @@ class Bench:
             evaluate = [f"{self.data}:{test_split}", *self.zero_shot()]
             recipe = recipes.finetune_recipe(
                 f"bench-quality-{arm}-seed{seed}-{fold_dir(fold)}", directory, model, str(self.data), seed,
-                self.settings.finetune_for(method, chosen), train_split,
-                bm25_groups(self.settings, self.data, train_split, arm), evaluate, self.settings.depth)
+                self.finetune_settings(method, chosen), train_split,
+                bm25_groups(self.settings, self.data, train_split, arm), evaluate, self.settings.depth,
+                self.settings.precision)
             recipes.run_recipe(recipe, directory, self.settings.show_progress)
         return directory
 
@@ -198,43 +177,35 @@ class Bench:
         train = Path(self.settings.train).name
         return [f"{path}:{self.settings.split}" for path in self.settings.eval if Path(path).name != train]
 
+    def finetune_settings(self, method: str, chosen: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        return {**self.settings.finetune_for(method, chosen), "precision": self.settings.precision}
+
     # -- the protocol chosen on dev
-    def choose_protocol(self, say: Callable[[str], None]) -> dict[str, Any]:
-        """Search the grid on dev once (the selection arm's first seed, first fold), record the best point
-        (dev nDCG@10; ties to the first) in ``bench.json`` and return it; ``{}`` without a grid."""
+    def select_point(self, point: Mapping[str, Any]) -> Path:
+        """Fine-tune the selection arm's first seed on the first fold's training split with one grid point and
+        evaluate it on dev only; returns the point's directory (``<out>/select/<point>``)."""
         settings = self.settings
-        if not settings.grid:
-            return {}
-        recorded = self.state.get("selection")
-        if recorded and recorded.get("chosen") is not None:
-            return dict(recorded["chosen"])
-        arm, seed, fold = settings.select_arm, settings.arm_seeds(settings.select_arm)[0], settings.folds[0]
-        train_split = parse_fold(fold)[0]
+        arm, seed = settings.select_arm, settings.arm_seeds(settings.select_arm)[0]
+        train_split = parse_fold(settings.folds[0])[0]
         model = self.pretrained(arm, seed)
-        method = arm_method(arm)[0]
-        scores: dict[str, float] = {}
-        points = grid_points(settings.grid)
-        for index, point in enumerate(points, 1):
-            name = _point_name(point)
-            directory = self.out / "select" / name
-            say(f"[select {index}/{len(points)}] {arm}/seed{seed} {fold_dir(fold)} {name}")
-            if not recipes.results_are_current(directory):
-                recipe = recipes.finetune_recipe(
-                    f"bench-quality-select-{name}", directory, model, str(self.data), seed,
-                    {**settings.finetune_for(method), **point}, train_split,
-                    bm25_groups(settings, self.data, train_split, arm), [f"{self.data}:{DEV}"], settings.depth)
-                recipes.run_recipe(recipe, directory, settings.show_progress)
-            results = json.loads((directory / "results.json").read_text(encoding="utf-8"))
-            scores[name] = float(next(row[PRIMARY] for row in results["rows"]))
-        best = max(range(len(points)), key=lambda i: (scores[_point_name(points[i])], -i))
-        chosen = points[best]
-        self.state["selection"] = {"arm": arm, "seed": seed, "fold": fold, "measure": PRIMARY, "split": DEV,
-                                   "dev_queries": settings.dev_queries, "grid": {k: list(v) for k, v in
-                                                                                  settings.grid.items()},
-                                   "scores": scores, "chosen": chosen}
-        save_state(self.out, self.state)
-        say(f"[select] chosen on dev: {_point_name(chosen)} ({PRIMARY} {scores[_point_name(chosen)]:.4f})")
-        return dict(chosen)
+        directory = self.out / "select" / point_name(point)
+        if not recipes.results_are_current(directory):
+            recipe = recipes.finetune_recipe(
+                f"bench-quality-select-{point_name(point)}", directory, model, str(self.data), seed,
+                {**self.finetune_settings(arm_method(arm)[0]), **point}, train_split,
+                bm25_groups(settings, self.data, train_split, arm), [f"{self.data}:{DEV}"], settings.depth,
+                settings.precision)
+            recipes.run_recipe(recipe, directory, settings.show_progress)
+        return directory
+
+    def prepare(self, arms: Sequence[str]) -> None:
+        """The inputs cells share, made once before cells run side by side: every fold's (and the selection's)
+        BM25 groups and the pairs file of pair-based methods."""
+        for split in dict.fromkeys(parse_fold(fold)[0] for fold in self.settings.folds):
+            for arm in dict.fromkeys(arms):
+                bm25_groups(self.settings, self.data, split, arm)
+        if self._pairs is None and any(recipes.needs_pairs(arm_method(arm)[0]) for arm in arms):
+            self._pairs = prepare_pairs(self.settings, self.data)
 
     # -- coverage
     def checkpoint(self, arm: str, seed: int) -> str:
@@ -280,6 +251,7 @@ class Bench:
         last = step == int(self.settings.pretrain.get("max_steps") or 0)
         model = self.checkpoint(arm, seed) if step == 0 or last else str(directory / "model")
         record = {"step": step, "depth": PROBE_DEPTH, "collections": [Path(c).name for c in self.settings.eval],
+                  "precision": self.settings.precision,
                   "max_len": int(self.settings.pretrain.get("max_len", 144)), "texts": self.settings.coverage_texts,
                   "variants": list(COVERAGE_VARIANTS), "frequent": FREQUENT_TOKENS}
         inputs = {"model": model, "corpus": self.corpus, **{f"collection{i}": c for i, c in enumerate(self.settings.eval)}}
@@ -300,7 +272,8 @@ class Bench:
                 export_checkpoint_encoder(checkpoint, self.checkpoint(arm, seed), model)
             if self._texts is None:
                 self._texts = coverage_texts(self.settings, self.corpus)
-            result = {"step": step, "retrieval": cls_probe(model, self.settings.eval, path.parent, depth=PROBE_DEPTH),
+            result = {"step": step, "retrieval": cls_probe(model, self.settings.eval, path.parent, depth=PROBE_DEPTH,
+                                                          precision=self.settings.precision),
                       "coverage": checkpoint_coverage(model, self._texts, record["max_len"],
                                                       self.frequent_tokens(model))}
             with artifacts.write_file(path, "probe", record, inputs) as tmp:
@@ -326,10 +299,6 @@ def _gcd(values: Sequence[int]) -> int:
     for value in values:
         result = math.gcd(result, int(value))
     return result
-
-
-def _point_name(point: Mapping[str, Any]) -> str:
-    return "-".join(f"{key}{point[key]:g}" for key in ("lr", "epochs") if key in point) or "default"
 
 
 def checkpoint_coverage(model: str, texts: Sequence[str], max_len: int, frequent: Sequence[int],
@@ -358,78 +327,294 @@ def checkpoint_coverage(model: str, texts: Sequence[str], max_len: int, frequent
     return {**variants["raw"], "variants": variants}
 
 
+# ------------------------------------------------------------------------------------------------ the records
+def run_path(directory: Path, collection: str, split: str, zero_shot_split: str) -> Path:
+    """The TREC run a fine-tuning recipe in ``directory`` wrote for a collection (``name`` for the zero-shot
+    split, else ``name:split``)."""
+    tag = collection if split == zero_shot_split else f"{collection}:{split}"
+    return directory / "runs" / f"{RETRIEVER}__{tag}.trec"
+
+
+def per_query_scores(run: Path, qrels: Path) -> dict[str, dict[str, float]]:
+    """``{measure: {query id: score}}`` of a saved run against a qrels file (every judged query; one the run
+    does not answer scores 0, as ``trec_eval -c``)."""
+    from pretrieve.data.beir import load_qrels
+    from pretrieve.data.trec import read_run
+    from pretrieve.evaluation import RunEvaluator
+
+    if not run.exists():
+        raise InputError("the run of a finished recipe is missing", path=run)
+    result = RunEvaluator(load_qrels(qrels), list(recipes.MEASURES))(read_run(run), name=str(run))
+    return {measure: rounded(result.per_query[measure]) for measure in recipes.MEASURES}
+
+
+def _timings(directory: Path) -> dict[str, float]:
+    path = directory / "results.json"
+    return json.loads(path.read_text(encoding="utf-8")).get("timings_s", {}) if path.exists() else {}
+
+
+def pretrain_speed(directory: Path) -> dict[str, Any] | None:
+    """Wall time of a cell's pretrain stage and training samples/s from its ``logs.jsonl``: ``steps × batch /
+    Σ window seconds``, complete across resumes."""
+    from pretrieve.train.loop import read_logs
+
+    pretrain_dir = directory / "pretrain"
+    config_path = pretrain_dir / "pretrain_config.json"
+    if not config_path.exists():
+        return None
+    batch_size = int(json.loads(config_path.read_text(encoding="utf-8"))["batch_size"])
+    previous, train_s = 0, 0.0
+    for entry in read_logs(pretrain_dir):
+        steps = int(entry["step"]) - previous
+        previous = int(entry["step"])
+        if entry.get("samples_per_s"):
+            train_s += steps * batch_size / float(entry["samples_per_s"])
+    return {"steps": previous, "batch_size": batch_size, "train_s": train_s,
+            "wall_s": _timings(directory).get("pretrain"),
+            "samples_per_s": previous * batch_size / train_s if train_s > 0 else None}
+
+
+def cell_record(bench: Bench, arm: str, seed: int, protocol: Mapping[str, Any], tier: Mapping[str, Any],
+                wall_s: float) -> dict[str, Any]:
+    """The record of a finished arm × seed (module docstring of :mod:`pretrieve.bench.quality.records`)."""
+    from pretrieve.data.collection import BeirCollection
+
+    settings = bench.settings
+    directory = seed_dir(bench.out, arm, seed)
+    in_domain = Path(settings.train).name
+    scores: dict[str, dict[str, Any]] = {}
+    timings = {"finetune_s": 0.0, "evaluate_s": 0.0}
+    for fold in settings.folds:
+        fold_path = directory / fold_dir(fold)
+        test_split = parse_fold(fold)[1]
+        for path in settings.eval:
+            name = Path(path).name
+            split, qrels = (test_split, BeirCollection(bench.data).qrels_path(test_split)) if name == in_domain \
+                else (settings.split, BeirCollection(Path(path)).qrels_path(settings.split))
+            scores.setdefault(name, {})[fold] = per_query_scores(run_path(fold_path, name, split, settings.split),
+                                                                 qrels)
+        fold_timings = _timings(fold_path)
+        timings["finetune_s"] += float(fold_timings.get(RETRIEVER, 0.0))
+        timings["evaluate_s"] += float(fold_timings.get("evaluate", 0.0))
+    probes = {}
+    for step in bench.probe_steps(arm, seed):
+        probe = json.loads(bench.probe_record(arm, seed, step)[0].read_text(encoding="utf-8"))
+        probes[str(step)] = {"retrieval": {sim: {part: {"aggregate": result["aggregate"],
+                                                        "per_query": {m: rounded(v) for m, v in
+                                                                      result["per_query"].items()}}
+                                                 for part, result in by_part.items()}
+                                           for sim, by_part in probe["retrieval"].items()},
+                             "coverage": trimmed_coverage(probe.get("coverage"))}
+    coverage = json.loads((directory / COVERAGE_FILE).read_text(encoding="utf-8"))
+    weights = directory / "pretrain" / "final" / "model.safetensors"
+    return {"format": CELL_FORMAT, "status": DONE, "arm": arm, "seed": seed, "method": arm_method(arm)[0],
+            "protocol": dict(protocol), "finetune": bench.finetune_settings(arm_method(arm)[0], protocol),
+            "scores": scores, "coverage": trimmed_coverage(coverage), "probes": probes,
+            "pretrain": pretrain_speed(directory), "timings": {**timings, "wall_s": round(wall_s, 1)},
+            "checkpoint_sha256": file_digest(weights) if weights.exists() else None,
+            **stamp(tier, bench.settings.threads)}
+
+
+def select_record(bench: Bench, point: Mapping[str, Any], directory: Path, tier: Mapping[str, Any],
+                  wall_s: float) -> dict[str, Any]:
+    """The record of one dev-grid point: its per-query dev nDCG@10 (the selection compares their means)."""
+    from pretrieve.data.collection import BeirCollection
+
+    name = Path(bench.settings.train).name
+    dev = per_query_scores(run_path(directory, name, DEV, bench.settings.split),
+                           BeirCollection(bench.data).qrels_path(DEV))
+    return {"format": SELECT_FORMAT, "status": DONE, "point": dict(point), "name": point_name(point),
+            "arm": bench.settings.select_arm, "seed": bench.settings.arm_seeds(bench.settings.select_arm)[0],
+            "fold": bench.settings.folds[0], "dev": {"measure": PRIMARY, "per_query": dev[PRIMARY]},
+            "timings": {"finetune_s": _timings(directory).get(RETRIEVER), "wall_s": round(wall_s, 1)},
+            **stamp(tier, bench.settings.threads)}
+
+
+def failed_record(kind: str, key: Mapping[str, Any], exc: BaseException, tier: Mapping[str, Any],
+                  threads: int | None, wall_s: float) -> dict[str, Any]:
+    error = f"{type(exc).__name__}: {exc}".strip()
+    return {"format": CELL_FORMAT if kind == "cell" else SELECT_FORMAT, "status": FAILED, **key,
+            "error": error, "traceback": traceback.format_exc(limit=8), "timings": {"wall_s": round(wall_s, 1)},
+            **stamp(tier, threads)}
+
+
+# ---------------------------------------------------------------------------------------------------- the jobs
+def run_job(settings: QualityBenchSettings, tier: Mapping[str, Any], kind: str, payload: Mapping[str, Any]) -> dict:
+    """One cell, in whatever process runs it: ``kind`` ``"select"`` (``payload``: the grid point) or ``"cell"``
+    (``arm``, ``seed``, ``protocol``). Writes the cell's record (a failed one on any exception) and returns
+    ``{"path", "status", "line"}``."""
+    import torch
+
+    if settings.threads:
+        torch.set_num_threads(settings.threads)
+    records = Records(settings.records)
+    started = time.perf_counter()
+    bench = Bench(settings)
+    if kind == "select":
+        point = dict(payload["point"])
+        key, path = {"point": point, "name": point_name(point)}, records.select_path(point_name(point))
+        try:
+            record = select_record(bench, point, bench.select_point(point), tier, time.perf_counter() - started)
+        except Exception as exc:  # noqa: BLE001 - a point that fails (diverges) is recorded and cannot be chosen
+            record = failed_record(kind, key, exc, tier, settings.threads, time.perf_counter() - started)
+    else:
+        arm, seed, protocol = payload["arm"], int(payload["seed"]), dict(payload["protocol"])
+        key, path = {"arm": arm, "seed": seed, "protocol": protocol}, records.cell_path(arm, seed)
+        try:
+            run_cell(bench, arm, seed, protocol)
+            record = cell_record(bench, arm, seed, protocol, tier, time.perf_counter() - started)
+        except Exception as exc:  # noqa: BLE001 - any failure of one cell must not stop the others
+            record = failed_record(kind, key, exc, tier, settings.threads, time.perf_counter() - started)
+        if record["status"] == DONE and not settings.keep_checkpoints:
+            for checkpoints in seed_dir(bench.out, arm, seed).glob("**/checkpoints"):
+                shutil.rmtree(checkpoints, ignore_errors=True)
+    write_record(path, record)
+    label = key.get("name") or f"{key['arm']}/seed{key['seed']}"
+    wall = record["timings"]["wall_s"]
+    line = f"{label}: done in {wall:.0f} s" if record["status"] == DONE else \
+        f"{label}: FAILED — {record['error'].splitlines()[0][:200]}"
+    return {"path": str(path), "status": record["status"], "line": line}
+
+
+def run_jobs(settings: QualityBenchSettings, tier: Mapping[str, Any], jobs: Sequence[tuple[str, dict]],
+             parallel: int, say: Callable[[str], None], landed: Callable[[dict], None]) -> list[dict]:
+    """Run ``jobs`` (``(kind, payload)``) ``parallel`` at a time, each in its own process (``spawn``; one cell per
+    process, so its memory is returned), or in this process when ``parallel`` is 1; ``landed`` is called with each
+    result as it comes in."""
+    results = []
+    if parallel <= 1 or len(jobs) <= 1:
+        for index, (kind, payload) in enumerate(jobs, 1):
+            say(f"[{index}/{len(jobs)}] {kind} {_job_label(kind, payload)}: running")
+            result = run_job(settings, tier, kind, payload)
+            say(f"[{index}/{len(jobs)}] {result['line']}")
+            landed(result)
+            results.append(result)
+        return results
+    options: dict[str, Any] = {"max_workers": parallel, "mp_context": multiprocessing.get_context("spawn")}
+    if "max_tasks_per_child" in ProcessPoolExecutor.__init__.__code__.co_varnames:
+        options["max_tasks_per_child"] = 1
+    with ProcessPoolExecutor(**options) as pool:
+        pending: dict[Future, tuple[str, dict]] = {}
+        queue = list(jobs)
+        done_count = 0
+        while queue or pending:
+            while queue and len(pending) < parallel:
+                kind, payload = queue.pop(0)
+                say(f"[{done_count + len(pending) + 1}/{len(jobs)}] {kind} {_job_label(kind, payload)}: running")
+                pending[pool.submit(run_job, settings, tier, kind, payload)] = (kind, payload)
+            finished, _ = wait(pending, return_when=FIRST_COMPLETED)
+            for future in finished:
+                kind, payload = pending.pop(future)
+                done_count += 1
+                result = future.result()
+                say(f"[{done_count}/{len(jobs)}] {result['line']}")
+                landed(result)
+                results.append(result)
+    return results
+
+
+def _job_label(kind: str, payload: Mapping[str, Any]) -> str:
+    return point_name(payload["point"]) if kind == "select" else f"{payload['arm']}/seed{payload['seed']}"
+
+
+def parse_cells(items: Sequence[str], settings: QualityBenchSettings) -> list[tuple[str, int]]:
+    """``--cells ARM:SEED,ARM`` → the arm × seed cells to run (``ARM`` alone: every seed of the arm); each must
+    be an arm and seed of the comparison (an A/A arm's seeds are its shifted ones)."""
+    cells: list[tuple[str, int]] = []
+    for item in items:
+        arm, _, seed = str(item).strip().partition(":")
+        if arm not in settings.methods:
+            raise ConfigError(f"cell '{item}': '{arm}' is not an arm of the comparison ({', '.join(settings.methods)})")
+        seeds = settings.arm_seeds(arm)
+        if seed:
+            try:
+                chosen = [int(seed)]
+            except ValueError:
+                raise ConfigError(f"cell '{item}': the seed must be a number, e.g. {arm}:{seeds[0]}") from None
+            if chosen[0] not in seeds:
+                raise ConfigError(f"cell '{item}': seed {chosen[0]} is not one of {arm}'s seeds {seeds}")
+        else:
+            chosen = seeds
+        cells += [(arm, s) for s in chosen if (arm, s) not in cells]
+    return cells
+
+
 # ---------------------------------------------------------------------------------------------- running
-def run_quality_bench(settings: QualityBenchSettings,
-                      progress: Callable[[str], None] | None = None) -> dict[str, Any]:
-    """Run (or resume) the comparison and write the report; returns :func:`summarize`'s dict."""
+def run_quality_bench(settings: QualityBenchSettings, progress: Callable[[str], None] | None = None,
+                      cells: Sequence[str] | None = None, select_only: bool = False, jobs: int = 1,
+                      commit_records: bool = False) -> dict[str, Any]:
+    """Run (or resume) the comparison's cells that have no current record and write the report; returns
+    :func:`~pretrieve.bench.quality.summary.summarize`'s dict. ``cells``: only these arm × seeds (``ARM:SEED`` or
+    ``ARM``); ``select_only``: only the dev grid; ``jobs``: cells at once, each in its own process;
+    ``commit_records``: commit each record with git as it lands."""
     settings = settings.resolved()
+    if jobs < 1:
+        raise ConfigError(f"jobs must be ≥ 1, got {jobs}")
+    if settings.threads is None:
+        settings = replace(settings, threads=max(1, (os.cpu_count() or 1) // jobs))
+    wanted = parse_cells(cells, settings) if cells else [(a, s) for a in settings.methods for s in settings.arm_seeds(a)]
     say = progress or (lambda line: logger.info("%s", line))
     out = Path(settings.out)
     out.mkdir(parents=True, exist_ok=True)
-    state = load_state(out, settings)
-    save_state(out, state)
-    bench = Bench(settings, state)
-    chosen = bench.choose_protocol(say)
-    cells = [(arm, seed) for arm in settings.methods for seed in settings.arm_seeds(arm)]
-    for index, (arm, seed) in enumerate(cells, 1):
-        key = run_key(arm, seed)
-        record = state["runs"].get(key, {})
-        if record.get("status") == "done" and cell_is_current(bench, arm, seed):
-            say(f"[{index}/{len(cells)}] {key}: done earlier, skipped")
-            continue
-        if record.get("status") == "failed" and not settings.retry_failed:
-            error = str(record.get("error", "")).splitlines()[0][:160] if record.get("error") else "?"
-            say(f"[{index}/{len(cells)}] {key}: failed earlier ({error}), skipped (--retry-failed runs it again)")
-            continue
-        say(f"[{index}/{len(cells)}] {key}: running")
-        state["runs"][key] = {"status": "running", "started": _now()}
-        save_state(out, state)
-        started = time.perf_counter()
-        try:
-            run_cell(bench, arm, seed, chosen)
-            state["runs"][key] = {"status": "done", "started": state["runs"][key]["started"],
-                                  "finished": _now(), "wall_s": round(time.perf_counter() - started, 1)}
-            say(f"[{index}/{len(cells)}] {key}: done in {time.perf_counter() - started:.0f} s")
-        except Exception as exc:  # noqa: BLE001 - any failure of one cell must not stop the others
-            error = f"{type(exc).__name__}: {exc}".strip()
-            logger.error("%s failed: %s", key, error)
-            state["runs"][key] = {"status": "failed", "started": state["runs"][key]["started"],
-                                  "finished": _now(), "wall_s": round(time.perf_counter() - started, 1),
-                                  "error": error, "traceback": traceback.format_exc(limit=8)}
-            say(f"[{index}/{len(cells)}] {key}: FAILED — {error.splitlines()[0][:200]}")
-        save_state(out, state)
-        _write_arm_status(out, arm, state)
-        if index < len(cells):
-            try:   # a partial report while the comparison runs; the final one below is the one that counts
-                write_report(out, summarize(out), plot=False)
-            except Exception as exc:  # noqa: BLE001
-                logger.warning("partial report not written: %s", exc)
-    if settings.probe_steps:
-        state["gates"] = compute_gates(bench)
-        save_state(out, state)
-    summary = summarize(out)
-    write_report(out, summary, plot=True)
+    records = Records(settings.records)
+    tier = records.open(settings.fingerprint(), settings.precision, settings.growing())
+    bench = Bench(settings)     # the derived collection and the pre-training union, made once here
+
+    def landed(result: Mapping[str, Any]) -> None:
+        if commit_records:
+            commit([Path(result["path"])], f"Claims records ({records.root.name}): {result['line']}")
+
+    state = selection(records, tier)
+    if state is not None and state["todo"]:
+        select_arm = settings.select_arm
+        bench.prepare([select_arm])
+        say(f"[select] pre-training {select_arm}/seed{settings.arm_seeds(select_arm)[0]} for the dev grid "
+            f"({len(state['todo'])} of {len(grid_points(tier['grid']))} points to run)")
+        _with_threads(settings.threads * jobs, lambda: bench.pretrained(select_arm, settings.arm_seeds(select_arm)[0]))
+        points = {point_name(p): p for p in grid_points(tier["grid"])}
+        run_jobs(settings, tier, [("select", {"point": points[name]}) for name in state["todo"]], jobs, say, landed)
+        state = selection(records, tier)
+    if state is not None:
+        scores = ", ".join(f"{name} {value:.4f}" for name, value in state["scores"].items())
+        say(f"[select] dev {PRIMARY}: {scores}")
+        if state["chosen"] is None:
+            say("[select] no protocol chosen yet (points missing or all failed): no arm × seed cell runs")
+    protocol = None if state is None else state["chosen"]
+    if not select_only and (state is None or protocol is not None):
+        protocol = protocol or {}
+        todo = []
+        for arm, seed in wanted:
+            record = records.cell(arm, seed, tier, protocol, status=None)
+            if record is not None and record["status"] == DONE:
+                say(f"{arm}/seed{seed}: recorded, skipped")
+            elif record is not None and not settings.retry_failed:
+                say(f"{arm}/seed{seed}: failed earlier ({record.get('error', '?').splitlines()[0][:160]}), skipped "
+                    "(--retry-failed runs it again)")
+            else:
+                todo.append((arm, seed))
+        if todo:
+            bench.prepare([arm for arm, _ in todo])
+            run_jobs(settings, tier, [("cell", {"arm": arm, "seed": seed, "protocol": protocol})
+                                      for arm, seed in todo], jobs, say, landed)
+    summary = summarize(records.root)
+    write_report(out, summary, records.root, plot=True)
     return summary
 
 
-def cell_is_current(bench: Bench, arm: str, seed: int) -> bool:
-    """Whether every recipe of an arm × seed has current results and its coverage is current."""
-    directory = seed_dir(bench.out, arm, seed)
-    pretrained = arm_method(arm)[0] == NO_PRETRAIN or recipes.results_are_current(directory)
-    return pretrained and all(recipes.results_are_current(directory / fold_dir(f)) for f in bench.settings.folds) \
-        and artifacts.is_current(*bench.coverage_record(arm, seed), kind="coverage") \
-        and all(artifacts.is_current(*bench.probe_record(arm, seed, step), kind="probe")
-                for step in bench.probe_steps(arm, seed))
+def _with_threads(threads: int, work: Callable[[], Any]) -> Any:
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(max(1, threads))
+    try:
+        return work()
+    finally:
+        torch.set_num_threads(before)
 
 
 def run_cell(bench: Bench, arm: str, seed: int, chosen: Mapping[str, Any]) -> None:
-    """One arm × seed: its pre-training, every fold, the coverage of its checkpoint; then its training
-    checkpoints are removed unless kept (the probe steps' are the probes' to remove)."""
+    """One arm × seed: its pre-training, every fold, the coverage of its checkpoint, its probes (first seed)."""
     for fold in bench.settings.folds:
         bench.fold(arm, seed, fold, chosen)
     bench.coverage(arm, seed)
     bench.probe(arm, seed)
-    if not bench.settings.keep_checkpoints:
-        directory = seed_dir(bench.out, arm, seed)
-        for checkpoints in directory.glob("**/checkpoints"):
-            shutil.rmtree(checkpoints, ignore_errors=True)

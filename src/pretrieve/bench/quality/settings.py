@@ -22,9 +22,12 @@ logger = logging.getLogger(__name__)
 PRIMARY = "nDCG@10"
 RETRIEVER = "finetune-s1"                  # the run name the recipe gives the stage-1 retriever
 DEFAULT_FOLDS = ("train:test",)
-STATE_FILE = "bench.json"
-STATUS_FILE = "status.json"
 COVERAGE_FILE = "coverage.json"
+#: The one precision of a whole comparison (pre-training, fine-tuning, every encode, probes): fp32 runs on every
+#: machine kind (a CPU without native bf16 computes bf16 several times slower, and ``auto`` would resolve
+#: differently from machine to machine); recorded in ``tier.json`` and every record, and a record made at another
+#: precision does not count.
+DEFAULT_PRECISION = "fp32"
 
 
 #: Pre-training budget of the full comparison: every method gets the same steps × batch × max length.
@@ -113,6 +116,9 @@ class QualityBenchSettings:
     margin: float = 0.02
     bootstrap: int = 10_000
     probe_steps: tuple[int, ...] = ()
+    precision: str = DEFAULT_PRECISION
+    records: str | None = None              # the records directory (default: <out>/records)
+    threads: int | None = None              # torch threads of each cell (default: the cores / jobs)
     retry_failed: bool = False
     keep_checkpoints: bool = False
     show_progress: bool = False
@@ -167,6 +173,15 @@ class QualityBenchSettings:
         if grid and (self.select_arm not in methods or self.dev_queries < 1):
             raise ConfigError(f"the fine-tuning grid is searched on dev with the arm '{self.select_arm}': add it to "
                               "the methods and keep dev_queries ≥ 1")
+        from pretrieve.precision import check_precision
+
+        if self.precision == "auto":
+            raise ConfigError("a comparison runs at one fixed precision (fp32, bf16 or fp16), not auto: auto resolves "
+                              "differently from machine to machine")
+        check_precision(self.precision, training=True)
+        for where, values in (("pretrain settings", pretrain), ("finetune settings", finetune)):
+            if values.get("precision") not in (None, self.precision):
+                raise ConfigError(f"{where}: precision is the comparison's own ({self.precision}); set --precision")
         probe_steps = tuple(sorted({int(step) for step in self.probe_steps}))
         if probe_steps and (probe_steps[0] < 1 or probe_steps[-1] > int(pretrain.get("max_steps") or 0)):
             raise ConfigError(f"probe steps must lie in [1, max_steps = {pretrain.get('max_steps')}], "
@@ -174,17 +189,26 @@ class QualityBenchSettings:
         return replace(self, methods=methods, seeds=seeds, train=train, pretrain_data=pretrain_data,
                        eval=eval_paths, pretrain=pretrain, finetune=finetune, finetune_per_method=per_method,
                        folds=folds, grid=grid, contrasts=parse_contrasts(self.contrasts, methods),
-                       probe_steps=probe_steps, out=str(Path(self.out).expanduser().absolute()))
+                       probe_steps=probe_steps, out=str(Path(self.out).expanduser().absolute()),
+                       records=str(Path(self.records or Path(self.out) / "records").expanduser().absolute()))
 
     def fingerprint(self) -> dict[str, Any]:
-        """The settings that determine an arm × seed's results (methods, seeds and contrasts may change on a
-        rerun)."""
+        """The settings that determine an arm × seed's results, with paths (made portable by
+        :func:`pretrieve.bench.quality.records.portable_fingerprint`). Arms, seeds, contrasts and the dev grid may
+        grow on a rerun; a cell records the protocol it was fine-tuned with instead; the precision is recorded
+        beside the fingerprint."""
         return {"base": self.base, "pretrain_data": list(self.pretrain_data), "train": self.train,
                 "eval": list(self.eval), "pretrain": self.pretrain, "finetune": self.finetune,
                 "finetune_per_method": self.finetune_per_method, "split": self.split, "depth": self.depth,
                 "coverage_texts": self.coverage_texts, "folds": list(self.folds), "dev_queries": self.dev_queries,
-                "dev_seed": self.dev_seed, "grid": {k: list(v) for k, v in self.grid.items()},
-                "select_arm": self.select_arm if self.grid else None, "probe_steps": list(self.probe_steps)}
+                "dev_seed": self.dev_seed, "select_arm": self.select_arm if self.grid else None,
+                "probe_steps": list(self.probe_steps)}
+
+    def growing(self) -> dict[str, Any]:
+        """What ``tier.json`` keeps beside the fingerprint: what may grow, and the statistics' settings."""
+        return {"methods": list(self.methods), "seeds": list(self.seeds), "contrasts": list(self.contrasts),
+                "grid": {k: list(v) for k, v in self.grid.items()}, "select_arm": self.select_arm,
+                "alpha": self.alpha, "margin": self.margin, "bootstrap": self.bootstrap}
 
     def finetune_for(self, method: str, chosen: Mapping[str, Any] | None = None) -> dict[str, Any]:
         """The fine-tuning settings of an arm (:func:`merged_finetune`)."""
@@ -290,6 +314,11 @@ def grid_points(grid: Mapping[str, Sequence]) -> list[dict[str, Any]]:
     if any("epochs" in point for point in points):
         points = [{**point, "max_steps": 0} if "epochs" in point else point for point in points]
     return points
+
+
+def point_name(point: Mapping[str, Any]) -> str:
+    """A grid point's name (its records file and directory): ``{"lr": 3e-4, "epochs": 10}`` → ``lr0.0003-epochs10``."""
+    return "-".join(f"{key}{point[key]:g}" for key in ("lr", "epochs") if key in point) or "default"
 
 
 def parse_overrides(text: str | None, where: str) -> dict[str, Any]:

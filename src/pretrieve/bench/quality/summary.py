@@ -1,99 +1,104 @@
-"""What the report of ``pretrieve bench quality`` shows, recomputed from ``bench.json`` and the saved TREC runs only.
+"""What the report of ``pretrieve bench quality`` shows, recomputed from the comparison's records only.
 
-Per arm, measure and collection (the training collection pooled over the folds, each zero-shot collection):
+The records (:mod:`pretrieve.bench.quality.records`: ``tier.json``, one file per dev-grid point and per arm × seed)
+are the one input: no checkpoint, run file or scratch directory is read, so a fresh clone with the committed records
+rebuilds every number. Per arm, measure and collection:
 
 * **cell** — each seed's score (in-domain: the mean over the pooled queries of every fold's test split, each
   query scored by the model that did not train on it; zero-shot: per query the mean over the folds' models, then
   the mean over queries); mean ± sample standard deviation (ddof 1; 0 with one seed) over seeds;
 * **avg** — per seed, the mean over collections; then mean ± std over seeds;
 * **vs** — the secondary paired t-test (:func:`pretrieve.evaluation.significance.paired_ttest`) against ``mlm``
-  and ``none``, over the per-query scores averaged over each arm's seeds (a query evaluated in neither arm is left
-  out; one missing from a run scores 0 there);
+  and ``none``, over the per-query scores averaged over each arm's seeds (it ignores seed variance: descriptive);
 * **contrasts** — for every contrast of the declared family: the multi-bootstrap
   (:func:`pretrieve.evaluation.significance.multi_bootstrap`, queries resampled within folds, seeds within arms):
-  Δ, its 95 % interval, p, σ_q, τ, the standard error and the MDE (80 % power; also at Holm's first step); the
-  Holm-adjusted p over the family (per measure and collection); the t-test; and the decision of the issue's rule
-  (:func:`pretrieve.evaluation.significance.decide`) with the margin;
-* **pre-training speed** — wall time of the ``pretrain`` recipe and samples/s of training alone from the trainer's
-  ``logs.jsonl`` (``steps × batch / Σ window seconds``, complete across resumes); fine-tuning and evaluation
-  seconds summed over folds; means over seeds;
-* **coverage** — the mean over seeds of each coverage variant's ratio per k.
+  Δ, its 95 % interval, p, σ_q, τ, the standard error, the MDE of the test and of the rule, the rule's power at
+  the margin; the Holm-adjusted p over the family (a declared contrast without results counts as p = 1, so the
+  family keeps its size); the t-test; and the decision of the rule
+  (:func:`pretrieve.evaluation.significance.decide`; *descriptive* when an arm has one seed);
+* **pre-training speed** — samples/s of training from the trainer's logs and the stages' wall times, means over
+  seeds; **coverage** — the mean over seeds of each coverage variant's ratio per k;
+* **selection** — every dev-grid point's dev score and the chosen point (once every point has a record);
+* **gates** — :func:`pretrieve.bench.quality.gates.compute_gates` on the records' probes and coverage.
+
+Only current records count (:meth:`pretrieve.bench.quality.records.Records.cell`): a record made with another
+precision, other settings or another protocol is neither done nor pending work's result — it is ignored (and the
+harness runs the cell again).
 """
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 import numpy as np
 
 from pretrieve.bench.quality.arms import BASELINES, arm_seeds, parse_contrast, split_family
+from pretrieve.bench.quality.gates import compute_gates
+from pretrieve.bench.quality.records import DONE, FAILED, Records
 from pretrieve.bench.quality.recipes import MEASURES
-from pretrieve.bench.quality.settings import (COVERAGE_FILE, RETRIEVER, STATE_FILE, fold_dir, parse_fold, run_key,
-                                              seed_dir)
-from pretrieve.errors import InputError
-
-_EVALUATED: dict[tuple, Any] = {}
+from pretrieve.bench.quality.settings import PRIMARY, RETRIEVER, grid_points, point_name
 
 
-def _evaluated(evaluator, run_path: Path, qrels_path: Path):
-    """The run's :class:`EvalResult`, memoised per (run file, qrels file) with their sizes and mtimes, so that
-    the partial reports written while a comparison runs do not re-read every earlier run."""
-    from pretrieve.data.trec import read_run
+def flat_settings(tier: Mapping[str, Any]) -> dict[str, Any]:
+    """The tier's settings as the report shows them: collections and models by name (their digests under
+    ``identities``), with the growing lists and the statistics' settings."""
+    fp = tier["fingerprint"]
+    names = {"base": fp["base"]["name"], "train": fp["train"]["name"], "eval": [e["name"] for e in fp["eval"]],
+             "pretrain_data": [e["name"] for e in fp["pretrain_data"]]}
+    return {**fp, **names, "identities": {k: fp[k] for k in names}, "precision": tier["precision"],
+            "methods": list(tier.get("methods") or []), "seeds": list(tier.get("seeds") or []),
+            "contrasts": list(tier.get("contrasts") or []), "grid": tier.get("grid") or {},
+            "alpha": float(tier.get("alpha", 0.05)), "margin": float(tier.get("margin", 0.02)),
+            "bootstrap": int(tier.get("bootstrap", 10_000)), "select_arm": tier.get("select_arm")}
 
-    key = tuple((str(p), p.stat().st_size, p.stat().st_mtime_ns) for p in (run_path, qrels_path))
-    if key not in _EVALUATED:
-        _EVALUATED[key] = evaluator(read_run(run_path), name=str(run_path))
-    return _EVALUATED[key]
 
-
-def run_path(out: Path, arm: str, seed: int, fold: str, collection: str, split: str) -> Path:
-    """The saved TREC run of an arm × seed's fold model on a collection (``name`` or ``name:split``)."""
-    tag = collection if split == "test" else f"{collection}:{split}"
-    return seed_dir(out, arm, seed) / fold_dir(fold) / "runs" / f"{RETRIEVER}__{tag}.trec"
+def selection(records: Records, tier: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The dev grid's state from the records: every point's dev score (``scores``: the dev curve), the points
+    still to run, and the chosen point — the best dev nDCG@10 (computed from the per-query scores; ties to the
+    first point of the grid order) once every point has a current record, else None. None without a grid."""
+    grid = tier.get("grid") or {}
+    if not grid:
+        return None
+    points = grid_points(grid)
+    scores, todo, failed = {}, [], {}
+    for point in points:
+        name = point_name(point)
+        record = records.select_point(name, tier)
+        if record is None:
+            todo.append(name)
+        elif record.get("status") == FAILED:
+            failed[name] = record.get("error")
+            scores[name] = float("-inf")    # a point that diverged cannot be chosen
+        else:
+            per_query = record["dev"]["per_query"]
+            scores[name] = float(np.mean(list(per_query.values()))) if per_query else 0.0
+    chosen = None
+    if not todo:
+        best = max(range(len(points)), key=lambda i: (scores[point_name(points[i])], -i))
+        if scores[point_name(points[best])] > float("-inf"):
+            chosen = points[best]
+    fp = tier["fingerprint"]
+    arm = tier.get("select_arm")
+    seed = arm_seeds(arm, tier.get("seeds") or [0])[0] if arm else None
+    return {"arm": arm, "seed": seed, "fold": fp["folds"][0], "measure": PRIMARY, "split": "dev",
+            "dev_queries": fp.get("dev_queries"), "grid": grid, "scores": scores, "failed": failed, "todo": todo,
+            "chosen": chosen}
 
 
 class Scores:
-    """Per-query scores of every finished arm × seed: ``scores(arm, seed, collection, measure)`` →
-    ``{query key: score}``; in-domain keys are ``(fold, query id)``, zero-shot ones the query id."""
+    """Per-query scores of every finished arm × seed, from its record: ``scores(arm, seed, collection, measure)``
+    → ``{query key: score}``; in-domain keys are ``(fold, query id)``, zero-shot ones the query id (its score the
+    mean over the folds' models; a query a fold's model did not answer scores 0 there)."""
 
-    def __init__(self, out: Path, fingerprint: Mapping[str, Any]):
-        from pretrieve.data.beir import load_qrels
-        from pretrieve.data.collection import BeirCollection
-        from pretrieve.evaluation import RunEvaluator
-
-        self.out = out
-        self.folds = list(fingerprint.get("folds") or ["train:test"])
-        train = Path(fingerprint["train"]).name
-        self.in_domain = train
-        self.split = fingerprint["split"]
-        self.names = [Path(c).name for c in fingerprint["eval"]]
-        derived = out / "collections" / train
-        self.qrels: dict[tuple[str, str], Path] = {}
-        for fold in self.folds:
-            self.qrels[(train, fold)] = BeirCollection(derived).qrels_path(parse_fold(fold)[1])
-        for path in fingerprint["eval"]:
-            if Path(path).name != train:
-                self.qrels[(Path(path).name, "")] = BeirCollection(Path(path)).qrels_path(self.split)
-        self.evaluators = {key: RunEvaluator(load_qrels(path), list(MEASURES)) for key, path in self.qrels.items()}
-
-    def runs(self, arm: str, seed: int) -> dict[str, dict[str, Path]]:
-        """``{fold: {collection: run file}}``."""
-        return {fold: {name: run_path(self.out, arm, seed, fold, name,
-                                      parse_fold(fold)[1] if name == self.in_domain else self.split)
-                       for name in self.names} for fold in self.folds}
-
-    def results(self, arm: str, seed: int, fold: str, name: str):
-        key = (name, fold if name == self.in_domain else "")
-        path = self.runs(arm, seed)[fold][name]
-        return _evaluated(self.evaluators[key], path, self.qrels[key])
+    def __init__(self, cells: Mapping[tuple[str, int], Mapping[str, Any]], in_domain: str):
+        self.cells, self.in_domain = cells, in_domain
 
     def scores(self, arm: str, seed: int, name: str, measure: str) -> dict[Any, float]:
+        by_fold = self.cells[(arm, seed)]["scores"][name]
         if name == self.in_domain:
-            return {(fold, qid): value for fold in self.folds
-                    for qid, value in self.results(arm, seed, fold, name).per_query[measure].items()}
-        per_fold = [self.results(arm, seed, fold, name).per_query[measure] for fold in self.folds]
+            return {(fold, qid): float(value) for fold, per in by_fold.items() for qid, value in per[measure].items()}
+        per_fold = [per[measure] for per in by_fold.values()]
         queries = list(dict.fromkeys(q for scores in per_fold for q in scores))
         return {qid: float(np.mean([scores.get(qid, 0.0) for scores in per_fold])) for qid in queries}
 
@@ -125,85 +130,98 @@ def _ttest(a, b, alpha: float) -> dict:
 
 def contrast_entries(per_arm: Mapping[str, Sequence[Mapping[Any, float]]], contrasts: Sequence[str],
                      alpha: float, margin: float, n_boot: int) -> list[dict[str, Any]]:
-    """Every contrast whose two arms have results: bootstrap, Holm within its family (``FAMILY:a-b``; unlabelled
-    contrasts form the primary family) over those that have results, t-test, decision."""
-    from pretrieve.evaluation.significance import decide, holm, multi_bootstrap
+    """Every declared contrast: bootstrap, Holm within its family (``FAMILY:a-b``; unlabelled contrasts form the
+    primary family), t-test, decision. A declared contrast whose arms have no results yet stays in its family with
+    p = 1 (``missing``: no estimate) so that the family keeps its registered size — Holm never adjusts over fewer
+    tests because an arm failed or has not run."""
+    from pretrieve.evaluation.significance import holm, multi_bootstrap
 
     arms = list(per_arm)
     entries = []
     for labelled in contrasts:
         family, name = split_family(labelled)
         a, b = parse_contrast(name, arms)
-        if not per_arm.get(a) or not per_arm.get(b):
-            continue
-        keys, x, y = _paired(per_arm[a], per_arm[b])
-        if not keys:
+        keys, x, y = _paired(per_arm.get(a) or [], per_arm.get(b) or [])
+        if not per_arm.get(a) or not per_arm.get(b) or not keys:
+            entries.append({"contrast": name, "family": family, "a": a, "b": b, "missing": True, "p_value": 1.0})
             continue
         folds = [key[0] if isinstance(key, tuple) else "all" for key in keys]
         result = multi_bootstrap(x, y, folds, n_boot=n_boot, alpha=alpha)
-        entries.append({"contrast": name, "family": family, "a": a, "b": b, **result.to_dict(),
+        entries.append({"contrast": name, "family": family, "a": a, "b": b, "missing": False, **result.to_dict(),
                         "ttest": _ttest(per_arm[a], per_arm[b], alpha)})
     for family in dict.fromkeys(e["family"] for e in entries):
         members = [e for e in entries if e["family"] == family]
         adjusted = holm([e["p_value"] for e in members])
         for entry, p_holm in zip(members, adjusted):
             entry["p_holm"] = float(p_holm)
-            entry["mde_holm"] = _mde(entry["se"], alpha, len(members))
-            entry["decision"] = decide(entry["delta"], entry["ci_high"], entry["p_holm"], margin, alpha)
+            entry["family_size"] = len(members)
+            if entry["missing"]:
+                continue
+            entry.update(_power(entry["se"], margin, alpha, len(members)))
+            entry["decision"] = decide_entry(entry, margin, alpha)
             entry["representation_changed"] = None
-    return entries
+    return [e for e in entries if not e["missing"]]
 
 
-def _mde(se: float, alpha: float, tests: int) -> float:
-    from pretrieve.evaluation.significance import minimum_detectable_effect
+def decide_entry(entry: Mapping[str, Any], margin: float, alpha: float) -> str:
+    """The rule's verdict of one contrast entry (descriptive when an arm has one seed)."""
+    from pretrieve.evaluation.significance import decide
 
-    return minimum_detectable_effect(se, alpha=alpha, tests=tests)
+    return decide(entry["delta"], entry["ci_high"], entry["p_holm"], margin, alpha,
+                  seed_variance_estimated=bool(entry.get("seed_variance_estimated", True)))
 
 
-def summarize(out: str | Path) -> dict[str, Any]:
-    """Everything the report shows, recomputed from ``bench.json`` and the saved runs of ``out``."""
-    out = Path(out)
-    path = out / STATE_FILE
-    if not path.exists():
-        raise InputError("no comparison here (bench.json missing)", path=path)
-    state = json.loads(path.read_text(encoding="utf-8"))
-    recorded = state["settings"]
-    fingerprint = recorded["fingerprint"]
-    methods, seeds = recorded["methods"], recorded["seeds"]
-    alpha = float(recorded.get("alpha", 0.05))
-    margin, n_boot = float(recorded.get("margin", 0.02)), int(recorded.get("bootstrap", 10_000))
-    contrasts = list(recorded.get("contrasts", []))
-    scores = Scores(out, fingerprint)
-    names = scores.names
+def _power(se: float, margin: float, alpha: float, tests: int) -> dict[str, float]:
+    """The MDE of the test (Δ ≠ 0 at Holm's first step), the MDE of the *rule* (Δ ≥ margin and significant, 80 %
+    power) and the rule's power when the true Δ equals the margin."""
+    from pretrieve.evaluation.significance import minimum_detectable_effect, rule_mde, rule_power
 
+    return {"mde_holm": minimum_detectable_effect(se, alpha=alpha, tests=tests),
+            "mde_rule": rule_mde(se, margin, alpha=alpha, tests=tests),
+            "power_at_margin": rule_power(margin, se, margin, alpha=alpha, tests=tests)}
+
+
+def summarize(records_dir: str | Path) -> dict[str, Any]:
+    """Everything the report shows, recomputed from the records in ``records_dir`` (module docstring)."""
+    records = Records(records_dir)
+    tier = records.tier()
+    settings = flat_settings(tier)
+    methods, seeds = settings["methods"], settings["seeds"]
+    alpha, margin, n_boot = settings["alpha"], settings["margin"], settings["bootstrap"]
+    contrasts = settings["contrasts"]
+    chosen_state = selection(records, tier)
+    protocol = (chosen_state or {}).get("chosen") or {}
+    names, in_domain = settings["eval"], settings["train"]
+
+    cells: dict[tuple[str, int], dict[str, Any]] = {}
     entries: dict[str, dict[str, Any]] = {}
     for arm in methods:
         done, failed, pending = [], {}, []
         for seed in arm_seeds(arm, seeds):
-            record = state["runs"].get(run_key(arm, seed), {})
-            runs = scores.runs(arm, seed)
-            if record.get("status") == "done" and all(p.exists() for fold in runs.values() for p in fold.values()):
-                done.append(seed)   # (a finished run whose files were removed is pending: a rerun redoes it)
-            elif record.get("status") == "failed":
+            record = records.cell(arm, seed, tier, protocol, status=None) if not tier.get("grid") or \
+                chosen_state["chosen"] is not None else None
+            if record is not None and record.get("status") == DONE:
+                done.append(seed)
+                cells[(arm, seed)] = record
+            elif record is not None and record.get("status") == FAILED:
                 failed[seed] = record.get("error", "unknown error")
             else:
                 pending.append(seed)
         status = "done" if done and not failed and not pending else "failed" if failed and not done else \
             "partial" if done else "pending"
         entries[arm] = {"status": status, "seeds": done, "failed": {str(s): e for s, e in failed.items()},
-                        "pending": pending,
-                        "runs": {str(s): {fold: {n: str(p) for n, p in files.items()}
-                                          for fold, files in scores.runs(arm, s).items()} for s in done},
-                        "scores": {}, "coverage": _coverage_summary(out, arm, done),
-                        "pretrain": _pretrain_summary(out, arm, done, scores.folds)}
-
+                        "pending": pending, "scores": {},
+                        "coverage": _coverage_summary([cells[(arm, s)].get("coverage") for s in done]),
+                        "pretrain": _pretrain_summary([cells[(arm, s)] for s in done]),
+                        "machines": sorted({_machine_label(cells[(arm, s)]) for s in done})}
+    scores = Scores(cells, in_domain)
     per_query = {measure: {name: {arm: [scores.scores(arm, s, name, measure) for s in entry["seeds"]]
                                   for arm, entry in entries.items()} for name in names} for measure in MEASURES}
     for arm, entry in entries.items():
         if not entry["seeds"]:
             continue
         for measure in MEASURES:
-            cells: dict[str, Any] = {}
+            table: dict[str, Any] = {}
             for name in names:
                 per_seed = {seed: float(np.mean(list(values.values()))) if values else 0.0
                             for seed, values in zip(entry["seeds"], per_query[measure][name][arm])}
@@ -211,34 +229,43 @@ def summarize(out: str | Path) -> dict[str, Any]:
                 cell["vs"] = {baseline: _ttest(per_query[measure][name][arm], per_query[measure][name][baseline],
                                                alpha)
                               for baseline in BASELINES if baseline != arm and per_query[measure][name].get(baseline)}
-                cells[name] = cell
-            per_seed_avg = {seed: float(np.mean([cells[n]["per_seed"][str(seed)] for n in names]))
+                table[name] = cell
+            per_seed_avg = {seed: float(np.mean([table[n]["per_seed"][str(seed)] for n in names]))
                             for seed in entry["seeds"]}
-            cells["avg"] = _mean_std(per_seed_avg)
-            entry["scores"][measure] = cells
+            table["avg"] = _mean_std(per_seed_avg)
+            entry["scores"][measure] = table
     contrast_table = {measure: {name: contrast_entries(per_query[measure][name], contrasts, alpha, margin, n_boot)
                                 for name in names} for measure in MEASURES}
-    moved = ((state.get("gates") or {}).get("objectives_move_representation") or {}).get("arms", {})
-    for entry in (e for by_name in contrast_table.values() for entries in by_name.values() for e in entries):
+    gates = compute_gates({arm: cells.get((arm, arm_seeds(arm, seeds)[0])) for arm in methods}) if seeds else {}
+    moved = (gates.get("objectives_move_representation") or {}).get("arms", {})
+    for entry in (e for by_name in contrast_table.values() for entries_ in by_name.values() for e in entries_):
         if entry["b"] == "mlm" and entry["a"] in moved:
             entry["representation_changed"] = bool(moved[entry["a"]]["moved"])
-    return {"settings": {**fingerprint, "methods": methods, "seeds": seeds, "alpha": alpha, "margin": margin,
-                         "bootstrap": n_boot, "contrasts": contrasts},
-            "collections": names, "in_domain": scores.in_domain, "measures": list(MEASURES), "retriever": RETRIEVER,
-            "selection": state.get("selection"), "methods": entries, "contrasts": contrast_table,
-            "gates": state.get("gates")}
+    todo = [f"{arm}/seed{seed}" for arm, entry in entries.items() for seed in entry["pending"]]
+    return {"settings": settings, "collections": names, "in_domain": in_domain, "measures": list(MEASURES),
+            "retriever": RETRIEVER, "selection": chosen_state, "methods": entries, "contrasts": contrast_table,
+            "gates": gates or None, "records": str(records.root),
+            "progress": {"cells_done": sum(len(e["seeds"]) for e in entries.values()),
+                         "cells_failed": sum(len(e["failed"]) for e in entries.values()),
+                         "cells_todo": todo,
+                         "select_done": None if chosen_state is None else
+                         len(chosen_state["scores"]),
+                         "select_todo": None if chosen_state is None else list(chosen_state["todo"])}}
 
 
-def per_query_rows(out: str | Path, summary: Mapping[str, Any]) -> list[dict[str, Any]]:
+def per_query_rows(records_dir: str | Path, summary: Mapping[str, Any]) -> list[dict[str, Any]]:
     """Every finished arm × seed's per-query scores with their fold label (``per_query.tsv``): in-domain rows
     carry the fold whose model scored the query; zero-shot rows the mean over the folds' models (fold ``mean``)."""
-    out = Path(out)
-    state = json.loads((out / STATE_FILE).read_text(encoding="utf-8"))
-    scores = Scores(out, state["settings"]["fingerprint"])
+    records = Records(records_dir)
+    tier = records.tier()
+    protocol = (summary.get("selection") or {}).get("chosen") or {}
+    cells = {(arm, seed): records.cell(arm, seed, tier, protocol) for arm, entry in summary["methods"].items()
+             for seed in entry["seeds"]}
+    scores = Scores(cells, summary["in_domain"])
     rows = []
     for arm, entry in summary["methods"].items():
         for seed in entry["seeds"]:
-            for name in scores.names:
+            for name in summary["collections"]:
                 by_measure = {m: scores.scores(arm, seed, name, m) for m in MEASURES}
                 for key in by_measure[MEASURES[0]]:
                     fold, qid = key if isinstance(key, tuple) else ("mean", key)
@@ -247,12 +274,15 @@ def per_query_rows(out: str | Path, summary: Mapping[str, Any]) -> list[dict[str
     return rows
 
 
-def _coverage_summary(out: Path, arm: str, seeds: Sequence[int]) -> dict[str, Any]:
-    reports = []
-    for seed in seeds:
-        path = seed_dir(out, arm, seed) / COVERAGE_FILE
-        if path.exists():
-            reports.append(json.loads(path.read_text(encoding="utf-8")))
+def _machine_label(record: Mapping[str, Any]) -> str:
+    machine = record.get("machine") or {}
+    device = machine.get("device") or {}
+    where = device.get("name") if device.get("type") == "cuda" else machine.get("cpu")
+    return f"{where} ({device.get('type', 'cpu')}, {machine.get('threads')} threads)"
+
+
+def _coverage_summary(reports: Sequence[Mapping[str, Any] | None]) -> dict[str, Any]:
+    reports = [r for r in reports if r]
     if not reports:
         return {}
     ks = sorted({int(k) for report in reports for k in report["coverage"]})
@@ -268,42 +298,15 @@ def _coverage_summary(out: Path, arm: str, seeds: Sequence[int]) -> dict[str, An
             "head_created": any(r.get("head_created") for r in reports), "num_texts": reports[0].get("num_texts")}
 
 
-def pretrain_speed(directory: Path) -> dict[str, Any] | None:
-    """Wall time of a run's pretrain stage and training samples/s from its ``logs.jsonl`` (module docstring)."""
-    from pretrieve.train.loop import read_logs
-
-    pretrain_dir = directory / "pretrain"
-    config_path = pretrain_dir / "pretrain_config.json"
-    if not config_path.exists():
-        return None
-    batch_size = int(json.loads(config_path.read_text(encoding="utf-8"))["batch_size"])
-    previous, train_s = 0, 0.0
-    for entry in read_logs(pretrain_dir):
-        steps = int(entry["step"]) - previous
-        previous = int(entry["step"])
-        if entry.get("samples_per_s"):
-            train_s += steps * batch_size / float(entry["samples_per_s"])
-    timings = _timings(directory)
-    return {"steps": previous, "batch_size": batch_size, "train_s": train_s, "wall_s": timings.get("pretrain"),
-            "samples_per_s": previous * batch_size / train_s if train_s > 0 else None}
-
-
-def _timings(directory: Path) -> dict[str, float]:
-    path = directory / "results.json"
-    return json.loads(path.read_text(encoding="utf-8")).get("timings_s", {}) if path.exists() else {}
-
-
-def _pretrain_summary(out: Path, arm: str, seeds: Sequence[int], folds: Sequence[str]) -> dict[str, Any]:
-    speeds = [s for s in (pretrain_speed(seed_dir(out, arm, seed)) for seed in seeds) if s is not None]
+def _pretrain_summary(cells: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """Means over seeds of the pre-training speed and the stages' seconds recorded in each cell."""
     summary: dict[str, Any] = {}
     for key in ("wall_s", "train_s", "samples_per_s"):
-        values = [s[key] for s in speeds if s.get(key) is not None]
+        values = [(c.get("pretrain") or {}).get(key) for c in cells]
+        values = [v for v in values if v is not None]
         summary[key] = float(np.mean(values)) if values else None
-    for key, stage in (("finetune_s", RETRIEVER), ("evaluate_s", "evaluate")):
-        values = []
-        for seed in seeds:
-            times = [_timings(seed_dir(out, arm, seed) / fold_dir(f)).get(stage) for f in folds]
-            if all(t is not None for t in times):
-                values.append(float(sum(times)))
+    for key in ("finetune_s", "evaluate_s"):
+        values = [(c.get("timings") or {}).get(key) for c in cells]
+        values = [v for v in values if v is not None]
         summary[key] = float(np.mean(values)) if values else None
     return summary
