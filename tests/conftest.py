@@ -15,6 +15,15 @@ torch.set_num_threads(1)
 REPO = Path(__file__).resolve().parents[1]
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _session_user_cache(tmp_path_factory):
+    """pretrieve's user cache (Arrow datasets, corpus embeddings) in a temporary directory for the test session,
+    not the user's ``~/.cache/pretrieve``, unless ``$PRETRIEVE_CACHE`` is set."""
+    if "PRETRIEVE_CACHE" not in os.environ:
+        os.environ["PRETRIEVE_CACHE"] = str(tmp_path_factory.mktemp("pretrieve-cache"))
+    yield
+
+
 def shared_data_dir() -> Path:
     """Where the real BEIR-layout collections live: env PRETRIEVE_DATA, else ../shared/data beside the checkout."""
     if "PRETRIEVE_DATA" in os.environ:

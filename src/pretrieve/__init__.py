@@ -11,9 +11,8 @@ import importlib
 __version__ = "0.1.0"
 
 _EXPORTS = {
-    "pretrieve.api": ("bm25", "encode", "evaluate", "export", "finetune", "fuse", "pretrain", "run_recipe",
-                      "search"),
-    "pretrieve.retrieval.load": ("load_retriever",),
+    "pretrieve.api": ("bm25", "encode", "evaluate", "export", "finetune", "fuse", "load_retriever", "pretrain",
+                      "run_recipe", "search"),
 }
 _MODULE_OF = {name: module for module, names in _EXPORTS.items() for name in names}
 __all__ = ["__version__", *sorted(_MODULE_OF)]

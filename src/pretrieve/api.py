@@ -25,9 +25,12 @@ configuration (``max_steps``, ``batch_size``, ``lr``, … — ``pretrieve pretra
 unknown one is refused with the closest name. Errors name these Python parameters, not command-line flags.
 
 Nothing here changes global state: no logging handler is added, no log level, environment variable or matplotlib
-backend is set (configure logging yourself to see progress lines). Torch, transformers and FAISS are imported
-inside the verbs that need them, so ``import pretrieve`` stays light and :func:`bm25`, :func:`fuse` and
-:func:`evaluate` of runs never import torch.
+backend is set. Work that takes more than a few seconds shows a progress bar (``show_progress=False`` to be quiet);
+while a verb runs, transformers' warnings, "Loading weights" bars and checkpoint LOAD REPORT tables are held back
+(as the command line does) and restored afterwards. Corpus embeddings are kept in the user cache
+(:mod:`pretrieve.retrieval.cache`, ``$PRETRIEVE_CACHE``): a second :func:`search` of the same corpus with the same
+model encodes no passage. Torch, transformers and FAISS are imported inside the verbs that need them, so
+``import pretrieve`` stays light and :func:`bm25`, :func:`fuse` and :func:`evaluate` of runs never import torch.
 """
 
 from __future__ import annotations
@@ -77,13 +80,15 @@ def pretrain(model: str | Path, corpus: str | Path, out: str | Path, method: str
     accelerate's names; default none; docs/recipes.md, "Tracking").
     """
     from pretrieve.train.pretrainer import pretrain as run_pretraining   # torch: only when training
-    from pretrieve.train.run_config import build_pretrain_config
+    from pretrieve.train.run_config import PretrainOptions, build_pretrain_config
 
     _require(model=model, corpus=corpus, out=out)
+    _check_settings(PretrainOptions, {**settings, "report_to": report_to}, "pretrain()")   # before any download
     required = {"model": str(model), "corpus": resolve_corpus(corpus, data_root=data_root), "out": str(out)}
-    config = build_pretrain_config({**settings, "report_to": report_to}, required, {"method": method},
-                                   where="pretrain()")
-    return run_pretraining(config)
+    with quiet_libraries():
+        config = build_pretrain_config({**settings, "report_to": report_to}, required, {"method": method},
+                                       where="pretrain()")
+        return run_pretraining(config)
 
 
 def finetune(model: str | Path, data: str | Path, out: str | Path, *, stage: int = 1,
@@ -97,22 +102,28 @@ def finetune(model: str | Path, data: str | Path, out: str | Path, *, stage: int
     from pretrieve.train.finetuner import build_finetune_config   # torch: only when training
     from pretrieve.train.finetuner import finetune as run_finetuning
 
+    from pretrieve.train.finetuner import FinetuneConfig
+
     _require(model=model, data=data, out=out)
+    _check_settings(FinetuneConfig, {**settings, "report_to": report_to}, "finetune()")   # before any download
     required = {"model": str(model), "data": str(resolve_collection(data, data_root=data_root)), "out": str(out),
                 "stage": stage}
-    config = build_finetune_config({**settings, "report_to": report_to}, required, where="finetune()")
-    return run_finetuning(config)
+    with quiet_libraries():
+        config = build_finetune_config({**settings, "report_to": report_to}, required, where="finetune()")
+        return run_finetuning(config)
 
 
 # ------------------------------------------------------------------------------------------------ retrieval
 def encode(retriever: Retriever | str | Path, texts: Sequence[str], *, side: str = "passage", batch_size: int = 64,
-           show_progress: bool = False, prompt: str | None = None) -> np.ndarray | dict[str, Any]:
+           show_progress: bool = True, prompt: str | None = None, cache: bool = True) -> np.ndarray | dict[str, Any]:
     """Encode ``texts`` as queries or passages (``side``) with a retriever (loaded, or a model name / path):
     a ``[len(texts), dim]`` float32 array for dense retrievers; the named outputs (sparse matrices, token vectors)
     for other kinds. ``prompt`` (with a model name / path) replaces the side's saved prompt (``""``: none); a
-    loaded retriever takes its prompts from ``load_retriever(query_prompt=…, passage_prompt=…)``."""
+    loaded retriever takes its prompts from ``load_retriever(query_prompt=…, passage_prompt=…)``. ``cache``: dense
+    vectors of 256 texts or more are kept in the user cache (:mod:`pretrieve.retrieval.cache`, keyed by the model's
+    fingerprint, the side's settings and the texts) and reused by a later call."""
+    from pretrieve.retrieval import cache as embedding_cache
     from pretrieve.retrieval.batches import encode_all   # torch
-    from pretrieve.retrieval.load import load_retriever
 
     if side not in SIDES:
         raise ConfigError(f"side must be one of {', '.join(SIDES)}, got {side!r}")
@@ -121,21 +132,37 @@ def encode(retriever: Retriever | str | Path, texts: Sequence[str], *, side: str
     if prompt is not None and not isinstance(retriever, (str, Path)):
         raise ConfigError("prompt: give the prompts of a loaded retriever to load_retriever(query_prompt=..., "
                           "passage_prompt=...)")
-    loaded = (load_retriever(retriever, **{f"{side}_prompt": prompt}) if prompt is not None
-              else _retriever(retriever))
-    outputs = encode_all(getattr(loaded, side), list(texts), batch_size=batch_size, show_progress=show_progress)
+    _positive(batch_size=batch_size)
+    with quiet_libraries():
+        loaded = (load_retriever(retriever, **{f"{side}_prompt": prompt}) if prompt is not None
+                  else _retriever(retriever))
+        texts = list(texts)
+        kept = (embedding_cache.texts_file(loaded, side, texts)
+                if cache and loaded.kind == "dense" and len(texts) >= embedding_cache.MIN_CACHED_TEXTS else None)
+        if kept is not None:
+            vectors = embedding_cache.load_texts(kept, len(texts))
+            if vectors is not None:
+                logger.info("%d %s vectors from the cache (%s)", len(texts), side, kept)
+                return vectors
+        outputs = encode_all(getattr(loaded, side), texts, batch_size=batch_size,
+                             show_progress=show_progress and len(texts) > batch_size, description=f"encode {side}s")
+        if kept is not None:
+            embedding_cache.save_texts(kept, outputs["embeddings"])
     return outputs["embeddings"] if loaded.kind == "dense" else outputs
 
 
 def search(retriever: Retriever | str | Path, data: str | Path, *, split: str = "test",
            queries: Mapping[str, str] | None = None, k: int = 1000, data_root: str | Path | None = None,
-           cache: str | Path | None = None, mode: str | None = None, factory: str = "Flat",
+           cache: str | Path | bool = True, mode: str | None = None, factory: str = "Flat",
            nprobe: int | None = None, ef_search: int | None = None, gpu: bool | None = None, batch_size: int = 64,
-           show_progress: bool = False) -> Run:
+           show_progress: bool = True) -> Run:
     """The top-``k`` passages of collection ``data`` for the queries judged in ``split`` (or for ``queries``,
     ``{query_id: text}``), searched the way the retriever was trained (``mode`` picks another search of a
-    sparse/hybrid model; ``factory`` an approximate FAISS index). ``cache``: a directory where the corpus index is
-    kept and reused while current (default: a temporary one)."""
+    sparse/hybrid model; ``factory`` an approximate FAISS index). ``cache``: where the corpus index is kept and
+    reused while current — by default the user cache (:mod:`pretrieve.retrieval.cache`: keyed by the model's
+    fingerprint, the corpus's digest and the encoding settings, so a second search of the same corpus with the same
+    model encodes no passage), a directory, or ``False`` for a temporary one."""
+    from pretrieve.retrieval.cache import corpus_index_dir
     from pretrieve.retrieval.index import SearchOptions   # torch, FAISS
     from pretrieve.retrieval.search import search as search_corpus
 
@@ -143,8 +170,12 @@ def search(retriever: Retriever | str | Path, data: str | Path, *, split: str = 
     collection = BeirCollection(resolve_collection(data, data_root=data_root))
     wanted = dict(queries) if queries is not None else collection.load_queries(split)
     options = SearchOptions(factory=factory, metric="ip", nprobe=nprobe, ef_search=ef_search, use_gpu=gpu)
-    return search_corpus(_retriever(retriever), wanted, collection.corpus_dataset(), k=k, cache_dir=cache, mode=mode,
-                         options=options, batch_size=batch_size, show_progress=show_progress)
+    with quiet_libraries():
+        loaded = _retriever(retriever)
+        cache_dir = (corpus_index_dir(loaded, collection.corpus_path) if cache is True or cache is None
+                     else None if cache is False else cache)
+        return search_corpus(loaded, wanted, collection.corpus_dataset(), k=k, cache_dir=cache_dir, mode=mode,
+                             options=options, batch_size=batch_size, show_progress=show_progress)
 
 
 def bm25(data: str | Path, *, split: str = "test", queries: Mapping[str, str] | None = None, k: int = 1000,
@@ -210,7 +241,7 @@ def evaluate(runs: RunLike | Sequence[RunLike] | Mapping[str, RunLike] | None = 
              measures: str | Sequence[str] | None = None, test: str | None = "ttest", alpha: float = 0.05,
              correction: str | None = "holm", missing: str = "zero", ignore_identical_ids: bool = False,
              depth: int = 1000, precision: str = "auto", batch_size: int = 64, data_root: str | Path | None = None,
-             show_progress: bool = False) -> ResultsTable | CollectionsTable:
+             show_progress: bool = True) -> ResultsTable | CollectionsTable:
     """Score runs against the ``split`` qrels of collection ``data`` (or against ``qrels``, a file or a dict):
     one row per run, each later run tested against the first (``test``: ttest | permutation | None; ``correction``:
     the p-values of the runs tested against the first adjusted together by Holm, or None).
@@ -279,6 +310,7 @@ def _evaluate_models(models, data, *, out, split, measures, test, alpha, correct
     results: dict[str, dict[str, Any]] = {name: {} for name in named}
     run_files: dict[str, dict[str, str]] = {name: {} for name in named}
     with contextlib.ExitStack() as stack:
+        stack.enter_context(quiet_libraries())
         root = (stack.enter_context(outputs.writing(out)) if out is not None
                 else Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="pretrieve-evaluate-"))))
         for label, collection in collections.items():
@@ -317,8 +349,9 @@ def export(model: str | Path, out: str | Path, *, recipe_out: str | Path | None 
         recipe = load_config_file(Path(recipe_out) / "recipe.resolved.json", "resolved recipe")
         results_md = Path(recipe_out) / "results.md"
         results = results_md.read_text(encoding="utf-8") if results_md.is_file() else None
-    exported = export_model(model, out, query_prompt=query_prompt, passage_prompt=passage_prompt, recipe=recipe,
-                            results=results, license=license, repo_id=push_to_hub)
+    with quiet_libraries():
+        exported = export_model(model, out, query_prompt=query_prompt, passage_prompt=passage_prompt, recipe=recipe,
+                                results=results, license=license, repo_id=push_to_hub)
     if push_to_hub:
         push(exported, push_to_hub, private=private, token=token)
     return exported
@@ -334,11 +367,49 @@ def run_recipe(recipe: str | Path | Mapping[str, Any], *, out: str | Path | None
     ``smoke``: the recipe made tiny, in ``<out>-smoke`` unless ``out`` is given."""
     from pretrieve.recipe import run_recipe as run   # torch: only when running
 
-    return run(recipe, out=out, show_progress=show_progress, redo_changed=redo_changed, data_root=data_root,
-               smoke=smoke)
+    with quiet_libraries():
+        return run(recipe, out=out, show_progress=show_progress, redo_changed=redo_changed, data_root=data_root,
+                   smoke=smoke)
 
 
 # ---------------------------------------------------------------------------------------------------- helpers
+def load_retriever(name_or_path: str | Path, *args: Any, **kwargs: Any) -> Retriever:
+    """:func:`pretrieve.retrieval.load.load_retriever` (same arguments), with transformers' warnings and loading
+    bars held back as in every verb."""
+    from pretrieve.retrieval.load import load_retriever as load   # torch
+
+    with quiet_libraries():
+        return load(name_or_path, *args, **kwargs)
+
+
+@contextlib.contextmanager
+def quiet_libraries():
+    """While a verb runs: transformers' log at ERROR (no "checkpoint seem corrupted" notice, no LOAD REPORT
+    tables: pretrieve loads checkpoints into other architectures on purpose) and its "Loading weights" bars off, as
+    on the command line; both restored afterwards (a verb changes no global state)."""
+    import sys
+
+    hf_logging = sys.modules.get("transformers.utils.logging")
+    if hf_logging is None:
+        import transformers.utils.logging as hf_logging   # the verbs that come here load models anyway
+    level, bars = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        hf_logging.set_verbosity(level)
+        if bars:
+            hf_logging.enable_progress_bar()
+
+
+def _check_settings(config_class: type, settings: Mapping[str, Any], where: str) -> None:
+    """Unknown or ill-typed training settings refused before anything is resolved or downloaded."""
+    from pretrieve.train.run_config import validated_values
+
+    validated_values(config_class, {k: v for k, v in settings.items() if v is not None}, {}, where)
+
+
 def _require(**values: Any) -> None:
     missing = [name for name, value in values.items() if value is None or str(value) == ""]
     if missing:
@@ -353,8 +424,6 @@ def _positive(**values: int) -> None:
 
 def _retriever(retriever: Retriever | str | Path) -> Retriever:
     """A loaded retriever as is; a model name or path loaded with the defaults of ``load_retriever``."""
-    from pretrieve.retrieval.load import load_retriever   # torch
-
     return load_retriever(retriever) if isinstance(retriever, (str, Path)) else retriever
 
 

@@ -11,7 +11,10 @@ timing each (per rank under several processes), and writes ``recipe.resolved.jso
 
 The recipe's run files live in ``runs/<retriever>__<collection>[:split].trec`` (:func:`run_tag`); a retriever's
 corpus index in ``embeddings/<retriever>__<collection>`` (one per retriever and collection, shared by mining and
-evaluation), BM25's in ``bm25-index/<collection>``; both are made by :mod:`pretrieve.retrieval.runs`.
+evaluation), BM25's in ``bm25-index/<collection>``; both are made by :mod:`pretrieve.retrieval.runs`. A retriever
+whose corpus index of the same weights, settings and passages is already in the user's embedding cache
+(:mod:`pretrieve.retrieval.cache`: ``pretrieve.search`` put it there) searches that one instead of encoding the corpus
+again (one process only).
 """
 
 from __future__ import annotations
@@ -76,6 +79,26 @@ class RunState:
         """The corpus index of the retriever named ``retriever`` on ``collection`` (mining and evaluation share it)."""
         return self.out / "embeddings" / f"{retriever}__{collection.name}"
 
+    def corpus_index(self, retriever: str, collection: BeirCollection):
+        """The corpus index directory of the retriever named ``retriever`` on ``collection``, chosen once the
+        retriever is loaded: the user cache's when it is current there (see the module docstring), else
+        :meth:`embeddings`."""
+        own = self.embeddings(retriever, collection.root)
+        if ranks.active():
+            return own
+
+        def choose(loaded) -> Path:
+            from pretrieve.retrieval.cache import cached_index
+
+            shared = cached_index(loaded, collection.corpus_dataset(), collection.corpus_path)
+            if shared is None:
+                return own
+            logger.info("%s on %s: the corpus index in the embedding cache is current (%s); not re-encoding",
+                        retriever, collection.root.name, shared)
+            return shared
+
+        return choose
+
     def run_path(self, label: str, collection: Path, split: str) -> Path:
         """``runs/<label>__<collection>[:split].trec``."""
         return self.out / "runs" / f"{label}__{run_tag(collection, split)}.trec"
@@ -102,7 +125,7 @@ def retriever_run(state: RunState, name: str, model_dir: str, collection: BeirCo
     ``precision`` / ``batch_size``."""
     encoding = dict(encoding or {})
     return runs.retriever_run(model_dir, collection, split, depth, state.run_path(label, collection.root, split),
-                              index_dir=state.embeddings(name, collection.root), mode=mode,
+                              index_dir=state.corpus_index(name, collection), mode=mode,
                               precision=encoding.get("precision", "auto"),
                               batch_size=int(encoding.get("batch_size", 64)), tag=label, show_progress=show_progress)
 

@@ -51,7 +51,8 @@ def is_current(path: str | Path, settings: Mapping[str, Any], inputs: Mapping[st
     return ranks.broadcast(status.current, f"check {Path(path).name}")
 
 
-def search_split(model: str | Path, collection: BeirCollection, index_dir: str | Path | None,
+def search_split(model: str | Path, collection: BeirCollection,
+                 index_dir: str | Path | Callable[[Retriever], Path] | None,
                  outputs: Sequence[Output], count: int,
                  write_part: Callable[[Retriever, Path, int, int, list[Path]], T], what: str, *, depth: int,
                  query_block: int | None = None, batch_size: int = 64, device: str = "auto",
@@ -60,7 +61,8 @@ def search_split(model: str | Path, collection: BeirCollection, index_dir: str |
     """Load the retriever ``model`` (``device``, ``precision``, ``max_length``, ``query_max_length``: see
     :func:`pretrieve.retrieval.load.load_retriever`), encode the collection's corpus into ``index_dir`` (None: a
     temporary directory beside the first output — on the disk the user chose for the results, not the system's
-    temporary one, which may be too small for a large corpus — for one process), then write ``outputs`` from
+    temporary one, which may be too small for a large corpus — for one process; a callable: chosen by it once the
+    retriever is loaded), then write ``outputs`` from
     ``count`` query items split by rank: each rank calls ``write_part(retriever, index, a, b, paths)`` for its slice
     ``[a, b)`` of whole blocks of ``query_block`` queries (default: the search's own block for ``depth``). Returns
     every rank's ``write_part`` result (``check`` may refuse them before anything is written)."""
@@ -69,6 +71,8 @@ def search_split(model: str | Path, collection: BeirCollection, index_dir: str |
                           "index)")
     retriever = load_retriever(model, device=device, precision=precision, max_length=max_length,
                                query_max_length=query_max_length)
+    if callable(index_dir):
+        index_dir = index_dir(retriever)
     with contextlib.ExitStack() as stack:
         root = (Path(index_dir) if index_dir is not None else
                 stack.enter_context(scratch_index(Path(outputs[0][0]).parent if outputs else None)))
@@ -79,7 +83,8 @@ def search_split(model: str | Path, collection: BeirCollection, index_dir: str |
                                  check=check, unit=query_block_size(retriever, depth, query_block))
 
 
-def retriever_run(model: str, collection: BeirCollection, split: str, depth: int, out: Path, *, index_dir: Path,
+def retriever_run(model: str, collection: BeirCollection, split: str, depth: int, out: Path, *,
+                  index_dir: Path | Callable[[Retriever], Path],
                   mode: str | None = None, precision: str = "auto", batch_size: int = 64, tag: str = "pretrieve",
                   show_progress: bool = True) -> Path:
     """``out``: the retriever's top-``depth`` of every ``split`` query, searched now unless current (the corpus
