@@ -207,19 +207,27 @@ def resolve_dense_settings(config: FinetuneConfig, model_path: str) -> FinetuneC
         return dataclasses.replace(config, temperature=1.0 if config.temperature is None else config.temperature,
                                    query_prompt=config.query_prompt or "", passage_prompt=config.passage_prompt or "")
     st = None
-    if config.pooling is None or config.normalize is None or config.query_prompt is None \
-            or config.passage_prompt is None:
-        try:
-            st = read_sentence_transformers_config(ModelFiles(model_path))
-        except (InputError, ConfigError) as exc:
-            logger.warning("cannot read the sentence-transformers config of %s (%s); using cls pooling",
-                           model_path, exc)
+    try:
+        st = read_sentence_transformers_config(ModelFiles(model_path))
+    except (InputError, ConfigError) as exc:
+        logger.warning("cannot read the sentence-transformers config of %s (%s); using cls pooling",
+                       model_path, exc)
     pooling = config.pooling
     if pooling is None:
         pooling = "+".join(st.pooling) if st is not None else "cls"
         if pooling not in ("cls", "mean"):
             raise ConfigError(f"{model_path} declares pooling '{pooling}'; pass --pooling cls or --pooling mean")
     normalize = config.normalize if config.normalize is not None else bool(st is not None and st.normalize)
+    if st is None and (config.pooling is None or config.normalize is None):
+        logger.info("%s declares no pooling (no sentence-transformers modules.json): fine-tuning with %s pooling%s "
+                    "(the papers' default; pass pooling=/normalize= to choose)", model_path, pooling,
+                    ", normalised" if normalize else " and a dot product")
+    elif st is not None:
+        declared = ("+".join(st.pooling), bool(st.normalize))
+        if (pooling, normalize) != declared:
+            logger.warning("%s pools with %s%s; fine-tuning changes that to %s%s as asked", model_path, declared[0],
+                           " + normalisation (cosine)" if declared[1] else " (dot product)", pooling,
+                           " + normalisation (cosine)" if normalize else " (dot product)")
     temperature = config.temperature
     if temperature is None:
         temperature = COSINE_TEMPERATURE if (normalize or config.similarity == "cos") else 1.0

@@ -5,6 +5,10 @@ the collator, and hands them to :func:`pretrieve.train.loop.train` (data order, 
 checkpoints and resume are documented there). The exported ``<out>/final`` holds the encoder loadable
 with ``AutoModel.from_pretrained`` / ``AutoModelForMaskedLM.from_pretrained``, the decoder heads and
 ``method.json`` beside it for continued pre-training, the tokenizer, the resolved config and provenance.
+When the starting checkpoint is a sentence-transformers model (all-MiniLM-L6-v2: mean pooling, then Normalize,
+cosine similarity), ``final`` keeps its modules (``modules.json``, pooling, normalisation, similarity; copied by
+:func:`keep_sentence_transformers_modules`), so fine-tuning, search and export pool and score as the base model did
+— the log says so; a base whose modules cannot be kept is named in a warning.
 A run whose ``final`` already exists is not trained again when its sidecar records the same settings and the
 same inputs (the starting checkpoint's and the corpus's content), and is refused (naming what differs) when it
 does not, as fine-tuning does (:class:`pretrieve.train.run.TrainingRun`).
@@ -166,3 +170,52 @@ class PretrainingRun(TrainingRun):
         unwrapped.save(directory)
         self.tokenizer.save_pretrained(directory)
         write_json(directory / CONFIG_FILE, self.resolved)
+        keep_sentence_transformers_modules(self.config.model, directory)
+
+
+#: The files of a sentence-transformers model besides the transformer's own, and of each module after it.
+ST_ROOT_FILES = ("modules.json", "config_sentence_transformers.json", "sentence_bert_config.json")
+ST_MODULE_FILES = ("config.json", "model.safetensors", "pytorch_model.bin")
+
+
+def keep_sentence_transformers_modules(base: str, directory: Path) -> bool:
+    """Copy the sentence-transformers modules of ``base`` (a local folder or a hub model) after its root
+    ``Transformer`` — pooling, Dense, Normalize — and its similarity into the pre-trained ``directory``, whose
+    transformer replaces the base's; returns whether they were kept. The files are sentence-transformers' own,
+    copied as they are. A base without ``modules.json`` has nothing to keep; one whose input module is not a root
+    ``Transformer`` (a ``Router``) is named in a warning."""
+    import shutil
+
+    from pretrieve.modeling.sentence_transformer import ModelFiles, read_sentence_transformers_config
+    from pretrieve.models import model_label
+
+    if (directory / "modules.json").exists():   # the method wrote its own (TSDAE: sentence-transformers' save)
+        return True
+    files = ModelFiles(base)
+    modules = files.json("modules.json")
+    if modules is None:
+        return False
+    chain = sorted(modules, key=lambda m: m.get("idx", 0)) if isinstance(modules, list) else []
+    if not chain or not str(chain[0].get("type", "")).endswith(".Transformer") or chain[0].get("path", "") != "":
+        logger.warning("%s is a sentence-transformers model whose modules cannot be kept (its input module is not a "
+                       "Transformer at the root): the pre-trained model has none, so fine-tuning uses its own "
+                       "defaults (cls pooling, dot product) unless given pooling=/normalize=", base)
+        return False
+    for name in ST_ROOT_FILES:
+        source = files.file(name)
+        if source is not None:
+            shutil.copyfile(source, directory / name)
+    for module in chain[1:]:
+        path = str(module.get("path", ""))
+        (directory / path).mkdir(parents=True, exist_ok=True)
+        for name in ST_MODULE_FILES:
+            source = files.file(f"{path}/{name}")
+            if source is not None:
+                shutil.copyfile(source, directory / path / name)
+    kept = read_sentence_transformers_config(ModelFiles(str(directory)))
+    logger.info("the pre-trained model keeps the sentence-transformers modules of %s: %s pooling%s, %s similarity "
+                "(fine-tuning, search and export use them; pass pooling=/normalize= to fine-tuning to change them)",
+                model_label(base),
+                "+".join(kept.pooling), ", normalised" if kept.normalize else "",
+                kept.similarity or ("cosine" if kept.normalize else "dot"))
+    return True

@@ -1,0 +1,35 @@
+"""Pre-training and fine-tuning keep the base model's pooling and similarity: all-MiniLM-L6-v2 (mean pooling,
+Normalize, cosine) pre-trained and then fine-tuned is still mean + cosine, and the logs say what was kept or
+changed."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import pretrieve
+from pretrieve.modeling.sentence_transformer import ModelFiles, read_sentence_transformers_config
+
+from test_finetune import write_collection
+
+
+def test_pretrain_then_finetune_of_minilm_keeps_mean_pooling_and_cosine(minilm, tmp_path, caplog):
+    data = write_collection(tmp_path / "data" / "tiny")
+    caplog.set_level(logging.INFO, logger="pretrieve")
+    encoder = pretrieve.pretrain(minilm, data, tmp_path / "pretrain", method="bow", max_steps=1, batch_size=2,
+                                 max_len=32, show_progress=False)
+    kept = read_sentence_transformers_config(ModelFiles(str(encoder)))
+    assert kept is not None and kept.pooling == ("mean",) and kept.normalize and kept.similarity in (None, "cosine")
+    assert "keeps the sentence-transformers modules of minilm" in caplog.text and "mean pooling, normalised, cosine similarity" in caplog.text
+
+    tuned = pretrieve.finetune(encoder, data, tmp_path / "finetune", max_steps=1, batch_size=2, num_negatives=1,
+                               show_progress=False)
+    representation = json.loads((tuned / "dual_encoder.json").read_text())["representation"]
+    assert representation["pooling"] == "mean" and representation["normalize"] is True
+    st = read_sentence_transformers_config(ModelFiles(str(tuned)))
+    assert st.pooling == ("mean",) and st.normalize and st.similarity == "cosine"   # the export's own files
+
+    caplog.clear()   # asked for another pooling: done, and said
+    pretrieve.finetune(encoder, data, tmp_path / "finetune-cls", max_steps=1, batch_size=2, num_negatives=1,
+                       pooling="cls", show_progress=False)
+    assert "fine-tuning changes that to cls" in caplog.text
