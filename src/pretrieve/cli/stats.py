@@ -45,11 +45,11 @@ def load_tokenizer(name: str) -> Any:
     """The tokenizer of a checkpoint directory or offline alias (``minilm``), as a clear error when absent."""
     from transformers import AutoTokenizer
 
-    from pretrieve.models import resolve_model
+    from pretrieve.models import no_remote_code, resolve_model
 
     path = resolve_model(name)
     try:
-        return AutoTokenizer.from_pretrained(path)
+        return AutoTokenizer.from_pretrained(path, **no_remote_code(path))
     except (OSError, ValueError):
         raise InputError("no tokenizer found (give a checkpoint directory with its tokenizer, or an alias "
                          "such as minilm)", path=path) from None

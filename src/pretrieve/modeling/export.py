@@ -55,6 +55,7 @@ from pretrieve.io_utils import write_json
 from pretrieve.modeling.dual_encoder import DualEncoder, read_dual_encoder_config
 from pretrieve.modeling.model_card import DEFAULT_LICENSE, write_model_card
 from pretrieve.modeling.mote import EXPERTS, CONFIG_KEY, is_mote, routed_modules
+from pretrieve.models import no_remote_code
 from pretrieve.modeling.representations import DenseRepresentation
 
 logger = logging.getLogger(__name__)
@@ -119,7 +120,7 @@ def export_model(model_dir: str | Path, out: str | Path, *, query_prompt: str | 
     if out.exists() and any(out.iterdir()) and not (out / "dual_encoder.json").is_file():
         raise InputError("exists and is not an export (not overwritten)", path=out)
     model = DualEncoder.load(model_dir, info=info).eval()
-    tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+    tokenizer = AutoTokenizer.from_pretrained(str(model_dir), **no_remote_code(model_dir))
     training = dict(info.get("training") or {})
     length = int(training.get("passage_max_len") or tokenizer.model_max_length)
     prompts = saved_prompts(model_dir)

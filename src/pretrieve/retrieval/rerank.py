@@ -40,6 +40,7 @@ from pretrieve.data.groups import GroupStats, TrainingGroup, iter_groups
 from pretrieve.data.trec import Run, RunWriter, iter_run, ranked_ids
 from pretrieve.errors import ConfigError, InputError
 from pretrieve.modeling.cross_encoder import CrossEncoder, tokenize_pairs, trained_max_len
+from pretrieve.models import no_remote_code
 from pretrieve.precision import autocast, resolve_precision
 from pretrieve.retrieval.batches import quantize_int8
 from pretrieve.retrieval.batches import resolve_device
@@ -69,7 +70,7 @@ class PairScorer:
         self.model = CrossEncoder.load(model_dir).to(self.device).eval()
         if self.precision == "int8":
             self.model = quantize_int8(self.model)
-        self.tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+        self.tokenizer = AutoTokenizer.from_pretrained(str(model_dir), **no_remote_code(model_dir))
         self.max_len = max_len or trained_max_len(model_dir)
         self.batch_size = batch_size
         self.chunk_pairs = batch_size * CHUNK_BATCHES

@@ -36,6 +36,7 @@ from pretrieve.errors import ConfigError
 from pretrieve.io_utils import write_json
 from pretrieve.modeling import Encoder
 from pretrieve.modeling.pretrain_model import PretrainModel
+from pretrieve.models import no_remote_code
 from pretrieve.train.collator import PretrainCollator
 from pretrieve.train.config import BOOKKEEPING, LoopConfig
 from pretrieve.train.method import MethodConfig, resolve_method
@@ -131,11 +132,12 @@ class PretrainingRun(TrainingRun):
         return run_settings(self.config, self.method)
 
     def check_model(self) -> None:
-        check_max_len(self.config.max_len, AutoConfig.from_pretrained(self.config.model))
+        check_max_len(self.config.max_len, AutoConfig.from_pretrained(self.config.model,
+                                                                      **no_remote_code(self.config.model)))
 
     def build_data(self):
         config, method = self.config, self.method
-        self.tokenizer = tokenizer = AutoTokenizer.from_pretrained(config.model)
+        self.tokenizer = tokenizer = AutoTokenizer.from_pretrained(config.model, **no_remote_code(config.model))
         cache_dir = config.cache_dir or str(self.out / "cache")
         show_progress = config.show_progress and self.accelerator.is_main_process
 

@@ -32,7 +32,7 @@ from pretrieve.data.groups import TrainingGroup, sample_group_indices
 from pretrieve.errors import ConfigError, InputError
 from pretrieve.io_utils import write_json
 from pretrieve.modeling.cross_encoder import CONFIG_FILE, CrossEncoder, tokenize_pairs
-from pretrieve.models import resolve_model
+from pretrieve.models import no_remote_code, resolve_model
 from pretrieve.options import build
 from pretrieve.train.config import BOOKKEEPING, LoopConfig
 from pretrieve.train.loop import read_logs
@@ -138,7 +138,7 @@ class RerankerRun(TrainingRun):
         return self.groups
 
     def build_model(self) -> torch.nn.Module:
-        self.tokenizer = AutoTokenizer.from_pretrained(self.model_path)
+        self.tokenizer = AutoTokenizer.from_pretrained(self.model_path, **no_remote_code(self.model_path))
         return CrossEncoder.from_pretrained(self.model_path)
 
     def build_collator(self, model, dataset) -> "PairGroupCollator":

@@ -54,6 +54,7 @@ from transformers import AutoConfig, AutoModelForMaskedLM
 from pretrieve.errors import ConfigError
 from pretrieve.io_utils import write_json
 from pretrieve.masking.vocab import VocabInfo
+from pretrieve.models import no_remote_code
 from pretrieve.train.method import MethodConfig
 
 DELETION_RATIO = 0.6
@@ -116,7 +117,9 @@ class TsdaeModel(nn.Module):
         self.model_path = str(model_path)
         self.method = method.to_dict()
         # no pooler: TSDAE reads the pooled token states, and an unused pooler would leave parameters without gradient
-        transformer = Transformer(self.model_path, model_kwargs={"add_pooling_layer": False})
+        safe = no_remote_code(self.model_path)   # trust_remote_code=False for the model, its config and its tokenizer
+        transformer = Transformer(self.model_path, model_kwargs={"add_pooling_layer": False, **safe}, config_kwargs=safe,
+                                  processor_kwargs=safe)
         pooling = Pooling(transformer.get_embedding_dimension(), pooling_mode=method.bottleneck)
         sentence_model = SentenceTransformer(modules=[transformer, pooling], device="cpu")
         self.loss = DenoisingAutoEncoderLoss(sentence_model, tie_encoder_decoder=True)
@@ -135,7 +138,8 @@ class TsdaeModel(nn.Module):
         """Write the trained body + LM head as a ``*ForMaskedLM`` checkpoint and ``method.json`` into ``directory``."""
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
-        masked_lm = AutoModelForMaskedLM.from_config(AutoConfig.from_pretrained(self.model_path))
+        masked_lm = AutoModelForMaskedLM.from_config(AutoConfig.from_pretrained(self.model_path,
+                                                                                  **no_remote_code(self.model_path)))
         state = {key: value for key, value in self.loss.decoder.state_dict().items() if ".crossattention." not in key}
         masked_lm.load_state_dict(state, strict=True)
         masked_lm.save_pretrained(str(directory), safe_serialization=True)

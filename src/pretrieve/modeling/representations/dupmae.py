@@ -59,6 +59,7 @@ from transformers import AutoConfig
 from pretrieve.errors import ConfigError, InputError
 from pretrieve.modeling.objectives.ot_bow import DEFAULT_CHUNK_ELEMENTS, max_pool_logits, ordinary_token_mask
 from pretrieve.modeling.pooling import pool
+from pretrieve.models import no_remote_code
 from pretrieve.modeling.representations.base import Representation, register_representation
 
 ACTIVATIONS = ("none", "relu", "log1p")
@@ -168,7 +169,7 @@ class DupMAERepresentation(Representation):
     def for_model(cls, spec: str | None, model_path: str, **kwargs: Any) -> "DupMAERepresentation":
         """Build for the checkpoint at ``model_path`` (its ``hidden_size`` from the Hugging Face config)."""
         try:
-            config = AutoConfig.from_pretrained(str(model_path))
+            config = AutoConfig.from_pretrained(str(model_path), **no_remote_code(model_path))
         except OSError as exc:
             raise InputError(f"cannot read the model config: {exc}", path=str(model_path)) from None
         return cls(int(config.hidden_size), spec, **kwargs)

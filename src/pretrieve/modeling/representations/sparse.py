@@ -39,6 +39,7 @@ from transformers import AutoConfig
 
 from pretrieve.errors import ConfigError
 from pretrieve.modeling.losses import flops_regularizer
+from pretrieve.models import no_remote_code
 from pretrieve.modeling.objectives.ot_bow import DEFAULT_CHUNK_ELEMENTS, max_pool_logits
 from pretrieve.modeling.pooling import pool
 from pretrieve.modeling.representations.base import Representation, register_representation
@@ -159,7 +160,7 @@ class HybridRepresentation(Representation):
     @classmethod
     def for_model(cls, model_path: str, **kwargs: Any) -> "HybridRepresentation":
         try:
-            config = AutoConfig.from_pretrained(str(model_path))
+            config = AutoConfig.from_pretrained(str(model_path), **no_remote_code(model_path))
         except OSError as exc:
             raise ConfigError(f"cannot read the model config of {model_path}: {exc}") from None
         return cls(int(config.hidden_size), **kwargs)
