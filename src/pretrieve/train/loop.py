@@ -54,7 +54,8 @@ Contract: a *dataset* (``len`` + ``dataset[i]``), a *collator* ``collator(exampl
 * **Guards.** A resume that cannot restore every process's RNG state stops with
   :class:`~pretrieve.errors.InexactResumeError` unless ``allow_inexact_resume``
   (:func:`pretrieve.train.checkpoint.load_checkpoint`); a diverging loss stops the run with
-  :class:`~pretrieve.errors.TrainingDiverged` and keeps only checkpoints from before the divergence
+  :class:`~pretrieve.errors.TrainingDiverged` and keeps only checkpoints from before the divergence, and so do
+  weights that are non-finite or whose norm exploded, checked before every checkpoint and the final export
   (:mod:`pretrieve.train.guard`). The steps around the loop (lock, finished or restarted runs, the accelerator,
   data built once, export) are the run template's, :mod:`pretrieve.train.run`.
 
@@ -87,7 +88,8 @@ from pretrieve.train import checkpoint as ckpt
 from pretrieve.train.accelerator import enable_gradient_checkpointing, leaves_parameters_unused, make_accelerator
 from pretrieve.train.config import LoopConfig
 from pretrieve.train.grad_cache import average_gradients, grad_cached_step
-from pretrieve.train.guard import DivergenceGuard, stop_diverged
+from pretrieve.train.guard import (WEIGHT_GROWTH, WEIGHT_NORM_KEY, DivergenceGuard, WeightCheck, stop_diverged,
+                                   weight_norm)
 
 logger = logging.getLogger(__name__)
 
@@ -288,6 +290,7 @@ def train(model: torch.nn.Module, dataset, collator, config: LoopConfig, out_dir
     start_step = 0
     writer = LogWriter(out, accelerator.is_main_process)
     resume_from = ckpt.latest_checkpoint(out) if config.resume else None
+    resumed_state: dict[str, Any] = {}
     if resume_from is not None:
         resumed_state = ckpt.read_state(resume_from)
         ckpt.check_resumable(resume_from, resumed_state, run_info)
@@ -298,7 +301,9 @@ def train(model: torch.nn.Module, dataset, collator, config: LoopConfig, out_dir
     else:
         writer.reset()
     start_trackers(accelerator, run_info.get("config", {}) if tracked_config is None else tracked_config, start_step)
-    state = {**run_info, "total_steps": total_steps}
+    weights = WeightCheck(resumed_state.get(WEIGHT_NORM_KEY) or weight_norm(model),
+                          WEIGHT_GROWTH if config.divergence_factor else 0.0)
+    state = {**run_info, "total_steps": total_steps, WEIGHT_NORM_KEY: weights.start}
 
     batches = torch.utils.data.DataLoader(
         StepBatches(dataset, collator, config.batch_size, micro, config.seed, start_step, total_steps, rank, world),
@@ -334,6 +339,10 @@ def train(model: torch.nn.Module, dataset, collator, config: LoopConfig, out_dir
                 writer.write(done, values)
                 accelerator.log(values, step=done)
                 window_start = time.perf_counter()
+            if save_now or done == total_steps:   # no checkpoint, nor the final model, from diverged weights
+                problem = weights.check(model)
+                if problem:
+                    stop_diverged(accelerator, out, done, guard.first_abnormal_step(done + 1), problem)
             if save_now:
                 keep = config.keep_checkpoints if guard.steady(done - config.save_every) else 0   # 0: no pruning
                 ckpt.save_checkpoint(accelerator, out, done, state, keep, precision.scaler)
