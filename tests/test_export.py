@@ -178,3 +178,30 @@ def test_an_interpolated_mote_export_keeps_its_side_folders_equal_to_its_experts
     finetuned = export_retriever(model, tokenizer, tmp_path / "finetuned", MAX_LEN)
     mixed = interpolate_retriever(tmp_path / "base", finetuned, 0.5, tmp_path / "wise")
     assert_sides_match(mixed, DualEncoder.load(mixed).eval(), tokenizer)
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_long_queries_and_passages_give_pretrieves_vectors_in_sentence_transformers(tiny_bert_dir, tokenizer,
+                                                                                   tmp_path, tied):
+    """The export carries each side's trained length (queries 32 tokens, passages 144): ``encode_query`` of a
+    60-token query and ``encode_document`` of a 300-token passage equal ``pretrieve.encode`` to 1e-5."""
+    import pretrieve
+    from sentence_transformers import SentenceTransformer
+
+    model = DualEncoder.from_pretrained(tiny_bert_dir, DenseRepresentation("mean", normalize=True, temperature=0.05),
+                                        tied=tied)
+    out = export_retriever(model, tokenizer, tmp_path / "exported", 144,
+                           training={"query_max_len": 32, "passage_max_len": 144})
+    query = " ".join(["which", "proteins", "fold", "into", "stable", "structures"] * 10)   # 60 tokens
+    passage = " ".join(["protein", "folding", "is", "predicted", "from", "sequence"] * 50)   # 300 tokens
+    assert len(tokenizer(query, add_special_tokens=False)["input_ids"]) == 60
+    assert len(tokenizer(passage, add_special_tokens=False)["input_ids"]) == 300
+    st = SentenceTransformer(str(out), device="cpu")
+    retriever = pretrieve.load_retriever(out, device="cpu", precision="fp32")
+    ours_query = pretrieve.encode(retriever, [query], side="query", show_progress=False)
+    ours_passage = pretrieve.encode(retriever, [passage], show_progress=False)
+    np.testing.assert_allclose(st.encode_query([query], convert_to_numpy=True), ours_query, atol=1e-5)
+    np.testing.assert_allclose(st.encode_document([passage], convert_to_numpy=True), ours_passage, atol=1e-5)
+    cut = tokenizer(query, truncation=True, max_length=32)["input_ids"]   # the query really is cut at 32
+    np.testing.assert_allclose(ours_query, pretrieve.encode(retriever, [tokenizer.decode(cut[1:-1])], side="query",
+                                                            show_progress=False), atol=1e-5)

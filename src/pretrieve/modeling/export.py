@@ -7,7 +7,10 @@ and, for dense representations, the files of a sentence-transformers (v2 to v6) 
   the representation normalises or is trained on cosine similarity);
 * ``sentence_bert_config.json`` beside every transformer — ``max_seq_length`` (the passage length used in
   training) and ``do_lower_case: false``; the tokenizer's ``model_max_length`` is set to the same value, which is
-  where sentence-transformers 6 reads it;
+  where sentence-transformers 6 reads it; and the trained lengths of each side, ``query_length`` (the query length
+  of training) and ``document_length`` (the passage length), which sentence-transformers (6.2 tested) applies in
+  ``encode_query`` / ``encode_document`` (a separate query tower's folder has the query length as its
+  ``max_seq_length``), so long queries are cut where pretrieve cuts them;
 * ``1_Pooling/config.json`` — ``word_embedding_dimension`` and the ``pooling_mode_*`` booleans (``cls`` or
   ``mean``), the form every sentence-transformers version from 2 to 6 reads;
 * ``config_sentence_transformers.json`` — ``similarity_fn_name`` ``"cosine"`` for cosine/normalised
@@ -78,6 +81,7 @@ def export_retriever(model: DualEncoder, tokenizer, directory: str | Path, max_s
     directory = Path(directory)
     model.save(directory, training=training)
     _save_tokenizer(tokenizer, directory, max_seq_length)
+    query_length = int((training or {}).get("query_max_len") or max_seq_length)
     mote = model.tied and tower_is_mote(model.query_tower)
     if not model.tied:
         for side in SIDES.values():
@@ -92,10 +96,11 @@ def export_retriever(model: DualEncoder, tokenizer, directory: str | Path, max_s
             expert_model(experts, side).save_pretrained(str(directory / side), safe_serialization=True)
             _save_tokenizer(tokenizer, directory / side, max_seq_length)
     if model.tied and not mote:
-        write_transformer_config(directory, max_seq_length)
+        write_transformer_config(directory, max_seq_length, query_length)
     else:
         for side in SIDES.values():
-            write_transformer_config(directory / side, max_seq_length)
+            write_transformer_config(directory / side, query_length if side == "query" else max_seq_length,
+                                     query_length)
         write_router_config(directory)
     write_sentence_transformers_files(directory, model.representation, model.query_tower.hidden_size,
                                       router=not model.tied or mote, prompts=prompts)
@@ -199,10 +204,14 @@ def expert_model(model: nn.Module, expert: str) -> nn.Module:
     return plain
 
 
-def write_transformer_config(directory: str | Path, max_seq_length: int) -> None:
-    """``sentence_bert_config.json`` of a ``Transformer`` module."""
-    write_json(Path(directory) / "sentence_bert_config.json",
-               {"max_seq_length": int(max_seq_length), "do_lower_case": False})
+def write_transformer_config(directory: str | Path, max_seq_length: int, query_length: int | None = None,
+                             document_length: int | None = None) -> None:
+    """``sentence_bert_config.json`` of a ``Transformer`` module; ``query_length`` / ``document_length``: the
+    per-task truncation of ``encode_query`` / ``encode_document`` (the passage length by default)."""
+    config = {"max_seq_length": int(max_seq_length), "do_lower_case": False}
+    if query_length is not None:
+        config.update(query_length=int(query_length), document_length=int(document_length or max_seq_length))
+    write_json(Path(directory) / "sentence_bert_config.json", config)
 
 
 def write_router_config(directory: str | Path) -> None:

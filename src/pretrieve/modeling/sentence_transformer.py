@@ -273,6 +273,8 @@ class SentenceTransformersConfig:
     default_prompt_name: str | None = None
     similarity: str | None = None
     routed: bool = False           # the input module is a Router: the query and passage sides may differ
+    query_length: int | None = None      # sentence-transformers' per-task truncation (encode_query)
+    document_length: int | None = None   # (encode_document)
 
     @property
     def query_prompt(self) -> str | None:
@@ -336,6 +338,9 @@ def read_sentence_transformers_config(files: ModelFiles, side: str = "passage") 
                               "routes start one)")
     if not seen_pooling:
         raise ConfigError(f"{where}: no Pooling module after the Transformer; cannot make one vector per text")
+    side_length = config.query_length if side == "query" else config.document_length
+    if side_length:   # as encode_query / encode_document truncate
+        config.max_seq_length = int(side_length)
     st_config = files.json("config_sentence_transformers.json") or {}
     config.prompts = dict(st_config.get("prompts") or {})
     config.default_prompt_name = st_config.get("default_prompt_name")
@@ -370,6 +375,8 @@ def _read_transformer(files: ModelFiles, path: str, config: SentenceTransformers
     bert_config = files.json(f"{prefix}sentence_bert_config.json") or {}
     config.max_seq_length = bert_config.get("max_seq_length")
     config.do_lower_case = bool(bert_config.get("do_lower_case", False))
+    config.query_length = bert_config.get("query_length")
+    config.document_length = bert_config.get("document_length")
 
 
 def _read_pooling(files: ModelFiles, path: str, config: SentenceTransformersConfig) -> None:
