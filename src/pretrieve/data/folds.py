@@ -19,6 +19,16 @@ Drawing (:func:`carve_queries`): the judged query ids, sorted, are permuted by `
 the parts take consecutive slices of that permutation in the order they are given, the rest stays in the split.
 The same ids, sizes and seed always give the same parts, whatever the qrels file's line order.
 
+**Held-out dev queries** (:func:`held_out_dev`, the one rule for every command that holds dev queries out of
+training — the recipe's ``dev:``, ``pretrieve bench quality --dev-queries``): a collection that ships its own
+``dev`` split (MS MARCO, FiQA, HotpotQA, NFCorpus, FEVER, …) keeps it as the held-out dev — it is disjoint from
+``train`` by construction, and its name is taken — so the dev queries are a seeded draw of at most ``N`` of its
+queries (:func:`carve_queries` with the seed; all of them when it has ``N`` or fewer; any query also judged in the
+training split is left out), written as the derived collection's ``dev`` split while ``train`` stays whole. A
+collection without a ``dev`` split has ``N`` queries carved out of ``train`` by :func:`derive_collection`, exactly
+as before. Either way the result is a derived collection (nothing is written into the source's directory) whose
+``dev`` split holds the dev queries and whose ``folds.json`` records them.
+
 :func:`halves` (``pretrieve data halves``) writes the two collections of a split's judged queries cut in seeded
 halves both ways (train on one half, test on the other), e.g. for a collection that has only test queries.
 """
@@ -39,6 +49,8 @@ from pretrieve.io_utils import write_json
 
 KIND = "derived-collection"
 RECORD = "folds.json"
+DEV = "dev"
+"""The name of the held-out dev split (:func:`held_out_dev`)."""
 
 
 def carve_queries(query_ids: Sequence[str], sizes: Mapping[str, int], seed: int) -> dict[str, list[str]]:
@@ -96,6 +108,58 @@ def derive_collection(source: str | Path, out: str | Path, carve_from: str = "tr
             if judgments:
                 save_qrels(judgments, tmp / "qrels" / f"{split}.tsv")
         write_json(tmp / RECORD, {"source": str(Path(source).resolve()), **settings,
+                                  "queries": {split: list(judgments) for split, judgments in qrels.items()}})
+    return out
+
+
+def has_own_dev(source: str | Path, train: str = "train") -> bool:
+    """Whether the collection ships its own ``dev`` split (other than the training split ``train``): then
+    :func:`held_out_dev` draws the dev queries from it instead of carving them out of ``train``."""
+    return train != DEV and DEV in BeirCollection(Path(source)).splits()
+
+
+def held_out_dev(source: str | Path, out: str | Path, size: int, seed: int = 0, train: str = "train") -> Path:
+    """The derived collection ``out`` whose ``dev`` split holds ``size`` held-out dev queries by the rule of the
+    module docstring; written unless current; returns ``out``.
+
+    Without an own ``dev`` split (:func:`has_own_dev`) this is ``derive_collection(source, out, carve_from=train,
+    parts={"dev": size} if size else {}, seed=seed)``, unchanged. With one, ``train`` and every other split are kept
+    as they are and ``dev`` becomes a seeded draw of at most ``size`` of the own dev queries that are not judged in
+    ``train`` (``size`` 0: the own split as it is); ``folds.json`` records ``dev_from``, ``of`` (the own split's
+    size), the queries left out as also in ``train`` and every split's query ids."""
+    size = int(size)
+    if size < 0:
+        raise ConfigError(f"cannot hold out {size} dev queries")
+    if not has_own_dev(source, train):
+        return derive_collection(source, out, carve_from=train, parts={DEV: size} if size else {}, seed=seed)
+    source_collection = BeirCollection(Path(source))
+    splits = source_collection.splits()
+    if train not in splits:
+        raise ConfigError(f"collection {source} has no '{train}' split to train on (has: {', '.join(splits)})")
+    out = Path(out)
+    settings = {"dev_from": DEV, "dev": size, "seed": int(seed), "train": train}
+    inputs = {"corpus": source_collection.corpus_path, "queries": source_collection.queries_path,
+              **{f"qrels:{split}": source_collection.qrels_path(split) for split in splits}}
+    if artifacts.is_current(out, settings, inputs, kind=KIND):
+        return out
+    qrels = {split: source_collection.load_qrels(split) for split in splits}
+    own = qrels[DEV]
+    also_trained = sorted(set(own) & set(qrels[train]))
+    candidates = [qid for qid in own if qid not in set(also_trained)]
+    if not candidates:
+        raise ConfigError(f"the '{DEV}' split of {source} has no judged query that is not also in its '{train}' "
+                          f"split ({len(own)} judged)")
+    drawn = carve_queries(candidates, {DEV: min(size, len(candidates)) if size else len(candidates)}, seed)[DEV]
+    qrels[DEV] = {qid: own[qid] for qid in drawn}
+    with artifacts.write_dir(out, KIND, settings, inputs) as tmp:
+        for path in (source_collection.corpus_path, source_collection.queries_path):
+            os.symlink(path.resolve(), tmp / path.name)
+        (tmp / "qrels").mkdir()
+        for split, judgments in qrels.items():
+            if judgments:
+                save_qrels(judgments, tmp / "qrels" / f"{split}.tsv")
+        write_json(tmp / RECORD, {"source": str(Path(source).resolve()), **settings, "of": len(own),
+                                  "also_in_train": also_trained,
                                   "queries": {split: list(judgments) for split, judgments in qrels.items()}})
     return out
 

@@ -12,13 +12,17 @@ like any other. What changes, and nothing else:
   the checkpoint's ``config.json`` when it is local or cached, else from the name; another family is refused.
 * **Data.** Every collection (training ``data``, each ``evaluate`` collection, the pre-training ``corpus`` of
   each phase, a pairs file) is cut to a slice when it exists locally — the first 300 passages and the queries of
-  the needed splits whose relevant passages are among them — or, when it is absent (``msmarco``,
+  each of its splits whose relevant passages are among them — or, when it is absent (``msmarco``,
   ``hf:wikipedia``) or too small a slice results, replaced by a fixture in the same format generated here at
-  run time (a synthetic BEIR collection with the needed splits; multi-sentence plain text for pre-training;
-  passage/query pairs). Nothing is committed, nothing downloaded. Statistics files named in a method (PMI) are
-  dropped so the sliced corpus is counted.
-* **Dev split.** A carved dev split takes 4 of the slice's training queries (the collection's own dev split is
-  sliced like the others).
+  run time (a synthetic BEIR collection; multi-sentence plain text for pre-training; passage/query pairs).
+  A collection keeps the splits it has — a local one its own, an absent known one those the registry lists
+  (:data:`pretrieve.data.registry.KNOWN_COLLECTIONS`), besides any the recipe reads — so that the smoke run meets
+  what the real run meets (a collection's own ``dev`` split changes where the dev queries come from).
+  Nothing is committed, nothing downloaded. Statistics files named in a method (PMI) are dropped so the sliced
+  corpus is counted.
+* **Dev split.** The recipe's ``dev: {seed}`` or ``{queries, seed}`` becomes 4 queries, held out by the same rule
+  as the real run's (:func:`pretrieve.data.folds.held_out_dev`): drawn from the slice's own ``dev`` split when the
+  collection has one, else carved out of its training queries (``dev: {split}`` uses the sliced split as it is).
 * **Budgets.** Steps (2 per training stage, a checkpoint after the first), batch sizes (4), negatives (≤ 3),
   lengths (≤ 48 tokens), depths (BM25 30, mining 10, evaluation 20, re-ranking 10), the evaluated collections (the
   first 3: each is the same code path on another fixture), warm-up (≤ 1 step) and
@@ -45,7 +49,7 @@ from transformers import AutoConfig, AutoTokenizer, BertConfig, BertForMaskedLM,
 from pretrieve.data.beir import iter_corpus
 from pretrieve.data.collection import BeirCollection
 from pretrieve.data.pretrain_text import iter_pretrain_texts
-from pretrieve.data.registry import data_roots
+from pretrieve.data.registry import KNOWN_COLLECTIONS, data_roots
 from pretrieve.errors import ConfigError
 from pretrieve.io_utils import atomic_dir, atomic_open
 from pretrieve.models import OFFLINE_MODELS, resolve_model
@@ -93,7 +97,8 @@ def smoke_recipe(recipe: Mapping[str, Any], out: str | Path | None = None) -> di
     smoke["data"] = str(smoke_collection(smoke["data"], splits[smoke["data"]], data, smoke))
     smoke["finetune"] = _capped("finetune", smoke.get("finetune") or {}, defaults=True)
     if smoke.get("dev") and not smoke["dev"].get("split"):
-        smoke["dev"] = {**smoke["dev"], "queries": SMOKE_DEV_QUERIES}   # of the slice's 8-24 training queries
+        # of the slice's 8-24 training queries, or of its own dev split's 2-8 (pretrieve.data.folds.held_out_dev)
+        smoke["dev"] = {**smoke["dev"], "queries": SMOKE_DEV_QUERIES}
     for kind, options in stages:
         if kind in ("pretrain", "finetune", "reranker"):
             # fine-tuning stages inherit the (capped) shared options: only their own values are capped
@@ -260,13 +265,25 @@ def _safe_name(name: Any) -> str:
     return "".join(c if c.isalnum() or c in "-_." else "-" for c in text.replace("hf:", "hf-"))
 
 
+def collection_splits(name: str, recipe: Mapping[str, Any]) -> set[str]:
+    """The splits collection ``name`` has: a local one's qrels files, else those the registry lists for a known
+    name (none for an unknown absent one)."""
+    source = _local_collection(name, recipe)
+    if source is not None:
+        return set(BeirCollection(source).splits())
+    info = KNOWN_COLLECTIONS.get(str(name))
+    return set(info.splits) if info is not None else set()
+
+
 def smoke_collection(name: str, splits: set[str], data: Path, recipe: Mapping[str, Any]) -> Path:
-    """A small BEIR collection standing for ``name`` with qrels for ``splits``: a slice of the local collection
-    when it gives enough queries, else a generated fixture. Written once under ``data/<name>``."""
+    """A small BEIR collection standing for ``name`` with qrels for ``splits`` and every split the collection has
+    (:func:`collection_splits`): a slice of the local collection when it gives enough queries in each, else a
+    generated fixture. Written once under ``data/<name>``."""
     target = data / _safe_name(name)
     if (target / "corpus.jsonl").exists():
         return target
     source = _local_collection(name, recipe)
+    splits = set(splits) | collection_splits(name, recipe)
     if source is None or not _write_slice(source, sorted(splits), target):
         if source is not None:
             logger.info("smoke: the first %d passages of %s hold too few judged queries; using a fixture",
