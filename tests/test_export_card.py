@@ -146,3 +146,37 @@ def test_a_recipe_exports_its_final_retriever_with_the_card(fine_tuned, tmp_path
     assert "recipe `tiny-recipe`" in card and "this model is the row `finetune-s1`" in card
     assert "| finetune-s1 | scifact | 0.6508 | 0.6091 | 0.9237 |" in card and "(p = 0.043)" in card
     assert (exported / "modules.json").is_file()
+
+
+def test_the_cards_yaml_header_is_what_the_hub_reads(tiny_bert_dir, tokenizer, minilm, tmp_path):
+    """``base_model`` as a Hub id (the offline alias's folder), ``datasets``, a ``model-index`` with the recipe's
+    metrics, the training settings of a CLI/API fine-tuning and the number of training queries it really used."""
+    from huggingface_hub import ModelCard
+
+    model = DualEncoder.from_pretrained(tiny_bert_dir, DenseRepresentation("mean", normalize=True, temperature=0.05))
+    folder = export_retriever(model, tokenizer, tmp_path / "ft" / "final", 48,
+                              training={"stage": 1, "query_max_len": 16, "passage_max_len": 48, "num_negatives": 1,
+                                        "init": str(minilm)})
+    (folder / "finetune_config.json").write_text(json.dumps({
+        "config": {"data": "/somewhere/data/scifact", "max_groups": 16, "max_steps": 4, "batch_size": 4,
+                   "lr": 2e-5, "num_negatives": 1, "out": "/somewhere/ft", "log_every": 1},
+        "groups_stats": {"kept": 809}}))
+    recipe_out = tmp_path / "recipe-out"
+    recipe_out.mkdir()
+    (recipe_out / "recipe.resolved.json").write_text(json.dumps({"name": "r", "model": "minilm"}))
+    (recipe_out / "results.json").write_text(json.dumps({"rows": [
+        {"retriever": "bm25", "collection": "scifact", "nDCG@10": 0.6762},
+        {"retriever": "finetune-s1", "collection": "scifact", "final": True, "nDCG@10": 0.7012, "R@100": 0.93}]}))
+    out = pretrieve.export(folder, tmp_path / "exported", recipe_out=recipe_out)
+    card = ModelCard.load(out / "README.md")
+    header = card.data.to_dict()
+    assert header["base_model"] == "sentence-transformers/all-MiniLM-L6-v2"
+    assert header["datasets"] == ["BeIR/scifact"]
+    results = header["model-index"][0]["results"]
+    assert {(r["dataset"]["name"], m["name"], m["value"]) for r in results for m in r["metrics"]} == \
+        {("scifact", "nDCG@10", 0.7012), ("scifact", "R@100", 0.93)}
+    assert header["library_name"] == "sentence-transformers" and header["pipeline_tag"] == "sentence-similarity"
+    text = card.text
+    assert "16 training queries (groups of a positive and 1 negative)" in text and "809" not in text
+    assert "`max_steps=4`" in text and "`batch_size=4`" in text and "`lr=2e-05`" in text
+    assert "`out=" not in text and "site-packages" not in card.content

@@ -344,14 +344,19 @@ def export(model: str | Path, out: str | Path, *, recipe_out: str | Path | None 
 
     if push_to_hub:
         token = hub_token(token)   # before the work: a push that cannot happen fails at once
-    recipe = results = None
+    from pretrieve.modeling.model_card import metrics_of
+
+    recipe = results = metrics = None
     if recipe_out is not None:
         recipe = load_config_file(Path(recipe_out) / "recipe.resolved.json", "resolved recipe")
         results_md = Path(recipe_out) / "results.md"
         results = results_md.read_text(encoding="utf-8") if results_md.is_file() else None
+        results_json = Path(recipe_out) / "results.json"
+        if results_json.is_file():   # the final row's metrics: the card's model-index
+            metrics = metrics_of(load_config_file(results_json, "recipe results").get("rows"), None) or None
     with quiet_libraries():
         exported = export_model(model, out, query_prompt=query_prompt, passage_prompt=passage_prompt, recipe=recipe,
-                                results=results, license=license, repo_id=push_to_hub)
+                                results=results, license=license, repo_id=push_to_hub, metrics=metrics)
     if push_to_hub:
         push(exported, push_to_hub, private=private, token=token)
     return exported

@@ -110,13 +110,13 @@ def export_retriever(model: DualEncoder, tokenizer, directory: str | Path, max_s
 def export_model(model_dir: str | Path, out: str | Path, *, query_prompt: str | None = None,
                  passage_prompt: str | None = None, recipe: Mapping[str, Any] | None = None,
                  results: str | None = None, row: str | None = None, license: str = DEFAULT_LICENSE,
-                 repo_id: str | None = None) -> Path:
+                 repo_id: str | None = None, metrics: Mapping[str, Mapping[str, float]] | None = None) -> Path:
     """Export the retriever fine-tuned by pretrieve in ``model_dir`` to ``out`` (:func:`export_retriever`'s layout,
     its ``finetune_config.json``, and a ``README.md`` model card); returns ``out``.
 
     ``query_prompt`` / ``passage_prompt`` replace the prompts the model saved (``""``: none); ``recipe`` (a resolved
     recipe) and ``results`` (its ``results.md``) go into the card, ``row`` names the model's row there; ``repo_id``
-    names the model in the card's usage.
+    names the model in the card's usage; ``metrics`` (``{collection: {measure: value}}``) its ``model-index``.
     """
     model_dir, out = Path(model_dir), Path(out)
     info = read_dual_encoder_config(model_dir)
@@ -137,7 +137,7 @@ def export_model(model_dir: str | Path, out: str | Path, *, query_prompt: str | 
     export_retriever(model, tokenizer, out, length, training=training, prompts=prompts)
     if (model_dir / "finetune_config.json").is_file():
         shutil.copy2(model_dir / "finetune_config.json", out / "finetune_config.json")
-    write_model_card(out, recipe=recipe, results=results, row=row, license=license, repo_id=repo_id)
+    write_model_card(out, recipe=recipe, results=results, row=row, license=license, repo_id=repo_id, metrics=metrics)
     return out
 
 

@@ -14,8 +14,15 @@ training statistics sentence-transformers' own card machinery would need from it
 * the **papers to cite**, from the methods used (pre-training preset, CoT-MoTE experts, representation):
   :data:`PAPERS`.
 
-The front matter (``library_name``, ``pipeline_tag``, ``base_model``, ``license``, ``tags``) is the Hugging Face
-Hub's model-card metadata.
+The front matter is the Hugging Face Hub's model-card metadata, written by ``huggingface_hub``'s
+:class:`~huggingface_hub.ModelCardData` (the schema the Hub reads): ``library_name``, ``pipeline_tag``, ``license``,
+``tags``, ``base_model`` as a Hub id (an offline alias's folder is named by the Hub model it packages,
+:data:`HUB_MODELS`; a local path is left out), ``datasets`` (a BEIR collection as ``BeIR/<name>``) and a
+``model-index`` with the evaluated metrics (``metrics``: a recipe's ``results.json`` rows of this model). The body's
+**Training** section lists the settings of every training the model went through — fine-tuning
+(``finetune_config.json``, whether run by the CLI, the Python API or a recipe) and pre-training
+(``pretrain_config.json``) — and the number of training queries fine-tuning really used (the groups kept, cut by
+``max_groups``, and at most ``max_steps × batch_size`` seen).
 """
 
 from __future__ import annotations
@@ -56,13 +63,23 @@ METHOD_PAPERS: dict[str, tuple[str, ...]] = {
 REPRESENTATION_PAPERS: dict[str, tuple[str, ...]] = {"dupmae": ("dupmae",), "sparse": ("splade",),
                                                      "hybrid": ("splade", "cotmote")}
 DEFAULT_LICENSE = "apache-2.0"
+#: offline alias → the Hub model its packaged folder holds (``base_model`` in the card).
+HUB_MODELS = {alias: "sentence-transformers/all-MiniLM-L6-v2"
+              for alias in ("minilm", "all-MiniLM-L6-v2", "sentence-transformers/all-MiniLM-L6-v2")}
+#: Settings that are bookkeeping or paths, not training settings (left out of the card's training section).
+NOT_SETTINGS = {"model", "data", "out", "groups", "teacher", "corpus", "cache_dir", "resume", "overwrite", "report_to",
+                "show_progress", "log_every", "save_every", "keep_checkpoints", "num_workers", "num_proc", "method",
+                "allow_inexact_resume"}
 
 
 def model_card(directory: str | Path, recipe: Mapping[str, Any] | None = None, results: str | None = None,
-               row: str | None = None, license: str = DEFAULT_LICENSE, repo_id: str | None = None) -> str:
+               row: str | None = None, license: str = DEFAULT_LICENSE, repo_id: str | None = None,
+               metrics: Mapping[str, Mapping[str, float]] | None = None) -> str:
     """The Markdown card of the exported retriever in ``directory`` (``recipe``: a resolved recipe; ``results``:
     its ``results.md``; ``row``: this model's row there; ``repo_id``: the hub name it will be loaded by, else its
-    folder)."""
+    folder; ``metrics``: ``{collection: {measure: value}}`` of this model, the card's ``model-index``)."""
+    from huggingface_hub import ModelCardData
+
     directory = Path(directory)
     info = _json(directory / "dual_encoder.json") or {}
     training = info.get("training") or {}
@@ -72,8 +89,11 @@ def model_card(directory: str | Path, recipe: Mapping[str, Any] | None = None, r
     base = history["base"] or (recipe or {}).get("model") or "unknown"
     mote = history["mote"] or bool((_json(directory / "config.json") or {}).get("mote"))
     finetune = (_json(directory / "finetune_config.json") or {})
-    data = (finetune.get("config") or {}).get("data") or (recipe or {}).get("data")
+    settings = finetune.get("config") or {}
+    data = settings.get("data") or (recipe or {}).get("data")
     groups = (finetune.get("groups_stats") or {}).get("kept")
+    if groups is not None and settings.get("max_groups"):
+        groups = min(int(groups), int(settings["max_groups"]))
     methods = list(history["methods"])
     pretrain = (recipe or {}).get("pretrain") or {}
     if isinstance(pretrain, Mapping) and isinstance(pretrain.get("method"), str) and not methods:
@@ -82,17 +102,18 @@ def model_card(directory: str | Path, recipe: Mapping[str, Any] | None = None, r
     dense = kind == "dense"
     tags = ["pretrieve", "dense-retrieval" if dense else f"{kind}-retrieval"] + (["sentence-transformers"] if dense
                                                                                  else [])
-    front = {"library_name": "sentence-transformers" if dense else "pretrieve", "license": license, "tags": tags}
-    if dense:
-        front["pipeline_tag"] = "sentence-similarity"
-    if not _looks_local(base):
-        front["base_model"] = base
-    lines = ["---", yaml.safe_dump(front, sort_keys=False).strip(), "---", "",
+    hub_base = hub_model(base)
+    datasets = [hub_dataset(name) for name in ([data] if data else []) + list(metrics or {})]
+    card = ModelCardData(library_name="sentence-transformers" if dense else "pretrieve", license=license, tags=tags,
+                         pipeline_tag="sentence-similarity" if dense else None, base_model=hub_base,
+                         datasets=list(dict.fromkeys(d for d in datasets if d)) or None,
+                         model_name=name if metrics else None, eval_results=_eval_results(metrics) or None)
+    lines = ["---", card.to_yaml(), "---", "",
              f"# {name}", "",
              f"A {_describe(kind, representation, info.get('tied', True), mote)} trained with "
              "pretrieve " + (f"(recipe `{recipe['name']}`)" if recipe and recipe.get("name")
                                                   else "") + ".", "",
-             "## Model", "", f"- base model: `{_shown(base)}`"]
+             "## Model", "", f"- base model: `{hub_base or _shown(base)}`"]
     if methods:
         lines.append(f"- pre-training: {', '.join(f'`{m}`' for m in methods)}"
                      + (f" on `{_shown(history['corpus'])}`" if history["corpus"] else ""))
@@ -104,11 +125,24 @@ def model_card(directory: str | Path, recipe: Mapping[str, Any] | None = None, r
     if data:
         lines.append(f"- collection: `{_shown(data)}`" + (", split `train`" if training else ""))
     if training.get("stage"):
-        lines.append(f"- fine-tuning stage {training['stage']}" + (f" on {groups} training queries (groups of a "
-                                                                    f"positive and {training.get('num_negatives', '?')}"
-                                                                    " negatives)" if groups else ""))
+        negatives = training.get("num_negatives", settings.get("num_negatives", "?"))
+        lines.append(f"- fine-tuning stage {training['stage']}" + (
+            f" on {groups} training queries (groups of a positive and {negatives} "
+            f"negative{'' if negatives == 1 else 's'})" if groups else ""))
+        steps, batch = settings.get("max_steps"), settings.get("batch_size")
+        if groups and steps and batch and int(steps) > 0 and int(steps) * int(batch) < int(groups):
+            lines.append(f"- seen in training: {int(steps) * int(batch)} of them ({steps} steps × batch {batch})")
     if not data and not training:
         lines.append("- not recorded")
+    trainings = [("fine-tuning", settings)] + ([("pre-training", history["pretrain"])] if history["pretrain"]
+                                               else [])
+    shown = [(what, _settings(values)) for what, values in trainings if values]
+    if any(values for _, values in shown):
+        lines += ["", "## Training settings", ""]
+        for what, values in shown:
+            lines.append(f"- {what}: " + ", ".join(f"`{key}={value}`" for key, value in values.items()))
+        if (directory / "finetune_config.json").is_file():
+            lines.append("- every fine-tuning setting: `finetune_config.json` in this repository")
     if recipe:
         lines += ["", "## Recipe", "", f"`pretrieve run` with this resolved recipe (`{recipe.get('name', '')}`):", "",
                   "```yaml", yaml.safe_dump(_relative(dict(recipe)), sort_keys=False).strip(), "```"]
@@ -122,6 +156,73 @@ def model_card(directory: str | Path, recipe: Mapping[str, Any] | None = None, r
     lines += [f"- {PAPERS[key][0]} ({PAPERS[key][1]}). *{PAPERS[key][2]}*." for key in papers]
     lines += ["", "## License", "", f"`{license}` (check the base model's license as well).", ""]
     return "\n".join(lines)
+
+
+def hub_model(name: Any) -> str | None:
+    """``name`` as a Hub model id: an offline alias (or its packaged folder) → the Hub model it holds
+    (:data:`HUB_MODELS`); a hub-style name as is; a local path → None."""
+    from pretrieve.models import OFFLINE_MODELS
+
+    text = str(name).rstrip("/")
+    for alias, hub_id in HUB_MODELS.items():
+        if text == alias:
+            return hub_id
+        try:
+            location = OFFLINE_MODELS[alias][1]()
+        except Exception:  # noqa: BLE001 - a missing optional package: not that alias
+            location = None
+        if location is not None and text == str(location).rstrip("/"):
+            return hub_id
+    if text in OFFLINE_MODELS or text == "unknown" or _looks_local(text):   # splade-tiny: no known Hub id
+        return None
+    return text
+
+
+def hub_dataset(collection: Any) -> str | None:
+    """A collection as a Hub dataset id: a BEIR collection (by its folder's name) → ``BeIR/<name>``, else None."""
+    from pretrieve.data.registry import KNOWN_COLLECTIONS
+
+    name = Path(str(collection).rstrip("/")).name.lower()
+    return f"BeIR/{name}" if name in KNOWN_COLLECTIONS else None
+
+
+def metrics_of(rows: Any, retriever: str | None) -> dict[str, dict[str, float]]:
+    """``{collection: {measure: value}}`` of ``retriever``'s rows in a recipe's ``results.json`` rows (the final
+    row's retriever when None)."""
+    rows = [row for row in rows or [] if isinstance(row, Mapping)]
+    if retriever is None:
+        retriever = next((row.get("retriever") for row in rows if row.get("final")), None)
+    found: dict[str, dict[str, float]] = {}
+    for row in rows:
+        if row.get("retriever") != retriever or not row.get("collection"):
+            continue
+        values = {key: float(value) for key, value in row.items()
+                  if "@" in str(key) and isinstance(value, (int, float)) and not isinstance(value, bool)}
+        if values:
+            found[str(row["collection"])] = values
+    return found
+
+
+def _eval_results(metrics: Mapping[str, Mapping[str, float]] | None) -> list:
+    from huggingface_hub import EvalResult
+
+    results = []
+    for collection, values in (metrics or {}).items():
+        name, _, split = str(collection).partition(":")
+        for measure, value in values.items():
+            results.append(EvalResult(task_type="information-retrieval", task_name="Information Retrieval",
+                                      dataset_type=hub_dataset(name) or name, dataset_name=name,
+                                      dataset_split=split or "test",
+                                      metric_type=measure.lower().replace("@", "_at_"), metric_name=measure,
+                                      metric_value=round(float(value), 4)))
+    return results
+
+
+def _settings(values: Mapping[str, Any]) -> dict[str, Any]:
+    """The training settings among a run's recorded configuration (scalars set, not paths or bookkeeping)."""
+    return {key: value for key, value in values.items()
+            if key not in NOT_SETTINGS and value is not None and isinstance(value, (int, float, str, bool))
+            and value != ""}
 
 
 def write_model_card(directory: str | Path, **kwargs: Any) -> Path:
@@ -167,7 +268,7 @@ def _papers(methods: list[str], kind: str, mote: bool) -> list[str]:
 
 def _history(init: Any, depth: int = 0) -> dict[str, Any]:
     """Base model, pre-training methods and corpus, and MoTE, by following ``init`` checkpoints back."""
-    found: dict[str, Any] = {"base": None, "methods": [], "corpus": None, "mote": False}
+    found: dict[str, Any] = {"base": None, "methods": [], "corpus": None, "mote": False, "pretrain": None}
     if not init:
         return found
     path = Path(str(init))
@@ -181,13 +282,13 @@ def _history(init: Any, depth: int = 0) -> dict[str, Any]:
         method = pretrain.get("method")
         name = method.get("name") if isinstance(method, Mapping) else method
         earlier = _history(pretrain.get("model"), depth + 1)
-        found.update(base=earlier["base"], corpus=pretrain.get("corpus"),
+        found.update(base=earlier["base"], corpus=pretrain.get("corpus"), pretrain=pretrain,
                      methods=earlier["methods"] + ([str(name)] if name else []),
                      mote=found["mote"] or bool(isinstance(method, Mapping) and method.get("mote")))
     elif dual is not None:
         earlier = _history((dual.get("training") or {}).get("init"), depth + 1)
         found.update(base=earlier["base"], corpus=earlier["corpus"], methods=earlier["methods"],
-                     mote=found["mote"] or earlier["mote"])
+                     mote=found["mote"] or earlier["mote"], pretrain=earlier["pretrain"])
     else:
         found["base"] = str(init)
     return found

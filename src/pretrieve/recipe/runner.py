@@ -178,8 +178,11 @@ def export_final(state: RunState, results: Mapping[str, Any]) -> Path | None:
     if name is None:
         return None
     recipe = {**state.recipe, "data": str(state.data), "model": state.base_model}
+    from pretrieve.modeling.model_card import metrics_of
+
     return export_model(models[name], state.out / "export", recipe=recipe, row=name,
-                        results=(state.out / "results.md").read_text(encoding="utf-8"))
+                        results=(state.out / "results.md").read_text(encoding="utf-8"),
+                        metrics=metrics_of(results["rows"], name))
 
 
 def run_stage(kind: str, state: RunState, options: dict[str, Any], label: str, show_progress: bool,
