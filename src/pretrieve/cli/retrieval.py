@@ -48,7 +48,8 @@ PRECISION_HELP = ("Encoder precision: auto (bf16 where the hardware computes it 
                   "the linear layers, CPU).")
 FACTORY_HELP = ("faiss.index_factory string for dense vectors: Flat (exact), HNSW32, IVF4096,Flat, IVF4096,PQ64, "
                 "IVF4096,SQ8, SQfp16, ... (built once per index and kept beside it).")
-GPU_HELP = "Search on the GPU(s) (FAISS with GPU support); default: when FAISS sees a GPU."
+GPU_HELP = ("Search on the GPU(s) (FAISS with GPU support; exact search also through torch on CUDA); default: when "
+            "FAISS sees a GPU, or for exact search without FAISS, when torch does.")
 
 # The options several commands share, declared once (typer reads the option from the annotation).
 Model = Annotated[str, typer.Option("--model", "-m", help=MODEL_HELP)]

@@ -89,9 +89,9 @@ class SearchOptions:
     """How an index is searched (each back-end reads the fields it knows).
 
     ``factory`` / ``metric`` / ``nprobe`` / ``ef_search`` / ``train_size``: the FAISS index of dense vectors
-    (``Flat`` = exact); ``use_gpu``: None = when FAISS sees a GPU; ``block_rows``: vectors per exact-search block;
-    ``dense_weight`` / ``sparse_weight``: α, β of the hybrid score (None: as trained); ``rrf_k`` / ``rrf_depth``:
-    reciprocal rank fusion of the dense and sparse rankings.
+    (``Flat`` = exact); ``use_gpu``: None = when FAISS sees a GPU (exact search without FAISS: when torch does);
+    ``block_rows``: vectors per exact-search block; ``dense_weight`` / ``sparse_weight``: α, β of the hybrid score
+    (None: as trained); ``rrf_k`` / ``rrf_depth``: reciprocal rank fusion of the dense and sparse rankings.
     """
 
     factory: str = "Flat"

@@ -1,4 +1,4 @@
-"""Dense back-end: FAISS search over the ``embeddings`` of an index directory, exact or approximate, CPU or GPU.
+"""Dense back-end: search over the ``embeddings`` of an index directory, exact or approximate (FAISS), CPU or GPU.
 
 Every representation whose passages are dense vectors is searched here: sentence-transformers and Hugging Face
 encoders, pretrieve's fine-tuned dense retrievers (siamese, separate towers, CoT-MoTE experts), and the dense
@@ -6,8 +6,12 @@ part of a hybrid model (``--mode dense``).
 
 **Exact search** (``factory="Flat"``, the default and the reference) streams the vectors: they are read from
 disk ``block_rows`` at a time (file reads, not a mapping of the whole file), each block is searched with
-``faiss.knn`` (inner product or L2), and the per-block top-k are merged into a running top-k (:func:`merge_topk`,
-stable: earlier rows win ties). Peak memory is one block of vectors plus the top-k arrays, not the shard.
+``faiss.knn`` (inner product or L2) when FAISS is installed, else with a torch matrix product and top-k on the
+device the search runs on (CUDA when torch sees a GPU, else the CPU; queries in chunks, so that one chunk's scores
+stay under :data:`~pretrieve.retrieval.index.topk.DEFAULT_BLOCK_ELEMENTS` floats), and the per-block top-k are
+merged into a running top-k (:func:`merge_topk`). Either way ties are broken by row (score, then the lower row
+first), so a run is the same with and without FAISS up to float32 rounding of the scores. Peak memory is one block
+of vectors plus the top-k arrays, not the shard. GPU images rarely carry FAISS; exact search needs none.
 
 **Approximate search** takes any ``faiss.index_factory`` string — ``"HNSW32"``, ``"IVF4096,Flat"``,
 ``"IVF4096,PQ64"``, ``"IVF4096,SQ8"``, ``"Flat"`` with ``SQfp16`` (``"SQfp16"``) … — for every dense-vector
@@ -21,11 +25,13 @@ applied when it is opened. Measured recall against exact search: docs/benchmarks
 every GPU (``faiss.index_cpu_to_all_gpus``): exact blocks through a GPU flat index, approximate indexes cloned to
 the GPUs (index types without a GPU implementation, e.g. HNSW, stay on the CPU with a warning). ``use_gpu=False``
 forces the CPU; ``use_gpu=True`` without a GPU is a :class:`~pretrieve.errors.ConfigError`. The ``faiss-cpu``
-wheel reports no GPU, so it always searches on the CPU.
+wheel reports no GPU: with it exact search runs on the CPU, or through torch on CUDA when ``use_gpu=True``.
+Without FAISS, exact search runs through torch on CUDA when torch sees a GPU (``use_gpu`` None or True).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import re
 from pathlib import Path
@@ -48,11 +54,19 @@ _FAISS_FILE = "index.faiss"
 
 
 def _faiss():
+    faiss = optional_faiss()
+    if faiss is None:   # an extra: faiss-cpu or faiss-gpu, whichever fits the machine
+        raise ConfigError("FAISS is not installed: pip install 'pretrieve[faiss]' (CPU) or 'pretrieve[faiss-gpu]' "
+                          "(CUDA 12); exact search (--factory Flat) needs none")
+    return faiss
+
+
+def optional_faiss():
+    """The ``faiss`` module, or None when it is not installed (exact search then runs through torch)."""
     try:
         import faiss
-    except ImportError:   # an extra: faiss-cpu or faiss-gpu, whichever fits the machine
-        raise ConfigError("FAISS is not installed: pip install 'pretrieve[faiss]' (CPU) or 'pretrieve[faiss-gpu]' "
-                          "(CUDA 12)") from None
+    except ImportError:
+        return None
     return faiss
 
 
@@ -173,19 +187,42 @@ def read_rows(path: Path, start: int, end: int) -> np.ndarray:
     return as_float32(block.reshape(end - start, width))
 
 
+def exact_engine(use_gpu: bool | None) -> tuple[str, str]:
+    """What runs exact search: ``("faiss", "cuda" | "cpu")`` when FAISS is installed, else ``("torch", device)``.
+
+    FAISS on its GPUs when it sees one (unless ``use_gpu=False``), else FAISS on the CPU — or torch on CUDA when
+    ``use_gpu=True`` and only torch sees a GPU. Without FAISS: torch on CUDA when torch sees a GPU and ``use_gpu``
+    is not False, else torch on the CPU. ``use_gpu=True`` with no GPU at all is a ConfigError.
+    """
+    import torch
+
+    faiss = optional_faiss()
+    torch_gpu = torch.cuda.is_available()
+    if faiss is not None and gpu_count() > 0:
+        return "faiss", "cpu" if use_gpu is False else "cuda"
+    if use_gpu and not torch_gpu:
+        raise ConfigError("GPU search was requested but neither FAISS nor torch sees a GPU; search on the CPU")
+    if faiss is not None and not use_gpu:
+        return "faiss", "cpu"
+    return "torch", "cuda" if torch_gpu and use_gpu is not False else "cpu"
+
+
 def exact_search(queries: np.ndarray, vectors: Path | np.ndarray, k: int, metric: str = "ip",
                  block_rows: int = DEFAULT_BLOCK_ROWS, use_gpu: bool | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Exact top-``k`` of ``queries [Q, d]`` over ``vectors`` (an ``.npy`` path, streamed ``block_rows`` at a time,
-    or an array): ``(scores [Q, k'], rows [Q, k'])``, ``k' = min(k, N)``, best first, ties by row."""
-    faiss = _faiss()
+    or an array): ``(scores [Q, k'], rows [Q, k'])``, ``k' = min(k, N)``, best first, ties by row. FAISS runs it
+    when installed, else torch (:func:`exact_engine`)."""
     if k < 1:
         raise ConfigError(f"k must be >= 1, got {k}")
+    if metric not in METRICS:
+        raise ConfigError(f"unknown metric '{metric}' (choose from {', '.join(METRICS)})")
     queries = as_float32(queries)
     count = int(np.load(vectors, mmap_mode="r").shape[0]) if isinstance(vectors, Path) else len(vectors)
     width = int(np.load(vectors, mmap_mode="r").shape[1]) if isinstance(vectors, Path) else vectors.shape[1]
     if queries.ndim != 2 or queries.shape[1] != width:
         raise InputError(f"query embeddings of shape {queries.shape} do not match index dimension {width}")
-    gpu = use_gpus(use_gpu)
+    engine, device = exact_engine(use_gpu)
+    search_block = _faiss_block_search(metric, device) if engine == "faiss" else _torch_block_search(metric, device)
     scores = np.zeros((len(queries), 0), np.float32)
     rows = np.zeros((len(queries), 0), np.int64)
     if len(queries) == 0:
@@ -193,17 +230,83 @@ def exact_search(queries: np.ndarray, vectors: Path | np.ndarray, k: int, metric
     for start in range(0, count, block_rows):
         end = min(count, start + block_rows)
         block = read_rows(vectors, start, end) if isinstance(vectors, Path) else as_float32(vectors[start:end])
-        depth = min(k, end - start)
-        if gpu:
+        block_scores, block_rows_found = search_block(queries, block, min(k, end - start))
+        scores, rows = merge_topk([scores, block_scores], [rows, block_rows_found + start], k)
+    return scores, rows
+
+
+def _faiss_block_search(metric: str, device: str):
+    """``(queries, block, depth) -> (scores, rows)`` through FAISS (its GPUs for ``device="cuda"``), best first,
+    ties by row (FAISS keeps the lower rows of a tie at the cut; their order among themselves is set here)."""
+    faiss = _faiss()
+
+    def search(queries: np.ndarray, block: np.ndarray, depth: int) -> tuple[np.ndarray, np.ndarray]:
+        if device == "cuda":
             flat = faiss.IndexFlat(block.shape[1], _metric(metric))
             flat.add(block)
-            block_scores, block_rows_found = to_gpus(flat, "exact search").search(queries, depth)
+            scores, rows = to_gpus(flat, "exact search").search(queries, depth)
         else:
-            block_scores, block_rows_found = faiss.knn(queries, block, depth, metric=_metric(metric))
-        if metric == "l2":
-            block_scores = -block_scores
-        scores, rows = merge_topk([scores, block_scores], [rows, block_rows_found.astype(np.int64) + start], k)
-    return scores, rows
+            scores, rows = faiss.knn(queries, block, depth, metric=_metric(metric))
+        scores, rows = (-scores if metric == "l2" else scores), rows.astype(np.int64)
+        order = np.lexsort((rows, -scores), axis=1)
+        return np.take_along_axis(scores, order, axis=1), np.take_along_axis(rows, order, axis=1)
+
+    return search
+
+
+def _torch_block_search(metric: str, device: str, block_elements: int = DEFAULT_BLOCK_ELEMENTS):
+    """``(queries, block, depth) -> (scores, rows)`` through torch on ``device``: full-precision float32 products
+    (no TF32), queries in chunks of at most ``block_elements`` scores, best first, ties by row."""
+    import torch
+
+    def search(queries: np.ndarray, block: np.ndarray, depth: int) -> tuple[np.ndarray, np.ndarray]:
+        vectors = torch.from_numpy(block).to(device)
+        norms = (vectors * vectors).sum(dim=1) if metric == "l2" else None
+        step = max(1, block_elements // max(1, len(block)))
+        scores_out, rows_out = [], []
+        with _full_float32(), torch.no_grad():
+            for start in range(0, len(queries), step):
+                chunk = torch.from_numpy(queries[start:start + step]).to(device)
+                scores = chunk @ vectors.T
+                if norms is not None:   # negated squared distance, as FAISS computes it for a block
+                    scores = -((chunk * chunk).sum(dim=1, keepdim=True) + norms[None, :] - 2 * scores).clamp_min(0)
+                top_scores, top_rows = top_k_by_row(scores, depth)
+                scores_out.append(top_scores.cpu().numpy())
+                rows_out.append(top_rows.cpu().numpy())
+        return np.concatenate(scores_out).astype(np.float32), np.concatenate(rows_out).astype(np.int64)
+
+    return search
+
+
+def top_k_by_row(scores, k: int):
+    """Per row of a torch ``scores [Q, N]``, the ``k`` largest ``(values, columns)``, best first, ties by column —
+    the lower columns of a tie at the cut are the ones kept (``torch.topk`` alone keeps any of them)."""
+    import torch
+
+    values, columns = torch.topk(scores, k, dim=1)
+    cut = values[:, -1:]
+    for q in torch.nonzero((scores == cut).sum(dim=1) != (values == cut).sum(dim=1)).flatten().tolist():
+        above = torch.nonzero(scores[q] > cut[q]).flatten()
+        at_cut = torch.nonzero(scores[q] == cut[q]).flatten()[:k - len(above)]
+        columns[q] = torch.cat([above, at_cut])
+        values[q] = scores[q, columns[q]]
+    columns, order = columns.sort(dim=1)
+    values = values.gather(1, order)
+    order = torch.argsort(values, dim=1, descending=True, stable=True)
+    return values.gather(1, order), columns.gather(1, order)
+
+
+@contextlib.contextmanager
+def _full_float32():
+    """float32 matrix products at full precision (no TF32 / bf16 passes) for the duration."""
+    import torch
+
+    saved = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("highest")
+    try:
+        yield
+    finally:
+        torch.set_float32_matmul_precision(saved)
 
 
 # ------------------------------------------------------------------------------------------------ search

@@ -1,6 +1,8 @@
-"""DupMAE back-end: the [CLS] part in FAISS, the sparse OT part in an inverted index, combined exactly (eq. 12).
+"""DupMAE back-end: the [CLS] part searched densely, the sparse OT part in an inverted index, combined exactly (eq. 12).
 
-A passage is stored as ``ĥ_d`` (``d′`` floats: ``embeddings.npy``, searched through FAISS) and ``(I_d, μ_d[I_d])``
+A passage is stored as ``ĥ_d`` (``d′`` floats: ``embeddings.npy``, searched exactly by
+:func:`~pretrieve.retrieval.index.dense.exact_search` — FAISS when installed, else torch — or through a FAISS
+index of another factory) and ``(I_d, μ_d[I_d])``
 (its top-``k`` OT entries: the ``ot`` CSR part, searched by a
 :class:`~pretrieve.retrieval.index.sparse.SparseSearcher`); a query as ``ĥ_q`` and its *full* OT vector ``μ_q``
 (eq. 12 of "RetroMAE v2 / DupMAE: Duplex Masked Auto-Encoder" sums ``μ_q[i] μ_d[i]`` over the document's indices,
@@ -40,7 +42,7 @@ import torch
 from pretrieve.errors import ConfigError, InputError
 from pretrieve.retrieval.index import EMBEDDINGS, IndexDir, dense_part_bytes, sparse_part_bytes
 from pretrieve.retrieval.index.compose import ShardSearcher
-from pretrieve.retrieval.index.dense import as_float32, build_faiss, faiss_search
+from pretrieve.retrieval.index.dense import as_float32, build_faiss, exact_search, faiss_search
 from pretrieve.retrieval.index.dense import resolve_mode as dense_mode
 from pretrieve.retrieval.index.sparse import SparseSearcher, topk_matrix
 from pretrieve.retrieval.index.topk import top_k_rows
@@ -65,7 +67,10 @@ class DupMAESearcher:
                            "exact", options.factory)
         self.count = index.count
         self.dense = as_float32(index.array(EMBEDDINGS, mmap=False)) if index.has(EMBEDDINGS) else None
-        self.faiss = None if self.dense is None else build_faiss(self.dense, options.factory, "ip")
+        self.use_gpu = options.use_gpu
+        # Flat: exact_search (FAISS when installed, else torch); another factory: a FAISS index of the [CLS] part
+        self.faiss = None if self.dense is None or options.factory == "Flat" else build_faiss(
+            self.dense, options.factory, "ip")
         self.sparse = SparseSearcher(index, "ot") if index.has("ot") else None
 
     def exact_scores(self, queries: Mapping[str, Any], rows: np.ndarray) -> np.ndarray:
@@ -87,7 +92,7 @@ class DupMAESearcher:
             raise ConfigError(f"k must be >= 1, got {k}")
         self._check_queries(queries)
         if self.sparse is None:
-            return faiss_search(self.faiss, queries[EMBEDDINGS], k)
+            return self._dense_search(queries[EMBEDDINGS], k)
         if self.dense is None:
             return self.sparse.search(queries, k)
         dense_queries, ot_queries = as_float32(queries[EMBEDDINGS]), queries["ot"]
@@ -98,7 +103,7 @@ class DupMAESearcher:
         depth = min(size, max(k, initial_depth or 2 * k))
         while pending.size:
             pending_queries = {EMBEDDINGS: dense_queries[pending], "ot": ot_queries[pending]}
-            dense_scores, dense_rows = faiss_search(self.faiss, pending_queries[EMBEDDINGS], depth)
+            dense_scores, dense_rows = self._dense_search(pending_queries[EMBEDDINGS], depth)
             sparse_scores, sparse_rows = self.sparse.search(pending_queries, depth)
             candidates = union_rows(dense_rows, sparse_rows)
             exact = self.exact_scores(pending_queries, candidates)
@@ -114,6 +119,11 @@ class DupMAESearcher:
             pending = pending[~certified]
             depth = min(size, depth * 4)
         return out_scores, out_rows
+
+    def _dense_search(self, vectors: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        if self.faiss is not None:
+            return faiss_search(self.faiss, vectors, k)
+        return exact_search(vectors, self.dense, k, "ip", use_gpu=self.use_gpu)
 
     def _check_queries(self, queries: Mapping[str, Any]) -> None:
         dense_queries, ot_queries = queries.get(EMBEDDINGS), queries.get("ot")
