@@ -177,7 +177,8 @@ class GroupCollator:
         for group in groups:
             positive, negatives = sample_group_indices(group, self.num_negatives, rng)
             ids = [group.positives[positive]] + [group.negatives[i] for i in negatives]
-            passages.extend(self.corpus.texts_of(ids, self.title_sep))
+            passages.extend(self.corpus.texts_of(ids) if self.title_sep == " " else
+                            self.corpus.texts_of(ids, self.title_sep))   # any corpus with texts_of(ids) serves
             if self.teacher_scores:
                 if not group.has_scores:
                     raise InputError(f"training group of query '{group.query_id}' has no teacher scores",
