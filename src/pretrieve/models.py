@@ -17,7 +17,10 @@ or a folder right below it: a tower, a sentence-transformers module) has an ``au
 own for transformers to import; pretrieve refuses it up front (:func:`refuse_remote_code`, an
 :class:`~pretrieve.errors.InputError` naming the file, called by :func:`resolve_model` and by every loader through
 :func:`no_remote_code`), and every ``from_pretrained`` call passes ``trust_remote_code=False`` — so transformers
-never asks "Do you wish to run the custom code?" on stdin, and no answer typed there can run anything.
+never asks "Do you wish to run the custom code?" on stdin, and no answer typed there can run anything. Weights that
+cannot be read as tensors — a pickle that would build anything else (refused, never run: transformers loads with
+``weights_only=True``), a truncated or corrupt safetensors file — are one :class:`InputError` naming the file
+(:func:`named_weights_errors`).
 
 ``init_model(shape, tokenizer, out, seed)`` writes a fourth kind of starting point: a randomly initialised BERT of a
 given shape (``L2-H128``: 2 layers, hidden size 128 — the BERT miniatures' naming, Turc et al. 2019, with
@@ -30,6 +33,7 @@ settings keeps it and one with other settings is refused.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import logging
@@ -38,7 +42,7 @@ import re
 import socket
 from pathlib import Path
 from urllib.parse import urlparse
-from typing import Callable
+from typing import Callable, Iterator
 
 from pretrieve import artifacts
 from pretrieve.errors import ConfigError, InputError, StaleOutputError
@@ -146,6 +150,55 @@ def no_remote_code(name_or_path: str | Path, subfolder: str = "") -> dict[str, b
     :func:`refuse_remote_code` passed: ``AutoTokenizer.from_pretrained(path, **no_remote_code(path))``."""
     refuse_remote_code(name_or_path, subfolder)
     return {"trust_remote_code": False}
+
+
+WEIGHTS_FILES = ("model.safetensors", "pytorch_model.bin")
+
+
+def _is_weights_error(exc: BaseException) -> bool:
+    """An error of reading a weights file: a refused or broken pickle, a corrupt safetensors file, a truncated zip."""
+    import pickle
+
+    return isinstance(exc, (pickle.UnpicklingError, EOFError)) or type(exc).__name__ == "SafetensorError" \
+        or isinstance(exc, RuntimeError) and "PytorchStreamReader" in str(exc)
+
+
+def unreadable_weights(folder: str | Path) -> Path | None:
+    """The first weights file (:data:`WEIGHTS_FILES`) in ``folder`` or a folder right below it (a sentence-transformers
+    module, a tower) that cannot be read as tensors only, None when all can."""
+    import torch
+    from safetensors.torch import load_file
+
+    root = Path(str(folder))
+    if not root.is_dir():
+        return None
+    for directory in [root] + sorted(child for child in root.iterdir() if child.is_dir()):
+        for name in WEIGHTS_FILES:
+            path = directory / name
+            if not path.is_file():
+                continue
+            try:
+                load_file(str(path)) if name.endswith(".safetensors") else \
+                    torch.load(path, map_location="cpu", weights_only=True)
+            except Exception:  # noqa: BLE001 - any failure is this file's
+                return path
+    return None
+
+
+@contextlib.contextmanager
+def named_weights_errors(name_or_path: str | Path) -> Iterator[None]:
+    """Turn an error of reading the weights of the checkpoint ``name_or_path`` (:func:`_is_weights_error`) into one
+    :class:`InputError` naming the file (found by :func:`unreadable_weights`)."""
+    try:
+        yield
+    except Exception as exc:
+        if not _is_weights_error(exc):
+            raise
+        lines = str(exc).strip().splitlines()
+        reason = f"{type(exc).__name__}: {lines[0][:160] if lines else ''}"
+        raise InputError(f"cannot read the model's weights ({reason}): the file is truncated, corrupt or holds more "
+                         "than tensors (nothing in it was run); replace it with a good copy",
+                         path=unreadable_weights(name_or_path) or name_or_path) from None
 
 
 def _hub_file(name: str, filename: str) -> Path | None:

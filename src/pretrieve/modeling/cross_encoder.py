@@ -25,7 +25,7 @@ from transformers import AutoModelForSequenceClassification
 
 from pretrieve.errors import ConfigError, InputError
 from pretrieve.modeling.losses import listwise_ce
-from pretrieve.models import no_remote_code
+from pretrieve.models import named_weights_errors, no_remote_code
 
 #: The settings a trained reranker is exported with (written by :mod:`pretrieve.train.reranker`).
 CONFIG_FILE = "reranker_config.json"
@@ -62,8 +62,9 @@ class CrossEncoder(nn.Module):
     def from_pretrained(cls, name_or_path: str | Path) -> "CrossEncoder":
         """Load a checkpoint; a fresh one-output classification head is created when it has none."""
         try:
-            model = AutoModelForSequenceClassification.from_pretrained(str(name_or_path), num_labels=1,
-                                                                       **no_remote_code(name_or_path))
+            with named_weights_errors(name_or_path):
+                model = AutoModelForSequenceClassification.from_pretrained(str(name_or_path), num_labels=1,
+                                                                           **no_remote_code(name_or_path))
         except OSError as exc:
             raise InputError(f"cannot load model: {exc}", path=str(name_or_path)) from None
         return cls(model)

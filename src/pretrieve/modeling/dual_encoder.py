@@ -50,7 +50,7 @@ from pretrieve.io_utils import write_json
 from pretrieve.modeling.encoder import Encoder
 from pretrieve.modeling.losses import combined_distillation_loss, contrastive_loss, group_scores
 from pretrieve.modeling.mote import is_mote_checkpoint
-from pretrieve.models import no_remote_code
+from pretrieve.models import named_weights_errors, no_remote_code
 from pretrieve.precision import full_precision
 from pretrieve.modeling.representations import DenseRepresentation, Representation, representation_from_config
 
@@ -121,7 +121,8 @@ class TransformerTower(Tower):
     @classmethod
     def from_pretrained(cls, name_or_path: str | Path) -> "TransformerTower":
         try:
-            return cls(AutoModel.from_pretrained(str(name_or_path), **no_remote_code(name_or_path)))
+            with named_weights_errors(name_or_path):
+                return cls(AutoModel.from_pretrained(str(name_or_path), **no_remote_code(name_or_path)))
         except OSError as exc:
             raise InputError(f"cannot load model: {exc}", path=str(name_or_path)) from None
 

@@ -31,7 +31,7 @@ from transformers import AutoModelForMaskedLM, PretrainedConfig, PreTrainedModel
 
 from pretrieve.errors import ConfigError
 from pretrieve.modeling.mote import mote_routing, restore_mote
-from pretrieve.models import no_remote_code, resolve_model
+from pretrieve.models import named_weights_errors, no_remote_code, resolve_model
 
 logger = logging.getLogger(__name__)
 
@@ -65,8 +65,9 @@ class Encoder(nn.Module):
     def from_pretrained(cls, name_or_path: str | Path, **kwargs) -> "Encoder":
         """Load a checkpoint (hub name, directory or offline alias); create and log the MLM head when missing."""
         name_or_path = resolve_model(name_or_path)
-        model, info = AutoModelForMaskedLM.from_pretrained(str(name_or_path), output_loading_info=True,
-                                                           **no_remote_code(name_or_path), **kwargs)
+        with named_weights_errors(name_or_path):
+            model, info = AutoModelForMaskedLM.from_pretrained(str(name_or_path), output_loading_info=True,
+                                                               **no_remote_code(name_or_path), **kwargs)
         head_prefixes = tuple(f"{name}." for name in _head_module_names(model))
         missing_head = sorted(key for key in info.get("missing_keys", ()) if key.startswith(head_prefixes))
         if missing_head:

@@ -40,7 +40,6 @@ When the files give no ``max_seq_length``, the length is :func:`default_max_leng
 
 from __future__ import annotations
 
-import importlib
 import json
 import os
 from dataclasses import dataclass, field
@@ -52,6 +51,7 @@ from huggingface_hub import hf_hub_download
 from safetensors.torch import load_file
 from tokenizers.normalizers import Lowercase, Sequence as NormalizerSequence
 from torch import Tensor, nn
+from torch.nn.modules import activation as _ACTIVATIONS
 
 from pretrieve.errors import ConfigError, InputError
 from pretrieve.modeling.pooling import exclude_prompt, parse_pooling, pool
@@ -76,18 +76,28 @@ class DenseLayer(nn.Module):
         return out
 
 
+ACTIVATION_MODULES = ("torch.nn.modules.activation", "torch.nn")
+"""Where a Dense config's activation may come from: the names sentence-transformers writes (``fullname`` of the
+module, e.g. ``torch.nn.modules.activation.Tanh``, ``torch.nn.modules.linear.Identity``) or their ``torch.nn``
+spelling; nothing is imported by name."""
+
+
 def activation_from_name(name: str | None, where: str) -> nn.Module:
-    """``torch.nn.modules.activation.Tanh`` → ``nn.Tanh()``; only ``torch.`` module classes (no remote code)."""
+    """``torch.nn.modules.activation.Tanh`` → ``nn.Tanh()``: only torch's activation modules (those of
+    ``torch.nn.modules.activation`` that take no argument) and ``Identity`` — no module is imported by name."""
     if name is None:
         return nn.Tanh()  # sentence-transformers' default when the key is absent
-    module_name, _, class_name = name.rpartition(".")
-    if not name.startswith("torch.") or not module_name:
-        raise ConfigError(f"{where}: activation '{name}' is not a torch.nn module; sentence-transformers "
-                          "would need trust_remote_code for it, which pretrieve does not support")
-    cls = getattr(importlib.import_module(module_name), class_name, None)
-    if not (isinstance(cls, type) and issubclass(cls, nn.Module)):
-        raise ConfigError(f"{where}: activation '{name}' is not a torch.nn.Module class")
-    return cls()
+    module_name, _, class_name = str(name).rpartition(".")
+    allowed = (module_name in ACTIVATION_MODULES and class_name in _ACTIVATIONS.__all__) or \
+        name in ("torch.nn.modules.linear.Identity", "torch.nn.Identity")
+    try:
+        if allowed:
+            return getattr(nn, class_name)()
+    except TypeError:   # an activation that needs arguments (Threshold, MultiheadAttention): not written bare
+        pass
+    raise ConfigError(f"{where}: activation '{name}' is not one sentence-transformers writes (a torch.nn activation "
+                      "without arguments, e.g. torch.nn.modules.activation.Tanh, or torch.nn.modules.linear.Identity)"
+                      "; pretrieve runs no other code from a model folder")
 
 
 

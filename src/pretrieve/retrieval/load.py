@@ -54,7 +54,7 @@ from pretrieve.modeling.mote import is_mote_checkpoint, routed_views
 from pretrieve.modeling.pooling import parse_pooling
 from pretrieve.modeling.sentence_transformer import (DenseEncoder, ModelFiles, add_lowercase, default_max_length,
                                                      read_sentence_transformers_config)
-from pretrieve.models import no_remote_code, resolve_model
+from pretrieve.models import named_weights_errors, no_remote_code, resolve_model
 from pretrieve.precision import resolve_precision
 from pretrieve.retrieval.batches import Side, quantize_int8, resolve_device
 from pretrieve.retrieval.index import BACKENDS, PartsEncoder, backend
@@ -80,14 +80,16 @@ def load_dense_encoder(name_or_path: str | Path, pooling: str | Sequence[str] | 
     root, where a CoT-MoTE export keeps its MoTE checkpoint)."""
     name_or_path = resolve_model(name_or_path)
     files = ModelFiles(name_or_path)
-    st = read_sentence_transformers_config(files, side)
+    with named_weights_errors(name_or_path):   # a Dense module's weights
+        st = read_sentence_transformers_config(files, side)
     if transformer_path is None:
         transformer_path = st.transformer_path if st else ""
     location, extra = files.model_location(transformer_path)
     try:
         extra |= no_remote_code(location, extra.get("subfolder", ""))
         tokenizer = AutoTokenizer.from_pretrained(location, **extra)
-        model = AutoModel.from_pretrained(location, **extra)
+        with named_weights_errors(location):
+            model = AutoModel.from_pretrained(location, **extra)
     except OSError as exc:
         raise InputError(f"cannot load model: {exc}", path=str(name_or_path)) from None
     if st is not None and st.do_lower_case:
@@ -277,7 +279,8 @@ def _dense_encoders(resolved: str, path: Path | None, pooling, normalize, max_le
         query, passage = copy.copy(encoder), copy.copy(encoder)
         query.model, passage.model = (view.eval() for view in routed_views(encoder.model, path))
         return query, passage
-    st = read_sentence_transformers_config(ModelFiles(resolved))
+    with named_weights_errors(resolved):   # a Dense module's weights
+        st = read_sentence_transformers_config(ModelFiles(resolved))
     if st is not None and st.routed:
         return tuple(load_dense_encoder(resolved, pooling=pooling, normalize=normalize, max_length=max_length,
                                         device=device, side=side) for side in ("query", "passage"))
