@@ -1,4 +1,4 @@
-"""Pre-training step speed of every method on this machine (Drop your Decoder, Ma et al. 2024, Table 4, reproduced on our CPU).
+"""Pre-training step speed of every method, on the CPU or a GPU (Drop your Decoder, Ma et al. 2024, Table 4).
 
 Drop your Decoder (Ma et al. 2024) (§4.2 "Pre-training Efficiency", Table 4) compares, per method: the data-processing time, the
 time of the additional decoder, and training samples/s with its "degeneration" relative to plain further
@@ -15,8 +15,9 @@ one process, plus a reference step the way Hugging Face-based reference code (Re
 * **encoder fwd / objective fwd** — wall time inside the encoder's forward and inside each objective's
   forward (the MLM head projection of ``mlm``, the [CLS] projection of ``bow``, the decoder layers of
   ``ae``/``ar``/``enhanced``), measured with forward pre-/post-hooks during the timed step (CPU execution
-  is synchronous, so wall time between the hooks is the module's time). Drop your Decoder (Ma et al. 2024) reports the
-  decoder's "GPU time" the same way: forward of the extra module only;
+  is synchronous, so wall time between the hooks is the module's time; on CUDA each hook first waits for the
+  GPU with ``torch.cuda.synchronize``). Drop your Decoder (Ma et al. 2024) reports the decoder's "GPU time" the
+  same way: forward of the extra module only;
 * **hf_reference** — a plain ``AutoModelForMaskedLM`` (``BertForMaskedLM``) computing full-vocabulary logits
   at every position ``[B, L, V]`` with ``labels=``, fed by Hugging Face's
   ``DataCollatorForLanguageModeling(whole_word_mask=True, mlm_probability=<encoder ratio>)`` (the successor
@@ -38,8 +39,17 @@ workers spinning at barriers count as CPU time too). Collation randomness is see
 (:func:`pretrieve.train.loop.micro_batch_seed`), so all presets mask the same tokens. Ratios between
 runners are the numbers to publish; absolute samples/s move ±20 % with the machine's load.
 
+Device (``settings.device``, ``--device``): ``cpu`` (the default) or ``cuda``. On CUDA every runner's model
+and optimizer live on the GPU, the collated batch is copied there inside the timed forward phase (collation
+itself stays on the CPU, as in a trainer's data loader), every phase boundary follows a ``torch.cuda.synchronize``
+(so wall time is GPU time), the peak of ``torch.cuda.max_memory_allocated`` over a runner's measured steps is
+reported (``peak_memory_mib``), ``bf16`` autocasts on CUDA, and the bars are judged on wall clock (CPU time
+measures only the launching thread there). The report names the device (``cuda:0 (NVIDIA H100 …)``) beside
+every section it made.
+
 Shapes: random-init BERT configs (``L6-H384`` = MiniLM: 12 heads, FFN 1536; ``L2-H128``: 2 heads, FFN 512;
-``L12-H768`` = bert-base), with the real uncased vocabulary (30,522) from the offline all-MiniLM package;
+``L12-H768`` = bert-base), with the real uncased vocabulary (30,522) from the offline all-MiniLM package (or
+SPLADE-tiny's, the same vocabulary, where that package is not installed);
 or the shape of a checkpoint given by path/alias (its config, randomly initialised: speed does not depend
 on the weights, and all runners then start equal).
 """
@@ -60,6 +70,8 @@ import numpy as np
 import torch
 from torch import nn
 
+from pretrieve.bench.report import (bench_device, device_name, peak_memory_mib, reset_peak_memory,
+                                    synchronize)
 from pretrieve.errors import ConfigError, InputError
 
 DEFAULT_PRESETS = ("mlm", "bow", "ae", "ar", "retromae")
@@ -170,16 +182,19 @@ class ModuleTimer:
     timed module counts for both.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, device: str = "cpu") -> None:
         self.seconds: dict[str, float] = defaultdict(float)
         self._open: dict[str, list[float]] = defaultdict(list)
         self._handles: list[Any] = []
+        self.device = device
 
     def watch(self, name: str, module: nn.Module) -> None:
         def before(_module, _args, _kwargs=None):
+            synchronize(self.device)
             self._open[name].append(time.perf_counter())
 
         def after(_module, _args, _output):
+            synchronize(self.device)
             began = self._open[name].pop()
             if not self._open[name]:
                 self.seconds[name] += time.perf_counter() - began
@@ -196,8 +211,15 @@ class ModuleTimer:
         self._handles.clear()
 
 
-def _autocast(bf16: bool):
-    return torch.autocast("cpu", dtype=torch.bfloat16) if bf16 else contextlib.nullcontext()
+def _autocast(bf16: bool, device: str = "cpu"):
+    return torch.autocast(torch.device(device).type, dtype=torch.bfloat16) if bf16 else contextlib.nullcontext()
+
+
+def _to_device(batch: dict[str, Any], device: str) -> dict[str, Any]:
+    if device == "cpu":
+        return batch
+    return {key: value.to(device, non_blocking=True) if isinstance(value, torch.Tensor) else value
+            for key, value in batch.items()}
 
 
 def _optimizer_step(model: nn.Module, optimizer: torch.optim.Optimizer, max_grad_norm: float) -> None:
@@ -218,6 +240,7 @@ class StepTiming:
     cpu_collate: float = 0.0
     cpu_step: float = 0.0
     modules: dict[str, float] = field(default_factory=dict)
+    peak_memory_mib: float | None = None
 
     @property
     def step(self) -> float:
@@ -234,6 +257,7 @@ class Runner:
     bf16: bool = False
     max_grad_norm: float = 1.0
     timer: ModuleTimer
+    device: str = "cpu"
 
     def collate(self, examples: Sequence[dict[str, Any]], generator: torch.Generator) -> dict[str, torch.Tensor]:
         raise NotImplementedError
@@ -245,30 +269,37 @@ class Runner:
         return {}
 
     def step(self, examples: Sequence[dict[str, Any]], generator: torch.Generator) -> StepTiming:
-        """Collate, then forward + backward + clip + AdamW; every phase timed (wall and CPU)."""
+        """Collate, then forward + backward + clip + AdamW; every phase timed (wall and CPU; on CUDA each
+        boundary after a synchronize, the batch's copy to the GPU inside the forward phase)."""
+        device = self.device
+        synchronize(device)
+        reset_peak_memory(device)
         c0, w0 = time.process_time(), time.perf_counter()
         batch = self.collate(examples, generator)
         c1, w1 = time.process_time(), time.perf_counter()
         self.timer.reset()
-        with _autocast(self.bf16):
-            loss = self.loss(batch)
+        with _autocast(self.bf16, device):
+            loss = self.loss(_to_device(batch, device))
+        synchronize(device)
         w2 = time.perf_counter()
         loss.backward()
+        synchronize(device)
         w3 = time.perf_counter()
         _optimizer_step(self.module, self.optimizer, self.max_grad_norm)
+        synchronize(device)
         c4, w4 = time.process_time(), time.perf_counter()
         if not torch.isfinite(loss):
             raise FloatingPointError(f"{self.name}: non-finite loss {float(loss)}")
         modules = dict(self.timer.seconds) | self.extra_modules(w2 - w1)
         return StepTiming(w1 - w0, w2 - w1, w3 - w2, w4 - w3, cpu_collate=c1 - c0, cpu_step=c4 - c1,
-                          modules=modules)
+                          modules=modules, peak_memory_mib=peak_memory_mib(device))
 
 
 class PresetRunner(Runner):
     """One pre-training method (preset name or method file) with our model, collator and optimizer."""
 
     def __init__(self, method_name: str, config, tokenizer: Any, max_len: int, seed: int, bf16: bool,
-                 lr: float = 1e-4, max_grad_norm: float = 1.0):
+                 lr: float = 1e-4, max_grad_norm: float = 1.0, device: str = "cpu"):
         from pretrieve.modeling import Encoder, PretrainModel
         from pretrieve.train.collator import PretrainCollator
         from pretrieve.train.config import LoopConfig
@@ -278,13 +309,13 @@ class PresetRunner(Runner):
         self.name = method_name
         self.method = resolve_method(method_name)
         torch.manual_seed(seed)  # same initial encoder for every runner
-        self.module = self.model = PretrainModel(Encoder.from_config(config), self.method)
+        self.module = self.model = PretrainModel(Encoder.from_config(config), self.method).to(device)
         self.model.train()
         self.collator = PretrainCollator(tokenizer, self.method, required=self.model.required_features(),
                                          max_len=max_len, seed=seed)
         self.optimizer = build_optimizer(self.model, LoopConfig(lr=lr))
-        self.bf16, self.max_grad_norm = bf16, max_grad_norm
-        self.timer = ModuleTimer()
+        self.bf16, self.max_grad_norm, self.device = bf16, max_grad_norm, device
+        self.timer = ModuleTimer(device)
         self.timer.watch("encoder", self.model.encoder)
         for name, objective in self.model.objectives.items():
             self.timer.watch(f"objective:{name}", objective)
@@ -310,7 +341,7 @@ class HFReferenceRunner(Runner):
     name = REFERENCE
 
     def __init__(self, config, tokenizer: Any, mask_ratio: float, seed: int, bf16: bool, lr: float = 1e-4,
-                 max_grad_norm: float = 1.0):
+                 max_grad_norm: float = 1.0, device: str = "cpu"):
         import warnings
 
         from transformers import AutoModelForMaskedLM, DataCollatorForLanguageModeling
@@ -319,15 +350,15 @@ class HFReferenceRunner(Runner):
         from pretrieve.train.loop import build_optimizer
 
         torch.manual_seed(seed)
-        self.module = self.model = AutoModelForMaskedLM.from_config(config)
+        self.module = self.model = AutoModelForMaskedLM.from_config(config).to(device)
         self.model.train()
         with warnings.catch_warnings():  # "random token replacement is not supported with whole word masking"
             warnings.simplefilter("ignore")
             self.collator = DataCollatorForLanguageModeling(tokenizer, mlm_probability=mask_ratio,
                                                             whole_word_mask=True, seed=seed)
         self.optimizer = build_optimizer(self.model, LoopConfig(lr=lr))
-        self.bf16, self.max_grad_norm = bf16, max_grad_norm
-        self.timer = ModuleTimer()
+        self.bf16, self.max_grad_norm, self.device = bf16, max_grad_norm, device
+        self.timer = ModuleTimer(device)
         self.timer.watch("encoder", self.model.base_model)
 
     def collate(self, examples, generator):
@@ -348,7 +379,7 @@ class EncoderOnlyRunner(Runner):
     name = FLOOR
 
     def __init__(self, config, tokenizer: Any, max_len: int, seed: int, bf16: bool, lr: float = 1e-4,
-                 max_grad_norm: float = 1.0):
+                 max_grad_norm: float = 1.0, device: str = "cpu"):
         from pretrieve.modeling import Encoder
         from pretrieve.train.collator import PretrainCollator
         from pretrieve.train.config import LoopConfig
@@ -356,12 +387,12 @@ class EncoderOnlyRunner(Runner):
         from pretrieve.train.method import resolve_method
 
         torch.manual_seed(seed)
-        self.module = self.encoder = Encoder.from_config(config)
+        self.module = self.encoder = Encoder.from_config(config).to(device)
         self.encoder.train()
         self.collator = PretrainCollator(tokenizer, resolve_method(BASELINE), max_len=max_len, seed=seed)
         self.optimizer = build_optimizer(self.encoder, LoopConfig(lr=lr))
-        self.bf16, self.max_grad_norm = bf16, max_grad_norm
-        self.timer = ModuleTimer()
+        self.bf16, self.max_grad_norm, self.device = bf16, max_grad_norm, device
+        self.timer = ModuleTimer(device)
         self.timer.watch("encoder", self.encoder)
 
     def collate(self, examples, generator):
@@ -399,6 +430,7 @@ class PretrainBenchSettings:
     seed: int = 0
     reference: bool = True
     floor: bool = True
+    device: str = "cpu"
 
     def validate(self) -> None:
         if self.batch_size < 1 or self.max_len < 8 or self.steps < 1 or self.warmup < 0:
@@ -408,6 +440,7 @@ class PretrainBenchSettings:
             raise ConfigError("give at least one preset to benchmark")
         if len(set(self.presets)) != len(self.presets):
             raise ConfigError(f"presets listed twice: {list(self.presets)}")
+        bench_device(self.device)
 
 
 @dataclass
@@ -462,14 +495,17 @@ def bench_pretrain(config, tokenizer: Any, texts: Sequence[str], settings: Pretr
         raise InputError("no texts to benchmark on", field="texts")
     runners: dict[str, Any] = {}
     for name in settings.presets:
-        runners[name] = PresetRunner(name, config, tokenizer, settings.max_len, settings.seed, settings.bf16)
+        runners[name] = PresetRunner(name, config, tokenizer, settings.max_len, settings.seed, settings.bf16,
+                                     device=settings.device)
     if settings.reference:
         # the baseline's encoder mask ratio (RetroMAE's 0.3 for every preset), so both mask alike
         source = runners.get(BASELINE) or next(iter(runners.values()))
         mask_ratio = source.method.encoder_masker.ratio
-        runners[REFERENCE] = HFReferenceRunner(config, tokenizer, mask_ratio, settings.seed, settings.bf16)
+        runners[REFERENCE] = HFReferenceRunner(config, tokenizer, mask_ratio, settings.seed, settings.bf16,
+                                               device=settings.device)
     if settings.floor:
-        runners[FLOOR] = EncoderOnlyRunner(config, tokenizer, settings.max_len, settings.seed, settings.bf16)
+        runners[FLOOR] = EncoderOnlyRunner(config, tokenizer, settings.max_len, settings.seed, settings.bf16,
+                                           device=settings.device)
 
     names = list(runners)
     timings: dict[str, list[StepTiming]] = {name: [] for name in names}
@@ -493,7 +529,8 @@ def bench_pretrain(config, tokenizer: Any, texts: Sequence[str], settings: Pretr
         rows[name]["objectives"] = getattr(runner, "objective_names", [])
         rows[name]["features"] = sorted(getattr(runner, "features", []))
     ratios = _ratios(rows)
-    basis = "cpu" if torch.get_num_threads() == 1 else "wall"
+    on_gpu = settings.device != "cpu"
+    basis = "cpu" if torch.get_num_threads() == 1 and not on_gpu else "wall"
     bars = _bars(ratios, shape_spec, basis)
     samples = {name: {"step_s": [t.step for t in timings[name]], "cpu_step_s": [t.cpu_step for t in timings[name]],
                       "collate_s": [t.collate for t in timings[name]]} for name in names}
@@ -503,7 +540,8 @@ def bench_pretrain(config, tokenizer: Any, texts: Sequence[str], settings: Pretr
             "torch_threads": torch.get_num_threads(), "bars_judged_on": basis,
             "mean_tokens_per_example": float(np.mean([len(e["input_ids"]) for e in examples])),
             "config": {"layers": shape_spec.layers, "hidden": shape_spec.hidden, "heads": shape_spec.heads,
-                       "ffn": shape_spec.ffn, "vocab": config.vocab_size}}
+                       "ffn": shape_spec.ffn, "vocab": config.vocab_size},
+            "device": settings.device, "device_name": device_name(settings.device)}
     return PretrainBenchResult(shape, info, rows, ratios, bars, samples)
 
 
@@ -533,6 +571,9 @@ def _summarise(timings: list[StepTiming], batch_size: int) -> dict[str, Any]:
     }
     if modules.get("head+loss"):
         row["head_loss_forward_s"] = median(modules["head+loss"])
+    peaks = [t.peak_memory_mib for t in timings if t.peak_memory_mib is not None]
+    if peaks:
+        row["peak_memory_mib"] = max(peaks)
     return row
 
 
@@ -616,11 +657,15 @@ def result_markdown(result: PretrainBenchResult) -> str:
     from pretrieve.bench.report import fmt, markdown_table
 
     s = result.settings
+    on_gpu = s.get("device", "cpu") != "cpu"
+    where = f" — on {s.get('device_name', s.get('device'))}" if on_gpu else ""
     lines = [f"### {result.shape} — batch {s['batch_size']}, max length {s['max_len']}, "
              f"{'bf16 autocast' if s['bf16'] else 'fp32'}, median of {s['steps']} steps after {s['warmup']} "
-             f"warm-up (mean {s['mean_tokens_per_example']:.0f} tokens/example)", ""]
+             f"warm-up (mean {s['mean_tokens_per_example']:.0f} tokens/example){where}", ""]
     headers = ["runner", "samples/s", "step ms (p25–p75)", "vs mlm", "step CPU ms", "vs mlm (CPU)", "fwd ms",
                "bwd ms", "AdamW ms", "encoder fwd ms", "objective fwd ms", "collate ms", "collate vs mlm"]
+    if on_gpu:
+        headers.append("peak GPU MiB")
     table = []
     throughput = result.ratios.get("throughput_vs_mlm", {})
     throughput_cpu = result.ratios.get("cpu", {}).get("throughput_vs_mlm", {})
@@ -637,7 +682,7 @@ def result_markdown(result: PretrainBenchResult) -> str:
             throughput.get(name), round(row["cpu_step_s"] * 1000), throughput_cpu.get(name),
             _ms(row["forward_s"]), _ms(row["backward_s"]), _ms(row["optimizer_s"]),
             _ms(row.get("encoder_forward_s")), objective_text, _ms(row["collate_s"]), collate.get(name),
-        ])
+        ] + ([row.get("peak_memory_mib")] if on_gpu else []))
     lines.append(markdown_table(headers, table, digits=2))
     lines.append("")
     ratios, cpu = result.ratios, result.ratios.get("cpu", {})

@@ -3,7 +3,9 @@
 Every ``pretrieve bench`` command prints a markdown report and, with ``--out FILE.md``, writes it to
 ``FILE.md`` and the raw numbers to ``FILE.json`` (same stem). Both carry :func:`environment`: machine,
 thread count, package versions, date and the exact command line, so a number in ``docs/benchmarks.md``
-can be traced to how it was measured.
+can be traced to how it was measured. The device helpers (:func:`bench_device`, :func:`device_name`,
+:func:`synchronize`, the peak-memory pair) serve the benchmarks' ``--device`` option: on CUDA every timestamp
+follows a ``torch.cuda.synchronize`` and peak memory is ``torch.cuda.max_memory_allocated``.
 """
 
 from __future__ import annotations
@@ -91,3 +93,64 @@ def write_report(markdown: str, data: dict[str, Any], out: str | Path) -> tuple[
         handle.write(markdown.rstrip() + "\n")
     write_json(json_path, data)
     return md_path, json_path
+
+
+# ---------------------------------------------------------------------------------------------- devices
+BENCH_DEVICES = ("cpu", "cuda")
+
+
+def bench_device(device: str) -> str:
+    """The device a speed benchmark runs on: ``cpu``, or ``cuda`` / ``cuda:N`` when torch sees that GPU
+    (:class:`~pretrieve.errors.InputError` otherwise: one ``error:`` line, exit 2, before anything is loaded)."""
+    import torch
+
+    from pretrieve.errors import InputError
+
+    text = device.strip().lower()
+    kind, _, index = text.partition(":")
+    if kind not in BENCH_DEVICES or (index and (kind != "cuda" or not index.isdigit())):
+        raise InputError(f"unknown device '{device}' (choose from cpu, cuda, cuda:N)")
+    if kind == "cuda":
+        if not torch.cuda.is_available():
+            raise InputError(f"--device {device}: torch sees no CUDA device here (torch {torch.__version__}, "
+                             f"CUDA build {torch.version.cuda or 'none'})")
+        if index and int(index) >= torch.cuda.device_count():
+            raise InputError(f"--device {device}: torch sees {torch.cuda.device_count()} CUDA device(s)")
+    return text
+
+
+def device_name(device: str) -> str:
+    """What made a number: ``cpu (<processor>)`` or ``cuda:0 (NVIDIA H100 80GB HBM3, 79.1 GiB)``."""
+    import torch
+
+    if not device.startswith("cuda"):
+        return f"cpu ({_cpu_name()})"
+    index = torch.device(device).index
+    index = torch.cuda.current_device() if index is None else index
+    props = torch.cuda.get_device_properties(index)
+    return f"cuda:{index} ({props.name}, {props.total_memory / 2 ** 30:.1f} GiB, CUDA {torch.version.cuda})"
+
+
+def synchronize(device: str) -> None:
+    """Wait for the device's queued work (CUDA); nothing on the CPU, whose work is synchronous."""
+    if device.startswith("cuda"):
+        import torch
+
+        torch.cuda.synchronize(device)
+
+
+def reset_peak_memory(device: str) -> None:
+    """Start a new peak-memory window (CUDA; nothing on the CPU)."""
+    if device.startswith("cuda"):
+        import torch
+
+        torch.cuda.reset_peak_memory_stats(device)
+
+
+def peak_memory_mib(device: str) -> float | None:
+    """``torch.cuda.max_memory_allocated`` since the last :func:`reset_peak_memory`, in MiB; None on the CPU."""
+    if not device.startswith("cuda"):
+        return None
+    import torch
+
+    return torch.cuda.max_memory_allocated(device) / 2 ** 20

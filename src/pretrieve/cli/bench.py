@@ -3,8 +3,11 @@
 Thin wrappers: parse options, call :func:`pretrieve.bench.pretrain_speed.bench_pretrain`,
 :func:`pretrieve.masking.latency.masking_latency` or :func:`pretrieve.bench.encode_speed.encoding_throughput`,
 print a markdown report (stdout) and, with ``--out FILE.md``, write it plus ``FILE.json``. Progress goes to
-stderr. ``bench masking --kinds ...,pmi`` times CDMAE's importance-aware masker with the n-gram statistics of the
-whole ``--corpus`` (or ``--statistics``, e.g. a directory of ``pretrieve stats pmi``); counted before timing.
+stderr. ``bench pretrain`` and ``bench encode`` take ``--device cpu|cuda`` (default cpu: the CPU reports are
+unchanged); on CUDA the timings are synchronised, the peak GPU memory is reported and the report names the GPU
+(``--device cuda`` where torch sees none: one ``error:`` line, exit 2). ``bench masking --kinds ...,pmi`` times
+CDMAE's importance-aware masker with the n-gram statistics of the whole ``--corpus`` (or ``--statistics``, e.g. a
+directory of ``pretrieve stats pmi``); counted before timing.
 The quality benchmarks (``bench quality``, ``bench claims``) live in :mod:`pretrieve.cli.bench_quality`.
 """
 
@@ -28,6 +31,9 @@ err = Console(stderr=True, soft_wrap=True)
 
 DEFAULT_SHAPES = "L2-H128,L6-H384"
 DEFAULT_PRESETS = "mlm,bow,ae,ar,retromae"
+#: ``bench encode``'s precisions per device (int8 is dynamic quantisation: CPU only).
+DEFAULT_PRECISIONS = {"cpu": "fp32,auto,bf16,int8", "cuda": "fp32,auto,bf16,fp16"}
+DEVICE_HELP = "cpu, or cuda / cuda:N: models, batches and timings on that GPU (synchronised), peak GPU memory."
 
 
 def _quiet_logging() -> None:
@@ -65,11 +71,17 @@ def _emit(markdown: str, data: dict[str, Any], out: Optional[Path]) -> None:
 
 
 def _default_tokenizer():
+    """The uncased BERT vocabulary (30,522) of the offline all-MiniLM package, or of SPLADE-tiny (the same
+    vocabulary) where that package is not installed (GPU images carry the smaller one)."""
     from transformers import AutoTokenizer
 
     from pretrieve.models import resolve_model
 
-    return AutoTokenizer.from_pretrained(resolve_model("minilm"))
+    try:
+        path = resolve_model("minilm")
+    except InputError:
+        path = resolve_model("splade-tiny")
+    return AutoTokenizer.from_pretrained(path)
 
 
 def _targets(model: Optional[str], shapes: str) -> list[tuple[str, Any, Any]]:
@@ -114,17 +126,19 @@ def bench_pretrain_command(
                                "projection): the bound on any MLM-head speed-up."),
     seed: int = typer.Option(0, help="Seed of initial weights, texts and masking."),
     threads: Optional[int] = typer.Option(None, help="torch intra-op threads (default: torch's choice)."),
+    device: str = typer.Option("cpu", help=DEVICE_HELP),
     out: Optional[Path] = typer.Option(None, help="Write the report to FILE.md and the numbers to FILE.json."),
 ) -> None:
     """Pre-training step speed per method, Drop your Decoder (Ma et al. 2024) Table 4 on this machine."""
     from pretrieve.bench.pretrain_speed import PretrainBenchSettings, bench_pretrain, load_texts, result_markdown
-    from pretrieve.bench.report import environment, environment_lines
+    from pretrieve.bench.report import bench_device, environment, environment_lines
 
+    device = bench_device(device)
     _quiet_logging()
     _set_threads(threads)
     settings = PretrainBenchSettings(presets=tuple(_split(presets, "preset")), batch_size=batch_size,
                                      max_len=max_len, steps=steps, warmup=warmup, bf16=bf16, seed=seed,
-                                     reference=reference, floor=floor)
+                                     reference=reference, floor=floor, device=device)
     settings.validate()
     results, sections = [], []
     for name, config, tokenizer in _targets(model, shapes):
@@ -202,39 +216,59 @@ def _pmi_statistics(source: str, tokenizer: Any, cache_dir: Optional[Path]):
 
 @bench_app.command("encode")
 def bench_encode_command(
-    model: str = typer.Option("minilm", help="Encoder checkpoint: path or offline alias (minilm)."),
+    model: str = typer.Option("minilm", help="Encoder checkpoint: path or offline alias (minilm), or a BERT shape "
+                              "(L12-H768 = bert-base, L<n>-H<d>[-A<heads>]): random init, mean pooling."),
     data: str = typer.Option(..., "--data", "-d", help="Collection (BEIR layout) whose first passages are encoded."),
     num_texts: int = typer.Option(512, min=1, help="Passages encoded per run (the first N of the corpus)."),
     batch_size: int = typer.Option(64, min=1, help="Encoding batch size."),
     max_length: int = typer.Option(256, min=8, help="Maximum tokens per passage."),
     repeats: int = typer.Option(3, min=1, help="Interleaved rounds (every variant once per round; median reported)."),
-    precisions: str = typer.Option("fp32,auto,bf16,int8", help="pretrieve precisions to measure (comma-separated: "
-                                   "auto, fp32, bf16, fp16, int8)."),
+    precisions: Optional[str] = typer.Option(None, help="pretrieve precisions to measure (comma-separated: "
+                                             "auto, fp32, bf16, fp16, int8 — int8 on the CPU only).",
+                                             show_default=f"{DEFAULT_PRECISIONS['cpu']}; on CUDA "
+                                                          f"{DEFAULT_PRECISIONS['cuda']}"),
     threads: Optional[int] = typer.Option(None, help="torch intra-op threads (default: torch's choice)."),
+    device: str = typer.Option("cpu", help=DEVICE_HELP),
     out: Optional[Path] = typer.Option(None, help="Write the report to FILE.md and the numbers to FILE.json."),
 ) -> None:
     """Encoding throughput: pretrieve at each precision vs sentence-transformers fp32, interleaved rounds."""
-    from pretrieve.bench.encode_speed import encoding_throughput
-    from pretrieve.bench.pretrain_speed import load_texts
-    from pretrieve.bench.report import environment, environment_lines, markdown_table
+    import tempfile
+
+    from pretrieve.bench.encode_speed import encoding_throughput, random_st_checkpoint
+    from pretrieve.bench.pretrain_speed import is_shape, load_texts, parse_shape
+    from pretrieve.bench.report import bench_device, environment, environment_lines, markdown_table
     from pretrieve.data.registry import resolve_collection
     from pretrieve.models import resolve_model
 
+    device = bench_device(device)
+    shape = parse_shape(model) if is_shape(model) else None
     _quiet_logging()
     _set_threads(threads)
     texts = load_texts(resolve_collection(data), num_texts, tokenizer=None)
-    result = encoding_throughput(resolve_model(model), texts, batch_size=batch_size, max_length=max_length,
-                                 repeats=repeats, precisions=_split(precisions, "precision"))
+    chosen = _split(precisions or DEFAULT_PRECISIONS[device.partition(":")[0]], "precision")
+    with tempfile.TemporaryDirectory(prefix="pretrieve-bench-encode-") as scratch:
+        if shape is not None:
+            tokenizer = _default_tokenizer()
+            path = random_st_checkpoint(shape.config(len(tokenizer), max(512, max_length)), tokenizer,
+                                        Path(scratch) / shape.name, max_seq_length=max_length)
+        else:
+            path = resolve_model(model)
+        result = encoding_throughput(path, texts, batch_size=batch_size, max_length=max_length, repeats=repeats,
+                                     precisions=chosen, device=device)
+    on_gpu = device != "cpu"
     rows = [[name, v["passages_per_s"], v["median_s"], v["cpu_median_s"], v.get("vs_st"), v.get("vs_st_cpu"),
              v.get("vs_fp32"), v.get("vs_fp32_paired"), v.get("vs_fp32_cpu"), v.get("max_abs_diff_vs_st"),
-             v.get("min_cosine_vs_st")] for name, v in result["variants"].items()]
+             v.get("min_cosine_vs_st")] + ([v.get("peak_memory_mib")] if on_gpu else [])
+            for name, v in result["variants"].items()]
     env = environment()
+    model_text = f"{model} (random init)" if shape is not None else model
     lines = ["## Encoding throughput", "", *environment_lines(env),
-             f"- model {model}, {result['passages']} passages of {data}, batch {batch_size}, max length "
+             *([f"- device: {result['device_name']} (every variant; timings synchronised)"] if on_gpu else []),
+             f"- model {model_text}, {result['passages']} passages of {data}, batch {batch_size}, max length "
              f"{result['max_length']}, median of {repeats} interleaved rounds; auto = {result['auto']} here", "",
              markdown_table(["variant", "passages/s", "median s", "CPU s", "vs sentence-transformers", "(CPU time)",
-                             "vs pretrieve fp32", "(paired)", "(CPU time)", "max |Δ| vs ST", "min cos vs ST"], rows,
-                            digits=3)]
+                             "vs pretrieve fp32", "(paired)", "(CPU time)", "max |Δ| vs ST", "min cos vs ST"]
+                            + (["peak GPU MiB"] if on_gpu else []), rows, digits=3)]
     _emit("\n".join(lines), {"environment": env, **result}, out)
 
 
