@@ -60,13 +60,14 @@ DEV = "dev"
 
 # -------------------------------------------------------------------------------------------- inputs
 def derived_collection(settings: QualityBenchSettings) -> Path:
-    """The training collection with ``dev`` carved out of its ``train`` split (:mod:`pretrieve.data.folds`), in
-    ``<out>/collections/<name>`` (same directory name, so runs are named after the collection)."""
-    from pretrieve.data.folds import derive_collection
+    """The training collection with its held-out ``dev`` queries (:func:`pretrieve.data.folds.held_out_dev`: at most
+    ``dev_queries`` drawn with ``dev_seed`` from the collection's own ``dev`` split when it has one, else carved out
+    of its ``train`` split), in ``<out>/collections/<name>`` (same directory name, so runs are named after the
+    collection)."""
+    from pretrieve.data.folds import held_out_dev
 
-    parts = {DEV: settings.dev_queries} if settings.dev_queries else {}
-    return derive_collection(settings.train, Path(settings.out) / "collections" / Path(settings.train).name,
-                             carve_from="train", parts=parts, seed=settings.dev_seed)
+    return held_out_dev(settings.train, Path(settings.out) / "collections" / Path(settings.train).name,
+                        size=settings.dev_queries, seed=settings.dev_seed, train="train")
 
 
 def pretrain_corpus(settings: QualityBenchSettings) -> str:
