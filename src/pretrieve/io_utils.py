@@ -192,10 +192,32 @@ def file_digest(path: str | Path, chunk_size: int = 1 << 20) -> str:
     return digest.hexdigest()
 
 
+MAX_CONFIG_DEPTH = 50
+"""Nesting levels a config file may have (recipes need fewer than 10): deeper ones are refused in one line before
+anything recurses through them."""
+
+
+def nesting_depth(value: Any) -> int:
+    """Levels of nested lists and mappings in ``value`` (0 for a scalar), counted without recursion; a structure
+    that refers to itself (a YAML alias of an enclosing node) counts as deeper than :data:`MAX_CONFIG_DEPTH`."""
+    deepest, stack = 0, [(value, 1, ())]
+    while stack:
+        node, depth, enclosing = stack.pop()
+        if not isinstance(node, (dict, list)):
+            continue
+        if id(node) in enclosing or depth > MAX_CONFIG_DEPTH:
+            return MAX_CONFIG_DEPTH + 1
+        deepest = max(deepest, depth)
+        children = node.values() if isinstance(node, dict) else node
+        stack.extend((child, depth + 1, (*enclosing, id(node))) for child in children)
+    return deepest
+
+
 def load_config_file(path: str | Path, what: str = "config") -> dict[str, Any]:
     """The mapping of a YAML or JSON ``what`` file ({} for an empty one; JSON by the ``.json`` suffix).
 
-    Every error is one line naming the file (and the line of a syntax error): ``file:line: invalid YAML: ...``."""
+    Every error is one line naming the file (and the line of a syntax error): ``file:line: invalid YAML: ...``; a file
+    nested more than :data:`MAX_CONFIG_DEPTH` levels deep too."""
     import yaml  # here, not at the top: `pretrieve --help` and commands without a config file start without it
 
     path = Path(path)
@@ -207,16 +229,25 @@ def load_config_file(path: str | Path, what: str = "config") -> dict[str, Any]:
         text = path.read_text(encoding="utf-8")
     except UnicodeDecodeError as exc:
         raise InputError(f"{what} file is not UTF-8 text ({exc.reason} at byte {exc.start})", path=path) from None
+    too_deep = InputError(f"{what} file is nested more than {MAX_CONFIG_DEPTH} levels deep or refers to itself "
+                          "(a YAML alias of an enclosing node); a config is a few levels deep",
+                          path=path)
     if path.suffix.lower() == ".json":
         try:
             data = json.loads(text)
         except json.JSONDecodeError as exc:
             raise InputError(f"invalid JSON: {exc.msg} (column {exc.colno})", path=path, line=exc.lineno) from None
+        except RecursionError:
+            raise too_deep from None
     else:
         try:
             data = yaml.safe_load(text)
         except yaml.YAMLError as exc:
             raise _yaml_error(exc, path) from None
+        except RecursionError:   # the parser recurses once per level: thousands of nested brackets
+            raise too_deep from None
+    if nesting_depth(data) > MAX_CONFIG_DEPTH:
+        raise too_deep
     if data is None:
         return {}
     if not isinstance(data, dict):

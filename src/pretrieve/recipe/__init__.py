@@ -94,6 +94,7 @@ import yaml
 
 from pretrieve import outputs, ranks
 from pretrieve.data.registry import resolve_collections
+from pretrieve.errors import InputError
 from pretrieve.io_utils import atomic_open
 from pretrieve.models import resolve_model
 from pretrieve.recipe import stages  # noqa: F401  (registers every stage kind)
@@ -127,6 +128,7 @@ def run_recipe(path: str | Path | Mapping[str, Any], out: str | Path | None = No
         ranks.check_timeout(dist_timeout_minutes, "--dist-timeout-minutes")
     ranks.init(dist_timeout_minutes or recipe.get("dist_timeout_minutes"))
     out_dir = smoke_out(recipe, out) if smoke else Path(out if out is not None else recipe["out"])
+    check_out(out_dir, {name: Path(name).expanduser() for name in recipe_collections(recipe)})   # paths as given
     with outputs.writing(out_dir):   # locked first: a busy output is refused before any model or data is touched
         if given is not None:
             path = ranks.once("keep the recipe", lambda: keep_recipe(given, out_dir))
@@ -136,6 +138,7 @@ def run_recipe(path: str | Path | Mapping[str, Any], out: str | Path | None = No
             recipe["out"] = str(out)
         collections = ranks.once("find the collections",
                                  lambda: resolve_collections(recipe_collections(recipe), recipe, data_root))
+        check_out(out_dir, collections)
         base_model = ranks.once("find the model", lambda: resolve_model(recipe["model"]))
         data, dev = ranks.once("prepare the dev split",
                                lambda: prepare_dev(recipe, collections[str(recipe["data"])], out_dir))
@@ -144,6 +147,16 @@ def run_recipe(path: str | Path | Mapping[str, Any], out: str | Path | None = No
         results = run_stages(state, path, show_progress, redo_changed)
     ranks.finish()
     return results
+
+
+def check_out(out_dir: Path, collections: Mapping[str, Any]) -> None:
+    """Refuse (:class:`InputError` on ``out``) an output directory that is one of the recipe's collections: its
+    runs, models and results would be written among the collection's own files."""
+    for name, folder in collections.items():
+        folder = Path(folder)
+        if folder.is_dir() and out_dir.exists() and out_dir.resolve() == folder.resolve():
+            raise InputError(f"is the collection '{name}' itself; the recipe's outputs go into a folder of their own",
+                             path=out_dir, field="out")
 
 
 def keep_recipe(recipe: Mapping[str, Any], out_dir: Path) -> Path:

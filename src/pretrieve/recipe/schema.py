@@ -172,10 +172,32 @@ def validate_recipe(recipe: Mapping[str, Any], where: str = "recipe") -> dict[st
             except ConfigError as exc:
                 message = str(exc)
                 raise ConfigError(message if message.startswith(at) else f"{at}: {message}") from None
+        check_names(kind, options, at)
         validated.append({kind: options})
     values["stages"] = validated
     check_stage_order(values, where)
     return values
+
+
+NAME_OPTIONS = {"fuse": ("name", "runs"), "select": ("name", "model", "runs"),
+                "evaluate": ("final", "compare", "retrievers", "rerank")}
+"""Options that name a retriever or fusion of the recipe (a run file and folders under ``out`` are named after it):
+single names, never paths — checked with the whole recipe, before any stage runs."""
+
+
+def check_names(kind: str, options: Mapping[str, Any], at: str) -> None:
+    """:class:`ConfigError` naming the option when one of :data:`NAME_OPTIONS` is empty, has spaces or slashes, or is
+    ``.`` / ``..``."""
+    for key in NAME_OPTIONS.get(kind, ()):
+        value = options.get(key)
+        for index, name in (enumerate(value) if isinstance(value, list) else [(None, value)]):
+            if name is None and index is None:
+                continue
+            text = str(name)
+            if not text or text in (".", "..") or any(ch.isspace() or ch in "/\\" for ch in text):
+                where = f"{at}.{key}" + (f"[{index}]" if index is not None else "")
+                raise ConfigError(f"{where}: {text!r} is not a name (non-empty, without spaces or slashes): "
+                                  "retrievers and fusions are named, not given as paths")
 
 
 def stage_entry(entry: Any, index: int) -> tuple[str, dict[str, Any]]:
