@@ -19,11 +19,14 @@ again (one process only).
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import signal
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Iterator, Mapping
 
 from pretrieve import ranks
 from pretrieve.data.collection import BeirCollection
@@ -33,6 +36,7 @@ from pretrieve.modeling.export import export_model
 from pretrieve.recipe.results import write_results
 from pretrieve.recipe.schema import STAGES, stage_labels
 from pretrieve.retrieval import runs
+from pretrieve.train.loop import TrainingTerminated
 
 logger = logging.getLogger(__name__)
 
@@ -140,7 +144,7 @@ def run_stages(state: RunState, path: str | Path, show_progress: bool, redo_chan
     for index, (kind, label, options) in enumerate(labels):
         started, waited = time.perf_counter(), ranks.waited()
         logger.info("stage %d/%d: %s", index + 1, len(labels), label)
-        with ranks.guard(label):
+        with ranks.guard(label), reported_interruption(label, index, len(labels)):
             rows = run_stage(kind, state, options, label, show_progress, redo_changed)
         if index == 0 and ranks.is_main():   # not before: a recipe refused at its first stage leaves no trace
             write_json(out_dir / RESOLVED_FILE, {**recipe, "data": str(state.data), "model": state.base_model})
@@ -165,6 +169,30 @@ def run_stages(state: RunState, path: str | Path, show_progress: bool, redo_chan
         export_final(state, results)
     ranks.barrier("write the results")
     return results
+
+
+@contextlib.contextmanager
+def reported_interruption(label: str, index: int, total: int) -> Iterator[None]:
+    """SIGTERM (exit 143, :class:`~pretrieve.train.loop.TrainingTerminated`) and Ctrl-C (exit 130) during a stage say
+    which stage stopped and how to continue (the same command again: finished stages are reused), unless a training
+    stage already said what it kept; the interruption then goes on as before."""
+    previous = None
+    if threading.current_thread() is threading.main_thread():
+        def terminate(signum, frame):
+            raise TrainingTerminated()
+
+        previous = signal.signal(signal.SIGTERM, terminate)
+    try:
+        yield
+    except (KeyboardInterrupt, TrainingTerminated) as exc:
+        if not getattr(exc, "reported", False) and ranks.is_main():
+            what = "Ctrl-C" if isinstance(exc, KeyboardInterrupt) else "SIGTERM"
+            logger.warning("interrupted (%s) during the stage %s (%d of %d); the stages before it are kept: run the "
+                           "same command again to continue from this stage", what, label, index + 1, total)
+        raise
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
 
 
 def export_final(state: RunState, results: Mapping[str, Any]) -> Path | None:

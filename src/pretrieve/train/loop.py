@@ -386,6 +386,7 @@ def reported_interruptions(out: Path, steps_done: Callable[[], int], report: boo
         if report and isinstance(exc, (KeyboardInterrupt, TrainingTerminated)):
             logger.warning(interruption_message(out, steps_done(), "SIGTERM" if isinstance(exc, SystemExit)
                                                 else "Ctrl-C"))
+            exc.reported = True   # a recipe's stage report (pretrieve.recipe.runner) need not repeat it
         raise
     finally:
         if previous is not None:
