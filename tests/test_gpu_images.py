@@ -91,6 +91,7 @@ def _by_score_then_row(scores: np.ndarray, k: int) -> np.ndarray:
 def test_exact_search_is_the_same_with_and_without_faiss(metric, tmp_path, monkeypatch):
     from pretrieve.retrieval.index.dense import exact_engine, exact_search
 
+    pytest.importorskip("faiss")
     queries, docs = _tied_vectors()
     np.save(tmp_path / "embeddings.npy", docs)
     with_faiss = exact_search(queries, tmp_path / "embeddings.npy", k=15, metric=metric, block_rows=64)
@@ -156,6 +157,7 @@ def test_the_same_run_with_and_without_faiss_through_search(tmp_path, tiny_bert_
         build_index(retriever, corpus, tmp_path / "idx", shard=shard, num_shards=3, batch_size=8,
                     show_progress=False)
     queries = {"q1": "protein gene", "q2": "stock market wind", "q3": "cat"}
+    pytest.importorskip("faiss")
     options = SearchOptions(block_rows=5)
     with_faiss = search(retriever, queries, tmp_path / "idx", k=10, options=options, show_progress=False)
     _without_faiss(monkeypatch)
