@@ -96,6 +96,19 @@ def list_checkpoints(out_dir: str | Path) -> list[tuple[int, Path]]:
     return sorted(found)
 
 
+def remove_partial_saves(out_dir: str | Path) -> list[Path]:
+    """Remove the ``.step-N.tmp`` folders of checkpoint saves a killed run left (complete checkpoints are renamed
+    from them atomically, so none is ever needed); returns them. Called with the output directory locked."""
+    root = checkpoint_root(out_dir)
+    partial = sorted(root.glob(".step-*.tmp")) if root.is_dir() else []
+    for path in partial:
+        shutil.rmtree(path, ignore_errors=True)
+    if partial:
+        logger.info("removed %d partial checkpoint save(s) of an interrupted run in %s: %s", len(partial), root,
+                    ", ".join(path.name for path in partial))
+    return partial
+
+
 def latest_checkpoint(out_dir: str | Path) -> Path | None:
     checkpoints = list_checkpoints(out_dir)
     return checkpoints[-1][1] if checkpoints else None

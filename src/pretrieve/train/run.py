@@ -2,8 +2,10 @@
 
 :class:`TrainingRun` (after FlagEmbedding's ``AbsRunner``) fixes the order of the steps around the loop:
 
-1. **lock** the output directory and check its space for what the run still writes, the peak of ``keep + 1``
-   checkpoints (:func:`pretrieve.outputs.writing`, :func:`pretrieve.outputs.training_space`);
+1. **lock** the output directory, remove the partial checkpoint saves (``checkpoints/.step-N.tmp``) a killed run
+   left, and check its space for what the run still writes, the peak of ``keep + 1`` checkpoints — nothing when
+   ``final/`` holds a complete run, which is reused or refused but never trained again without ``overwrite``
+   (:func:`pretrieve.outputs.writing`, :func:`pretrieve.outputs.training_space`);
 2. **describe** the run — its settings and inputs (hook :meth:`TrainingRun.describe`);
 3. **skip a finished run** made with the same settings from the same inputs (:func:`finished_run`), unless
    ``overwrite``;
@@ -100,9 +102,14 @@ class TrainingRun(abc.ABC):
         """Run (resume, or skip when already finished) the training; returns ``<out>/final``."""
         self.check()
         self.config.trackers()   # an unknown tracker, or one whose package is missing, before the output is touched
-        written = len(ckpt.list_checkpoints(self.out)) if self.config.resume else 0   # a resume writes the rest
-        needed, largest = outputs.training_space(self.config.model, self.config.keep_checkpoints, written)
-        with outputs.writing(self.out, needed_bytes=needed, largest_file=largest):
+        with outputs.writing(self.out):   # locked first: a killed save's leftovers are then ours to remove
+            if outputs.process_rank() == 0:
+                ckpt.remove_partial_saves(self.out)
+            written = len(ckpt.list_checkpoints(self.out)) if self.config.resume else 0   # a resume writes the rest
+            finished = not self.config.overwrite and artifacts.read_sidecar(self.out / "final") is not None
+            needed, largest = (0, 0) if finished else \
+                outputs.training_space(self.config.model, self.config.keep_checkpoints, written)
+            outputs.check_space(self.out, needed, largest)
             return self._run()
 
     def _run(self) -> Path:
