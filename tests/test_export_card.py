@@ -77,6 +77,10 @@ class FakeHfApi:
     def __init__(self, token=None):
         self.token = token
 
+    def whoami(self):
+        FakeHfApi.calls.append(("whoami", self.token))
+        return {"name": "someone"}
+
     def create_repo(self, repo_id, **kwargs):
         FakeHfApi.calls.append(("create_repo", repo_id, kwargs, self.token))
         return f"https://huggingface.co/{repo_id}"
@@ -93,7 +97,8 @@ def test_push_to_hub_uploads_the_export_folder_and_nothing_else(fine_tuned, tmp_
     monkeypatch.setattr(export_module, "HfApi", FakeHfApi)
     out = pretrieve.export(fine_tuned, tmp_path / "exported", push_to_hub="someone/tiny-retriever", private=True,
                            token="hf_test")
-    (create, repo, create_kwargs, token), (upload, upload_repo, upload_kwargs, files) = FakeHfApi.calls
+    whoami, (create, repo, create_kwargs, token), (upload, upload_repo, upload_kwargs, files) = FakeHfApi.calls
+    assert whoami == ("whoami", "hf_test")   # the Hub and the token checked first
     assert (create, repo, token) == ("create_repo", "someone/tiny-retriever", "hf_test")
     assert create_kwargs["private"] is True and create_kwargs["exist_ok"] is True
     assert (upload, upload_repo, upload_kwargs["repo_type"]) == ("upload_folder", "someone/tiny-retriever", "model")
@@ -180,3 +185,39 @@ def test_the_cards_yaml_header_is_what_the_hub_reads(tiny_bert_dir, tokenizer, m
     assert "16 training queries (groups of a positive and 1 negative)" in text and "809" not in text
     assert "`max_steps=4`" in text and "`batch_size=4`" in text and "`lr=2e-05`" in text
     assert "`out=" not in text and "site-packages" not in card.content
+
+
+def test_push_without_a_network_is_one_error_line_before_exporting(fine_tuned, tmp_path, monkeypatch, capsys):
+    """A token but no Hub (a closed port stands for no network): exit 2, one ``error:`` line, nothing exported."""
+    import huggingface_hub.constants
+
+    monkeypatch.setattr(huggingface_hub.constants, "ENDPOINT", "http://127.0.0.1:9")
+    monkeypatch.setenv("HF_TOKEN", "hf_fake")
+    out = tmp_path / "exported"
+    monkeypatch.setattr(sys, "argv", ["pretrieve", "export", str(fine_tuned), "--out", str(out),
+                                      "--push-to-hub", "someone/tiny-retriever"])
+    with pytest.raises(SystemExit) as exit_info:
+        main()
+    assert exit_info.value.code == 2
+    captured = capsys.readouterr()
+    lines = [line for line in (captured.err + captured.out).splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: push_to_hub: the Hugging Face Hub cannot be used"), lines
+    assert not out.exists()
+
+
+def test_dry_run_lists_what_would_be_uploaded_without_the_network(fine_tuned, tmp_path, monkeypatch):
+    import pretrieve.modeling.export as export_module
+
+    class NoNetwork:
+        def __init__(self, *args, **kwargs):
+            raise AssertionError("a dry run contacted the Hub")
+
+    monkeypatch.setattr(export_module, "HfApi", NoNetwork)
+    monkeypatch.setattr(export_module, "get_token", lambda: None)
+    out = tmp_path / "exported"
+    result = CliRunner().invoke(app, ["export", str(fine_tuned), "--out", str(out), "--push-to-hub",
+                                      "someone/tiny-retriever", "--dry-run"])
+    assert result.exit_code == 0, result.output
+    assert "dry run: would upload" in result.output and "https://huggingface.co/someone/tiny-retriever" in result.output
+    assert "README.md" in result.output and "model.safetensors" in result.output and "pushed:" not in result.output
+    assert (out / "README.md").is_file()

@@ -333,17 +333,24 @@ def _evaluate_models(models, data, *, out, split, measures, test, alpha, correct
 # ---------------------------------------------------------------------------------------------------- export
 def export(model: str | Path, out: str | Path, *, recipe_out: str | Path | None = None,
            query_prompt: str | None = None, passage_prompt: str | None = None, license: str = "apache-2.0",
-           push_to_hub: str | None = None, private: bool = False, token: str | None = None) -> Path:
+           push_to_hub: str | None = None, private: bool = False, token: str | None = None,
+           dry_run: bool = False) -> Path:
     """Export the retriever fine-tuned in ``model`` to ``out``: a sentence-transformers model (``Router`` for
     separate towers and CoT-MoTE experts; pretrieve's own format for sparse / DupMAE) with a ``README.md`` model
     card (docs/export.md). ``recipe_out``: the recipe's output folder, whose resolved recipe and ``results.md`` go
     into the card; ``query_prompt`` / ``passage_prompt`` are saved with the model; ``push_to_hub``: a Hub model
-    repository to upload to (``token`` or the logged-in one). Returns ``out``."""
+    repository to upload to (``token`` or the logged-in one): the token and the Hub are checked before anything is
+    exported, and a failure is one :class:`~pretrieve.errors.ConfigError`. ``dry_run``: export, then print what
+    ``push_to_hub`` would upload (files and sizes) without touching the network. Returns ``out``."""
     from pretrieve.io_utils import load_config_file
-    from pretrieve.modeling.export import export_model, hub_token, push_to_hub as push   # torch
+    from pretrieve.modeling.export import check_hub, export_model, hub_token, push_to_hub as push   # torch
+    from pretrieve.modeling.export import upload_plan
 
-    if push_to_hub:
-        token = hub_token(token)   # before the work: a push that cannot happen fails at once
+    if dry_run and not push_to_hub:
+        raise ConfigError("dry_run shows what push_to_hub would upload: give push_to_hub too")
+    if push_to_hub and not dry_run:   # before the work: a push that cannot happen fails at once
+        token = hub_token(token)
+        logger.info("Hugging Face Hub reachable; pushing as %s", check_hub(token))
     from pretrieve.modeling.model_card import metrics_of
 
     recipe = results = metrics = None
@@ -357,7 +364,13 @@ def export(model: str | Path, out: str | Path, *, recipe_out: str | Path | None 
     with quiet_libraries():
         exported = export_model(model, out, query_prompt=query_prompt, passage_prompt=passage_prompt, recipe=recipe,
                                 results=results, license=license, repo_id=push_to_hub, metrics=metrics)
-    if push_to_hub:
+    if push_to_hub and dry_run:
+        plan = upload_plan(exported)
+        print(f"dry run: would upload {len(plan)} files ({sum(size for _, size in plan) / 1e6:.1f} MB) from "
+              f"{exported} to https://huggingface.co/{push_to_hub}" + (" (private)" if private else ""))
+        for name, size in plan:
+            print(f"  {name}  {size:,} bytes")
+    elif push_to_hub:
         push(exported, push_to_hub, private=private, token=token)
     return exported
 

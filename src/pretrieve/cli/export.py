@@ -25,12 +25,14 @@ def export_command(
     push_to_hub: Optional[str] = typer.Option(None, "--push-to-hub", help="Upload the export to this Hub model "
                                               "repository (OWNER/NAME; needs HF_TOKEN or `hf auth login`)."),
     private: bool = typer.Option(False, "--private", help="Create the Hub repository private."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="With --push-to-hub: export, then list what would be "
+                                 "uploaded (files, sizes, repository) without contacting the Hub."),
 ) -> None:
     """Export MODEL_DIR to OUT as a model that loads with SentenceTransformer(OUT) and pretrieve, with a model card."""
     from pretrieve.api import export   # the Python verb; torch only when it runs
 
     exported = export(model_dir, out, recipe_out=recipe_out, query_prompt=query_prompt, passage_prompt=passage_prompt,
-                      license=license, push_to_hub=push_to_hub, private=private)
+                      license=license, push_to_hub=push_to_hub, private=private, dry_run=dry_run)
     typer.echo(f"exported: {exported}")
-    if push_to_hub:
+    if push_to_hub and not dry_run:
         typer.echo(f"pushed: https://huggingface.co/{push_to_hub}")

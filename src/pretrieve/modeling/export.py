@@ -36,7 +36,9 @@ pretrieve's own format (``dual_encoder.json`` + a Hugging Face checkpoint with i
 
 :func:`export_model` (``pretrieve export``, ``pretrieve.export``) turns a fine-tuned model folder into a clean
 export of this layout plus its model card (:mod:`pretrieve.modeling.model_card`), and :func:`push_to_hub` uploads
-the folder with ``huggingface_hub``.
+the folder with ``huggingface_hub``. A push is checked before anything is exported (:func:`hub_token`, then
+:func:`check_hub`: the Hub reachable and the token accepted) and every Hub failure is one
+:class:`~pretrieve.errors.ConfigError` line; :func:`upload_plan` lists what a push would upload (a dry run).
 """
 
 from __future__ import annotations
@@ -160,10 +162,38 @@ def push_to_hub(directory: str | Path, repo_id: str, private: bool = False, toke
         raise InputError("not an export with a model card (README.md missing); run pretrieve export first",
                          path=directory)
     api = HfApi(token=hub_token(token))
-    url = api.create_repo(repo_id, repo_type="model", private=private, exist_ok=True)
-    api.upload_folder(repo_id=repo_id, folder_path=str(directory), repo_type="model",
-                      commit_message="Upload retriever exported by pretrieve")
+    try:
+        url = api.create_repo(repo_id, repo_type="model", private=private, exist_ok=True)
+        api.upload_folder(repo_id=repo_id, folder_path=str(directory), repo_type="model",
+                          commit_message="Upload retriever exported by pretrieve")
+    except Exception as exc:  # noqa: BLE001 - network, permission, quota: one line, the export stays
+        raise ConfigError(f"push_to_hub: uploading to {repo_id} failed ({_reason(exc)}); the export is in "
+                          f"{directory}") from None
     return str(url)
+
+
+def check_hub(token: str) -> str:
+    """Before any work: the Hub answers and accepts ``token`` (``whoami``); returns the account's name. No network,
+    offline mode or a refused token is one ConfigError line."""
+    try:
+        who = HfApi(token=token).whoami()
+    except Exception as exc:  # noqa: BLE001 - httpx/requests connection errors, HTTP 401, offline mode
+        raise ConfigError(f"push_to_hub: the Hugging Face Hub cannot be used ({_reason(exc)}); nothing was exported "
+                          "(check the network and the token, or export without pushing)") from None
+    return str((who or {}).get("name") or "?")
+
+
+def upload_plan(directory: str | Path) -> list[tuple[str, int]]:
+    """``[(relative path, bytes)]`` of the files a push of ``directory`` uploads (all of them, sorted)."""
+    directory = Path(directory)
+    return sorted((path.relative_to(directory).as_posix(), path.stat().st_size)
+                  for path in directory.rglob("*") if path.is_file())
+
+
+def _reason(exc: BaseException) -> str:
+    """One line about ``exc``: its type and the first line of its message."""
+    text = (str(exc).strip().splitlines() or [""])[0]
+    return f"{type(exc).__name__}: {text[:200]}" if text else type(exc).__name__
 
 
 def hub_token(token: str | None = None) -> str:
