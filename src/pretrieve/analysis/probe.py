@@ -23,6 +23,7 @@ from pretrieve.data.collection import BeirCollection
 from pretrieve.data.trec import write_run
 from pretrieve.errors import InputError
 from pretrieve.evaluation import evaluate
+from pretrieve.models import no_remote_code
 
 SIMILARITIES = ("dot", "cos")
 PROBE_MEASURES = ("nDCG@10", "R@100")
@@ -48,7 +49,7 @@ def export_checkpoint_encoder(checkpoint: str | Path, final: str | Path, out: st
                          f"{list(unexpected)[:3]})", path=checkpoint)
     with atomic_dir(Path(out)) as tmp:
         model.encoder.save_pretrained(tmp)
-        AutoTokenizer.from_pretrained(final).save_pretrained(tmp)
+        AutoTokenizer.from_pretrained(final, **no_remote_code(final)).save_pretrained(tmp)
     return Path(out)
 
 

@@ -22,6 +22,7 @@ from rich.console import Console
 
 from pretrieve.cli import app
 from pretrieve.errors import InputError
+from pretrieve.models import no_remote_code
 
 bench_app = typer.Typer(help="Benchmarks: pre-training step speed (Drop your Decoder, Ma et al. 2024, Table 4), masking latency, "
                              "encoding throughput, and retrieval quality per pre-training method (Tables 5/6).",
@@ -81,7 +82,7 @@ def _default_tokenizer():
         path = resolve_model("minilm")
     except InputError:
         path = resolve_model("splade-tiny")
-    return AutoTokenizer.from_pretrained(path)
+    return AutoTokenizer.from_pretrained(path, **no_remote_code(path))
 
 
 def _targets(model: Optional[str], shapes: str) -> list[tuple[str, Any, Any]]:
@@ -95,9 +96,9 @@ def _targets(model: Optional[str], shapes: str) -> list[tuple[str, Any, Any]]:
         from pretrieve.models import resolve_model
 
         path = resolve_model(model)
-        config = AutoConfig.from_pretrained(path)
+        config = AutoConfig.from_pretrained(path, **no_remote_code(path))
         try:
-            tokenizer = AutoTokenizer.from_pretrained(path)
+            tokenizer = AutoTokenizer.from_pretrained(path, **no_remote_code(path))
         except (OSError, ValueError):
             tokenizer = _default_tokenizer()
         return [(f"{model} (L{config.num_hidden_layers}-H{config.hidden_size})", config, tokenizer)]

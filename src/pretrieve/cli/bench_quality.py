@@ -34,8 +34,9 @@ def bench_quality_command(
                                      "record), no arm × seed cell."),
     jobs: int = typer.Option(1, "--jobs", min=1, help="Cells at once, each in its own process (2 on a 2-core CPU; "
                              "6–8 on one GPU)."),
-    commit_records: bool = typer.Option(False, "--commit", help="Commit each record with git as it lands (only that "
-                                        "file), so a machine that is replaced loses only the cells in flight."),
+    commit_records: bool = typer.Option(False, "--commit/--no-commit", help="Commit each record with git as it "
+                                        "lands (only that file), so a machine that is replaced loses only the cells "
+                                        "in flight."),
     precision: str = typer.Option("fp32", "--precision", help="The one precision of every cell (training, encoding, "
                                   "probes): fp32, bf16 or fp16; recorded, and records of another precision do not "
                                   "count."),

@@ -52,7 +52,7 @@ from pretrieve.data.pretrain_text import iter_pretrain_texts
 from pretrieve.data.registry import KNOWN_COLLECTIONS, data_roots
 from pretrieve.errors import ConfigError
 from pretrieve.io_utils import atomic_dir, atomic_open
-from pretrieve.models import OFFLINE_MODELS, resolve_model
+from pretrieve.models import OFFLINE_MODELS, no_remote_code, resolve_model
 
 logger = logging.getLogger(__name__)
 
@@ -208,7 +208,7 @@ def model_family(name: str) -> str:
     try:
         source = str(path) if path.exists() else str(name)
         if path.exists() or str(name) not in OFFLINE_MODELS:
-            model_type = AutoConfig.from_pretrained(source, local_files_only=True).model_type
+            model_type = AutoConfig.from_pretrained(source, local_files_only=True, **no_remote_code(source)).model_type
     except (OSError, ValueError):
         model_type = None
     lowered = str(name).lower()
@@ -225,7 +225,7 @@ def model_family(name: str) -> str:
 
 def uncased_tokenizer():
     """The uncased WordPiece tokenizer of the offline all-MiniLM-L6-v2 package (30,522 tokens)."""
-    return AutoTokenizer.from_pretrained(resolve_model("minilm"))
+    return AutoTokenizer.from_pretrained(resolve_model("minilm"), trust_remote_code=False)
 
 
 def tiny_model(name: str, directory: Path) -> str:

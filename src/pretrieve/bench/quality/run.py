@@ -45,6 +45,7 @@ from pretrieve.bench.quality.settings import (COVERAGE_FILE, PRIMARY, RETRIEVER,
 from pretrieve.bench.quality.summary import selection, summarize
 from pretrieve.errors import ConfigError, InputError
 from pretrieve.io_utils import file_digest
+from pretrieve.models import no_remote_code
 
 logger = logging.getLogger(__name__)
 
@@ -289,7 +290,7 @@ class Bench:
             from pretrieve.analysis.coverage import frequent_token_ids
             from pretrieve.data.pretrain_text import iter_pretrain_texts
 
-            tokenizer = AutoTokenizer.from_pretrained(model)
+            tokenizer = AutoTokenizer.from_pretrained(model, **no_remote_code(model))
             texts = islice(iter_pretrain_texts(self.corpus), FREQUENT_SAMPLE)
             self._frequent = frequent_token_ids(tokenizer, texts, FREQUENT_TOKENS)
         return self._frequent
@@ -311,7 +312,7 @@ def checkpoint_coverage(model: str, texts: Sequence[str], max_len: int, frequent
     from pretrieve.analysis.coverage import load_encoder, token_coverage
 
     encoder, created = load_encoder(model)
-    tokenizer = AutoTokenizer.from_pretrained(model)
+    tokenizer = AutoTokenizer.from_pretrained(model, **no_remote_code(model))
     variants: dict[str, Any] = {}
     for variant in COVERAGE_VARIANTS:
         try:
