@@ -16,18 +16,22 @@ from pretrieve.bench.quality import claims
 IN_DOMAIN = "scifact"
 
 
-def entry(contrast: str, delta: float, half_width: float = 0.01, p_holm: float = 0.5, family: str = "primary"):
+def entry(contrast: str, delta: float, half_width: float = 0.01, p_holm: float = 0.5, family: str = "primary",
+          n_seeds=(3, 3)):
     a, b = contrast.rsplit("-", 1) if not contrast.endswith("-random") else ("cdmae", "cdmae-random")
     if contrast == "mlm-aa-mlm":
         a, b = "mlm-aa", "mlm"
     return {"contrast": contrast, "family": family, "a": a, "b": b, "delta": delta, "ci_low": delta - half_width,
             "ci_high": delta + half_width, "p_value": p_holm, "p_holm": p_holm, "mde_holm": 0.02, "n_queries": 1000,
-            "n_seeds": [3, 3]}
+            "n_seeds": list(n_seeds), "family_size": 5, "mde_rule": 0.026, "power_at_margin": 0.5,
+            "seed_variance_estimated": min(n_seeds) > 1}
 
 
 class FakeTier(claims.Tier):
     """A tier built from a hand-made summary (every arm of its contrasts finished with the pre-registered number
-    of seeds unless said); coverage, per-query scores and checkpoint digests given as dicts."""
+    of seeds unless said) and hand-made cell records: coverage, per-query scores and checkpoint digests, given as
+    dicts keyed by (arm, seed), become the records :meth:`claims.Tier.record` returns, so that the tier's own
+    readers (per_query, coverage, checkpoint_digest) read them as they read a records directory."""
 
     def __init__(self, name, contrasts=(), methods=None, gates=None, seeds=None, settings=None, selection=None,
                  coverage=None, per_query=None, digests=None):
@@ -43,17 +47,24 @@ class FakeTier(claims.Tier):
                                 "contrasts": [], **(settings or {})},
                    "selection": selection, "gates": gates}
         super().__init__(name, Path(f"/nonexistent/{name}"), summary)
-        self._coverage, self._per_query, self._digests = coverage or {}, per_query or {}, digests or {}
+        self._records = {}
+        for (arm, seed), values in (coverage or {}).items():
+            self._cell(arm, seed)["coverage"] = {"variants": {claims.COVERAGE_VARIANT: {
+                "per_text": {claims.COVERAGE_K: [float(v) for v in values]}}}}
+        for (arm, seed), scores in (per_query or {}).items():
+            by_fold = self._cell(arm, seed)["scores"].setdefault(IN_DOMAIN, {})
+            for (fold, qid), value in scores.items():
+                by_fold.setdefault(fold, {}).setdefault("nDCG@10", {})[qid] = value
+        for (arm, seed), value in (digests or {}).items():
+            self._cell(arm, seed)["checkpoint_sha256"] = value
 
-    def coverage(self, arm, seed):
-        value = self._coverage.get((arm, seed))
-        return None if value is None else np.asarray(value, dtype=float)
+    def _cell(self, arm, seed):
+        return self._records.setdefault((arm, seed), {"arm": arm, "seed": seed, "status": "done", "scores": {},
+                                                      "coverage": None, "checkpoint_sha256": None})
 
-    def per_query(self, arm, seed):
-        return self._per_query[(arm, seed)]
-
-    def checkpoint_digest(self, arm, seed):
-        return self._digests.get((arm, seed))
+    def record(self, arm, seed):
+        """A finished arm × seed's hand-made record (as a records directory would hold it), None if it has none."""
+        return self._records.get((arm, seed)) if seed in self.seeds(arm) else None
 
 
 def moved(bow=True, retromae=True, saturated=True):
@@ -127,6 +138,48 @@ def test_h1_is_refuted_only_where_every_arm_changed_the_representation_and_the_p
     tiers = {"tier1": FakeTier("tier1", [entry("bow-mlm", 0.01, 0.01), entry("retromae-mlm", 0.0), AA_OK],
                                gates=moved()), "scratch": scratch}
     assert decided("h1") == "undecided"
+
+
+def test_a_null_is_not_called_while_the_probe_rises_unless_the_long_run_has_results_with_seed_variance():
+    """The long-run bug (claims-audit.md §3, bug 1): with the pre-saturation gate failed, a `budget` tier whose
+    `bow`/`mlm` have no results, or have one seed each, leaves H1 and H0 pending — never refuted-at-this-scale
+    (before, any `--budget` directory let the null be called)."""
+    nulls = [entry("bow-mlm", 0.0), entry("retromae-mlm", -0.005), entry("bow-none", 0.0),
+             entry("retromae-none", 0.0), AA_OK]
+    scratch = scratch_tier([entry("bow-mlm", 0.001), entry("bow-none", 0.0)])
+    tier1 = FakeTier("tier1", nulls, gates=moved(saturated=False))
+    unfinished = FakeTier("budget", [], methods={"mlm": {"seeds": []}, "bow": {"seeds": []}})
+    one_seed = FakeTier("budget", [entry("bow-mlm", 0.004, n_seeds=(1, 1))], seeds=(1,))
+    for budget in (unfinished, one_seed):
+        tiers = {"tier1": tier1, "scratch": scratch, "budget": budget}
+        for baseline in ("mlm", "none"):
+            row = claims.beats(tiers, baseline, 0.02, 0.05, STRONG)
+            assert row["verdict"] == "pending", (budget.summary["contrasts"], baseline, row)
+            assert "6,000-step tier has not run" in row["notes"][-1]
+        table = claims.decide_claims(tiers, scratch_mlm=STRONG, seeds=None)     # not merely too few seeds
+        assert verdict(table, "h1") == verdict(table, "h0") == "pending"
+    row = claims.beats({"tier1": tier1, "scratch": scratch, "budget": one_seed}, "mlm", 0.02, 0.05, STRONG)
+    assert "one seed per arm" in row["notes"][0]
+    assert any(e.get("label") == "6,000 steps: bow − mlm" for e in row["evidence"])   # shown, not used
+    assert "*one seed: descriptive*" in claims.claims_markdown(
+        claims.decide_claims({"tier1": tier1, "scratch": scratch, "budget": one_seed}, scratch_mlm=STRONG))
+    # with 3 seeds per arm the long run is evidence: the null is called (or not) on it
+    three = FakeTier("budget", [entry("bow-mlm", 0.004)])
+    assert three.seeds("bow") == [1, 2, 3] and claims.PREREGISTERED_SEEDS["budget"] == 3
+    for baseline in ("mlm", "none"):
+        assert claims.beats({"tier1": tier1, "scratch": scratch, "budget": three}, baseline, 0.02, 0.05,
+                            STRONG)["verdict"] == "refuted-at-this-scale"
+
+
+def test_a_one_seed_budget_row_is_descriptive_never_decided():
+    from pretrieve.evaluation.significance import DESCRIPTIVE
+
+    gain = FakeTier("budget", [entry("bow-mlm", 0.03, 0.005, p_holm=0.001, n_seeds=(1, 1))], seeds=(1,))
+    null = FakeTier("budget", [entry("bow-mlm", 0.0, 0.005, p_holm=0.9, n_seeds=(1, 1))], seeds=(1,))
+    for budget in (gain, null):
+        assert verdict(claims.decide_claims({"budget": budget}, seeds=None), "budget") == DESCRIPTIVE
+    row = next(c for c in claims.decide_claims({"budget": gain})["claims"] if c["id"] == "budget")
+    assert row["verdict"] == "pending" and "1 of 3 seeds" in row["notes"][-1]   # Tier 2a now runs 3 seeds
 
 
 def test_a_significant_aa_control_withholds_every_other_row():
@@ -221,10 +274,22 @@ def test_bow_cost_and_tsdae_rows():
                     methods={"bow": {"speed": 80.0}, "mlm": {"speed": 100.0}})
     assert verdict(claims.decide_claims({"tier1": slow}), "cost") == "undecided"
     worse = FakeTier("tier1", [entry("bow-retromae", -0.04, 0.01, family="anchor"), AA_OK,
-                               entry("tsdae-mlm", 0.0, family="anchor"), entry("bow-mlm", 0.0)], methods=methods)
+                               entry("tsdae-mlm", 0.0, family="anchor"), entry("bow-mlm", 0.0),
+                               entry("retromae-mlm", 0.005)], methods=methods)
     table = claims.decide_claims({"tier1": worse})
     assert verdict(table, "cost") == "refuted-at-this-scale"
     assert verdict(table, "tsdae") == "this regime cannot show the effect"
+
+
+def test_the_tsdae_null_needs_h1s_upper_bounds_below_the_margin_too():
+    """Amendment 9 (d)(5): "TSDAE null too" — TSDAE's upper bound below the margin and H1 merely not confirmed
+    is not enough; every compared arm's upper bound must be below it as well (claims-audit.md §3)."""
+    tsdae_null = entry("tsdae-mlm", 0.0, family="anchor")
+    for h1, expected in (([entry("bow-mlm", 0.0), entry("retromae-mlm", 0.015)], "undecided"),   # retromae: ≤ +0.025
+                         ([entry("bow-mlm", 0.0)], "undecided"),                                # retromae unknown
+                         ([entry("bow-mlm", 0.0), entry("retromae-mlm", 0.0)], "this regime cannot show the effect")):
+        table = claims.decide_claims({"tier1": FakeTier("tier1", [tsdae_null, AA_OK, *h1])})
+        assert verdict(table, "tsdae") == expected, h1
 
 
 def test_dupmae_compares_the_same_checkpoints_under_both_representations_only_if_nothing_else_differs():
@@ -273,7 +338,7 @@ def test_the_table_is_written_atomically_as_markdown_and_json(tmp_path):
     assert json.loads(paths[1].read_text())["claims"][0]["id"] == "h1"
     text = paths[0].read_text()
     assert "| H1 retrieval-oriented pre-training beats further MLM | SPLADE-tiny: bow − mlm: +0.0100 " \
-           "[+0.0000, +0.0200], Holm p 0.5, MDE 0.020" in text
+           "[+0.0000, +0.0200], Holm p 0.5 (of 5), MDE 0.020, rule's MDE 0.026 (power at the margin 0.50)" in text
 
 
 def test_spearman_with_ties_and_beyond_the_exact_range():

@@ -1,8 +1,11 @@
-"""``pretrieve bench quality``: methods × seeds end to end on a tiny collection, failures, resume, statistics."""
+"""``pretrieve bench quality``: methods × seeds end to end on a tiny collection, failures, resume from records (on a
+fresh clone too), cells side by side, one precision, statistics."""
 
 from __future__ import annotations
 
 import json
+import shutil
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -32,7 +35,7 @@ def settings_for(model: Path, collections, out: Path, methods, seeds=SEEDS, **ov
     train, other = collections
     values = dict(base=str(model), train=str(train), out=str(out), methods=tuple(methods), eval=(str(train), str(other)),
                   seeds=tuple(seeds), pretrain=dict(PRETRAIN), finetune=dict(FINETUNE), depth=100, coverage_texts=6,
-                  dev_queries=0, bootstrap=200)
+                  dev_queries=0, bootstrap=200, threads=1)
     values.update(overrides)
     return qsettings.QualityBenchSettings(**values)
 
@@ -85,9 +88,19 @@ def _count_recipes(monkeypatch, interrupt_at: int | None = None) -> list[str]:
 
 
 def _per_query_ndcg(run_path: Path, qrels_path: Path) -> dict[str, float]:
-    """nDCG@10 per query straight from pytrec_eval (independent of pretrieve.evaluation)."""
+    """nDCG@10 per query straight from pytrec_eval (independent of pretrieve.evaluation), to the 6 decimals a
+    record keeps."""
     evaluator = pytrec_eval.RelevanceEvaluator(load_qrels(qrels_path), {"ndcg_cut.10"})
-    return {qid: values["ndcg_cut_10"] for qid, values in evaluator.evaluate(read_run(run_path)).items()}
+    return {qid: round(values["ndcg_cut_10"], 6) for qid, values in evaluator.evaluate(read_run(run_path)).items()}
+
+
+def _record(records: Path, arm: str, seed: int) -> dict:
+    return json.loads((records / "cells" / arm / f"seed{seed}.json").read_text())
+
+
+def _without_records_path(summary: dict) -> dict:
+    """A summary without where its records were read (the one thing that differs between two checkouts)."""
+    return {key: value for key, value in summary.items() if key != "records"}
 
 
 # ------------------------------------------------------------------------------------------------ end to end
@@ -124,9 +137,35 @@ def test_every_method_and_seed_is_run_and_reported(bench, collections, tiny_mlm_
         speed = summary["methods"][method]["pretrain"]
         assert speed["samples_per_s"] > 0 and speed["wall_s"] > 0
     assert summary["methods"]["none"]["pretrain"]["samples_per_s"] is None
-    for name in ("results.md", "results.json", "results.png", "bench.json"):
+    for name in ("results.md", "results.json", "results.png", "per_query.tsv"):
         assert (out / name).exists(), name
     assert (out / "results.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert not (out / "bench.json").exists()
+    # the comparison's state is its records: tier.json and one record per arm × seed, without any path
+    records = out / "records"
+    assert summary["records"] == str(records)
+    tier = json.loads((records / "tier.json").read_text())
+    assert tier["precision"] == "fp32" and tier["methods"] == ["none", "mlm", FAILING, "bow"]
+    assert tier["seeds"] == list(SEEDS)
+    assert tier["fingerprint"]["train"]["name"] == "train" and tier["fingerprint"]["train"]["digest"].startswith(
+        "sha256:")
+    assert [e["name"] for e in tier["fingerprint"]["eval"]] == ["train", "other"]
+    for path in records.rglob("*.json"):
+        assert str(out) not in path.read_text() and str(collections[0]) not in path.read_text(), path
+    assert sorted(p.relative_to(records).as_posix() for p in records.rglob("*.json")) == sorted(
+        ["tier.json"] + [f"cells/{m}/seed{s}.json" for m in ("none", "mlm", FAILING, "bow") for s in SEEDS])
+    for method in ("none", "mlm", "bow"):
+        for seed in SEEDS:
+            record = _record(records, method, seed)
+            assert record["status"] == "done" and (record["arm"], record["seed"]) == (method, seed)
+            assert record["precision"] == "fp32" and record["tier_digest"] == tier["digest"]
+            assert set(record["scores"]) == {"train", "other"}
+            assert set(record["scores"]["train"]) == {"train:test"} and set(record["scores"]["other"]) == {"train:test"}
+            assert set(record["scores"]["train"]["train:test"]) == set(recipes.MEASURES)
+            assert set(record["machine"]) >= {"cpu", "threads", "device", "torch"} and record["machine"]["threads"] == 1
+            assert "commit" in record["code"] and record["protocol"] == {}
+            assert record["coverage"]["variants"]["no-stopwords"]["per_text"].keys() == {"10"}
+            assert (record["checkpoint_sha256"] is None) == (method == "none")
 
 
 def test_a_failing_method_is_reported_and_the_others_complete(bench):
@@ -135,9 +174,10 @@ def test_a_failing_method_is_reported_and_the_others_complete(bench):
     assert entry["status"] == "failed" and entry["seeds"] == []
     assert set(entry["failed"]) == {str(s) for s in SEEDS}
     assert all("FloatingPointError: non-finite loss nan" in error for error in entry["failed"].values())
-    status = json.loads((out / FAILING / "status.json").read_text())
-    assert {run["status"] for run in status["runs"].values()} == {"failed"}
-    assert "Traceback" in status["runs"]["seed3"]["traceback"]
+    for seed in SEEDS:                                      # a failed cell is recorded too, with its error
+        record = _record(out / "records", FAILING, seed)
+        assert record["status"] == "failed" and record["precision"] == "fp32"
+        assert "Traceback" in record["traceback"] and "FloatingPointError" in record["error"]
     markdown = (out / "results.md").read_text()
     row = next(line for line in markdown.splitlines() if line.startswith(f"| {FAILING} | failed: "))
     assert "FloatingPointError" in row
@@ -150,9 +190,13 @@ def test_cells_are_mean_and_std_over_seeds_of_the_evaluate_scores(bench, collect
     _, out, summary = bench
     for method in ("none", "mlm", "bow"):
         for collection in collections:
-            scores = [np.mean(list(_per_query_ndcg(out / method / f"seed{s}" / "train-test" / "runs" /
-                                                   f"finetune-s1__{collection.name}.trec",
-                                                   collection / "qrels" / "test.tsv").values())) for s in SEEDS]
+            per_query = [_per_query_ndcg(out / method / f"seed{s}" / "train-test" / "runs" /
+                                         f"finetune-s1__{collection.name}.trec", collection / "qrels" / "test.tsv")
+                         for s in SEEDS]
+            for seed, expected in zip(SEEDS, per_query):      # the record keeps every query's score of the run
+                recorded = _record(out / "records", method, seed)["scores"][collection.name]["train:test"]
+                assert recorded["nDCG@10"] == pytest.approx(expected, abs=1e-12)
+            scores = [np.mean(list(values.values())) for values in per_query]
             cell = summary["methods"][method]["scores"]["nDCG@10"][collection.name]
             assert cell["per_seed"] == pytest.approx({str(s): v for s, v in zip(SEEDS, scores)}, abs=1e-12)
             assert cell["mean"] == pytest.approx(np.mean(scores), abs=1e-12)
@@ -208,10 +252,9 @@ def test_every_number_is_regenerated_by_pretrieve_evaluate(bench, collections, t
             aggregate = json.loads(target.read_text())["runs"][0]["aggregate"]
             for measure in recipes.MEASURES:
                 cell = summary["methods"][method]["scores"][measure][collection.name]
-                assert cell["per_seed"]["4"] == pytest.approx(aggregate[measure], abs=1e-12)
-    # and the report can be recomputed from the saved runs alone
-    qsummary._EVALUATED.clear()
-    assert qsummary.summarize(out)["methods"]["bow"]["scores"] == summary["methods"]["bow"]["scores"]
+                assert cell["per_seed"]["4"] == pytest.approx(aggregate[measure], abs=1e-6)   # records keep 6 digits
+    # and the report is recomputed from the records alone
+    assert _without_records_path(qsummary.summarize(out / "records")) == _without_records_path(summary)
 
 
 def test_markdown_table_shows_mean_std_marks_and_coverage(bench):
@@ -236,7 +279,7 @@ def test_a_finished_comparison_is_not_run_again_and_failed_runs_only_on_request(
     _fail_one_method(monkeypatch)
     quality.run_quality_bench(settings)
     assert calls == []
-    quality.run_quality_bench(settings.__class__(**{**settings.__dict__, "retry_failed": True}))
+    quality.run_quality_bench(replace(settings, retry_failed=True))
     assert calls == [f"bench-quality-{FAILING}-seed{s}" for s in SEEDS]   # (pre-training fails: no fold runs)
 
 
@@ -245,8 +288,9 @@ def test_an_interrupted_comparison_restarts_with_the_next_method(tiny_mlm_dir, c
     calls = _count_recipes(monkeypatch, interrupt_at=3)   # dies in the second method's fold, after its pre-training
     with pytest.raises(KeyboardInterrupt):
         quality.run_quality_bench(settings)
-    state = json.loads((tmp_path / "q" / "bench.json").read_text())
-    assert state["runs"]["none/seed1"]["status"] == "done" and state["runs"]["bow/seed1"]["status"] == "running"
+    records = tmp_path / "q" / "records"
+    assert _record(records, "none", 1)["status"] == "done"
+    assert not (records / "cells" / "bow").exists()        # a cell in flight leaves no record
     calls.clear()
     summary = quality.run_quality_bench(settings)
     assert calls == ["bench-quality-bow-seed1-train-test", "bench-quality-mlm-seed1",
@@ -254,25 +298,47 @@ def test_an_interrupted_comparison_restarts_with_the_next_method(tiny_mlm_dir, c
     assert all(entry["status"] == "done" for entry in summary["methods"].values())
 
 
-def test_a_removed_method_directory_is_pending_and_rerun(tiny_mlm_dir, collections, tmp_path, monkeypatch):
-    import shutil
-
+def test_a_removed_record_is_pending_and_rerun(tiny_mlm_dir, collections, tmp_path, monkeypatch):
     settings = settings_for(tiny_mlm_dir, collections, tmp_path / "q", ("none", "bow"), seeds=(1,))
-    quality.run_quality_bench(settings)
-    shutil.rmtree(tmp_path / "q" / "bow")                 # a user deleting one method to run it again
-    summary = qsummary.summarize(tmp_path / "q")          # the report still builds, with bow pending
+    first = quality.run_quality_bench(settings)
+    records = tmp_path / "q" / "records"
+    (records / "cells" / "bow" / "seed1.json").unlink()   # a user deleting one cell's record to run it again
+    summary = qsummary.summarize(records)                   # the report still builds, with bow pending
     assert summary["methods"]["bow"]["status"] == "pending" and summary["methods"]["none"]["status"] == "done"
+    assert summary["progress"]["cells_todo"] == ["bow/seed1"] and summary["progress"]["cells_done"] == 1
     calls = _count_recipes(monkeypatch)
+    summary = quality.run_quality_bench(settings)           # the scratch of this machine is reused: no recipe
+    assert calls == [] and summary["methods"]["bow"]["status"] == "done"
+    assert _without_records_path(summary) == _without_records_path(first)
+    (records / "cells" / "bow" / "seed1.json").unlink()
+    shutil.rmtree(tmp_path / "q" / "bow")                   # and without its scratch it runs again
     summary = quality.run_quality_bench(settings)
     assert calls == ["bench-quality-bow-seed1", "bench-quality-bow-seed1-train-test"]
     assert summary["methods"]["bow"]["status"] == "done"
 
 
-def test_a_rerun_with_other_settings_is_refused(bench, tiny_mlm_dir, collections):
+def test_a_rerun_with_other_settings_is_refused(bench, tiny_mlm_dir, collections, monkeypatch, tmp_path):
+    """tier.json names the settings that differ (and only those), before any work; what may grow (arms, seeds,
+    contrasts, the grid) is not a difference."""
     settings, out, _ = bench
-    changed = settings.__class__(**{**settings.__dict__, "pretrain": {**PRETRAIN, "max_steps": 3}})
-    with pytest.raises(ConfigError, match="pretrain"):
-        quality.run_quality_bench(changed)
+    before = (out / "records" / "tier.json").read_text()
+    calls = _count_recipes(monkeypatch)
+    with pytest.raises(ConfigError, match=r"other settings \(pretrain: recorded") as info:
+        quality.run_quality_bench(replace(settings, pretrain={**PRETRAIN, "max_steps": 3}))
+    assert "\n" not in str(info.value) and "precision" not in str(info.value)
+    with pytest.raises(ConfigError, match=r"other settings \(depth, pretrain: recorded"):
+        quality.run_quality_bench(replace(settings, pretrain={**PRETRAIN, "max_steps": 3}, depth=200))
+    with pytest.raises(ConfigError, match=r"other settings \(precision: recorded") as info:
+        quality.run_quality_bench(replace(settings, precision="bf16"))
+    assert '{"precision":"fp32"}' in str(info.value)
+    assert calls == [] and (out / "records" / "tier.json").read_text() == before
+    from pretrieve.bench.quality.records import Records
+
+    shutil.copy(out / "records" / "tier.json", tmp_path / "tier.json")     # more arms and seeds: the same tier
+    grown = replace(settings, methods=("none", "mlm", "mlm-aa"), seeds=(5, 3)).resolved()
+    tier = Records(tmp_path).open(grown.fingerprint(), grown.precision, grown.growing())
+    assert tier["digest"] == json.loads(before)["digest"] and tier["seeds"] == [3, 4, 5]
+    assert tier["methods"] == ["none", "mlm", FAILING, "bow", "mlm-aa"]
 
 
 @pytest.mark.filterwarnings("ignore:.*routes queries through its query FFN expert")   # the MoTE export's note
@@ -294,7 +360,15 @@ def test_settings_are_checked_before_any_work(tiny_mlm_dir, collections, tmp_pat
         settings_for(tiny_mlm_dir, collections, tmp_path, ("bow",), finetune={"epoch": 2}).resolved()
     with pytest.raises(ConfigError, match="distinct directory names"):
         settings_for(tiny_mlm_dir, collections, tmp_path, ("bow",), eval=(str(collections[0]),) * 2).resolved()
-    assert not (tmp_path / "bench.json").exists()
+    with pytest.raises(ConfigError, match="not auto"):
+        settings_for(tiny_mlm_dir, collections, tmp_path, ("bow",), precision="auto").resolved()
+    with pytest.raises(ConfigError, match="precision is the comparison's own"):
+        settings_for(tiny_mlm_dir, collections, tmp_path, ("bow",), finetune={**FINETUNE, "precision": "bf16"}
+                     ).resolved()
+    with pytest.raises(ConfigError, match="not an arm of the comparison"):
+        quality.run_quality_bench(settings_for(tiny_mlm_dir, collections, tmp_path / "q", ("none", "bow")),
+                                  cells=["bert:1"])
+    assert not (tmp_path / "records").exists() and not (tmp_path / "q").exists()
 
 
 def test_pair_methods_get_the_training_pairs_and_overrides_parse(tiny_mlm_dir, collections, tmp_path):
@@ -347,14 +421,19 @@ def test_a_mean_pooling_base_without_mlm_head_runs_through(tiny_bert_dir, collec
 
 
 # ------------------------------------------------------------------------ cross-fitting, dev, selection, A/A
+def crossfit_settings(model: Path, collections, out: Path, **overrides) -> qsettings.QualityBenchSettings:
+    return settings_for(model, collections, out, ("none", "mlm", "mlm-aa"), seeds=(1, 2),
+                        folds=("train:test", "test:train"), dev_queries=3, dev_seed=5,
+                        grid={"lr": (1e-4, 1e-3), "epochs": (1,)}, contrasts=("mlm-none", "mlm-aa-mlm"),
+                        pretrain_data=(str(collections[0]), str(collections[1])), probe_steps=(2,), **overrides)
+
+
 @pytest.fixture(scope="module")
 def crossfit(tiny_mlm_dir, collections, tmp_path_factory):
-    """none, mlm and mlm's A/A control × 2 seeds, cross-fitted both ways, 3 dev queries, a 2-point lr grid."""
+    """none, mlm and mlm's A/A control × 2 seeds, cross-fitted both ways, 3 dev queries, a 2-point lr grid, the
+    first seeds probed at the last step; one cell at a time (``jobs`` 1, one thread)."""
     out = tmp_path_factory.mktemp("crossfit") / "q"
-    settings = settings_for(tiny_mlm_dir, collections, out, ("none", "mlm", "mlm-aa"), seeds=(1, 2),
-                            folds=("train:test", "test:train"), dev_queries=3, dev_seed=5,
-                            grid={"lr": (1e-4, 1e-3), "epochs": (1,)}, contrasts=("mlm-none", "mlm-aa-mlm"),
-                            pretrain_data=(str(collections[0]), str(collections[1])))
+    settings = crossfit_settings(tiny_mlm_dir, collections, out)
     return settings, out, quality.run_quality_bench(settings)
 
 
@@ -382,6 +461,14 @@ def test_cross_fitting_never_evaluates_a_query_that_trained_the_fold_and_dev_is_
                 assert not dev & trained and not dev & evaluated
                 pooled |= {(fold, q) for q in evaluated}
     assert {q for _, q in pooled} == (original_train - dev) | set(load_qrels(collections[0] / "qrels" / "test.tsv"))
+    # the records keep each fold model's scores of the queries it did not train on, and nothing of dev
+    test_queries = set(load_qrels(collections[0] / "qrels" / "test.tsv"))
+    for arm in ("none", "mlm", "mlm-aa"):
+        for seed in settings.resolved().arm_seeds(arm):
+            scores = _record(out / "records", arm, seed)["scores"]
+            assert set(scores["train"]["train:test"]["nDCG@10"]) == test_queries
+            assert set(scores["train"]["test:train"]["nDCG@10"]) == original_train - dev
+            assert set(scores["other"]) == {"train:test", "test:train"}             # zero-shot: both fold models
     # the pooled statistics count each non-dev judged query once
     entry = next(e for e in summary["contrasts"]["nDCG@10"]["train"] if e["contrast"] == "mlm-none")
     assert entry["n_queries"] == 17 + 4 and entry["folds"] == {"train:test": 4, "test:train": 17}
@@ -394,9 +481,16 @@ def test_cross_fitting_never_evaluates_a_query_that_trained_the_fold_and_dev_is_
 
 def test_the_protocol_is_chosen_once_on_dev_and_applied_everywhere(crossfit):
     _, out, summary = crossfit
-    selection = json.loads((out / "bench.json").read_text())["selection"]
+    selection = summary["selection"]
     assert selection["arm"] == "mlm" and selection["seed"] == 1 and selection["fold"] == "train:test"
-    assert set(selection["scores"]) == {"lr0.0001-epochs1", "lr0.001-epochs1"}
+    assert set(selection["scores"]) == {"lr0.0001-epochs1", "lr0.001-epochs1"} and selection["todo"] == []
+    dev = set(load_qrels(out / "collections" / "train" / "qrels" / "dev.tsv"))
+    for name, score in selection["scores"].items():     # one record per grid point: its per-query dev scores
+        record = json.loads((out / "records" / "select" / f"{name}.json").read_text())
+        assert record["status"] == "done" and record["name"] == name and record["precision"] == "fp32"
+        assert (record["arm"], record["seed"], record["fold"]) == ("mlm", 1, "train:test")
+        assert set(record["dev"]["per_query"]) == dev and record["dev"]["measure"] == "nDCG@10"
+        assert score == pytest.approx(np.mean(list(record["dev"]["per_query"].values())), abs=1e-12)
     best = max(selection["scores"], key=lambda name: (selection["scores"][name], name == "lr0.0001-epochs1"))
     assert selection["chosen"]["lr"] == (1e-4 if best == "lr0.0001-epochs1" else 1e-3)
     assert selection["chosen"]["epochs"] == 1 and selection["chosen"]["max_steps"] == 0
@@ -410,6 +504,7 @@ def test_the_protocol_is_chosen_once_on_dev_and_applied_everywhere(crossfit):
             config = json.loads((out / arm / f"seed{seed}" / fold / "finetune-s1" / "final" /
                                  "finetune_config.json").read_text())["config"]
             assert config["lr"] == selection["chosen"]["lr"] and config["epochs"] == 1 and config["max_steps"] == 0
+            assert _record(out / "records", arm, seed)["protocol"] == selection["chosen"]
     assert "## Fine-tuning protocol (chosen once on dev)" in (out / "results.md").read_text()
 
 
@@ -421,10 +516,9 @@ def test_the_aa_arm_runs_other_seeds_and_contrasts_are_reported_with_holm(crossf
     assert recipe["seed"] == 1001 and recipe["stages"][0]["pretrain"]["method"] == "mlm"
     entries = summary["contrasts"]["nDCG@10"]["train"]
     assert [e["contrast"] for e in entries] == ["mlm-none", "mlm-aa-mlm"]
-    from statsmodels.stats.multitest import multipletests
-
-    np.testing.assert_allclose([e["p_holm"] for e in entries],
-                               multipletests([e["p_value"] for e in entries], method="holm")[1])
+    assert [e["family"] for e in entries] == ["primary", "aa"]      # the A/A control is its own family
+    for entry in entries:                                           # each a family of one: Holm leaves p as is
+        assert entry["family_size"] == 1 and entry["p_holm"] == pytest.approx(entry["p_value"], abs=1e-12)
     for entry in entries:
         assert entry["ci_low"] <= entry["delta"] <= entry["ci_high"] and entry["n_seeds"] == [2, 2]
         assert entry["decision"] in ("confirmed", "refuted-at-this-scale", "undecided")
@@ -447,19 +541,19 @@ def test_the_aa_arm_runs_other_seeds_and_contrasts_are_reported_with_holm(crossf
     _, none = pooled("none", (1, 2))
     assert entries[0]["delta"] == pytest.approx(float(np.mean(mlm - none)), abs=1e-12)
     markdown = (out / "results.md").read_text()
-    assert "## Contrasts (nDCG@10" in markdown and "| train | mlm-aa − mlm |" in markdown
+    assert "## Contrasts (nDCG@10" in markdown and "| train | mlm-aa − mlm (aa) |" in markdown
 
 
 def test_bench_claims_recomputes_a_tier_and_refuses_a_directory_without_a_comparison(crossfit, tmp_path):
-    """`bench claims` on a finished comparison: the A/A row carries the tier's own bootstrap and Holm p, the rows
-    whose arms or tiers are missing are pending; a directory without bench.json is one line, exit 2."""
+    """`bench claims` on a finished comparison's records: the A/A row carries the tier's own bootstrap and Holm p,
+    the rows whose arms or tiers are missing are pending; a directory without tier.json is one line, exit 2."""
     _, out, summary = crossfit
     recorded = next(e for e in summary["contrasts"]["nDCG@10"]["train"] if e["contrast"] == "mlm-aa-mlm")
     expected = "passed" if recorded["p_holm"] >= 0.05 else "failed"
-    result = CliRunner().invoke(app, ["bench", "claims", "--tier1", str(out)])
+    result = CliRunner().invoke(app, ["bench", "claims", "--tier1", str(out / "records")])
     assert result.exit_code == 0, result.output
     assert f"**pending** (so far: {expected})" in result.output          # 2 seeds, Tier 1 fixes 3
-    result = CliRunner().invoke(app, ["bench", "claims", "--tier1", str(out), "--any-seeds", "--out",
+    result = CliRunner().invoke(app, ["bench", "claims", "--tier1", str(out / "records"), "--any-seeds", "--out",
                                       str(tmp_path / "claims")])
     assert result.exit_code == 0, result.output
     table = json.loads((tmp_path / "claims.json").read_text())
@@ -474,7 +568,7 @@ def test_bench_claims_recomputes_a_tier_and_refuses_a_directory_without_a_compar
     assert (tmp_path / "claims.md").read_text().startswith("# Decision table")
     from test_input_guards import assert_one_line_error, run_cli
 
-    assert_one_line_error(run_cli("bench", "claims", "--tier1", str(tmp_path)), "bench.json missing", "tier1")
+    assert_one_line_error(run_cli("bench", "claims", "--tier1", str(out)), "tier.json missing", "tier1")
 
 
 def test_contrasts_and_folds_are_checked(tiny_mlm_dir, collections, tmp_path):
@@ -499,7 +593,8 @@ def test_the_smoke_path_runs_the_whole_harness_from_the_cli(tmp_path):
     started = time.perf_counter()
     result = CliRunner().invoke(app, ["bench", "quality", "--smoke", "--out", str(out), "--folds",
                                       "train:test,test:train", "--grid-lr", "1e-4,1e-3", "--grid-epochs", "1",
-                                      "--methods", "none,mlm,mlm-aa", "--contrasts", "mlm-none,mlm-aa-mlm"])
+                                      "--methods", "none,mlm,mlm-aa", "--contrasts", "mlm-none,mlm-aa-mlm",
+                                      "--threads", "1"])
     elapsed = time.perf_counter() - started
     assert result.exit_code == 0, result.output
     summary = json.loads((out / "results.json").read_text())
@@ -513,7 +608,8 @@ def test_the_smoke_path_runs_the_whole_harness_from_the_cli(tmp_path):
 
 def test_probes_at_chosen_steps_and_the_gates(tiny_mlm_dir, collections, tmp_path):
     """Probe steps keep the first seed's checkpoints; each step gets [CLS] retrieval (dot, cos) on every judged
-    query of every split and the coverage variants; the gates are written into bench.json with their inputs."""
+    query of every split and the coverage variants, kept in the first seed's record; the gates are computed from
+    the records with their inputs."""
     settings = settings_for(tiny_mlm_dir, collections, tmp_path / "q", ("none", "mlm", "bow"), seeds=(1, 2),
                             pretrain={**PRETRAIN, "max_steps": 4}, probe_steps=(2, 4), contrasts=("bow-mlm",))
     summary = quality.run_quality_bench(settings)
@@ -534,8 +630,19 @@ def test_probes_at_chosen_steps_and_the_gates(tiny_mlm_dir, collections, tmp_pat
     assert (out / "bow" / "seed1" / "probes" / "step-2" / "model" / "model.safetensors").exists()
     assert step2["coverage"]["per_text"] != step4["coverage"]["per_text"] or \
         step2["retrieval"]["dot"] != step4["retrieval"]["dot"]
-    gates = json.loads((out / "bench.json").read_text())["gates"]
+    for arm, steps in (("mlm", ("2", "4")), ("bow", ("2", "4")), ("none", ("0",))):
+        first, second = _record(out / "records", arm, 1), _record(out / "records", arm, 2)
+        assert tuple(first["probes"]) == steps and second["probes"] == {}
+        kept = first["probes"][steps[-1]]
+        assert set(kept["retrieval"]) == {"dot", "cos"} and set(kept["coverage"]["variants"]) == {
+            "raw", "no-stopwords", "no-frequent"}
+    recorded = _record(out / "records", "bow", 1)["probes"]["4"]["retrieval"]["cos"]["train:test"]
+    assert recorded["per_query"]["nDCG@10"] == pytest.approx(
+        step4["retrieval"]["cos"]["train:test"]["per_query"]["nDCG@10"], abs=1e-6)
+    gates = summary["gates"]
+    assert gates == qsummary.summarize(out / "records")["gates"]
     bow = gates["objectives_move_representation"]["arms"]["bow"]
+    assert bow["inputs"]["probe"] == "bow/seed1 probe step 4"           # records, not paths
     assert set(bow) >= {"probe_dot", "probe_cos", "coverage", "moved", "inputs", "step"} and bow["step"] == 4
     for key in ("probe_dot", "probe_cos", "coverage"):
         assert bow[key]["ci_low"] <= bow[key]["delta"] <= bow[key]["ci_high"]
@@ -560,7 +667,10 @@ def test_several_pretraining_collections_are_one_corpus_in_a_fixed_order(crossfi
     for arm, seed in (("mlm", 1), ("mlm-aa", 1002)):
         recipe = json.loads((out / arm / f"seed{seed}" / "recipe.json").read_text())
         assert recipe["stages"][0]["pretrain"]["corpus"] == str(union)
-    assert summary["settings"]["pretrain_data"] == [str(collections[0]), str(collections[1])]
+    assert summary["settings"]["pretrain_data"] == ["train", "other"]          # by name, identified by content
+    identities = summary["settings"]["identities"]["pretrain_data"]
+    assert [i["name"] for i in identities] == ["train", "other"]
+    assert all(i["digest"].startswith("sha256:") for i in identities)
     assert "∪" in (out / "results.md").read_text()
 
 
@@ -593,11 +703,11 @@ def test_holm_corrects_within_each_declared_family():
 def test_pretrain_overrides_reach_every_arm_and_a_mean_bottleneck_is_pre_trained(tiny_mlm_dir, collections, tmp_path,
                                                                                    monkeypatch):
     """`--pretrain bottleneck=mean` (Tier 3: a mean-pooled retriever pre-trained on the vector it uses) goes into
-    the pre-training settings, the fingerprint bench.json compares, and each arm's pre-trained method."""
+    the pre-training settings, the fingerprint tier.json compares, and each arm's pre-trained method."""
     captured = {}
 
-    def run_quality_bench(settings, progress=None):   # the CLI's settings, nothing run
-        captured["s"] = settings
+    def run_quality_bench(settings, progress=None, **options):   # the CLI's settings, nothing run
+        captured["s"], captured["options"] = settings, options
         return {}
 
     monkeypatch.setattr(quality, "run_quality_bench", run_quality_bench)
@@ -609,6 +719,16 @@ def test_pretrain_overrides_reach_every_arm_and_a_mean_bottleneck_is_pre_trained
     assert result.exit_code == 0, result.output
     assert captured["s"].pretrain["bottleneck"] == "mean" and captured["s"].pretrain["max_steps"] == 2
     assert captured["s"].resolved().fingerprint()["pretrain"]["bottleneck"] == "mean"
+    assert captured["s"].precision == "fp32" and captured["options"] == {"cells": None, "select_only": False,
+                                                                         "jobs": 1, "commit_records": False}
+    result = CliRunner().invoke(app, ["bench", "quality", "--base", str(tiny_mlm_dir), "--train", str(train),
+                                      "--out", str(tmp_path / "cli"), "--records", str(tmp_path / "records"),
+                                      "--cells", "mlm:1,bow", "--jobs", "2", "--select-only", "--commit",
+                                      "--precision", "bf16", "--threads", "1"])
+    assert result.exit_code == 0, result.output
+    assert captured["options"] == {"cells": ["mlm:1", "bow"], "select_only": True, "jobs": 2, "commit_records": True}
+    chosen = captured["s"]
+    assert (chosen.precision, chosen.records, chosen.threads) == ("bf16", str(tmp_path / "records"), 1)
     with pytest.raises(ConfigError, match="'method' is set by the harness"):
         settings_for(tiny_mlm_dir, collections, tmp_path / "bad", ("bow",), pretrain={**PRETRAIN, "method": "mlm"}
                      ).resolved()
@@ -618,7 +738,200 @@ def test_pretrain_overrides_reach_every_arm_and_a_mean_bottleneck_is_pre_trained
 
     settings = settings_for(tiny_mlm_dir, collections, tmp_path / "q", ("bow",), seeds=(3,),
                             pretrain={**PRETRAIN, "bottleneck": "mean"}).resolved()
-    bench = quality.Bench(settings, quality.load_state(Path(settings.out), settings))
+    bench = quality.Bench(settings)
     final = Path(bench.pretrained("bow", 3))
     method = json.loads((final / "method.json").read_text())
     assert method["name"] == "bow" and method["bottleneck"] == "mean"
+
+
+# ------------------------------------------------------------------ issue 36: cells, records, jobs, one precision
+def _comparable(records: Path) -> dict[str, dict]:
+    """Every record of a records directory without what says where, when and how fast it was made."""
+    kept = {"cells": ("status", "arm", "seed", "method", "protocol", "finetune", "scores", "coverage", "probes",
+                      "precision", "tier_digest"),
+            "select": ("status", "name", "point", "arm", "seed", "fold", "dev", "precision", "tier_digest")}
+    out = {}
+    for path in sorted(records.rglob("*.json")):
+        name = path.relative_to(records).as_posix()
+        record = json.loads(path.read_text())
+        kind = name.split("/")[0]
+        out[name] = {key: record.get(key) for key in kept[kind]} if kind in kept else record
+    return out
+
+
+def test_two_jobs_give_the_same_records_as_one(crossfit, tiny_mlm_dir, collections, tmp_path):
+    """`--jobs 2` (each cell in its own spawned process, one thread each) writes the same records as `--jobs 1`
+    (the `crossfit` comparison): every dev-grid point's dev scores, and the per-query scores, coverage, probes and
+    protocol of `mlm` seed 1 (whose pre-training the grid made, in this process) and `mlm-aa` seed 1001 (pre-trained
+    and probed in a worker); two rounds of two processes keep it short."""
+    _, out, summary = crossfit
+    twin = crossfit_settings(tiny_mlm_dir, collections, tmp_path / "q")
+    lines = []
+    parallel = quality.run_quality_bench(twin, progress=lines.append, jobs=2, cells=["mlm:1", "mlm-aa:1001"])
+    assert sum(": running" in line for line in lines) == 2 + 2            # the grid's 2 points, then 2 cells
+    ours, theirs = _comparable(tmp_path / "q" / "records"), _comparable(out / "records")
+    assert sorted(ours) == ["cells/mlm-aa/seed1001.json", "cells/mlm/seed1.json", "select/lr0.0001-epochs1.json",
+                            "select/lr0.001-epochs1.json", "tier.json"]
+    for name in ours:
+        assert ours[name] == theirs[name], name
+    assert ours["cells/mlm/seed1.json"]["probes"] and ours["cells/mlm-aa/seed1001.json"]["probes"]
+    assert _record(tmp_path / "q" / "records", "mlm", 1)["machine"]["threads"] == 1
+    assert parallel["progress"]["cells_done"] == 2 and parallel["selection"] == summary["selection"]
+
+
+def test_a_fresh_clone_with_the_records_alone_runs_no_cell_and_rebuilds_the_report_and_the_claims(
+        crossfit, tmp_path, monkeypatch):
+    """Only the records directory is copied (as a clone of the repository has it): with a new, empty `--out` and
+    the same settings, every recorded cell and grid point counts as done — nothing is trained, pre-trained or
+    evaluated — and the summary equals the original's; `bench claims --tier1 RECORDS` rebuilds the decision table
+    from the records alone."""
+    settings, out, summary = crossfit
+    clone = tmp_path / "clone" / "results" / "claims" / "tier1"
+    shutil.copytree(out / "records", clone)
+    called = []
+
+    def forbidden(name):
+        def call(*args, **kwargs):
+            called.append(name)
+            raise AssertionError(f"{name} ran on a fresh clone")
+        return call
+
+    monkeypatch.setattr(quality, "run_cell", forbidden("run_cell"))
+    monkeypatch.setattr(quality.Bench, "select_point", forbidden("select_point"))
+    monkeypatch.setattr(quality.Bench, "pretrained", forbidden("pretrained"))
+    monkeypatch.setattr(quality, "run_jobs", forbidden("run_jobs"))
+    lines = []
+    fresh = quality.run_quality_bench(replace(settings, out=str(tmp_path / "fresh"), records=str(clone)),
+                                      progress=lines.append)
+    assert called == []
+    assert sum("recorded, skipped" in line for line in lines) == 6
+    assert _without_records_path(fresh) == _without_records_path(summary)
+    assert fresh["records"] == str(clone) and fresh["progress"]["cells_todo"] == []
+    assert (tmp_path / "fresh" / "results.md").exists()
+    assert not list((tmp_path / "fresh").glob("mlm*")) and not (tmp_path / "fresh" / "none").exists()
+    # the decision table from the records alone, with no --out: the same as from the original records
+    from_clone = CliRunner().invoke(app, ["bench", "claims", "--tier1", str(clone), "--any-seeds"])
+    from_original = CliRunner().invoke(app, ["bench", "claims", "--tier1", str(out / "records"), "--any-seeds"])
+    assert from_clone.exit_code == 0 and from_original.exit_code == 0, from_clone.output
+    assert from_clone.stdout.startswith("# Decision table") and "A/A control" in from_clone.stdout
+    assert str(clone) in from_clone.stdout                                   # the inputs it names
+    assert from_clone.stdout.replace(str(clone), "RECORDS") == from_original.stdout.replace(str(out / "records"),
+                                                                                            "RECORDS")
+
+
+def test_a_record_of_another_precision_does_not_count_and_its_cell_runs_again(crossfit, tmp_path, monkeypatch):
+    from pretrieve.bench.quality.records import Records
+
+    settings, out, summary = crossfit
+    records = tmp_path / "records"
+    shutil.copytree(out / "records", records)
+    cell = records / "cells" / "none" / "seed1.json"
+    cell.write_text(json.dumps({**json.loads(cell.read_text()), "precision": "bf16"}))
+    other = qsummary.summarize(records)
+    assert other["methods"]["none"]["pending"] == [1] and other["methods"]["none"]["seeds"] == [2]
+    assert other["methods"]["none"]["status"] == "partial" and other["progress"]["cells_todo"] == ["none/seed1"]
+    assert Records(records).cell("none", 1, json.loads((records / "tier.json").read_text()),
+                                 summary["selection"]["chosen"]) is None
+    jobs = []
+
+    def run_job(settings_, tier, kind, payload):     # what the harness would run, nothing run
+        jobs.append((kind, dict(payload)))
+        return {"path": str(cell), "status": "failed", "line": "not run"}
+
+    monkeypatch.setattr(quality, "run_job", run_job)
+    quality.run_quality_bench(replace(settings, out=str(tmp_path / "fresh"), records=str(records)))
+    assert jobs == [("cell", {"arm": "none", "seed": 1, "protocol": summary["selection"]["chosen"]})]
+    # a grid point of another precision does not count either: no protocol is chosen, so no cell is done
+    point = records / "select" / "lr0.001-epochs1.json"
+    point.write_text(json.dumps({**json.loads(point.read_text()), "precision": "bf16"}))
+    other = qsummary.summarize(records)
+    assert other["selection"]["todo"] == ["lr0.001-epochs1"] and other["selection"]["chosen"] is None
+    assert other["progress"]["cells_done"] == 0
+
+
+def test_a_tier_of_another_precision_is_refused_in_one_line(tiny_mlm_dir, collections, tmp_path):
+    """tier.json fixes the comparison's precision: a run at another one is refused before any work, one line,
+    exit code 2, naming `precision`."""
+    from test_input_guards import assert_one_line_error, run_cli
+
+    train, _ = collections
+    args = ["bench", "quality", "--base", str(tiny_mlm_dir), "--train", str(train), "--methods", "none",
+            "--dev-queries", "0", "--out", str(tmp_path / "out"), "--records", str(tmp_path / "records"),
+            "--select-only"]
+    result = CliRunner().invoke(app, args)          # records the tier (at fp32); there is no grid, so no cell runs
+    assert result.exit_code == 0, result.output
+    assert json.loads((tmp_path / "records" / "tier.json").read_text())["precision"] == "fp32"
+    assert not (tmp_path / "records" / "cells").exists()
+    refused = run_cli(*args, "--precision", "bf16")
+    assert_one_line_error(refused, "tier.json", "other settings (precision: recorded")
+    assert json.loads((tmp_path / "records" / "tier.json").read_text())["precision"] == "fp32"
+
+
+def test_a_missing_contrast_counts_as_p_1_and_the_family_keeps_its_size():
+    """The missing-contrast bug (claims-audit.md §3, bug 2): with the registered family of 5 and `retromae`
+    without results, the other three contrasts' Holm p is Holm over 5 with p = 1 for the two missing ones — not
+    Holm over the 3 that have results."""
+    from pretrieve.bench.quality.arms import DEFAULT_CONTRASTS, parse_contrasts
+    from pretrieve.bench.quality.summary import contrast_entries
+    from pretrieve.evaluation.significance import holm
+
+    rng = np.random.default_rng(0)
+    keys = [("train:test", f"q{i}") for i in range(200)]
+    base = rng.uniform(0, 1, size=200)
+
+    def arm(shift):
+        return [{key: float(v) for key, v in zip(keys, np.clip(base + shift + rng.normal(0, 0.1, 200), 0, 1))}
+                for _ in range(2)]
+
+    per_arm = {"none": arm(0.0), "mlm": arm(0.02), "bow": arm(0.05), "retromae": []}
+    contrasts = parse_contrasts(list(DEFAULT_CONTRASTS), list(per_arm))
+    assert contrasts == DEFAULT_CONTRASTS
+    entries = contrast_entries(per_arm, contrasts, alpha=0.05, margin=0.02, n_boot=500)
+    assert [e["contrast"] for e in entries] == ["bow-mlm", "bow-none", "mlm-none"]
+    raw = {e["contrast"]: e["p_value"] for e in entries}
+    full = holm([raw.get(name, 1.0) for name in DEFAULT_CONTRASTS])
+    expected = dict(zip(DEFAULT_CONTRASTS, full))
+    assert min(raw.values()) < 0.2                                   # the family adjusts something
+    for entry in entries:
+        assert entry["p_holm"] == pytest.approx(expected[entry["contrast"]], abs=1e-12)
+        assert entry["family_size"] == 5
+    assert [e["p_holm"] for e in entries] != pytest.approx(list(holm(list(raw.values()))))   # not Holm over 3
+
+
+def test_an_aa_contrast_without_a_family_label_is_its_own_family():
+    from pretrieve.bench.quality.arms import parse_contrasts
+    from pretrieve.bench.quality.summary import contrast_entries
+
+    arms = ["none", "mlm", "bow", "mlm-aa"]
+    assert parse_contrasts(["bow-mlm", "mlm-none", "mlm-aa-mlm"], arms) == ("bow-mlm", "mlm-none", "aa:mlm-aa-mlm")
+    with pytest.raises(ConfigError, match="listed twice"):
+        parse_contrasts(["mlm-aa-mlm", "aa:mlm-aa-mlm"], arms)
+    rng = np.random.default_rng(1)
+    keys = [("train:test", f"q{i}") for i in range(100)]
+    per_arm = {arm: [{key: float(v) for key, v in zip(keys, rng.uniform(0, 1, 100))} for _ in range(2)]
+               for arm in arms}
+    entries = contrast_entries(per_arm, parse_contrasts(["bow-mlm", "mlm-none", "mlm-aa-mlm"], arms), alpha=0.05,
+                               margin=0.02, n_boot=200)
+    families = {e["contrast"]: (e["family"], e["family_size"]) for e in entries}
+    assert families == {"bow-mlm": ("primary", 2), "mlm-none": ("primary", 2), "mlm-aa-mlm": ("aa", 1)}
+
+
+def test_cells_are_parsed_and_checked(tiny_mlm_dir, collections, tmp_path):
+    """`--cells mlm:1,bow`: one cell, then every seed of an arm (an A/A arm's own seeds); an unknown arm or seed
+    is one ConfigError line, before any work (the CLI passes `--cells` through: see the test of `--pretrain`)."""
+    settings = settings_for(tiny_mlm_dir, collections, tmp_path / "q", ("none", "mlm", "bow", "mlm-aa"),
+                            seeds=(1, 2)).resolved()
+    assert quality.parse_cells(["mlm:1", "bow"], settings) == [("mlm", 1), ("bow", 1), ("bow", 2)]
+    assert quality.parse_cells(["mlm-aa", "mlm:2", "mlm:2"], settings) == [("mlm-aa", 1001), ("mlm-aa", 1002),
+                                                                           ("mlm", 2)]
+    assert quality.parse_cells([" mlm-aa:1002"], settings) == [("mlm-aa", 1002)]
+    for item, message in (("bert:1", "'bert' is not an arm of the comparison (none, mlm, bow, mlm-aa)"),
+                          ("mlm:3", "seed 3 is not one of mlm's seeds [1, 2]"),
+                          ("mlm-aa:1", "seed 1 is not one of mlm-aa's seeds [1001, 1002]"),
+                          ("mlm:one", "the seed must be a number, e.g. mlm:1")):
+        with pytest.raises(ConfigError) as info:
+            quality.parse_cells(["none", item], settings)
+        assert message in str(info.value) and f"cell '{item}'" in str(info.value) and "\n" not in str(info.value)
+    with pytest.raises(ConfigError, match="seed 7 is not one of mlm's seeds"):     # before any work
+        quality.run_quality_bench(replace(settings, out=str(tmp_path / "run")), cells=["mlm:1", "mlm:7"])
+    assert not (tmp_path / "run").exists()

@@ -179,7 +179,7 @@ def bench_claims_command(
     alpha: float = typer.Option(0.05, "--alpha", help="The pre-registered significance level."),
     any_seeds: bool = typer.Option(False, "--any-seeds", help="Decide with the seeds each tier has (smoke runs, "
                                    "interim looks); by default a row whose arms have fewer seeds than "
-                                   "pre-registered (Tier 1: 3, Tier 2a: 1, other tiers: 2) is pending."),
+                                   "pre-registered (Tier 1 and Tier 2a: 3, other tiers: 2) is pending."),
     out: Optional[Path] = typer.Option(None, "--out", help="Write the table to FILE.md and FILE.json (atomically)."),
 ) -> None:
     """The claims benchmark's decision table (issue #20): docs/preregistration.md's rules applied to the tiers'

@@ -572,7 +572,9 @@ def run_quality_bench(settings: QualityBenchSettings, progress: Callable[[str], 
         bench.prepare([select_arm])
         say(f"[select] pre-training {select_arm}/seed{settings.arm_seeds(select_arm)[0]} for the dev grid "
             f"({len(state['todo'])} of {len(grid_points(tier['grid']))} points to run)")
-        _with_threads(settings.threads * jobs, lambda: bench.pretrained(select_arm, settings.arm_seeds(select_arm)[0]))
+        # at the cells' own thread count, not threads × jobs: the checkpoint is also that arm × seed's cell, and
+        # torch's CPU kernels round differently with another thread count (--jobs 2 must give --jobs 1's records)
+        _with_threads(settings.threads, lambda: bench.pretrained(select_arm, settings.arm_seeds(select_arm)[0]))
         points = {point_name(p): p for p in grid_points(tier["grid"])}
         run_jobs(settings, tier, [("select", {"point": points[name]}) for name in state["todo"]], jobs, say, landed)
         state = selection(records, tier)
