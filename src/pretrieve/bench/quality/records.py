@@ -303,8 +303,13 @@ def commit(paths: Sequence[Path], message: str, attempts: int = 20) -> bool:
     cwd = paths[0].parent
     for attempt in range(attempts):
         errors = ""
-        for command in (["git", "add", "--"], ["git", "commit", "-q", "-m", message, "--"]):
+        for command in (["git", "add", "--"], ["git", "diff", "--cached", "--quiet", "--"],
+                        ["git", "commit", "-q", "-m", message, "--"]):
             result = subprocess.run([*command, *map(str, paths)], cwd=cwd, capture_output=True, text=True)
+            if command[1] == "diff":
+                if result.returncode == 0:
+                    return True        # nothing new to commit (the same record is already committed)
+                continue
             if result.returncode:
                 errors = result.stderr + result.stdout
                 break

@@ -560,6 +560,8 @@ def run_quality_bench(settings: QualityBenchSettings, progress: Callable[[str], 
     out.mkdir(parents=True, exist_ok=True)
     records = Records(settings.records)
     tier = records.open(settings.fingerprint(), settings.precision, settings.growing())
+    if commit_records:
+        commit([records.tier_path], f"Claims records ({records.root.name}): tier.json")
     bench = Bench(settings)     # the derived collection and the pre-training union, made once here
 
     def landed(result: Mapping[str, Any]) -> None:
