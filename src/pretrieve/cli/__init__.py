@@ -152,8 +152,18 @@ class CompactLoadReport:
         return True
 
 
+def _version(value: bool) -> None:
+    if value:
+        from pretrieve import __version__
+
+        typer.echo(f"pretrieve {__version__}")
+        raise typer.Exit()
+
+
 @app.callback()
-def _root(verbose: bool = typer.Option(False, "--verbose", "-v", help="Debug logging.")) -> None:
+def _root(verbose: bool = typer.Option(False, "--verbose", "-v", help="Debug logging."),
+          version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
+                                       help="Show the version and exit.")) -> None:
     """Pre-train, fine-tune, index and evaluate dense passage retrievers."""
     configure_logging(verbose)
 

@@ -52,13 +52,30 @@ def check(
 def list_collections(
     cache_dir: Optional[Path] = typer.Option(None, "--cache-dir", help="Cache to look in (default: the user cache)."),
 ) -> None:
-    """List the known downloadable collections and whether each is cached."""
+    """List the known downloadable collections, and the local ones under the data roots: whether each is here
+    (``--data NAME`` uses that copy, found as the resolver finds it: the data roots, then the cache) or would be
+    downloaded."""
+    from pretrieve.data.registry import data_roots, find_collection
+
     cache = cache_dir or default_cache_dir()
     table = Table("name", "splits", "md5", "cached", "description")
+    found_at = {}
     for info in KNOWN_COLLECTIONS.values():
-        cached = (cache / info.name / "corpus.jsonl").exists()
-        table.add_row(info.name, ",".join(info.splits), info.md5 or "-", "yes" if cached else "no", info.description)
+        found, _ = find_collection(info.name, cache_dir=cache)
+        found_at[info.name] = found
+        table.add_row(info.name, ",".join(info.splits), info.md5 or "-", "yes" if found else "no", info.description)
+    for root in data_roots():   # collections that are only local (adi, med, ...): usable by name all the same
+        for directory in sorted(root.iterdir()) if root.is_dir() else []:
+            if directory.name in found_at or not any((directory / f).exists() for f in ("corpus.jsonl",
+                                                                                         "corpus.jsonl.gz")):
+                continue
+            found_at[directory.name] = directory
+            splits = sorted(q.name.split(".")[0] for q in (directory / "qrels").glob("*.tsv"))
+            table.add_row(directory.name, ",".join(splits), "-", "yes", "local collection")
     out.print(table)
+    for name, found in found_at.items():
+        if found is not None:
+            out.print(f"{name}: {found}", highlight=False, soft_wrap=True)
     out.print(f"cache: {cache}")
 
 
