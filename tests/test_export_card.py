@@ -140,7 +140,8 @@ def test_a_recipe_exports_its_final_retriever_with_the_card(fine_tuned, tmp_path
     from pretrieve.recipe.runner import RunState, export_final
 
     state = RunState(recipe={"name": "tiny-recipe", "stages": [{"finetune": {"stage": 1}}]}, out=tmp_path / "run",
-                     data=Path("scifact"), base_model="bert-base-uncased", retrievers={"finetune-s1": str(fine_tuned)})
+                     data=Path("scifact"), base_model="bert-base-uncased",
+                     given={"retriever": {"finetune-s1": str(fine_tuned)}})
     state.out.mkdir()
     (state.out / "results.md").write_text(RESULTS_MD)
     rows = [{"retriever": "bm25", "collection": "scifact"},

@@ -124,7 +124,7 @@ def test_the_evaluate_stage_reranks_the_named_retriever(tmp_path):
     from pretrieve.recipe.stages.evaluate import reranked_retriever
 
     state = RunState(recipe={}, out=tmp_path, data=tmp_path, base_model="m",
-                     retrievers={"finetune-s1": "a", "finetune-s2": "b", "finetune-s3": "c"})
+                     given={"retriever": {"finetune-s1": "a", "finetune-s2": "b", "finetune-s3": "c"}})
     assert reranked_retriever(state, None) == "finetune-s3"
     assert reranked_retriever(state, "finetune-s2") == "finetune-s2"
     with pytest.raises(ConfigError, match="no retriever named 'finetune-s9'.*finetune-s1"):

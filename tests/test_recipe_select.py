@@ -120,7 +120,7 @@ def test_choose_prefers_the_best_and_on_a_tie_the_candidate_closest_to_the_off_t
 
 def test_where_fine_tuning_hurts_on_dev_final_is_the_fitted_zero_shot_fusion(tmp_path, monkeypatch):
     state = RunState(recipe={"dev": {"seed": 0}, "finetune": {}}, out=tmp_path, data=tmp_path, base_model="base",
-                     retrievers={"finetune-s1": "ft1", "finetune-s2": "ft2"})
+                     given={"retriever": {"finetune-s1": "ft1", "finetune-s2": "ft2"}})
     dev_scores = {"zero-shot": 0.61, "wise-0.25": 0.60, "wise-0.5": 0.58, "finetune-s2": 0.55}   # cross-fitted
     in_sample = {"zero-shot": 0.62, "wise-0.25": 0.63, "wise-0.5": 0.64, "finetune-s2": 0.66}   # optimistic: unused
     fits = []
@@ -138,8 +138,9 @@ def test_where_fine_tuning_hurts_on_dev_final_is_the_fitted_zero_shot_fusion(tmp
     assert [f[0] for f in fits] == ["final.zero-shot", "final.wise-0.25", "final.wise-0.5", "final.finetune-s2"]
     assert all(split == "dev" and components[0] == "bm25" for _, components, split, _ in fits)
     assert all(candidates == [("rrf", None), ("wsum", "zscore")] for *_, candidates in fits)   # method auto
-    assert state.candidates == {"wise-0.25": "ft2@0.25", "wise-0.5": "ft2@0.5"}
-    entry = state.fusions["final"]
+    assert state.named("candidate") == {"wise-0.25": "ft2@0.25", "wise-0.5": "ft2@0.5"}
+    entry = state.named("fusion")["final"]
+    assert state.report["selections"]["final"] is entry["selection"]
     assert entry["runs"] == ["bm25", "zero-shot"] and entry["selection"]["chosen"] == "zero-shot"
     assert entry["fitted"] == tmp_path / "fuse" / "final.zero-shot" / "fusion.json"
     assert [c["cross_fitted"] for c in entry["selection"]["candidates"]] == list(dev_scores.values())

@@ -33,13 +33,14 @@ def test_init_previous_starts_stage2_from_the_stage1_weights(tiny_bert_dir, tmp_
     state = RunState(recipe={"finetune": TINY, "seed": 0}, out=tmp_path / "out", data=data,
                      base_model=str(tiny_bert_dir))
     stage_finetune(state, {"stage": 1, "max_steps": 5, "lr": 1e-3}, "finetune-s1", False)
-    stage1 = weights(state.retrievers["finetune-s1"])
+    stage1 = weights(state.named("retriever")["finetune-s1"])
     assert differs(stage1, weights(tiny_bert_dir))
-    state.groups["mined"] = str(tmp_path / "out" / "finetune-s1" / BM25_GROUPS_FILE)
+    state.give("mined", "mine", str(tmp_path / "out" / "finetune-s1" / BM25_GROUPS_FILE))
     # one step at a negligible learning rate: the exported weights are where the stage started
     for init, label in (("previous", "finetune-s2"), ("pretrained", "finetune-s2-pretrained")):
         stage_finetune(state, {"stage": 2, "max_steps": 1, "lr": 1e-12, "init": init}, label, False)
-    continued, restarted = weights(state.retrievers["finetune-s2"]), weights(state.retrievers["finetune-s2-pretrained"])
+    retrievers = state.named("retriever")
+    continued, restarted = weights(retrievers["finetune-s2"]), weights(retrievers["finetune-s2-pretrained"])
     assert set(continued) == set(stage1) and not differs(continued, stage1)
     assert differs(restarted, stage1) and not differs(restarted, {k: v for k, v in weights(tiny_bert_dir).items()
                                                                   if k in restarted})

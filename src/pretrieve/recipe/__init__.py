@@ -57,10 +57,11 @@ download cache, and a collection of the download registry (:mod:`pretrieve.data.
 The package: :mod:`~pretrieve.recipe.schema` (the options, the stage registry, validation, the order of the stages
 checked from what each stage needs and gives), :mod:`~pretrieve.recipe.runner` (the state threaded through the
 stages, running one and setting a stale one aside, where run files live), :mod:`~pretrieve.recipe.results`
-(``results.json`` / ``results.md``), :mod:`~pretrieve.recipe.smoke` (``--smoke``) and
-:mod:`pretrieve.recipe.stages`, one module per stage kind: its options dataclass and its function
-(``@stage("mine", MineOptions, needs=..., gives="mined")``); adding a stage kind is one module there and its import
-line. Run files are made by :mod:`pretrieve.retrieval.runs`.
+(``results.json`` / ``results.md``), :mod:`~pretrieve.recipe.smoke` (``--smoke``: the fixtures; each stage shrinks
+its own options), :mod:`~pretrieve.recipe.rows` (the run files and fusions several stages share) and
+:mod:`pretrieve.recipe.stages`, one module per stage kind: its options dataclass, its function and its declarations
+(``@stage("mine", MineOptions, needs=..., gives="mined", smoke=...)``); adding a stage kind is one module there and
+its import line (docs/recipes.md, "Adding a stage kind"). Run files are made by :mod:`pretrieve.retrieval.runs`.
 
 Stage semantics follow the papers: stages 2 and 3 re-initialise from the pre-trained checkpoint (not
 from the previous stage); ``mine`` uses the latest fine-tuned retriever (the stage-1 one) to mine the

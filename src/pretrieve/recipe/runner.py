@@ -11,10 +11,13 @@ timing each (per rank under several processes), and writes ``recipe.resolved.jso
 
 The recipe's run files live in ``runs/<retriever>__<collection>[:split].trec`` (:func:`run_tag`); a retriever's
 corpus index in ``embeddings/<retriever>__<collection>`` (one per retriever and collection, shared by mining and
-evaluation), BM25's in ``bm25-index/<collection>``; both are made by :mod:`pretrieve.retrieval.runs`. A retriever
-whose corpus index of the same weights, settings and passages is already in the user's embedding cache
-(:mod:`pretrieve.retrieval.cache`: ``pretrieve.search`` put it there) searches that one instead of encoding the corpus
-again (one process only).
+evaluation), BM25's in ``bm25-index/<collection>``; both are made by :mod:`pretrieve.retrieval.runs` (called from
+:mod:`pretrieve.recipe.rows`). A retriever whose corpus index of the same weights, settings and passages is already in
+the user's embedding cache (:mod:`pretrieve.retrieval.cache`: ``pretrieve.search`` put it there) searches that one
+instead of encoding the corpus again (one process only).
+
+The runner knows no stage kind: what a stage reads and makes is keyed by the names it declares
+(:class:`pretrieve.recipe.schema.Stage`), and each stage module says the rest.
 """
 
 from __future__ import annotations
@@ -35,7 +38,6 @@ from pretrieve.io_utils import write_json
 from pretrieve.modeling.export import export_model
 from pretrieve.recipe.results import write_results
 from pretrieve.recipe.schema import STAGES, stage_labels
-from pretrieve.retrieval import runs
 from pretrieve.train.loop import TrainingTerminated
 
 logger = logging.getLogger(__name__)
@@ -46,30 +48,43 @@ RESOLVED_FILE = "recipe.resolved.json"
 
 @dataclass
 class RunState:
-    """What the stages have produced so far (paths), threaded through the recipe."""
+    """What the stages have produced so far, threaded through the recipe.
+
+    ``given`` holds the stages' products under the names they declare they ``give``
+    (:class:`pretrieve.recipe.schema.Stage`): product → {name → value}, in the order made — ``given["retriever"]``:
+    each fine-tuned retriever's label → its exported directory; ``given["mined"]``: each mining stage's label → its
+    groups file (the latest is the one read); ``given["fusion"]``: each fusion's name → its record. ``report`` holds
+    sections stages add to ``results.json`` beside the rows (``selections``: each selection's dev choice).
+    """
 
     recipe: dict[str, Any]
     out: Path
     data: Path
     base_model: str
-    pretrained: str | None = None
-    retrievers: dict[str, str] = field(default_factory=dict)   # name → exported retriever dir, in order
-    groups: dict[str, str] = field(default_factory=dict)       # "mined" / "teacher" → groups JSONL
-    reranker: str | None = None
-    fusions: dict[str, dict[str, Any]] = field(default_factory=dict)   # name → {"runs": [...], "spec": FusionSpec}
+    given: dict[str, dict[str, Any]] = field(default_factory=dict)
     timings: dict[str, float] = field(default_factory=dict)
     collections: dict[str, Path] = field(default_factory=dict)  # every collection name of the recipe → its path
     dev: dict[str, Any] | None = None      # the dev split's record (pretrieve.recipe.dev.prepare_dev), if any
-    candidates: dict[str, str] = field(default_factory=dict)   # select stage: candidate name → model dir (no rows)
+    report: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    def give(self, product: str, name: str, value: Any) -> Any:
+        """Record ``value`` as the product ``product`` (a name a stage declares it gives) called ``name``."""
+        self.given.setdefault(product, {})[name] = value
+        return value
+
+    def named(self, product: str) -> dict[str, Any]:
+        """Every ``product`` made so far: name → value, in order (empty when none)."""
+        return self.given.get(product, {})
+
+    def latest(self, product: str) -> Any:
+        """The latest ``product`` made (None when none)."""
+        made = self.given.get(product)
+        return list(made.values())[-1] if made else None
 
     @property
     def init_model(self) -> str:
-        """Every fine-tuning stage starts from the pre-trained checkpoint (or the base model)."""
-        return self.pretrained or self.base_model
-
-    @property
-    def latest_retriever(self) -> str | None:
-        return list(self.retrievers.values())[-1] if self.retrievers else None
+        """Every fine-tuning stage starts from the latest pre-trained checkpoint (or the base model)."""
+        return self.latest("pretrained") or self.base_model
 
     def seeded(self, options: Mapping[str, Any]) -> dict[str, Any]:
         """A training stage's options with the recipe's seed unless the stage sets its own, and the recipe's
@@ -114,26 +129,6 @@ def run_tag(collection: Path, split: str) -> str:
     return collection.name if split == "test" else f"{collection.name}:{split}"
 
 
-def bm25_run(state: RunState, collection: BeirCollection, split: str, depth: int) -> Path:
-    """``runs/bm25__<collection>[:split].trec``, searched now unless current (one index per collection in
-    ``bm25-index/``)."""
-    return runs.bm25_run(collection, split, depth, state.run_path("bm25", collection.root, split),
-                         index_dir=state.out / "bm25-index" / collection.root.name)
-
-
-def retriever_run(state: RunState, name: str, model_dir: str, collection: BeirCollection, split: str, depth: int,
-                  label: str, mode: str | None, show_progress: bool,
-                  encoding: Mapping[str, Any] | None = None) -> Path:
-    """``runs/<label>__<collection>[:split].trec`` of the retriever ``name`` (its weights in ``model_dir``), searched
-    now unless current (:func:`pretrieve.retrieval.runs.retriever_run`). ``encoding``: the evaluate stage's
-    ``precision`` / ``batch_size``."""
-    encoding = dict(encoding or {})
-    return runs.retriever_run(model_dir, collection, split, depth, state.run_path(label, collection.root, split),
-                              index_dir=state.corpus_index(name, collection), mode=mode,
-                              precision=encoding.get("precision", "auto"),
-                              batch_size=int(encoding.get("batch_size", 64)), tag=label, show_progress=show_progress)
-
-
 # ------------------------------------------------------------------------------------------------ stages
 def run_stages(state: RunState, path: str | Path, show_progress: bool, redo_changed: bool) -> dict[str, Any]:
     """Every stage of ``state.recipe`` in order; returns the results (also written to ``results.json`` / ``.md``)."""
@@ -157,9 +152,7 @@ def run_stages(state: RunState, path: str | Path, show_progress: bool, redo_chan
             results["rows"].extend(rows)
     if state.dev is not None:
         results["dev"] = state.dev
-    selections = {name: entry["selection"] for name, entry in state.fusions.items() if entry.get("selection")}
-    if selections:   # every select stage's dev choice, also in a recipe without an evaluate stage
-        results["selections"] = selections
+    results.update(state.report)   # sections stages add (every select stage's dev choice, also without evaluate)
     results["timings_s"] = state.timings
     if rank_timings:
         results["rank_timings_s"] = rank_timings
@@ -201,8 +194,9 @@ def export_final(state: RunState, results: Mapping[str, Any]) -> Path | None:
     finals = [row["retriever"] for row in results["rows"] if row.get("final")]
     chosen = [row["fusion"]["selection"]["chosen"] for row in results["rows"]
               if row.get("final") and (row.get("fusion") or {}).get("selection")]
-    models = {**state.retrievers, **state.candidates}
-    name = next((n for n in finals + chosen if n in models), list(state.retrievers)[-1] if state.retrievers else None)
+    retrievers = state.named("retriever")
+    models = {**retrievers, **state.named("candidate")}
+    name = next((n for n in finals + chosen if n in models), list(retrievers)[-1] if retrievers else None)
     if name is None:
         return None
     recipe = {**state.recipe, "data": str(state.data), "model": state.base_model}

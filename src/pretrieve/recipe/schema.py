@@ -5,6 +5,11 @@ A stage kind is registered by its module under :mod:`pretrieve.recipe.stages` wi
 runs it, the dataclass that declares its options, and what it ``needs`` from the stages before it and ``gives`` to
 the ones after it (``mine`` needs a fine-tuned retriever and gives mined groups). The order of the stages is checked
 from these declarations alone (:func:`check_stage_order`), so a stage's preconditions are written once, next to it.
+The same names key what the stages made at run time (:class:`pretrieve.recipe.runner.RunState`: ``state.give("mined",
+label, path)``, ``state.latest("mined")``). A stage also declares, in its own module, how ``--smoke`` shrinks its
+options (``smoke``, :class:`pretrieve.recipe.smoke.SmokeKit`), the collections and splits it reads (``reads``), the
+result rows it adds to the evaluate stages after it (``rows``) and which options name a retriever or fusion
+(``name_options``): nothing outside its module names its kind.
 """
 
 from __future__ import annotations
@@ -15,7 +20,6 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from pretrieve import ranks
-from pretrieve.data.pretrain_text import split_corpus
 from pretrieve.errors import ConfigError, InputError
 from pretrieve.options import join_path, validate
 from pretrieve.io_utils import load_config_file
@@ -28,13 +32,25 @@ from pretrieve.train.config import check_trackers
 Needs = Callable[[Mapping[str, Any], Mapping[str, Any], Mapping[str, list[str]], str], None]
 
 
+#: ``smoke(options, kit)``: the stage's options shrunk for ``--smoke`` (:class:`pretrieve.recipe.smoke.SmokeKit`).
+Smoke = Callable[[dict[str, Any], Any], dict[str, Any]]
+#: ``reads(options, recipe)``: ``[(collection as the recipe names it, split or None)]`` the stage reads (None: the
+#: passages only); every collection is found before the first stage, and ``--smoke`` slices these splits.
+Reads = Callable[[Mapping[str, Any], Mapping[str, Any]], list[tuple[str, str | None]]]
+
+
 @dataclass(frozen=True)
 class Stage:
     """A recipe stage kind: the function that runs it and the dataclass that declares its options.
 
     ``set_by_recipe`` names declared options the recipe sets itself (refused in the stage, with the reason);
     ``check(options, where)`` (optional) validates more than types, before the first stage runs; ``needs`` checks
-    that the stages before it gave what it reads, and ``gives`` names what it adds (see :func:`check_stage_order`).
+    that the stages before it gave what it reads, and ``gives`` names what it adds (one name or several; see
+    :func:`check_stage_order`) — the names that key :class:`~pretrieve.recipe.runner.RunState`'s products.
+    ``smoke`` shrinks its options for ``--smoke`` (none: kept as they are), ``reads`` names the collections it reads,
+    ``rows(options)`` the result rows it adds to every evaluate stage after it (a fusion's name), ``name_options`` the
+    options that name a retriever or fusion (:func:`check_names`), and ``shared`` the top-level recipe key whose
+    options every stage of the kind inherits (``finetune``).
     """
 
     run: Callable[..., Any]
@@ -42,7 +58,17 @@ class Stage:
     set_by_recipe: Mapping[str, str] = field(default_factory=dict)
     check: Callable[[dict[str, Any], str], None] | None = None
     needs: Needs | None = None
-    gives: str | None = None
+    gives: str | tuple[str, ...] | None = None
+    smoke: Smoke | None = None
+    reads: Reads | None = None
+    rows: Callable[[Mapping[str, Any]], list[str]] | None = None
+    name_options: tuple[str, ...] = ()
+    shared: str | None = None
+
+    @property
+    def products(self) -> tuple[str, ...]:
+        """What the stage gives, as a tuple."""
+        return (self.gives,) if isinstance(self.gives, str) else tuple(self.gives or ())
 
 
 STAGES: dict[str, Stage] = {}
@@ -50,10 +76,14 @@ STAGES: dict[str, Stage] = {}
 
 def stage(kind: str, options: type, set_by_recipe: Mapping[str, str] | None = None,
           check: Callable[[dict[str, Any], str], None] | None = None, needs: Needs | None = None,
-          gives: str | None = None):
-    """Register the decorated function as the recipe stage ``kind`` with its options schema."""
+          gives: str | tuple[str, ...] | None = None, smoke: Smoke | None = None, reads: Reads | None = None,
+          rows: Callable[[Mapping[str, Any]], list[str]] | None = None, name_options: tuple[str, ...] = (),
+          shared: str | None = None):
+    """Register the decorated function as the recipe stage ``kind`` with its options schema and declarations
+    (:class:`Stage`)."""
     def register(function: Callable[..., Any]) -> Callable[..., Any]:
-        STAGES[kind] = Stage(function, options, dict(set_by_recipe or {}), check, needs, gives)
+        STAGES[kind] = Stage(function, options, dict(set_by_recipe or {}), check, needs, gives, smoke, reads, rows,
+                             tuple(name_options), shared)
         return function
     return register
 
@@ -179,16 +209,11 @@ def validate_recipe(recipe: Mapping[str, Any], where: str = "recipe") -> dict[st
     return values
 
 
-NAME_OPTIONS = {"fuse": ("name", "runs"), "select": ("name", "model", "runs"),
-                "evaluate": ("final", "compare", "retrievers", "rerank")}
-"""Options that name a retriever or fusion of the recipe (a run file and folders under ``out`` are named after it):
-single names, never paths — checked with the whole recipe, before any stage runs."""
-
-
 def check_names(kind: str, options: Mapping[str, Any], at: str) -> None:
-    """:class:`ConfigError` naming the option when one of :data:`NAME_OPTIONS` is empty, has spaces or slashes, or is
-    ``.`` / ``..``."""
-    for key in NAME_OPTIONS.get(kind, ()):
+    """:class:`ConfigError` naming the option when one of the stage's ``name_options`` (options that name a retriever
+    or fusion of the recipe: a run file and folders under ``out`` are named after it; single names, never paths) is
+    empty, has spaces or slashes, or is ``.`` / ``..`` — checked with the whole recipe, before any stage runs."""
+    for key in STAGES[kind].name_options:
         value = options.get(key)
         for index, name in (enumerate(value) if isinstance(value, list) else [(None, value)]):
             if name is None and index is None:
@@ -236,21 +261,17 @@ def check_stage_order(recipe: Mapping[str, Any], where: str = "recipe") -> None:
         spec = STAGES[kind]
         if spec.needs is not None:
             spec.needs(options, recipe, given, f"{join_path(join_path(where, 'stages'), index)}.{kind}")
-        if spec.gives is not None:
-            given.setdefault(spec.gives, []).append(label)
+        for product in spec.products:
+            given.setdefault(product, []).append(label)
 
 
 def recipe_collections(recipe: Mapping[str, Any]) -> list[str]:
-    """Every collection a (validated) recipe names: its ``data``, a pre-training ``corpus`` that is neither a file
-    nor a hub dataset (``hf:NAME``), and each ``evaluate`` collection (without its ``:split``)."""
+    """Every collection a (validated) recipe names: its ``data`` and what each stage ``reads`` (a pre-training
+    ``corpus`` that is neither a file nor a hub dataset, each ``evaluate`` collection without its ``:split``)."""
     names = [str(recipe["data"])]
     for kind, _, options in stage_labels(recipe):
-        for corpus in split_corpus(options.get("corpus")) if kind == "pretrain" and options.get("corpus") else []:
-            if not str(corpus).startswith("hf:") and not Path(str(corpus)).expanduser().exists():
-                names.append(str(corpus))   # a collection name (a hub dataset, hf:NAME, is the pre-trainer's to load)
-        if kind == "evaluate":
-            for entry in options.get("collections") or [recipe["data"]]:
-                names.append(split_collection(str(entry))[0])
+        reads = STAGES[kind].reads
+        names.extend(str(name) for name, _ in (reads(options, recipe) if reads is not None else []))
     return list(dict.fromkeys(names))
 
 

@@ -30,7 +30,10 @@ like any other. What changes, and nothing else:
   gradient checkpointing, gradient caching, schedules, methods and their options are kept, so the smoke run
   takes the same code paths.
 
-The output goes to ``<out>-smoke`` unless ``--out`` is given; results are meaningless as numbers.
+Each stage kind declares its own shrinking in its module (its ``smoke`` hook, handed a :class:`SmokeKit`) and the
+collections and splits it reads (``reads``): this module holds the fixtures and the shared training budget
+(:func:`capped`), and names no stage kind. The output goes to ``<out>-smoke`` unless ``--out`` is given; results are
+meaningless as numbers (but pinned: ``tests/pinned/smoke``, docs/recipes.md).
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ import json
 import logging
 import os
 import random
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -53,6 +57,8 @@ from pretrieve.data.registry import KNOWN_COLLECTIONS, data_roots
 from pretrieve.errors import ConfigError
 from pretrieve.io_utils import atomic_dir, atomic_open
 from pretrieve.models import OFFLINE_MODELS, no_remote_code, resolve_model
+from pretrieve.recipe.dev import training_split
+from pretrieve.recipe.schema import STAGES
 
 logger = logging.getLogger(__name__)
 
@@ -62,13 +68,6 @@ MIN_TRAIN_QUERIES, MIN_EVAL_QUERIES = 8, 2
 MAX_TRAIN_QUERIES, MAX_EVAL_QUERIES = 24, 8
 STEPS = 2
 SMOKE_DEV_QUERIES = 4
-CAPS = {
-    "pretrain": {"max_len": (144, 48)},
-    "finetune": {"num_negatives": (7, 3), "query_max_len": (32, 16), "passage_max_len": (144, 48),
-                 "bm25_depth": (1000, 30)},
-    "reranker": {"num_negatives": (7, 3), "max_len": (192, 64)},
-}
-"""Per stage kind: option → (the stage's default, the smoke cap); a smaller value in the recipe is kept."""
 OPTIONAL_CAPS = {"grad_cache_chunk": 3, "warmup_steps": 1}
 """Options capped only when the recipe sets them."""
 FIXED = {"batch_size": 4, "max_steps": STEPS, "save_every": 1, "log_every": 1, "num_workers": 0}
@@ -82,9 +81,45 @@ def smoke_out(recipe: Mapping[str, Any], out: str | Path | None = None) -> Path:
     return Path(out) if out is not None else Path(str(recipe["out"]).rstrip("/") + "-smoke")
 
 
+@dataclass
+class SmokeKit:
+    """What a stage's ``smoke`` hook (:class:`pretrieve.recipe.schema.Stage`, declared in the stage's own module) uses
+    to shrink its options: the fixtures made here and the training budget. ``recipe`` is the recipe as written;
+    ``shared`` is true while the hook shrinks the recipe's top-level options shared by every stage of its kind."""
+
+    recipe: Mapping[str, Any]
+    smoke: dict[str, Any]
+    models: Path
+    data: Path
+    splits: Mapping[str, set[str]]
+    shared: bool = False
+    max_collections: int = MAX_EVAL_COLLECTIONS
+
+    def tiny_model(self, name: str) -> str:
+        """A tiny random model of ``name``'s family (:func:`tiny_model`)."""
+        return tiny_model(name, self.models)
+
+    def collection(self, entry: Any) -> str:
+        """A slice or fixture standing for the collection ``entry`` (``name`` or ``name:split``), as the entry."""
+        return _smoke_entry(entry, self.splits, self.data, self.smoke)
+
+    def text_corpus(self, corpus: Any) -> str:
+        """A small pre-training corpus standing for ``corpus`` (:func:`smoke_text_corpus`)."""
+        return str(smoke_text_corpus(corpus, self.data, self.smoke))
+
+    def method(self, method: Any) -> Any:
+        """A pre-training method with its pairs file sliced and PMI statistics files dropped."""
+        return _smoke_method(method, self.data, self.smoke)
+
+    def training(self, options: Mapping[str, Any], caps: Mapping[str, tuple[Any, Any]],
+                 defaults: bool = True) -> dict[str, Any]:
+        """A training stage's options within the smoke budget (:func:`capped`)."""
+        return capped(options, caps, defaults)
+
+
 def smoke_recipe(recipe: Mapping[str, Any], out: str | Path | None = None) -> dict[str, Any]:
     """The smoke version of ``recipe`` (a loaded recipe mapping); writes its tiny models and data under the new
-    ``out`` (default ``<recipe out>-smoke``)."""
+    ``out`` (default ``<recipe out>-smoke``). Each stage shrinks its own options (its ``smoke`` hook)."""
     smoke = copy.deepcopy(dict(recipe))
     smoke["out"] = str(smoke_out(recipe, out))
     smoke["name"] = f"{recipe.get('name', 'recipe')} (smoke)"
@@ -95,33 +130,17 @@ def smoke_recipe(recipe: Mapping[str, Any], out: str | Path | None = None) -> di
 
     smoke["model"] = tiny_model(smoke["model"], models)
     smoke["data"] = str(smoke_collection(smoke["data"], splits[smoke["data"]], data, smoke))
-    smoke["finetune"] = _capped("finetune", smoke.get("finetune") or {}, defaults=True)
+    kit = SmokeKit(recipe, smoke, models, data, splits)
+    for spec in STAGES.values():   # options shared by every stage of a kind: capped with the defaults written out
+        if spec.shared is not None and spec.smoke is not None:
+            smoke[spec.shared] = spec.smoke(dict(smoke.get(spec.shared) or {}), replace(kit, shared=True))
     if smoke.get("dev") and not smoke["dev"].get("split"):
         # of the slice's 8-24 training queries, or of its own dev split's 2-8 (pretrieve.data.folds.held_out_dev)
         smoke["dev"] = {**smoke["dev"], "queries": SMOKE_DEV_QUERIES}
-    for kind, options in stages:
-        if kind in ("pretrain", "finetune", "reranker"):
-            # fine-tuning stages inherit the (capped) shared options: only their own values are capped
-            capped = _capped(kind, options, defaults=kind != "finetune")
-            options.clear()
-            options.update(capped)
-        if kind == "pretrain":
-            if "corpus" in options:
-                options["corpus"] = str(smoke_text_corpus(options["corpus"], data, smoke))
-            if "method" in options:
-                options["method"] = _smoke_method(options["method"], data, smoke)
-        elif kind == "reranker" and "model" in options:
-            options["model"] = tiny_model(options["model"], models)
-        elif kind == "mine":
-            options["depth"] = min(int(options.get("depth", 200)), 10)
-        elif kind == "teacher":
-            options["max_negatives"] = min(int(options.get("max_negatives", 31)), 3)
-        elif kind == "evaluate":
-            options["depth"] = min(int(options.get("depth", 1000)), 20)
-            if options.get("rerank_depth"):
-                options["rerank_depth"] = min(int(options["rerank_depth"]), 10)
-            entries = options.get("collections", [recipe["data"]])[:MAX_EVAL_COLLECTIONS]
-            options["collections"] = [_smoke_entry(entry, splits, data, smoke) for entry in entries]
+    for index, (kind, options) in enumerate(stages):
+        shrink = STAGES[kind].smoke
+        if shrink is not None:
+            stages[index] = (kind, shrink(options, kit))
     smoke["stages"] = [{kind: options} for kind, options in stages]
     smoke.pop("data_root", None)
     return smoke
@@ -134,11 +153,12 @@ def _stage(entry: Any) -> tuple[str, dict[str, Any]]:
     return str(kind), dict(options or {})
 
 
-def _capped(kind: str, options: Mapping[str, Any], defaults: bool) -> dict[str, Any]:
-    """Training options within the smoke budget; with ``defaults``, options the recipe leaves at the stage's
-    default are capped too (written out)."""
+def capped(options: Mapping[str, Any], caps: Mapping[str, tuple[Any, Any]], defaults: bool) -> dict[str, Any]:
+    """Training options within the smoke budget: ``caps`` (option → (the stage's default, the smoke cap); a smaller
+    value in the recipe is kept), :data:`OPTIONAL_CAPS` and :data:`FIXED`; with ``defaults``, options the recipe
+    leaves at the stage's default are capped too (written out)."""
     values = dict(options)
-    for key, (default, cap) in CAPS[kind].items():
+    for key, (default, cap) in caps.items():
         if key in values or defaults:
             value = values.get(key, default)
             values[key] = value if value is None else min(value, cap)
@@ -155,18 +175,16 @@ def _capped(kind: str, options: Mapping[str, Any], defaults: bool) -> dict[str, 
 
 
 def _needed_splits(recipe: Mapping[str, Any], stages: list[tuple[str, dict]]) -> dict[str, set[str]]:
-    """Collection entry (as written in the recipe) → the qrels splits the recipe reads from it."""
+    """Collection entry (as written in the recipe) → the qrels splits the recipe reads from it (each stage's
+    ``reads``)."""
     splits: dict[str, set[str]] = {recipe["data"]: set()}
     dev = recipe.get("dev") or {}
     if dev:   # the collection's own dev split, or the training split the dev queries are carved from
-        splits[recipe["data"]].add(str(dev.get("split") or recipe.get("finetune", {}).get("split", "train")))
+        splits[recipe["data"]].add(str(dev.get("split") or training_split(recipe)))
     for kind, options in stages:
-        if kind in ("finetune", "mine"):
-            splits[recipe["data"]].add(options.get("split", recipe.get("finetune", {}).get("split", "train")))
-        if kind == "evaluate":
-            default = options.get("split", "test")
-            for entry in options.get("collections", [recipe["data"]]):
-                name, split = _name_and_split(entry, default)
+        reads = STAGES[kind].reads
+        for name, split in reads(options, recipe) if reads is not None else []:
+            if split is not None:
                 splits.setdefault(name, set()).add(split)
     return splits
 

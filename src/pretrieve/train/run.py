@@ -16,7 +16,7 @@
 7. **the accelerator** (:func:`pretrieve.train.accelerator.make_accelerator`, with the run's experiment trackers)
    and the settings checked for its number of processes;
 8. **data built once**: rank 0 builds (or finds current) the cached datasets while the others wait, then they
-   open them (hook :meth:`TrainingRun.build_data`, through :func:`pretrieve.data.arrow.built_once`);
+   open them (hook :meth:`TrainingRun.build_data`, through :func:`pretrieve.ranks.built_once`);
 9. **model and collator** (seeded; hooks :meth:`TrainingRun.build_model`, :meth:`TrainingRun.build_collator`),
    and the run's resolved config written beside its checkpoints (main process);
 10. **train and export** (:func:`pretrieve.train.loop.train`, which resumes from the newest checkpoint when asked
@@ -76,7 +76,7 @@ class TrainingRun(abc.ABC):
 
     @abc.abstractmethod
     def build_data(self):
-        """The training dataset (every rank; caches built once, :func:`pretrieve.data.arrow.built_once`)."""
+        """The training dataset (every rank; caches built once, :func:`pretrieve.ranks.built_once`)."""
 
     @abc.abstractmethod
     def build_model(self) -> torch.nn.Module:

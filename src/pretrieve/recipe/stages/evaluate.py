@@ -31,9 +31,9 @@ from pretrieve.errors import ConfigError
 from pretrieve.evaluation import compare, evaluate, parse_measures
 from pretrieve.options import join_path
 from pretrieve.recipe.results import RESULT_MEASURES, result_row
-from pretrieve.recipe.runner import RunState, bm25_run, retriever_run, run_tag
+from pretrieve.recipe.rows import bm25_run, fusion_rows, retriever_run, stage_rows
+from pretrieve.recipe.runner import RunState, run_tag
 from pretrieve.recipe.schema import split_collection, stage, stage_labels
-from pretrieve.recipe.stages.fuse import fusion_rows
 from pretrieve.retrieval.index import SEARCH_MODES
 from pretrieve.retrieval.load import retriever_kind
 from pretrieve.retrieval.rerank import rerank_run_file
@@ -133,7 +133,7 @@ def check_expected(options: Mapping[str, Any], recipe: Mapping[str, Any], given:
     root, _, stage_at = where.rpartition("stages[")
     root, stage_at = root.rstrip(": ."), f"stages[{stage_at}"
     evaluates = [opts for kind, _, opts in stage_labels(recipe) if kind == "evaluate"]
-    known = ["bm25", "zero-shot", *given.get("retriever", []), *fusion_names(recipe)]
+    known = ["bm25", "zero-shot", *given.get("retriever", []), *stage_rows(recipe)]
     for index, entry in enumerate(recipe.get("expected") or []):
         at = join_path(join_path(root, "expected"), index)
         collection = entry["collection"]
@@ -161,18 +161,25 @@ def default_expected_row(given: Mapping[str, list[str]]) -> str:
     return retrievers[-1] if retrievers else "zero-shot"
 
 
-def fusion_names(recipe: Mapping[str, Any]) -> list[str]:
-    """The names of the recipe's fused rows (``fuse`` and ``select`` stages)."""
-    names = []
-    for kind, _, opts in stage_labels(recipe):
-        if kind == "fuse":
-            names.append(str(opts.get("name") or "fuse-" + "+".join(opts.get("runs", []))))
-        elif kind == "select":
-            names.append(str(opts.get("name") or "final"))
-    return names
+def reads(options: Mapping[str, Any], recipe: Mapping[str, Any]) -> list[tuple[str, str | None]]:
+    """Each evaluated collection with its split (``"msmarco:dev"``: dev; else the stage's ``split``)."""
+    default = options.get("split", "test")
+    return [(name, split or default) for name, split in map(split_collection, stage_collections(options, recipe))]
 
 
-@stage("evaluate", EvaluateOptions, check=check_evaluate, needs=needs)
+def smoke(options: dict[str, Any], kit) -> dict[str, Any]:
+    """``--smoke``: depth ≤ 20, re-ranking depth ≤ 10, the first ``kit.max_collections`` collections, each a slice
+    or fixture standing for it (:class:`pretrieve.recipe.smoke.SmokeKit`)."""
+    options["depth"] = min(int(options.get("depth", 1000)), 20)
+    if options.get("rerank_depth"):
+        options["rerank_depth"] = min(int(options["rerank_depth"]), 10)
+    entries = options.get("collections", [kit.recipe["data"]])[:kit.max_collections]
+    options["collections"] = [kit.collection(entry) for entry in entries]
+    return options
+
+
+@stage("evaluate", EvaluateOptions, check=check_evaluate, needs=needs, smoke=smoke, reads=reads,
+       name_options=("final", "compare", "retrievers", "rerank"))
 def stage_evaluate(state: RunState, options: dict[str, Any], label: str, show_progress: bool) -> list[dict]:
     check_final_options(state, options)
     default_split = options.get("split", "test")
@@ -180,7 +187,7 @@ def stage_evaluate(state: RunState, options: dict[str, Any], label: str, show_pr
     modes = search_modes(options.get("modes"))
     encoding = {key: options[key] for key in ("precision", "batch_size") if key in options}
     entries = stage_collections(options, state.recipe)
-    retrievers = {name: path for name, path in state.retrievers.items()
+    retrievers = {name: path for name, path in state.named("retriever").items()
                   if options.get("retrievers") is None or name in options["retrievers"]}
     if options.get("zero_shot", False):
         retrievers = {"zero-shot": state.base_model, **retrievers}
@@ -206,10 +213,10 @@ def stage_evaluate(state: RunState, options: dict[str, Any], label: str, show_pr
                 here.append(result_row(row_label, tag, run_path, evaluate(qrels, read_run(run_path), measures,
                                                                           ignore_identical_ids=ignore)))
         rerank_depth = options.get("rerank_depth")
-        if rerank_depth and state.reranker is not None and state.retrievers:
+        if rerank_depth and state.latest("reranker") is not None and state.named("retriever"):
             name = reranked_retriever(state, options.get("rerank"))
-            retriever_run(state, name, state.retrievers[name], collection, split, depth, name, None, show_progress,
-                          encoding)
+            retriever_run(state, name, state.named("retriever")[name], collection, split, depth, name, None,
+                          show_progress, encoding)
             here.append(rerank_row(state, name, collection_path, split, int(rerank_depth), qrels, show_progress,
                                    measures, ignore))
         here.extend(fusion_rows(state, collection, split, depth, qrels, show_progress, measures,
@@ -235,7 +242,7 @@ def attach_expected(rows: list[dict], state: RunState, options: Mapping[str, Any
     for expected in state.recipe.get("expected") or []:
         if not same_collection(expected["collection"], entry, options):
             continue
-        name = expected.get("row") or default_expected_row({"retriever": list(state.retrievers)})
+        name = expected.get("row") or default_expected_row({"retriever": list(state.named("retriever"))})
         for row in rows:
             if row["retriever"] == name:
                 row["paper"] = {"table": expected["table"], "values": dict(expected["values"])}
@@ -269,11 +276,11 @@ def collection_and_split(entry: str, default_split: str, state: RunState) -> tup
 def reranked_retriever(state: RunState, requested: str | None) -> str:
     """The evaluate stage's ``rerank`` option: which retriever's run the reranker re-orders (default: the
     latest, e.g. ``finetune-s3``; ``finetune-s2`` re-ranks the run the teacher scores were computed on)."""
+    retrievers = state.named("retriever")
     if requested is None:
-        return list(state.retrievers)[-1]
-    if requested not in state.retrievers:
-        raise ConfigError(f"evaluate: rerank: no retriever named {requested!r} "
-                          f"(known: {', '.join(state.retrievers)})")
+        return list(retrievers)[-1]
+    if requested not in retrievers:
+        raise ConfigError(f"evaluate: rerank: no retriever named {requested!r} (known: {', '.join(retrievers)})")
     return requested
 
 
@@ -283,7 +290,8 @@ def rerank_row(state: RunState, name: str, collection_path: Path, split: str, de
     source = state.run_path(name, collection_path, split)
     label = f"{name}+rerank@{depth}"
     out = state.run_path(label, collection_path, split)
-    rerank_run_file(state.reranker, collection_path, split, source, out, depth=depth, show_progress=show_progress)
+    rerank_run_file(state.latest("reranker"), collection_path, split, source, out, depth=depth,
+                    show_progress=show_progress)
     return result_row(label, run_tag(collection_path, split), out,
                       evaluate(qrels, read_run(out), measures, ignore_identical_ids=ignore_identical_ids))
 
@@ -298,8 +306,8 @@ def check_final_options(state: RunState, options: Mapping[str, Any]) -> None:
     if not isinstance(compared, list):
         raise ConfigError(f"evaluate: 'compare' must be a list of row names, got {compared!r}")
     known = (["bm25"] if options.get("bm25") else []) + (["zero-shot"] if options.get("zero_shot") else []) \
-        + [name for name in state.retrievers if options.get("retrievers") is None or name in options["retrievers"]] \
-        + list(state.fusions)
+        + [name for name in state.named("retriever")
+           if options.get("retrievers") is None or name in options["retrievers"]] + list(state.named("fusion"))
     for name in [final, *compared]:
         if name not in known and "+rerank@" not in str(name):
             raise ConfigError(f"evaluate: no row named {name!r} (rows: {', '.join(known)})")

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any, Literal, Mapping
 
 from pretrieve.errors import ConfigError
+from pretrieve.recipe.dev import training_split
 from pretrieve.recipe.runner import RunState
 from pretrieve.recipe.schema import RECIPE_SETS, check_training, stage
 from pretrieve.train.finetuner import FinetuneConfig, build_finetune_config, finetune
@@ -22,6 +23,9 @@ from pretrieve.train.finetuner import FinetuneConfig, build_finetune_config, fin
 #: Stage → what its groups come from (the ``gives`` of the stage that made them).
 GROUPS = {2: "mined", 3: "teacher"}
 PRODUCERS = {"mined": "mine", "teacher": "teacher"}
+#: ``--smoke``: option → (its default, the smoke cap).
+SMOKE_CAPS = {"num_negatives": (7, 3), "query_max_len": (32, 16), "passage_max_len": (144, 48),
+              "bm25_depth": (1000, 30)}
 
 
 @dataclass
@@ -42,15 +46,27 @@ def needs(options: Mapping[str, Any], recipe: Mapping[str, Any], given: Mapping[
         raise ConfigError(f"{where}.init: 'previous' needs a fine-tuning stage earlier in the recipe")
 
 
+def smoke(options: dict[str, Any], kit) -> dict[str, Any]:
+    """``--smoke``: the training budget (:class:`pretrieve.recipe.smoke.SmokeKit`); the recipe's shared ``finetune``
+    options are capped with the defaults written out, a stage's own values only (it inherits the capped shared
+    ones)."""
+    return kit.training(options, SMOKE_CAPS, defaults=kit.shared)
+
+
+def reads(options: Mapping[str, Any], recipe: Mapping[str, Any]) -> list[tuple[str, str | None]]:
+    """The training collection's split it trains on."""
+    return [(str(recipe["data"]), str(options.get("split", training_split(recipe))))]
+
+
 @stage("finetune", FinetuneStageOptions, set_by_recipe=RECIPE_SETS, check=check_training(FinetuneConfig), needs=needs,
-       gives="retriever")
+       gives="retriever", smoke=smoke, reads=reads, shared="finetune")
 def stage_finetune(state: RunState, options: dict[str, Any], label: str, show_progress: bool) -> None:
     values = {**state.recipe.get("finetune", {}), **state.seeded(options)}
-    init = state.latest_retriever if values.pop("init", "pretrained") == "previous" else state.init_model
-    stage_no = int(values.setdefault("stage", len(state.retrievers) + 1))
+    init = state.latest("retriever") if values.pop("init", "pretrained") == "previous" else state.init_model
+    stage_no = int(values.setdefault("stage", len(state.named("retriever")) + 1))
     if stage_no in GROUPS and "groups" not in values:
-        values["groups"] = state.groups[GROUPS[stage_no]]
+        values["groups"] = state.latest(GROUPS[stage_no])
     flags = {**values, "model": init, "data": str(state.data), "out": str(state.out / label),
              "show_progress": show_progress}
     config = build_finetune_config({}, flags, resume=True)
-    state.retrievers[label] = str(finetune(config))
+    state.give("retriever", label, str(finetune(config)))

@@ -1,5 +1,5 @@
-"""The ``fuse`` stage: a fused retriever of two or more runs (:mod:`pretrieve.retrieval.fusion`), and its rows in
-the ``evaluate`` stage (:func:`fusion_rows`).
+"""The ``fuse`` stage: a fused retriever of two or more runs (:mod:`pretrieve.retrieval.fusion`); the ``evaluate``
+stage adds its rows (:func:`pretrieve.recipe.rows.fusion_rows`; it declares them: ``rows``).
 
 Reciprocal rank fusion needs nothing fitted; a normalised weighted sum (``wsum``, or ``auto``: rrf vs wsum and the
 normalisation) without explicit ``weights`` is fitted on the training collection's ``fit_split`` queries only (never
@@ -10,22 +10,15 @@ weight is never fitted on a split a stage trained or mined on (refused before an
 
 from __future__ import annotations
 
-import json
 import logging
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Mapping
 
-from pretrieve import artifacts, ranks
-from pretrieve.data import BeirCollection, read_run
 from pretrieve.errors import ConfigError
-from pretrieve.evaluation import evaluate
-from pretrieve.recipe.results import RESULT_MEASURES, result_row
-from pretrieve.recipe.runner import RunState, bm25_run, retriever_run, run_tag
-from pretrieve.recipe.dev import dev_split
-from pretrieve.recipe.schema import stage, stage_labels
+from pretrieve.recipe.rows import check_fit_split, component_source, fit_fusion, fit_split
+from pretrieve.recipe.runner import RunState
+from pretrieve.recipe.schema import stage
 from pretrieve.retrieval import fusion
-from pretrieve.retrieval.rerank import rerank_run_file
 
 logger = logging.getLogger(__name__)
 
@@ -46,38 +39,18 @@ class FuseOptions:
     measure: str = "nDCG@10"       # what the fit maximises
 
 
-def fit_split(options: Mapping[str, Any], recipe: Mapping[str, Any]) -> str:
-    """Where a fusion's weights are fitted: the option, else the recipe's dev split, else ``train``."""
-    return str(options.get("fit_split") or dev_split(recipe) or "train")
-
-
-def trained_splits(recipe: Mapping[str, Any]) -> set[str]:
-    """The splits of the training collection whose queries some stage trained or mined on (fine-tuning, mining,
-    the reranker)."""
-    shared = recipe.get("finetune") or {}
-    return {str(options.get("split") or (shared.get("split") if kind == "finetune" else None) or "train")
-            for kind, _, options in stage_labels(recipe) if kind in ("finetune", "mine", "reranker")}
-
-
-def check_fit_split(components: list[str], options: Mapping[str, Any], recipe: Mapping[str, Any], where: str) -> None:
-    """A fitted fusion (or selection) never fits a trained retriever's weight on queries it was trained on: its
-    scores there are inflated (issue 21). BM25 and the off-the-shelf model may be fitted anywhere but ``test``."""
-    split = fit_split(options, recipe)
-    if split == fusion.TEST_SPLIT:
-        raise ConfigError(f"{where}: fit_split must be a training split, never '{split}'")
-    trained = [c for c in components if c not in ("bm25", "zero-shot")]
-    if trained and split in trained_splits(recipe):
-        raise ConfigError(f"{where}: would fit the weight of {', '.join(trained)} on the '{split}' queries it was "
-                          "trained on; add a dev split to the recipe (dev: {seed: 0}) or set fit_split to a split "
-                          "no stage trained on")
-
-
 def needs(options: Mapping[str, Any], recipe: Mapping[str, Any], given: Mapping[str, list[str]], where: str) -> None:
     if options.get("weights") is None and options.get("method", "rrf") != "rrf":
         check_fit_split([str(c) for c in options.get("runs") or []], options, recipe, where)
 
 
-@stage("fuse", FuseOptions, needs=needs, gives="fusion")
+def fusion_name(options: Mapping[str, Any]) -> str:
+    """The fusion's name: ``name``, else ``fuse-<run>+<run>...``."""
+    return str(options.get("name") or "fuse-" + "+".join(map(str, options.get("runs") or [])))
+
+
+@stage("fuse", FuseOptions, needs=needs, gives="fusion", rows=lambda options: [fusion_name(options)],
+       name_options=("name", "runs"))
 def stage_fuse(state: RunState, options: dict[str, Any], label: str, show_progress: bool) -> None:
     """A fused retriever: ``runs`` (``bm25``, ``zero-shot``, fine-tuned retrievers such as ``finetune-s2``, or
     ``finetune-s2+rerank@100``) combined by ``method`` rrf | wsum | auto (:mod:`pretrieve.retrieval.fusion`).
@@ -95,8 +68,8 @@ def stage_fuse(state: RunState, options: dict[str, Any], label: str, show_progre
     components = [str(c) for c in components]
     for component in components:
         component_source(state, component, label)
-    name = str(options.get("name") or "fuse-" + "+".join(components))
-    if not name or any(ch.isspace() or ch in "/\\" for ch in name) or name in state.fusions:
+    name = fusion_name(options)
+    if not name or any(ch.isspace() or ch in "/\\" for ch in name) or name in state.named("fusion"):
         raise ConfigError(f"{label}: fusion name {name!r} must be new, non-empty, without spaces or slashes")
     method = str(options.get("method", "rrf"))
     norm = options.get("norm")
@@ -113,100 +86,5 @@ def stage_fuse(state: RunState, options: dict[str, Any], label: str, show_progre
         spec = fit_fusion(state, name, components, fusion.parse_candidates(method, norm),
                           fit_split(options, state.recipe), str(options.get("measure", fusion.DEFAULT_FIT_MEASURE)),
                           float(options.get("step", fusion.DEFAULT_STEP)), depth, k, show_progress)
-    state.fusions[name] = {"runs": components, "spec": spec}
+    state.give("fusion", name, {"runs": components, "spec": spec})
     logger.info("%s: %s = %s of %s", label, name, spec.describe(), ", ".join(components))
-
-
-def component_source(state: RunState, component: str, where: str) -> tuple[str, str | None, int | None]:
-    """``(kind, model, rerank depth)`` of a fusion component: ``("bm25", None, None)``, ``("dense", model dir,
-    None)`` or ``("rerank", retriever label, depth)``."""
-    if component == "bm25":
-        return "bm25", None, None
-    if component == "zero-shot":
-        return "dense", state.base_model, None
-    if component in state.retrievers:
-        return "dense", state.retrievers[component], None
-    if component in state.candidates:
-        return "dense", state.candidates[component], None
-    base, sep, depth = component.partition("+rerank@")
-    if sep and base in state.retrievers and depth.isdigit() and int(depth) > 0:
-        if state.reranker is None:
-            raise ConfigError(f"{where}: {component} needs a 'reranker' stage earlier in the recipe")
-        return "rerank", base, int(depth)
-    known = ["bm25", "zero-shot", *state.retrievers] + [f"{r}+rerank@N" for r in state.retrievers if state.reranker]
-    raise ConfigError(f"{where}: unknown retriever {component!r} to fuse (known so far: {', '.join(known)})")
-
-
-def component_run(state: RunState, component: str, collection: BeirCollection, split: str, depth: int, run_name: str,
-                  show_progress: bool) -> Path:
-    """``runs/<run_name>__<collection>.trec``: the component's run on the split's judged queries (searched unless
-    it exists; dense retrievers share one corpus-embedding cache per collection with the evaluate stage)."""
-    kind, model, rerank_depth = component_source(state, component, "fuse")
-    path = state.run_path(run_name, collection.root, split)
-    if kind == "bm25":
-        return bm25_run(state, collection, split, depth)
-    if kind == "dense":
-        return retriever_run(state, component, model, collection, split, depth, run_name, None, show_progress)
-    source_name = model if run_name == component else f"{model}.{split}"
-    source = component_run(state, model, collection, split, depth, source_name, show_progress)
-    return rerank_run_file(state.reranker, collection.root, split, source, path, depth=rerank_depth,
-                           show_progress=show_progress)
-
-
-def fit_fusion(state: RunState, name: str, components: list[str], candidates, split: str, measure: str,
-               step: float, depth: int, k: int, show_progress: bool):
-    """The fusion fitted on the training collection's ``split`` queries (never ``test``), stored and reused."""
-    if split == fusion.TEST_SPLIT:
-        raise ConfigError(f"fuse: {name}: fit_split must be a training split, never '{split}'")
-    collection = BeirCollection(state.data)
-    qrels_path = collection.qrels_path(split)          # that split's qrels only; checked before any search
-    train_runs = {f"run:{c}": component_run(state, c, collection, split, depth, f"{c}.{split}", show_progress)
-                  for c in components}
-    path = fusion_file(state, name)
-    settings = {"runs": components, "candidates": [list(c) for c in candidates], "split": split, "measure": measure,
-                "step": step, "depth": depth, "k": k,
-                "cross_fit": {"folds": fusion.CROSS_FIT_FOLDS, "seed": fusion.CROSS_FIT_SEED}}
-    inputs = {**train_runs, "qrels": qrels_path}
-
-    def fit() -> None:
-        if artifacts.is_current(path, settings, inputs, kind="fusion"):
-            return
-        spec = fusion.fit_on_split(list(train_runs.values()), collection.root, split, candidates=candidates,
-                                   measure=measure, step=step, depth=depth, k=k)
-        with artifacts.write_file(path, kind="fusion", settings=settings, inputs=inputs) as tmp:
-            tmp.write_text(json.dumps(spec.to_dict(), indent=2), encoding="utf-8")
-
-    ranks.once(f"fit the fusion {name}", fit)
-    return fusion.FusionSpec.from_dict(json.loads(path.read_text(encoding="utf-8")))
-
-
-def fusion_file(state: RunState, name: str) -> Path:
-    """``fuse/<name>/fusion.json``: where the fusion ``name`` fitted by :func:`fit_fusion` is stored."""
-    return state.out / "fuse" / name / "fusion.json"
-
-
-def fusion_rows(state: RunState, collection: BeirCollection, split: str, depth: int, qrels,
-                show_progress: bool, measures=RESULT_MEASURES, ignore_identical_ids: bool = False) -> list[dict]:
-    """One row per fusion of the recipe on this collection: ``runs/<fusion>__<collection>.trec``, scored with
-    ``measures`` (without each query's own id with ``ignore_identical_ids``)."""
-    rows = []
-    for name, entry in state.fusions.items():
-        spec = entry["spec"]
-        sources = [component_run(state, c, collection, split, depth, c, show_progress) for c in entry["runs"]]
-        path = state.run_path(name, collection.root, split)
-        inputs = {f"run{i + 1}": p for i, p in enumerate(sources)}
-        fitted = entry.get("fitted") or fusion_file(state, name)
-        fit_inputs = {"fusion": fitted} if spec.fit and fitted.exists() else {}
-
-        def fuse() -> None:   # rank 0 decides and writes: the others wait for the file
-            if not artifacts.is_current(path, fusion.fusion_settings(spec), {**inputs, **fit_inputs}, kind="run"):
-                fusion.write_fused_run(sources, path, spec, tag=name, fit_inputs=fit_inputs)
-
-        ranks.once(f"fuse {name}", fuse)
-        row = result_row(name, run_tag(collection.root, split), path,
-                         evaluate(qrels, read_run(path), measures, ignore_identical_ids=ignore_identical_ids))
-        row["fusion"] = {"runs": entry["runs"], "method": spec.describe(), "fit": fusion.fit_record(spec)}
-        if entry.get("selection"):
-            row["fusion"]["selection"] = entry["selection"]
-        rows.append(row)
-    return rows

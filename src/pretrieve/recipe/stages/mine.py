@@ -13,6 +13,7 @@ from typing import Any, Mapping
 
 from pretrieve import outputs
 from pretrieve.errors import ConfigError
+from pretrieve.recipe.dev import training_split
 from pretrieve.recipe.runner import RunState
 from pretrieve.recipe.schema import stage
 from pretrieve.retrieval.mining import mine_negatives
@@ -38,9 +39,20 @@ def needs(options: Mapping[str, Any], recipe: Mapping[str, Any], given: Mapping[
         raise ConfigError(f"{where}: needs a fine-tuned retriever earlier in the recipe (a 'finetune' stage)")
 
 
-@stage("mine", MineOptions, needs=needs, gives="mined")
+def smoke(options: dict[str, Any], kit) -> dict[str, Any]:
+    """``--smoke``: depth ≤ 10."""
+    options["depth"] = min(int(options.get("depth", 200)), 10)
+    return options
+
+
+def reads(options: Mapping[str, Any], recipe: Mapping[str, Any]) -> list[tuple[str, str | None]]:
+    """The training collection's split it mines for."""
+    return [(str(recipe["data"]), str(options.get("split", training_split(recipe))))]
+
+
+@stage("mine", MineOptions, needs=needs, gives="mined", smoke=smoke, reads=reads)
 def stage_mine(state: RunState, options: dict[str, Any], label: str, show_progress: bool) -> None:
-    name, retriever = list(state.retrievers.items())[-1]
+    name, retriever = list(state.named("retriever").items())[-1]
     values = dict(options)
     split = values.pop("split", "train")
     out = state.out / label / "groups.jsonl"   # mine-2 (CDMAE: stage-2 negatives for stage 3) beside mine
@@ -48,4 +60,4 @@ def stage_mine(state: RunState, options: dict[str, Any], label: str, show_progre
     outputs.remove_leftovers(out.parent, depth=0)
     path = mine_negatives(retriever, state.data, split, out, cache_dir=state.embeddings(name, state.data),
                           show_progress=show_progress, **values)
-    state.groups["mined"] = str(path)
+    state.give("mined", label, str(path))   # the latest is the one read (mine-2 after mine)

@@ -7,7 +7,8 @@ last. The corpus defaults to the training collection; a collection name is resol
 
 from __future__ import annotations
 
-from typing import Any
+from pathlib import Path
+from typing import Any, Mapping
 
 from pretrieve.data.pretrain_text import split_corpus
 from pretrieve.recipe.runner import RunState
@@ -22,8 +23,31 @@ def check_pretrain(options: dict[str, Any], where: str) -> None:
     placeholder_config(pretrainer.PretrainConfig, values).validate(1)
 
 
+#: ``--smoke``: option → (its default, the smoke cap).
+SMOKE_CAPS = {"max_len": (144, 48)}
+
+
+def smoke(options: dict[str, Any], kit) -> dict[str, Any]:
+    """``--smoke``: the training budget, a small text corpus standing for ``corpus``, and the method's pairs file
+    sliced (its PMI statistics files dropped)."""
+    options = kit.training(options, SMOKE_CAPS)
+    if "corpus" in options:
+        options["corpus"] = kit.text_corpus(options["corpus"])
+    if "method" in options:
+        options["method"] = kit.method(options["method"])
+    return options
+
+
+def reads(options: Mapping[str, Any], recipe: Mapping[str, Any]) -> list[tuple[str, str | None]]:
+    """The collection names among its ``corpus`` (passages only): neither a file nor a hub dataset (``hf:NAME`` is
+    the pre-trainer's to load)."""
+    corpus = options.get("corpus")
+    return [(str(c), None) for c in (split_corpus(corpus) if corpus else [])
+            if not str(c).startswith("hf:") and not Path(str(c)).expanduser().exists()]
+
+
 @stage("pretrain", PretrainOptions, set_by_recipe={k: v for k, v in RECIPE_SETS.items() if k != "data"},
-       check=check_pretrain, gives="pretrained")
+       check=check_pretrain, gives="pretrained", smoke=smoke, reads=reads)
 def stage_pretrain(state: RunState, options: dict[str, Any], label: str, show_progress: bool) -> None:
     out = state.out / label   # a second pretrain stage (pretrain-2) continues from the first's encoder
     values = state.seeded(options)
@@ -33,4 +57,4 @@ def stage_pretrain(state: RunState, options: dict[str, Any], label: str, show_pr
     method = values.pop("method", "bow")
     flags = {**values, "model": state.init_model, "out": str(out), "show_progress": show_progress}
     config = build_pretrain_config({}, flags, {"method": method}, resume=True)
-    state.pretrained = str(pretrainer.pretrain(config))   # skipped when finished with the same settings
+    state.give("pretrained", label, str(pretrainer.pretrain(config)))   # skipped when finished with the same settings

@@ -32,9 +32,9 @@ from pretrieve import artifacts, ranks
 from pretrieve.errors import ConfigError
 from pretrieve.modeling.interpolate import interpolate_retriever
 from pretrieve.models import resolve_model
+from pretrieve.recipe.rows import check_fit_split, fit_fusion, fit_split, fusion_file
 from pretrieve.recipe.runner import RunState
 from pretrieve.recipe.schema import stage
-from pretrieve.recipe.stages.fuse import check_fit_split, fit_fusion, fit_split, fusion_file
 from pretrieve.retrieval import fusion
 
 logger = logging.getLogger(__name__)
@@ -83,19 +83,21 @@ def needs(options: Mapping[str, Any], recipe: Mapping[str, Any], given: Mapping[
     check_fit_split([*map(str, options.get("runs", ["bm25"])), model], options, recipe, where)
 
 
-@stage("select", SelectOptions, check=check_select, needs=needs, gives="fusion")
+@stage("select", SelectOptions, check=check_select, needs=needs, gives=("fusion", "candidate"),
+       rows=lambda options: [str(options.get("name") or "final")], name_options=("name", "model", "runs"))
 def stage_select(state: RunState, options: dict[str, Any], label: str, show_progress: bool) -> None:
     name = str(options.get("name", "final"))
-    if not name or any(ch.isspace() or ch in "/\\" for ch in name) or name in state.fusions:
+    if not name or any(ch.isspace() or ch in "/\\" for ch in name) or name in state.named("fusion"):
         raise ConfigError(f"{label}: fusion name {name!r} must be new, non-empty, without spaces or slashes")
     runs = [str(r) for r in options.get("runs", ["bm25"])]
-    finetuned = str(options.get("model") or list(state.retrievers)[-1])
+    retrievers = state.named("retriever")
+    finetuned = str(options.get("model") or list(retrievers)[-1])
     alphas = sorted(float(a) for a in options.get("alphas", [0.25, 0.5, 0.75]))
     candidates = {"zero-shot": None, **{f"wise-{a:g}": a for a in alphas}, finetuned: None}
     for candidate, alpha in candidates.items():
         if alpha is not None:
-            state.candidates[candidate] = interpolated(state, state.retrievers[finetuned], alpha,
-                                                       state.out / label / candidate)
+            state.give("candidate", candidate, interpolated(state, retrievers[finetuned], alpha,
+                                                            state.out / label / candidate))
     split = fit_split(options, state.recipe)
     measure = str(options.get("measure", fusion.DEFAULT_FIT_MEASURE))
     methods = fusion.parse_candidates(str(options.get("method", "auto")), options.get("norm", "zscore"))
@@ -113,8 +115,9 @@ def stage_select(state: RunState, options: dict[str, Any], label: str, show_prog
                                  "alone": spec.fit["single_runs"][f"run{len(runs)}"],
                                  "methods": spec.fit.get("candidates", [])}
                                 for (candidate, alpha), spec in zip(candidates.items(), fits.values())]}
-    state.fusions[name] = {"runs": [*runs, chosen], "spec": fits[chosen], "selection": selection,
-                           "fitted": fusion_file(state, f"{name}.{chosen}")}
+    state.give("fusion", name, {"runs": [*runs, chosen], "spec": fits[chosen], "selection": selection,
+                                "fitted": fusion_file(state, f"{name}.{chosen}")})
+    state.report.setdefault("selections", {})[name] = selection   # results.json: every select stage's choice
     logger.info("%s: %s = %s of %s, chosen on %d %s queries (%s %.4f, cross-fitted %.4f)", label, name,
                 fits[chosen].describe(), " + ".join([*runs, chosen]), selection["queries"], split, measure,
                 fits[chosen].fit["score"], fits[chosen].fit["cross_fitted"])

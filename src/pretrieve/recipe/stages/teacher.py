@@ -21,7 +21,7 @@ from pretrieve.retrieval.rerank import teacher_groups
 
 @dataclass
 class TeacherOptions:
-    """Options of the ``teacher`` stage (:func:`pretrieve.train.reranker.teacher_groups`)."""
+    """Options of the ``teacher`` stage (:func:`pretrieve.retrieval.rerank.teacher_groups`)."""
 
     max_negatives: int | None = None
     batch_size: int = 64
@@ -35,9 +35,15 @@ def needs(options: Mapping[str, Any], recipe: Mapping[str, Any], given: Mapping[
         raise ConfigError(f"{where}: needs a 'reranker' stage and mined groups earlier in the recipe")
 
 
-@stage("teacher", TeacherOptions, needs=needs, gives="teacher")
+def smoke(options: dict[str, Any], kit) -> dict[str, Any]:
+    """``--smoke``: at most 3 negatives scored per group."""
+    options["max_negatives"] = min(int(options.get("max_negatives", 31)), 3)
+    return options
+
+
+@stage("teacher", TeacherOptions, needs=needs, gives="teacher", smoke=smoke)
 def stage_teacher(state: RunState, options: dict[str, Any], label: str, show_progress: bool) -> None:
     out = state.out / "teacher" / "groups.jsonl"
     outputs.remove_leftovers(out.parent, depth=0)
-    state.groups["teacher"] = str(teacher_groups(state.reranker, state.data, state.groups["mined"], out,
-                                                 show_progress=show_progress, **options))
+    state.give("teacher", label, str(teacher_groups(state.latest("reranker"), state.data, state.latest("mined"), out,
+                                                    show_progress=show_progress, **options)))
