@@ -10,7 +10,7 @@ protocol on one machine, built so that a skeptic can accept its decisions (issue
    one corpus (their union, written once in ``<out>/pretrain-data/``).
 2. **One fine-tuning protocol, chosen once on dev** (``grid``: lr × epochs): the selection arm (``mlm``: it favours
    the baseline), first seed, first fold, fine-tuned at every grid point and scored by dev nDCG@10; the best point
-   is recorded in ``bench.json`` and applied to every arm and fold.
+   is chosen once every point has a record (``<records>/select/``) and applied to every arm and fold.
 3. **Every arm × seed** (:mod:`pretrieve.bench.quality.recipes`): pre-training (same steps, batch, max length and
    lr for every method; ``none`` skips it), then each **fold** ``a:b`` — fine-tune stage 1 on split ``a`` (BM25
    negatives), evaluate on split ``b`` and on every zero-shot collection — so that cross-fitting
@@ -19,7 +19,8 @@ protocol on one machine, built so that a skeptic can accept its decisions (issue
    checkpoint on the first ``coverage_texts`` passages of the pre-training corpus: raw, stopwords excluded, and
    the 500 most frequent corpus tokens excluded.
 4. **The report** (:mod:`pretrieve.bench.quality.summary`, :mod:`pretrieve.bench.quality.report`), computed from
-   the saved TREC runs only: per-arm tables, the secondary t-tests, and for the declared family of contrasts the
+   the records only (:mod:`pretrieve.bench.quality.records`: one small file per cell, meant for git): per-arm
+   tables, the secondary t-tests, and for the declared family of contrasts the
    paired multi-bootstrap over queries × seeds stratified by fold with Holm's correction, σ_q, τ, the MDE and the
    decision of the rule fixed before the runs (:mod:`pretrieve.evaluation.significance`).
 
@@ -32,13 +33,15 @@ evaluate on the train split. ``cotmae`` cuts its spans from the pre-training cor
 statistics on it. Token and span caches are shared by all runs (``<out>/cache``). Fine-tuning is the same for every
 method, DupMAE included (``representation: dupmae`` is a per-method override, ``finetune_per_method``, recorded).
 
-Robustness and resuming. Each arm × seed runs inside ``try/except Exception``: a failure (an exception, a diverged
-loss) is recorded with its error in ``<out>/<arm>/status.json`` and ``bench.json`` and reported as a failed row;
-the others go on; it is not retried unless ``retry_failed``. Everything is reused only while current
-(:mod:`pretrieve.artifacts`): each recipe's ``results.json``, ``coverage.json``, the derived collection, the
-pre-training union; an interrupted recipe resumes through the recipe runner. A rerun with other result-determining
-settings in the same ``out`` is refused, naming them. After a successful arm × seed its training checkpoints are
-deleted unless ``keep_checkpoints``.
+Cells, records and resuming (:mod:`pretrieve.bench.quality.run`, :mod:`pretrieve.bench.quality.cell`). A dev-grid
+point and an arm × seed are **cells**; each ends in a record in the records directory (``tier.json``, ``select/``,
+``cells/``), which is the comparison's state: a cell with a current record is done on any machine, so a fresh clone
+with committed records runs only the rest, and cells run side by side as separate processes (``jobs``). A cell that
+fails (an exception, a diverged loss) records its error, the others go on, and it is not retried unless
+``retry_failed``. In the scratch ``out`` everything is reused only while current (:mod:`pretrieve.artifacts`), so an
+interrupted cell resumes on the same machine; a rerun whose result-determining settings differ from ``tier.json``'s
+is refused, naming them. After a successful arm × seed its training checkpoints are deleted unless
+``keep_checkpoints``.
 
 This package's modules import the recipe runner only through :mod:`pretrieve.bench.quality.recipes`.
 """
