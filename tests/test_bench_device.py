@@ -100,6 +100,7 @@ def test_a_runner_on_a_faked_gpu_synchronises_each_phase_and_reports_its_peak(mo
 def test_a_cuda_report_names_the_device_and_its_peak_memory(tmp_path, capsys, monkeypatch):
     """The CLI on a faked GPU: the settings carry the device, the report names it and has the peak column."""
     from pretrieve.bench import pretrain_speed, report
+    from pretrieve.cli import bench as bench_cli
 
     real_bench = pretrain_speed.bench_pretrain
     seen = {}
@@ -113,7 +114,7 @@ def test_a_cuda_report_names_the_device_and_its_peak_memory(tmp_path, capsys, mo
             row["peak_memory_mib"] = 512.0
         return result
 
-    for module in (report, pretrain_speed):                         # the capability check, faked
+    for module in (report, pretrain_speed, bench_cli):              # the capability check, faked
         monkeypatch.setattr(module, "bench_device", lambda device: device)
     monkeypatch.setattr(pretrain_speed, "bench_pretrain", on_fake_gpu)
     code, out, err = _main(capsys, monkeypatch, *TINY_PRETRAIN, "--device", "cuda", "--bf16")
@@ -126,6 +127,7 @@ def test_a_cuda_report_names_the_device_and_its_peak_memory(tmp_path, capsys, mo
 def test_bench_encode_on_a_faked_gpu(tmp_path, capsys, monkeypatch):
     """The CUDA defaults (no int8), the device line and the peak column; the CPU report has neither."""
     from pretrieve.bench import encode_speed, report
+    from pretrieve.cli import bench as bench_cli
 
     seen = {}
 
@@ -137,7 +139,8 @@ def test_bench_encode_on_a_faked_gpu(tmp_path, capsys, monkeypatch):
                 "device_name": "cuda:0 (Fake GPU)" if device != "cpu" else "cpu (x)",
                 "variants": {"pretrieve_fp32": variant, "sentence_transformers_fp32": variant}}
 
-    monkeypatch.setattr(report, "bench_device", lambda device: device)
+    for module in (report, bench_cli):                               # the capability check, faked
+        monkeypatch.setattr(module, "bench_device", lambda device: device)
     monkeypatch.setattr(encode_speed, "encoding_throughput", fake_throughput)
     code, out, err = _main(capsys, monkeypatch, "bench", "encode", "--data", "scifact", "--num-texts", "2",
                            "--device", "cuda")

@@ -423,7 +423,7 @@ def test_a_streamed_fit_holds_one_block_of_queries_and_reads_each_file_once(tmp_
 
     monkeypatch.setattr(fusion._ScoreMatrix, "__init__", matrix)
     monkeypatch.setattr(fusion._QueryReader, "take", take)
-    monkeypatch.setattr(trec, "iter_run", iter_run)
+    monkeypatch.setattr(fusion, "iter_run", iter_run)
     expected = fit_fusion(runs, qrels, candidates=[("wsum", "zscore")], step=0.1)
     sizes.clear()
     same_order = fit_on_split([root / "a.trec", root / "c.trec"], root, "train", candidates=[("wsum", "zscore")],

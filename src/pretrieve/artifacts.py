@@ -28,12 +28,14 @@ import contextlib
 import hashlib
 import json
 import os
+import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Collection, Iterator, Mapping
 
-from pretrieve.io_utils import atomic_dir, atomic_path, in_use
+from pretrieve import __version__
+from pretrieve.io_utils import atomic_dir, atomic_path, in_use, write_json
 
 FORMAT = "pretrieve-artifact/1"
 FILE_SIDECAR_SUFFIX = ".artifact.json"
@@ -149,9 +151,6 @@ def record(path: str | Path, kind: str, settings: Mapping[str, Any] | None = Non
            inputs: Mapping[str, str | Path] | None = None) -> dict[str, Any]:
     """Write the sidecar of an artefact that is already complete at ``path`` (e.g. a directory a library
     saved); prefer :func:`write_file` / :func:`write_dir`, which call this after their atomic rename."""
-    from pretrieve import __version__
-    from pretrieve.io_utils import write_json
-
     path = Path(path)
     data = {"format": FORMAT, "kind": kind, "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "producer": {"pretrieve": __version__},
@@ -297,8 +296,6 @@ def remove_stale_temporaries(directory: str | Path, older_than: float | None = N
     """Remove temporary siblings (``.<name>.*.tmp`` files and directories) that a killed atomic write left in
     ``directory``, if last modified before ``older_than`` (a UNIX time; default: this process's start) and not held
     by a live writer (:func:`pretrieve.io_utils.in_use`); with ``names``, only the temporaries of those names."""
-    import shutil
-
     directory = Path(directory)
     if not directory.is_dir():
         return []
@@ -326,7 +323,7 @@ def remove_stale_temporaries(directory: str | Path, older_than: float | None = N
 def _process_start_time() -> float:
     """When this process started (UNIX time); falls back to now."""
     try:
-        import psutil
+        import psutil  # optional: where it fails, the fallback below
 
         return psutil.Process(os.getpid()).create_time()
     except Exception:  # noqa: BLE001 - psutil missing or /proc unreadable: only younger files are kept

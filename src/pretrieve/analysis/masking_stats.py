@@ -31,6 +31,9 @@ import numpy as np
 import torch
 
 from pretrieve.errors import InputError
+from pretrieve.masking import RandomMasker, VocabInfo, word_ids
+from pretrieve.masking.pmi import ImportanceMasker
+from pretrieve.retrieval.bm25 import import_bm25s
 
 
 @dataclass
@@ -58,8 +61,6 @@ class MaskedTermStats:
 
 def token_classes(tokenizer: Any) -> tuple[np.ndarray, np.ndarray]:
     """Boolean ``[V]`` arrays ``(is_stopword, is_punctuation)`` over the tokenizer's ids (see module docstring)."""
-    from pretrieve.retrieval.bm25 import import_bm25s
-
     STOPWORDS_EN_PLUS = import_bm25s().stopwords.STOPWORDS_EN_PLUS  # without JAX
 
     stopwords = {word.lower() for word in STOPWORDS_EN_PLUS}
@@ -81,8 +82,6 @@ def token_classes(tokenizer: Any) -> tuple[np.ndarray, np.ndarray]:
 def masked_term_statistics(batches: Iterable[tuple[torch.Tensor, torch.Tensor]], maskers: Mapping[str, Any],
                            tokenizer: Any, *, seed: int = 0, top_k: int = 10) -> dict[str, MaskedTermStats]:
     """Apply every masker to every ``(input_ids, attention_mask)`` batch and summarise what it masked."""
-    from pretrieve.masking import VocabInfo, word_ids
-
     info = VocabInfo.from_tokenizer(tokenizer)
     is_stopword, is_punctuation = token_classes(tokenizer)
     size = len(tokenizer)
@@ -160,9 +159,6 @@ def compare_maskers(corpus: Any, tokenizer: Any, statistics: Any, *, ratio: floa
     ``statistics``: the corpus' :class:`~pretrieve.masking.pmi.NgramStatistics` (e.g.
     :func:`pretrieve.masking.pmi.corpus_statistics`). Returns ``{"random": ..., "pmi": ...}``.
     """
-    from pretrieve.masking import RandomMasker, VocabInfo
-    from pretrieve.masking.pmi import ImportanceMasker
-
     info = VocabInfo.from_tokenizer(tokenizer)
     maskers = {"random": RandomMasker(info, ratio, whole_word=whole_word),
                "pmi": ImportanceMasker(info, ratio, statistics, sigma=sigma, whole_word=whole_word)}

@@ -23,6 +23,7 @@ from pretrieve.data.collection import BeirCollection
 from pretrieve.data.trec import write_run
 from pretrieve.errors import InputError
 from pretrieve.evaluation import evaluate
+from pretrieve.io_utils import atomic_dir
 from pretrieve.models import no_remote_code
 
 SIMILARITIES = ("dot", "cos")
@@ -32,11 +33,10 @@ PROBE_MEASURES = ("nDCG@10", "R@100")
 def export_checkpoint_encoder(checkpoint: str | Path, final: str | Path, out: str | Path) -> Path:
     """The encoder of ``checkpoint`` (a pre-training run's ``step-<N>``) saved to ``out`` with the tokenizer of
     ``final`` (the same run's exported model); returns ``out``."""
-    from safetensors.torch import load_file
-    from transformers import AutoTokenizer
+    from safetensors.torch import load_file  # heavy: torch, only when a model is probed
+    from transformers import AutoTokenizer  # heavy: torch, only when a model is probed
 
-    from pretrieve.io_utils import atomic_dir
-    from pretrieve.modeling.pretrain_model import PretrainModel
+    from pretrieve.modeling.pretrain_model import PretrainModel  # heavy: torch, only when a model is probed
 
     weights = Path(checkpoint) / "model.safetensors"
     if not weights.exists():
@@ -58,8 +58,8 @@ def cls_probe(model: str | Path, collections: Sequence[str | Path], out: str | P
               precision: str = "auto") -> dict[str, Any]:
     """``{similarity: {"<collection>:<split>": {"aggregate": {measure: mean}, "per_query": {measure: {qid: v}}}}}``
     of [CLS] retrieval with ``model`` (runs and corpus indexes under ``out``), encoded at ``precision``."""
-    from pretrieve.retrieval.load import load_retriever
-    from pretrieve.retrieval.search import encode_corpus, search
+    from pretrieve.retrieval.load import load_retriever  # heavy: torch, only when a model is probed
+    from pretrieve.retrieval.search import encode_corpus, search  # heavy: torch, only when a model is probed
 
     out = Path(out)
     results: dict[str, Any] = {}

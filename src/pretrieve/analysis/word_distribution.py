@@ -25,6 +25,7 @@ from typing import Any
 import torch
 
 from pretrieve.errors import ConfigError
+from pretrieve.retrieval.bm25 import import_bm25s
 
 
 @dataclass
@@ -49,7 +50,7 @@ class DecodedWords:
 
 def as_pretrain_model(model: Any) -> Any:
     """A :class:`PretrainModel` from a model or a checkpoint directory, in eval mode."""
-    from pretrieve.modeling.pretrain_model import PretrainModel
+    from pretrieve.modeling.pretrain_model import PretrainModel  # heavy: transformers, only when a checkpoint is read
 
     if isinstance(model, (str, Path)):
         model = PretrainModel.load(model)
@@ -70,7 +71,7 @@ def cpdae_objective(model: Any) -> Any:
 def decoded_distributions(model: Any, tokenizer: Any, texts: Sequence[str], *, max_len: int = 512,
                           batch_size: int = 32) -> torch.Tensor:
     """``z̃`` for each text (FloatTensor[N, V]) from the unmasked text's [CLS] vector."""
-    from pretrieve.modeling.objectives.cpdae import word_distribution
+    from pretrieve.modeling.objectives.cpdae import word_distribution  # heavy: transformers, only when a checkpoint is read
 
     model = as_pretrain_model(model)
     objective = cpdae_objective(model)
@@ -86,8 +87,6 @@ def decoded_distributions(model: Any, tokenizer: Any, texts: Sequence[str], *, m
 
 def stopword_token_ids(tokenizer: Any) -> torch.Tensor:
     """Ids of the NLTK English stopwords that are single tokens of the vocabulary."""
-    from pretrieve.retrieval.bm25 import import_bm25s
-
     STOPWORDS_EN_PLUS = import_bm25s().stopwords.STOPWORDS_EN_PLUS  # without JAX
 
     vocab = tokenizer.get_vocab()

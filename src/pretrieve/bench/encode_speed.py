@@ -21,6 +21,7 @@ shape can be measured without its weights (speed does not depend on them).
 
 from __future__ import annotations
 
+import json
 import statistics
 import time
 from pathlib import Path
@@ -28,6 +29,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 import torch
+from transformers import BertModel
 
 from pretrieve.bench.report import device_name, peak_memory_mib, reset_peak_memory, synchronize
 from pretrieve.retrieval.batches import encode_all
@@ -113,7 +115,7 @@ def _cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 def _sentence_transformer(model_path: str | Path, max_length: int | None, device: str = "cpu"):
     try:
-        from sentence_transformers import SentenceTransformer
+        from sentence_transformers import SentenceTransformer  # optional: the comparison is skipped without it
     except ImportError:
         return None
     if not (Path(model_path) / "modules.json").exists():
@@ -128,10 +130,6 @@ def random_st_checkpoint(config, tokenizer: Any, out: str | Path, max_seq_length
     """A sentence-transformers checkpoint at ``out``: a random-init ``BertModel`` of ``config`` (seed 0), the
     ``tokenizer``, mean pooling and normalisation, written by hand (``modules.json`` and the module folders) so that
     it loads in every sentence-transformers version pretrieve reads."""
-    import json
-
-    from transformers import BertModel
-
     out = Path(out)
     torch.manual_seed(0)
     BertModel(config, add_pooling_layer=False).save_pretrained(out)

@@ -60,6 +60,7 @@ import contextlib
 import re
 import statistics
 import time
+import warnings
 from collections import defaultdict
 from dataclasses import dataclass, field
 from itertools import islice
@@ -70,8 +71,9 @@ import numpy as np
 import torch
 from torch import nn
 
-from pretrieve.bench.report import (bench_device, device_name, peak_memory_mib, reset_peak_memory,
+from pretrieve.bench.report import (bench_device, device_name, fmt, markdown_table, peak_memory_mib, reset_peak_memory,
                                     synchronize)
+from pretrieve.data.pretrain_text import iter_pretrain_texts
 from pretrieve.errors import ConfigError, InputError
 
 DEFAULT_PRESETS = ("mlm", "bow", "ae", "ar", "retromae")
@@ -110,7 +112,7 @@ class BertShape:
         return self.layers * self.hidden * self.hidden
 
     def config(self, vocab_size: int, max_len: int):
-        from transformers import BertConfig
+        from transformers import BertConfig  # heavy: transformers/accelerate; bench masking uses this module without them
 
         return BertConfig(vocab_size=vocab_size, hidden_size=self.hidden, num_hidden_layers=self.layers,
                           num_attention_heads=self.heads, intermediate_size=self.ffn,
@@ -154,7 +156,6 @@ def load_texts(corpus: str | Path | None, count: int, tokenizer: Any, seed: int 
         raise ConfigError(f"need at least one text, asked for {count}")
     if corpus is None:
         return synthetic_texts(tokenizer, count, words_per_text=words_per_text, seed=seed)
-    from pretrieve.data.pretrain_text import iter_pretrain_texts
 
     texts = list(islice(iter_pretrain_texts(corpus), count))
     if not texts:
@@ -300,11 +301,11 @@ class PresetRunner(Runner):
 
     def __init__(self, method_name: str, config, tokenizer: Any, max_len: int, seed: int, bf16: bool,
                  lr: float = 1e-4, max_grad_norm: float = 1.0, device: str = "cpu"):
-        from pretrieve.modeling import Encoder, PretrainModel
-        from pretrieve.train.collator import PretrainCollator
-        from pretrieve.train.config import LoopConfig
-        from pretrieve.train.loop import build_optimizer
-        from pretrieve.train.method import resolve_method
+        from pretrieve.modeling import Encoder, PretrainModel  # heavy: transformers/accelerate; bench masking uses this module without them
+        from pretrieve.train.collator import PretrainCollator  # heavy: transformers/accelerate; bench masking uses this module without them
+        from pretrieve.train.config import LoopConfig  # heavy: transformers/accelerate; bench masking uses this module without them
+        from pretrieve.train.loop import build_optimizer  # heavy: transformers/accelerate; bench masking uses this module without them
+        from pretrieve.train.method import resolve_method  # heavy: transformers/accelerate; bench masking uses this module without them
 
         self.name = method_name
         self.method = resolve_method(method_name)
@@ -342,12 +343,10 @@ class HFReferenceRunner(Runner):
 
     def __init__(self, config, tokenizer: Any, mask_ratio: float, seed: int, bf16: bool, lr: float = 1e-4,
                  max_grad_norm: float = 1.0, device: str = "cpu"):
-        import warnings
+        from transformers import AutoModelForMaskedLM, DataCollatorForLanguageModeling  # heavy: transformers/accelerate; bench masking uses this module without them
 
-        from transformers import AutoModelForMaskedLM, DataCollatorForLanguageModeling
-
-        from pretrieve.train.config import LoopConfig
-        from pretrieve.train.loop import build_optimizer
+        from pretrieve.train.config import LoopConfig  # heavy: transformers/accelerate; bench masking uses this module without them
+        from pretrieve.train.loop import build_optimizer  # heavy: transformers/accelerate; bench masking uses this module without them
 
         torch.manual_seed(seed)
         self.module = self.model = AutoModelForMaskedLM.from_config(config).to(device)
@@ -380,11 +379,11 @@ class EncoderOnlyRunner(Runner):
 
     def __init__(self, config, tokenizer: Any, max_len: int, seed: int, bf16: bool, lr: float = 1e-4,
                  max_grad_norm: float = 1.0, device: str = "cpu"):
-        from pretrieve.modeling import Encoder
-        from pretrieve.train.collator import PretrainCollator
-        from pretrieve.train.config import LoopConfig
-        from pretrieve.train.loop import build_optimizer
-        from pretrieve.train.method import resolve_method
+        from pretrieve.modeling import Encoder  # heavy: transformers/accelerate; bench masking uses this module without them
+        from pretrieve.train.collator import PretrainCollator  # heavy: transformers/accelerate; bench masking uses this module without them
+        from pretrieve.train.config import LoopConfig  # heavy: transformers/accelerate; bench masking uses this module without them
+        from pretrieve.train.loop import build_optimizer  # heavy: transformers/accelerate; bench masking uses this module without them
+        from pretrieve.train.method import resolve_method  # heavy: transformers/accelerate; bench masking uses this module without them
 
         torch.manual_seed(seed)
         self.module = self.encoder = Encoder.from_config(config).to(device)
@@ -486,7 +485,7 @@ def bench_pretrain(config, tokenizer: Any, texts: Sequence[str], settings: Pretr
                    *, shape_name: str | None = None,
                    progress: Callable[[str], None] | None = None) -> PretrainBenchResult:
     """Measure every preset (and the HF reference) on ``config``'s shape; see the module docstring."""
-    from pretrieve.train.loop import micro_batch_seed
+    from pretrieve.train.loop import micro_batch_seed  # heavy: transformers/accelerate; bench masking uses this module without them
 
     settings = settings or PretrainBenchSettings()
     settings.validate()
@@ -654,8 +653,6 @@ def _ms(seconds: float | None) -> float | None:
 
 def result_markdown(result: PretrainBenchResult) -> str:
     """One section: the per-runner table, ratios and bars."""
-    from pretrieve.bench.report import fmt, markdown_table
-
     s = result.settings
     on_gpu = s.get("device", "cpu") != "cpu"
     where = f" — on {s.get('device_name', s.get('device'))}" if on_gpu else ""

@@ -17,13 +17,14 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
+from pretrieve.errors import InputError
 from pretrieve.io_utils import atomic_open, write_json
 from pretrieve.provenance import versions
 
 
 def environment() -> dict[str, Any]:
     """Where and how a benchmark ran (CPU cores visible, torch threads, versions, date, command)."""
-    import torch
+    import torch  # heavy: keeps pretrieve --help torch-free
 
     return {
         "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
@@ -102,9 +103,7 @@ BENCH_DEVICES = ("cpu", "cuda")
 def bench_device(device: str) -> str:
     """The device a speed benchmark runs on: ``cpu``, or ``cuda`` / ``cuda:N`` when torch sees that GPU
     (:class:`~pretrieve.errors.InputError` otherwise: one ``error:`` line, exit 2, before anything is loaded)."""
-    import torch
-
-    from pretrieve.errors import InputError
+    import torch  # heavy: keeps pretrieve --help torch-free
 
     text = device.strip().lower()
     kind, _, index = text.partition(":")
@@ -121,7 +120,7 @@ def bench_device(device: str) -> str:
 
 def device_name(device: str) -> str:
     """What made a number: ``cpu (<processor>)`` or ``cuda:0 (NVIDIA H100 80GB HBM3, 79.1 GiB)``."""
-    import torch
+    import torch  # heavy: keeps pretrieve --help torch-free
 
     if not device.startswith("cuda"):
         return f"cpu ({_cpu_name()})"
@@ -134,7 +133,7 @@ def device_name(device: str) -> str:
 def synchronize(device: str) -> None:
     """Wait for the device's queued work (CUDA); nothing on the CPU, whose work is synchronous."""
     if device.startswith("cuda"):
-        import torch
+        import torch  # heavy: keeps pretrieve --help torch-free
 
         torch.cuda.synchronize(device)
 
@@ -142,7 +141,7 @@ def synchronize(device: str) -> None:
 def reset_peak_memory(device: str) -> None:
     """Start a new peak-memory window (CUDA; nothing on the CPU)."""
     if device.startswith("cuda"):
-        import torch
+        import torch  # heavy: keeps pretrieve --help torch-free
 
         torch.cuda.reset_peak_memory_stats(device)
 
@@ -151,6 +150,6 @@ def peak_memory_mib(device: str) -> float | None:
     """``torch.cuda.max_memory_allocated`` since the last :func:`reset_peak_memory`, in MiB; None on the CPU."""
     if not device.startswith("cuda"):
         return None
-    import torch
+    import torch  # heavy: keeps pretrieve --help torch-free
 
     return torch.cuda.max_memory_allocated(device) / 2 ** 20

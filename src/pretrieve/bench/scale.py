@@ -54,6 +54,10 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from pretrieve import artifacts
+from pretrieve.bench.report import markdown_table
+from pretrieve.data.beir import iter_corpus
+from pretrieve.data.registry import resolve_collection
 from pretrieve.errors import ConfigError, InputError
 
 MSMARCO = {"passages": 8_841_823, "eval_queries": 6_980, "train_queries": 502_939, "pairs": 16_000_000}
@@ -99,8 +103,6 @@ class ScaleSettings:
 # ------------------------------------------------------------------------------------------- collections
 def source_sentences(corpus_path: str | Path, min_words: int = 4) -> list[list[str]]:
     """The sentences (as word lists, at least ``min_words`` long) of every passage of a ``corpus.jsonl``."""
-    from pretrieve.data.beir import iter_corpus
-
     sentences = []
     for _, doc in iter_corpus(corpus_path):
         for sentence in _SENTENCE_END.split(doc.text):
@@ -115,8 +117,6 @@ def source_sentences(corpus_path: str | Path, min_words: int = 4) -> list[list[s
 def synthetic_collection(source_corpus: str | Path, out_dir: str | Path, num_passages: int, eval_queries: int = 300,
                          train_queries: int = 1000, words: int = 60, seed: int = 0) -> Path:
     """A BEIR collection of ``num_passages`` synthetic passages at ``out_dir`` (reused when current)."""
-    from pretrieve import artifacts
-
     out_dir = Path(out_dir)
     settings = {"num_passages": num_passages, "eval_queries": eval_queries, "train_queries": train_queries,
                 "words": words, "seed": seed, "format": "pretrieve-synthetic/2"}
@@ -291,7 +291,6 @@ def stage_commands(collection: Path, work: Path, settings: ScaleSettings, num_pa
 def run_scale_bench(settings: ScaleSettings, log=print) -> dict[str, Any]:
     """Make each collection, run each stage on it and return every measurement (and the extrapolation)."""
     settings.check()
-    from pretrieve.data.registry import resolve_collection
 
     source = resolve_collection(settings.source)
     out = Path(settings.out)
@@ -377,8 +376,6 @@ def extrapolate(sizes: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
 
 def report_markdown(results: dict[str, Any]) -> str:
     """The measured table (one row per stage and size) and the extrapolation table."""
-    from pretrieve.bench.report import markdown_table
-
     rows = []
     for size, measured in sorted(results["sizes"].items(), key=lambda item: int(item[0])):
         for stage, m in measured.items():

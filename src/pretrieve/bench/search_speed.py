@@ -33,7 +33,9 @@ from typing import Any, Iterator, Mapping, Sequence
 
 import numpy as np
 
-from pretrieve.retrieval.index import SearchOptions, open_index, write_parts, writing
+from pretrieve.retrieval.index import (SearchOptions, find_shards, is_current as index_is_current, open_index,
+                                       write_parts, writing)
+from pretrieve.retrieval.index.dense import DenseSearcher
 
 DEFAULT_FACTORIES = ("IVF1024,Flat@nprobe=16", "IVF1024,Flat@nprobe=32", "IVF1024,SQ8@nprobe=32",
                      "IVF1024,PQ48@nprobe=32", "HNSW32@ef=128")
@@ -92,8 +94,6 @@ def matching_spread(real: np.ndarray, candidates: Sequence[float] = (0.2, 0.3, 0
 
 def is_current(path: Path, settings: Mapping[str, Any]) -> bool:
     """Whether vectors written by :func:`write_vectors` with ``settings`` are at ``path``, intact."""
-    from pretrieve.retrieval.index import is_current as index_is_current
-
     return index_is_current(path, settings, {}).current
 
 
@@ -114,8 +114,7 @@ def ann_benchmark(index_path: Path, queries: np.ndarray, query_ids: Sequence[str
                   qrels: Mapping[str, Mapping[str, int]] | None, factories: Sequence[str] = DEFAULT_FACTORIES,
                   k: int = 1000, repeats: int = 3, train_size: int | None = 100_000) -> dict[str, Any]:
     """Exact vs each factory over the index at ``index_path`` (see the module docstring)."""
-    from pretrieve.evaluation import evaluate
-    from pretrieve.retrieval.index.dense import DenseSearcher
+    from pretrieve.evaluation import evaluate  # heavy: ir_measures, only when quality is measured
 
     index = open_index(index_path)
     ids = index.ids
@@ -163,8 +162,6 @@ def _overlap(found: np.ndarray, exact: np.ndarray) -> float:
 def exact_search_peak_rss(root: Path, queries: np.ndarray, k: int = 1000) -> dict[str, Any]:
     """Peak RSS (MiB) of a fresh process that searches every shard under ``root`` exactly for ``queries``,
     with the streaming top-k merge of :mod:`pretrieve.retrieval.search`; also the largest shard's size."""
-    from pretrieve.retrieval.index import find_shards
-
     shards = [open_index(path) for path in find_shards(root)]
     queries_file = root / "bench-queries.npy"
     np.save(queries_file, np.asarray(queries, dtype=np.float32))

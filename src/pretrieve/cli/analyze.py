@@ -41,7 +41,12 @@ from rich.console import Console
 from rich.table import Table
 
 from pretrieve.cli import app
+from pretrieve.cli.stats import load_tokenizer, pretrain_cache_dir, tokenized_corpus
+from pretrieve.data.pretrain_text import iter_pretrain_texts
 from pretrieve.errors import InputError
+from pretrieve.io_utils import write_json
+from pretrieve.models import no_remote_code, resolve_model
+from pretrieve.provenance import write_provenance
 
 analyze_app = typer.Typer(help="Interpret representations and maskers: input-token coverage (Drop your Decoder, Ma et al. 2024, §3.2), "
                                "masked-token statistics (CDMAE, Li et al. 2023, Fig. 2), CPDAE word distributions (CPDAE, Ma et al. 2022, "
@@ -62,8 +67,6 @@ def _parse_ks(text: str) -> list[int]:
 
 
 def _first_texts(corpus: str, count: int) -> list[str]:
-    from pretrieve.data.pretrain_text import iter_pretrain_texts
-
     texts = list(islice(iter_pretrain_texts(corpus), count))
     if not texts:
         raise InputError("the corpus has no passages", path=corpus)
@@ -71,9 +74,7 @@ def _first_texts(corpus: str, count: int) -> list[str]:
 
 
 def _tokenizer(model_path: str, override: Optional[str]):
-    from transformers import AutoTokenizer
-
-    from pretrieve.models import no_remote_code, resolve_model
+    from transformers import AutoTokenizer  # heavy: keeps pretrieve --help torch-free
 
     source = resolve_model(override) if override else model_path
     try:
@@ -101,10 +102,9 @@ def coverage_command(
     out: Optional[Path] = typer.Option(None, help="Directory for coverage.json, coverage.png, provenance.json."),
 ) -> None:
     """Input-token coverage ratio of each checkpoint's [CLS] projected to the vocabulary."""
-    from transformers.utils import logging as hf_logging
+    from transformers.utils import logging as hf_logging  # heavy: keeps pretrieve --help torch-free
 
-    from pretrieve.analysis.coverage import format_examples, load_encoder, token_coverage
-    from pretrieve.models import resolve_model
+    from pretrieve.analysis.coverage import format_examples, load_encoder, token_coverage  # heavy: keeps pretrieve --help torch-free
 
     hf_logging.set_verbosity_error()  # HF's load report; our encoder logs a created MLM head itself
     hf_logging.disable_progress_bar()
@@ -153,9 +153,8 @@ def mlm_accuracy_command(
 ) -> None:
     """Held-out masked-token accuracy of a checkpoint's MLM head — the from-scratch base's gate of the claims
     benchmark (accuracy ≥ 0.25; docs/preregistration.md)."""
-    from pretrieve.analysis.coverage import load_encoder
-    from pretrieve.analysis.mlm_accuracy import mlm_accuracy
-    from pretrieve.models import resolve_model
+    from pretrieve.analysis.coverage import load_encoder  # heavy: keeps pretrieve --help torch-free
+    from pretrieve.analysis.mlm_accuracy import mlm_accuracy  # heavy: keeps pretrieve --help torch-free
 
     path = resolve_model(model)
     texts = _first_texts(corpus, num_texts)
@@ -170,9 +169,6 @@ def mlm_accuracy_command(
                       f"{result.perplexity:.1f}); gate accuracy ≥ {report['gate']['accuracy_at_least']}: "
                       f"{'passed' if report['gate']['passed'] else 'not passed'}", highlight=False)
     if out is not None:
-        from pretrieve.io_utils import write_json
-        from pretrieve.provenance import write_provenance
-
         out.mkdir(parents=True, exist_ok=True)
         write_json(out / "mlm_accuracy.json", {**report, "corpus": corpus})
         write_provenance(out, {"analysis": "mlm-accuracy", "checkpoint": str(path), "corpus": corpus,
@@ -193,9 +189,7 @@ def _print_table(reports, ks: list[int], title: str, attribute: str) -> None:
 
 
 def _write_outputs(out: Path, reports, settings: dict) -> None:
-    from pretrieve.analysis.coverage import plot_coverage
-    from pretrieve.io_utils import write_json
-    from pretrieve.provenance import write_provenance
+    from pretrieve.analysis.coverage import plot_coverage  # heavy: keeps pretrieve --help torch-free
 
     out.mkdir(parents=True, exist_ok=True)
     write_json(out / "coverage.json", {"settings": settings,
@@ -229,9 +223,8 @@ def masking_stats_command(
                                        "provenance.json."),
 ) -> None:
     """Stopword and punctuation share of masked tokens, random vs PMI masking (CDMAE, Li et al. 2023, Fig. 2)."""
-    from pretrieve.analysis.masking_stats import compare_maskers, format_comparison
-    from pretrieve.cli.stats import load_tokenizer, pretrain_cache_dir, tokenized_corpus
-    from pretrieve.masking.pmi import resolve_statistics
+    from pretrieve.analysis.masking_stats import compare_maskers, format_comparison  # heavy: keeps pretrieve --help torch-free
+    from pretrieve.masking.pmi import resolve_statistics  # heavy: keeps pretrieve --help torch-free
 
     tokenizer = load_tokenizer(model)
     data, _ = tokenized_corpus(corpus, tokenizer, max_len, cache_dir)
@@ -245,9 +238,6 @@ def masking_stats_command(
                              max_examples=examples, seed=seed, top_k=top)
     _print_masking_stats(result, ratio, top)
     if out is not None:
-        from pretrieve.io_utils import write_json
-        from pretrieve.provenance import write_provenance
-
         settings = dict(corpus=corpus, tokenizer=model, ratio=ratio, examples=examples, max_len=max_len,
                         window=window, sigma=sigma, whole_word=whole_word, statistics=statistics, seed=seed)
         out.mkdir(parents=True, exist_ok=True)
@@ -288,8 +278,7 @@ def cpdae_checkpoint(name: str) -> Path:
     Checks ``method.json`` (a ``cpdae`` objective) and ``heads.safetensors`` (the decoder's weights) before any
     weight is loaded. A run directory (``pretrieve pretrain --out``) stands for its ``final/``.
     """
-    from pretrieve.models import resolve_model
-    from pretrieve.modeling.pretrain_model import HEADS_FILE, METHOD_FILE
+    from pretrieve.modeling.pretrain_model import HEADS_FILE, METHOD_FILE  # heavy: keeps pretrieve --help torch-free
 
     path = Path(resolve_model(name))
     if not path.is_dir():
@@ -318,7 +307,7 @@ def cpdae_checkpoint(name: str) -> Path:
 
 
 def _has_head(heads: Path, prefix: str) -> bool:
-    from safetensors import safe_open
+    from safetensors import safe_open  # heavy: keeps pretrieve --help torch-free
 
     with safe_open(str(heads), framework="pt") as handle:
         return any(key.startswith(prefix) for key in handle.keys())
@@ -326,9 +315,9 @@ def _has_head(heads: Path, prefix: str) -> bool:
 
 def _load_cpdae(name: str, tokenizer_override: Optional[str]):
     """``(PretrainModel in eval mode, tokenizer, checkpoint path)`` of a CPDAE checkpoint."""
-    from transformers.utils import logging as hf_logging
+    from transformers.utils import logging as hf_logging  # heavy: keeps pretrieve --help torch-free
 
-    from pretrieve.analysis.word_distribution import as_pretrain_model
+    from pretrieve.analysis.word_distribution import as_pretrain_model  # heavy: keeps pretrieve --help torch-free
 
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()
@@ -338,7 +327,7 @@ def _load_cpdae(name: str, tokenizer_override: Optional[str]):
 
 def _cpdae_setting(path: Path) -> str:
     """The ``cpdae`` objective's parameters as ``contrast=js, cl_weight=0.1`` (for tables)."""
-    from pretrieve.modeling.pretrain_model import METHOD_FILE
+    from pretrieve.modeling.pretrain_model import METHOD_FILE  # heavy: keeps pretrieve --help torch-free
 
     method = json.loads((path / METHOD_FILE).read_text(encoding="utf-8"))
     params = next((spec.get("params") or {} for spec in method["objectives"] if spec["name"] == "cpdae"), {})
@@ -356,7 +345,7 @@ def word_distribution_command(
     out: Optional[Path] = typer.Option(None, help="Directory for word_distribution.json, provenance.json."),
 ) -> None:
     """CPDAE's decoded word distribution of each text, sub-words summed per word (CPDAE, Ma et al. 2022, Table 4)."""
-    from pretrieve.analysis.word_distribution import decode_words
+    from pretrieve.analysis.word_distribution import decode_words  # heavy: keeps pretrieve --help torch-free
 
     texts = [item for item in text if item.strip()]
     if not texts:
@@ -380,9 +369,6 @@ def word_distribution_command(
             table.add_row(str(rank + 1), word[0], _probability(word[1]), token[0], _probability(token[1]))
         out_console.print(table, markup=False)
     if out is not None:
-        from pretrieve.io_utils import write_json
-        from pretrieve.provenance import write_provenance
-
         out.mkdir(parents=True, exist_ok=True)
         write_json(out / "word_distribution.json", {"checkpoint": str(path), "texts": [d.to_dict() for d in decoded]})
         write_provenance(out, {"analysis": "word-distribution", "checkpoint": str(path), "top": top,
@@ -407,7 +393,7 @@ def stopword_mass_command(
     out: Optional[Path] = typer.Option(None, help="Directory for stopword_mass.json, provenance.json."),
 ) -> None:
     """Mean decoded probability mass on stopwords per CPDAE checkpoint (CPDAE, Ma et al. 2022, §3.3)."""
-    from pretrieve.analysis.word_distribution import stopword_mass
+    from pretrieve.analysis.word_distribution import stopword_mass  # heavy: keeps pretrieve --help torch-free
 
     if len(set(model)) != len(model):
         raise InputError("a checkpoint is given twice", field="model")
@@ -427,9 +413,6 @@ def stopword_mass_command(
         table.add_row(name, _cpdae_setting(paths[name]), f"{mass:.4f}", f"{mass / first:.3f}×" if first else "—")
     out_console.print(table, markup=False)
     if out is not None:
-        from pretrieve.io_utils import write_json
-        from pretrieve.provenance import write_provenance
-
         settings = dict(corpus=corpus, num_texts=len(texts), max_len=max_len)
         out.mkdir(parents=True, exist_ok=True)
         write_json(out / "stopword_mass.json", {"settings": settings, "checkpoints": {

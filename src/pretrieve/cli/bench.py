@@ -14,15 +14,23 @@ The quality benchmarks (``bench quality``, ``bench claims``) live in :mod:`pretr
 from __future__ import annotations
 
 import logging
+import tempfile
 from pathlib import Path
 from typing import Any, Optional
 
+import numpy as np
 import typer
 from rich.console import Console
 
+from pretrieve.bench.report import bench_device, environment, environment_lines, markdown_table, write_report
+from pretrieve.bench.scale import STAGES, ScaleSettings, report_markdown, run_scale_bench
 from pretrieve.cli import app
+from pretrieve.cli.stats import DEFAULT_MAX_LEN, pretrain_cache_dir
+from pretrieve.data.collection import BeirCollection
+from pretrieve.data.registry import resolve_collection
 from pretrieve.errors import InputError
-from pretrieve.models import no_remote_code
+from pretrieve.models import no_remote_code, resolve_model
+from pretrieve.ranks import shard_bounds
 
 bench_app = typer.Typer(help="Benchmarks: pre-training step speed (Drop your Decoder, Ma et al. 2024, Table 4), masking latency, "
                              "encoding throughput, and retrieval quality per pre-training method (Tables 5/6).",
@@ -40,7 +48,7 @@ DEVICE_HELP = "cpu, or cuda / cuda:N: models, batches and timings on that GPU (s
 def _quiet_logging() -> None:
     if not logging.getLogger().handlers:
         logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    from transformers.utils import logging as hf_logging
+    from transformers.utils import logging as hf_logging  # heavy: keeps pretrieve --help torch-free
 
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()
@@ -55,7 +63,7 @@ def _split(text: str, what: str) -> list[str]:
 
 def _set_threads(threads: Optional[int]) -> None:
     if threads is not None:
-        import torch
+        import torch  # heavy: keeps pretrieve --help torch-free
 
         if threads < 1:
             raise InputError(f"--threads must be ≥ 1, got {threads}", field="threads")
@@ -65,8 +73,6 @@ def _set_threads(threads: Optional[int]) -> None:
 def _emit(markdown: str, data: dict[str, Any], out: Optional[Path]) -> None:
     typer.echo(markdown)
     if out is not None:
-        from pretrieve.bench.report import write_report
-
         md_path, json_path = write_report(markdown, data, out)
         err.print(f"wrote {md_path} and {json_path}", highlight=False)
 
@@ -74,9 +80,7 @@ def _emit(markdown: str, data: dict[str, Any], out: Optional[Path]) -> None:
 def _default_tokenizer():
     """The uncased BERT vocabulary (30,522) of the offline all-MiniLM package, or of SPLADE-tiny (the same
     vocabulary) where that package is not installed (GPU images carry the smaller one)."""
-    from transformers import AutoTokenizer
-
-    from pretrieve.models import resolve_model
+    from transformers import AutoTokenizer  # heavy: keeps pretrieve --help torch-free
 
     try:
         path = resolve_model("minilm")
@@ -88,12 +92,10 @@ def _default_tokenizer():
 def _targets(model: Optional[str], shapes: str) -> list[tuple[str, Any, Any]]:
     """``[(name, config, tokenizer)]``: the --model checkpoint's config, or one random-init config per shape
     (real uncased vocabulary of the offline all-MiniLM package)."""
-    from pretrieve.bench.pretrain_speed import is_shape, parse_shape
+    from pretrieve.bench.pretrain_speed import is_shape, parse_shape  # heavy: keeps pretrieve --help torch-free
 
     if model is not None and not is_shape(model):
-        from transformers import AutoConfig, AutoTokenizer
-
-        from pretrieve.models import resolve_model
+        from transformers import AutoConfig, AutoTokenizer  # heavy: keeps pretrieve --help torch-free
 
         path = resolve_model(model)
         config = AutoConfig.from_pretrained(path, **no_remote_code(path))
@@ -131,8 +133,7 @@ def bench_pretrain_command(
     out: Optional[Path] = typer.Option(None, help="Write the report to FILE.md and the numbers to FILE.json."),
 ) -> None:
     """Pre-training step speed per method, Drop your Decoder (Ma et al. 2024) Table 4 on this machine."""
-    from pretrieve.bench.pretrain_speed import PretrainBenchSettings, bench_pretrain, load_texts, result_markdown
-    from pretrieve.bench.report import bench_device, environment, environment_lines
+    from pretrieve.bench.pretrain_speed import PretrainBenchSettings, bench_pretrain, load_texts, result_markdown  # heavy: keeps pretrieve --help torch-free
 
     device = bench_device(device)
     _quiet_logging()
@@ -175,9 +176,8 @@ def bench_masking_command(
     out: Optional[Path] = typer.Option(None, help="Write the report to FILE.md and the numbers to FILE.json."),
 ) -> None:
     """Per-batch masking latency (CDMAE, Li et al. 2023, Table 6 setting), all kinds interleaved in one process."""
-    from pretrieve.bench.pretrain_speed import load_texts
-    from pretrieve.bench.report import environment, environment_lines, markdown_table
-    from pretrieve.masking.latency import masking_latency
+    from pretrieve.bench.pretrain_speed import load_texts  # heavy: keeps pretrieve --help torch-free
+    from pretrieve.masking.latency import masking_latency  # heavy: keeps pretrieve --help torch-free
 
     _quiet_logging()
     _set_threads(threads)
@@ -207,8 +207,7 @@ def _pmi_statistics(source: str, tokenizer: Any, cache_dir: Optional[Path]):
     """n-gram statistics (window 4) of ``source``: a saved statistics directory, or a text source tokenised into
     pre-training chunks of ``pretrieve pretrain``'s default 144 tokens (the benchmark's ``--max-len`` is the batch
     shape, not how the corpus is chunked) and counted; both cached, see :func:`pretrieve.masking.pmi.resolve_statistics`."""
-    from pretrieve.cli.stats import DEFAULT_MAX_LEN, pretrain_cache_dir
-    from pretrieve.masking.pmi import DEFAULT_WINDOW, resolve_statistics
+    from pretrieve.masking.pmi import DEFAULT_WINDOW, resolve_statistics  # heavy: keeps pretrieve --help torch-free
 
     err.print(f"[bench masking] pmi statistics from {source}", highlight=False)
     return resolve_statistics(source, window=DEFAULT_WINDOW, vocab_size=len(tokenizer), tokenizer=tokenizer,
@@ -233,13 +232,8 @@ def bench_encode_command(
     out: Optional[Path] = typer.Option(None, help="Write the report to FILE.md and the numbers to FILE.json."),
 ) -> None:
     """Encoding throughput: pretrieve at each precision vs sentence-transformers fp32, interleaved rounds."""
-    import tempfile
-
-    from pretrieve.bench.encode_speed import encoding_throughput, random_st_checkpoint
-    from pretrieve.bench.pretrain_speed import is_shape, load_texts, parse_shape
-    from pretrieve.bench.report import bench_device, environment, environment_lines, markdown_table
-    from pretrieve.data.registry import resolve_collection
-    from pretrieve.models import resolve_model
+    from pretrieve.bench.encode_speed import encoding_throughput, random_st_checkpoint  # heavy: keeps pretrieve --help torch-free
+    from pretrieve.bench.pretrain_speed import is_shape, load_texts, parse_shape  # heavy: keeps pretrieve --help torch-free
 
     device = bench_device(device)
     shape = parse_shape(model) if is_shape(model) else None
@@ -294,16 +288,11 @@ def bench_ann_command(
     out: Optional[Path] = typer.Option(None, help="Write the report to FILE.md and the numbers to FILE.json."),
 ) -> None:
     """Approximate FAISS indexes vs exact search on SIZE vectors with a real retriever's statistics."""
-    import numpy as np
-
-    from pretrieve.bench import search_speed
-    from pretrieve.bench.report import environment, environment_lines, markdown_table
-    from pretrieve.data.collection import BeirCollection
-    from pretrieve.data.registry import resolve_collection
-    from pretrieve.retrieval.batches import encode_all
-    from pretrieve.retrieval.index import open_index
-    from pretrieve.retrieval.load import load_retriever
-    from pretrieve.retrieval.search import build_index
+    from pretrieve.bench import search_speed  # heavy: scipy; keeps pretrieve --help fast
+    from pretrieve.retrieval.batches import encode_all  # heavy: keeps pretrieve --help torch-free
+    from pretrieve.retrieval.index import open_index  # heavy: scipy; keeps pretrieve --help fast
+    from pretrieve.retrieval.load import load_retriever  # heavy: keeps pretrieve --help torch-free
+    from pretrieve.retrieval.search import build_index  # heavy: keeps pretrieve --help torch-free
 
     _quiet_logging()
     _set_threads(threads)
@@ -350,12 +339,8 @@ def bench_search_memory_command(
     out: Optional[Path] = typer.Option(None, help="Write the report to FILE.md and the numbers to FILE.json."),
 ) -> None:
     """Peak RSS of exact search over a sharded index of SIZE random unit vectors, in a fresh process."""
-    import numpy as np
-
-    from pretrieve.bench import search_speed
-    from pretrieve.bench.report import environment, environment_lines
-    from pretrieve.ranks import shard_bounds
-    from pretrieve.retrieval.index import shard_dir_name
+    from pretrieve.bench import search_speed  # heavy: scipy; keeps pretrieve --help fast
+    from pretrieve.retrieval.index import shard_dir_name  # heavy: scipy; keeps pretrieve --help fast
 
     rng = np.random.default_rng(0)
     root = work / f"random-{size}x{dim}"
@@ -378,8 +363,6 @@ def bench_search_memory_command(
 
 
 def _unit(rng, count: int, dim: int):
-    import numpy as np
-
     vectors = rng.standard_normal((count, dim), dtype=np.float32)
     return vectors / np.linalg.norm(vectors, axis=1, keepdims=True)
 
@@ -415,9 +398,6 @@ def bench_scale_command(
     timeout: Optional[float] = typer.Option(None, min=1, help="Seconds after which a stage is stopped."),
 ) -> None:
     """Every stage on synthetic collections of the given sizes, each in its own measured process."""
-    from pretrieve.bench.report import environment, environment_lines, write_report
-    from pretrieve.bench.scale import STAGES, ScaleSettings, report_markdown, run_scale_bench
-
     settings = ScaleSettings(source=source, out=str(out), sizes=[int(s) for s in _split(sizes, "size")],
                              stages=_split(stages, "stage") if stages else list(STAGES), model=model,
                              eval_queries=eval_queries, train_queries=train_queries, max_negatives=max_negatives,

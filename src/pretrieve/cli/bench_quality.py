@@ -113,12 +113,12 @@ def bench_quality_command(
 ) -> None:
     """Retrieval quality per pre-training method at an equal budget (Drop your Decoder, Ma et al. 2024, Tables 5/6),
     cross-fitted, with a dev-chosen fine-tuning protocol, coverage and multi-bootstrap contrasts (issue #20)."""
-    from pretrieve.bench.quality import report, run, settings as quality
+    from pretrieve.bench.quality import report, run, settings as quality  # heavy: keeps pretrieve --help torch-free
 
     _quiet_logging()
     _set_threads(threads)
     if report_only:
-        from pretrieve.bench.quality.summary import summarize
+        from pretrieve.bench.quality.summary import summarize  # heavy: keeps pretrieve --help torch-free
 
         records_dir = records or out / "records"
         summary = summarize(records_dir)
@@ -185,7 +185,7 @@ def bench_claims_command(
     """The claims benchmark's decision table (issue #20): docs/preregistration.md's rules applied to the tiers'
     `bench quality` comparisons, each recomputed from its records alone; rows whose tiers have not finished are
     pending."""
-    from pretrieve.bench.quality import claims
+    from pretrieve.bench.quality import claims  # heavy: keeps pretrieve --help torch-free
 
     given = {"tier1": tier1, "budget": budget, "scratch": scratch, "dupmae": dupmae, "cdmae": cdmae,
              "minilm": minilm}

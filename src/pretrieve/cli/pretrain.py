@@ -76,7 +76,7 @@ def pretrain_command(
 ) -> None:
     """Pre-train an encoder; the result in OUT/final loads with AutoModel.from_pretrained."""
     from pretrieve.train.pretrainer import pretrain   # torch: not for --help
-    from pretrieve.train.run_config import build_pretrain_config
+    from pretrieve.train.run_config import build_pretrain_config  # heavy: keeps pretrieve --help torch-free
 
     sources = corpus[0] if corpus and len(corpus) == 1 else corpus or None   # one source: as before
     flags = dict(model=model, corpus=sources, out=str(out) if out else None, max_len=max_len,

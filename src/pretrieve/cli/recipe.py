@@ -6,7 +6,10 @@ from pathlib import Path
 from typing import Optional
 
 import typer
+from rich.console import Console
+from rich.markdown import Markdown
 
+from pretrieve import ranks
 from pretrieve.cli import app
 
 
@@ -40,11 +43,8 @@ def run_command(
     the ranks (docs/distributed.md).
     """
     # here, not at the top: `pretrieve --help` and the torch-free commands must start without torch
-    from rich.console import Console
-    from rich.markdown import Markdown
 
-    from pretrieve import ranks
-    from pretrieve.recipe import results_markdown, run_recipe
+    from pretrieve.recipe import results_markdown, run_recipe  # heavy: keeps pretrieve --help torch-free
 
     results = run_recipe(recipe, out=out, show_progress=progress and ranks.is_main(), redo_changed=redo_changed,
                          smoke=smoke, data_root=data_root, dist_timeout_minutes=dist_timeout_minutes)

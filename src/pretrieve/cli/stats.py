@@ -29,7 +29,10 @@ from rich.console import Console
 from rich.table import Table
 
 from pretrieve.cli import app
+from pretrieve.data.pretrain_text import TokenizedCorpus
 from pretrieve.errors import InputError
+from pretrieve.models import no_remote_code, resolve_model
+from pretrieve.provenance import write_provenance
 
 stats_app = typer.Typer(help="Corpus statistics: n-gram counts for importance-aware (PMI) masking.",
                         no_args_is_help=True)
@@ -43,9 +46,7 @@ DEFAULT_MAX_LEN = 144  # pretrieve pretrain's default: the same token cache key
 # ---------------------------------------------------------------------- shared helpers
 def load_tokenizer(name: str) -> Any:
     """The tokenizer of a checkpoint directory or offline alias (``minilm``), as a clear error when absent."""
-    from transformers import AutoTokenizer
-
-    from pretrieve.models import no_remote_code, resolve_model
+    from transformers import AutoTokenizer  # heavy: keeps pretrieve --help torch-free
 
     path = resolve_model(name)
     try:
@@ -60,15 +61,13 @@ def pretrain_cache_dir(override: Optional[Path]) -> Path:
     ids of text sources (``$PRETRIEVE_CACHE/pretrain`` or ``~/.cache/pretrieve/pretrain``)."""
     if override is not None:
         return override
-    from pretrieve.masking.pmi import _default_cache_dir
+    from pretrieve.masking.pmi import _default_cache_dir  # heavy: keeps pretrieve --help torch-free
 
     return _default_cache_dir()
 
 
 def tokenized_corpus(corpus: str, tokenizer: Any, max_len: int, cache_dir: Optional[Path]) -> tuple[Any, float]:
     """``(TokenizedCorpus, seconds)``: the corpus tokenised into chunks of ``max_len`` (or read from the cache)."""
-    from pretrieve.data.pretrain_text import TokenizedCorpus
-
     start = time.perf_counter()
     data = TokenizedCorpus.build(corpus, tokenizer, max_len, pretrain_cache_dir(cache_dir), show_progress=False)
     return data, time.perf_counter() - start
@@ -100,8 +99,7 @@ def pmi_command(
                                        show_default="beside the token cache, where runs find them"),
 ) -> None:
     """Count the corpus n-grams (orders 1..window) once and save them for `pmi` maskers."""
-    from pretrieve.masking.pmi import corpus_statistics
-    from pretrieve.provenance import write_provenance
+    from pretrieve.masking.pmi import corpus_statistics  # heavy: keeps pretrieve --help torch-free
 
     tokenizer = load_tokenizer(model)
     data, tokenize_s = tokenized_corpus(corpus, tokenizer, max_len, cache_dir)

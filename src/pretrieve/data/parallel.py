@@ -19,6 +19,8 @@ import logging
 import math
 import multiprocessing
 import os
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
@@ -160,8 +162,6 @@ def run_parts(fn: Callable[[Any], Any], tasks: Sequence[Any], num_proc: int, *,
                 on_result(result)
             results.append(result)
         return results
-    from concurrent.futures import ProcessPoolExecutor
-    from concurrent.futures.process import BrokenProcessPool
 
     context = multiprocessing.get_context("spawn")
     try:

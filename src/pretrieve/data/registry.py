@@ -29,6 +29,8 @@ from __future__ import annotations
 
 import hashlib
 import http.client
+import io
+import json
 import os
 import shutil
 import tarfile
@@ -313,9 +315,6 @@ def _unpack(archive: Path, target: Path, name: str) -> None:
 
 def _convert_cranfield(archive: Path, target: Path) -> None:
     """The SMART files of Cranfield (a ``.tar.gz``) → a BEIR-layout directory, atomically (module docstring)."""
-    import io
-    import json
-
     try:
         with tarfile.open(archive, "r:*") as tar:
             members = {Path(m.name).name: m for m in tar.getmembers() if m.isfile()}

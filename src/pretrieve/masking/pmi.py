@@ -77,7 +77,10 @@ from typing import Any, Iterable, Mapping, Sequence
 import numpy as np
 import torch
 
+from pretrieve.data.pretrain_text import TokenizedCorpus
+from pretrieve.data.registry import default_cache_dir
 from pretrieve.errors import ConfigError, InputError
+from pretrieve.io_utils import atomic_dir, write_json
 from pretrieve.masking.enhanced import visible_per_row
 from pretrieve.masking.vocab import VocabInfo
 from pretrieve.masking.whole_word import MaskedInput, RandomMasker
@@ -424,8 +427,6 @@ class NgramStatistics:
     # ------------------------------------------------------------------ persistence
     def save(self, directory: str | Path) -> Path:
         """Write the statistics into ``directory`` atomically (``pmi_meta.json`` + ``.npy`` arrays)."""
-        from pretrieve.io_utils import atomic_dir, write_json
-
         directory = Path(directory)
         with atomic_dir(directory) as tmp:
             for name in ("unigram_counts", "totals", "keys", "counts", "doc_freq"):
@@ -512,7 +513,6 @@ def resolve_statistics(source: Any, *, window: int, vocab_size: int, tokenizer: 
         else:
             if tokenizer is None or max_len is None:
                 raise ConfigError(f"counting PMI statistics of {path} needs the tokenizer and max_len")
-            from pretrieve.data.pretrain_text import TokenizedCorpus
 
             corpus = TokenizedCorpus.build(path, tokenizer, max_len, cache_dir or _default_cache_dir(),
                                            show_progress=False)
@@ -528,8 +528,6 @@ def resolve_statistics(source: Any, *, window: int, vocab_size: int, tokenizer: 
 
 
 def _default_cache_dir() -> Path:
-    from pretrieve.data.registry import default_cache_dir
-
     return default_cache_dir().parent / "pretrain"
 
 

@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import Any, ClassVar, Mapping
 
 import torch
+from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 from transformers import AutoModel
 
@@ -357,8 +358,6 @@ class DualEncoder(nn.Module):
             self.passage_tower.save_pretrained(directory / "passage")
         state = self.representation.state_dict()
         if state:
-            from safetensors.torch import save_file
-
             save_file({key: value.detach().contiguous().cpu() for key, value in state.items()},
                       str(directory / REPRESENTATION_WEIGHTS))
         write_json(directory / CONFIG_FILE, self.describe(training))
@@ -372,8 +371,6 @@ class DualEncoder(nn.Module):
         representation = representation_from_config(info["representation"])
         weights = directory / REPRESENTATION_WEIGHTS
         if weights.exists():
-            from safetensors.torch import load_file
-
             representation.load_state_dict(load_file(str(weights)))
         tower_cls = _tower_class(info.get("tower", "auto"))
         if info.get("tied", True):

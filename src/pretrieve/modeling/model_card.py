@@ -33,6 +33,9 @@ from typing import Any, Mapping
 
 import yaml
 
+from pretrieve.data.registry import KNOWN_COLLECTIONS
+from pretrieve.models import OFFLINE_MODELS
+
 #: key → (first author, year, title); cited when a run used the method.
 PAPERS: dict[str, tuple[str, int, str]] = {
     "dropdecoder": ("Ma et al.", 2024, "Drop your Decoder: Pre-training with Bag-of-Word Prediction for Dense "
@@ -78,7 +81,7 @@ def model_card(directory: str | Path, recipe: Mapping[str, Any] | None = None, r
     """The Markdown card of the exported retriever in ``directory`` (``recipe``: a resolved recipe; ``results``:
     its ``results.md``; ``row``: this model's row there; ``repo_id``: the hub name it will be loaded by, else its
     folder; ``metrics``: ``{collection: {measure: value}}`` of this model, the card's ``model-index``)."""
-    from huggingface_hub import ModelCardData
+    from huggingface_hub import ModelCardData  # heavy: huggingface_hub, only when a card is written
 
     directory = Path(directory)
     info = _json(directory / "dual_encoder.json") or {}
@@ -161,8 +164,6 @@ def model_card(directory: str | Path, recipe: Mapping[str, Any] | None = None, r
 def hub_model(name: Any) -> str | None:
     """``name`` as a Hub model id: an offline alias (or its packaged folder) → the Hub model it holds
     (:data:`HUB_MODELS`); a hub-style name as is; a local path → None."""
-    from pretrieve.models import OFFLINE_MODELS
-
     text = str(name).rstrip("/")
     for alias, hub_id in HUB_MODELS.items():
         if text == alias:
@@ -180,8 +181,6 @@ def hub_model(name: Any) -> str | None:
 
 def hub_dataset(collection: Any) -> str | None:
     """A collection as a Hub dataset id: a BEIR collection (by its folder's name) → ``BeIR/<name>``, else None."""
-    from pretrieve.data.registry import KNOWN_COLLECTIONS
-
     name = Path(str(collection).rstrip("/")).name.lower()
     return f"BeIR/{name}" if name in KNOWN_COLLECTIONS else None
 
@@ -204,7 +203,7 @@ def metrics_of(rows: Any, retriever: str | None) -> dict[str, dict[str, float]]:
 
 
 def _eval_results(metrics: Mapping[str, Mapping[str, float]] | None) -> list:
-    from huggingface_hub import EvalResult
+    from huggingface_hub import EvalResult  # heavy: huggingface_hub, only when a card is written
 
     results = []
     for collection, values in (metrics or {}).items():

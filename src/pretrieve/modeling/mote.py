@@ -45,6 +45,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import torch
+from safetensors import safe_open
 from torch import Tensor, nn
 
 from pretrieve.errors import ConfigError, InputError
@@ -280,8 +281,6 @@ def _key_variants(key: str, prefix: str) -> list[str]:
 
 def _read_tensors(directory: Path, names: set[str]) -> dict[str, Tensor]:
     """The tensors called ``names`` in a local safetensors checkpoint (single file or sharded)."""
-    from safetensors import safe_open
-
     files = [directory / "model.safetensors"]
     index = directory / "model.safetensors.index.json"
     if index.is_file():

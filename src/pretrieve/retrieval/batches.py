@@ -42,6 +42,10 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 import numpy as np
 import scipy.sparse as sp
 import torch
+from rich.console import Console
+from rich.progress import (BarColumn, MofNCompleteColumn, Progress, ProgressColumn, TextColumn, TimeElapsedColumn,
+                           TimeRemainingColumn)
+from rich.text import Text
 
 from pretrieve.data import arrow
 from pretrieve.data.records import join_title
@@ -88,7 +92,7 @@ def quantize_int8(module: torch.nn.Module) -> torch.nn.Module:
     with warnings.catch_warnings():   # torch marks eager-mode quantisation deprecated in favour of torchao
         warnings.simplefilter("ignore", DeprecationWarning)
         warnings.simplefilter("ignore", UserWarning)
-        from torch.ao.quantization import per_channel_dynamic_qconfig, quantize_dynamic
+        from torch.ao.quantization import per_channel_dynamic_qconfig, quantize_dynamic  # only for int8 quantisation (torch.ao warns when imported)
 
         return quantize_dynamic(module.cpu().eval(), {torch.nn.Linear: per_channel_dynamic_qconfig},
                                 dtype=torch.qint8, inplace=True)
@@ -302,15 +306,11 @@ def progress_bar(total: int, description: str, enabled: bool = True,
     if not enabled or total == 0:
         yield lambda n: None
         return
-    from rich.console import Console
 
     console = Console(stderr=True)
     if not console.is_terminal and not console.is_jupyter:
         yield _logging_progress(total, description, unit)
         return
-    from rich.progress import (BarColumn, MofNCompleteColumn, Progress, ProgressColumn, TextColumn,
-                               TimeElapsedColumn, TimeRemainingColumn)
-    from rich.text import Text
 
     class RateColumn(ProgressColumn):
         def render(self, task) -> Text:  # the average since the start, not rich's short window

@@ -51,6 +51,7 @@ import json
 import logging
 import os
 import shutil
+import sys
 import tempfile
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
@@ -59,12 +60,15 @@ from pathlib import Path
 from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
+from tqdm.auto import tqdm
 
-from pretrieve.data.beir import Corpus
+from pretrieve import artifacts, ranks
+from pretrieve.data.beir import Corpus, iter_corpus
 from pretrieve.data.collection import BeirCollection
-from pretrieve.data.trec import Run
+from pretrieve.data.groups import GroupStats, group_from_ranking
+from pretrieve.data.trec import Run, RunWriter
 from pretrieve.errors import ConfigError, InputError
-from pretrieve.io_utils import temporary_dir, write_json
+from pretrieve.io_utils import atomic_dir, temporary_dir, write_json
 from pretrieve.outputs import write_failures
 
 logger = logging.getLogger(__name__)
@@ -96,21 +100,19 @@ def import_bm25s():
     is hidden while bm25s is first imported (``sys.modules[name] = None`` makes ``import jax`` fail) and put back
     after: a program that uses JAX itself keeps it, and bm25s records JAX as unavailable.
     """
-    import sys
-
     if "bm25s" not in sys.modules:
         missing = object()
         saved = {name: sys.modules.get(name, missing) for name in _JAX_MODULES}
         sys.modules.update(dict.fromkeys(_JAX_MODULES))
         try:
-            import bm25s  # noqa: F401
+            import bm25s  # noqa: F401 - the first import, with JAX hidden
         finally:
             for name, module in saved.items():
                 if module is missing:
                     sys.modules.pop(name, None)
                 else:
                     sys.modules[name] = module
-    import bm25s
+    import bm25s  # heavy (scipy): imported above with JAX hidden, or already
 
     bm25s_logger = logging.getLogger("bm25s")
     bm25s_logger.setLevel(max(bm25s_logger.level, logging.WARNING))
@@ -135,7 +137,7 @@ class BM25Params:
         if self.method not in _METHODS:
             raise ConfigError(f"unknown BM25 method '{self.method}' (choose from {', '.join(_METHODS)})")
         if self.stemmer is not None:
-            import Stemmer
+            import Stemmer  # PyStemmer, only when a stemmer is asked for
 
             if self.stemmer not in Stemmer.algorithms():
                 raise ConfigError(f"unknown stemmer '{self.stemmer}' (PyStemmer knows: "
@@ -157,7 +159,7 @@ def default_threads() -> int:
 def make_tokenizer(params: BM25Params):
     """The bm25s tokenizer for ``params``: lower-case, split, drop stopwords, stem."""
     bm25s = import_bm25s()
-    import Stemmer
+    import Stemmer  # PyStemmer, only when a stemmer is asked for
 
     stemmer = Stemmer.Stemmer(params.stemmer) if params.stemmer else None
     return bm25s.tokenization.Tokenizer(lower=True, stopwords=params.stopwords, stemmer=stemmer)
@@ -181,10 +183,8 @@ def write_index(documents: Iterable[tuple[str, str]], directory: str | Path, par
     holds bm25s' files (``bm25s.BM25.load`` reads it), the tokenizer's vocabulary and stopwords,
     ``doc_ids.npy`` and ``pretrieve_bm25.json``.
     """
-    from tqdm.auto import tqdm
-
     import_bm25s()
-    from bm25s import scoring
+    from bm25s import scoring  # heavy: bm25s (scipy), loaded by import_bm25s first
 
     params = params or BM25Params()
     params.validate()
@@ -385,8 +385,6 @@ class BM25Index:
         not grow with the number of queries. ``exclude_self`` drops a document whose id equals the query id
         (ArguAna-style collections); ``k`` documents are still returned when the corpus has them.
         """
-        from tqdm.auto import tqdm
-
         if k < 1:
             raise ConfigError(f"k must be >= 1, got {k}")
         threads = default_threads() if n_threads is None else n_threads
@@ -462,8 +460,6 @@ class BM25Index:
     def save(self, path: str | Path) -> Path:
         """Write the index atomically to ``path`` (a copy of its files; no freshness record: see
         :func:`corpus_index` for an index reused across runs)."""
-        from pretrieve.io_utils import atomic_dir
-
         path = Path(path)
         with atomic_dir(path) as tmp:
             for name, array in (("data.csc.index.npy", self._data), ("indices.csc.index.npy", self._indices),
@@ -509,8 +505,6 @@ class BM25Index:
 # ------------------------------------------------------------------------------------------- collections
 def corpus_documents(corpus_path: str | Path) -> Iterator[tuple[str, str]]:
     """Stream ``(doc_id, title + " " + text)`` from a ``corpus.jsonl`` (validated line by line)."""
-    from pretrieve.data.beir import iter_corpus
-
     for _, doc in iter_corpus(corpus_path):
         yield doc.id, doc.full_text()
 
@@ -526,8 +520,6 @@ def corpus_index(corpus_path: str | Path, params: BM25Params | None = None, inde
     removed when the block ends; a killed run's is a leftover the next one removes
     (:func:`pretrieve.outputs.producing`).
     """
-    from pretrieve import artifacts
-
     params = params or BM25Params()
     params.validate()
     corpus_path = Path(corpus_path)
@@ -571,8 +563,6 @@ def _write_corpus_index(corpus_path: Path, directory: str | Path, params: BM25Pa
 
 
 def _corpus_lines(corpus_path: Path) -> Iterator[tuple[int, str]]:
-    from pretrieve.data.beir import iter_corpus
-
     for line_no, doc in iter_corpus(corpus_path):
         yield line_no, doc.id
 
@@ -592,9 +582,6 @@ def bm25_run_file(data: str | Path | BeirCollection, split: str, out: str | Path
 
     Under several ranks (:mod:`pretrieve.ranks`) the index is built once and each rank searches a contiguous slice
     of the queries; the file is the one a single process writes."""
-    from pretrieve import ranks
-    from pretrieve.data.trec import RunWriter
-
     collection = data if isinstance(data, BeirCollection) else BeirCollection(Path(data))
     params = params or BM25Params()
     queries = list(collection.load_queries(split).items())  # validates the split before the index is built
@@ -634,8 +621,6 @@ def shared_corpus_index(corpus_path: str | Path, params: BM25Params, index_dir: 
                         scratch_dir: str | Path | None = None, show_progress: bool = False) -> Iterator[BM25Index]:
     """:func:`corpus_index`, built once when several ranks run (:mod:`pretrieve.ranks`): rank 0 builds it (in
     ``index_dir``, default ``scratch_dir/.bm25-index``) while the others wait, then every rank memory-maps it."""
-    from pretrieve import ranks
-
     if ranks.active() and index_dir is None:
         index_dir = Path(scratch_dir or ".") / ".bm25-index"
     if ranks.active():
@@ -662,10 +647,6 @@ def bm25_negatives(data: str | Path | BeirCollection, split: str, out_groups: st
     unless ``overwrite``. Under several ranks (:mod:`pretrieve.ranks`) every rank calls this: the index is built
     once and each rank searches a contiguous slice of the training queries; the files are a single process's.
     """
-    from pretrieve import artifacts, ranks
-    from pretrieve.data.groups import GroupStats, group_from_ranking
-    from pretrieve.data.trec import RunWriter
-
     if depth < 1:
         raise ConfigError(f"depth must be >= 1, got {depth}")
     collection = data if isinstance(data, BeirCollection) else BeirCollection(Path(data))

@@ -70,8 +70,8 @@ def corpus_index_dir(retriever: Any, corpus_path: str | Path) -> Path:
 def cached_index(retriever: Any, corpus: Any, corpus_path: str | Path) -> Path | None:
     """The cached corpus index of ``retriever`` over ``corpus`` (read from ``corpus_path``) when it is current, else
     None (nothing is encoded here)."""
-    from pretrieve.retrieval.index import is_current
-    from pretrieve.retrieval.search import _index_record
+    from pretrieve.retrieval.index import is_current  # heavy: retrieval.search pulls torch; keeps this module torch-free
+    from pretrieve.retrieval.search import _index_record  # heavy: retrieval.search pulls torch; keeps this module torch-free
 
     root = corpus_index_dir(retriever, corpus_path)
     if not root.is_dir():

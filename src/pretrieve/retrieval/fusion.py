@@ -49,11 +49,19 @@ import gc
 import itertools
 import logging
 import math
+import random
+import re
 import warnings
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
+import numpy as np
+
+from pretrieve import artifacts
+from pretrieve.data.collection import BeirCollection
+from pretrieve.data.jsonl import iter_lines
+from pretrieve.data.trec import iter_run, read_run, top_k, write_run
 from pretrieve.errors import ConfigError, InputError
 
 logger = logging.getLogger(__name__)
@@ -169,8 +177,6 @@ def _ranx_inputs(runs: Sequence[Run], spec: FusionSpec) -> tuple[list[str], list
 def _combine(ranx_runs: list[Any], queries: Sequence[str], spec: FusionSpec,
              cut: bool = True) -> dict[str, dict[str, float]]:
     """Fuse prepared ranx runs; each query's top ``spec.depth`` (``cut``), else every fused document."""
-    from pretrieve.data.trec import top_k
-
     fused = _ranx_fuse(ranx_runs, spec) if ranx_runs else {}
     fused = {qid: fused.get(qid, {}) for qid in queries}
     return top_k(fused, spec.depth) if cut else fused
@@ -179,7 +185,7 @@ def _combine(ranx_runs: list[Any], queries: Sequence[str], spec: FusionSpec,
 def _prepared(run: Run, queries: Sequence[str], depth: int, ranks: bool) -> dict[str, dict[str, float]]:
     """The run's top ``depth`` per query in trec_eval order; with ``ranks``, scores replaced by
     ``depth', …, 1`` (tie-free, so ranx ranks exactly that order)."""
-    from pretrieve.evaluation.metrics import trec_eval_ranking
+    from pretrieve.evaluation.metrics import trec_eval_ranking  # heavy: ir_measures, only when fitting (pretrieve fuse stays light)
 
     out: dict[str, dict[str, float]] = {}
     for qid in queries:
@@ -212,8 +218,8 @@ def _to_ranx(runs: list[dict[str, dict[str, float]]], norm: str | None = None) -
     gets a placeholder no other run has, dropped after fusion)."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")   # numba's type-safety notes
-        from ranx import Run as RanxRun
-        from ranx import normalize
+        from ranx import Run as RanxRun  # heavy: ranx pulls numba
+        from ranx import normalize  # heavy: ranx pulls numba
 
         queries = [qid for qid in runs[0] if any(run[qid] for run in runs)]
         if not queries:
@@ -227,7 +233,7 @@ def _ranx_fuse(ranx_runs: list[Any], spec: FusionSpec) -> dict[str, dict[str, fl
     """``ranx.fuse``: rrf, or wsum of runs that :func:`_to_ranx` normalised (min-max / zmuv)."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        from ranx import fuse
+        from ranx import fuse  # heavy: ranx pulls numba
 
         n_runs = len(ranx_runs)
         if spec.method == "rrf":
@@ -274,7 +280,7 @@ def _fit_blocks(blocks: Iterable[list[Run]], n_runs: int, qrels: Qrels, judged: 
     input run): every query's measure depends on that query's documents alone, so each block is fused and scored
     for every trial on its own and only the per-query values are kept — the memory of a fit is that of one block,
     flat in the number of fit queries. Aggregated in the qrels' order, exactly as one evaluation of every query."""
-    from pretrieve.evaluation.metrics import RunEvaluator
+    from pretrieve.evaluation.metrics import RunEvaluator  # heavy: ir_measures, only when fitting (pretrieve fuse stays light)
 
     if split == TEST_SPLIT:
         raise ConfigError("fusion weights are fitted on training queries, never on the test split "
@@ -364,8 +370,6 @@ def _fit_blocks(blocks: Iterable[list[Run]], n_runs: int, qrels: Qrels, judged: 
 def cross_fit_folds(qids: Sequence[str], folds: int = CROSS_FIT_FOLDS, seed: int = CROSS_FIT_SEED) -> list[list[str]]:
     """The fit queries in ``folds`` seeded folds of near-equal size (fewer when there are fewer queries), for the
     cross-fitted score of :func:`fit_fusion`. The order of ``qids`` does not matter."""
-    import random
-
     order = sorted(qids)
     random.Random(seed).shuffle(order)
     n = min(folds, len(order))
@@ -380,8 +384,6 @@ class _ScoreMatrix:
     ``tests/test_fusion.py`` checks that every weight scores as ``ranx.fuse`` does."""
 
     def __init__(self, ranx_runs: Sequence[Any], queries: Sequence[str]) -> None:
-        import numpy as np
-
         placeholders = {_placeholder(i) for i in range(len(ranx_runs))}
         runs = [run.to_dict() for run in ranx_runs] if ranx_runs else []
         self.queries = list(queries)
@@ -403,8 +405,6 @@ class _ScoreMatrix:
         """``Σ_i w_i · s̃_i`` per query; with ``cutoff``, only the documents that can rank in the top ``cutoff``
         (every document scoring, as trec_eval's float32, at least the ``cutoff``-th score: ties kept), which
         leaves a measure @``cutoff`` unchanged."""
-        import numpy as np
-
         fused = self.matrix @ np.asarray(weights, dtype=np.float64)
         out: dict[str, dict[str, float]] = {}
         for i, qid in enumerate(self.queries):
@@ -421,8 +421,6 @@ class _ScoreMatrix:
 
 def _cutoff(measure: str, depth: int) -> int | None:
     """The rank cutoff of a measure @k with k ≤ ``depth`` (only the top k can change it), else None."""
-    import re
-
     match = re.search(r"@(\d+)$", measure)
     return int(match.group(1)) if match and int(match.group(1)) <= depth else None
 
@@ -464,8 +462,6 @@ def fit_on_split(train_run_paths: Sequence[str | Path], collection: str | Path, 
     """:func:`fit_fusion` on run files of ``split``'s queries and that split's qrels only (``test`` refused
     before anything is read). The runs are streamed (:func:`streamed_blocks`): a fit holds ``block`` queries of
     each run at a time, whatever the number of training queries."""
-    from pretrieve.data.collection import BeirCollection
-
     if split == TEST_SPLIT:
         raise ConfigError("fusion weights are fitted on training queries, never on the test split "
                           "(use the train or a dev split)")
@@ -490,8 +486,6 @@ class _QueryReader:
     none."""
 
     def __init__(self, path: Path, wanted: set[str]) -> None:
-        from pretrieve.data.jsonl import iter_lines
-
         self.ids = [qid for qid in dict.fromkeys(line.split(None, 1)[0] for _, line in iter_lines(path)
                                                  if line.strip()) if qid in wanted]
         self.present = set(self.ids)
@@ -501,8 +495,6 @@ class _QueryReader:
 
     def take(self, ids: Sequence[str]) -> dict[str, dict[str, float]]:
         """``{qid: {doc_id: score}}`` of the ``ids`` this run has."""
-        from pretrieve.data.trec import iter_run
-
         if self.stream is None:
             self.stream = iter_run(self.path)
         out = {}
@@ -556,9 +548,6 @@ def write_fused_run(run_paths: Sequence[str | Path], out: str | Path, spec: Fusi
                     fit_inputs: Mapping[str, str | Path] | None = None) -> dict[str, dict[str, float]]:
     """Fuse run files into ``out`` (TREC, atomic, with the freshness sidecar: the fusion's settings and the
     fingerprints of the input runs — and of the training runs and qrels when the weights were fitted)."""
-    from pretrieve import artifacts
-    from pretrieve.data.trec import read_run, write_run
-
     fused = fuse_runs([read_run(path) for path in run_paths], spec)
     inputs = {f"run{i + 1}": Path(path) for i, path in enumerate(run_paths)}
     inputs.update({name: Path(path) for name, path in (fit_inputs or {}).items()})

@@ -28,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import logging
+import shutil
 from pathlib import Path
 from typing import Any, Iterator, Mapping, Sequence
 
@@ -172,7 +173,6 @@ def encode_corpus(retriever: Retriever, corpus: Any, root: str | Path, batch_siz
             with writing(directory, retriever.kind, corpus_ids(corpus, start, end), meta, settings,
                          retriever.inputs()) as tmp:
                 write_parts(tmp, _part_windows(parts), columns=_columns(retriever))
-            import shutil
 
             shutil.rmtree(root / RANK_PARTS, ignore_errors=True)
     ranks.barrier("merge the corpus index")

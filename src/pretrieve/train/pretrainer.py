@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -36,7 +37,8 @@ from pretrieve.errors import ConfigError
 from pretrieve.io_utils import write_json
 from pretrieve.modeling import Encoder
 from pretrieve.modeling.pretrain_model import PretrainModel
-from pretrieve.models import no_remote_code
+from pretrieve.modeling.sentence_transformer import ModelFiles, read_sentence_transformers_config
+from pretrieve.models import model_label, no_remote_code
 from pretrieve.train.collator import PretrainCollator
 from pretrieve.train.config import BOOKKEEPING, LoopConfig
 from pretrieve.train.method import MethodConfig, resolve_method
@@ -186,11 +188,6 @@ def keep_sentence_transformers_modules(base: str, directory: Path) -> bool:
     transformer replaces the base's; returns whether they were kept. The files are sentence-transformers' own,
     copied as they are. A base without ``modules.json`` has nothing to keep; one whose input module is not a root
     ``Transformer`` (a ``Router``) is named in a warning."""
-    import shutil
-
-    from pretrieve.modeling.sentence_transformer import ModelFiles, read_sentence_transformers_config
-    from pretrieve.models import model_label
-
     if (directory / "modules.json").exists():   # the method wrote its own (TSDAE: sentence-transformers' save)
         return True
     files = ModelFiles(base)

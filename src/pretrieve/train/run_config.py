@@ -16,6 +16,7 @@ from pretrieve.errors import ConfigError
 from pretrieve.io_utils import load_config_file  # noqa: F401 - the one config reader, re-exported for its users
 from pretrieve.models import resolve_model
 from pretrieve.options import validate
+from pretrieve.train.method import apply_overrides, method_from_mapping, resolve_method
 from pretrieve.train.pretrainer import PretrainConfig
 
 METHOD_FLAG_KEYS = ("objectives", "weights", "encoder_mask", "decoder_mask", "encoder_masker", "decoder_masker",
@@ -54,8 +55,6 @@ def validated_values(schema: type, file_values: Mapping[str, Any], flags: Mappin
 def resolve_pretrain_method(values: dict[str, Any], method_flags: Mapping[str, Any], where: str = "config"):
     """Pop ``method`` and the method overrides from ``values`` (flags in ``method_flags`` win) and return the
     resolved, validated :class:`~pretrieve.train.method.MethodConfig` (preset, file or mapping + overrides)."""
-    from pretrieve.train.method import apply_overrides, method_from_mapping, resolve_method
-
     method_value = method_flags.get("method") or values.pop("method", None) or "bow"
     values.pop("method", None)
     overrides = {key: method_flags.get(key) if method_flags.get(key) is not None else values.pop(key, None)

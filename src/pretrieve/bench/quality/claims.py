@@ -52,12 +52,16 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 import numpy as np
+from scipy import stats
 
 from pretrieve.analysis.mlm_accuracy import GATE_ACCURACY
 from pretrieve.bench.quality.arms import arm_method, arm_seeds
 from pretrieve.bench.quality.records import TIER_FILE, Records
 from pretrieve.bench.quality.settings import PRIMARY, merged_finetune
+from pretrieve.bench.quality.summary import Scores, decide_entry, summarize
 from pretrieve.errors import InputError
+from pretrieve.evaluation.significance import multi_bootstrap
+from pretrieve.io_utils import atomic_open, write_json
 
 TIERS = ("tier1", "budget", "scratch", "dupmae", "cdmae", "minilm")
 TIER_TITLES = {"tier1": "Tier 1 (SPLADE-tiny)", "budget": "Tier 2a (6,000 steps)", "scratch": "Tier 2b (from scratch)",
@@ -115,8 +119,6 @@ class Tier:
 
     def per_query(self, arm: str, seed: int) -> dict[Any, float]:
         if self._scores is None:
-            from pretrieve.bench.quality.summary import Scores
-
             self._scores = Scores({(a, s): self.record(a, s) for a, entry in self.summary["methods"].items()
                                    for s in entry["seeds"]}, self.in_domain)
         return self._scores.scores(arm, seed, self.in_domain, PRIMARY)
@@ -142,8 +144,6 @@ class Tier:
 
 def load_tier(name: str, records: str | Path) -> Tier:
     """A tier's records directory (``bench quality --records``), its summary recomputed from the records alone."""
-    from pretrieve.bench.quality.summary import summarize
-
     if name not in TIERS:
         raise InputError(f"unknown tier '{name}'; choose from {', '.join(TIERS)}", field="tier")
     records = Path(records)
@@ -188,8 +188,6 @@ def _evidence(tier: Tier, contrast: str, label: str | None = None) -> dict[str, 
 
 def _bootstrap_evidence(label: str, inputs: Sequence[tuple[str, str]], x: np.ndarray, y: np.ndarray,
                         strata: Sequence[str] | None, unit: str, **extra: Any) -> dict[str, Any]:
-    from pretrieve.evaluation.significance import multi_bootstrap
-
     result = multi_bootstrap(x, y, strata, n_boot=CLAIM_BOOTSTRAP)
     tier = "+".join(dict.fromkeys(name for name, _ in inputs))
     return {"label": label, "tier": tier, "inputs": [list(i) for i in inputs], "delta": result.delta,
@@ -315,8 +313,6 @@ def coverage_rises(tiers: Mapping[str, Tier]) -> dict[str, Any]:
 def spearman(x: Sequence[float], y: Sequence[float]) -> tuple[float, float]:
     """Spearman ρ (ties: average ranks) and its two-sided permutation p, P(|ρ*| ≥ |ρ|) over the pairings of ``y``
     with ``x``: exact over all n! pairings where n! ≤ 100,000, else 100,000 seeded random ones (observed included)."""
-    from scipy import stats
-
     rx, ry = stats.rankdata(x), stats.rankdata(y)
     rx, ry = rx - rx.mean(), ry - ry.mean()
     scale = float(np.sqrt((rx ** 2).sum() * (ry ** 2).sum()))
@@ -506,8 +502,6 @@ def minilm_gains(tiers: Mapping[str, Tier], alpha: float) -> dict[str, Any]:
 
 
 def budget_sensitivity(tiers: Mapping[str, Tier], margin: float, alpha: float) -> dict[str, Any]:
-    from pretrieve.bench.quality.summary import decide_entry
-
     rule = f"the issue's rule on bow − mlm at 6,000 steps (Δ ≥ +{margin}, Holm p < {alpha}; upper bound < +{margin})"
     tier = tiers.get("budget")
     e = _evidence(tier, "bow-mlm", "6,000 steps: bow − mlm") if tier else None
@@ -616,8 +610,6 @@ def claims_markdown(table: Mapping[str, Any]) -> str:
 
 def write_claims(table: Mapping[str, Any], prefix: str | Path) -> list[Path]:
     """``PREFIX.md`` and ``PREFIX.json``, each written atomically; returns the paths."""
-    from pretrieve.io_utils import atomic_open, write_json
-
     prefix = Path(prefix)
     md, js = prefix.with_name(prefix.name + ".md"), prefix.with_name(prefix.name + ".json")
     write_json(js, table)

@@ -23,6 +23,8 @@ from typing import Any, Mapping
 from pretrieve import recipe as recipe_runner   # the only import of the recipe runner in pretrieve.bench.quality
 from pretrieve.data.registry import resolve_collection
 from pretrieve.errors import ConfigError
+from pretrieve.io_utils import write_json
+from pretrieve.train.method import PRESETS
 
 MEASURES = recipe_runner.RESULT_MEASURES        # nDCG@10, MRR@10, R@100
 
@@ -39,8 +41,6 @@ def results_are_current(directory: str | Path) -> bool:
 def run_recipe(recipe: Mapping[str, Any], directory: Path, show_progress: bool) -> dict[str, Any]:
     """Write ``recipe`` to ``<directory>/recipe.json`` and run it (resumable); a row with a non-finite score is not
     a finished run: its ``results.json`` is removed and the run fails."""
-    from pretrieve.io_utils import write_json
-
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / "recipe.json"
     write_json(path, dict(recipe))
@@ -54,8 +54,6 @@ def run_recipe(recipe: Mapping[str, Any], directory: Path, show_progress: bool) 
 
 def needs_pairs(method: str) -> bool:
     """Whether the method pre-trains on passage–query pairs (CoT-MoTE) rather than on corpus text."""
-    from pretrieve.train.method import PRESETS
-
     spec = PRESETS.get(method)
     return spec is not None and spec.context is not None and spec.context.kind == "pairs"
 

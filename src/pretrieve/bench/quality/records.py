@@ -37,8 +37,10 @@ import time
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
+from pretrieve import __version__
 from pretrieve.errors import ConfigError, InputError
 from pretrieve.io_utils import file_digest, write_json
+from pretrieve.models import resolve_model
 
 logger = logging.getLogger(__name__)
 
@@ -98,8 +100,6 @@ MODEL_FILES = ("config.json", "model.safetensors", "pytorch_model.bin", "vocab.t
 def model_identity(name_or_path: str) -> dict[str, str]:
     """``{"name", "digest"}`` of a model: an offline alias keeps its name, a folder its last two path parts; the
     digest covers its weights, configuration and vocabulary."""
-    from pretrieve.models import resolve_model
-
     resolved = Path(resolve_model(name_or_path))
     files = [resolved / name for name in MODEL_FILES if (resolved / name).exists()]
     if not files:
@@ -123,13 +123,11 @@ def portable_fingerprint(fingerprint: Mapping[str, Any]) -> dict[str, Any]:
 def code_version() -> dict[str, Any]:
     """The commit of the checkout the package runs from (and whether it had uncommitted changes), else the
     installed version."""
-    from pretrieve import __version__
-
     here = Path(__file__).resolve().parent
     try:
         commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True, timeout=10,
                                 check=True).stdout.strip()
-        dirty = bool(subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", "src"],
+        dirty = bool(subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", ":/src"],
                                     cwd=here, capture_output=True, text=True, timeout=10, check=True).stdout.strip())
         return {"commit": commit, "dirty": dirty, "version": __version__}
     except (OSError, subprocess.SubprocessError):
@@ -139,8 +137,8 @@ def code_version() -> dict[str, Any]:
 def machine(threads: int | None = None) -> dict[str, Any]:
     """Where a cell ran: CPU model and the instruction sets that change its speed and bf16 numerics, cores, the
     torch intra-op threads, the accelerator (if any) and the library versions."""
-    import torch
-    import transformers
+    import torch  # heavy: only to record the versions
+    import transformers  # heavy: only to record the versions
 
     cpu, flags = platform.processor() or platform.machine(), set()
     try:

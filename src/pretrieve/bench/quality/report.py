@@ -18,7 +18,7 @@ import numpy as np
 from pretrieve.bench.quality.arms import BASELINES, NO_PRETRAIN, split_family
 from pretrieve.bench.quality.settings import PRIMARY, RETRIEVER
 from pretrieve.bench.quality.summary import per_query_rows
-from pretrieve.io_utils import atomic_open, write_json
+from pretrieve.io_utils import atomic_open, atomic_path, write_json
 
 TABLE_COVERAGE_K = 10
 
@@ -271,11 +271,9 @@ def _pvalue_section(methods: Mapping[str, Any], names: Sequence[str]) -> list[st
 def plot_results(summary: Mapping[str, Any], path: str | Path, measure: str = PRIMARY) -> None:
     """Grouped bars: one group per collection (+ avg), one bar per method, std over seeds as error bars."""
     # only when plotting; the object API, no pyplot: a notebook's backend is left alone
-    from matplotlib import colormaps
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    from pretrieve.io_utils import atomic_path
+    from matplotlib import colormaps  # heavy: matplotlib, only for the figure
+    from matplotlib.backends.backend_agg import FigureCanvasAgg  # heavy: matplotlib, only for the figure
+    from matplotlib.figure import Figure  # heavy: matplotlib, only for the figure
 
     groups = [*summary["collections"], "avg"]
     methods = [(m, e) for m, e in summary["methods"].items() if e["seeds"]]

@@ -13,9 +13,19 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+import yaml
+
 from pretrieve.bench.quality.arms import DEFAULT_METHODS, arm_method, arm_seeds, check_arms, parse_contrasts
 from pretrieve.bench.quality.recipes import collection_path, needs_pairs
 from pretrieve.errors import ConfigError, InputError
+from pretrieve.io_utils import load_config_file
+from pretrieve.models import resolve_model
+from pretrieve.options import validate
+from pretrieve.precision import check_precision
+from pretrieve.recipe.smoke import tiny_model, write_fixture_collection
+from pretrieve.retrieval.load import ModelFiles, read_sentence_transformers_config
+from pretrieve.train.finetuner import FinetuneConfig
+from pretrieve.train.run_config import METHOD_FLAG_KEYS, PretrainOptions
 
 logger = logging.getLogger(__name__)
 
@@ -63,9 +73,6 @@ def defaults_for_base(base: str, quick: bool = False) -> tuple[dict[str, Any], d
     (a retrieval-ready encoder such as all-MiniLM-L6-v2) gets :data:`RETRIEVER_PRETRAIN` / :data:`RETRIEVER_FINETUNE`
     with its own pooling; any other (the papers' setting, splade-tiny) the [CLS] defaults. ``quick`` keeps the quick
     budget but still the retrieval-ready representation."""
-    from pretrieve.models import resolve_model
-    from pretrieve.retrieval.load import ModelFiles, read_sentence_transformers_config
-
     try:
         st = read_sentence_transformers_config(ModelFiles(resolve_model(base)))
     except (InputError, ConfigError, OSError):
@@ -173,7 +180,6 @@ class QualityBenchSettings:
         if grid and (self.select_arm not in methods or self.dev_queries < 1):
             raise ConfigError(f"the fine-tuning grid is searched on dev with the arm '{self.select_arm}': add it to "
                               "the methods and keep dev_queries ≥ 1")
-        from pretrieve.precision import check_precision
 
         if self.precision == "auto":
             raise ConfigError("a comparison runs at one fixed precision (fp32, bf16 or fp16), not auto: auto resolves "
@@ -239,9 +245,6 @@ def smoke_settings(settings: QualityBenchSettings, explicit_methods: bool = True
     budgets of a few steps, so that the whole harness runs end to end in well under a minute. The numbers mean
     nothing. Without ``explicit_methods`` the arms are :data:`SMOKE_METHODS`; method overrides of ``--pretrain``
     (``bottleneck``, objectives, maskers) are kept."""
-    from pretrieve.recipe.smoke import tiny_model, write_fixture_collection
-    from pretrieve.train.run_config import METHOD_FLAG_KEYS
-
     fixtures = Path(settings.out).expanduser().absolute() / "smoke-fixtures"
     collection = fixtures / "smoke"
     if not (collection / "corpus.jsonl").exists():
@@ -324,14 +327,10 @@ def point_name(point: Mapping[str, Any]) -> str:
 def parse_overrides(text: str | None, where: str) -> dict[str, Any]:
     """``--pretrain`` / ``--finetune``: a YAML/JSON file, or inline ``key=value,key=value`` (values read as JSON,
     else YAML)."""
-    import yaml
-
     if not text:
         return {}
     path = Path(text).expanduser()
     if path.suffix.lower() in (".yaml", ".yml", ".json") or path.is_file():
-        from pretrieve.io_utils import load_config_file
-
         return load_config_file(path)
     values: dict[str, Any] = {}
     for part in text.split(","):
@@ -355,21 +354,15 @@ def split_finetune_overrides(values: Mapping[str, Any], where: str) -> tuple[dic
 
 
 def _pretrain_fields() -> type:
-    from pretrieve.train.run_config import PretrainOptions
-
     return PretrainOptions
 
 
 def _finetune_fields() -> type:
-    from pretrieve.train.finetuner import FinetuneConfig
-
     return FinetuneConfig
 
 
 def _check_keys(values: dict[str, Any], schema: type, where: str) -> None:
     """Refuse unknown keys (with a suggestion) and coerce the values in place (pretrieve.options)."""
-    from pretrieve.options import validate
-
     values.update(validate(schema, values, where))
 
 

@@ -38,6 +38,8 @@ from pretrieve.bench.quality.gates import compute_gates
 from pretrieve.bench.quality.records import DONE, FAILED, Records
 from pretrieve.bench.quality.recipes import MEASURES
 from pretrieve.bench.quality.settings import PRIMARY, RETRIEVER, grid_points, point_name
+from pretrieve.evaluation.significance import (decide, holm, minimum_detectable_effect, multi_bootstrap, paired_ttest,
+                                               rule_mde, rule_power)
 
 
 def flat_settings(tier: Mapping[str, Any]) -> dict[str, Any]:
@@ -122,8 +124,6 @@ def _paired(a: Sequence[Mapping[Any, float]], b: Sequence[Mapping[Any, float]]) 
 
 
 def _ttest(a, b, alpha: float) -> dict:
-    from pretrieve.evaluation.significance import paired_ttest
-
     _, x, y = _paired(a, b)
     return paired_ttest(y.mean(axis=0), x.mean(axis=0), alpha=alpha).to_dict()
 
@@ -134,8 +134,6 @@ def contrast_entries(per_arm: Mapping[str, Sequence[Mapping[Any, float]]], contr
     primary family), t-test, decision. A declared contrast whose arms have no results yet stays in its family with
     p = 1 (``missing``: no estimate) so that the family keeps its registered size — Holm never adjusts over fewer
     tests because an arm failed or has not run."""
-    from pretrieve.evaluation.significance import holm, multi_bootstrap
-
     arms = list(per_arm)
     entries = []
     for labelled in contrasts:
@@ -165,8 +163,6 @@ def contrast_entries(per_arm: Mapping[str, Sequence[Mapping[Any, float]]], contr
 
 def decide_entry(entry: Mapping[str, Any], margin: float, alpha: float) -> str:
     """The rule's verdict of one contrast entry (descriptive when an arm has one seed)."""
-    from pretrieve.evaluation.significance import decide
-
     return decide(entry["delta"], entry["ci_high"], entry["p_holm"], margin, alpha,
                   seed_variance_estimated=bool(entry.get("seed_variance_estimated", True)))
 
@@ -174,8 +170,6 @@ def decide_entry(entry: Mapping[str, Any], margin: float, alpha: float) -> str:
 def _power(se: float, margin: float, alpha: float, tests: int) -> dict[str, float]:
     """The MDE of the test (Δ ≠ 0 at Holm's first step), the MDE of the *rule* (Δ ≥ margin and significant, 80 %
     power) and the rule's power when the true Δ equals the margin."""
-    from pretrieve.evaluation.significance import minimum_detectable_effect, rule_mde, rule_power
-
     return {"mde_holm": minimum_detectable_effect(se, alpha=alpha, tests=tests),
             "mde_rule": rule_mde(se, margin, alpha=alpha, tests=tests),
             "power_at_margin": rule_power(margin, se, margin, alpha=alpha, tests=tests)}

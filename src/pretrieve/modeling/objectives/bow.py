@@ -32,6 +32,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from pretrieve.errors import ConfigError
 from pretrieve.modeling.encoder import Encoder, EncoderOutput
 from pretrieve.modeling.objectives.base import Objective, ObjectiveOutput, bottleneck, register_objective
 from pretrieve.precision import full_precision
@@ -74,8 +75,6 @@ class BagOfWords(Objective):
         super().__init__(encoder)
         if cosine_decay_to is not None and (isinstance(cosine_decay_to, bool) or not isinstance(cosine_decay_to, (int, float))
                                             or not 0 <= cosine_decay_to <= 1):
-            from pretrieve.errors import ConfigError
-
             raise ConfigError(f"objective 'bow': cosine_decay_to must be a number in [0, 1] or null, "
                               f"got {cosine_decay_to!r}")
         self.cosine_decay_to = cosine_decay_to

@@ -72,6 +72,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from pretrieve.errors import ConfigError, InputError
+from pretrieve.masking.pmi import NgramStatistics
 from pretrieve.modeling.encoder import Encoder, EncoderOutput
 from pretrieve.modeling.objectives.base import (Objective, ObjectiveOutput, bottleneck, register_objective,
                                                 token_prediction_loss)
@@ -213,8 +214,6 @@ def view_encoding(enc: EncoderOutput, name: str, objective: str) -> EncoderOutpu
 
 def load_idf(path: str | Path, vocab_size: int) -> Tensor:
     """IDF weights ``[V]`` from a PMI/n-gram statistics directory or a ``.npy`` vector."""
-    from pretrieve.masking.pmi import NgramStatistics
-
     path = Path(path)
     if NgramStatistics.is_saved(path):
         weights = NgramStatistics.load(path).idf()
