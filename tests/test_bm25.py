@@ -163,7 +163,8 @@ def test_cli_bm25(tmp_path):
     saved = BM25Index.load(tmp_path / "index").search({"q1": "cat on the mat"}, k=2)
     assert saved["q1"] == pytest.approx(run["q1"], abs=1e-5)  # float32 scores via a text run file
 
-    bad = CliRunner().invoke(app, ["bm25", "--data", str(data), "--out", str(out), "--split", "dev"])
+    bad = CliRunner().invoke(app, ["bm25", "--data", str(data), "--out", str(out.with_name("dev.trec")), "--split",
+                                   "dev"])
     assert bad.exit_code != 0 and isinstance(bad.exception, InputError)
 
 
@@ -280,6 +281,6 @@ def test_cli_bm25_reuses_its_index(tmp_path):
     assert CliRunner().invoke(app, args).exit_code == 0
     stamp = (tmp_path / "index" / "data.csc.index.npy").stat().st_mtime_ns
     first = (tmp_path / "run.trec").read_text()
-    assert CliRunner().invoke(app, args).exit_code == 0
+    assert CliRunner().invoke(app, [*args, "--overwrite"]).exit_code == 0   # the run file is replaced only if asked
     assert (tmp_path / "index" / "data.csc.index.npy").stat().st_mtime_ns == stamp
     assert (tmp_path / "run.trec").read_text() == first

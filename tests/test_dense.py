@@ -614,7 +614,7 @@ def test_cli_dense_encode_and_search(tmp_path, tiny_bert_dir):
     help_text = runner.invoke(app, ["dense", "--help"]).output
     assert "default: test" in help_text and "1000" in help_text
     missing = runner.invoke(app, ["search", "--model", str(model), "--data", str(data), "--index",
-                                  str(tmp_path / "nothing"), "--out", str(search_out)])
+                                  str(tmp_path / "nothing"), "--out", str(search_out), "--overwrite"])
     assert missing.exit_code != 0 and isinstance(missing.exception, InputError)
 
 

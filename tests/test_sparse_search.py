@@ -371,7 +371,7 @@ def test_cli_dense_mode_sparse_gives_the_python_api_run(sparse_mlm_dir, tiny_col
     corpus, queries = collection.load_corpus(), collection.load_queries("test")
     expected = dense_search(final, corpus, queries, k=15, mode="sparse", precision="auto")
     for flags in (["--mode", "sparse"], []):                                 # a sparse model searches sparse anyway
-        run_file = tmp_path / "run.trec"
+        run_file = tmp_path / f"run{len(flags)}.trec"
         result = runner.invoke(app, ["dense", "--model", str(final), "--data", str(tiny_collection), "--out",
                                      str(run_file), "--split", "test", "--k", "15", "--device", "cpu", *flags])
         assert result.exit_code == 0, result.output

@@ -241,10 +241,11 @@ def evaluate(runs: RunLike | Sequence[RunLike] | Mapping[str, RunLike] | None = 
              measures: str | Sequence[str] | None = None, test: str | None = "ttest", alpha: float = 0.05,
              correction: str | None = "holm", missing: str = "zero", ignore_identical_ids: bool = False,
              depth: int = 1000, precision: str = "auto", batch_size: int = 64, data_root: str | Path | None = None,
-             show_progress: bool = True) -> ResultsTable | CollectionsTable:
+             show_progress: bool = True, baseline: str | None = None) -> ResultsTable | CollectionsTable:
     """Score runs against the ``split`` qrels of collection ``data`` (or against ``qrels``, a file or a dict):
-    one row per run, each later run tested against the first (``test``: ttest | permutation | None; ``correction``:
-    the p-values of the runs tested against the first adjusted together by Holm, or None).
+    one row per run, each other run tested against the baseline — the first run, or the one named ``baseline`` —
+    (``test``: ttest | permutation | None; ``correction``: the p-values of the runs tested against the baseline
+    adjusted together by Holm, or None).
 
     ``runs``: one run (a dict or a TREC file), a list of them, or a dict ``{name: run}``; ``measures``:
     ir_measures names (default: ``pretrieve evaluate``'s). ``print(table.to_markdown())`` shows the table,
@@ -265,7 +266,7 @@ def evaluate(runs: RunLike | Sequence[RunLike] | Mapping[str, RunLike] | None = 
         return _evaluate_models(models, data, out=out, split=split, measures=measures, test=test, alpha=alpha,
                                 correction=correction, missing=missing, ignore_identical_ids=ignore_identical_ids,
                                 depth=depth, precision=precision, batch_size=batch_size, data_root=data_root,
-                                show_progress=show_progress, qrels=qrels)
+                                show_progress=show_progress, qrels=qrels, baseline=baseline)
     if (qrels is None) == (data is None):
         raise ConfigError("give exactly one of data (a collection, with split) or qrels")
     if qrels is None:
@@ -276,8 +277,18 @@ def evaluate(runs: RunLike | Sequence[RunLike] | Mapping[str, RunLike] | None = 
         judgments = load_qrels(qrels) if isinstance(qrels, (str, Path)) else qrels
     evaluator = RunEvaluator(judgments, measures or DEFAULT_MEASURES, missing=missing,
                              ignore_identical_ids=ignore_identical_ids)
-    results = {name: evaluator(run, name=name) for name, run in _named_runs(runs).items()}
+    results = {name: evaluator(run, name=name) for name, run in baseline_first(_named_runs(runs), baseline).items()}
     return build_table(results, test=test, alpha=alpha, correction=correction)
+
+
+def baseline_first(named: Mapping[str, Any], baseline: str | None, parameter: str = "baseline") -> dict[str, Any]:
+    """``named`` with the entry ``baseline`` first (the one every other is tested against); as is without one."""
+    named = dict(named)
+    if baseline is None:
+        return named
+    if baseline not in named:
+        raise ConfigError(f"{parameter}: no run or model is named {baseline!r} (names: {', '.join(named)})")
+    return {baseline: named[baseline], **{name: value for name, value in named.items() if name != baseline}}
 
 
 MODEL_MEASURES = "nDCG@10,R@100"
@@ -285,7 +296,8 @@ MODEL_MEASURES = "nDCG@10,R@100"
 
 
 def _evaluate_models(models, data, *, out, split, measures, test, alpha, correction, missing, ignore_identical_ids,
-                     depth, precision, batch_size, data_root, show_progress, qrels) -> CollectionsTable:
+                     depth, precision, batch_size, data_root, show_progress, qrels,
+                     baseline=None) -> CollectionsTable:
     """``evaluate(models=...)``: every model's run on every collection (:func:`pretrieve.retrieval.runs.model_run`),
     scored and tabulated (:func:`pretrieve.evaluation.collections_table`), written under ``out`` when given."""
     from pretrieve.evaluation import RunEvaluator, collections_table, parse_measures
@@ -296,7 +308,7 @@ def _evaluate_models(models, data, *, out, split, measures, test, alpha, correct
     if data is None or (not isinstance(data, (str, Path)) and not list(data)):
         raise ConfigError("data: give the collections to evaluate the models on")
     _positive(depth=depth, batch_size=batch_size)
-    named = _named_models(models)
+    named = baseline_first(_named_models(models), baseline)
     entries = [c.strip() for c in data.split(",")] if isinstance(data, str) else \
         [str(c) for c in ([data] if isinstance(data, Path) else data)]
     collections = {}

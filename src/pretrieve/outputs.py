@@ -16,6 +16,8 @@
   once): the same preflight, the leftovers of killed writes of that output removed, and a write that fails for
   lack of space or at the file-size limit (``ENOSPC``, ``EFBIG``, numpy's "N requested and M written") reported
   as one line naming the user's path (:func:`write_failures`), not an internal temporary file.
+* :func:`refuse_existing` — a run file that exists is not replaced unless asked (``--overwrite``), as a training
+  output directory holding another run is refused.
 * :func:`check_space` — the space part of the preflight, for a command that knows its sizes only later (``dense``
   once the model's dimension is known, before it encodes).
 
@@ -240,6 +242,16 @@ def preflight(path: str | Path, directory: bool = False, needed_bytes: int = 0, 
     if directory:
         remove_leftovers(path, depth=1)
     return path
+
+
+def refuse_existing(path: str | Path, overwrite: bool = False) -> None:
+    """Before any work: refuse to replace the existing file ``path`` (a run file) unless ``overwrite``."""
+    from pretrieve.errors import StaleOutputError
+
+    path = Path(path)
+    if path.is_file() and not overwrite:   # a directory there is the preflight's error (check_writable)
+        raise StaleOutputError(f"{path} exists; choose another --out, or rerun with --overwrite to replace it",
+                               path.parent)
 
 
 @contextlib.contextmanager

@@ -81,9 +81,12 @@ def evaluate_command(
     json_path: Annotated[Optional[Path], typer.Option("--json", help="Write the results (and p-values) as JSON.")] = None,
     md_path: Annotated[Optional[Path], typer.Option("--md", help="Write the table as markdown.")] = None,
     per_query: Annotated[bool, typer.Option("--per-query", help="Include per-query scores in the JSON.")] = False,
-    test: Annotated[SignificanceTest, typer.Option("--test", help="Paired significance test against the first run.")]
+    test: Annotated[SignificanceTest, typer.Option("--test", help="Paired significance test against the baseline "
+                                                   "(--baseline; default: the first run).")]
         = SignificanceTest.ttest,
     alpha: Annotated[float, typer.Option("--alpha", help="Significance level (p ≤ alpha is marked).")] = 0.05,
+    baseline: Annotated[Optional[str], typer.Option("--baseline", help="The run (or model) the others are tested "
+                                                    "against, by name; default: the first.")] = None,
     permutations: Annotated[int, typer.Option("--permutations", help="Random sign flips of the permutation test.")]
         = 10_000,
     seed: Annotated[int, typer.Option("--seed", help="Seed of the permutation test.")] = 0,
@@ -113,7 +116,7 @@ def evaluate_command(
     if models:
         _evaluate_models(runs or [], models, data, qrels, names, out, split, measures, test_name, alpha,
                          chosen_correction, missing.value, ignore_identical_ids, depth, precision, batch_size,
-                         json_path, md_path, per_query)
+                         json_path, md_path, per_query, baseline)
         return
     if not runs:
         raise ConfigError("give the RUN files to evaluate, or models with --model")
@@ -130,8 +133,10 @@ def evaluate_command(
     for name, path in zip(run_names, runs):
         results[name] = evaluator(read_run(path), name=str(path))
         _note_missing(name, results[name])
-    table = build_table(results, test=test_name, alpha=alpha, n_permutations=permutations, seed=seed,
-                        correction=chosen_correction)
+    from pretrieve.api import baseline_first
+
+    table = build_table(baseline_first(results, baseline, "--baseline"), test=test_name, alpha=alpha,
+                        n_permutations=permutations, seed=seed, correction=chosen_correction)
     _print_table(table)
     metadata = {"qrels": str(qrels_path), "run_files": {name: str(path) for name, path in zip(run_names, runs)},
                 "provenance": _provenance()}
@@ -144,7 +149,8 @@ def evaluate_command(
 def _evaluate_models(runs: list[Path], models: list[str], data: str | None, qrels: Path | None, names: str | None,
                      out: Path | None, split: str, measures: str | None, test: str | None, alpha: float,
                      correction: str | None, missing: str, ignore_identical_ids: bool, depth: int, precision: str,
-                     batch_size: int, json_path: Path | None, md_path: Path | None, per_query: bool) -> None:
+                     batch_size: int, json_path: Path | None, md_path: Path | None, per_query: bool,
+                     baseline: str | None = None) -> None:
     """``--model``: every model on every --data collection (:func:`pretrieve.api.evaluate`), the table printed."""
     from pretrieve.api import evaluate   # torch: only when models are searched
 
@@ -163,7 +169,7 @@ def _evaluate_models(runs: list[Path], models: list[str], data: str | None, qrel
         chosen = models
     table = evaluate(models=chosen, data=data, out=out, split=split, measures=measures, test=test, alpha=alpha,
                      correction=correction, missing=missing, ignore_identical_ids=ignore_identical_ids, depth=depth,
-                     precision=precision, batch_size=batch_size, show_progress=True)
+                     precision=precision, batch_size=batch_size, show_progress=True, baseline=baseline)
     header, rows = table.grid()
     _print_grid(header, rows, table.legend())
     table.write(json_path=json_path, md_path=md_path, per_query=per_query)

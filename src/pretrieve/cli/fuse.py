@@ -41,15 +41,19 @@ def fuse_command(
     allow_disjoint: bool = typer.Option(False, "--allow-disjoint", help="Fuse runs that share no query (their "
                                         "union; refused by default, as it usually means runs of different "
                                         "query sets were given)."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing --out run file (refused "
+                                                              "otherwise)."),
 ) -> None:
     """Fuse runs (reciprocal rank fusion, or normalised scores with convex weights given or fitted on train)."""
     from rich.console import Console
 
     from pretrieve.data.registry import resolve_collection
     from pretrieve.errors import ConfigError
+    from pretrieve.outputs import refuse_existing
     from pretrieve.retrieval import fusion
 
     err = Console(stderr=True, highlight=False)
+    refuse_existing(out, overwrite)
     if len(runs) < 2:
         raise ConfigError(f"give at least two runs to fuse, got {len(runs)}")
     train_runs = [Path(p) for value in (fit_runs or []) for p in value.split(",") if p]

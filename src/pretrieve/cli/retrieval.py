@@ -30,7 +30,7 @@ from pretrieve.data.collection import BeirCollection
 from pretrieve.data.registry import resolve_collection
 from pretrieve.data.trec import write_run
 from pretrieve.errors import ConfigError
-from pretrieve.outputs import check_space, preflight, producing, write_failures
+from pretrieve.outputs import check_space, preflight, producing, refuse_existing, write_failures
 
 err = Console(stderr=True)
 
@@ -55,6 +55,8 @@ GPU_HELP = ("Search on the GPU(s) (FAISS with GPU support; exact search also thr
 Model = Annotated[str, typer.Option("--model", "-m", help=MODEL_HELP)]
 Data = Annotated[str, typer.Option("--data", "-d", help=DATA_HELP)]
 RunOut = Annotated[Path, typer.Option("--out", "-o", help="Run file to write (TREC format).")]
+Overwrite = Annotated[bool, typer.Option("--overwrite", help="Replace an existing --out run file (refused "
+                                                             "otherwise).")]
 Split = Annotated[str, typer.Option("--split", "-s", help="Qrels split whose judged queries are searched.")]
 Depth = Annotated[int, typer.Option("--k", min=1, help="Documents retrieved per query.")]
 Factory = Annotated[str, typer.Option("--factory", help=FACTORY_HELP)]
@@ -145,10 +147,12 @@ def bm25(
                                               "and settings are unchanged; default: a temporary index."),
     threads: Optional[int] = typer.Option(None, "--threads", min=0, help="Search threads.",
                                           show_default="every core"),
+    overwrite: Overwrite = False,
 ) -> None:
     """BM25 (bm25s, Lucene scoring, English stemming and stopwords) over title + text."""
     from pretrieve.retrieval.bm25 import SCRATCH_NAME, BM25Params, bm25_run_file, index_space
 
+    refuse_existing(out, overwrite)
     began = time.perf_counter()
     collection = _collection(data)
     # an existing --index is reused while current (a stale one rebuilt: a failure then is reported all the same)
@@ -222,11 +226,13 @@ def search(
     query_prompt: QueryPrompt = None,
     passage_prompt: PassagePrompt = None,
     device: Device = "auto",
+    overwrite: Overwrite = False,
 ) -> None:
     """Encode the split's queries and search every shard of INDEX (streaming top-k merge); write the run."""
     from pretrieve.retrieval.index import find_shards
     from pretrieve.retrieval.search import search as search_index
 
+    refuse_existing(out, overwrite)
     began = time.perf_counter()
     _check_mode(mode)
     find_shards(index)  # fail on a missing or incomplete index before loading the model
@@ -267,6 +273,7 @@ def dense(
     passage_prompt: PassagePrompt = None,
     device: Device = "auto",
     mode: Mode = None,
+    overwrite: Overwrite = False,
 ) -> None:
     """Encode the corpus and the split's queries, search, write the run.
 
@@ -277,6 +284,7 @@ def dense(
     from pretrieve.retrieval.index import shard_dir_name
     from pretrieve.retrieval.search import INDEX_SCRATCH, search as search_corpus
 
+    refuse_existing(out, overwrite)
     began = time.perf_counter()
     _check_mode(mode)
     collection = _collection(data)

@@ -299,8 +299,23 @@ class CollectionsTable(WrittenTable):
                         row.append(format_p(table.p_value(run, m)) if present else "–")
                 rows[-1].append(format_value(beir.average(run, m), digits))
                 if tested and run != self.baseline:
-                    rows[-1].append("")
+                    rows[-1].append(format_p(self.average_p(run, m)))
         return header, rows
+
+    def average_p(self, run: str, measure: str) -> float:
+        """The test on the average: a paired two-sided t-test of ``run`` against the baseline over the collections,
+        each collection's mean one observation (NaN with fewer than two collections both were scored on, or when
+        every difference is the same)."""
+        import numpy as np
+        from scipy import stats
+
+        pairs = [(self.beir.values[run][(c, measure)], self.beir.values[self.baseline][(c, measure)])
+                 for c in self.beir.collections]
+        pairs = [(a, b) for a, b in pairs if not (np.isnan(a) or np.isnan(b))]
+        differences = np.array([a - b for a, b in pairs])
+        if len(pairs) < 2 or np.allclose(differences, differences[0]):
+            return float("nan")
+        return float(stats.ttest_rel([a for a, _ in pairs], [b for _, b in pairs]).pvalue)
 
     @property
     def test(self) -> str | None:
@@ -316,6 +331,9 @@ class CollectionsTable(WrittenTable):
             text += (f" {SIGNIFICANCE_MARK} significantly different from '{self.baseline}' on that collection "
                      f"({_TEST_NAMES.get(self.test, self.test)} over the per-query scores{adjusted}, "
                      f"p ≤ {first.alpha:g}); {UP} higher, {DOWN} lower; p: the p-value the mark is decided on.")
+            if len(self.beir.collections) > 1:
+                text += (f" Average p: paired t-test against '{self.baseline}' over the {len(self.beir.collections)} "
+                         "collections (each collection's mean one observation; not corrected).")
         return text
 
     def to_markdown(self, digits: int = DIGITS) -> str:
@@ -324,7 +342,12 @@ class CollectionsTable(WrittenTable):
 
     def to_dict(self, per_query: bool = False) -> dict[str, Any]:
         """The BEIR table (scores and averages) and, per collection, the :class:`ResultsTable` with its tests."""
-        return {**self.beir.to_dict(), "baseline": self.baseline,
+        def clean(x: float) -> float | None:
+            return None if x != x else x
+
+        average_tests = {run: {m: clean(self.average_p(run, m)) for m in self.beir.measures}
+                         for run in self.beir.runs[1:]} if self.test else {}
+        return {**self.beir.to_dict(), "baseline": self.baseline, "average_p": average_tests,
                 "per_collection": {c: table.to_dict(per_query=per_query) for c, table in self.tables.items()}}
 
 
