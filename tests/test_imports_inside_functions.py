@@ -37,10 +37,6 @@ NOT_YET_CONVERTED = {
     "outputs.py",
     "recipe/",  # the whole package
     "train/run.py",
-    "bench/quality/__init__.py",
-    "bench/quality/cell.py",
-    "bench/quality/cell_records.py",
-    "bench/quality/run.py",
 }
 
 PRAGMA = re.compile(r"^\s*(noqa\b(:\s*[A-Z]+\d*(\s*,\s*[A-Z]+\d*)*)?|type:\s*ignore(\[[^\]]*\])?|pragma:[^-–—]*)",

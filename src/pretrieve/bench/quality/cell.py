@@ -19,13 +19,22 @@ from itertools import islice
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+from transformers import AutoTokenizer
+
 from pretrieve import artifacts
+from pretrieve.analysis.coverage import frequent_token_ids, load_encoder, token_coverage
+from pretrieve.analysis.probe import cls_probe, export_checkpoint_encoder
 from pretrieve.bench.quality import recipes
 from pretrieve.bench.quality.arms import NO_PRETRAIN, arm_method
 from pretrieve.bench.quality.settings import (COVERAGE_FILE, QualityBenchSettings, fold_dir, parse_fold, point_name,
                                               seed_dir)
+from pretrieve.data.collection import BeirCollection
+from pretrieve.data.folds import held_out_dev
+from pretrieve.data.pretrain_text import iter_pretrain_texts
+from pretrieve.data.spans import write_qrels_pairs
 from pretrieve.errors import InputError
-from pretrieve.models import no_remote_code
+from pretrieve.models import no_remote_code, resolve_model
+from pretrieve.retrieval.bm25 import bm25_negatives
 
 logger = logging.getLogger(__name__)
 
@@ -44,8 +53,6 @@ def derived_collection(settings: QualityBenchSettings) -> Path:
     ``dev_queries`` drawn with ``dev_seed`` from the collection's own ``dev`` split when it has one, else carved out
     of its ``train`` split), in ``<out>/collections/<name>`` (same directory name, so runs are named after the
     collection)."""
-    from pretrieve.data.folds import held_out_dev
-
     return held_out_dev(settings.train, Path(settings.out) / "collections" / Path(settings.train).name,
                         size=settings.dev_queries, seed=settings.dev_seed, train="train")
 
@@ -53,8 +60,6 @@ def derived_collection(settings: QualityBenchSettings) -> Path:
 def pretrain_corpus(settings: QualityBenchSettings) -> str:
     """The pre-training corpus: the one source, or the union of several written once as JSONL (every passage of
     each source in file order, sources in the given order) in ``<out>/pretrain-data/``."""
-    from pretrieve.data.pretrain_text import iter_pretrain_texts
-
     sources = list(settings.pretrain_data)
     if len(sources) == 1:
         return sources[0]
@@ -74,8 +79,6 @@ def pretrain_corpus(settings: QualityBenchSettings) -> str:
 
 def bm25_groups(settings: QualityBenchSettings, data: Path, split: str, arm: str) -> Path:
     """Stage-1 training groups (BM25 negatives of ``split`` of the derived collection), built once, shared."""
-    from pretrieve.retrieval.bm25 import bm25_negatives
-
     depth = int(settings.finetune_for(arm_method(arm)[0]).get("bm25_depth", 1000))
     path = Path(settings.out) / "groups" / f"{data.name}-{split}-bm25-{depth}.jsonl"
     return bm25_negatives(data, split, path, depth=depth)
@@ -86,8 +89,6 @@ def prepare_pairs(settings: QualityBenchSettings, data: Path) -> Path | None:
     ``train`` then, :meth:`QualityBenchSettings.resolved`); written once."""
     if not any(recipes.needs_pairs(arm_method(m)[0]) for m in settings.methods):
         return None
-    from pretrieve.data import BeirCollection
-    from pretrieve.data.spans import write_qrels_pairs
 
     path = Path(settings.out) / "pairs" / f"{data.name}-train.jsonl"
     if not path.exists():
@@ -98,8 +99,6 @@ def prepare_pairs(settings: QualityBenchSettings, data: Path) -> Path | None:
 
 def coverage_texts(settings: QualityBenchSettings, corpus: str) -> list[str]:
     """The fixed coverage sample: the first ``coverage_texts`` passages of the pre-training corpus."""
-    from pretrieve.data.pretrain_text import iter_pretrain_texts
-
     texts = list(islice(iter_pretrain_texts(corpus), settings.coverage_texts))
     if not texts:
         raise InputError("the pre-training corpus has no passages", path=corpus)
@@ -191,8 +190,6 @@ class Bench:
     # -- coverage
     def checkpoint(self, arm: str, seed: int) -> str:
         """Where an arm × seed's checkpoint is (nothing is run): its pre-training's ``final``, or the base."""
-        from pretrieve.models import resolve_model
-
         if arm_method(arm)[0] == NO_PRETRAIN:
             return resolve_model(self.settings.base)
         return str(seed_dir(self.out, arm, seed) / "pretrain" / "final")
@@ -241,8 +238,6 @@ class Bench:
     def probe(self, arm: str, seed: int) -> None:
         """At each probed step: [CLS] retrieval without fine-tuning (dot and cosine) on every judged query of every
         split of the evaluation collections, and the coverage variants (:mod:`pretrieve.analysis.probe`)."""
-        from pretrieve.analysis.probe import cls_probe, export_checkpoint_encoder
-
         for step in self.probe_steps(arm, seed):
             path, record, inputs = self.probe_record(arm, seed, step)
             if artifacts.is_current(path, record, inputs, kind="probe"):
@@ -264,10 +259,7 @@ class Bench:
         """The :data:`FREQUENT_TOKENS` most frequent tokens of the pre-training corpus (every arm shares the base
         tokenizer; counted once)."""
         if self._frequent is None:
-            from transformers import AutoTokenizer
 
-            from pretrieve.analysis.coverage import frequent_token_ids
-            from pretrieve.data.pretrain_text import iter_pretrain_texts
 
             tokenizer = AutoTokenizer.from_pretrained(model, **no_remote_code(model))
             texts = islice(iter_pretrain_texts(self.corpus), FREQUENT_SAMPLE)
@@ -286,9 +278,6 @@ def checkpoint_coverage(model: str, texts: Sequence[str], max_len: int, frequent
                         ks: Sequence[int] = COVERAGE_KS) -> dict:
     """:func:`pretrieve.analysis.coverage.token_coverage` of one checkpoint in each of :data:`COVERAGE_VARIANTS`
     (what ``pretrieve analyze coverage`` computes), without the per-text examples; ``raw`` at the top level."""
-    from transformers import AutoTokenizer
-
-    from pretrieve.analysis.coverage import load_encoder, token_coverage
 
     encoder, created = load_encoder(model)
     tokenizer = AutoTokenizer.from_pretrained(model, **no_remote_code(model))

@@ -22,8 +22,13 @@ from pretrieve.bench.quality.records import (CELL_FORMAT, DONE, FAILED, SELECT_F
                                              trimmed_coverage)
 from pretrieve.bench.quality.settings import (COVERAGE_FILE, PRIMARY, RETRIEVER, fold_dir, parse_fold, point_name,
                                               seed_dir)
+from pretrieve.data.beir import load_qrels
+from pretrieve.data.collection import BeirCollection
+from pretrieve.data.trec import read_run
 from pretrieve.errors import InputError
+from pretrieve.evaluation import RunEvaluator
 from pretrieve.io_utils import file_digest
+from pretrieve.train.loop import read_logs
 
 def run_path(directory: Path, collection: str, split: str, zero_shot_split: str) -> Path:
     """The TREC run a fine-tuning recipe in ``directory`` wrote for a collection (``name`` for the zero-shot
@@ -35,10 +40,6 @@ def run_path(directory: Path, collection: str, split: str, zero_shot_split: str)
 def per_query_scores(run: Path, qrels: Path) -> dict[str, dict[str, float]]:
     """``{measure: {query id: score}}`` of a saved run against a qrels file (every judged query; one the run
     does not answer scores 0, as ``trec_eval -c``)."""
-    from pretrieve.data.beir import load_qrels
-    from pretrieve.data.trec import read_run
-    from pretrieve.evaluation import RunEvaluator
-
     if not run.exists():
         raise InputError("the run of a finished recipe is missing", path=run)
     result = RunEvaluator(load_qrels(qrels), list(recipes.MEASURES))(read_run(run), name=str(run))
@@ -53,8 +54,6 @@ def _timings(directory: Path) -> dict[str, float]:
 def pretrain_speed(directory: Path) -> dict[str, Any] | None:
     """Wall time of a cell's pretrain stage and training samples/s from its ``logs.jsonl``: ``steps × batch /
     Σ window seconds``, complete across resumes."""
-    from pretrieve.train.loop import read_logs
-
     pretrain_dir = directory / "pretrain"
     config_path = pretrain_dir / "pretrain_config.json"
     if not config_path.exists():
@@ -74,8 +73,6 @@ def pretrain_speed(directory: Path) -> dict[str, Any] | None:
 def cell_record(bench: Bench, arm: str, seed: int, protocol: Mapping[str, Any], tier: Mapping[str, Any],
                 wall_s: float) -> dict[str, Any]:
     """The record of a finished arm × seed (module docstring of :mod:`pretrieve.bench.quality.records`)."""
-    from pretrieve.data.collection import BeirCollection
-
     settings = bench.settings
     directory = seed_dir(bench.out, arm, seed)
     in_domain = Path(settings.train).name
@@ -115,8 +112,6 @@ def cell_record(bench: Bench, arm: str, seed: int, protocol: Mapping[str, Any], 
 def select_record(bench: Bench, point: Mapping[str, Any], directory: Path, tier: Mapping[str, Any],
                   wall_s: float) -> dict[str, Any]:
     """The record of one dev-grid point: its per-query dev nDCG@10 (the selection compares their means)."""
-    from pretrieve.data.collection import BeirCollection
-
     name = Path(bench.settings.train).name
     dev = per_query_scores(run_path(directory, name, DEV, bench.settings.split),
                            BeirCollection(bench.data).qrels_path(DEV))

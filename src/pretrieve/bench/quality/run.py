@@ -28,6 +28,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
+import torch
+
 from pretrieve.bench.quality.cell import Bench, derived_collection, prepare_pairs, run_cell  # noqa: F401 (API)
 from pretrieve.bench.quality.cell_records import cell_record, failed_record, select_record
 from pretrieve.bench.quality.records import DONE, Records, commit, write_record
@@ -209,8 +211,6 @@ def run_quality_bench(settings: QualityBenchSettings, progress: Callable[[str], 
 
 def _with_threads(threads: int, work: Callable[[], Any]) -> Any:
     """``work()`` with ``threads`` torch threads, the caller's count restored afterwards."""
-    import torch   # heavy: the CLI's --help must not import it
-
     before = torch.get_num_threads()
     torch.set_num_threads(max(1, threads))
     try:
