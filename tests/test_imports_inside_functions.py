@@ -27,16 +27,7 @@ PACKAGE = SRC / "pretrieve"
 # Modules not converted yet: other work was editing them when the rule was adopted. Each is converted (and removed
 # from this list) by its next change; every other module must follow the rule.
 NOT_YET_CONVERTED = {
-    "api.py",
-    "cli/__init__.py",
-    "cli/data.py",
-    "cli/evaluate.py",
-    "cli/fuse.py",
     "cli/retrieval.py",
-    "evaluation/report.py",
-    "outputs.py",
-    "recipe/",  # the whole package
-    "train/run.py",
 }
 
 PRAGMA = re.compile(r"^\s*(noqa\b(:\s*[A-Z]+\d*(\s*,\s*[A-Z]+\d*)*)?|type:\s*ignore(\[[^\]]*\])?|pragma:[^-–—]*)",

@@ -37,17 +37,23 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import sys
 import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping, Sequence, Union
 
 from pretrieve import outputs
+from pretrieve.data.beir import load_qrels
 from pretrieve.data.collection import BeirCollection
 from pretrieve.data.registry import resolve_collection, resolve_corpus
 from pretrieve.data.trec import read_run
 from pretrieve.errors import ConfigError
+from pretrieve.io_utils import load_config_file
 from pretrieve.models import resolve_model
 from pretrieve.provenance import provenance
+from pretrieve.retrieval import cache as embedding_cache
+from pretrieve.retrieval import fusion
+from pretrieve.retrieval.bm25 import BM25Params, corpus_index
 
 if TYPE_CHECKING:
     import numpy as np
@@ -79,8 +85,8 @@ def pretrain(model: str | Path, corpus: str | Path, out: str | Path, method: str
     ``report_to``: experiment trackers besides ``out/logs.jsonl`` (``"tensorboard"``, ``["wandb", "mlflow"]``, …:
     accelerate's names; default none; docs/recipes.md, "Tracking").
     """
-    from pretrieve.train.pretrainer import pretrain as run_pretraining   # torch: only when training
-    from pretrieve.train.run_config import PretrainOptions, build_pretrain_config
+    from pretrieve.train.pretrainer import pretrain as run_pretraining   # heavy: torch, only when training
+    from pretrieve.train.run_config import PretrainOptions, build_pretrain_config   # heavy: torch, only when training
 
     _require(model=model, corpus=corpus, out=out)
     _check_settings(PretrainOptions, {**settings, "report_to": report_to}, "pretrain()")   # before any download
@@ -99,10 +105,8 @@ def finetune(model: str | Path, data: str | Path, out: str | Path, *, stage: int
     folder for dense retrievers. ``settings``: fields of :class:`~pretrieve.train.finetuner.FinetuneConfig`
     (``max_steps``, ``batch_size``, ``num_negatives``, ``pooling``, ``lr``, ``groups``, ``split``, …). ``report_to``:
     experiment trackers, as for :func:`pretrain`."""
-    from pretrieve.train.finetuner import build_finetune_config   # torch: only when training
-    from pretrieve.train.finetuner import finetune as run_finetuning
-
-    from pretrieve.train.finetuner import FinetuneConfig
+    from pretrieve.train.finetuner import (FinetuneConfig, build_finetune_config,   # heavy: torch, only when training
+                                           finetune as run_finetuning)
 
     _require(model=model, data=data, out=out)
     _check_settings(FinetuneConfig, {**settings, "report_to": report_to}, "finetune()")   # before any download
@@ -122,8 +126,7 @@ def encode(retriever: Retriever | str | Path, texts: Sequence[str], *, side: str
     loaded retriever takes its prompts from ``load_retriever(query_prompt=…, passage_prompt=…)``. ``cache``: dense
     vectors of 256 texts or more are kept in the user cache (:mod:`pretrieve.retrieval.cache`, keyed by the model's
     fingerprint, the side's settings and the texts) and reused by a later call."""
-    from pretrieve.retrieval import cache as embedding_cache
-    from pretrieve.retrieval.batches import encode_all   # torch
+    from pretrieve.retrieval.batches import encode_all   # heavy: torch, only when encoding
 
     if side not in SIDES:
         raise ConfigError(f"side must be one of {', '.join(SIDES)}, got {side!r}")
@@ -162,9 +165,8 @@ def search(retriever: Retriever | str | Path, data: str | Path, *, split: str = 
     reused while current — by default the user cache (:mod:`pretrieve.retrieval.cache`: keyed by the model's
     fingerprint, the corpus's digest and the encoding settings, so a second search of the same corpus with the same
     model encodes no passage), a directory, or ``False`` for a temporary one."""
-    from pretrieve.retrieval.cache import corpus_index_dir
-    from pretrieve.retrieval.index import SearchOptions   # torch, FAISS
-    from pretrieve.retrieval.search import search as search_corpus
+    from pretrieve.retrieval.index import SearchOptions   # heavy: scipy; keeps pretrieve.bm25 and --help fast
+    from pretrieve.retrieval.search import search as search_corpus   # heavy: torch, only when searching
 
     _positive(k=k, batch_size=batch_size)
     collection = BeirCollection(resolve_collection(data, data_root=data_root))
@@ -172,7 +174,7 @@ def search(retriever: Retriever | str | Path, data: str | Path, *, split: str = 
     options = SearchOptions(factory=factory, metric="ip", nprobe=nprobe, ef_search=ef_search, use_gpu=gpu)
     with quiet_libraries():
         loaded = _retriever(retriever)
-        cache_dir = (corpus_index_dir(loaded, collection.corpus_path) if cache is True or cache is None
+        cache_dir = (embedding_cache.corpus_index_dir(loaded, collection.corpus_path) if cache is True or cache is None
                      else None if cache is False else cache)
         return search_corpus(loaded, wanted, collection.corpus_dataset(), k=k, cache_dir=cache_dir, mode=mode,
                              options=options, batch_size=batch_size, show_progress=show_progress)
@@ -184,8 +186,6 @@ def bm25(data: str | Path, *, split: str = "test", queries: Mapping[str, str] | 
     """BM25 (bm25s, Lucene scoring, Pyserini's k1/b) over the title + text of collection ``data``: the top ``k``
     for the queries judged in ``split`` (or for ``queries``). ``index``: a directory where the index is kept and
     reused while current (default: a temporary one)."""
-    from pretrieve.retrieval.bm25 import BM25Params, corpus_index
-
     _positive(k=k)
     collection = BeirCollection(resolve_collection(data, data_root=data_root))
     wanted = dict(queries) if queries is not None else collection.load_queries(split)
@@ -201,8 +201,6 @@ def fuse(runs: Sequence[RunLike], *, method: str = "rrf", norm: str | None = Non
     score sum (``"wsum"``, ``norm`` minmax | zscore, convex ``weights``). The weights (or, with ``"auto"``, the
     method) can instead be fitted on training queries: ``fit_data`` (a collection) with ``fit_runs``, the same
     retrievers' runs on its ``fit_split`` queries, in the order of ``runs`` (the test split is refused)."""
-    from pretrieve.retrieval import fusion
-
     loaded = [_run(run, "runs") for run in runs]
     fitting = fit_data is not None or fit_runs is not None
     if len(loaded) < 2:
@@ -257,8 +255,7 @@ def evaluate(runs: RunLike | Sequence[RunLike] | Mapping[str, RunLike] | None = 
     :class:`~pretrieve.evaluation.CollectionsTable` (a row per collection and the average, a column per model and
     measure; default measures nDCG@10 and R@100). ``out``: where the runs are written (and reused while current),
     with ``results.md`` / ``results.json``; default a temporary directory, nothing kept."""
-    from pretrieve.data.beir import load_qrels
-    from pretrieve.evaluation import DEFAULT_MEASURES, RunEvaluator, build_table
+    from pretrieve.evaluation import DEFAULT_MEASURES, RunEvaluator, build_table   # heavy: scipy; keeps --help fast
 
     if (runs is None) == (models is None):
         raise ConfigError("give exactly one of runs or models")
@@ -300,8 +297,8 @@ def _evaluate_models(models, data, *, out, split, measures, test, alpha, correct
                      baseline=None) -> CollectionsTable:
     """``evaluate(models=...)``: every model's run on every collection (:func:`pretrieve.retrieval.runs.model_run`),
     scored and tabulated (:func:`pretrieve.evaluation.collections_table`), written under ``out`` when given."""
-    from pretrieve.evaluation import RunEvaluator, collections_table, parse_measures
-    from pretrieve.retrieval.runs import model_run   # torch: only when models are searched
+    from pretrieve.evaluation import RunEvaluator, collections_table, parse_measures   # heavy: scipy; --help fast
+    from pretrieve.retrieval.runs import model_run   # heavy: torch, only when models are searched
 
     if qrels is not None:
         raise ConfigError("qrels: models are scored on the qrels of each collection of data; drop qrels")
@@ -354,17 +351,15 @@ def export(model: str | Path, out: str | Path, *, recipe_out: str | Path | None 
     repository to upload to (``token`` or the logged-in one): the token and the Hub are checked before anything is
     exported, and a failure is one :class:`~pretrieve.errors.ConfigError`. ``dry_run``: export, then print what
     ``push_to_hub`` would upload (files and sizes) without touching the network. Returns ``out``."""
-    from pretrieve.io_utils import load_config_file
-    from pretrieve.modeling.export import check_hub, export_model, hub_token, push_to_hub as push   # torch
-    from pretrieve.modeling.export import upload_plan
+    from pretrieve.modeling.export import (check_hub, export_model, hub_token,   # heavy: torch, only when exporting
+                                           push_to_hub as push, upload_plan)
+    from pretrieve.modeling.model_card import metrics_of   # heavy: torch, only when exporting
 
     if dry_run and not push_to_hub:
         raise ConfigError("dry_run shows what push_to_hub would upload: give push_to_hub too")
     if push_to_hub and not dry_run:   # before the work: a push that cannot happen fails at once
         token = hub_token(token)
         logger.info("Hugging Face Hub reachable; pushing as %s", check_hub(token))
-    from pretrieve.modeling.model_card import metrics_of
-
     recipe = results = metrics = None
     if recipe_out is not None:
         recipe = load_config_file(Path(recipe_out) / "recipe.resolved.json", "resolved recipe")
@@ -395,7 +390,7 @@ def run_recipe(recipe: str | Path | Mapping[str, Any], *, out: str | Path | None
     (also in ``results.json`` / ``results.md``). A dict is validated first, then kept as ``recipe.yaml`` in the
     run's output directory once it is locked, so that ``pretrieve run OUT/recipe.yaml`` reproduces the run.
     ``smoke``: the recipe made tiny, in ``<out>-smoke`` unless ``out`` is given."""
-    from pretrieve.recipe import run_recipe as run   # torch: only when running
+    from pretrieve.recipe import run_recipe as run   # heavy: torch, only when running
 
     with quiet_libraries():
         return run(recipe, out=out, show_progress=show_progress, redo_changed=redo_changed, data_root=data_root,
@@ -406,7 +401,7 @@ def run_recipe(recipe: str | Path | Mapping[str, Any], *, out: str | Path | None
 def load_retriever(name_or_path: str | Path, *args: Any, **kwargs: Any) -> Retriever:
     """:func:`pretrieve.retrieval.load.load_retriever` (same arguments), with transformers' warnings and loading
     bars held back as in every verb."""
-    from pretrieve.retrieval.load import load_retriever as load   # torch
+    from pretrieve.retrieval.load import load_retriever as load   # heavy: torch, only when loading
 
     with quiet_libraries():
         return load(name_or_path, *args, **kwargs)
@@ -417,8 +412,6 @@ def quiet_libraries():
     """While a verb runs: transformers' log at ERROR (no "checkpoint seem corrupted" notice, no LOAD REPORT
     tables: pretrieve loads checkpoints into other architectures on purpose) and its "Loading weights" bars off, as
     on the command line; both restored afterwards (a verb changes no global state)."""
-    import sys
-
     hf_logging = sys.modules.get("transformers.utils.logging")
     if hf_logging is None:
         import transformers.utils.logging as hf_logging   # the verbs that come here load models anyway
@@ -435,7 +428,7 @@ def quiet_libraries():
 
 def _check_settings(config_class: type, settings: Mapping[str, Any], where: str) -> None:
     """Unknown or ill-typed training settings refused before anything is resolved or downloaded."""
-    from pretrieve.train.run_config import validated_values
+    from pretrieve.train.run_config import validated_values   # heavy: torch, only before training
 
     validated_values(config_class, {k: v for k, v in settings.items() if v is not None}, {}, where)
 

@@ -31,6 +31,7 @@ import contextlib
 import errno
 import logging
 import os
+import resource
 import shutil
 import socket
 import tempfile
@@ -38,7 +39,11 @@ import time
 from pathlib import Path
 from typing import Collection, Iterator
 
-from pretrieve.errors import InputError, OutputBusyError
+from filelock import FileLock, Timeout
+
+from pretrieve.artifacts import remove_stale_temporaries
+from pretrieve.errors import InputError, OutputBusyError, StaleOutputError
+from pretrieve.ranks import rank
 
 logger = logging.getLogger(__name__)
 
@@ -49,8 +54,6 @@ CLEANUP_DEPTH = 3
 
 def process_rank() -> int:
     """This process's global rank under torchrun / accelerate launch (0 otherwise): :func:`pretrieve.ranks.rank`."""
-    from pretrieve.ranks import rank
-
     return rank()
 
 
@@ -93,8 +96,6 @@ def _probe(place: Path, path: Path) -> None:
 def check_space(path: str | Path, needed_bytes: int = 0, largest_file: int = 0) -> None:
     """Raise a one-line :class:`InputError` naming ``path`` unless a file of ``largest_file`` bytes is within the
     file-size limit (``ulimit -f``) and ``needed_bytes`` are free on the file system that holds (or will hold) it."""
-    import resource
-
     path = Path(path)
     if largest_file:
         soft, _ = resource.getrlimit(resource.RLIMIT_FSIZE)
@@ -128,8 +129,6 @@ def write_failures(path: str | Path) -> Iterator[None]:
 
 
 def _short_write_reason(path: Path) -> str:
-    import resource
-
     if shutil.disk_usage(_first_existing(path)).free < (1 << 20):
         return _SPACE_ERRORS[errno.ENOSPC]
     if resource.getrlimit(resource.RLIMIT_FSIZE)[0] != resource.RLIM_INFINITY:
@@ -169,15 +168,11 @@ class DirectoryLock:
     """
 
     def __init__(self, directory: str | Path):
-        from filelock import FileLock
-
         self.directory = Path(directory)
         self.path = self.directory / LOCK_FILE
         self._lock = FileLock(str(self.path), timeout=0)
 
     def acquire(self) -> None:
-        from filelock import Timeout
-
         try:
             self._lock.acquire()
         except Timeout:
@@ -221,8 +216,6 @@ def remove_leftovers(directory: str | Path, depth: int = CLEANUP_DEPTH,
 
 
 def _remove_leftovers(directory: Path, depth: int, names: Collection[str] | None) -> list[Path]:
-    from pretrieve.artifacts import remove_stale_temporaries
-
     removed = remove_stale_temporaries(directory, names=names)
     if depth > 0 and names is None and directory.is_dir():
         for child in sorted(directory.iterdir()):
@@ -246,8 +239,6 @@ def preflight(path: str | Path, directory: bool = False, needed_bytes: int = 0, 
 
 def refuse_existing(path: str | Path, overwrite: bool = False) -> None:
     """Before any work: refuse to replace the existing file ``path`` (a run file) unless ``overwrite``."""
-    from pretrieve.errors import StaleOutputError
-
     path = Path(path)
     if path.is_file() and not overwrite:   # a directory there is the preflight's error (check_writable)
         raise StaleOutputError(f"{path} exists; choose another --out, or rerun with --overwrite to replace it",

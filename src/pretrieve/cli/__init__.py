@@ -16,8 +16,10 @@ import errno
 import importlib
 import importlib.abc
 import importlib.util
+import logging
 import os
 import re
+import signal
 import sys
 from types import ModuleType
 from typing import Callable
@@ -28,7 +30,14 @@ from rich.console import Console
 from rich.text import Text
 from typer.core import TyperOption
 
+from pretrieve import __version__
 from pretrieve.errors import PretrieveError
+from pretrieve.models import model_label
+
+try:   # typer ≥ 0.26 ships its own copy of click
+    from typer._click import exceptions as click
+except ImportError:
+    from click import exceptions as click
 
 #: Help width when stdout is not a terminal (rich would assume 80 columns and cut option names and defaults).
 HELP_WIDTH = 120
@@ -65,8 +74,6 @@ NOISY_LOGGERS = ("bm25s", "httpx", "httpcore", "urllib3", "filelock", "huggingfa
 
 def configure_logging(verbose: bool = False) -> None:
     """INFO (or DEBUG) lines of pretrieve on stderr; chatty third-party libraries only from WARNING."""
-    import logging
-
     logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO,
                         format="%(levelname)s %(name)s: %(message)s")
     for name in NOISY_LOGGERS:
@@ -142,8 +149,6 @@ class CompactLoadReport:
                 modules = by_status.setdefault(cells[1].lower(), [])
                 if module not in modules:
                     modules.append(module)
-        from pretrieve.models import model_label
-
         source = model_label(first.split("from:", 1)[-1].strip())
         model = first.split(" LOAD REPORT", 1)[0].strip()
         parts = [f"{self.LABELS.get(status, status)}: {', '.join(modules)}" for status, modules in by_status.items()]
@@ -154,8 +159,6 @@ class CompactLoadReport:
 
 def _version(value: bool) -> None:
     if value:
-        from pretrieve import __version__
-
         typer.echo(f"pretrieve {__version__}")
         raise typer.Exit()
 
@@ -199,13 +202,6 @@ def describe_os_error(exc: OSError) -> str:
 
 def main() -> None:
     """Console entry point: errors are one ``error:`` line and exit code 2 (see the module docstring)."""
-    import signal
-
-    try:   # typer ≥ 0.26 ships its own copy of click
-        from typer._click import exceptions as click
-    except ImportError:
-        from click import exceptions as click
-
     if hasattr(signal, "SIGXFSZ"):
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
     try:

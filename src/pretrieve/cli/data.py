@@ -7,6 +7,7 @@ a located ``InputError``, which ``pretrieve.cli.main`` prints as one line with e
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 from typing import List, Optional
 
@@ -15,8 +16,11 @@ from rich.console import Console
 from rich.table import Table
 
 from pretrieve.cli import app
-from pretrieve.data.registry import (KNOWN_COLLECTIONS, check_collection, default_cache_dir, fetch_collection,
-                                     resolve_collection)
+from pretrieve.data.convert import convert, write_summary
+from pretrieve.data.folds import halves
+from pretrieve.data.registry import (KNOWN_COLLECTIONS, check_collection, data_roots, default_cache_dir,
+                                     fetch_collection, find_collection, resolve_collection)
+from pretrieve.errors import ConfigError
 
 data_app = typer.Typer(help="Validate, list, download and convert BEIR-layout collections.", no_args_is_help=True)
 app.add_typer(data_app, name="data")
@@ -55,8 +59,6 @@ def list_collections(
     """List the known downloadable collections, and the local ones under the data roots: whether each is here
     (``--data NAME`` uses that copy, found as the resolver finds it: the data roots, then the cache) or would be
     downloaded."""
-    from pretrieve.data.registry import data_roots, find_collection
-
     cache = cache_dir or default_cache_dir()
     table = Table("name", "splits", "md5", "cached", "description")
     found_at = {}
@@ -101,8 +103,6 @@ def halves_command(
 ) -> None:
     """Halve a split's judged queries (seeded) into OUT/NAME-a (train: one half, test: the other) and OUT/NAME-b
     (the reverse): the in-domain check of a collection without its own training queries."""
-    from pretrieve.data.folds import halves   # numpy and the artefact records: only for this command
-
     for path in halves(resolve_collection(collection), out_dir, split=split, seed=seed):
         out.print(str(path))
 
@@ -126,9 +126,6 @@ def convert_command(
                                                     "repeatable."),
 ) -> None:
     """Convert MS MARCO / TREC DL files, Tevatron groups or ir_datasets names into a BEIR directory (streaming)."""
-    from pretrieve.data.convert import convert, write_summary
-    from pretrieve.errors import ConfigError
-
     pairs = []
     for spec in qrels or []:
         split, sep, file = spec.partition("=")
@@ -137,8 +134,6 @@ def convert_command(
         pairs.append((split, Path(file)))
     report = convert(out_dir, corpus=corpus, queries=queries or [], qrels=pairs, groups=groups or [],
                      ir_datasets=ir_datasets or [], titles=titles)
-    import io
-
     text = io.StringIO()
     write_summary(report, text)
     out.print(text.getvalue().rstrip("\n"), highlight=False)

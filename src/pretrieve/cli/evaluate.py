@@ -14,6 +14,7 @@ one implementation of the Python API's ``evaluate(models=...)``; ``--out`` keeps
 from __future__ import annotations
 
 from enum import Enum
+from importlib import metadata
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -22,14 +23,18 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from pretrieve.api import MODEL_MEASURES, baseline_first, evaluate
 from pretrieve.cli import app
 from pretrieve.cli import console as err_console
+from pretrieve.data.beir import load_qrels
+from pretrieve.data.collection import BeirCollection
+from pretrieve.data.registry import resolve_collection
+from pretrieve.data.trec import read_run
 from pretrieve.errors import ConfigError
+from pretrieve.provenance import provenance
 
 # Kept in sync with pretrieve.evaluation.metrics.DEFAULT_MEASURES (not imported, so that `--help` stays fast).
 _DEFAULT_MEASURES = "MRR@10,R@5,R@20,R@50,R@100,R@1000,nDCG@10,nDCG@100,MAP"
-# Kept in sync with pretrieve.api.MODEL_MEASURES (the default with --model).
-_MODEL_MEASURES = "nDCG@10,R@100"
 
 
 class SignificanceTest(str, Enum):
@@ -66,7 +71,7 @@ def evaluate_command(
     split: Annotated[str, typer.Option("--split", help="Qrels split of --data.")] = "test",
     measures: Annotated[Optional[str], typer.Option("--measures", help="Comma-separated ir_measures names, e.g. "
                                                     f"nDCG@10,MRR@10,R@100,MAP (default: {_DEFAULT_MEASURES}; with "
-                                                    f"--model: {_MODEL_MEASURES})", show_default=False)] = None,
+                                                    f"--model: {MODEL_MEASURES})", show_default=False)] = None,
     names: Annotated[Optional[str], typer.Option("--names", help="Comma-separated run (or model) names "
                                                  "(default: file names without extension; a model's last path "
                                                  "part).")] = None,
@@ -103,11 +108,7 @@ def evaluate_command(
 ) -> None:
     """Evaluate runs against qrels (one row per run), or models on collections (--model; a row per collection):
     marks for significant differences from the first."""
-    from pretrieve.data.beir import load_qrels
-    from pretrieve.data.collection import BeirCollection
-    from pretrieve.data.registry import resolve_collection
-    from pretrieve.data.trec import read_run
-    from pretrieve.evaluation import RunEvaluator, build_table
+    from pretrieve.evaluation import RunEvaluator, build_table   # heavy: scipy; keeps pretrieve --help fast
 
     if per_query and json_path is None:
         raise ConfigError("--per-query adds per-query scores to the JSON output: give --json FILE too")
@@ -133,8 +134,6 @@ def evaluate_command(
     for name, path in zip(run_names, runs):
         results[name] = evaluator(read_run(path), name=str(path))
         _note_missing(name, results[name])
-    from pretrieve.api import baseline_first
-
     table = build_table(baseline_first(results, baseline, "--baseline"), test=test_name, alpha=alpha,
                         n_permutations=permutations, seed=seed, correction=chosen_correction)
     _print_table(table)
@@ -152,8 +151,6 @@ def _evaluate_models(runs: list[Path], models: list[str], data: str | None, qrel
                      batch_size: int, json_path: Path | None, md_path: Path | None, per_query: bool,
                      baseline: str | None = None) -> None:
     """``--model``: every model on every --data collection (:func:`pretrieve.api.evaluate`), the table printed."""
-    from pretrieve.api import evaluate   # torch: only when models are searched
-
     if runs:
         raise ConfigError("give either RUN files or --model, not both")
     if qrels is not None or data is None:
@@ -236,10 +233,6 @@ def _print_grid(header: list[str], rows: list[list[str]], legend: str, out: Cons
 
 
 def _provenance() -> dict:
-    from importlib import metadata
-
-    from pretrieve.provenance import provenance
-
     try:
         extra = {"pytrec_eval": metadata.version("pytrec-eval-terrier")}
     except metadata.PackageNotFoundError:

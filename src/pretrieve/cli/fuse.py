@@ -3,7 +3,7 @@
 Thin: it parses the options and calls :mod:`pretrieve.retrieval.fusion` (ranx arithmetic). Weights are
 given (``--weights``) or fitted on training queries (``--fit-data DIR --fit-split train --fit-runs ...``: the
 same retrievers' runs on that split's queries, scored against that split's qrels only; ``test`` is refused).
-Imports stay inside the command, so ``pretrieve fuse`` loads neither torch nor transformers itself.
+Nothing it imports loads torch or transformers (``pretrieve fuse`` stays torch-free).
 """
 
 from __future__ import annotations
@@ -12,8 +12,15 @@ from pathlib import Path
 from typing import Optional
 
 import typer
+from rich.console import Console
 
 from pretrieve.cli import app
+from pretrieve.data.collection import BeirCollection
+from pretrieve.data.registry import resolve_collection
+from pretrieve.data.trec import iter_run
+from pretrieve.errors import ConfigError, InputError
+from pretrieve.outputs import refuse_existing
+from pretrieve.retrieval import fusion
 
 
 @app.command("fuse")
@@ -45,13 +52,6 @@ def fuse_command(
                                                               "otherwise)."),
 ) -> None:
     """Fuse runs (reciprocal rank fusion, or normalised scores with convex weights given or fitted on train)."""
-    from rich.console import Console
-
-    from pretrieve.data.registry import resolve_collection
-    from pretrieve.errors import ConfigError
-    from pretrieve.outputs import refuse_existing
-    from pretrieve.retrieval import fusion
-
     err = Console(stderr=True, highlight=False)
     refuse_existing(out, overwrite)
     if len(runs) < 2:
@@ -84,8 +84,6 @@ def fuse_command(
                   f"({fit_measure} {spec.fit['score']:.4f}, cross-fitted {spec.fit['cross_fitted']:.4f}; single runs "
                   + ", ".join(f"{v:.4f}" for v in spec.fit["single_runs"].values()) + ")")
         fit_inputs = {f"fit_run{i + 1}": p for i, p in enumerate(train_runs)}
-        from pretrieve.data.collection import BeirCollection
-
         fit_inputs["fit_qrels"] = BeirCollection(fit_data).qrels_path(fit_split)
     else:
         parsed = None
@@ -105,9 +103,6 @@ def fuse_command(
 
 def _check_shared_queries(runs: list[Path], allow_disjoint: bool, err) -> None:
     """Refuse runs that share no query (unless allowed); note the queries some runs lack (one streamed pass)."""
-    from pretrieve.errors import InputError
-    from pretrieve.data.trec import iter_run
-
     query_sets = [{qid for qid, _ in iter_run(path)} for path in runs]
     shared = set.intersection(*query_sets)
     union = set.union(*query_sets)

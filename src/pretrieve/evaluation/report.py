@@ -19,6 +19,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+import numpy as np
+from scipy import stats
+
 from pretrieve.errors import ConfigError
 from pretrieve.evaluation.metrics import EvalResult
 from pretrieve.evaluation.significance import (DEFAULT_ALPHA, DEFAULT_PERMUTATIONS, TESTS, SignificanceResult,
@@ -306,9 +309,6 @@ class CollectionsTable(WrittenTable):
         """The test on the average: a paired two-sided t-test of ``run`` against the baseline over the collections,
         each collection's mean one observation (NaN with fewer than two collections both were scored on, or when
         every difference is the same)."""
-        import numpy as np
-        from scipy import stats
-
         pairs = [(self.beir.values[run][(c, measure)], self.beir.values[self.baseline][(c, measure)])
                  for c in self.beir.collections]
         pairs = [(a, b) for a, b in pairs if not (np.isnan(a) or np.isnan(b))]

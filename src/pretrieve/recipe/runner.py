@@ -36,8 +36,10 @@ from pretrieve.data.collection import BeirCollection
 from pretrieve.errors import StaleOutputError
 from pretrieve.io_utils import write_json
 from pretrieve.modeling.export import export_model
+from pretrieve.modeling.model_card import metrics_of
 from pretrieve.recipe.results import write_results
 from pretrieve.recipe.schema import STAGES, stage_labels
+from pretrieve.retrieval.cache import cached_index
 from pretrieve.train.loop import TrainingTerminated
 
 logger = logging.getLogger(__name__)
@@ -107,8 +109,6 @@ class RunState:
             return own
 
         def choose(loaded) -> Path:
-            from pretrieve.retrieval.cache import cached_index
-
             shared = cached_index(loaded, collection.corpus_dataset(), collection.corpus_path)
             if shared is None:
                 return own
@@ -200,8 +200,6 @@ def export_final(state: RunState, results: Mapping[str, Any]) -> Path | None:
     if name is None:
         return None
     recipe = {**state.recipe, "data": str(state.data), "model": state.base_model}
-    from pretrieve.modeling.model_card import metrics_of
-
     return export_model(models[name], state.out / "export", recipe=recipe, row=name,
                         results=(state.out / "results.md").read_text(encoding="utf-8"),
                         metrics=metrics_of(results["rows"], name))
