@@ -245,7 +245,7 @@ def test_bm25_negatives_stream_the_groups_groups_from_run_builds(tmp_path):
     from pretrieve import artifacts
     from pretrieve.data.collection import BeirCollection
     from pretrieve.data.groups import groups_from_run, read_groups
-    from pretrieve.retrieval.bm25 import bm25_negatives
+    from pretrieve.retrieval.runs import bm25_negatives
 
     data = write_tiny_collection(tmp_path / "toy")
     (data / "qrels" / "train.tsv").write_text("query-id\tcorpus-id\tscore\nq1\td5\t1\nq2\td3\t1\nq2\td4\t2\n"

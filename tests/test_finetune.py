@@ -91,7 +91,7 @@ def test_collator_puts_the_positive_first_and_samples_from_the_generator(tokeniz
 
 # ------------------------------------------------------------------------------------------------ mining
 def test_bm25_negatives_exclude_positives_keep_rank_order_and_depth(tiny_collection, tmp_path):
-    from pretrieve.retrieval.bm25 import bm25_negatives
+    from pretrieve.retrieval.runs import bm25_negatives
     from pretrieve.retrieval.mining import meta_path
 
     out = bm25_negatives(tiny_collection, "train", tmp_path / "bm25.jsonl", depth=6, run_out=tmp_path / "bm25.trec")
@@ -180,7 +180,7 @@ def test_stage1_builds_bm25_groups_and_lowers_the_loss(tiny_bert_dir, tiny_colle
 
 def test_a_finished_stage_whose_groups_file_changed_is_not_taken_as_finished(tiny_bert_dir, tiny_collection,
                                                                               tmp_path):
-    from pretrieve.retrieval.bm25 import bm25_negatives
+    from pretrieve.retrieval.runs import bm25_negatives
 
     groups = tmp_path / "groups.jsonl"
     bm25_negatives(tiny_collection, "train", groups, depth=10)
@@ -194,7 +194,7 @@ def test_a_finished_stage_whose_groups_file_changed_is_not_taken_as_finished(tin
 
 def test_resume_after_interruption_gives_the_same_losses(tiny_bert_dir, tiny_collection, tmp_path, monkeypatch):
     groups = tmp_path / "groups.jsonl"
-    from pretrieve.retrieval.bm25 import bm25_negatives
+    from pretrieve.retrieval.runs import bm25_negatives
 
     bm25_negatives(tiny_collection, "train", groups, depth=10)
     finetune(make_config(tiny_bert_dir, tiny_collection, tmp_path / "full", groups=str(groups), save_every=3,

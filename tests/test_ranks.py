@@ -80,7 +80,7 @@ def test_two_ranks_write_parts_and_rank0_merges_them_in_order(tmp_path, count):
 
 
 def _bm25_worker(rank: int, world: int, data: str, out: str) -> str:
-    from pretrieve.retrieval.bm25 import bm25_negatives
+    from pretrieve.retrieval.runs import bm25_negatives
 
     ranks.init(1)
     bm25_negatives(data, "train", Path(out) / "groups.jsonl", depth=20, run_out=Path(out) / "bm25.trec")
@@ -88,8 +88,8 @@ def _bm25_worker(rank: int, world: int, data: str, out: str) -> str:
 
 
 def test_bm25_negatives_split_by_query_equal_one_process(tmp_path):
-    from pretrieve.retrieval.bm25 import bm25_negatives
-    from pretrieve.recipe.smoke import write_fixture_collection
+    from pretrieve.retrieval.runs import bm25_negatives
+    from pretrieve.recipe.fixtures import write_fixture_collection
 
     write_fixture_collection(tmp_path / "data", ["train"])
     one = tmp_path / "one"

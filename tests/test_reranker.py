@@ -27,7 +27,7 @@ def data(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def groups_file(data, tmp_path_factory) -> Path:
-    from pretrieve.retrieval.bm25 import bm25_negatives
+    from pretrieve.retrieval.runs import bm25_negatives
 
     return bm25_negatives(data, "train", tmp_path_factory.mktemp("rrg") / "bm25.jsonl", depth=10)
 

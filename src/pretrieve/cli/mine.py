@@ -1,7 +1,7 @@
 """``pretrieve mine``: hard negatives — each query's top-K by a retriever (or BM25) minus its positives.
 
 A thin wrapper around :func:`pretrieve.retrieval.mining.mine_negatives` and
-:func:`pretrieve.retrieval.bm25.bm25_negatives`; progress bars go to stderr.
+:func:`pretrieve.retrieval.runs.bm25_negatives`; progress bars go to stderr.
 """
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ def mine_command(
     if bm25 == (model is not None):
         raise ConfigError("give either --model (dense mining) or --bm25")
     if bm25:
-        from pretrieve.retrieval.bm25 import bm25_negatives   # when the command runs: --help stays light
+        from pretrieve.retrieval.runs import bm25_negatives   # when the command runs: --help stays light
 
         path = bm25_negatives(collection, split, out, depth=depth or 1000, run_out=run_out, overwrite=overwrite,
                               index_dir=bm25_index, show_progress=err.is_terminal)

@@ -1,11 +1,14 @@
 """``pretrieve bm25 | encode | search | dense``: first-stage retrieval runs from the command line.
 
-Thin wrappers over :mod:`pretrieve.retrieval`: parse options, load the collection, call one function,
-write the run (TREC format, atomically) and print one summary line. ``encode``, ``search`` and ``dense`` all
+Thin wrappers over :mod:`pretrieve.retrieval`: parse options, load the collection, call one function and print one
+summary line. Run files are written by :mod:`pretrieve.retrieval.runs` (TREC format, atomically):
+:func:`~pretrieve.retrieval.runs.lexical_run_file` for ``bm25`` (the ``bm25`` lexical back-end),
+:func:`~pretrieve.retrieval.runs.search_run` for ``search`` and ``dense``. ``encode``, ``search`` and ``dense`` all
 load the model with :func:`~pretrieve.retrieval.load.load_retriever` and go through
 :func:`~pretrieve.retrieval.search.build_index` / :func:`~pretrieve.retrieval.search.search`, for every kind of
-retriever. Progress bars (with ETA) go to stderr. Imports of the retrieval stack happen inside the commands, so that
-`pretrieve --help` and `pretrieve bm25` start without torch, FAISS or scipy.
+retriever. Progress bars (with ETA) go to stderr. The modules that import torch (the retriever's loading and search)
+are imported inside the commands that need them, so that `pretrieve --help` and `pretrieve bm25` start without torch
+or FAISS.
 
 Outputs are checked before the work (:func:`pretrieve.outputs.producing`): a run file or index that cannot be
 written, a directory where a run file should be, a file-size limit below the largest file (the BM25 index's score
@@ -28,9 +31,10 @@ from pretrieve.cli import app
 from pretrieve.cli.options import PASSAGE_PROMPT_HELP, QUERY_PROMPT_HELP
 from pretrieve.data.collection import BeirCollection
 from pretrieve.data.registry import resolve_collection
-from pretrieve.data.trec import write_run
 from pretrieve.errors import ConfigError
 from pretrieve.outputs import check_space, preflight, producing, refuse_existing, write_failures
+from pretrieve.retrieval import runs
+from pretrieve.retrieval.index import SEARCH_MODES, SearchOptions, find_shards, lexical_backend, shard_dir_name
 
 err = Console(stderr=True)
 
@@ -87,7 +91,7 @@ def _precision(precision: str, bf16: bool) -> str:
 def _load(model: str, device: str, precision: str, max_length: Optional[int] = None,
           query_max_length: Optional[int] = None, pooling: Optional[str] = None, normalize: Optional[bool] = None,
           query_prompt: Optional[str] = None, passage_prompt: Optional[str] = None):
-    from pretrieve.retrieval.load import load_retriever
+    from pretrieve.retrieval.load import load_retriever  # torch: keeps `pretrieve --help` and `bm25` torch-free
 
     retriever = load_retriever(model, device=device, precision=precision, max_length=max_length,
                                query_max_length=query_max_length, pooling=pooling, normalize=normalize,
@@ -101,15 +105,11 @@ def _load(model: str, device: str, precision: str, max_length: Optional[int] = N
 
 
 def _options(factory: str = "Flat", metric: str = "ip", nprobe: Optional[int] = None,
-             ef_search: Optional[int] = None, gpu: Optional[bool] = None):
-    from pretrieve.retrieval.index import SearchOptions
-
+             ef_search: Optional[int] = None, gpu: Optional[bool] = None) -> SearchOptions:
     return SearchOptions(factory=factory, metric=metric, nprobe=nprobe, ef_search=ef_search, use_gpu=gpu)
 
 
 def _check_mode(mode: Optional[str]) -> None:
-    from pretrieve.retrieval.index import SEARCH_MODES
-
     if mode is not None and mode not in SEARCH_MODES:
         raise ConfigError(f"--mode must be one of {', '.join(SEARCH_MODES)}, got '{mode}'")
 
@@ -150,19 +150,18 @@ def bm25(
     overwrite: Overwrite = False,
 ) -> None:
     """BM25 (bm25s, Lucene scoring, English stemming and stopwords) over title + text."""
-    from pretrieve.retrieval.bm25 import SCRATCH_NAME, BM25Params, bm25_run_file, index_space
-
+    engine = lexical_backend("bm25")
     refuse_existing(out, overwrite)
     began = time.perf_counter()
     collection = _collection(data)
     # an existing --index is reused while current (a stale one rebuilt: a failure then is reported all the same)
-    needed, largest = (0, 0) if index is not None and index.exists() else index_space(collection.corpus_path)
+    needed, largest = (0, 0) if index is not None and index.exists() else engine.index_space(collection.corpus_path)
     if index is not None:
         preflight(index, directory=True, needed_bytes=needed, largest_file=largest)
-    with producing(out, needed_bytes=0 if index else needed, largest_file=largest, scratch=(SCRATCH_NAME,)):
-        queries, lines = bm25_run_file(collection, split, out, k=k, params=BM25Params(k1=k1, b=b),
-                                       exclude_self=exclude_self, index_dir=index, n_threads=threads,
-                                       show_progress=err.is_terminal)
+    with producing(out, needed_bytes=0 if index else needed, largest_file=largest, scratch=(engine.SCRATCH_NAME,)):
+        queries, lines = runs.lexical_run_file(collection, split, out, k=k, params=engine.params(k1=k1, b=b),
+                                               exclude_self=exclude_self, index_dir=index, n_threads=threads,
+                                               show_progress=err.is_terminal, engine="bm25")
     err.print(f"wrote {out}: {queries} queries, {lines} results in {time.perf_counter() - began:.1f} s",
               highlight=False)
 
@@ -186,8 +185,7 @@ def encode(
     overwrite: bool = typer.Option(False, "--overwrite", help="Re-encode even when the shard is current."),
 ) -> None:
     """Encode one corpus shard into OUT (skipped when it is current: same model, settings and passages)."""
-    from pretrieve.retrieval.index import shard_dir_name
-    from pretrieve.retrieval.search import build_index
+    from pretrieve.retrieval.search import build_index  # torch: keeps `pretrieve --help` and `bm25` torch-free
 
     with producing(out, directory=True):
         retriever = _load(model, device, _precision(precision, bf16), max_length=max_length, pooling=pooling,
@@ -229,9 +227,6 @@ def search(
     overwrite: Overwrite = False,
 ) -> None:
     """Encode the split's queries and search every shard of INDEX (streaming top-k merge); write the run."""
-    from pretrieve.retrieval.index import find_shards
-    from pretrieve.retrieval.search import search as search_index
-
     refuse_existing(out, overwrite)
     began = time.perf_counter()
     _check_mode(mode)
@@ -241,9 +236,8 @@ def search(
         retriever = _load(model, device, _precision(precision, bf16), query_max_length=query_max_length,
                           pooling=pooling, normalize=normalize, query_prompt=query_prompt,
                           passage_prompt=passage_prompt)
-        run = search_index(retriever, queries, index, k=k, mode=mode, batch_size=batch_size,
-                           options=_options(factory, metric, nprobe, ef_search, gpu))
-        write_run(run, out, tag=mode or retriever.kind, depth=k)
+        run = runs.search_run(retriever, queries, index, out, k=k, tag=mode or retriever.kind, mode=mode,
+                              batch_size=batch_size, options=_options(factory, metric, nprobe, ef_search, gpu))
     _report(run, out, began)
 
 
@@ -281,8 +275,7 @@ def dense(
     score, sparse/hybrid representations); --mode picks another search of a sparse/hybrid model, --factory an
     approximate FAISS index for dense vectors.
     """
-    from pretrieve.retrieval.index import shard_dir_name
-    from pretrieve.retrieval.search import INDEX_SCRATCH, search as search_corpus
+    from pretrieve.retrieval.search import INDEX_SCRATCH  # torch: keeps `pretrieve --help` and `bm25` torch-free
 
     refuse_existing(out, overwrite)
     began = time.perf_counter()
@@ -299,7 +292,7 @@ def dense(
             if cache is None or not (cache / shard_dir_name(0, 1)).exists():   # else reused while current
                 size = _index_bytes(retriever, len(corpus))
                 check_space(index, size, size)
-            run = search_corpus(retriever, queries, corpus, k=k, cache_dir=cache, mode=mode, batch_size=batch_size,
-                                options=_options(factory, "ip", nprobe, ef_search, gpu), scratch_dir=out.parent)
-        write_run(run, out, tag=mode or "dense", depth=k)
+        run = runs.search_run(retriever, queries, corpus, out, k=k, tag=mode or "dense", failures_at=index,
+                              cache_dir=cache, mode=mode, batch_size=batch_size,
+                              options=_options(factory, "ip", nprobe, ef_search, gpu), scratch_dir=out.parent)
     _report(run, out, began)

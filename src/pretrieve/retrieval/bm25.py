@@ -1,6 +1,9 @@
-"""BM25 lexical retrieval over a BEIR corpus (bm25s backend): build, save, memory-map, search, mine negatives.
+"""BM25 lexical retrieval over a BEIR corpus (bm25s backend): build, save, memory-map, search.
 
-Owns the lexical baseline and the first-stage negative miner. Every document is indexed as
+The lexical back-end ``bm25`` (:data:`pretrieve.retrieval.index.LEXICAL_BACKENDS`, the
+:class:`~pretrieve.retrieval.index.LexicalBackend` contract: :data:`SCRATCH_NAME`, :func:`params`,
+:func:`open_index`, :func:`index_space`). Its run files and mined negatives are written by
+:mod:`pretrieve.retrieval.runs` (``lexical_run_file``, ``bm25_negatives``), the one producer of run files. Every document is indexed as
 ``title + " " + text`` in one field, the "flat" setting of Pyserini's BEIR baselines.
 
 Analysis (fixed per index and saved with it): lower-casing, bm25s' word splitter ``\\b\\w\\w+\\b``
@@ -32,9 +35,8 @@ all documents or the results of all queries:
 * :meth:`BM25Index.load` opens a saved index with ``bm25s.BM25.load(mmap=True)``; document ids are a
   memory-mapped ``doc_ids.npy``. A search reads only the posting lists of the query's terms.
 * :meth:`BM25Index.iter_search` scores batches of queries on several threads and yields each query's ranking
-  in input order as soon as it is ready; :func:`bm25_run_file` and :func:`bm25_negatives` write them to the
-  run / groups file as they come (:class:`~pretrieve.data.trec.RunWriter`,
-  :func:`~pretrieve.data.groups.group_from_ranking`).
+  in input order as soon as it is ready; :mod:`pretrieve.retrieval.runs` writes them to the run / groups file as
+  they come.
 * :func:`corpus_index` builds the index of a collection's corpus, or reuses the one saved at ``index_dir`` when
   it is current by :mod:`pretrieve.artifacts` (same analysis and scoring settings, same corpus content).
 
@@ -64,12 +66,9 @@ from tqdm.auto import tqdm
 
 from pretrieve import artifacts, ranks
 from pretrieve.data.beir import Corpus, iter_corpus
-from pretrieve.data.collection import BeirCollection
-from pretrieve.data.groups import GroupStats, group_from_ranking
-from pretrieve.data.trec import Run, RunWriter
+from pretrieve.data.trec import Run
 from pretrieve.errors import ConfigError, InputError
 from pretrieve.io_utils import atomic_dir, temporary_dir, write_json
-from pretrieve.outputs import write_failures
 
 logger = logging.getLogger(__name__)
 
@@ -574,48 +573,6 @@ def bm25_run(corpus: Corpus, queries: Mapping[str, str], k: int = 1000, k1: floa
     return index.search(queries, k=k, exclude_self=exclude_self)
 
 
-def bm25_run_file(data: str | Path | BeirCollection, split: str, out: str | Path, k: int = 1000,
-                  params: BM25Params | None = None, exclude_self: bool = False, index_dir: str | Path | None = None,
-                  n_threads: int | None = None, show_progress: bool = False) -> tuple[int, int]:
-    """``pretrieve bm25``: search the ``split`` queries of a collection and write the run to ``out`` as the
-    rankings come (TREC, atomically, recorded as an artefact). Returns ``(queries, lines)`` written.
-
-    Under several ranks (:mod:`pretrieve.ranks`) the index is built once and each rank searches a contiguous slice
-    of the queries; the file is the one a single process writes."""
-    collection = data if isinstance(data, BeirCollection) else BeirCollection(Path(data))
-    params = params or BM25Params()
-    queries = list(collection.load_queries(split).items())  # validates the split before the index is built
-    if not queries:
-        raise InputError(f"no query judged in split '{split}' ({collection.qrels_path(split)}) is in the queries "
-                         "file: the run would be empty (do the query ids match?)", path=collection.queries_path)
-    out = Path(out)
-    settings, inputs = bm25_run_record(collection, split, k, params, exclude_self)
-    with contextlib.ExitStack() as stack:
-        with write_failures(index_dir or out):   # the index (without index_dir: a temporary one beside the run)
-            index = stack.enter_context(shared_corpus_index(collection.corpus_path, params, index_dir,
-                                                            scratch_dir=out.parent, show_progress=show_progress))
-
-        def write_part(start: int, end: int, paths: list[Path]) -> tuple[int, int]:
-            with open(paths[0], "w", encoding="utf-8") as handle:
-                writer = RunWriter(handle, out, tag="bm25", depth=k)
-                for qid, ranking in index.iter_search(queries[start:end], k=k, exclude_self=exclude_self,
-                                                      n_threads=n_threads, show_progress=show_progress,
-                                                      total=end - start):
-                    writer.write(qid, ranking)
-            return writer.queries, writer.lines
-
-        written = ranks.split_files([(out, "run", settings, inputs)], len(queries), write_part, "BM25 run")
-    return sum(q for q, _ in written), sum(lines for _, lines in written)
-
-
-def bm25_run_record(collection: BeirCollection, split: str, k: int, params: BM25Params | None = None,
-                    exclude_self: bool = False) -> tuple[dict[str, Any], dict[str, Path]]:
-    """``(settings, inputs)`` recorded with a BM25 run file (what :func:`pretrieve.artifacts.check` compares)."""
-    params = params or BM25Params()
-    settings = {"retriever": "bm25", **params.settings(), "split": split, "k": k, "exclude_self": exclude_self}
-    return settings, collection.split_inputs(split)
-
-
 @contextlib.contextmanager
 def shared_corpus_index(corpus_path: str | Path, params: BM25Params, index_dir: str | Path | None = None,
                         scratch_dir: str | Path | None = None, show_progress: bool = False) -> Iterator[BM25Index]:
@@ -633,76 +590,11 @@ def shared_corpus_index(corpus_path: str | Path, params: BM25Params, index_dir: 
         yield index
 
 
-# ---------------------------------------------------------------------------------------------- mining
-def bm25_negatives(data: str | Path | BeirCollection, split: str, out_groups: str | Path, depth: int = 1000,
-                   k1: float = 0.9, b: float = 0.4, run_out: str | Path | None = None, overwrite: bool = False,
-                   index_dir: str | Path | None = None, n_threads: int | None = None,
-                   show_progress: bool = False) -> Path:
-    """Stage-1 groups: the BM25 (Pyserini defaults) top-``depth`` of each ``split`` query minus its positives.
-
-    CDMAE (Li et al. 2023) §3.4's first fine-tuning stage (K₁ = 1000). Queries are searched in qrels order and each group
-    (and run line, with ``run_out``) is written as its ranking arrives, so memory does not grow with the number
-    of training queries (:func:`pretrieve.data.groups.group_from_ranking` states which queries are skipped).
-    A groups file that is current (same settings, same collection files) is returned without recomputing,
-    unless ``overwrite``. Under several ranks (:mod:`pretrieve.ranks`) every rank calls this: the index is built
-    once and each rank searches a contiguous slice of the training queries; the files are a single process's.
-    """
-    if depth < 1:
-        raise ConfigError(f"depth must be >= 1, got {depth}")
-    collection = data if isinstance(data, BeirCollection) else BeirCollection(Path(data))
-    out_groups = Path(out_groups)
-    params = BM25Params(k1=k1, b=b)
-    settings = {"retriever": "bm25", **params.settings(), "split": split, "depth": depth}
-    inputs = collection.split_inputs(split)
-    run_settings = {**settings, "k": depth}
-    current = not overwrite and artifacts.is_current(out_groups, settings, inputs, kind="groups") and (
-        run_out is None or artifacts.is_current(run_out, run_settings, inputs, kind="run"))
-    if ranks.broadcast(current, "check the BM25 groups"):
-        logger.info("BM25 groups in %s are up to date; not recomputing", out_groups)
-        return out_groups
-    qrels = collection.load_qrels(split)
-    queries = load_query_texts(collection, qrels)
-    wanted = [(qid, queries[qid]) for qid, judged in qrels.items()
-              if qid in queries and any(grade >= 1 for grade in judged.values())]
-    outputs = [(out_groups, "groups", settings, inputs)]
-    if run_out is not None:
-        outputs.append((Path(run_out), "run", run_settings, inputs))
-
-    with shared_corpus_index(collection.corpus_path, params, index_dir, scratch_dir=out_groups.parent,
-                             show_progress=show_progress) as index:
-        def write_part(start: int, end: int, paths: list[Path]) -> GroupStats:
-            stats = GroupStats()
-            with contextlib.ExitStack() as stack:
-                groups_file = stack.enter_context(open(paths[0], "w", encoding="utf-8"))
-                run_writer = None
-                if run_out is not None:
-                    run_writer = RunWriter(stack.enter_context(open(paths[1], "w", encoding="utf-8")), run_out,
-                                           tag="bm25", depth=depth)
-                for qid, ranking in index.iter_search(wanted[start:end], k=depth, n_threads=n_threads,
-                                                      show_progress=show_progress, total=end - start):
-                    if run_writer is not None:
-                        run_writer.write(qid, ranking)
-                    group = group_from_ranking(qid, queries[qid], qrels[qid], [doc_id for doc_id, _ in ranking],
-                                               depth, stats)
-                    if group is not None:
-                        groups_file.write(json.dumps(group.to_dict(), ensure_ascii=False) + "\n")
-            return stats
-
-        def check(parts: list[GroupStats]) -> None:
-            stats = GroupStats.total(parts)
-            # queries the search was not asked for are counted as group_from_ranking would count them
-            for qid, judged in qrels.items():
-                if qid not in queries or not any(grade >= 1 for grade in judged.values()):
-                    group_from_ranking(qid, queries.get(qid), judged, [], depth, stats)
-            if stats.kept == 0:
-                raise InputError(f"no training group could be built from split '{split}' ({stats.problems()})",
-                                 path=collection.root)
-            logger.info("wrote %d groups to %s (%s)", stats.kept, out_groups, stats.as_dict())
-
-        ranks.split_files(outputs, len(wanted), write_part, "BM25 negatives", check=check)
-    return out_groups
+# ------------------------------------------------------------------------------------- the lexical back-end
+def params(**options: Any) -> BM25Params:
+    """The back-end's settings from named options (``k1``, ``b``, ``method``, ``stemmer``, ``stopwords``)."""
+    return BM25Params(**options)
 
 
-def load_query_texts(collection: BeirCollection, qrels: Mapping[str, Any]) -> dict[str, str]:
-    """The texts of the queries judged in ``qrels`` (others are not kept in memory)."""
-    return {qid: text for qid, text in collection.load_queries().items() if qid in qrels}
+#: The back-end's index over a corpus file, built once across ranks (see :func:`shared_corpus_index`).
+open_index = shared_corpus_index

@@ -5,7 +5,7 @@
   trained, with the corpus index shared with evaluation) minus positives, nothing more.
 
 Stage 1's BM25 negatives (CDMAE, Li et al. 2023, §3.4: BM25's top-K₁ (1000) minus positives) are
-:func:`pretrieve.retrieval.bm25.bm25_negatives`, which streams its groups the same way.
+:func:`pretrieve.retrieval.runs.bm25_negatives`, which streams its groups the same way.
 
 Negatives keep the retriever's rank order (the groups file lists them best first); only documents within
 the top ``depth`` are used, and every document judged relevant (grade ≥ 1) is removed — the top-ranked

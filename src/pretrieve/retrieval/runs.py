@@ -1,11 +1,18 @@
-"""Run files: the one place where a collection's queries are searched into files, with freshness and the split
-across ranks.
+"""Run files: the one place where queries are searched into TREC run files (every retriever, every lexical engine,
+the recipe, ``pretrieve evaluate --model``, the CLI's ``bm25`` / ``search`` / ``dense``), with freshness and the
+split across ranks, and the one rule naming a collection's run (:func:`run_tag`).
 
+* :func:`run_tag` / :func:`run_path` — how runs and result rows name a collection's split (``name``, or
+  ``name:split`` for a split other than the zero-shot one) and where a run of it lies (``runs/<label>__<tag>.trec``).
 * :func:`retriever_run` — the run file of a retriever (any kind: dense, sparse, hybrid, DupMAE) on a collection's
   split, ``(model, collection, split, depth, out)``: searched now unless current, i.e. made by these weights (by
   content) from this corpus, queries and split, to this depth, in this search mode and precision, and intact.
-* :func:`bm25_run` — BM25's run file (the streamed path, :func:`pretrieve.retrieval.bm25.bm25_run_file`: one
-  memory-mapped index per collection, queries split by rank), searched now unless current.
+* :func:`lexical_run_file` — a lexical engine's run file (BM25, or any engine of
+  :data:`pretrieve.retrieval.index.LEXICAL_BACKENDS`: one memory-mapped index per collection, queries split by
+  rank, rankings written as they come); :func:`bm25_run` / :func:`lexical_run`: the same, searched now unless
+  current. :func:`bm25_negatives` — stage-1 training groups (and optionally the run) from a lexical engine's
+  rankings, written the same way.
+* :func:`search_run` — a run searched in one process and written (the CLI's ``search`` and ``dense``).
 * :func:`search_split` — what both the retriever's run file and mined groups
   (:func:`pretrieve.retrieval.mining.mine_negatives`) are written through: load the retriever, encode the corpus
   into an index directory (once; a directory every rank shares is built by all of them, each a slice, and merged),
@@ -15,24 +22,29 @@ across ranks.
 * :func:`is_current` — whether an output is current, rank 0's answer on every rank.
 * :func:`model_run` — the run file of BM25 or any retriever under an evaluation directory (``pretrieve evaluate
   --model``): ``runs/<name>__<collection>[:split].trec``, its index kept beside it.
+
+The lexical paths are torch-free (``pretrieve bm25`` imports this module): the retriever's loading and search
+stack is imported inside the functions that use it.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence, TypeVar
 
 from pretrieve import artifacts, ranks
 from pretrieve.data.collection import BeirCollection
-from pretrieve.data.trec import write_run
-from pretrieve.errors import ConfigError
-from pretrieve.precision import resolve_precision
-from pretrieve.retrieval.bm25 import bm25_run_file, bm25_run_record
-from pretrieve.retrieval.batches import resolve_device
-from pretrieve.retrieval.load import Retriever, load_retriever
-from pretrieve.retrieval.search import encode_corpus, query_block_size, scratch_index, search
+from pretrieve.data.groups import GroupStats, group_from_ranking
+from pretrieve.data.trec import Run, RunWriter, write_run
+from pretrieve.errors import ConfigError, InputError
+from pretrieve.outputs import write_failures
+from pretrieve.retrieval.index import lexical_backend
+
+if TYPE_CHECKING:
+    from pretrieve.retrieval.load import Retriever
 
 logger = logging.getLogger(__name__)
 
@@ -40,6 +52,18 @@ T = TypeVar("T")
 
 #: ``(path, kind, settings, inputs)`` of an output file (as :func:`pretrieve.artifacts.write_file` takes them).
 Output = tuple[Path, str, Mapping[str, Any], Mapping[str, Any]]
+
+
+def run_tag(collection: str | Path, split: str, zero_shot: str = "test") -> str:
+    """How runs and result rows name a collection (a name, or its directory): its name for the ``zero_shot`` split,
+    ``name:split`` for another (MS MARCO dev and TREC DL 2019 are two splits of one collection)."""
+    name = Path(collection).name if isinstance(collection, Path) else collection
+    return name if split == zero_shot else f"{name}:{split}"
+
+
+def run_path(root: str | Path, label: str, collection: str | Path, split: str, zero_shot: str = "test") -> Path:
+    """``root/runs/<label>__<run tag>.trec``: where the run of ``label`` on a collection's split lies."""
+    return Path(root) / "runs" / f"{label}__{run_tag(collection, split, zero_shot)}.trec"
 
 
 def is_current(path: str | Path, settings: Mapping[str, Any], inputs: Mapping[str, str | Path],
@@ -66,6 +90,9 @@ def search_split(model: str | Path, collection: BeirCollection,
     ``count`` query items split by rank: each rank calls ``write_part(retriever, index, a, b, paths)`` for its slice
     ``[a, b)`` of whole blocks of ``query_block`` queries (default: the search's own block for ``depth``). Returns
     every rank's ``write_part`` result (``check`` may refuse them before anything is written)."""
+    from pretrieve.retrieval.load import load_retriever  # torch: keeps `pretrieve bm25` torch-free
+    from pretrieve.retrieval.search import encode_corpus, query_block_size, scratch_index  # torch: as above
+
     if ranks.active() and index_dir is None:
         raise ConfigError(f"{what} under several ranks needs a cache_dir that every rank shares (for the corpus "
                           "index)")
@@ -89,6 +116,10 @@ def retriever_run(model: str, collection: BeirCollection, split: str, depth: int
                   show_progress: bool = True) -> Path:
     """``out``: the retriever's top-``depth`` of every ``split`` query, searched now unless current (the corpus
     index kept in ``index_dir``). ``mode``: a search mode of sparse/hybrid retrievers (default: as trained)."""
+    from pretrieve.precision import resolve_precision  # torch: keeps `pretrieve bm25` torch-free
+    from pretrieve.retrieval.batches import resolve_device  # torch: as above
+    from pretrieve.retrieval.search import search  # torch: as above
+
     precision = resolve_precision(precision, resolve_device("auto"))
     inputs, named = artifacts.run_inputs(model=model, corpus=collection.corpus_path, queries=collection.queries_path,
                                qrels=collection.qrels_path(split))
@@ -108,13 +139,157 @@ def retriever_run(model: str, collection: BeirCollection, split: str, depth: int
     return out
 
 
-def bm25_run(collection: BeirCollection, split: str, depth: int, out: Path, index_dir: Path) -> Path:
-    """``out``: BM25's top-``depth`` of every ``split`` query, searched now unless current (the collection's
-    memory-mapped index kept in ``index_dir``)."""
-    settings, inputs = bm25_run_record(collection, split, depth)
+def search_run(retriever: Retriever, queries: Mapping[str, str], source: Any, out: str | Path, *, k: int, tag: str,
+               failures_at: str | Path | None = None, **search_options: Any) -> Run:
+    """Search ``queries`` (``{qid: text}``) with a loaded retriever over ``source`` (an index directory or a corpus,
+    :func:`pretrieve.retrieval.search.search` with ``search_options``) in this process and write the run to ``out``
+    (TREC, atomically, at most ``k`` per query, run tag ``tag``). A write that fails for lack of space while
+    searching names ``failures_at`` (the corpus index the user chose; default: nothing added)."""
+    from pretrieve.retrieval.search import search  # torch: keeps `pretrieve bm25` torch-free
+
+    with write_failures(failures_at) if failures_at is not None else contextlib.nullcontext():
+        run = search(retriever, queries, source, k=k, **search_options)
+    write_run(run, out, tag=tag, depth=k)
+    return run
+
+
+def lexical_run(collection: BeirCollection, split: str, depth: int, out: Path, index_dir: Path,
+                engine: str = "bm25") -> Path:
+    """``out``: a lexical engine's top-``depth`` of every ``split`` query, with its default settings, searched now
+    unless current (the collection's memory-mapped index kept in ``index_dir``)."""
+    settings, inputs = lexical_run_record(collection, split, depth, engine=engine)
     if not is_current(out, settings, inputs, kind="run"):
-        bm25_run_file(collection, split, out, k=depth, index_dir=index_dir)
+        lexical_run_file(collection, split, out, k=depth, index_dir=index_dir, engine=engine)
     return out
+
+
+def bm25_run(collection: BeirCollection, split: str, depth: int, out: Path, index_dir: Path) -> Path:
+    """``out``: BM25's top-``depth`` of every ``split`` query, searched now unless current (:func:`lexical_run`)."""
+    return lexical_run(collection, split, depth, out, index_dir, engine="bm25")
+
+
+def lexical_run_file(data: str | Path | BeirCollection, split: str, out: str | Path, k: int = 1000,
+                     params: Any = None, exclude_self: bool = False, index_dir: str | Path | None = None,
+                     n_threads: int | None = None, show_progress: bool = False,
+                     engine: str = "bm25") -> tuple[int, int]:
+    """``pretrieve bm25``: search the ``split`` queries of a collection with the lexical ``engine`` (``params``: its
+    settings, default its own) and write the run to ``out`` as the rankings come (TREC, run tag ``engine``,
+    atomically, recorded as an artefact). Returns ``(queries, lines)`` written.
+
+    Under several ranks (:mod:`pretrieve.ranks`) the index is built once and each rank searches a contiguous slice
+    of the queries; the file is the one a single process writes."""
+    collection = data if isinstance(data, BeirCollection) else BeirCollection(Path(data))
+    backend = lexical_backend(engine)
+    params = params or backend.params()
+    queries = list(collection.load_queries(split).items())  # validates the split before the index is built
+    if not queries:
+        raise InputError(f"no query judged in split '{split}' ({collection.qrels_path(split)}) is in the queries "
+                         "file: the run would be empty (do the query ids match?)", path=collection.queries_path)
+    out = Path(out)
+    settings, inputs = lexical_run_record(collection, split, k, params, exclude_self, engine=engine)
+    with contextlib.ExitStack() as stack:
+        with write_failures(index_dir or out):   # the index (without index_dir: a temporary one beside the run)
+            index = stack.enter_context(backend.open_index(collection.corpus_path, params, index_dir,
+                                                           scratch_dir=out.parent, show_progress=show_progress))
+
+        def write_part(start: int, end: int, paths: list[Path]) -> tuple[int, int]:
+            with open(paths[0], "w", encoding="utf-8") as handle:
+                writer = RunWriter(handle, out, tag=engine, depth=k)
+                for qid, ranking in index.iter_search(queries[start:end], k=k, exclude_self=exclude_self,
+                                                      n_threads=n_threads, show_progress=show_progress,
+                                                      total=end - start):
+                    writer.write(qid, ranking)
+            return writer.queries, writer.lines
+
+        written = ranks.split_files([(out, "run", settings, inputs)], len(queries), write_part,
+                                    f"{engine.upper()} run")
+    return sum(q for q, _ in written), sum(lines for _, lines in written)
+
+
+def lexical_run_record(collection: BeirCollection, split: str, k: int, params: Any = None,
+                       exclude_self: bool = False, engine: str = "bm25") -> tuple[dict[str, Any], dict[str, Path]]:
+    """``(settings, inputs)`` recorded with a lexical engine's run file (what :func:`pretrieve.artifacts.check`
+    compares)."""
+    params = params or lexical_backend(engine).params()
+    settings = {"retriever": engine, **params.settings(), "split": split, "k": k, "exclude_self": exclude_self}
+    return settings, collection.split_inputs(split)
+
+
+# ---------------------------------------------------------------------------------------------- mining
+def bm25_negatives(data: str | Path | BeirCollection, split: str, out_groups: str | Path, depth: int = 1000,
+                   k1: float = 0.9, b: float = 0.4, run_out: str | Path | None = None, overwrite: bool = False,
+                   index_dir: str | Path | None = None, n_threads: int | None = None,
+                   show_progress: bool = False, engine: str = "bm25") -> Path:
+    """Stage-1 groups: the BM25 (Pyserini defaults; ``engine``: another lexical engine, its ``k1``/``b``) top-``depth``
+    of each ``split`` query minus its positives.
+
+    CDMAE (Li et al. 2023) §3.4's first fine-tuning stage (K₁ = 1000). Queries are searched in qrels order and each group
+    (and run line, with ``run_out``) is written as its ranking arrives, so memory does not grow with the number
+    of training queries (:func:`pretrieve.data.groups.group_from_ranking` states which queries are skipped).
+    A groups file that is current (same settings, same collection files) is returned without recomputing,
+    unless ``overwrite``. Under several ranks (:mod:`pretrieve.ranks`) every rank calls this: the index is built
+    once and each rank searches a contiguous slice of the training queries; the files are a single process's.
+    """
+    if depth < 1:
+        raise ConfigError(f"depth must be >= 1, got {depth}")
+    collection = data if isinstance(data, BeirCollection) else BeirCollection(Path(data))
+    out_groups = Path(out_groups)
+    backend = lexical_backend(engine)
+    params = backend.params(k1=k1, b=b)
+    settings = {"retriever": engine, **params.settings(), "split": split, "depth": depth}
+    inputs = collection.split_inputs(split)
+    run_settings = {**settings, "k": depth}
+    current = not overwrite and artifacts.is_current(out_groups, settings, inputs, kind="groups") and (
+        run_out is None or artifacts.is_current(run_out, run_settings, inputs, kind="run"))
+    if ranks.broadcast(current, "check the BM25 groups"):
+        logger.info("BM25 groups in %s are up to date; not recomputing", out_groups)
+        return out_groups
+    qrels = collection.load_qrels(split)
+    queries = load_query_texts(collection, qrels)
+    wanted = [(qid, queries[qid]) for qid, judged in qrels.items()
+              if qid in queries and any(grade >= 1 for grade in judged.values())]
+    outputs = [(out_groups, "groups", settings, inputs)]
+    if run_out is not None:
+        outputs.append((Path(run_out), "run", run_settings, inputs))
+
+    with backend.open_index(collection.corpus_path, params, index_dir, scratch_dir=out_groups.parent,
+                            show_progress=show_progress) as index:
+        def write_part(start: int, end: int, paths: list[Path]) -> GroupStats:
+            stats = GroupStats()
+            with contextlib.ExitStack() as stack:
+                groups_file = stack.enter_context(open(paths[0], "w", encoding="utf-8"))
+                run_writer = None
+                if run_out is not None:
+                    run_writer = RunWriter(stack.enter_context(open(paths[1], "w", encoding="utf-8")), run_out,
+                                           tag=engine, depth=depth)
+                for qid, ranking in index.iter_search(wanted[start:end], k=depth, n_threads=n_threads,
+                                                      show_progress=show_progress, total=end - start):
+                    if run_writer is not None:
+                        run_writer.write(qid, ranking)
+                    group = group_from_ranking(qid, queries[qid], qrels[qid], [doc_id for doc_id, _ in ranking],
+                                               depth, stats)
+                    if group is not None:
+                        groups_file.write(json.dumps(group.to_dict(), ensure_ascii=False) + "\n")
+            return stats
+
+        def check(parts: list[GroupStats]) -> None:
+            stats = GroupStats.total(parts)
+            # queries the search was not asked for are counted as group_from_ranking would count them
+            for qid, judged in qrels.items():
+                if qid not in queries or not any(grade >= 1 for grade in judged.values()):
+                    group_from_ranking(qid, queries.get(qid), judged, [], depth, stats)
+            if stats.kept == 0:
+                raise InputError(f"no training group could be built from split '{split}' ({stats.problems()})",
+                                 path=collection.root)
+            logger.info("wrote %d groups to %s (%s)", stats.kept, out_groups, stats.as_dict())
+
+        ranks.split_files(outputs, len(wanted), write_part, "BM25 negatives", check=check)
+    return out_groups
+
+
+def load_query_texts(collection: BeirCollection, qrels: Mapping[str, Any]) -> dict[str, str]:
+    """The texts of the queries judged in ``qrels`` (others are not kept in memory)."""
+    return {qid: text for qid, text in collection.load_queries().items() if qid in qrels}
 
 
 def model_run(model: str, name: str, collection: BeirCollection, split: str, depth: int, out: Path, *,
@@ -122,8 +297,7 @@ def model_run(model: str, name: str, collection: BeirCollection, split: str, dep
     """``out/runs/<name>__<collection>[:split].trec``: ``model``'s run (``"bm25"``, or a retriever: a path, an offline
     alias or a hub name, see :func:`pretrieve.retrieval.load.load_retriever`), searched now unless current; its index
     kept in ``out/index/<name>/<collection>`` (BM25's in ``out/bm25-index/<collection>``)."""
-    tag = collection.root.name if split == "test" else f"{collection.root.name}:{split}"
-    path = Path(out) / "runs" / f"{name}__{tag}.trec"
+    path = run_path(out, name, collection.root, split)
     if model == "bm25":
         return bm25_run(collection, split, depth, path, index_dir=Path(out) / "bm25-index" / collection.root.name)
     return retriever_run(model, collection, split, depth, path, index_dir=Path(out) / "index" / name /

@@ -71,7 +71,7 @@ from pretrieve.modeling.export import export_retriever
 from pretrieve.modeling.representations import DenseRepresentation, from_spec
 from pretrieve.models import no_remote_code, resolve_model
 from pretrieve.options import build
-from pretrieve.retrieval.bm25 import bm25_negatives
+from pretrieve.retrieval.runs import bm25_negatives
 from pretrieve.modeling.sentence_transformer import ModelFiles, read_sentence_transformers_config
 from pretrieve.train.config import BOOKKEEPING, LoopConfig
 from pretrieve.train.pretrainer import check_max_len

@@ -34,7 +34,7 @@ from pretrieve.data.pretrain_text import iter_pretrain_texts
 from pretrieve.data.spans import write_qrels_pairs
 from pretrieve.errors import InputError
 from pretrieve.models import no_remote_code, resolve_model
-from pretrieve.retrieval.bm25 import bm25_negatives
+from pretrieve.retrieval.runs import bm25_negatives
 
 logger = logging.getLogger(__name__)
 

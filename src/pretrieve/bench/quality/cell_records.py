@@ -28,13 +28,13 @@ from pretrieve.data.trec import read_run
 from pretrieve.errors import InputError
 from pretrieve.evaluation import RunEvaluator
 from pretrieve.io_utils import file_digest
+from pretrieve.retrieval import runs
 from pretrieve.train.loop import read_logs
 
 def run_path(directory: Path, collection: str, split: str, zero_shot_split: str) -> Path:
     """The TREC run a fine-tuning recipe in ``directory`` wrote for a collection (``name`` for the zero-shot
     split, else ``name:split``)."""
-    tag = collection if split == zero_shot_split else f"{collection}:{split}"
-    return directory / "runs" / f"{RETRIEVER}__{tag}.trec"
+    return runs.run_path(directory, RETRIEVER, collection, split, zero_shot=zero_shot_split)
 
 
 def per_query_scores(run: Path, qrels: Path) -> dict[str, dict[str, float]]:

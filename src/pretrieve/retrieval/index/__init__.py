@@ -26,7 +26,10 @@ Parts are streamed to disk window by window as the batch encoder produces them (
 encoding needs memory for one window, not for the corpus. Each representation kind has a back-end module
 (:data:`BACKENDS`) that turns an opened directory into a searcher: :mod:`~pretrieve.retrieval.index.dense`
 (FAISS), :mod:`~pretrieve.retrieval.index.dupmae` (CLS + OT), :mod:`~pretrieve.retrieval.index.sparse`
-(sparse and hybrid). Adding a representation = one modeling file + one back-end module registered here.
+(sparse and hybrid). Adding a representation = one modeling file + one back-end module registered here. Lexical engines are
+back-ends too (:data:`LEXICAL_BACKENDS`, the :class:`LexicalBackend` contract; BM25 is
+:mod:`pretrieve.retrieval.bm25`): a new one is one module plus its line there (or :func:`register_lexical`), and
+:mod:`pretrieve.retrieval.runs` writes its run files and negatives.
 
 **The back-end contract**, written down as protocols: a back-end module is a :class:`Backend` — its ``KINDS``,
 ``resolve_mode(kind, mode)`` (the search mode a request means for that kind, or a
@@ -81,6 +84,12 @@ BACKENDS: dict[str, str] = {
     "dupmae": "pretrieve.retrieval.index.dupmae",
     "sparse": "pretrieve.retrieval.index.sparse",
     "hybrid": "pretrieve.retrieval.index.sparse",
+}
+
+#: lexical engine name → its back-end (a :class:`LexicalBackend`: a module path, imported when first used, or an
+#: object registered with :func:`register_lexical`)
+LEXICAL_BACKENDS: dict[str, Any] = {
+    "bm25": "pretrieve.retrieval.bm25",
 }
 
 
@@ -144,6 +153,53 @@ class PartsEncoder(Protocol):
     def empty_outputs(self, representation: Any, vocab_size: int, text_type: str) -> dict[str, Any]:
         """The parts of no text (their widths tell the index writer the sizes)."""
         ...
+
+
+class LexicalIndex(Protocol):
+    """A lexical engine's index over one corpus, as its back-end opens it."""
+
+    def iter_search(self, queries: Iterable[tuple[str, str]], k: int = 1000, exclude_self: bool = False,
+                    n_threads: int | None = None, show_progress: bool = False,
+                    total: int | None = None) -> Iterator[tuple[str, list[tuple[str, float]]]]:
+        """``(query_id, [(doc_id, score), ...])`` best first, for each ``(query_id, text)`` in input order."""
+        ...
+
+
+class LexicalBackend(Protocol):
+    """What a lexical engine (BM25: :mod:`pretrieve.retrieval.bm25`) provides to the run files
+    (:mod:`pretrieve.retrieval.runs`): a run, mined negatives and the CLI's preflight. Its ``params(**options)``
+    returns settings whose ``settings()`` dict is recorded with every file made from them."""
+
+    SCRATCH_NAME: str
+    """Name of the temporary index directory built beside a run (removed when a killed run left it)."""
+
+    def params(self, **options: Any) -> Any:
+        """The engine's settings from named options (validated when an index is opened)."""
+        ...
+
+    def open_index(self, corpus_path: str | Path, params: Any, index_dir: str | Path | None = None,
+                   scratch_dir: str | Path | None = None,
+                   show_progress: bool = False) -> contextlib.AbstractContextManager[LexicalIndex]:
+        """The index of ``corpus_path`` (kept in ``index_dir`` while current, else a temporary one in
+        ``scratch_dir``), built once when several ranks run."""
+        ...
+
+    def index_space(self, corpus_path: str | Path) -> tuple[int, int]:
+        """``(bytes, largest file)`` the index of ``corpus_path`` takes at least (the preflight's estimate)."""
+        ...
+
+
+def register_lexical(name: str, engine: Any) -> None:
+    """Register a lexical engine under ``name``: a :class:`LexicalBackend` object or the path of its module."""
+    LEXICAL_BACKENDS[name] = engine
+
+
+def lexical_backend(name: str) -> LexicalBackend:
+    """The lexical engine registered as ``name``."""
+    if name not in LEXICAL_BACKENDS:
+        raise ConfigError(f"no lexical engine '{name}' (known: {', '.join(LEXICAL_BACKENDS)})")
+    engine = LEXICAL_BACKENDS[name]
+    return importlib.import_module(engine) if isinstance(engine, str) else engine
 
 
 def backend(kind: str) -> Backend:
