@@ -106,7 +106,7 @@ def test_stats_pmi_saves_the_counts_a_pmi_masker_can_use(corpus, cache, tmp_path
 
 
 def test_stats_pmi_default_target_is_the_cache_masking_stats_reads(corpus, cache, tiny_mlm_dir, tokenizer):
-    from pretrieve.cli.stats import statistics_cache_path, tokenized_corpus
+    from pretrieve.cli.tokenized import statistics_cache_path, tokenized_corpus
     from pretrieve.masking.pmi import NgramStatistics, corpus_statistics
 
     result = invoke("stats", "pmi", "--corpus", corpus, "--model", tiny_mlm_dir, "--max-len", "32",

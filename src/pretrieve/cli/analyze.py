@@ -41,7 +41,7 @@ from rich.console import Console
 from rich.table import Table
 
 from pretrieve.cli import app
-from pretrieve.cli.stats import load_tokenizer, pretrain_cache_dir, tokenized_corpus
+from pretrieve.cli.tokenized import load_tokenizer, pretrain_cache_dir, tokenized_corpus
 from pretrieve.data.pretrain_text import iter_pretrain_texts
 from pretrieve.errors import InputError
 from pretrieve.io_utils import write_json

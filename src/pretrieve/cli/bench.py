@@ -25,7 +25,7 @@ from rich.console import Console
 from pretrieve.bench.report import bench_device, environment, environment_lines, markdown_table, write_report
 from pretrieve.bench.scale import STAGES, ScaleSettings, report_markdown, run_scale_bench
 from pretrieve.cli import app
-from pretrieve.cli.stats import DEFAULT_MAX_LEN, pretrain_cache_dir
+from pretrieve.cli.tokenized import DEFAULT_MAX_LEN, pretrain_cache_dir
 from pretrieve.data.collection import BeirCollection
 from pretrieve.data.registry import resolve_collection
 from pretrieve.errors import InputError

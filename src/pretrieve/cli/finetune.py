@@ -15,7 +15,7 @@ import typer
 
 from pretrieve.cli import app
 from pretrieve.cli.options import (DIVERGENCE_HELP, INEXACT_HELP, OVERWRITE_HELP, PRECISION_HELP, REQUIRED,
-                                   load_file, report_to_option, resolve_data, settings_option)
+                                   load_file, report_to_option, resolve_data, settings_option, training_flags)
 from pretrieve.train.settings import FinetuneSettings
 
 
@@ -90,21 +90,9 @@ def finetune_command(
     report_to: Optional[str] = report_to_option(),
 ) -> None:
     """Fine-tune a dual-encoder retriever (stage 1, 2 or 3); OUT/final is a sentence-transformers model."""
+    flags = training_flags(locals())   # first: the parameters only
     from pretrieve.train.finetuner import build_finetune_config, finetune   # torch: not for --help
 
-    flags = dict(model=model, data=data, out=str(out) if out else None, stage=stage,
-                 groups=str(groups) if groups else None, split=split, num_negatives=num_negatives,
-                 query_max_len=query_max_len, passage_max_len=passage_max_len, representation=representation, pooling=pooling, normalize=normalize,
-                 query_prompt=query_prompt, passage_prompt=passage_prompt,
-                 similarity=similarity, temperature=temperature, tied=tied, alpha=alpha,
-                 teacher_temperature=teacher_temperature, in_batch=in_batch, gather=gather, bm25_depth=bm25_depth,
-                 max_groups=max_groups, on_unknown=on_unknown, batch_size=batch_size,
-                 micro_batch_size=micro_batch_size, lr=lr, max_steps=steps, epochs=epochs, warmup_ratio=warmup_ratio,
-                 warmup_steps=warmup_steps, schedule=schedule, min_lr_ratio=min_lr_ratio, precision=precision,
-                 bf16=bf16, gradient_checkpointing=gradient_checkpointing, grad_cache_chunk=grad_cache_chunk,
-                 seed=seed, save_every=save_every, log_every=log_every, num_workers=num_workers,
-                 overwrite=overwrite or None, allow_inexact_resume=allow_inexact_resume or None,
-                 divergence_factor=divergence_factor, report_to=report_to)
     run_config = build_finetune_config(load_file(config), flags, resume=resume, where=str(config or "config"))
     run_config.data = resolve_data(run_config.data)   # a name, from the flag or the file
     final = finetune(run_config)

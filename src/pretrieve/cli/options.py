@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import Optional
+from typing import Any, Mapping, Optional
 
 import typer
 
@@ -42,6 +42,30 @@ def settings_option(config_cls, name: str, *flags: str, extra: str = "", default
     text = (field.metadata.get("help", "") + " " + extra).strip()
     return typer.Option(None, *flags, help=text, show_default=str(shown) if shown not in ("", None) else False,
                         **kwargs)
+
+
+#: Command parameters that are not settings (read by the command itself).
+NOT_SETTINGS = ("config", "resume")
+#: Flag name → settings name, where they differ.
+SETTING_NAMES = {"steps": "max_steps"}
+#: On/off switches whose "off" leaves the --config file's value (None: not given).
+SWITCHES = ("overwrite", "allow_inexact_resume")
+
+
+def training_flags(parameters: Mapping[str, Any]) -> dict[str, Any]:
+    """The settings a training command's flags give (``finetune``, ``reranker train``), from its parameters
+    (``locals()`` as the command starts): paths as strings, ``--steps`` as ``max_steps``, an unset switch as None,
+    without ``--config`` and ``--resume``. A None value is a flag not given (the config file's value stands)."""
+    flags: dict[str, Any] = {}
+    for name, value in parameters.items():
+        if name in NOT_SETTINGS:
+            continue
+        if isinstance(value, Path):
+            value = str(value)
+        if name in SWITCHES:
+            value = value or None
+        flags[SETTING_NAMES.get(name, name)] = value
+    return flags
 
 
 def load_file(path: Optional[Path]) -> dict:

@@ -17,7 +17,7 @@ from rich.console import Console
 from pretrieve.cli import app
 from pretrieve.cli.options import (DATA_HELP, DIVERGENCE_HELP, INEXACT_HELP, OVERWRITE_HELP, PRECISION_HELP,
                                    REQUIRED, SCORING_PRECISION_HELP, load_file, report_to_option, resolve_data,
-                                   settings_option)
+                                   settings_option, training_flags)
 from pretrieve.train.settings import RerankerSettings
 
 err = Console(stderr=True)
@@ -73,16 +73,9 @@ def reranker_train_command(
     report_to: Optional[str] = report_to_option(),
 ) -> None:
     """Train a cross-encoder with listwise cross-entropy over each query's group (no in-batch negatives)."""
+    flags = training_flags(locals())   # first: the parameters only
     from pretrieve.train.reranker import build_reranker_config, train_reranker   # torch: not for --help
 
-    flags = dict(model=model, data=data, groups=str(groups) if groups else None,
-                 out=str(out) if out else None, num_negatives=num_negatives, max_len=max_len, max_groups=max_groups,
-                 batch_size=batch_size, micro_batch_size=micro_batch_size, lr=lr, max_steps=steps, epochs=epochs,
-                 warmup_ratio=warmup_ratio, warmup_steps=warmup_steps, schedule=schedule, min_lr_ratio=min_lr_ratio,
-                 precision=precision, bf16=bf16, gradient_checkpointing=gradient_checkpointing,
-                 num_workers=num_workers, seed=seed, save_every=save_every, log_every=log_every,
-                 overwrite=overwrite or None, allow_inexact_resume=allow_inexact_resume or None,
-                 divergence_factor=divergence_factor, report_to=report_to)
     run_config = build_reranker_config(load_file(config), flags, resume=resume, where=str(config or "config"))
     run_config.data = resolve_data(run_config.data)   # a name, from the flag or the file
     final = train_reranker(run_config)

@@ -14,8 +14,8 @@ the statistics go beside that cache (``<cache key>-pmi-L<window>``), where
 with the same cache directory — finds them. Counting is always done afresh (a cached copy is replaced),
 so the printed time is the real counting time.
 
-This module also holds the small helpers the other PMI commands share (``analyze masking-stats``,
-``bench masking --kinds pmi``): tokenizer loading, the default cache directory and timed corpus loading.
+The helpers it shares with the other PMI commands (tokenizer loading, the token cache, timed corpus loading) are in
+:mod:`pretrieve.cli.tokenized`.
 """
 
 from __future__ import annotations
@@ -29,9 +29,8 @@ from rich.console import Console
 from rich.table import Table
 
 from pretrieve.cli import app
-from pretrieve.data.pretrain_text import TokenizedCorpus
+from pretrieve.cli.tokenized import DEFAULT_MAX_LEN, load_tokenizer, statistics_cache_path, tokenized_corpus
 from pretrieve.errors import InputError
-from pretrieve.models import no_remote_code, resolve_model
 from pretrieve.provenance import write_provenance
 
 stats_app = typer.Typer(help="Corpus statistics: n-gram counts for importance-aware (PMI) masking.",
@@ -39,49 +38,6 @@ stats_app = typer.Typer(help="Corpus statistics: n-gram counts for importance-aw
 app.add_typer(stats_app, name="stats")
 out_console = Console(soft_wrap=True)
 err = Console(stderr=True, soft_wrap=True)
-
-DEFAULT_MAX_LEN = 144  # pretrieve pretrain's default: the same token cache key
-
-
-# ---------------------------------------------------------------------- shared helpers
-def load_tokenizer(name: str) -> Any:
-    """The tokenizer of a checkpoint directory or offline alias (``minilm``), as a clear error when absent."""
-    from transformers import AutoTokenizer  # heavy: keeps pretrieve --help torch-free
-
-    path = resolve_model(name)
-    try:
-        return AutoTokenizer.from_pretrained(path, **no_remote_code(path))
-    except (OSError, ValueError):
-        raise InputError("no tokenizer found (give a checkpoint directory with its tokenizer, or an alias "
-                         "such as minilm)", path=path) from None
-
-
-def pretrain_cache_dir(override: Optional[Path]) -> Path:
-    """``override``, else the directory where :func:`pretrieve.masking.pmi.resolve_statistics` caches token
-    ids of text sources (``$PRETRIEVE_CACHE/pretrain`` or ``~/.cache/pretrieve/pretrain``)."""
-    if override is not None:
-        return override
-    from pretrieve.masking.pmi import _default_cache_dir  # heavy: keeps pretrieve --help torch-free
-
-    return _default_cache_dir()
-
-
-def tokenized_corpus(corpus: str, tokenizer: Any, max_len: int, cache_dir: Optional[Path]) -> tuple[Any, float]:
-    """``(TokenizedCorpus, seconds)``: the corpus tokenised into chunks of ``max_len`` (or read from the cache)."""
-    start = time.perf_counter()
-    data = TokenizedCorpus.build(corpus, tokenizer, max_len, pretrain_cache_dir(cache_dir), show_progress=False)
-    return data, time.perf_counter() - start
-
-
-def statistics_cache_path(corpus: Any, window: int) -> Optional[Path]:
-    """Where :func:`pretrieve.masking.pmi.corpus_statistics` caches the statistics of a memory-mapped corpus
-    (``<token cache dir>-pmi-L<window>``), or None for an in-memory corpus."""
-    filename = getattr(corpus.tokens, "filename", None)
-    if not filename:
-        return None
-    cache = Path(filename).parent
-    return cache.with_name(f"{cache.name}-pmi-L{window}")
-
 
 # ---------------------------------------------------------------------- stats pmi
 @stats_app.command("pmi")

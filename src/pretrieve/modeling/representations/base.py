@@ -65,6 +65,7 @@ class Representation(nn.Module, abc.ABC):
 
     @classmethod
     def from_config(cls, config: Mapping[str, Any]) -> "Representation":
+        """The representation a saved :meth:`config` describes (its settings as keyword arguments)."""
         values = {key: value for key, value in config.items() if key != "type"}
         try:
             return cls(**values)

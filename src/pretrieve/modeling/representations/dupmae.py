@@ -242,14 +242,6 @@ class DupMAERepresentation(Representation):
         return {"type": self.kind, "hidden_size": self.hidden_size, "spec": str(self.spec),
                 "temperature": self.temperature, "chunk_elements": self.chunk_elements, "seed": self.seed}
 
-    @classmethod
-    def from_config(cls, config: Mapping[str, Any]) -> "DupMAERepresentation":
-        values = {key: value for key, value in config.items() if key != "type"}
-        try:
-            return cls(**values)
-        except TypeError as exc:
-            raise ConfigError(f"invalid settings for representation 'dupmae': {exc}") from None
-
     def extra_repr(self) -> str:
         return f"hidden_size={self.hidden_size}, spec={self.spec}, temperature={self.temperature}"
 

@@ -31,7 +31,7 @@ encoder builds :class:`~pretrieve.modeling.dual_encoder.MaskedLMTower`\\ s (whic
 from __future__ import annotations
 
 import math
-from typing import Any, Mapping
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -193,14 +193,6 @@ class HybridRepresentation(Representation):
                 "sparse_weight": self.sparse_weight, "query_flops": self.query_flops,
                 "passage_flops": self.passage_flops, "temperature": self.temperature,
                 "chunk_elements": self.chunk_elements}
-
-    @classmethod
-    def from_config(cls, config: Mapping[str, Any]) -> "HybridRepresentation":
-        values = {key: value for key, value in config.items() if key != "type"}
-        try:
-            return cls(**values)
-        except TypeError as exc:
-            raise ConfigError(f"invalid settings for representation 'hybrid': {exc}") from None
 
 
 def _mlm_head(tower: nn.Module | None):
