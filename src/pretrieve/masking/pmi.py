@@ -82,6 +82,7 @@ from pretrieve.data.registry import default_cache_dir
 from pretrieve.errors import ConfigError, InputError
 from pretrieve.io_utils import atomic_dir, write_json
 from pretrieve.masking.enhanced import visible_per_row
+from pretrieve.masking.registry import register_masker
 from pretrieve.masking.vocab import VocabInfo
 from pretrieve.masking.whole_word import MaskedInput, RandomMasker
 
@@ -614,3 +615,12 @@ def importance_enhanced_mask(attention_mask: torch.Tensor, importance: torch.Ten
     rank = torch.empty_like(order)
     rank.scatter_(2, order, columns.expand(batch, length, length).contiguous())
     return (rank < count.view(-1, 1, 1)) & eligible
+
+
+@register_masker("pmi", defaults=PMI_MASKER_DEFAULTS, check_params=check_pmi_params, needs_statistics=True)
+def importance_masker(spec, info: VocabInfo, statistics: NgramStatistics | None) -> ImportanceMasker:
+    """``pmi``: importance-aware masking (CDMAE Algorithm 1), which needs the corpus n-gram ``statistics``."""
+    if statistics is None:
+        raise ConfigError("the pmi masker needs n-gram statistics of the pre-training corpus")
+    return ImportanceMasker(info, ratio=spec.ratio, statistics=statistics, sigma=float(spec.params["sigma"]),
+                            whole_word=bool(spec.params["whole_word"]), replace_probs=spec.replace_probs)

@@ -36,6 +36,7 @@ from dataclasses import dataclass
 import torch
 
 from pretrieve.errors import ConfigError, InputError
+from pretrieve.masking.registry import register_masker
 from pretrieve.masking.vocab import VocabInfo, check_input_ids, word_index
 
 IGNORE_INDEX = -100  # label of positions that are not predicted (CrossEntropyLoss ignore_index)
@@ -191,3 +192,15 @@ def _checked_importance(importance: torch.Tensor, input_ids: torch.Tensor) -> to
     if torch.isnan(importance).any():
         raise InputError("importance contains NaN", field="importance")
     return importance.to(input_ids.device)
+
+
+@register_masker("wwm")
+def whole_word_masker(spec, info: VocabInfo, statistics=None) -> RandomMasker:
+    """``wwm``: whole words at random."""
+    return RandomMasker(info, ratio=spec.ratio, whole_word=True, replace_probs=spec.replace_probs)
+
+
+@register_masker("token")
+def token_masker(spec, info: VocabInfo, statistics=None) -> RandomMasker:
+    """``token``: single tokens at random."""
+    return RandomMasker(info, ratio=spec.ratio, whole_word=False, replace_probs=spec.replace_probs)

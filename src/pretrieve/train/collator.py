@@ -54,7 +54,7 @@ from torch import Tensor
 from torch.utils.data import get_worker_info
 
 from pretrieve.errors import ConfigError, InputError
-from pretrieve.masking import RandomMasker, VocabInfo, enhanced_decoding_mask
+from pretrieve.masking import VocabInfo, enhanced_decoding_mask, masker_kind
 from pretrieve.masking.pmi import ImportanceMasker, NgramStatistics, importance_enhanced_mask, resolve_statistics
 from pretrieve.train.method import ALWAYS_PRODUCED, MaskerSpec, MethodConfig
 
@@ -76,18 +76,11 @@ def register_feature(name: str) -> Callable[[FeatureBuilder], FeatureBuilder]:
     return decorate
 
 
-def build_masker(spec: MaskerSpec, info: VocabInfo,
-                 statistics: NgramStatistics | None = None) -> RandomMasker | ImportanceMasker:
-    """The masker a :class:`MaskerSpec` describes (``wwm``: whole words, ``token``: single tokens, ``pmi``:
-    importance-aware, which needs the corpus ``statistics``)."""
-    if spec.kind == "pmi":
-        if statistics is None:
-            raise ConfigError("the pmi masker needs n-gram statistics of the pre-training corpus")
-        return ImportanceMasker(info, ratio=spec.ratio, statistics=statistics, sigma=float(spec.params["sigma"]),
-                                whole_word=bool(spec.params["whole_word"]), replace_probs=spec.replace_probs)
-    if spec.kind not in ("wwm", "token"):
-        raise ConfigError(f"masker '{spec.kind}' has no implementation in the collator yet")
-    return RandomMasker(info, ratio=spec.ratio, whole_word=spec.kind == "wwm", replace_probs=spec.replace_probs)
+def build_masker(spec: MaskerSpec, info: VocabInfo, statistics: NgramStatistics | None = None) -> Any:
+    """The masker a :class:`MaskerSpec` describes, built by its kind's registered builder
+    (:mod:`pretrieve.masking.registry`: ``wwm`` whole words, ``token`` single tokens, ``pmi`` importance-aware, which
+    needs the corpus ``statistics``)."""
+    return masker_kind(spec.kind).build(spec, info, statistics)
 
 
 class PretrainCollator:
@@ -116,7 +109,7 @@ class PretrainCollator:
         encoder_spec = self.method.encoder_masker
         decoder_spec = self.method.decoder_masker
         used = [spec for spec in (encoder_spec if encoder_spec.ratio > 0 else None, decoder_spec)
-                if spec is not None and spec.kind == "pmi"]
+                if spec is not None and masker_kind(spec.kind).needs_statistics]
         statistics = self._statistics(tokenizer, corpus, used)
         self.encoder_masker = (build_masker(encoder_spec, self.info, statistics.get(id(encoder_spec)))
                                if encoder_spec.ratio > 0 else None)

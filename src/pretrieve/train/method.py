@@ -117,17 +117,10 @@ from typing import Any, Mapping
 from pretrieve.data.spans import ContextSpec
 from pretrieve.errors import ConfigError
 from pretrieve.io_utils import load_config_file
-from pretrieve.masking.pmi import PMI_MASKER_DEFAULTS, check_pmi_params
+from pretrieve.masking import MASKERS, masker_kind
 from pretrieve.modeling.objectives import BOTTLENECKS, OBJECTIVES, check_objective_params, objective_class
 
 logger = logging.getLogger(__name__)
-
-MASKER_KINDS: tuple[str, ...] = ("wwm", "token", "pmi")
-"""``wwm``: whole-word random masking; ``token``: token-level random masking; ``pmi``: importance-aware
-masking by PMI/AMI (CDMAE Algorithm 1)."""
-
-MASKER_PARAM_DEFAULTS: dict[str, dict[str, Any]] = {"wwm": {}, "token": {}, "pmi": PMI_MASKER_DEFAULTS}
-"""Accepted ``MaskerSpec.params`` of each kind, with their defaults."""
 
 DECODER_MASKER_FEATURES = frozenset({"decoder", "enhanced_mask"})
 """Batch features built with the decoder masker; an objective requiring one needs a decoder masker."""
@@ -147,7 +140,7 @@ class MaskerSpec:
     """Kind-specific settings (``pmi`` only, see the module docstring), filled with the kind's defaults."""
 
     def __post_init__(self) -> None:
-        defaults = MASKER_PARAM_DEFAULTS.get(self.kind, {})
+        defaults = MASKERS[self.kind].defaults if self.kind in MASKERS else {}
         object.__setattr__(self, "params", {**defaults, **dict(self.params or {})})
 
     def to_dict(self) -> dict[str, Any]:
@@ -527,10 +520,11 @@ def _with_kind(spec: MaskerSpec, kind: str) -> MaskerSpec:
 
 
 def _check_masker(spec: MaskerSpec, where: str, *, allow_zero: bool) -> None:
-    if spec.kind not in MASKER_KINDS:
-        raise ConfigError(f"{where}: unknown masker '{spec.kind}'; known maskers: {', '.join(MASKER_KINDS)}")
-    if spec.kind == "pmi":
-        check_pmi_params(spec.params, f"{where}.params")
+    if spec.kind not in MASKERS:
+        raise ConfigError(f"{where}: unknown masker '{spec.kind}'; known maskers: {', '.join(MASKERS)}")
+    kind = masker_kind(spec.kind)
+    if kind.check_params is not None:
+        kind.check_params(spec.params, f"{where}.params")
     elif spec.params:
         raise ConfigError(f"{where}: masker '{spec.kind}' takes no params, got {', '.join(map(str, spec.params))}")
     low_ok = spec.ratio >= 0 if allow_zero else spec.ratio > 0
