@@ -14,8 +14,9 @@ from typing import Optional
 import typer
 
 from pretrieve.cli import app
-from pretrieve.cli.options import (DIVERGENCE_HELP, INEXACT_HELP, OVERWRITE_HELP, PRECISION_HELP, REQUIRED,
-                                   load_file, report_to_option, resolve_data, settings_option, training_flags)
+from pretrieve.cli.options import (REQUIRED, AllowInexactResume, Bf16, DivergenceFactor, GradientCheckpointing,
+                                   LogEvery, NumWorkers, Overwrite, Precision, Resume, SaveEvery, Schedule, Steps,
+                                   report_to_option, settings_option, training_config, training_flags)
 from pretrieve.train.settings import FinetuneSettings
 
 
@@ -59,41 +60,33 @@ def finetune_command(
                                                    "(gradient accumulation).",
                                                    show_default="batch_size / processes"),
     lr: Optional[float] = _ft("lr", "--lr"),
-    steps: Optional[int] = typer.Option(None, "--steps", help="Optimizer steps (0 = use --epochs).",
-                                         show_default="0"),
+    steps: Steps = None,
     epochs: Optional[float] = _ft("epochs", "--epochs"),
     warmup_ratio: Optional[float] = typer.Option(None, "--warmup-ratio", help="Warmup share of the steps.",
                                                  show_default="0.1"),
     warmup_steps: Optional[int] = typer.Option(None, "--warmup-steps", help="Warmup steps (overrides "
                                                "--warmup-ratio)."),
-    schedule: Optional[str] = typer.Option(None, "--schedule", help="linear | cosine | constant.",
-                                            show_default="linear"),
+    schedule: Schedule = None,
     min_lr_ratio: Optional[float] = typer.Option(None, "--min-lr-ratio", help="Floor of the decay, as a fraction "
                                                  "of --lr.", show_default="0"),
-    precision: Optional[str] = typer.Option(None, "--precision", help=PRECISION_HELP, show_default="fp32"),
-    bf16: Optional[bool] = typer.Option(None, "--bf16/--no-bf16", help="Deprecated: --precision bf16.",
-                                        show_default="off"),
-    gradient_checkpointing: Optional[bool] = typer.Option(None, "--gradient-checkpointing",
-                                                          help="Recompute activations in the backward pass."),
+    precision: Precision = None,
+    bf16: Bf16 = None,
+    gradient_checkpointing: GradientCheckpointing = None,
     grad_cache_chunk: Optional[int] = _ft("grad_cache_chunk", "--grad-cache-chunk"),
     seed: Optional[int] = typer.Option(None, "--seed", help="Seed of sampling, data order and init.",
                                         show_default="42"),
-    save_every: Optional[int] = typer.Option(None, "--save-every", help="Checkpoint every N steps.",
-                                              show_default="500"),
-    log_every: Optional[int] = typer.Option(None, "--log-every", help="Log every N steps.", show_default="10"),
-    num_workers: Optional[int] = typer.Option(None, "--num-workers", help="DataLoader workers.", show_default="0"),
-    resume: bool = typer.Option(False, "--resume", help="Continue from the newest checkpoint in --out."),
-    overwrite: bool = typer.Option(False, "--overwrite", help=OVERWRITE_HELP),
-    allow_inexact_resume: bool = typer.Option(False, "--allow-inexact-resume", help=INEXACT_HELP),
-    divergence_factor: Optional[float] = typer.Option(None, "--divergence-factor", help=DIVERGENCE_HELP,
-                                                      show_default="10"),
+    save_every: SaveEvery = None,
+    log_every: LogEvery = None,
+    num_workers: NumWorkers = None,
+    resume: Resume = False,
+    overwrite: Overwrite = False,
+    allow_inexact_resume: AllowInexactResume = False,
+    divergence_factor: DivergenceFactor = None,
     report_to: Optional[str] = report_to_option(),
 ) -> None:
     """Fine-tune a dual-encoder retriever (stage 1, 2 or 3); OUT/final is a sentence-transformers model."""
     flags = training_flags(locals())   # first: the parameters only
     from pretrieve.train.finetuner import build_finetune_config, finetune   # torch: not for --help
 
-    run_config = build_finetune_config(load_file(config), flags, resume=resume, where=str(config or "config"))
-    run_config.data = resolve_data(run_config.data)   # a name, from the flag or the file
-    final = finetune(run_config)
+    final = finetune(training_config(build_finetune_config, config, flags, resume))
     typer.echo(f"fine-tuned retriever: {final}")

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import Any, Mapping, Optional
+from typing import Annotated, Any, Callable, Mapping, Optional
 
 import typer
 
@@ -44,6 +44,27 @@ def settings_option(config_cls, name: str, *flags: str, extra: str = "", default
                         **kwargs)
 
 
+# The options the training commands (``finetune``, ``reranker train``) share, declared once (typer reads the option
+# from the annotation; the default, None, is the signature's: a --config file's value stands).
+Steps = Annotated[Optional[int], typer.Option("--steps", help="Optimizer steps (0 = use --epochs).",
+                                              show_default="0")]
+Schedule = Annotated[Optional[str], typer.Option("--schedule", help="linear | cosine | constant.",
+                                                 show_default="linear")]
+Precision = Annotated[Optional[str], typer.Option("--precision", help=PRECISION_HELP, show_default="fp32")]
+Bf16 = Annotated[Optional[bool], typer.Option("--bf16/--no-bf16", help="Deprecated: --precision bf16.",
+                                              show_default="off")]
+GradientCheckpointing = Annotated[Optional[bool], typer.Option("--gradient-checkpointing",
+                                                               help="Recompute activations in the backward pass.")]
+NumWorkers = Annotated[Optional[int], typer.Option("--num-workers", help="DataLoader workers.", show_default="0")]
+SaveEvery = Annotated[Optional[int], typer.Option("--save-every", help="Checkpoint every N steps.",
+                                                  show_default="500")]
+LogEvery = Annotated[Optional[int], typer.Option("--log-every", help="Log every N steps.", show_default="10")]
+Resume = Annotated[bool, typer.Option("--resume", help="Continue from the newest checkpoint in --out.")]
+Overwrite = Annotated[bool, typer.Option("--overwrite", help=OVERWRITE_HELP)]
+AllowInexactResume = Annotated[bool, typer.Option("--allow-inexact-resume", help=INEXACT_HELP)]
+DivergenceFactor = Annotated[Optional[float], typer.Option("--divergence-factor", help=DIVERGENCE_HELP,
+                                                           show_default="10")]
+
 #: Command parameters that are not settings (read by the command itself).
 NOT_SETTINGS = ("config", "resume")
 #: Flag name → settings name, where they differ.
@@ -66,6 +87,14 @@ def training_flags(parameters: Mapping[str, Any]) -> dict[str, Any]:
             value = value or None
         flags[SETTING_NAMES.get(name, name)] = value
     return flags
+
+
+def training_config(build: Callable[..., Any], config: Optional[Path], flags: Mapping[str, Any], resume: bool) -> Any:
+    """A training command's run settings: ``build(file values, flags, resume=, where=)`` over the ``--config`` file,
+    its collection resolved (a name, from the flag or the file)."""
+    run_config = build(load_file(config), flags, resume=resume, where=str(config or "config"))
+    run_config.data = resolve_data(run_config.data)
+    return run_config
 
 
 def load_file(path: Optional[Path]) -> dict:

@@ -15,9 +15,10 @@ import typer
 from rich.console import Console
 
 from pretrieve.cli import app
-from pretrieve.cli.options import (DATA_HELP, DIVERGENCE_HELP, INEXACT_HELP, OVERWRITE_HELP, PRECISION_HELP,
-                                   REQUIRED, SCORING_PRECISION_HELP, load_file, report_to_option, resolve_data,
-                                   settings_option, training_flags)
+from pretrieve.cli.options import (DATA_HELP, REQUIRED, SCORING_PRECISION_HELP, AllowInexactResume, Bf16,
+                                   DivergenceFactor, GradientCheckpointing, LogEvery, NumWorkers, Overwrite, Precision,
+                                   Resume, SaveEvery, Schedule, Steps, report_to_option, resolve_data, settings_option,
+                                   training_config, training_flags)
 from pretrieve.train.settings import RerankerSettings
 
 err = Console(stderr=True)
@@ -46,39 +47,31 @@ def reranker_train_command(
     micro_batch_size: Optional[int] = typer.Option(None, "--micro-batch-size", help="Queries per forward pass.",
                                                    show_default="batch_size / processes"),
     lr: Optional[float] = _rr("lr", "--lr"),
-    steps: Optional[int] = typer.Option(None, "--steps", help="Optimizer steps (0 = use --epochs).",
-                                         show_default="0"),
+    steps: Steps = None,
     epochs: Optional[float] = _rr("epochs", "--epochs"),
     warmup_ratio: Optional[float] = typer.Option(None, "--warmup-ratio", help="Warmup share.", show_default="0.1"),
     warmup_steps: Optional[int] = typer.Option(None, "--warmup-steps", help="Warmup steps (overrides the ratio)."),
-    schedule: Optional[str] = typer.Option(None, "--schedule", help="linear | cosine | constant.",
-                                            show_default="linear"),
+    schedule: Schedule = None,
     min_lr_ratio: Optional[float] = typer.Option(None, "--min-lr-ratio", help="Floor of the decay.",
                                                  show_default="0"),
-    precision: Optional[str] = typer.Option(None, "--precision", help=PRECISION_HELP, show_default="fp32"),
-    bf16: Optional[bool] = typer.Option(None, "--bf16/--no-bf16", help="Deprecated: --precision bf16.",
-                                        show_default="off"),
-    gradient_checkpointing: Optional[bool] = typer.Option(None, "--gradient-checkpointing",
-                                                          help="Recompute activations in the backward pass."),
-    num_workers: Optional[int] = typer.Option(None, "--num-workers", help="DataLoader workers.", show_default="0"),
+    precision: Precision = None,
+    bf16: Bf16 = None,
+    gradient_checkpointing: GradientCheckpointing = None,
+    num_workers: NumWorkers = None,
     seed: Optional[int] = typer.Option(None, "--seed", help="Seed.", show_default="42"),
-    save_every: Optional[int] = typer.Option(None, "--save-every", help="Checkpoint every N steps.",
-                                              show_default="500"),
-    log_every: Optional[int] = typer.Option(None, "--log-every", help="Log every N steps.", show_default="10"),
-    resume: bool = typer.Option(False, "--resume", help="Continue from the newest checkpoint in --out."),
-    overwrite: bool = typer.Option(False, "--overwrite", help=OVERWRITE_HELP),
-    allow_inexact_resume: bool = typer.Option(False, "--allow-inexact-resume", help=INEXACT_HELP),
-    divergence_factor: Optional[float] = typer.Option(None, "--divergence-factor", help=DIVERGENCE_HELP,
-                                                      show_default="10"),
+    save_every: SaveEvery = None,
+    log_every: LogEvery = None,
+    resume: Resume = False,
+    overwrite: Overwrite = False,
+    allow_inexact_resume: AllowInexactResume = False,
+    divergence_factor: DivergenceFactor = None,
     report_to: Optional[str] = report_to_option(),
 ) -> None:
     """Train a cross-encoder with listwise cross-entropy over each query's group (no in-batch negatives)."""
     flags = training_flags(locals())   # first: the parameters only
     from pretrieve.train.reranker import build_reranker_config, train_reranker   # torch: not for --help
 
-    run_config = build_reranker_config(load_file(config), flags, resume=resume, where=str(config or "config"))
-    run_config.data = resolve_data(run_config.data)   # a name, from the flag or the file
-    final = train_reranker(run_config)
+    final = train_reranker(training_config(build_reranker_config, config, flags, resume))
     typer.echo(f"reranker: {final}")
 
 
