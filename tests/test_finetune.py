@@ -116,18 +116,18 @@ def test_dense_mining_excludes_positives_keeps_rank_order_and_depth(tiny_bert_di
     from pretrieve.modeling.export import export_retriever
     from pretrieve.retrieval.mining import mine_negatives
 
-    from pretrieve.retrieval import runs as runs_module
+    from pretrieve.retrieval import search as search_module   # runs.search_split takes scratch_index from it
 
     model_dir = export_retriever(DualEncoder.from_pretrained(tiny_bert_dir), tokenizer, tmp_path / "model", 48,
                                  training={"query_max_len": 16})
     scratch_parents = []
-    real_scratch = runs_module.scratch_index
+    real_scratch = search_module.scratch_index
 
     def recording_scratch(parent=None):
         scratch_parents.append(parent)
         return real_scratch(parent)
 
-    monkeypatch.setattr(runs_module, "scratch_index", recording_scratch)
+    monkeypatch.setattr(search_module, "scratch_index", recording_scratch)
     out = mine_negatives(model_dir, tiny_collection, "train", tmp_path / "mined.jsonl", depth=5,
                          run_out=tmp_path / "mined.trec", show_progress=False, device="cpu")
     # without a cache the corpus index is a scratch folder beside the output (not in the system's temp), removed after
