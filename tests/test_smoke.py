@@ -22,7 +22,8 @@ import yaml
 from pretrieve import artifacts
 from pretrieve.errors import ConfigError
 from pretrieve.recipe import load_recipe, run_recipe
-from pretrieve.recipe.smoke import model_family, smoke_recipe, write_fixture_collection
+from pretrieve.recipe.fixtures import model_family, write_fixture_collection
+from pretrieve.recipe.smoke import smoke_recipe
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 RECIPES = sorted(CONFIGS.glob("*.yaml"))

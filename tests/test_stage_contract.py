@@ -19,8 +19,9 @@ import pytest
 
 from pretrieve.errors import ConfigError
 from pretrieve.recipe import run_recipe, validate_recipe
+from pretrieve.recipe.rows import trained_splits
 from pretrieve.recipe.runner import RunState
-from pretrieve.recipe.schema import STAGES, stage
+from pretrieve.recipe.schema import STAGES, stage, stage_labels
 from pretrieve.retrieval import fusion
 
 RECIPE_PACKAGE = Path(__file__).resolve().parents[1] / "src" / "pretrieve" / "recipe"
@@ -86,6 +87,33 @@ def test_a_new_stage_is_one_module(note_stage, tmp_path):
         validate_recipe({**recipe, "stages": [{"note": {}}, {"note": {"name": "other"}}, recipe["stages"][1]]})
 
 
+def test_a_stage_declares_its_labels_its_shared_options_and_the_splits_it_trains_on():
+    """``label``, ``shared`` and ``trains`` of a stage are read by the recipe's labels, its validation and the
+    fit-split check (:func:`pretrieve.recipe.rows.trained_splits`), never by naming the kind."""
+    stage("drill", DrillOptions, label=lambda options, recipe, count: f"drill-r{options.get('round', count)}",
+          shared="drill", trains=True)(stage_note)
+    try:
+        recipe = validate_recipe({"out": "o", "model": "bert-base-uncased", "data": "msmarco",
+                                  "drill": {"split": "dev"},
+                                  "stages": ["drill", {"drill": {"round": 7, "split": "train"}},
+                                             {"evaluate": {"zero_shot": True}}]})
+        assert recipe["drill"] == {"split": "dev"}     # the shared options, validated against the stage's schema
+        assert [label for _, label, _ in stage_labels(recipe)] == ["drill-r1", "drill-r7", "evaluate"]
+        assert trained_splits(recipe) == {"dev", "train"}
+        with pytest.raises(ConfigError, match="drill.*rounds"):
+            validate_recipe({**recipe, "drill": {"rounds": 2}})
+    finally:
+        del STAGES["drill"]
+
+
+@dataclass
+class DrillOptions:
+    """Options of the ``drill`` stage (a stage with shared options, its own labels and a training split)."""
+
+    round: int = 1
+    split: str = "train"
+
+
 # ------------------------------------------------------------------------------- nothing else names a kind
 def _code_strings(path: Path) -> set[str]:
     """The string constants of a module's code (docstrings left out: prose may say 'the evaluate stage')."""
@@ -98,7 +126,7 @@ def _code_strings(path: Path) -> set[str]:
             if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings}
 
 
-@pytest.mark.parametrize("module", ["smoke.py", "runner.py"])
+@pytest.mark.parametrize("module", ["smoke.py", "fixtures.py", "runner.py", "schema.py"])
 def test_the_smoke_transformation_and_the_runner_name_no_stage_kind(module):
     named = _code_strings(RECIPE_PACKAGE / module) & set(STAGES)
     assert not named, f"recipe/{module} names the stage kinds {sorted(named)}: declare it in the stage's module"

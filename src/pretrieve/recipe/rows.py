@@ -61,11 +61,16 @@ def fit_split(options: Mapping[str, Any], recipe: Mapping[str, Any]) -> str:
 
 
 def trained_splits(recipe: Mapping[str, Any]) -> set[str]:
-    """The splits of the training collection whose queries some stage trained or mined on (fine-tuning, mining,
-    the reranker)."""
-    shared = recipe.get("finetune") or {}
-    return {str(options.get("split") or (shared.get("split") if kind == "finetune" else None) or "train")
-            for kind, _, options in stage_labels(recipe) if kind in ("finetune", "mine", "reranker")}
+    """The splits of the training collection whose queries some stage trained or mined on (the stages that
+    declare ``trains``: fine-tuning, mining, the reranker): a stage's ``split``, else its kind's shared one, else
+    ``train``."""
+    splits = set()
+    for kind, _, options in stage_labels(recipe):
+        spec = STAGES[kind]
+        if spec.trains:
+            shared = (recipe.get(spec.shared) or {}) if spec.shared is not None else {}
+            splits.add(str(options.get("split") or shared.get("split") or "train"))
+    return splits
 
 
 def check_fit_split(components: list[str], options: Mapping[str, Any], recipe: Mapping[str, Any], where: str) -> None:

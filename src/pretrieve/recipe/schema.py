@@ -8,8 +8,10 @@ from these declarations alone (:func:`check_stage_order`), so a stage's precondi
 The same names key what the stages made at run time (:class:`pretrieve.recipe.runner.RunState`: ``state.give("mined",
 label, path)``, ``state.latest("mined")``). A stage also declares, in its own module, how ``--smoke`` shrinks its
 options (``smoke``, :class:`pretrieve.recipe.smoke.SmokeKit`), the collections and splits it reads (``reads``), the
-result rows it adds to the evaluate stages after it (``rows``) and which options name a retriever or fusion
-(``name_options``): nothing outside its module names its kind.
+result rows it adds to the evaluate stages after it (``rows``), which options name a retriever or fusion
+(``name_options``), the top-level key of the options every stage of its kind shares (``shared``), how its stages are
+labelled (``label``) and whether it trains or mines on the training queries (``trains``): nothing outside its module
+names its kind.
 """
 
 from __future__ import annotations
@@ -37,6 +39,9 @@ Smoke = Callable[[dict[str, Any], Any], dict[str, Any]]
 #: ``reads(options, recipe)``: ``[(collection as the recipe names it, split or None)]`` the stage reads (None: the
 #: passages only); every collection is found before the first stage, and ``--smoke`` slices these splits.
 Reads = Callable[[Mapping[str, Any], Mapping[str, Any]], list[tuple[str, str | None]]]
+#: ``label(options, recipe, count)``: the stage's label, ``count`` being its place among the stages of its kind (1, 2,
+#: …); without one, ``<kind>`` for the first and ``<kind>-<count>`` for the others.
+Label = Callable[[Mapping[str, Any], Mapping[str, Any], int], str]
 
 
 @dataclass(frozen=True)
@@ -49,8 +54,10 @@ class Stage:
     :func:`check_stage_order`) — the names that key :class:`~pretrieve.recipe.runner.RunState`'s products.
     ``smoke`` shrinks its options for ``--smoke`` (none: kept as they are), ``reads`` names the collections it reads,
     ``rows(options)`` the result rows it adds to every evaluate stage after it (a fusion's name), ``name_options`` the
-    options that name a retriever or fusion (:func:`check_names`), and ``shared`` the top-level recipe key whose
-    options every stage of the kind inherits (``finetune``).
+    options that name a retriever or fusion (:func:`check_names`), ``shared`` the top-level recipe key whose
+    options every stage of the kind inherits (``finetune``), ``label`` its stages' labels (:func:`stage_labels`) and
+    ``trains`` whether it trains or mines on the queries of a split of the training collection (its ``split``
+    option, else the shared one, else ``train``; :func:`pretrieve.recipe.rows.trained_splits`).
     """
 
     run: Callable[..., Any]
@@ -64,6 +71,8 @@ class Stage:
     rows: Callable[[Mapping[str, Any]], list[str]] | None = None
     name_options: tuple[str, ...] = ()
     shared: str | None = None
+    label: Label | None = None
+    trains: bool = False
 
     @property
     def products(self) -> tuple[str, ...]:
@@ -78,12 +87,12 @@ def stage(kind: str, options: type, set_by_recipe: Mapping[str, str] | None = No
           check: Callable[[dict[str, Any], str], None] | None = None, needs: Needs | None = None,
           gives: str | tuple[str, ...] | None = None, smoke: Smoke | None = None, reads: Reads | None = None,
           rows: Callable[[Mapping[str, Any]], list[str]] | None = None, name_options: tuple[str, ...] = (),
-          shared: str | None = None):
+          shared: str | None = None, label: Label | None = None, trains: bool = False):
     """Register the decorated function as the recipe stage ``kind`` with its options schema and declarations
     (:class:`Stage`)."""
     def register(function: Callable[..., Any]) -> Callable[..., Any]:
         STAGES[kind] = Stage(function, options, dict(set_by_recipe or {}), check, needs, gives, smoke, reads, rows,
-                             tuple(name_options), shared)
+                             tuple(name_options), shared, label, trains)
         return function
     return register
 
@@ -98,7 +107,8 @@ RECIPE_SETS = {"model": "the recipe's 'model' (or the pre-trained checkpoint) is
 
 @dataclass
 class RecipeOptions:
-    """The top level of a recipe."""
+    """The top level of a recipe; besides these, the options shared by every stage of a kind, under the key its
+    stage declares (:class:`Stage` ``shared``: ``finetune``)."""
 
     out: str = ""
     model: str = ""
@@ -107,7 +117,6 @@ class RecipeOptions:
     name: str | None = None
     data_root: str | None = None
     seed: int = 42
-    finetune: dict[str, Any] = field(default_factory=dict)
     dist_timeout_minutes: float | None = None   # under torchrun: the longest a rank waits (pretrieve.ranks: 60)
     dev: dict[str, Any] | None = None   # held-out training queries (pretrieve.recipe.dev): {seed}, {queries, seed}, {split}
     expected: list[Any] | None = None   # the paper's numbers (pretrieve.recipe.results.ExpectedNumbers), per row
@@ -166,7 +175,8 @@ def validate_recipe(recipe: Mapping[str, Any], where: str = "recipe") -> dict[st
     for key in ("out", "model", "data", "stages"):
         if key not in recipe:
             raise InputError(f"recipe has no '{key}'", path=where)
-    values = validate(RecipeOptions, recipe, where)
+    shared = [spec for spec in STAGES.values() if spec.shared is not None]
+    values = validate(RecipeOptions, recipe, where, extra=[spec.shared for spec in shared])
     if values.get("dist_timeout_minutes") is not None:
         try:
             ranks.check_timeout(values["dist_timeout_minutes"], "dist_timeout_minutes")
@@ -177,9 +187,9 @@ def validate_recipe(recipe: Mapping[str, Any], where: str = "recipe") -> dict[st
     stages = values["stages"]
     if not isinstance(stages, list) or not stages:
         raise InputError("'stages' must be a non-empty list", path=where, field="stages")
-    shared = validate(STAGES["finetune"].options, values.get("finetune") or {}, join_path(where, "finetune"),
-                      set_elsewhere=STAGES["finetune"].set_by_recipe)
-    values["finetune"] = shared
+    for spec in shared:   # the options every stage of a kind shares, checked against its schema
+        values[spec.shared] = validate(spec.options, values.get(spec.shared) or {}, join_path(where, spec.shared),
+                                       set_elsewhere=spec.set_by_recipe)
     if "dev" in values:
         values["dev"] = validate_dev(values["dev"], values, where)
     if values.get("expected") is not None:
@@ -196,7 +206,7 @@ def validate_recipe(recipe: Mapping[str, Any], where: str = "recipe") -> dict[st
         at = f"{at}.{kind}"
         options = validate(spec.options, options, at, set_elsewhere=spec.set_by_recipe)
         if spec.check is not None:
-            merged = {**shared, **options} if kind == "finetune" else options
+            merged = {**values[spec.shared], **options} if spec.shared is not None else options
             try:
                 spec.check(merged, at)
             except ConfigError as exc:
@@ -240,14 +250,15 @@ def stage_entry(entry: Any, index: int) -> tuple[str, dict[str, Any]]:
 
 
 def stage_labels(recipe: Mapping[str, Any]) -> list[tuple[str, str, dict[str, Any]]]:
-    """``[(kind, label, options)]`` of the (validated) recipe's stages; a fine-tuning stage's label is
-    ``finetune-s<stage>``, a repeated stage's ``<kind>-<n>`` (``pretrain-2``: a second pre-training phase)."""
+    """``[(kind, label, options)]`` of the (validated) recipe's stages: the label a stage kind declares
+    (:class:`Stage` ``label``: a fine-tuning stage's is ``finetune-s<stage>``), else ``<kind>``, and a repeated
+    stage's ``<kind>-<n>`` (``pretrain-2``: a second pre-training phase)."""
     labels, counts = [], {}
     for index, entry in enumerate(recipe["stages"]):
         kind, options = stage_entry(entry, index)
         counts[kind] = counts.get(kind, 0) + 1
-        stage_no = options.get("stage", recipe.get("finetune", {}).get("stage", counts[kind]))
-        label = (f"finetune-s{stage_no}" if kind == "finetune"
+        spec = STAGES.get(kind)
+        label = (spec.label(options, recipe, counts[kind]) if spec is not None and spec.label is not None
                  else kind if counts[kind] == 1 else f"{kind}-{counts[kind]}")   # pretrain, pretrain-2: phases
         labels.append((kind, label, options))
     return labels

@@ -22,7 +22,7 @@ from pretrieve.io_utils import load_config_file
 from pretrieve.models import resolve_model
 from pretrieve.options import validate
 from pretrieve.precision import check_precision
-from pretrieve.recipe.smoke import tiny_model, write_fixture_collection
+from pretrieve.recipe.fixtures import tiny_model, write_fixture_collection
 from pretrieve.retrieval.load import ModelFiles, read_sentence_transformers_config
 from pretrieve.train.finetuner import FinetuneConfig
 from pretrieve.train.run_config import METHOD_FLAG_KEYS, PretrainOptions
@@ -241,7 +241,7 @@ SMOKE_FINETUNE: dict[str, Any] = {"pooling": "cls", "similarity": "dot", "max_st
 
 def smoke_settings(settings: QualityBenchSettings, explicit_methods: bool = True) -> QualityBenchSettings:
     """``--smoke``: the same comparison (arms, folds, dev, grid, contrasts, statistics) on a tiny random BERT and
-    a synthetic collection (:mod:`pretrieve.recipe.smoke`'s fixtures, written once under ``<out>/smoke-fixtures``), with
+    a synthetic collection (:mod:`pretrieve.recipe.fixtures`, written once under ``<out>/smoke-fixtures``), with
     budgets of a few steps, so that the whole harness runs end to end in well under a minute. The numbers mean
     nothing. Without ``explicit_methods`` the arms are :data:`SMOKE_METHODS`; method overrides of ``--pretrain``
     (``bottleneck``, objectives, maskers) are kept."""

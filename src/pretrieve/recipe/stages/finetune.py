@@ -58,8 +58,14 @@ def reads(options: Mapping[str, Any], recipe: Mapping[str, Any]) -> list[tuple[s
     return [(str(recipe["data"]), str(options.get("split", training_split(recipe))))]
 
 
+def label(options: Mapping[str, Any], recipe: Mapping[str, Any], count: int) -> str:
+    """``finetune-s<stage>``: the stage's ``stage``, else the shared one, else its place among the fine-tuning
+    stages."""
+    return f"finetune-s{options.get('stage', (recipe.get('finetune') or {}).get('stage', count))}"
+
+
 @stage("finetune", FinetuneStageOptions, set_by_recipe=RECIPE_SETS, check=check_training(FinetuneConfig), needs=needs,
-       gives="retriever", smoke=smoke, reads=reads, shared="finetune")
+       gives="retriever", smoke=smoke, reads=reads, shared="finetune", label=label, trains=True)
 def stage_finetune(state: RunState, options: dict[str, Any], label: str, show_progress: bool) -> None:
     values = {**state.recipe.get("finetune", {}), **state.seeded(options)}
     init = state.latest("retriever") if values.pop("init", "pretrained") == "previous" else state.init_model

@@ -50,7 +50,7 @@ def reads(options: Mapping[str, Any], recipe: Mapping[str, Any]) -> list[tuple[s
     return [(str(recipe["data"]), str(options.get("split", training_split(recipe))))]
 
 
-@stage("mine", MineOptions, needs=needs, gives="mined", smoke=smoke, reads=reads)
+@stage("mine", MineOptions, needs=needs, gives="mined", smoke=smoke, reads=reads, trains=True)
 def stage_mine(state: RunState, options: dict[str, Any], label: str, show_progress: bool) -> None:
     name, retriever = list(state.named("retriever").items())[-1]
     values = dict(options)

@@ -29,7 +29,7 @@ def smoke(options: dict[str, Any], kit) -> dict[str, Any]:
 
 
 @stage("reranker", RerankerConfig, set_by_recipe={k: v for k, v in RECIPE_SETS.items() if k != "model"},
-       check=check_training(RerankerConfig), needs=needs, gives="reranker", smoke=smoke)
+       check=check_training(RerankerConfig), needs=needs, gives="reranker", smoke=smoke, trains=True)
 def stage_reranker(state: RunState, options: dict[str, Any], label: str, show_progress: bool) -> None:
     values = state.seeded(options)
     values.setdefault("groups", state.latest("mined"))
