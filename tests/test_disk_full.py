@@ -1,10 +1,12 @@
 """A disk that fills during a checkpoint save loses nothing: one `error:` line and exit 2, the last good checkpoint
 kept, the half-written one removed, and --resume continues bit-exactly once space is free; the space preflight
 reserves the real peak (keep + 1 checkpoints), removes a killed save's temporary first and, on a resume, counts
-only what is left to write."""
+only what is left to write. A disk that fills during the final model save is one line too, naming ``final`` and the
+checkpoint ``--resume`` continues from (issue 39)."""
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 import subprocess
@@ -88,6 +90,41 @@ def test_a_failed_save_raises_one_line_and_removes_its_temporary(tiny_mlm_dir, c
     assert "\n" not in str(failed.value) and "no earlier checkpoint" in str(failed.value)
     assert ckpt.list_checkpoints(tmp_path / "run") == []
     assert not (tmp_path / "run" / "checkpoints" / ".step-2.tmp").exists()
+
+
+@pytest.mark.parametrize("failure", [
+    OSError(errno.ENOSPC, "No space left on device"),
+    RuntimeError("Error while serializing: I/O error: No space left on device (os error 28)"),   # safetensors'
+])
+def test_a_full_disk_during_the_final_save_is_one_line_naming_final_and_the_resume(tiny_mlm_dir, corpus,  # noqa: F811
+                                                                                  tmp_path, monkeypatch, failure):
+    from pretrieve.train.pretrainer import PretrainingRun
+
+    def no_space(self, unwrapped, directory):
+        (Path(directory) / "model.safetensors").write_bytes(b"half")
+        raise failure
+
+    monkeypatch.setattr(PretrainingRun, "export", no_space)
+    out = tmp_path / "run"
+    with pytest.raises(CheckpointWriteError) as failed:
+        pretrain(_config(tiny_mlm_dir, corpus, out, max_steps=5))
+    message = str(failed.value)
+    assert "\n" not in message and message.startswith(f"{out / 'final'}: the trained model could not be written")
+    assert "No space left on device" in message and "--resume (it continues from step 4)" in message
+    assert not (out / "final").exists() and not [p for p in out.iterdir() if p.name.startswith(".final")]
+    assert [step for step, _ in ckpt.list_checkpoints(out)] == [2, 4]
+
+
+def test_an_error_of_the_final_save_that_is_no_write_failure_is_not_hidden(tiny_mlm_dir, corpus,  # noqa: F811
+                                                                          tmp_path, monkeypatch):
+    from pretrieve.train.pretrainer import PretrainingRun
+
+    def broken(self, unwrapped, directory):
+        raise KeyError("a bug")
+
+    monkeypatch.setattr(PretrainingRun, "export", broken)
+    with pytest.raises(KeyError):
+        pretrain(_config(tiny_mlm_dir, corpus, tmp_path / "run", max_steps=2))
 
 
 def test_the_space_check_reserves_the_peak_and_a_resume_counts_only_what_is_left(tmp_path, monkeypatch):

@@ -2,10 +2,12 @@
 where the run file goes, an unwritable place, a file-size limit or a disk too small for the index is one `error:`
 line naming the user's path, exit 2, before anything is built or encoded; a write that fails anyway is reported the
 same way (not numpy's "N requested and M written"); leftovers of killed runs (a BM25 index beside the run, a
-half-written index shard) are removed by the next run, those of running processes never."""
+half-written index shard) are removed by the next run, those of running processes never. `fuse --out` and
+`evaluate --json/--md` check their files first too, and a full disk while writing them names the file (issue 39)."""
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import random
@@ -240,3 +242,51 @@ def test_a_run_killed_while_encoding_leaves_embeddings_the_next_run_removes(tmp_
     _held_old(leftover)
     with outputs.writing(tmp_path / "out"):
         assert not leftover.exists() and embeddings.is_dir()
+
+
+# ------------------------------------------------------------------------------- fuse --out, evaluate --json
+def _no_space(*args, **kwargs):
+    raise OSError(errno.ENOSPC, "No space left on device")   # a write's error: it names no file
+
+
+def test_fuse_into_a_full_disk_names_its_out(tmp_path, capsys, monkeypatch):
+    from pretrieve.retrieval import fusion
+
+    from test_fusion import tiny_collection
+
+    root = tiny_collection(tmp_path / "c")
+    out = tmp_path / "fused.trec"
+    monkeypatch.setattr(fusion, "write_fused_run", _no_space)
+    code, err = _main(capsys, monkeypatch, "fuse", str(root / "bad-test.trec"), str(root / "good-test.trec"),
+                      "--out", str(out))
+    _error_line(err, code, str(out), "could not be written", "no space left")
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("option, suffix", [("--json", "e.json"), ("--md", "e.md")])
+def test_evaluate_into_a_full_disk_names_the_file(tmp_path, capsys, monkeypatch, option, suffix):
+    from pretrieve.evaluation import report
+
+    from test_fusion import tiny_collection
+
+    root = tiny_collection(tmp_path / "c")
+    target = tmp_path / suffix
+    monkeypatch.setattr(report, "write_json" if option == "--json" else "atomic_open", _no_space)
+    code, err = _main(capsys, monkeypatch, "evaluate", "--data", str(root), str(root / "bad-test.trec"),
+                      str(root / "good-test.trec"), option, str(target))
+    _error_line(err, code, str(target), "could not be written", "no space left")
+    assert not target.exists()
+
+
+def test_fuse_and_evaluate_check_their_outputs_first(tmp_path, capsys, monkeypatch):
+    from test_fusion import tiny_collection
+
+    root = tiny_collection(tmp_path / "c")
+    runs = [str(root / "bad-test.trec"), str(root / "good-test.trec")]
+    monkeypatch.setattr(outputs.shutil, "disk_usage", lambda path: Usage(10**6, 10**6, 0))   # no byte free
+    code, err = _main(capsys, monkeypatch, "fuse", *runs, "--out", str(tmp_path / "f.trec"))
+    _error_line(err, code, str(tmp_path / "f.trec"), "free")
+    directory = tmp_path / "a-directory"
+    directory.mkdir()
+    code, err = _main(capsys, monkeypatch, "evaluate", "--data", str(root), *runs, "--json", str(directory))
+    _error_line(err, code, str(directory), "is a directory")

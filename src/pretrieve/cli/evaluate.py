@@ -31,6 +31,7 @@ from pretrieve.data.collection import BeirCollection
 from pretrieve.data.registry import resolve_collection
 from pretrieve.data.trec import read_run
 from pretrieve.errors import ConfigError
+from pretrieve.outputs import preflight, write_failures
 from pretrieve.provenance import provenance
 
 # Kept in sync with pretrieve.evaluation.metrics.DEFAULT_MEASURES (not imported, so that `--help` stays fast).
@@ -112,6 +113,9 @@ def evaluate_command(
 
     if per_query and json_path is None:
         raise ConfigError("--per-query adds per-query scores to the JSON output: give --json FILE too")
+    for path in (json_path, md_path):   # a place that cannot be written: said before the work
+        if path is not None:
+            preflight(path)
     test_name = None if test is SignificanceTest.none else test.value
     chosen_correction = None if correction is Correction.none else correction.value
     if models:
@@ -139,10 +143,7 @@ def evaluate_command(
     _print_table(table)
     metadata = {"qrels": str(qrels_path), "run_files": {name: str(path) for name, path in zip(run_names, runs)},
                 "provenance": _provenance()}
-    table.write(json_path=json_path, md_path=md_path, per_query=per_query, metadata=metadata)
-    for path in (json_path, md_path):
-        if path is not None:
-            err_console.print(f"wrote {path}", highlight=False, markup=False)
+    _write(table, json_path, md_path, per_query, metadata)
 
 
 def _evaluate_models(runs: list[Path], models: list[str], data: str | None, qrels: Path | None, names: str | None,
@@ -169,10 +170,21 @@ def _evaluate_models(runs: list[Path], models: list[str], data: str | None, qrel
                      precision=precision, batch_size=batch_size, show_progress=True, baseline=baseline)
     header, rows = table.grid()
     _print_grid(header, rows, table.legend())
-    table.write(json_path=json_path, md_path=md_path, per_query=per_query)
-    for path in (json_path, md_path, *((out / "results.md", out / "results.json") if out is not None else ())):
-        if path is not None:
-            err_console.print(f"wrote {path}", highlight=False, markup=False)
+    _write(table, json_path, md_path, per_query)
+    for path in ((out / "results.md", out / "results.json") if out is not None else ()):
+        err_console.print(f"wrote {path}", highlight=False, markup=False)
+
+
+def _write(table, json_path: Path | None, md_path: Path | None, per_query: bool, metadata: dict | None = None) -> None:
+    """``--json`` / ``--md``: each file written (a full disk: one line naming that file), then said."""
+    if json_path is not None:
+        with write_failures(json_path):
+            table.write(json_path=json_path, per_query=per_query, metadata=metadata)
+        err_console.print(f"wrote {json_path}", highlight=False, markup=False)
+    if md_path is not None:
+        with write_failures(md_path):
+            table.write(md_path=md_path)
+        err_console.print(f"wrote {md_path}", highlight=False, markup=False)
 
 
 def _run_names(runs: list[Path], names: str | None) -> list[str]:

@@ -19,7 +19,7 @@ from pretrieve.data.collection import BeirCollection
 from pretrieve.data.registry import resolve_collection
 from pretrieve.data.trec import iter_run
 from pretrieve.errors import ConfigError, InputError
-from pretrieve.outputs import refuse_existing
+from pretrieve.outputs import preflight, refuse_existing, write_failures
 from pretrieve.retrieval import fusion
 
 
@@ -56,6 +56,11 @@ def fuse_command(
     refuse_existing(out, overwrite)
     if len(runs) < 2:
         raise ConfigError(f"give at least two runs to fuse, got {len(runs)}")
+    for path in runs:
+        if not path.is_file():
+            raise ConfigError(f"{path}: run file not found")
+    # before the work: a place that cannot be written, or a disk without room for about the smallest run given
+    preflight(out, needed_bytes=min(path.stat().st_size for path in runs))
     train_runs = [Path(p) for value in (fit_runs or []) for p in value.split(",") if p]
     fitting = fit_data is not None or bool(train_runs)
     if fitting and (fit_data is None or not train_runs):
@@ -97,7 +102,8 @@ def fuse_command(
         spec = fusion.FusionSpec(method, norm or ("minmax" if method == "wsum" else None), parsed, k=k,
                                  depth=depth).check(len(runs))
         fit_inputs = None
-    fused = fusion.write_fused_run(runs, out, spec, tag="fused", fit_inputs=fit_inputs)
+    with write_failures(out):   # a full disk: one line naming --out
+        fused = fusion.write_fused_run(runs, out, spec, tag="fused", fit_inputs=fit_inputs)
     err.print(f"wrote {out}: {spec.describe()} of {len(runs)} runs, {len(fused)} queries")
 
 

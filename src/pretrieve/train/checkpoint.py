@@ -21,6 +21,7 @@ Resuming (:func:`load_checkpoint`) is checked: a checkpoint written under other 
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import logging
 import os
@@ -76,7 +77,8 @@ def tied_decoder_notice() -> Iterator[None]:
 
 
 class CheckpointWriteError(PretrieveError):
-    """A checkpoint could not be written (a full disk, a file-size limit); the previous ones are kept."""
+    """A checkpoint, or the trained model at the end, could not be written (a full disk, a file-size limit); the
+    complete checkpoints are kept."""
 
 
 def checkpoint_root(out_dir: str | Path) -> Path:
@@ -166,6 +168,31 @@ def write_failure(out_dir: str | Path, step: int, exc: Exception) -> str:
         "no earlier checkpoint exists: free some space and rerun the same command"
     return (f"{checkpoint_root(out_dir)}: the checkpoint of step {step} could not be written ({_first_line(exc)}); "
             f"{where}")
+
+
+def final_write_failure(final: str | Path, out_dir: str | Path, exc: Exception) -> str:
+    """The one line of a trained model that could not be written into ``final``: why, what is kept, how to finish."""
+    kept = list_checkpoints(out_dir)
+    where = (f"the newest complete checkpoint {kept[-1][1]} is kept: free some space and rerun the same command "
+             f"with --resume (it continues from step {kept[-1][0]})") if kept else \
+        "no checkpoint is kept: free some space and rerun the same command"
+    return f"{final}: the trained model could not be written ({_first_line(exc)}); {where}"
+
+
+def is_write_failure(exc: BaseException) -> bool:
+    """Whether ``exc`` is a write that failed for lack of space or at a size limit, whichever library raised it
+    (an ``OSError``; safetensors' ``SafetensorError`` and torch's ``RuntimeError`` only say so in their message)."""
+    if isinstance(exc, OSError) and exc.errno in WRITE_ERRNOS:
+        return True
+    return any(marker in str(exc) for marker in WRITE_FAILURE_MARKERS)
+
+
+#: The errors of a write that ran out of room: no space, no quota, a file-size limit.
+WRITE_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+#: How libraries that raise no ``OSError`` say a write failed (safetensors: "I/O error: No space left on device (os
+#: error 28)"; torch: "PytorchStreamWriter failed writing file").
+WRITE_FAILURE_MARKERS = ("No space left on device", "Disk quota exceeded", "File too large", "I/O error",
+                         "failed writing file", "file write failed")
 
 
 def _prune(out_dir: str | Path, keep: int) -> None:

@@ -50,7 +50,9 @@ Contract: a *dataset* (``len`` + ``dataset[i]``), a *collator* ``collator(exampl
   directory that is renamed to ``<out>/final`` only when complete; its sidecar (:mod:`pretrieve.artifacts`)
   records the run's settings and the fingerprints of its inputs, and :func:`pretrieve.train.run.finished_run`
   asks it whether a finished run may be reused (settings compare content, never where files live: a copied
-  output directory is still current).
+  output directory is still current). A write that fails there for lack of space (or at a size limit) is one
+  :class:`~pretrieve.train.checkpoint.CheckpointWriteError` line naming ``final`` and the checkpoint ``--resume``
+  continues from.
 * **Guards.** A resume that cannot restore every process's RNG state stops with
   :class:`~pretrieve.errors.InexactResumeError` unless ``allow_inexact_resume``
   (:func:`pretrieve.train.checkpoint.load_checkpoint`); a diverging loss stops the run with
@@ -353,9 +355,14 @@ def train(model: torch.nn.Module, dataset, collator, config: LoopConfig, out_dir
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
         record = dict(record or {"kind": "model"})
-        with artifacts.write_dir(final_dir, record["kind"], record.get("settings"), record.get("inputs")) as tmp:
-            export(accelerator.unwrap_model(model), tmp)
-            write_json(tmp / "provenance.json", provenance({"seed": config.seed, "steps": total_steps}))
+        try:
+            with artifacts.write_dir(final_dir, record["kind"], record.get("settings"), record.get("inputs")) as tmp:
+                export(accelerator.unwrap_model(model), tmp)
+                write_json(tmp / "provenance.json", provenance({"seed": config.seed, "steps": total_steps}))
+        except Exception as exc:  # noqa: BLE001 - safetensors and torch raise their own on a full disk
+            if not ckpt.is_write_failure(exc):
+                raise
+            raise ckpt.CheckpointWriteError(ckpt.final_write_failure(final_dir, out, exc)) from None
     accelerator.wait_for_everyone()
     return final_dir
 
