@@ -236,10 +236,12 @@ def stage_commands(collection: Path, work: Path, settings: ScaleSettings, num_pa
     pairs = settings.train_queries * (1 + settings.max_negatives)
     units = {"passages": num_passages, "eval_queries": settings.eval_queries,
              "train_queries": settings.train_queries, "pairs": pairs}
-    bm25_base = [*cli, "bm25", *data, "--k", str(settings.bm25_depth), "--index", str(work / "bm25-index")]
+    # --overwrite: a stage may write a run file an earlier stage (or an earlier measured round) wrote
+    bm25_base = [*cli, "bm25", *data, "--k", str(settings.bm25_depth), "--index", str(work / "bm25-index"),
+                 "--overwrite"]
     bm25 = [*bm25_base, "--out", str(work / "bm25.trec")]
     search = [*cli, "search", "--model", model, *data, "--index", str(work / "emb"), "--k", "100",
-              "--batch-size", str(settings.batch_size)]
+              "--batch-size", str(settings.batch_size), "--overwrite"]
     pretrain = [*cli, "pretrain", "--model", model, "--corpus", str(collection / "corpus.jsonl"),
                 "--method", "mlm", "--steps", str(settings.pretrain_steps), "--batch-size", "8", "--max-len", "128",
                 "--save-every", str(10 ** 6), "--log-every", "1"]
