@@ -100,16 +100,7 @@ def derive_collection(source: str | Path, out: str | Path, carve_from: str = "tr
         raise ConfigError(f"carving {parts} leaves no query in the '{carve_from}' split of {source}")
     for name, ids in carved.items():
         qrels[name] = {qid: whole[qid] for qid in ids}
-    with artifacts.write_dir(out, KIND, settings, inputs) as tmp:
-        for path in (source_collection.corpus_path, source_collection.queries_path):
-            os.symlink(path.resolve(), tmp / path.name)
-        (tmp / "qrels").mkdir()
-        for split, judgments in qrels.items():
-            if judgments:
-                save_qrels(judgments, tmp / "qrels" / f"{split}.tsv")
-        write_json(tmp / RECORD, {"source": str(Path(source).resolve()), **settings,
-                                  "queries": {split: list(judgments) for split, judgments in qrels.items()}})
-    return out
+    return _write_derived(out, source, source_collection, qrels, settings, inputs)
 
 
 def has_own_dev(source: str | Path, train: str = "train") -> bool:
@@ -151,6 +142,14 @@ def held_out_dev(source: str | Path, out: str | Path, size: int, seed: int = 0, 
                           f"split ({len(own)} judged)")
     drawn = carve_queries(candidates, {DEV: min(size, len(candidates)) if size else len(candidates)}, seed)[DEV]
     qrels[DEV] = {qid: own[qid] for qid in drawn}
+    return _write_derived(out, source, source_collection, qrels, settings, inputs,
+                          {"of": len(own), "also_in_train": also_trained})
+
+
+def _write_derived(out: Path, source: str | Path, source_collection: BeirCollection, qrels: dict,
+                   settings: dict, inputs: dict, extra: dict | None = None) -> Path:
+    """Write a derived collection (atomically, with its artefact sidecar): the source's corpus and queries linked,
+    each non-empty split's qrels, and ``folds.json`` (the settings, ``extra`` and every split's query ids)."""
     with artifacts.write_dir(out, KIND, settings, inputs) as tmp:
         for path in (source_collection.corpus_path, source_collection.queries_path):
             os.symlink(path.resolve(), tmp / path.name)
@@ -158,8 +157,7 @@ def held_out_dev(source: str | Path, out: str | Path, size: int, seed: int = 0, 
         for split, judgments in qrels.items():
             if judgments:
                 save_qrels(judgments, tmp / "qrels" / f"{split}.tsv")
-        write_json(tmp / RECORD, {"source": str(Path(source).resolve()), **settings, "of": len(own),
-                                  "also_in_train": also_trained,
+        write_json(tmp / RECORD, {"source": str(Path(source).resolve()), **settings, **(extra or {}),
                                   "queries": {split: list(judgments) for split, judgments in qrels.items()}})
     return out
 
