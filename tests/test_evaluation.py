@@ -319,6 +319,92 @@ def test_beir_table_average_and_missing_collection():
         beir_table({"bm25": {"scifact": result(0.6)}}, measure="MAP")
 
 
+def three_runs(n: int = 30):
+    """Qrels and three runs whose MRR@10 differences range from clear to none (the relevant document at rank 1–3)."""
+    def rank(i: int, position: int) -> dict[str, float]:
+        return {1: {f"rel{i}": 3.0, "x": 2.0}, 2: {"x": 3.0, f"rel{i}": 2.0},
+                3: {"x": 3.0, "y": 2.0, f"rel{i}": 1.0}}[position]
+
+    qrels = {f"q{i}": {f"rel{i}": 1} for i in range(n)}
+    runs = {"base": {f"q{i}": rank(i, 2) for i in range(n)},
+            "a": {f"q{i}": rank(i, 1 if i < 12 else 2) for i in range(n)},
+            "b": {f"q{i}": rank(i, 1 if i % 3 == 0 else 3 if i % 7 == 0 else 2) for i in range(n)}}
+    return qrels, runs
+
+
+def test_all_pairs_tested_with_holm_over_the_pairs():
+    from statsmodels.stats.multitest import multipletests   # test-only dependency, as in test_significance.py
+
+    import pretrieve
+
+    qrels, runs = three_runs()
+    measures = ["MRR@10", "R@1"]
+    results = {name: evaluate(qrels, run, measures) for name, run in runs.items()}
+    table = build_table(results, pairs="all")
+    pairs = [("base", "a"), ("base", "b"), ("a", "b")]
+    assert list(table.pairwise) == pairs
+    for m in measures:
+        raw = [stats.ttest_rel([results[b].per_query[m][q] for q in sorted(qrels)],
+                               [results[a].per_query[m][q] for q in sorted(qrels)]).pvalue for a, b in pairs]
+        # Holm by hand: sort ascending, multiply the i-th smallest by (3 − i), running maximum, capped at 1
+        order = np.argsort(raw)
+        by_hand, running = [0.0] * 3, 0.0
+        for i, j in enumerate(order):
+            running = max(running, min(1.0, (3 - i) * raw[j]))
+            by_hand[j] = running
+        assert by_hand == pytest.approx(multipletests(raw, method="holm")[1])
+        for (a, b), p, p_holm in zip(pairs, raw, by_hand):
+            test = table.pairwise[(a, b)][m]
+            assert test.p_value == pytest.approx(p, rel=1e-12) and test.p_holm == pytest.approx(p_holm, rel=1e-12)
+            assert test.mean_difference == pytest.approx(results[b].aggregate[m] - results[a].aggregate[m])
+        # the marks against the first run are decided on the all-pairs family
+        for run in ("a", "b"):
+            assert table.p_value(run, m) == pytest.approx(by_hand[pairs.index(("base", run))])
+    assert table.pairwise[("a", "b")]["MRR@10"].p_value > 0.05 and table.mark("a", "MRR@10") == "†▲"
+    markdown = table.to_markdown()
+    assert "Holm-adjusted over all 3 pairs of runs on each measure" in markdown
+    assert "Pairwise tests:" in markdown and "| Measure | A | B | Δ (B − A) | p | p (Holm) |" in markdown
+    a_b = table.pairwise[("a", "b")]["MRR@10"]
+    assert f"| MRR@10 | a | b | -0.0500 | {a_b.p_value:.3g} | {a_b.p_holm:.3g} |" in markdown
+    assert "| MRR@10 | base | a | +0.2000† |" in markdown
+    assert "p (Holm) vs base" not in markdown                     # the pairwise section replaces it
+    data = json.loads(json.dumps(table.to_dict(), allow_nan=False))
+    assert data["pairs"] == "all" and [(e["a"], e["b"]) for e in data["pairwise"]] == pairs
+    assert data["pairwise"][2]["significance"]["R@1"]["p_holm"] == pytest.approx(
+        table.pairwise[("a", "b")]["R@1"].p_holm)
+    # without a correction: raw p-values decide, no Holm column
+    uncorrected = build_table(results, pairs="all", correction=None)
+    assert "p (Holm)" not in uncorrected.to_markdown() and "Holm" not in uncorrected.legend()
+    # the default is unchanged: no pairwise tests, no new keys
+    default = build_table(results)
+    assert not default.pairwise and "pairwise" not in default.to_dict() and "Pairwise" not in default.to_markdown()
+    with pytest.raises(ConfigError, match="unknown pairs"):
+        build_table(results, pairs="some")
+    with pytest.raises(ConfigError, match="choose a significance test"):
+        build_table(results, pairs="all", test=None)
+    # the Python API passes pairs= through (baseline= reorders first)
+    api = pretrieve.evaluate(runs, qrels=qrels, measures=measures, pairs="all", baseline="b")
+    assert list(api.pairwise) == [("b", "base"), ("b", "a"), ("base", "a")]
+    assert api.pairwise[("b", "a")]["R@1"].p_holm == pytest.approx(table.pairwise[("a", "b")]["R@1"].p_holm)
+
+
+def test_collections_table_all_pairs_per_collection():
+    from pretrieve.evaluation import collections_table   # only this test needs it
+
+    qrels, runs = three_runs()
+    half = {f"q{i}": qrels[f"q{i}"] for i in range(0, 30, 2)}
+    results = {name: {"full": evaluate(qrels, run, ["MRR@10"]), "half": evaluate(half, run, ["MRR@10"])}
+               for name, run in runs.items()}
+    table = collections_table(results, "MRR@10", pairs="all")
+    sections = table.pair_tables()
+    assert list(sections) == ["full", "half"] and len(sections["full"][1]) == 3
+    markdown = table.to_markdown()
+    assert "Pairwise tests on full:" in markdown and "Pairwise tests on half:" in markdown
+    assert "Holm-adjusted over all 3 pairs of runs on each collection and measure" in markdown
+    assert table.to_dict()["per_collection"]["half"]["pairs"] == "all"
+    assert "Pairwise" not in collections_table(results, "MRR@10").to_markdown()
+
+
 # --------------------------------------------------------------------------- CLI
 
 def cli_args(*args: str) -> list[str]:
@@ -358,6 +444,28 @@ def test_cli_two_runs_table_with_marks(run_files):
     assert report["runs"][0]["per_query"]["R@1000"]["q1"] == 1.0
     assert report["qrels"].endswith("qrels.tsv") and "versions" in report["provenance"]
     assert "| dense | 1.0000†▲ | 1.0000 | 1.0000†▲ |" in (out / "m.md").read_text()
+
+
+def test_cli_pairs_all_prints_the_pairwise_section(tmp_path):
+    from pretrieve.cli import app
+
+    qrels, runs = three_runs()
+    save_qrels(qrels, tmp_path / "qrels.tsv")
+    for name, run in runs.items():
+        write_run(run, tmp_path / f"{name}.trec")
+    files = [str(tmp_path / f"{name}.trec") for name in runs]
+    result = CliRunner().invoke(app, cli_args("--qrels", str(tmp_path / "qrels.tsv"), *files, "--measures", "MRR@10",
+                                              "--pairs", "all", "--md", str(tmp_path / "t.md")),
+                                env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    assert "Pairwise tests:" in result.stdout and "Δ (B − A)" in result.stdout and "p (Holm)" in result.stdout
+    rows = [[cell.strip() for cell in line.split("│")] for line in result.stdout.splitlines()
+            if line.split()[:1] == ["MRR@10"]]
+    assert [row[1:3] for row in rows] == [["base", "a"], ["base", "b"], ["a", "b"]]
+    assert "-0.0500" in rows[2] and "Holm-adjusted over all 3 pairs" in result.stdout
+    assert "| MRR@10 | a | b | -0.0500 |" in (tmp_path / "t.md").read_text()
+    default = CliRunner().invoke(app, cli_args("--qrels", str(tmp_path / "qrels.tsv"), *files, "--measures", "MRR@10"))
+    assert default.exit_code == 0 and "Pairwise" not in default.stdout and "p (Holm) vs base" in default.stdout
 
 
 def test_cli_beir_collection_names_and_permutation(run_files, tmp_path):

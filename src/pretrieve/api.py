@@ -239,11 +239,13 @@ def evaluate(runs: RunLike | Sequence[RunLike] | Mapping[str, RunLike] | None = 
              measures: str | Sequence[str] | None = None, test: str | None = "ttest", alpha: float = 0.05,
              correction: str | None = "holm", missing: str = "zero", ignore_identical_ids: bool = False,
              depth: int = 1000, precision: str = "auto", batch_size: int = 64, data_root: str | Path | None = None,
-             show_progress: bool = True, baseline: str | None = None) -> ResultsTable | CollectionsTable:
+             show_progress: bool = True, baseline: str | None = None,
+             pairs: str = "baseline") -> ResultsTable | CollectionsTable:
     """Score runs against the ``split`` qrels of collection ``data`` (or against ``qrels``, a file or a dict):
     one row per run, each other run tested against the baseline — the first run, or the one named ``baseline`` —
     (``test``: ttest | permutation | None; ``correction``: the p-values of the runs tested against the baseline
-    adjusted together by Holm, or None).
+    adjusted together by Holm, or None). ``pairs="all"`` tests every pair of runs (a listed before b) instead, Holm
+    over all the pairs on each measure: ``table.pairwise[(a, b)][measure]``, a pairwise section in the markdown.
 
     ``runs``: one run (a dict or a TREC file), a list of them, or a dict ``{name: run}``; ``measures``:
     ir_measures names (default: ``pretrieve evaluate``'s). ``print(table.to_markdown())`` shows the table,
@@ -263,7 +265,7 @@ def evaluate(runs: RunLike | Sequence[RunLike] | Mapping[str, RunLike] | None = 
         return _evaluate_models(models, data, out=out, split=split, measures=measures, test=test, alpha=alpha,
                                 correction=correction, missing=missing, ignore_identical_ids=ignore_identical_ids,
                                 depth=depth, precision=precision, batch_size=batch_size, data_root=data_root,
-                                show_progress=show_progress, qrels=qrels, baseline=baseline)
+                                show_progress=show_progress, qrels=qrels, baseline=baseline, pairs=pairs)
     if (qrels is None) == (data is None):
         raise ConfigError("give exactly one of data (a collection, with split) or qrels")
     if qrels is None:
@@ -275,7 +277,7 @@ def evaluate(runs: RunLike | Sequence[RunLike] | Mapping[str, RunLike] | None = 
     evaluator = RunEvaluator(judgments, measures or DEFAULT_MEASURES, missing=missing,
                              ignore_identical_ids=ignore_identical_ids)
     results = {name: evaluator(run, name=name) for name, run in baseline_first(_named_runs(runs), baseline).items()}
-    return build_table(results, test=test, alpha=alpha, correction=correction)
+    return build_table(results, test=test, alpha=alpha, correction=correction, pairs=pairs)
 
 
 def baseline_first(named: Mapping[str, Any], baseline: str | None, parameter: str = "baseline") -> dict[str, Any]:
@@ -294,7 +296,7 @@ MODEL_MEASURES = "nDCG@10,R@100"
 
 def _evaluate_models(models, data, *, out, split, measures, test, alpha, correction, missing, ignore_identical_ids,
                      depth, precision, batch_size, data_root, show_progress, qrels,
-                     baseline=None) -> CollectionsTable:
+                     baseline=None, pairs="baseline") -> CollectionsTable:
     """``evaluate(models=...)``: every model's run on every collection (:func:`pretrieve.retrieval.runs.model_run`),
     scored and tabulated (:func:`pretrieve.evaluation.collections_table`), written under ``out`` when given."""
     from pretrieve.evaluation import RunEvaluator, collections_table, parse_measures   # heavy: scipy; --help fast
@@ -330,7 +332,7 @@ def _evaluate_models(models, data, *, out, split, measures, test, alpha, correct
                                  batch_size=batch_size, show_progress=show_progress)
                 results[name][label] = evaluator(read_run(path), name=name)
                 run_files[name][label] = str(path.relative_to(root))
-        table = collections_table(results, chosen, test=test, alpha=alpha, correction=correction)
+        table = collections_table(results, chosen, test=test, alpha=alpha, correction=correction, pairs=pairs)
         if out is not None:
             metadata = {"split": split, "depth": depth, "models": {name: str(model) for name, model in named.items()},
                         "data": {label: str(c.root) for label, c in collections.items()}, "run_files": run_files,

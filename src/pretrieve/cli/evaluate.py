@@ -49,6 +49,11 @@ class Correction(str, Enum):
     none = "none"
 
 
+class Pairs(str, Enum):
+    baseline = "baseline"
+    all = "all"
+
+
 class MissingQueries(str, Enum):
     ignore = "ignore"
     zero = "zero"
@@ -100,6 +105,10 @@ def evaluate_command(
                                                    "p-values of the runs tested against the first (per measure, and "
                                                    "per collection) together; 'none' tests each alone.")]
         = Correction.holm,
+    pairs: Annotated[Pairs, typer.Option("--pairs", help="Which runs are tested: 'baseline' tests each against the "
+                                         "baseline; 'all' tests every pair (A listed before B), Holm over all the "
+                                         "pairs per measure, and prints a pairwise table (Δ = B − A, p, Holm p).")]
+        = Pairs.baseline,
     missing: Annotated[MissingQueries, typer.Option("--missing", help="Judged queries absent from a run: score "
                                                     "them 'zero' (trec_eval -c; every row over the same queries) or "
                                                     "'ignore' them (answered queries only, as pytrec_eval/BEIR).")]
@@ -121,7 +130,7 @@ def evaluate_command(
     if models:
         _evaluate_models(runs or [], models, data, qrels, names, out, split, measures, test_name, alpha,
                          chosen_correction, missing.value, ignore_identical_ids, depth, precision, batch_size,
-                         json_path, md_path, per_query, baseline)
+                         json_path, md_path, per_query, baseline, pairs.value)
         return
     if not runs:
         raise ConfigError("give the RUN files to evaluate, or models with --model")
@@ -139,7 +148,7 @@ def evaluate_command(
         results[name] = evaluator(read_run(path), name=str(path))
         _note_missing(name, results[name])
     table = build_table(baseline_first(results, baseline, "--baseline"), test=test_name, alpha=alpha,
-                        n_permutations=permutations, seed=seed, correction=chosen_correction)
+                        n_permutations=permutations, seed=seed, correction=chosen_correction, pairs=pairs.value)
     _print_table(table)
     metadata = {"qrels": str(qrels_path), "run_files": {name: str(path) for name, path in zip(run_names, runs)},
                 "provenance": _provenance()}
@@ -150,7 +159,7 @@ def _evaluate_models(runs: list[Path], models: list[str], data: str | None, qrel
                      out: Path | None, split: str, measures: str | None, test: str | None, alpha: float,
                      correction: str | None, missing: str, ignore_identical_ids: bool, depth: int, precision: str,
                      batch_size: int, json_path: Path | None, md_path: Path | None, per_query: bool,
-                     baseline: str | None = None) -> None:
+                     baseline: str | None = None, pairs: str = "baseline") -> None:
     """``--model``: every model on every --data collection (:func:`pretrieve.api.evaluate`), the table printed."""
     if runs:
         raise ConfigError("give either RUN files or --model, not both")
@@ -167,9 +176,12 @@ def _evaluate_models(runs: list[Path], models: list[str], data: str | None, qrel
         chosen = models
     table = evaluate(models=chosen, data=data, out=out, split=split, measures=measures, test=test, alpha=alpha,
                      correction=correction, missing=missing, ignore_identical_ids=ignore_identical_ids, depth=depth,
-                     precision=precision, batch_size=batch_size, show_progress=True, baseline=baseline)
+                     precision=precision, batch_size=batch_size, show_progress=True, baseline=baseline, pairs=pairs)
     header, rows = table.grid()
-    _print_grid(header, rows, table.legend())
+    out_console = _print_grid(header, rows, table.legend())
+    for collection, (p_header, p_rows) in table.pair_tables().items():
+        out_console.print(f"\nPairwise tests on {collection}:", highlight=False, markup=False)
+        _print_grid(p_header, p_rows, "", out_console, left=3)
     _write(table, json_path, md_path, per_query)
     for path in ((out / "results.md", out / "results.json") if out is not None else ()):
         err_console.print(f"wrote {path}", highlight=False, markup=False)
@@ -216,19 +228,26 @@ def _print_table(table) -> None:
     legend = table.legend()
     out = _print_grid(header, rows, f"Means over {', '.join(map(str, n_queries))} queries." +
                       (" " + legend if legend else ""))
-    p_header, p_rows = table.p_table()
+    if table.pairs == "all":
+        p_header, p_rows = table.pair_table()
+        if p_rows:
+            out.print("\nPairwise tests:", highlight=False, markup=False)
+    else:
+        p_header, p_rows = table.p_table()
     if p_rows:
-        _print_grid(p_header, p_rows, "", out)
+        _print_grid(p_header, p_rows, "", out, left=3 if table.pairs == "all" else 1)
 
 
-def _print_grid(header: list[str], rows: list[list[str]], legend: str, out: Console | None = None) -> Console:
-    """A table (the first column left-aligned, the others right-aligned, ▲ green and ▼ red) and a legend below."""
+def _print_grid(header: list[str], rows: list[list[str]], legend: str, out: Console | None = None,
+                left: int = 1) -> Console:
+    """A table (the first ``left`` columns left-aligned, the others right-aligned, ▲ green and ▼ red) and a legend
+    below."""
     rich_table = Table(show_edge=False)
     for index, name in enumerate(header):
-        rich_table.add_column(name, justify="left" if index == 0 else "right", no_wrap=True)
+        rich_table.add_column(name, justify="left" if index < left else "right", no_wrap=True)
     for row in rows:
-        cells = [Text(row[0])]
-        for cell in row[1:]:
+        cells = [Text(cell) for cell in row[:left]]
+        for cell in row[left:]:
             mark = cell.lstrip("0123456789.–-")
             style = "green" if mark.endswith("▲") else "red" if mark.endswith("▼") else ""
             cells.append(Text(cell[:len(cell) - len(mark)]) + Text(mark, style=style))

@@ -10,6 +10,10 @@ run's mean is higher/lower than the baseline's. Only significant differences are
 tested against the baseline, the decision is made on Holm's adjusted p-value (``correction="holm"``, the default):
 the family is the runs tested against the baseline on one measure (and one collection); the tables show the
 adjusted p-values beside the means and say so.
+
+``pairs="all"`` tests every pair of runs (a, b), a listed before b, with the same paired test: the family is then
+every pair on one measure (and one collection), the marks against the first run are decided on those Holm-adjusted
+p-values, and a pairwise section lists each pair's Δ = b − a, p and Holm p.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ UP, DOWN = "▲", "▼"
 DIGITS = 4
 _TEST_NAMES = {"ttest": "paired two-sided t-test", "permutation": "paired two-sided randomization test"}
 CORRECTIONS = ("holm",)
+PAIRS = ("baseline", "all")
 
 
 def format_value(value: float, digits: int = DIGITS) -> str:
@@ -72,6 +77,10 @@ class ResultsTable(WrittenTable):
     alpha: float = DEFAULT_ALPHA
     comparisons: dict[str, dict[str, SignificanceResult]] = field(default_factory=dict)
     correction: str | None = "holm"
+    #: ``"baseline"``: each run tested against the first; ``"all"``: every pair, in :attr:`pairwise`.
+    pairs: str = "baseline"
+    #: ``pairwise[(a, b)][measure]``: ``b`` tested against ``a`` (a listed before b), with ``pairs="all"``.
+    pairwise: dict[tuple[str, str], dict[str, SignificanceResult]] = field(default_factory=dict)
 
     @property
     def baseline(self) -> str:
@@ -96,6 +105,15 @@ class ResultsTable(WrittenTable):
         """One sentence explaining the marks (empty when no test was run or there is one run)."""
         if not self.test or len(self.results) < 2:
             return ""
+        if self.pairs == "all":
+            n_pairs = len(self.pairwise)
+            adjusted = (f", Holm-adjusted over all {n_pairs} pairs of runs on each measure"
+                        if self.correction == "holm" and n_pairs > 1 else "")
+            return (f"{SIGNIFICANCE_MARK} significantly different from '{self.baseline}' "
+                    f"({_TEST_NAMES.get(self.test, self.test)} over the per-query scores{adjusted}, "
+                    f"p ≤ {self.alpha:g}); {UP} higher, {DOWN} lower. Every pair of runs (A listed before B) is "
+                    f"tested: Δ = B − A, {SIGNIFICANCE_MARK} where the p-value the decision is made on is "
+                    f"≤ {self.alpha:g}.")
         tested = len(self.results) - 1
         adjusted = (f", Holm-adjusted over the {tested} runs tested against it on each measure"
                     if self.correction == "holm" and tested > 1 else "")
@@ -112,6 +130,24 @@ class ResultsTable(WrittenTable):
         header = [f"{label} vs {self.baseline}", *self.comparisons]
         return header, [[m, *(format_p(self.p_value(run, m)) for run in self.comparisons)] for m in self.measures]
 
+    def pair_table(self, digits: int = DIGITS) -> tuple[list[str], list[list[str]]]:
+        """``(header, rows)`` of the pairwise tests (``pairs="all"``): for each measure a row per pair (A, B) with
+        Δ = B − A (``†`` where significant), the raw p and Holm's (the latter without a correction left out);
+        empty otherwise."""
+        if self.pairs != "all" or not self.pairwise:
+            return [], []
+        holm = self.correction == "holm"
+        header = ["Measure", "A", "B", "Δ (B − A)", "p", *(["p (Holm)"] if holm else [])]
+        rows = []
+        for m in self.measures:
+            for (a, b), tests in self.pairwise.items():
+                result = tests[m]
+                delta = self.value(b, m) - self.value(a, m)
+                mark = SIGNIFICANCE_MARK if result.significant else ""
+                rows.append([m, a, b, f"{delta:+.{digits}f}{mark}", format_p(result.p_value),
+                             *([format_p(result.p_holm)] if holm else [])])
+        return header, rows
+
     def to_markdown(self, digits: int = DIGITS) -> str:
         """A GitHub-flavoured markdown table, with the legend below it (and the p-values, when tested)."""
         header = ["Run", *self.measures]
@@ -121,9 +157,12 @@ class ResultsTable(WrittenTable):
         note = f"Means over {', '.join(map(str, n_queries))} queries."
         legend = self.legend()
         text += "\n" + note + (" " + legend if legend else "") + "\n"
-        p_header, p_rows = self.p_table()
+        p_header, p_rows = self.pair_table(digits) if self.pairs == "all" else self.p_table()
         if p_rows:
-            text += "\n" + markdown_table(p_header, p_rows, align=["l"] + ["r"] * (len(p_header) - 1))
+            if self.pairs == "all":
+                text += "\nPairwise tests:\n"
+            left = 3 if self.pairs == "all" else 1
+            text += "\n" + markdown_table(p_header, p_rows, align=["l"] * left + ["r"] * (len(p_header) - left))
         return text
 
     def to_dict(self, per_query: bool = False) -> dict[str, Any]:
@@ -134,19 +173,26 @@ class ResultsTable(WrittenTable):
             if name in self.comparisons:
                 entry["significance"] = {m: r.to_dict() for m, r in self.comparisons[name].items()}
             runs.append(entry)
-        return {"measures": list(self.measures), "baseline": self.baseline, "test": self.test,
-                "correction": self.correction if self.test else None, "alpha": self.alpha, "runs": runs}
+        out = {"measures": list(self.measures), "baseline": self.baseline, "test": self.test,
+               "correction": self.correction if self.test else None, "alpha": self.alpha, "runs": runs}
+        if self.pairs == "all":   # the default ("baseline") keeps the dict as it always was
+            out["pairs"] = "all"
+            out["pairwise"] = [{"a": a, "b": b, "significance": {m: r.to_dict() for m, r in tests.items()}}
+                               for (a, b), tests in self.pairwise.items()]
+        return out
 
 
 def build_table(results: Mapping[str, EvalResult], measures: Sequence[str] | None = None,
                 test: str | None = "ttest", alpha: float = DEFAULT_ALPHA,
                 n_permutations: int = DEFAULT_PERMUTATIONS, seed: int = 0,
-                correction: str | None = "holm") -> ResultsTable:
+                correction: str | None = "holm", pairs: str = "baseline") -> ResultsTable:
     """Tabulate ``{run_name: EvalResult}`` (first = baseline) and test every other run against it.
 
     ``measures`` defaults to the first run's measures; ``test`` is ``"ttest"``, ``"permutation"`` or
     ``None`` (no tests, no marks); ``correction``: ``"holm"`` (the p-values of the runs tested against the baseline
     on one measure adjusted together, the marks decided on them) or ``None`` (each test at ``alpha`` alone).
+    ``pairs="all"``: every pair of runs (a, b), a listed before b, tested (``b`` against ``a``), the Holm family
+    being all the pairs on one measure; the marks against the first run are decided on those pairs' p-values.
     """
     if not results:
         raise ConfigError("no runs to tabulate")
@@ -154,6 +200,10 @@ def build_table(results: Mapping[str, EvalResult], measures: Sequence[str] | Non
         raise ConfigError(f"unknown significance test '{test}' (choose from {', '.join(TESTS)})")
     if correction is not None and correction not in CORRECTIONS:
         raise ConfigError(f"unknown correction '{correction}' (choose from {', '.join(CORRECTIONS)} or none)")
+    if pairs not in PAIRS:
+        raise ConfigError(f"unknown pairs '{pairs}' (choose from {', '.join(PAIRS)})")
+    if pairs == "all" and test is None:
+        raise ConfigError("pairs 'all' tests every pair of runs: choose a significance test (not none)")
     check_alpha(alpha)
     results = dict(results)
     measures = list(measures) if measures is not None else list(next(iter(results.values())).measures)
@@ -161,8 +211,20 @@ def build_table(results: Mapping[str, EvalResult], measures: Sequence[str] | Non
         absent = [m for m in measures if m not in result.aggregate]
         if absent:
             raise ConfigError(f"run '{name}' has no score for {', '.join(absent)}")
-    table = ResultsTable(results, measures, test=test, alpha=alpha, correction=correction)
-    if test is not None:
+    table = ResultsTable(results, measures, test=test, alpha=alpha, correction=correction, pairs=pairs)
+    if pairs == "all":
+        names = list(results)
+        for i, a in enumerate(names):
+            for b in names[i + 1:]:
+                table.pairwise[(a, b)] = {m: compare(results[a], results[b], m, test=test, alpha=alpha,
+                                                     n_permutations=n_permutations, seed=seed) for m in measures}
+        if correction == "holm":
+            for m in measures:
+                adjusted = holm_family([table.pairwise[pair][m] for pair in table.pairwise])
+                for pair, result in zip(table.pairwise, adjusted):
+                    table.pairwise[pair][m] = result
+        table.comparisons = {b: tests for (a, b), tests in table.pairwise.items() if a == table.baseline}
+    elif test is not None:
         baseline = results[table.baseline]
         for name, result in list(results.items())[1:]:
             table.comparisons[name] = {m: compare(baseline, result, m, test=test, alpha=alpha,
@@ -326,19 +388,36 @@ class CollectionsTable(WrittenTable):
         first = next(iter(self.tables.values()))
         text = f"Average: the unweighted mean over the {len(self.beir.collections)} collections."
         if self.test and len(self.beir.runs) > 1:
-            adjusted = (f", Holm-adjusted over the {len(self.beir.runs) - 1} runs tested against it on each collection "
-                        "and measure" if first.correction == "holm" and len(self.beir.runs) > 2 else "")
+            n_runs = len(self.beir.runs)
+            if first.pairs == "all":
+                adjusted = (f", Holm-adjusted over all {n_runs * (n_runs - 1) // 2} pairs of runs on each collection "
+                            "and measure" if first.correction == "holm" and n_runs > 2 else "")
+            else:
+                adjusted = (f", Holm-adjusted over the {n_runs - 1} runs tested against it on each collection "
+                            "and measure" if first.correction == "holm" and n_runs > 2 else "")
             text += (f" {SIGNIFICANCE_MARK} significantly different from '{self.baseline}' on that collection "
                      f"({_TEST_NAMES.get(self.test, self.test)} over the per-query scores{adjusted}, "
                      f"p ≤ {first.alpha:g}); {UP} higher, {DOWN} lower; p: the p-value the mark is decided on.")
             if len(self.beir.collections) > 1:
                 text += (f" Average p: paired t-test against '{self.baseline}' over the {len(self.beir.collections)} "
                          "collections (each collection's mean one observation; not corrected).")
+            if first.pairs == "all":
+                text += (" Pairwise tests: every pair of runs (A listed before B) on each collection, Δ = B − A, "
+                         f"{SIGNIFICANCE_MARK} where the p-value the decision is made on is ≤ {first.alpha:g}.")
         return text
+
+    def pair_tables(self, digits: int = DIGITS) -> dict[str, tuple[list[str], list[list[str]]]]:
+        """Each collection's pairwise section (:meth:`ResultsTable.pair_table`; ``pairs="all"`` only)."""
+        sections = {c: table.pair_table(digits) for c, table in self.tables.items()}
+        return {c: section for c, section in sections.items() if section[1]}
 
     def to_markdown(self, digits: int = DIGITS) -> str:
         header, rows = self.grid(digits)
-        return markdown_table(header, rows, align=["l"] + ["r"] * (len(header) - 1)) + "\n" + self.legend() + "\n"
+        text = markdown_table(header, rows, align=["l"] + ["r"] * (len(header) - 1)) + "\n" + self.legend() + "\n"
+        for collection, (p_header, p_rows) in self.pair_tables(digits).items():
+            text += (f"\nPairwise tests on {collection}:\n\n"
+                     + markdown_table(p_header, p_rows, align=["l"] * 3 + ["r"] * (len(p_header) - 3)))
+        return text
 
     def to_dict(self, per_query: bool = False) -> dict[str, Any]:
         """The BEIR table (scores and averages) and, per collection, the :class:`ResultsTable` with its tests."""
@@ -354,11 +433,13 @@ class CollectionsTable(WrittenTable):
 def collections_table(results: Mapping[str, Mapping[str, EvalResult]], measures: str | Sequence[str],
                       test: str | None = "ttest", alpha: float = DEFAULT_ALPHA,
                       n_permutations: int = DEFAULT_PERMUTATIONS, seed: int = 0,
-                      correction: str | None = "holm") -> CollectionsTable:
+                      correction: str | None = "holm", pairs: str = "baseline") -> CollectionsTable:
     """Tabulate ``{run: {collection: EvalResult}}`` (the first run is the baseline): the BEIR table of ``measures``
-    (:func:`beir_table`) and each collection's :func:`build_table` (tests against the baseline, ``correction``)."""
+    (:func:`beir_table`) and each collection's :func:`build_table` (tests against the baseline, ``correction``;
+    ``pairs="all"``: every pair of runs on each collection)."""
     beir = beir_table(results, measures)
     tables = {c: build_table({run: per[c] for run, per in results.items() if c in per}, beir.measures, test=test,
-                             alpha=alpha, n_permutations=n_permutations, seed=seed, correction=correction)
+                             alpha=alpha, n_permutations=n_permutations, seed=seed, correction=correction,
+                             pairs=pairs)
               for c in beir.collections}
     return CollectionsTable(beir, tables)
