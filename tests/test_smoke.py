@@ -13,6 +13,7 @@ import hashlib
 import json
 import os
 import platform
+import warnings
 from pathlib import Path
 
 import pytest
@@ -20,6 +21,7 @@ import torch
 import yaml
 
 from pretrieve import artifacts
+from pretrieve.data.registry import data_roots
 from pretrieve.errors import ConfigError
 from pretrieve.recipe import load_recipe, run_recipe
 from pretrieve.recipe.fixtures import model_family, write_fixture_collection
@@ -133,6 +135,12 @@ def check_pinned(name: str, numbers: dict) -> None:
             row["portable"] = (row["measures"], row["ranking"]) == (other.get("measures"), other.get("ranking"))
         path.write_text(json.dumps(pinned, indent=1, sort_keys=True) + "\n", encoding="utf-8")
         return
+    if MODE == "check" and not _real_data():
+        # the pins were recorded with the real collections beside the checkout (the smoke slices them); without them
+        # --smoke generates fixtures instead, whose numbers are not these: neither rows nor numbers are checked
+        warnings.warn(f"{name}: pinned smoke numbers not checked: the real collections are not found "
+                      "($PRETRIEVE_DATA or ../shared/data beside the checkout)")
+        return
     assert sorted(numbers) == sorted(pinned["rows"]), "the smoke run's results rows changed"
     here = pinned["platform"] == platform_key()
     for key, row in pinned["rows"].items():
@@ -140,6 +148,11 @@ def check_pinned(name: str, numbers: dict) -> None:
             assert numbers[key] == {k: row[k] for k in ("measures", "ranking", "file")}, key
         elif row.get("portable"):
             assert (numbers[key]["measures"], numbers[key]["ranking"]) == (row["measures"], row["ranking"]), key
+
+
+def _real_data() -> bool:
+    """Whether the collections the pins were recorded with (SciFact and the others of ../shared/data) are found."""
+    return any((root / "scifact" / "corpus.jsonl").is_file() for root in data_roots())
 
 
 def _evaluate_options(recipe) -> dict:
