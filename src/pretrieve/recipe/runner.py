@@ -24,8 +24,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import signal
-import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,7 +38,7 @@ from pretrieve.modeling.model_card import metrics_of
 from pretrieve.recipe.results import write_results
 from pretrieve.recipe.schema import STAGES, stage_labels
 from pretrieve.retrieval.cache import cached_index
-from pretrieve.train.loop import TrainingTerminated
+from pretrieve.train.loop import TrainingTerminated, sigterm_raises
 
 logger = logging.getLogger(__name__)
 
@@ -169,23 +167,15 @@ def reported_interruption(label: str, index: int, total: int) -> Iterator[None]:
     """SIGTERM (exit 143, :class:`~pretrieve.train.loop.TrainingTerminated`) and Ctrl-C (exit 130) during a stage say
     which stage stopped and how to continue (the same command again: finished stages are reused), unless a training
     stage already said what it kept; the interruption then goes on as before."""
-    previous = None
-    if threading.current_thread() is threading.main_thread():
-        def terminate(signum, frame):
-            raise TrainingTerminated()
-
-        previous = signal.signal(signal.SIGTERM, terminate)
-    try:
-        yield
-    except (KeyboardInterrupt, TrainingTerminated) as exc:
-        if not getattr(exc, "reported", False) and ranks.is_main():
-            what = "Ctrl-C" if isinstance(exc, KeyboardInterrupt) else "SIGTERM"
-            logger.warning("interrupted (%s) during the stage %s (%d of %d); the stages before it are kept: run the "
-                           "same command again to continue from this stage", what, label, index + 1, total)
-        raise
-    finally:
-        if previous is not None:
-            signal.signal(signal.SIGTERM, previous)
+    with sigterm_raises():
+        try:
+            yield
+        except (KeyboardInterrupt, TrainingTerminated) as exc:
+            if not getattr(exc, "reported", False) and ranks.is_main():
+                what = "Ctrl-C" if isinstance(exc, KeyboardInterrupt) else "SIGTERM"
+                logger.warning("interrupted (%s) during the stage %s (%d of %d); the stages before it are kept: run "
+                               "the same command again to continue from this stage", what, label, index + 1, total)
+            raise
 
 
 def export_final(state: RunState, results: Mapping[str, Any]) -> Path | None:

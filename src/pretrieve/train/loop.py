@@ -380,6 +380,23 @@ def reported_interruptions(out: Path, steps_done: Callable[[], int], report: boo
     """Ctrl-C (``KeyboardInterrupt``: exit 130) and SIGTERM (:class:`TrainingTerminated`: exit 143) while training
     say (when ``report``) which checkpoint was kept and that ``--resume`` continues from it; the interruption then
     goes on as before. Any exception closes the progress bar first."""
+    with sigterm_raises():
+        try:
+            yield
+        except BaseException as exc:
+            progress.close()   # whatever stops the run, its message starts on a line of its own
+            if report and isinstance(exc, (KeyboardInterrupt, TrainingTerminated)):
+                logger.warning(interruption_message(out, steps_done(), "SIGTERM" if isinstance(exc, SystemExit)
+                                                    else "Ctrl-C"))
+                exc.reported = True   # a recipe's stage report (pretrieve.recipe.runner) need not repeat it
+            raise
+
+
+@contextlib.contextmanager
+def sigterm_raises() -> Iterator[None]:
+    """While the block runs (in the main thread), SIGTERM raises :class:`TrainingTerminated` (exit 143) instead of
+    ending the process unannounced, so that the code around it can say what was kept; the previous handler is put
+    back afterwards."""
     previous = None
     if threading.current_thread() is threading.main_thread():
         def terminate(signum, frame):
@@ -388,13 +405,6 @@ def reported_interruptions(out: Path, steps_done: Callable[[], int], report: boo
         previous = signal.signal(signal.SIGTERM, terminate)
     try:
         yield
-    except BaseException as exc:
-        progress.close()   # whatever stops the run, its message starts on a line of its own
-        if report and isinstance(exc, (KeyboardInterrupt, TrainingTerminated)):
-            logger.warning(interruption_message(out, steps_done(), "SIGTERM" if isinstance(exc, SystemExit)
-                                                else "Ctrl-C"))
-            exc.reported = True   # a recipe's stage report (pretrieve.recipe.runner) need not repeat it
-        raise
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
