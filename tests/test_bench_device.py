@@ -124,7 +124,7 @@ def test_a_cuda_report_names_the_device_and_its_peak_memory(tmp_path, capsys, mo
     assert "| peak GPU MiB |" in out and "| 512.00 |" in out
 
 
-def test_bench_encode_on_a_faked_gpu(tmp_path, capsys, monkeypatch):
+def test_bench_encode_on_a_faked_gpu(tmp_path, capsys, monkeypatch, scifact):
     """The CUDA defaults (no int8), the device line and the peak column; the CPU report has neither."""
     from pretrieve.bench import encode_speed, report
     from pretrieve.cli import bench as bench_cli
@@ -142,12 +142,12 @@ def test_bench_encode_on_a_faked_gpu(tmp_path, capsys, monkeypatch):
     for module in (report, bench_cli):                               # the capability check, faked
         monkeypatch.setattr(module, "bench_device", lambda device: device)
     monkeypatch.setattr(encode_speed, "encoding_throughput", fake_throughput)
-    code, out, err = _main(capsys, monkeypatch, "bench", "encode", "--data", "scifact", "--num-texts", "2",
+    code, out, err = _main(capsys, monkeypatch, "bench", "encode", "--data", str(scifact), "--num-texts", "2",
                            "--device", "cuda")
     assert code == 0, err
     assert seen == {"precisions": ["fp32", "auto", "bf16", "fp16"], "device": "cuda"}
     assert "- device: cuda:0 (Fake GPU)" in out and "| peak GPU MiB |" in out
-    code, out, err = _main(capsys, monkeypatch, "bench", "encode", "--data", "scifact", "--num-texts", "2")
+    code, out, err = _main(capsys, monkeypatch, "bench", "encode", "--data", str(scifact), "--num-texts", "2")
     assert code == 0, err
     assert seen == {"precisions": ["fp32", "auto", "bf16", "int8"], "device": "cpu"}
     assert "- device:" not in out and "peak GPU MiB" not in out
