@@ -219,10 +219,7 @@ def build_table(results: Mapping[str, EvalResult], measures: Sequence[str] | Non
                 table.pairwise[(a, b)] = {m: compare(results[a], results[b], m, test=test, alpha=alpha,
                                                      n_permutations=n_permutations, seed=seed) for m in measures}
         if correction == "holm":
-            for m in measures:
-                adjusted = holm_family([table.pairwise[pair][m] for pair in table.pairwise])
-                for pair, result in zip(table.pairwise, adjusted):
-                    table.pairwise[pair][m] = result
+            _holm_per_measure(table.pairwise, measures)
         table.comparisons = {b: tests for (a, b), tests in table.pairwise.items() if a == table.baseline}
     elif test is not None:
         baseline = results[table.baseline]
@@ -230,11 +227,16 @@ def build_table(results: Mapping[str, EvalResult], measures: Sequence[str] | Non
             table.comparisons[name] = {m: compare(baseline, result, m, test=test, alpha=alpha,
                                                   n_permutations=n_permutations, seed=seed) for m in measures}
         if correction == "holm":
-            for m in measures:
-                adjusted = holm_family([table.comparisons[name][m] for name in table.comparisons])
-                for name, result in zip(table.comparisons, adjusted):
-                    table.comparisons[name][m] = result
+            _holm_per_measure(table.comparisons, measures)
     return table
+
+
+def _holm_per_measure(tests: dict, measures: Sequence[str]) -> None:
+    """Replace each test of ``tests`` (``{key: {measure: SignificanceResult}}``) by its Holm-adjusted copy, one
+    family per measure over every key."""
+    for m in measures:
+        for key, result in zip(tests, holm_family([tests[key][m] for key in tests])):
+            tests[key][m] = result
 
 
 def format_p(p: float) -> str:

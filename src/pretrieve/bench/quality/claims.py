@@ -91,6 +91,7 @@ class Tier:
     out: Path
     summary: dict[str, Any]
     _scores: Any = field(default=None, repr=False)
+    _records: dict = field(default_factory=dict, repr=False)   # (arm, seed) → record, each file read once
 
     @property
     def in_domain(self) -> str:
@@ -114,8 +115,11 @@ class Tier:
 
     def record(self, arm: str, seed: int) -> dict[str, Any] | None:
         """The current, finished record of an arm × seed (None if it has none)."""
-        records = Records(self.out)
-        return records.cell(arm, seed, records.tier(), (self.summary.get("selection") or {}).get("chosen") or {})
+        if (arm, seed) not in self._records:
+            records = Records(self.out)
+            self._records[(arm, seed)] = records.cell(arm, seed, records.tier(),
+                                                      (self.summary.get("selection") or {}).get("chosen") or {})
+        return self._records[(arm, seed)]
 
     def per_query(self, arm: str, seed: int) -> dict[Any, float]:
         if self._scores is None:
