@@ -23,7 +23,7 @@ common=(--pretrain-data scifact,cranfield --train scifact --eval scifact,cranfie
 case "$tier" in
   tier1)
     args=(--base splade-tiny --methods none,mlm,bow,retromae,tsdae,mlm-aa --grid-lr 1e-4,3e-4,1e-3
-          --grid-epochs 5,10,20,40 --select-arm mlm --probe-steps 100,300,600 --budget 600
+          --grid-epochs 5,10,20,40 --grid-grow-lr 3e-3 --grid-grow-epochs 80 --select-arm mlm --probe-steps 100,300,600 --budget 600
           --finetune num_negatives=3 --seeds 3
           --contrasts bow-mlm,retromae-mlm,bow-none,retromae-none,mlm-none,anchor:tsdae-mlm,anchor:tsdae-none,anchor:bow-retromae,aa:mlm-aa-mlm) ;;
   *) echo "error: unknown tier '$tier' (this script knows tier1; docs/results.md has the later tiers' commands)" >&2

@@ -374,7 +374,7 @@ def _numbers(text: str, what: str) -> list[float]:
             number = float(item)
         except ValueError:
             raise InputError(f"'{item}' is not a number", field=what) from None
-        values.append(int(number) if what == "grid-epochs" and number.is_integer() else number)
+        values.append(int(number) if what in ("grid-epochs", "grid-grow-epochs") and number.is_integer() else number)
     return values
 
 

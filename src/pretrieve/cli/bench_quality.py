@@ -63,6 +63,11 @@ def bench_quality_command(
                                           "(comma-separated, e.g. 5e-5,1e-4,3e-4); with --grid-epochs."),
     grid_epochs: Optional[str] = typer.Option(None, "--grid-epochs", help="Fine-tuning epochs searched on dev "
                                               "(comma-separated, e.g. 2,5,10)."),
+    grid_grow_lr: Optional[str] = typer.Option(None, "--grid-grow-lr", help="Learning rates the grid grows by, "
+                                               "once, if the best dev point has the grid's largest lr "
+                                               "(pre-registration amendment 9), e.g. 3e-3."),
+    grid_grow_epochs: Optional[str] = typer.Option(None, "--grid-grow-epochs", help="Epochs the grid grows by, "
+                                                   "once, if the best dev point has the grid's most epochs, e.g. 80."),
     select_arm: str = typer.Option("mlm", "--select-arm", help="The arm whose first seed and fold choose the "
                                    "protocol on dev."),
     contrasts: Optional[str] = typer.Option(None, "--contrasts", help="The declared contrasts, comma-separated A-B; "
@@ -135,6 +140,8 @@ def bench_quality_command(
             quality.parse_overrides(finetune, "finetune"), "--finetune")
         grid = {key: tuple(_numbers(text, f"grid-{key}")) for key, text in (("lr", grid_lr), ("epochs", grid_epochs))
                 if text}
+        grid_grow = {key: tuple(_numbers(text, f"grid-grow-{key}"))
+                     for key, text in (("lr", grid_grow_lr), ("epochs", grid_grow_epochs)) if text}
         settings = quality.QualityBenchSettings(
             base=base, train=train or "", out=str(out),
             methods=tuple(_split(methods, "method")) if methods else DEFAULT_QUALITY_METHODS,
@@ -144,8 +151,8 @@ def bench_quality_command(
             finetune={**finetune_defaults, **finetune_values},
             finetune_per_method=per_method, split=split, depth=depth, coverage_texts=coverage_texts, alpha=alpha,
             folds=tuple(_split(folds, "folds")), dev_queries=dev_queries, dev_seed=dev_seed, grid=grid,
-            select_arm=select_arm, contrasts=tuple(_split(contrasts, "contrast")) if contrasts else (),
-            margin=margin, bootstrap=bootstrap,
+            grid_grow=grid_grow, select_arm=select_arm,
+            contrasts=tuple(_split(contrasts, "contrast")) if contrasts else (), margin=margin, bootstrap=bootstrap,
             probe_steps=tuple(int(v) for v in _numbers(probe_steps, "probe-steps")) if probe_steps else (),
             precision=precision, records=str(records) if records else None, threads=threads,
             retry_failed=retry_failed, keep_checkpoints=keep_checkpoints, show_progress=progress)

@@ -215,12 +215,23 @@ def _selection_section(selection: Mapping[str, Any] | None) -> list[str]:
     if not selection:
         return []
     chosen = selection.get("chosen")
+    edge = ", ".join(selection.get("edge") or [])
+    if chosen is not None:
+        state = f"applied to every arm and fold: **{json.dumps(chosen)}**."
+        if edge:
+            state += (f" It lies on the{' grown' if selection.get('grown') else ''} grid's upper edge ({edge}): "
+                      "the protocol may not have converged.")
+    elif selection.get("grow"):
+        state = (f"**not chosen yet**: the best point {json.dumps(selection.get('best'))} lies on the grid's upper "
+                 f"edge ({edge}), so the grid grows once (pre-registration amendment 9) by "
+                 f"{json.dumps(selection['grow'])}.")
+    else:
+        state = (f"**not chosen yet**: {len(selection.get('todo') or [])} points have no record "
+                 f"({', '.join(selection.get('todo') or []) or 'every point failed'}).")
     lines = ["## Fine-tuning protocol (chosen once on dev)", "",
              f"Grid {json.dumps(selection['grid'])} with `{selection['arm']}` seed {selection['seed']}, fold "
              f"{selection['fold']}, scored by {selection['measure']} on {selection['dev_queries']} dev queries; "
-             + (f"applied to every arm and fold: **{json.dumps(chosen)}**." if chosen is not None else
-                f"**not chosen yet**: {len(selection.get('todo') or [])} points have no record "
-                f"({', '.join(selection.get('todo') or []) or 'every point failed'})."), ""]
+             + state, ""]
     grid = selection.get("grid") or {}
     lrs, epochs = list(grid.get("lr") or [None]), list(grid.get("epochs") or [None])
     scores = selection.get("scores") or {}

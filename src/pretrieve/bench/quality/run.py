@@ -121,6 +121,14 @@ def _job_label(kind: str, payload: Mapping[str, Any]) -> str:
     return point_name(payload["point"]) if kind == "select" else f"{payload['arm']}/seed{payload['seed']}"
 
 
+def every_cell(settings: QualityBenchSettings) -> list[tuple[str, int]]:
+    """Every arm × seed, first seeds first (every arm's first seed, then every arm's second, …), so that the first
+    seeds' gates and probes land before the later seeds run."""
+    seeds = {arm: settings.arm_seeds(arm) for arm in settings.methods}
+    return [(arm, seeds[arm][index]) for index in range(max(map(len, seeds.values()), default=0))
+            for arm in settings.methods if index < len(seeds[arm])]
+
+
 def parse_cells(items: Sequence[str], settings: QualityBenchSettings) -> list[tuple[str, int]]:
     """``--cells ARM:SEED,ARM`` → the arm × seed cells to run (``ARM`` alone: every seed of the arm); each must
     be an arm and seed of the comparison (an A/A arm's seeds are its shifted ones)."""
@@ -156,7 +164,7 @@ def run_quality_bench(settings: QualityBenchSettings, progress: Callable[[str], 
         raise ConfigError(f"jobs must be ≥ 1, got {jobs}")
     if settings.threads is None:
         settings = replace(settings, threads=max(1, (os.cpu_count() or 1) // jobs))
-    wanted = parse_cells(cells, settings) if cells else [(a, s) for a in settings.methods for s in settings.arm_seeds(a)]
+    wanted = parse_cells(cells, settings) if cells else every_cell(settings)
     say = progress or (lambda line: logger.info("%s", line))
     out = Path(settings.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -171,22 +179,40 @@ def run_quality_bench(settings: QualityBenchSettings, progress: Callable[[str], 
             commit([Path(result["path"])], f"Claims records ({records.root.name}): {result['line']}")
 
     state = selection(records, tier)
-    if state is not None and state["todo"]:
-        select_arm = settings.select_arm
-        bench.prepare([select_arm])
-        say(f"[select] pre-training {select_arm}/seed{settings.arm_seeds(select_arm)[0]} for the dev grid "
-            f"({len(state['todo'])} of {len(grid_points(tier['grid']))} points to run)")
-        # at the cells' own thread count, not threads × jobs: the checkpoint is also that arm × seed's cell, and
-        # torch's CPU kernels round differently with another thread count (--jobs 2 must give --jobs 1's records)
-        _with_threads(settings.threads, lambda: bench.pretrained(select_arm, settings.arm_seeds(select_arm)[0]))
-        points = {point_name(p): p for p in grid_points(tier["grid"])}
-        run_jobs(settings, tier, [("select", {"point": points[name]}) for name in state["todo"]], jobs, say, landed)
+    for _ in range(2):      # the grid's points without a record, then (once, amendment 9) its growth's
+        if state is not None and state["todo"]:
+            select_arm = settings.select_arm
+            bench.prepare([select_arm])
+            say(f"[select] pre-training {select_arm}/seed{settings.arm_seeds(select_arm)[0]} for the dev grid "
+                f"({len(state['todo'])} of {len(grid_points(tier['grid']))} points to run)")
+            # at the cells' own thread count, not threads × jobs: the checkpoint is also that arm × seed's cell,
+            # and torch's CPU kernels round differently with another thread count (--jobs 2 must give --jobs 1's)
+            _with_threads(settings.threads, lambda: bench.pretrained(select_arm, settings.arm_seeds(select_arm)[0]))
+            points = {point_name(p): p for p in grid_points(tier["grid"])}
+            run_jobs(settings, tier, [("select", {"point": points[name]}) for name in state["todo"]], jobs, say,
+                     landed)
+            state = selection(records, tier)
+        if state is None or not state["grow"]:
+            break
+        best = point_name(state["best"])
+        growth = ", ".join(f"{key} {', '.join(f'{v:g}' for v in values)}" for key, values in state["grow"].items())
+        say(f"[select] the best point {best} lies on the grid's upper edge ({', '.join(state['edge'])}): the grid "
+            f"grows once (pre-registration amendment 9) by {growth}")
+        settings = replace(settings, grid={key: tuple(values) + tuple(state["grow"].get(key, ()))
+                                           for key, values in tier["grid"].items()})
+        tier = records.open(settings.fingerprint(), settings.precision, settings.growing())
+        if commit_records:
+            commit([records.tier_path], f"Claims records ({records.root.name}): tier.json (the grid grows: {growth})")
         state = selection(records, tier)
     if state is not None:
         scores = ", ".join(f"{name} {value:.4f}" for name, value in state["scores"].items())
         say(f"[select] dev {PRIMARY}: {scores}")
         if state["chosen"] is None:
             say("[select] no protocol chosen yet (points missing or all failed): no arm × seed cell runs")
+        elif state["edge"]:
+            say(f"[select] the chosen point {point_name(state['chosen'])} lies on the"
+                f"{' grown' if state['grown'] else ''} grid's upper edge ({', '.join(state['edge'])}): the "
+                "protocol may not have converged")
     protocol = None if state is None else state["chosen"]
     if not select_only and (state is None or protocol is not None):
         protocol = protocol or {}

@@ -98,7 +98,9 @@ class QualityBenchSettings:
     pre-trained on as one corpus (default: the training collection); ``folds`` ``"a:b"`` = fine-tune on split ``a``
     of the training collection, evaluate on its split ``b``; ``dev_queries`` judged queries of the ``train`` split
     held out of every fold (selection only); ``grid`` (``{"lr": [...], "epochs": [...]}``, empty: no selection) is
-    searched on dev with ``select_arm``'s first seed and first fold; ``contrasts`` the declared Holm family."""
+    searched on dev with ``select_arm``'s first seed and first fold; ``grid_grow`` (same keys, values above the
+    grid's) is where the grid grows, once, when the point chosen lies on its upper edge (pre-registration amendment
+    9: :func:`pretrieve.bench.quality.summary.selection`); ``contrasts`` the declared Holm family."""
 
     base: str
     train: str
@@ -118,6 +120,7 @@ class QualityBenchSettings:
     dev_queries: int = 100
     dev_seed: int = 0
     grid: dict[str, tuple] = field(default_factory=dict)
+    grid_grow: dict[str, tuple] = field(default_factory=dict)   # the convergence rule's values past the grid
     select_arm: str = "mlm"
     contrasts: tuple[str, ...] = ()
     margin: float = 0.02
@@ -177,6 +180,11 @@ class QualityBenchSettings:
         if self.dev_queries < 0:
             raise ConfigError(f"dev_queries must be ≥ 0, got {self.dev_queries}")
         grid = check_grid(self.grid)
+        grid_grow = check_grid(self.grid_grow, "grid growth")
+        for key, values in grid_grow.items():
+            if key not in grid or min(values) <= max(grid[key]):
+                raise ConfigError(f"grid growth: {key} values must lie above the grid's own ({key}: "
+                                  f"{list(grid.get(key, ()))}), got {list(values)}")
         if grid and (self.select_arm not in methods or self.dev_queries < 1):
             raise ConfigError(f"the fine-tuning grid is searched on dev with the arm '{self.select_arm}': add it to "
                               "the methods and keep dev_queries ≥ 1")
@@ -194,7 +202,7 @@ class QualityBenchSettings:
                               f"got {list(probe_steps)}")
         return replace(self, methods=methods, seeds=seeds, train=train, pretrain_data=pretrain_data,
                        eval=eval_paths, pretrain=pretrain, finetune=finetune, finetune_per_method=per_method,
-                       folds=folds, grid=grid, contrasts=parse_contrasts(self.contrasts, methods),
+                       folds=folds, grid=grid, grid_grow=grid_grow, contrasts=parse_contrasts(self.contrasts, methods),
                        probe_steps=probe_steps, out=str(Path(self.out).expanduser().absolute()),
                        records=str(Path(self.records or Path(self.out) / "records").expanduser().absolute()))
 
@@ -213,7 +221,8 @@ class QualityBenchSettings:
     def growing(self) -> dict[str, Any]:
         """What ``tier.json`` keeps beside the fingerprint: what may grow, and the statistics' settings."""
         return {"methods": list(self.methods), "seeds": list(self.seeds), "contrasts": list(self.contrasts),
-                "grid": {k: list(v) for k, v in self.grid.items()}, "select_arm": self.select_arm,
+                "grid": {k: list(v) for k, v in self.grid.items()},
+                "grid_grow": {k: list(v) for k, v in self.grid_grow.items()}, "select_arm": self.select_arm,
                 "alpha": self.alpha, "margin": self.margin, "bootstrap": self.bootstrap}
 
     def finetune_for(self, method: str, chosen: Mapping[str, Any] | None = None) -> dict[str, Any]:
@@ -250,14 +259,16 @@ def smoke_settings(settings: QualityBenchSettings, explicit_methods: bool = True
     if not (collection / "corpus.jsonl").exists():
         write_fixture_collection(collection, ["train", "test"])
     model = tiny_model("bert", fixtures / "models")
-    grid = {key: tuple(min(v, 2) for v in values) if key == "epochs" else tuple(values)
+    grid = {key: tuple(dict.fromkeys(min(v, 2) for v in values)) if key == "epochs" else tuple(values)
             for key, values in (settings.grid or {}).items()}
+    grow = {key: (3,) if key == "epochs" else tuple(values) for key, values in (settings.grid_grow or {}).items()}
     methods = tuple(settings.methods) if explicit_methods else SMOKE_METHODS
     return replace(settings, base=model, train=str(collection), eval=(), pretrain_data=None, methods=methods,
                    pretrain={**SMOKE_PRETRAIN, **{key: value for key, value in settings.pretrain.items()
                                                   if key in METHOD_FLAG_KEYS}},   # budgets shrink, methods stay
                    finetune=dict(SMOKE_FINETUNE), finetune_per_method={},
                    depth=100, coverage_texts=8, dev_queries=min(settings.dev_queries, 4), grid=grid,
+                   grid_grow=grow,
                    bootstrap=min(settings.bootstrap, 500),
                    probe_steps=tuple(sorted({1, 2})) if settings.probe_steps else ())
 
@@ -295,16 +306,16 @@ def fold_dir(fold: str) -> str:
     return "-".join(parse_fold(fold))
 
 
-def check_grid(grid: Mapping[str, Sequence] | None) -> dict[str, tuple]:
+def check_grid(grid: Mapping[str, Sequence] | None, what: str = "fine-tuning grid") -> dict[str, tuple]:
     """``{"lr": (...), "epochs": (...)}`` checked (only those keys; non-empty; positive); empty: no selection."""
     grid = {str(k): tuple(v) for k, v in (grid or {}).items() if v}
     unknown = sorted(set(grid) - {"lr", "epochs"})
     if unknown:
-        raise ConfigError(f"fine-tuning grid: unknown key(s) {', '.join(unknown)} (lr, epochs)")
+        raise ConfigError(f"{what}: unknown key(s) {', '.join(unknown)} (lr, epochs)")
     for key, values in grid.items():
         if any(not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v) or v <= 0
                for v in values):
-            raise ConfigError(f"fine-tuning grid: {key} values must be positive numbers, got {list(values)}")
+            raise ConfigError(f"{what}: {key} values must be positive numbers, got {list(values)}")
     return grid
 
 

@@ -57,8 +57,14 @@ def flat_settings(tier: Mapping[str, Any]) -> dict[str, Any]:
 
 def selection(records: Records, tier: Mapping[str, Any]) -> dict[str, Any] | None:
     """The dev grid's state from the records: every point's dev score (``scores``: the dev curve), the points
-    still to run, and the chosen point — the best dev nDCG@10 (computed from the per-query scores; ties to the
-    first point of the grid order) once every point has a current record, else None. None without a grid."""
+    still to run, the best point — the best dev nDCG@10 (computed from the per-query scores; ties to the first
+    point of the grid order) once every point has a current record — and the chosen one. None without a grid.
+
+    The convergence rule (pre-registration amendment 9(a)): when the best point lies on the grid's upper edge
+    (``edge``: its largest lr and/or epochs) and the grid has not grown yet, the grid grows once in those directions
+    (``grow``: the tier's ``grid_grow`` values of those axes, crossed with the other axis' values) and nothing is
+    chosen until the grown grid is scored; the grid has grown (``grown``) once any growth value is in it. After
+    that the best point is chosen even on the edge, and ``edge`` says the protocol may not have converged."""
     grid = tier.get("grid") or {}
     if not grid:
         return None
@@ -75,17 +81,33 @@ def selection(records: Records, tier: Mapping[str, Any]) -> dict[str, Any] | Non
         else:
             per_query = record["dev"]["per_query"]
             scores[name] = float(np.mean(list(per_query.values()))) if per_query else 0.0
-    chosen = None
+    best = None
     if not todo:
-        best = max(range(len(points)), key=lambda i: (scores[point_name(points[i])], -i))
-        if scores[point_name(points[best])] > float("-inf"):
-            chosen = points[best]
+        index = max(range(len(points)), key=lambda i: (scores[point_name(points[i])], -i))
+        if scores[point_name(points[index])] > float("-inf"):
+            best = points[index]
+    allowed = {key: list(values) for key, values in (tier.get("grid_grow") or {}).items() if values}
+    edge, grow = upper_edge(grid, best, allowed), {}
+    grown = any(value in grid.get(key, ()) for key, values in allowed.items() for value in values)
+    if best is not None and not grown:
+        grow = {key: allowed[key] for key in edge if key in allowed}
     fp = tier["fingerprint"]
     arm = tier.get("select_arm")
     seed = arm_seeds(arm, tier.get("seeds") or [0])[0] if arm else None
     return {"arm": arm, "seed": seed, "fold": fp["folds"][0], "measure": PRIMARY, "split": "dev",
             "dev_queries": fp.get("dev_queries"), "grid": grid, "scores": scores, "failed": failed, "todo": todo,
-            "chosen": chosen}
+            "best": best, "edge": edge, "grid_grow": allowed, "grown": grown, "grow": grow,
+            "chosen": None if grow else best}
+
+
+def upper_edge(grid: Mapping[str, Sequence], point: Mapping[str, Any] | None,
+               grow: Mapping[str, Sequence] | None = None) -> list[str]:
+    """The grid's axes (``lr``, ``epochs``) on whose largest value ``point`` lies: axes searched over several
+    values, or that may grow (``grow``); a single fixed value is no edge."""
+    if point is None:
+        return []
+    return [key for key in ("lr", "epochs") if grid.get(key) and point.get(key) == max(grid[key])
+            and (len(grid[key]) > 1 or key in (grow or {}))]
 
 
 class Scores:
