@@ -779,6 +779,30 @@ def test_two_jobs_give_the_same_records_as_one(crossfit, tiny_mlm_dir, collectio
     assert parallel["progress"]["cells_done"] == 2 and parallel["selection"] == summary["selection"]
 
 
+def test_the_grid_model_is_the_selection_arms_first_fold_and_reusing_it_changes_no_number(crossfit, tmp_path):
+    """The dev grid's chosen point fine-tuned `mlm` seed 1 on the first fold with the chosen protocol: that fold
+    reuses its model (same bytes) instead of training it again, and the other folds and seeds train. With a
+    scratch `--out` that has no grid models (another machine), `mlm` seed 1 trains that fold itself and its record
+    is the same."""
+    settings, out, summary = crossfit
+    chosen = summary["selection"]["chosen"]
+    fold = qsettings.fold_dir(settings.folds[0])
+    grid_model = out / "select" / qsettings.point_name(chosen) / "finetune-s1" / "final" / "model.safetensors"
+    reused = out / "mlm" / "seed1" / fold / "finetune-s1" / "final" / "model.safetensors"
+    assert reused.read_bytes() == grid_model.read_bytes()
+    assert not (out / "mlm" / "seed1" / fold / "finetune-s1" / "logs.jsonl").exists()     # nothing trained there
+    assert (out / "mlm" / "seed2" / fold / "finetune-s1" / "logs.jsonl").exists()         # another seed trains
+    records = tmp_path / "records"
+    shutil.copytree(out / "records", records)
+    (records / "cells" / "mlm" / "seed1.json").unlink()
+    lines = []
+    quality.run_quality_bench(replace(settings, out=str(tmp_path / "other-machine"), records=str(records)),
+                              cells=["mlm:1"], progress=lines.append)
+    assert (tmp_path / "other-machine" / "mlm" / "seed1" / fold / "finetune-s1" / "logs.jsonl").exists()   # trained
+    assert not (tmp_path / "other-machine" / "select").exists()
+    assert _comparable(records)["cells/mlm/seed1.json"] == _comparable(out / "records")["cells/mlm/seed1.json"]
+
+
 def test_a_fresh_clone_with_the_records_alone_runs_no_cell_and_rebuilds_the_report_and_the_claims(
         crossfit, tmp_path, monkeypatch):
     """Only the records directory is copied (as a clone of the repository has it): with a new, empty `--out` and

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import shutil
 from itertools import islice
 from pathlib import Path
 from typing import Any, Mapping, Sequence
@@ -26,8 +27,8 @@ from pretrieve.analysis.coverage import frequent_token_ids, load_encoder, token_
 from pretrieve.analysis.probe import cls_probe, export_checkpoint_encoder
 from pretrieve.bench.quality import recipes
 from pretrieve.bench.quality.arms import NO_PRETRAIN, arm_method
-from pretrieve.bench.quality.settings import (COVERAGE_FILE, QualityBenchSettings, fold_dir, parse_fold, point_name,
-                                              seed_dir)
+from pretrieve.bench.quality.settings import (COVERAGE_FILE, RETRIEVER, QualityBenchSettings, fold_dir, parse_fold,
+                                              point_name, seed_dir)
 from pretrieve.data.collection import BeirCollection
 from pretrieve.data.folds import held_out_dev
 from pretrieve.data.pretrain_text import iter_pretrain_texts
@@ -150,8 +151,36 @@ class Bench:
                 self.finetune_settings(method, chosen), train_split,
                 bm25_groups(self.settings, self.data, train_split, arm), evaluate, self.settings.depth,
                 self.settings.precision)
+            self.reuse_selected(recipe, chosen, directory)
             recipes.run_recipe(recipe, directory, self.settings.show_progress)
         return directory
+
+    def reuse_selected(self, recipe: Mapping[str, Any], chosen: Mapping[str, Any] | None, directory: Path) -> bool:
+        """The dev grid's chosen point *is* the selection arm's first seed fine-tuned on the first fold with the
+        chosen protocol: when that point's fine-tuned model is in this scratch ``<out>`` and its recipe trains
+        exactly what this fold's does (same model, data, seed, fine-tuning settings and groups: only the name, the
+        directory and what is evaluated differ), it is copied in as this fold's, and the fine-tuning stage reuses it
+        (its own freshness check compares the recorded settings and the inputs' contents once more); otherwise this
+        fold trains. Returns whether it was copied."""
+        if not chosen or not self.settings.grid:
+            return False
+        source = self.out / "select" / point_name(chosen)
+        target = directory / RETRIEVER / "final"
+        try:
+            grid_recipe = json.loads((source / "recipe.json").read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return False
+
+        def trains(r: Mapping[str, Any]) -> list:
+            return [r.get("model"), r.get("data"), r.get("seed"), r.get("finetune"), (r.get("stages") or [{}])[0]]
+
+        if trains(grid_recipe) != json.loads(json.dumps(trains(recipe))) or target.exists() or \
+                not artifacts.sidecar_path(source / RETRIEVER / "final").exists():
+            return False
+        shutil.copytree(source / RETRIEVER / "final", target)
+        logger.info("%s: the fine-tuned model of the dev grid's chosen point %s is this fold's; reused", directory,
+                    point_name(chosen))
+        return True
 
     def zero_shot(self) -> list[str]:
         train = Path(self.settings.train).name
