@@ -768,7 +768,12 @@ def test_two_jobs_give_the_same_records_as_one(crossfit, tiny_mlm_dir, collectio
     twin = crossfit_settings(tiny_mlm_dir, collections, tmp_path / "q")
     lines = []
     parallel = quality.run_quality_bench(twin, progress=lines.append, jobs=2, cells=["mlm:1", "mlm-aa:1001"])
-    assert sum(": running" in line for line in lines) == 2 + 2            # the grid's 2 points, then 2 cells
+    running = [line.split("] ", 1)[1] for line in lines if line.endswith(": running")]
+    assert [line for line in running if not line.startswith("prepare")] == [
+        "select lr0.0001-epochs1: running", "select lr0.001-epochs1: running",          # the grid's 2 points,
+        "cell mlm/seed1: running", "cell mlm-aa/seed1001: running"]                    # then 2 cells
+    # and, if a process was free while the grid's last point ran, mlm-aa's pre-training and probes ahead
+    assert set(running) - {"prepare mlm-aa/seed1001: running"} == set(running[:2] + running[-2:])
     ours, theirs = _comparable(tmp_path / "q" / "records"), _comparable(out / "records")
     assert sorted(ours) == ["cells/mlm-aa/seed1001.json", "cells/mlm/seed1.json", "select/lr0.0001-epochs1.json",
                             "select/lr0.001-epochs1.json", "tier.json"]
@@ -823,7 +828,8 @@ def test_a_fresh_clone_with_the_records_alone_runs_no_cell_and_rebuilds_the_repo
     monkeypatch.setattr(quality, "run_cell", forbidden("run_cell"))
     monkeypatch.setattr(quality.Bench, "select_point", forbidden("select_point"))
     monkeypatch.setattr(quality.Bench, "pretrained", forbidden("pretrained"))
-    monkeypatch.setattr(quality, "run_jobs", forbidden("run_jobs"))
+    monkeypatch.setattr(quality, "run_job", forbidden("run_job"))
+    monkeypatch.setattr(quality.Bench, "prepare", forbidden("prepare"))
     lines = []
     fresh = quality.run_quality_bench(replace(settings, out=str(tmp_path / "fresh"), records=str(clone)),
                                       progress=lines.append)

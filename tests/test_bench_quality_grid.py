@@ -158,3 +158,47 @@ def test_the_cli_passes_the_growth_and_refuses_a_bad_one_before_any_work(tiny_ml
                           "grid growth: epochs values must lie above the grid's own (epochs: [1, 2]), got [2]")
     assert_one_line_error(run_cli(*args, "--grid-grow-lr", "3e-3,x"), "grid-grow-lr")
     assert not (tmp_path / "out").exists()
+
+
+def test_a_free_process_prepares_cells_ahead_while_the_grids_last_points_run(tiny_mlm_dir, collections,  # noqa: F811
+                                                                             tmp_path):
+    """Two processes, the plan asked as the harness asks it: both take grid points; when one ends while the other
+    still runs (no protocol yet), the free process pre-trains a cell ahead (first seeds first, never `none`, never
+    the selection arm's first seed, never a cell with a record); once the protocol is chosen, cells are handed out,
+    except one whose ahead job still runs, which waits for it. With `select_only` nothing is prepared ahead."""
+    from pretrieve.bench.quality.plan import Plan
+
+    settings = _settings(tiny_mlm_dir, collections, tmp_path, grid={"lr": (1e-4, 3e-4), "epochs": (1,)}, grid_grow={})
+    records = Records(settings.records)
+    tier = records.open(settings.fingerprint(), settings.precision, settings.growing())
+    done = records.cell_path("bow", 2)      # a cell recorded earlier is not prepared again
+    write_record(done, {"status": DONE, "arm": "bow", "seed": 2, "protocol": {"lr": 1e-4, "epochs": 1, "max_steps": 0},
+                        **stamp(tier, 1)})
+    calls = []
+    plan = Plan(settings, records, tier, quality.every_cell(settings), False, lambda line: None,
+                lambda: calls.append("inputs"), lambda: calls.append("select-arm"))
+    first, second = plan.next(), plan.next()
+    assert [first[0], second[0]] == ["select", "select"] and calls == ["inputs", "select-arm"]
+    write_record(records.select_path("lr0.0001-epochs1"),
+                 _point_record(tier, first[1]["point"], 0.5))
+    plan.finished(*first)
+    ahead = [plan.next(), plan.next()]
+    assert ahead == [("prepare", {"arm": "bow", "seed": 1}), ("prepare", {"arm": "mlm-aa", "seed": 1001})]
+    plan.finished(*ahead[1])
+    assert plan.next() == ("prepare", {"arm": "mlm", "seed": 2})
+    write_record(records.select_path("lr0.0003-epochs1"), _point_record(tier, second[1]["point"], 0.4))
+    plan.finished(*second)
+    chosen = {"lr": 1e-4, "epochs": 1, "max_steps": 0}
+    handed = []
+    while (job := plan.next()) is not None:
+        handed.append((job[1]["arm"], job[1]["seed"]))
+        assert job[0] == "cell" and job[1]["protocol"] == chosen
+    assert handed == [("none", 1), ("mlm", 1), ("mlm-aa", 1001), ("none", 2), ("mlm-aa", 1002)]  # bow 1, mlm 2 wait
+    plan.finished(*ahead[0])
+    assert plan.next() == ("cell", {"arm": "bow", "seed": 1, "protocol": chosen})
+    assert plan.next() is None and plan.busy()        # mlm/seed2's ahead job still runs
+
+    only = Plan(settings, Records(tmp_path / "other"), Records(tmp_path / "other").open(
+        settings.fingerprint(), settings.precision, settings.growing()), quality.every_cell(settings), True,
+        lambda line: None, lambda: None, lambda: None)
+    assert [only.next()[0], only.next()[0], only.next()] == ["select", "select", None]

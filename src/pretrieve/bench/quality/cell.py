@@ -288,8 +288,6 @@ class Bench:
         """The :data:`FREQUENT_TOKENS` most frequent tokens of the pre-training corpus (every arm shares the base
         tokenizer; counted once)."""
         if self._frequent is None:
-
-
             tokenizer = AutoTokenizer.from_pretrained(model, **no_remote_code(model))
             texts = islice(iter_pretrain_texts(self.corpus), FREQUENT_SAMPLE)
             self._frequent = frequent_token_ids(tokenizer, texts, FREQUENT_TOKENS)
@@ -326,9 +324,16 @@ def checkpoint_coverage(model: str, texts: Sequence[str], max_len: int, frequent
     return {**variants["raw"], "variants": variants}
 
 
-def run_cell(bench: Bench, arm: str, seed: int, chosen: Mapping[str, Any]) -> None:
-    """One arm × seed: its pre-training, every fold, the coverage of its checkpoint, its probes (first seed)."""
-    for fold in bench.settings.folds:
-        bench.fold(arm, seed, fold, chosen)
+def prepare_cell(bench: Bench, arm: str, seed: int) -> None:
+    """The part of an arm × seed's cell that does not depend on the protocol chosen on dev: its pre-training, the
+    coverage of its checkpoint, its probes (first seed). Each piece is skipped when current."""
+    bench.pretrained(arm, seed)
     bench.coverage(arm, seed)
     bench.probe(arm, seed)
+
+
+def run_cell(bench: Bench, arm: str, seed: int, chosen: Mapping[str, Any]) -> None:
+    """One arm × seed: its pre-training, the coverage of its checkpoint, its probes (first seed), every fold."""
+    prepare_cell(bench, arm, seed)
+    for fold in bench.settings.folds:
+        bench.fold(arm, seed, fold, chosen)

@@ -214,6 +214,11 @@ class Records:
     def cell_path(self, arm: str, seed: int) -> Path:
         return self.root / "cells" / arm / f"seed{seed}.json"
 
+    def recorded(self, arm: str, seed: int, tier: Mapping[str, Any]) -> bool:
+        """Whether an arm × seed has a current, finished record, whatever protocol it was fine-tuned with."""
+        record = _read_if(self.cell_path(arm, seed))
+        return record is not None and _current(record, tier) and record.get("status") == DONE
+
     def cell(self, arm: str, seed: int, tier: Mapping[str, Any], protocol: Mapping[str, Any] | None,
              status: str | None = DONE) -> dict[str, Any] | None:
         """An arm × seed's record if it is current: same fingerprint, precision and protocol (and ``status``,

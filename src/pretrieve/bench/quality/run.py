@@ -8,12 +8,13 @@ records directory. The records are the comparison's state: a cell whose current 
 machine and in any checkout (a fresh clone with committed records runs only the rest); everything reported is
 recomputed from the records (:mod:`pretrieve.bench.quality.summary`). ``<out>`` is scratch.
 
-:func:`run_quality_bench` runs the selection first (the grid points without a record; the protocol is chosen once
-all have one), then the arm × seed cells without a current record (``cells``: only those), ``jobs`` at a time as
-separate processes (:mod:`concurrent.futures` with the ``spawn`` start method; each process runs one cell with
-``threads`` torch threads and writes its record; ``jobs = 1`` runs the same function in this process). A cell that
-fails (an exception; a non-finite loss or score) records its error and the others go on; it is not retried unless
-``retry_failed``. With ``commit`` every record is committed with git as it lands.
+:func:`run_quality_bench` runs the jobs a :class:`~pretrieve.bench.quality.plan.Plan` hands out — the grid's
+points without a record (and, once, its growth); once the protocol is chosen, the arm × seed cells without a current
+record (``cells``: only those), first seeds first; while the grid's last points run, the protocol-free part of
+cells ahead of time — ``jobs`` at a time as separate processes (:mod:`concurrent.futures` with the ``spawn`` start
+method; each process runs one job with ``threads`` torch threads; ``jobs = 1`` runs them in this process). A cell
+that fails (an exception; a non-finite loss or score) records its error and the others go on; it is not retried
+unless ``retry_failed``. With ``commit`` every record is committed with git as it lands.
 """
 
 from __future__ import annotations
@@ -30,21 +31,24 @@ from typing import Any, Callable, Mapping, Sequence
 
 import torch
 
-from pretrieve.bench.quality.cell import Bench, derived_collection, prepare_pairs, run_cell  # noqa: F401 (API)
+from pretrieve.bench.quality.cell import (Bench, derived_collection, prepare_cell, prepare_pairs,  # noqa: F401 (API)
+                                          run_cell)
 from pretrieve.bench.quality.cell_records import cell_record, failed_record, select_record
-from pretrieve.bench.quality.records import DONE, Records, commit, write_record
+from pretrieve.bench.quality.plan import Job, Plan
+from pretrieve.bench.quality.records import DONE, FAILED, Records, commit, write_record
 from pretrieve.bench.quality.report import write_report
 from pretrieve.bench.quality.settings import PRIMARY, QualityBenchSettings, grid_points, point_name, seed_dir
-from pretrieve.bench.quality.summary import selection, summarize
+from pretrieve.bench.quality.summary import summarize
 from pretrieve.errors import ConfigError
 
 logger = logging.getLogger(__name__)
 
 # ---------------------------------------------------------------------------------------------------- the jobs
 def run_job(settings: QualityBenchSettings, tier: Mapping[str, Any], kind: str, payload: Mapping[str, Any]) -> dict:
-    """One cell, in whatever process runs it: ``kind`` ``"select"`` (``payload``: the grid point) or ``"cell"``
-    (``arm``, ``seed``, ``protocol``). Writes the cell's record (a failed one on any exception) and returns
-    ``{"path", "status", "line"}``."""
+    """One job, in whatever process runs it: ``kind`` ``"select"`` (``payload``: the grid point) or ``"cell"``
+    (``arm``, ``seed``, ``protocol``), each writing its record (a failed one on any exception), or ``"prepare"``
+    (``arm``, ``seed``: a cell's protocol-free part ahead of time, no record). Returns ``{"path", "status",
+    "line"}`` (``path`` None without a record)."""
     if settings.threads:
         return _with_threads(settings.threads, lambda: _run_job(settings, tier, kind, payload))
     return _run_job(settings, tier, kind, payload)
@@ -54,6 +58,14 @@ def _run_job(settings: QualityBenchSettings, tier: Mapping[str, Any], kind: str,
     records = Records(settings.records)
     started = time.perf_counter()
     bench = Bench(settings)
+    if kind == "prepare":
+        label = f"{payload['arm']}/seed{payload['seed']}"
+        try:
+            prepare_cell(bench, payload["arm"], int(payload["seed"]))
+        except Exception as exc:  # noqa: BLE001 - the cell runs it again and records the failure
+            return {"path": None, "status": FAILED, "line": f"{label}: preparing ahead FAILED — {exc}"[:240]}
+        return {"path": None, "status": DONE,
+                "line": f"{label}: pre-trained (and probed) ahead in {time.perf_counter() - started:.0f} s"}
     if kind == "select":
         point = dict(payload["point"])
         key, path = {"point": point, "name": point_name(point)}, records.select_path(point_name(point))
@@ -80,41 +92,44 @@ def _run_job(settings: QualityBenchSettings, tier: Mapping[str, Any], kind: str,
     return {"path": str(path), "status": record["status"], "line": line}
 
 
-def run_jobs(settings: QualityBenchSettings, tier: Mapping[str, Any], jobs: Sequence[tuple[str, dict]],
-             parallel: int, say: Callable[[str], None], landed: Callable[[dict], None]) -> list[dict]:
-    """Run ``jobs`` (``(kind, payload)``) ``parallel`` at a time, each in its own process (``spawn``; one cell per
-    process, so its memory is returned), or in this process when ``parallel`` is 1; ``landed`` is called with each
-    result as it comes in."""
-    results = []
-    if parallel <= 1 or len(jobs) <= 1:
-        for index, (kind, payload) in enumerate(jobs, 1):
-            say(f"[{index}/{len(jobs)}] {kind} {_job_label(kind, payload)}: running")
-            result = run_job(settings, tier, kind, payload)
-            say(f"[{index}/{len(jobs)}] {result['line']}")
-            landed(result)
-            results.append(result)
+def run_jobs(settings: QualityBenchSettings, plan: Plan, parallel: int, say: Callable[[str], None],
+             landed: Callable[[dict], None]) -> list[dict]:
+    """Run the jobs ``plan`` hands out, ``parallel`` at a time, each in its own process (``spawn``; one job per
+    process, so its memory is returned), or in this process when ``parallel`` is 1; a free process asks the plan
+    again whenever a job ends. ``landed`` is called with each result as it comes in."""
+    results: list[dict] = []
+    count = 0
+
+    def started(kind: str, payload: Mapping[str, Any]) -> None:
+        nonlocal count
+        count += 1
+        say(f"[{count}] {kind} {_job_label(kind, payload)}: running")
+
+    def ended(kind: str, payload: Mapping[str, Any], result: dict) -> None:
+        plan.finished(kind, payload)
+        say(f"[{len(results) + 1}/{count}] {result['line']}")
+        landed(result)
+        results.append(result)
+
+    if parallel <= 1:
+        while (job := plan.next()) is not None:
+            started(*job)
+            ended(*job, run_job(settings, plan.tier, *job))
         return results
     options: dict[str, Any] = {"max_workers": parallel, "mp_context": multiprocessing.get_context("spawn")}
     if "max_tasks_per_child" in ProcessPoolExecutor.__init__.__code__.co_varnames:
         options["max_tasks_per_child"] = 1
     with ProcessPoolExecutor(**options) as pool:
-        pending: dict[Future, tuple[str, dict]] = {}
-        queue = list(jobs)
-        done_count = 0
-        while queue or pending:
-            while queue and len(pending) < parallel:
-                kind, payload = queue.pop(0)
-                say(f"[{done_count + len(pending) + 1}/{len(jobs)}] {kind} {_job_label(kind, payload)}: running")
-                pending[pool.submit(run_job, settings, tier, kind, payload)] = (kind, payload)
+        pending: dict[Future, Job] = {}
+        while True:
+            while len(pending) < parallel and (job := plan.next()) is not None:
+                started(*job)
+                pending[pool.submit(run_job, settings, plan.tier, *job)] = job
+            if not pending:
+                return results
             finished, _ = wait(pending, return_when=FIRST_COMPLETED)
             for future in finished:
-                kind, payload = pending.pop(future)
-                done_count += 1
-                result = future.result()
-                say(f"[{done_count}/{len(jobs)}] {result['line']}")
-                landed(result)
-                results.append(result)
-    return results
+                ended(*pending.pop(future), future.result())
 
 
 def _job_label(kind: str, payload: Mapping[str, Any]) -> str:
@@ -175,35 +190,26 @@ def run_quality_bench(settings: QualityBenchSettings, progress: Callable[[str], 
     bench = Bench(settings)     # the derived collection and the pre-training union, made once here
 
     def landed(result: Mapping[str, Any]) -> None:
-        if commit_records:
+        if commit_records and result.get("path"):
             commit([Path(result["path"])], f"Claims records ({records.root.name}): {result['line']}")
 
-    state = selection(records, tier)
-    for _ in range(2):      # the grid's points without a record, then (once, amendment 9) its growth's
-        if state is not None and state["todo"]:
-            select_arm = settings.select_arm
-            bench.prepare([select_arm])
-            say(f"[select] pre-training {select_arm}/seed{settings.arm_seeds(select_arm)[0]} for the dev grid "
-                f"({len(state['todo'])} of {len(grid_points(tier['grid']))} points to run)")
-            # at the cells' own thread count, not threads × jobs: the checkpoint is also that arm × seed's cell,
-            # and torch's CPU kernels round differently with another thread count (--jobs 2 must give --jobs 1's)
-            _with_threads(settings.threads, lambda: bench.pretrained(select_arm, settings.arm_seeds(select_arm)[0]))
-            points = {point_name(p): p for p in grid_points(tier["grid"])}
-            run_jobs(settings, tier, [("select", {"point": points[name]}) for name in state["todo"]], jobs, say,
-                     landed)
-            state = selection(records, tier)
-        if state is None or not state["grow"]:
-            break
-        best = point_name(state["best"])
-        growth = ", ".join(f"{key} {', '.join(f'{v:g}' for v in values)}" for key, values in state["grow"].items())
-        say(f"[select] the best point {best} lies on the grid's upper edge ({', '.join(state['edge'])}): the grid "
-            f"grows once (pre-registration amendment 9) by {growth}")
-        settings = replace(settings, grid={key: tuple(values) + tuple(state["grow"].get(key, ()))
-                                           for key, values in tier["grid"].items()})
-        tier = records.open(settings.fingerprint(), settings.precision, settings.growing())
-        if commit_records:
-            commit([records.tier_path], f"Claims records ({records.root.name}): tier.json (the grid grows: {growth})")
-        state = selection(records, tier)
+    select_arm = settings.select_arm
+
+    def prepare_select_arm() -> None:
+        say(f"[select] pre-training {select_arm}/seed{settings.arm_seeds(select_arm)[0]} for the dev grid")
+        # at the cells' own thread count, not threads × jobs: the checkpoint is also that arm × seed's cell, and
+        # torch's CPU kernels round differently with another thread count (--jobs 2 must give --jobs 1's records)
+        _with_threads(settings.threads, lambda: bench.pretrained(select_arm, settings.arm_seeds(select_arm)[0]))
+
+    def shared_inputs() -> None:      # made here once, before jobs run side by side
+        bench.prepare(list(dict.fromkeys([select_arm, *(arm for arm, _ in wanted)])))
+
+    plan = Plan(settings, records, tier, wanted, select_only, say, shared_inputs, prepare_select_arm, commit_records)
+    state = plan.selection()
+    if state is not None and state["todo"]:
+        say(f"[select] {len(state['todo'])} of {len(grid_points(plan.tier['grid']))} dev-grid points to run")
+    run_jobs(settings, plan, jobs, say, landed)
+    state = plan.selection()
     if state is not None:
         scores = ", ".join(f"{name} {value:.4f}" for name, value in state["scores"].items())
         say(f"[select] dev {PRIMARY}: {scores}")
@@ -213,23 +219,6 @@ def run_quality_bench(settings: QualityBenchSettings, progress: Callable[[str], 
             say(f"[select] the chosen point {point_name(state['chosen'])} lies on the"
                 f"{' grown' if state['grown'] else ''} grid's upper edge ({', '.join(state['edge'])}): the "
                 "protocol may not have converged")
-    protocol = None if state is None else state["chosen"]
-    if not select_only and (state is None or protocol is not None):
-        protocol = protocol or {}
-        todo = []
-        for arm, seed in wanted:
-            record = records.cell(arm, seed, tier, protocol, status=None)
-            if record is not None and record["status"] == DONE:
-                say(f"{arm}/seed{seed}: recorded, skipped")
-            elif record is not None and not settings.retry_failed:
-                say(f"{arm}/seed{seed}: failed earlier ({record.get('error', '?').splitlines()[0][:160]}), skipped "
-                    "(--retry-failed runs it again)")
-            else:
-                todo.append((arm, seed))
-        if todo:
-            bench.prepare([arm for arm, _ in todo])
-            run_jobs(settings, tier, [("cell", {"arm": arm, "seed": seed, "protocol": protocol})
-                                      for arm, seed in todo], jobs, say, landed)
     summary = summarize(records.root)
     write_report(out, summary, records.root, plot=True)
     return summary
