@@ -87,8 +87,9 @@ def test_a_best_point_on_the_edge_grows_the_grid_once_then_is_chosen_and_flagged
     settings = _settings(tiny_mlm_dir, collections, tmp_path)
     jobs, lines, summary = _run(settings, lambda p: p["lr"] * 1000 + p["epochs"] / 10, monkeypatch)
     points = [point_name(p) for kind, p in ((k, v["point"]) for k, v in jobs if k == "select")]
-    assert points == ["lr0.0001-epochs1", "lr0.0001-epochs2", "lr0.0003-epochs1", "lr0.0003-epochs2",
-                      "lr0.0001-epochs4", "lr0.0003-epochs4", "lr0.001-epochs1", "lr0.001-epochs2", "lr0.001-epochs4"]
+    assert points == ["lr0.0001-epochs1", "lr0.0003-epochs1", "lr0.0001-epochs2", "lr0.0003-epochs2",   # shortest
+                      "lr0.001-epochs1", "lr0.001-epochs2", "lr0.0001-epochs4", "lr0.0003-epochs4",    # first
+                      "lr0.001-epochs4"]
     grow_line = next(line for line in lines if "grows once" in line)
     assert "lr0.0003-epochs2" in grow_line and "(lr, epochs)" in grow_line and "lr 0.001, epochs 4" in grow_line
     chosen = {"lr": 1e-3, "epochs": 4, "max_steps": 0}

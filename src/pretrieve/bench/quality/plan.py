@@ -2,7 +2,7 @@
 
 A comparison's jobs (:mod:`pretrieve.bench.quality.run` runs them, ``jobs`` at a time) are of three kinds:
 
-* ``select``: one point of the dev grid (its record says its dev score);
+* ``select``: one point of the dev grid (its record says its dev score), the fewest epochs first;
 * ``cell``: one arm × seed with the chosen protocol (its record holds everything the claims use);
 * ``prepare``: the part of an arm × seed's cell that does not depend on the protocol — its pre-training, the
   coverage of its checkpoint and, for a first seed, its probes (:func:`pretrieve.bench.quality.cell.prepare_cell`).
@@ -92,6 +92,7 @@ class Plan:
         running job)."""
         state = self.selection()
         if state is not None and state["todo"]:
+            points = {point_name(p): p for p in grid_points(self.tier["grid"])}
             waiting = [name for name in state["todo"] if ("select", name) not in self.started]
             if not waiting:
                 return self._ahead()      # every missing point runs: no protocol yet, so no cell can start
@@ -99,8 +100,9 @@ class Plan:
                 self._ready()
                 self.prepare_select_arm()
                 self._select_arm_ready = True
-            points = {point_name(p): p for p in grid_points(self.tier["grid"])}
-            return self._start("select", waiting[0], {"point": points[waiting[0]]})
+            # the shortest first (a point's cost is its epochs): more records land before a session ends
+            name = min(waiting, key=lambda n: (points[n].get("epochs") or 0, waiting.index(n)))
+            return self._start("select", name, {"point": points[name]})
         if self.select_only or (state is not None and state["chosen"] is None):
             return None
         protocol = {} if state is None else state["chosen"]
