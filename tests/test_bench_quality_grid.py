@@ -104,6 +104,7 @@ def test_a_best_point_on_the_edge_grows_the_grid_once_then_is_chosen_and_flagged
                      ("none", 2, chosen), ("mlm", 2, chosen), ("bow", 2, chosen), ("mlm-aa", 1002, chosen)]
     text = "\n".join(report._selection_section(state))
     assert "may not have converged" in text and "| 0.001 |" in text and "| lr \\ epochs | 1 | 2 | 4 |" in text
+    assert 'grown once by the convergence rule, pre-registration amendment 9, by {"lr": [0.001], "epochs": [4]}' in text
 
     # a rerun (a fresh clone with these records) grows nothing more and runs no grid point
     again, _, _ = _run(replace(settings, out=str(tmp_path / "fresh")), lambda p: 0.0, monkeypatch)

@@ -228,8 +228,10 @@ def _selection_section(selection: Mapping[str, Any] | None) -> list[str]:
     else:
         state = (f"**not chosen yet**: {len(selection.get('todo') or [])} points have no record "
                  f"({', '.join(selection.get('todo') or []) or 'every point failed'}).")
+    grown = (f" (grown once by the convergence rule, pre-registration amendment 9, by "
+             f"{json.dumps(selection.get('grid_grow'))})" if selection.get("grown") else "")
     lines = ["## Fine-tuning protocol (chosen once on dev)", "",
-             f"Grid {json.dumps(selection['grid'])} with `{selection['arm']}` seed {selection['seed']}, fold "
+             f"Grid {json.dumps(selection['grid'])}{grown} with `{selection['arm']}` seed {selection['seed']}, fold "
              f"{selection['fold']}, scored by {selection['measure']} on {selection['dev_queries']} dev queries; "
              + state, ""]
     grid = selection.get("grid") or {}
