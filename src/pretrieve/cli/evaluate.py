@@ -179,9 +179,10 @@ def _evaluate_models(runs: list[Path], models: list[str], data: str | None, qrel
                      precision=precision, batch_size=batch_size, show_progress=True, baseline=baseline, pairs=pairs)
     header, rows = table.grid()
     out_console = _print_grid(header, rows, table.legend())
+    from pretrieve.evaluation.report import PAIR_KEY_COLUMNS  # heavy: scipy (evaluate() loaded it); --help fast
     for collection, (p_header, p_rows) in table.pair_tables().items():
         out_console.print(f"\nPairwise tests on {collection}:", highlight=False, markup=False)
-        _print_grid(p_header, p_rows, "", out_console, left=3)
+        _print_grid(p_header, p_rows, "", out_console, left=PAIR_KEY_COLUMNS)
     _write(table, json_path, md_path, per_query)
     for path in ((out / "results.md", out / "results.json") if out is not None else ()):
         err_console.print(f"wrote {path}", highlight=False, markup=False)
@@ -228,14 +229,11 @@ def _print_table(table) -> None:
     legend = table.legend()
     out = _print_grid(header, rows, f"Means over {', '.join(map(str, n_queries))} queries." +
                       (" " + legend if legend else ""))
-    if table.pairs == "all":
-        p_header, p_rows = table.pair_table()
-        if p_rows:
-            out.print("\nPairwise tests:", highlight=False, markup=False)
-    else:
-        p_header, p_rows = table.p_table()
+    title, p_header, p_rows, keys = table.tests_section()
     if p_rows:
-        _print_grid(p_header, p_rows, "", out, left=3 if table.pairs == "all" else 1)
+        if title:
+            out.print(f"\n{title}:", highlight=False, markup=False)
+        _print_grid(p_header, p_rows, "", out, left=keys)
 
 
 def _print_grid(header: list[str], rows: list[list[str]], legend: str, out: Console | None = None,

@@ -38,6 +38,8 @@ DIGITS = 4
 _TEST_NAMES = {"ttest": "paired two-sided t-test", "permutation": "paired two-sided randomization test"}
 CORRECTIONS = ("holm",)
 PAIRS = ("baseline", "all")
+#: The left-aligned key columns of a pairwise table: the measure and the pair (A, B).
+PAIR_KEY_COLUMNS = 3
 
 
 def format_value(value: float, digits: int = DIGITS) -> str:
@@ -148,6 +150,15 @@ class ResultsTable(WrittenTable):
                              *([format_p(result.p_holm)] if holm else [])])
         return header, rows
 
+    def tests_section(self, digits: int = DIGITS) -> tuple[str, list[str], list[list[str]], int]:
+        """The tests shown below the means, as ``(title, header, rows, key_columns)``: with ``pairs="all"`` the
+        pairwise tests (:meth:`pair_table`, titled, its first :data:`PAIR_KEY_COLUMNS` columns naming the measure
+        and the pair), else the p-values against the baseline (:meth:`p_table`, untitled, one key column); no
+        rows when nothing was tested."""
+        if self.pairs == "all":
+            return ("Pairwise tests", *self.pair_table(digits), PAIR_KEY_COLUMNS)
+        return ("", *self.p_table(), 1)
+
     def to_markdown(self, digits: int = DIGITS) -> str:
         """A GitHub-flavoured markdown table, with the legend below it (and the p-values, when tested)."""
         header = ["Run", *self.measures]
@@ -157,12 +168,11 @@ class ResultsTable(WrittenTable):
         note = f"Means over {', '.join(map(str, n_queries))} queries."
         legend = self.legend()
         text += "\n" + note + (" " + legend if legend else "") + "\n"
-        p_header, p_rows = self.pair_table(digits) if self.pairs == "all" else self.p_table()
+        title, p_header, p_rows, keys = self.tests_section(digits)
         if p_rows:
-            if self.pairs == "all":
-                text += "\nPairwise tests:\n"
-            left = 3 if self.pairs == "all" else 1
-            text += "\n" + markdown_table(p_header, p_rows, align=["l"] * left + ["r"] * (len(p_header) - left))
+            if title:
+                text += f"\n{title}:\n"
+            text += "\n" + markdown_table(p_header, p_rows, align=["l"] * keys + ["r"] * (len(p_header) - keys))
         return text
 
     def to_dict(self, per_query: bool = False) -> dict[str, Any]:
@@ -418,7 +428,8 @@ class CollectionsTable(WrittenTable):
         text = markdown_table(header, rows, align=["l"] + ["r"] * (len(header) - 1)) + "\n" + self.legend() + "\n"
         for collection, (p_header, p_rows) in self.pair_tables(digits).items():
             text += (f"\nPairwise tests on {collection}:\n\n"
-                     + markdown_table(p_header, p_rows, align=["l"] * 3 + ["r"] * (len(p_header) - 3)))
+                     + markdown_table(p_header, p_rows, align=["l"] * PAIR_KEY_COLUMNS
+                                      + ["r"] * (len(p_header) - PAIR_KEY_COLUMNS)))
         return text
 
     def to_dict(self, per_query: bool = False) -> dict[str, Any]:
