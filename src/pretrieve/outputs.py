@@ -109,8 +109,9 @@ def check_space(path: str | Path, needed_bytes: int = 0, largest_file: int = 0) 
                              f"{_size(needed_bytes)}", path=path)
 
 
-_SPACE_ERRORS = {errno.ENOSPC: "no space left on the disk", errno.EDQUOT: "the disk quota is exhausted",
-                 errno.EFBIG: "a file-size limit (ulimit -f) was reached"}
+#: The errors of a write that ran out of room (no space, no quota, a file-size limit) and how they are said.
+SPACE_ERRORS = {errno.ENOSPC: "no space left on the disk", errno.EDQUOT: "the disk quota is exhausted",
+                errno.EFBIG: "a file-size limit (ulimit -f) was reached"}
 
 
 @contextlib.contextmanager
@@ -120,7 +121,7 @@ def write_failures(path: str | Path) -> Iterator[None]:
     try:
         yield
     except OSError as exc:
-        reason = _SPACE_ERRORS.get(exc.errno or 0)
+        reason = SPACE_ERRORS.get(exc.errno or 0)
         if reason is None and exc.errno is None and " requested and " in str(exc):   # numpy's short write
             reason = _short_write_reason(Path(path))
         if reason is None:
@@ -130,9 +131,9 @@ def write_failures(path: str | Path) -> Iterator[None]:
 
 def _short_write_reason(path: Path) -> str:
     if shutil.disk_usage(_first_existing(path)).free < (1 << 20):
-        return _SPACE_ERRORS[errno.ENOSPC]
+        return SPACE_ERRORS[errno.ENOSPC]
     if resource.getrlimit(resource.RLIMIT_FSIZE)[0] != resource.RLIM_INFINITY:
-        return _SPACE_ERRORS[errno.EFBIG]
+        return SPACE_ERRORS[errno.EFBIG]
     return "a write stopped short (the disk is full or a file-size limit was reached)"
 
 

@@ -21,7 +21,6 @@ Resuming (:func:`load_checkpoint`) is checked: a checkpoint written under other 
 from __future__ import annotations
 
 import contextlib
-import errno
 import json
 import logging
 import os
@@ -36,6 +35,7 @@ from accelerate.utils import load as accelerate_load
 
 from pretrieve import artifacts
 from pretrieve.errors import InexactResumeError, PretrieveError, StaleOutputError
+from pretrieve.outputs import SPACE_ERRORS
 from pretrieve.train.config import RESUMABLE_CHANGES
 
 logger = logging.getLogger(__name__)
@@ -182,13 +182,11 @@ def final_write_failure(final: str | Path, out_dir: str | Path, exc: Exception) 
 def is_write_failure(exc: BaseException) -> bool:
     """Whether ``exc`` is a write that failed for lack of space or at a size limit, whichever library raised it
     (an ``OSError``; safetensors' ``SafetensorError`` and torch's ``RuntimeError`` only say so in their message)."""
-    if isinstance(exc, OSError) and exc.errno in WRITE_ERRNOS:
+    if isinstance(exc, OSError) and exc.errno in SPACE_ERRORS:
         return True
     return any(marker in str(exc) for marker in WRITE_FAILURE_MARKERS)
 
 
-#: The errors of a write that ran out of room: no space, no quota, a file-size limit.
-WRITE_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 #: How libraries that raise no ``OSError`` say a write failed (safetensors: "I/O error: No space left on device (os
 #: error 28)"; torch: "PytorchStreamWriter failed writing file").
 WRITE_FAILURE_MARKERS = ("No space left on device", "Disk quota exceeded", "File too large", "I/O error",
