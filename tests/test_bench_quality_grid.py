@@ -198,7 +198,7 @@ def test_a_free_process_prepares_cells_ahead_while_the_grids_last_points_run(tin
     assert handed == [("none", 1), ("mlm", 1), ("mlm-aa", 1001), ("none", 2), ("mlm-aa", 1002)]  # bow 1, mlm 2 wait
     plan.finished(*ahead[0])
     assert plan.next() == ("cell", {"arm": "bow", "seed": 1, "protocol": chosen})
-    assert plan.next() is None and plan.busy()        # mlm/seed2's ahead job still runs
+    assert plan.next() is None and ("prepare", ("mlm", 2)) in plan.running    # mlm/seed2's ahead job still runs
 
     only = Plan(settings, Records(tmp_path / "other"), Records(tmp_path / "other").open(
         settings.fingerprint(), settings.precision, settings.growing()), quality.every_cell(settings), True,

@@ -114,9 +114,6 @@ class Plan:
     def finished(self, kind: str, payload: Mapping[str, Any]) -> None:
         self.running.discard((kind, _key(kind, payload)))
 
-    def busy(self) -> bool:
-        return bool(self.running)
-
     def _ahead(self) -> Job | None:
         if self.select_only:
             return None

@@ -259,9 +259,11 @@ def smoke_settings(settings: QualityBenchSettings, explicit_methods: bool = True
     if not (collection / "corpus.jsonl").exists():
         write_fixture_collection(collection, ["train", "test"])
     model = tiny_model("bert", fixtures / "models")
-    grid = {key: tuple(dict.fromkeys(min(v, 2) for v in values)) if key == "epochs" else tuple(values)
+    epochs = 2      # the most a smoke point trains; its growth trains one more
+    grid = {key: tuple(dict.fromkeys(min(v, epochs) for v in values)) if key == "epochs" else tuple(values)
             for key, values in (settings.grid or {}).items()}
-    grow = {key: (3,) if key == "epochs" else tuple(values) for key, values in (settings.grid_grow or {}).items()}
+    grow = {key: (epochs + 1,) if key == "epochs" else tuple(values)
+            for key, values in (settings.grid_grow or {}).items()}
     methods = tuple(settings.methods) if explicit_methods else SMOKE_METHODS
     return replace(settings, base=model, train=str(collection), eval=(), pretrain_data=None, methods=methods,
                    pretrain={**SMOKE_PRETRAIN, **{key: value for key, value in settings.pretrain.items()
