@@ -763,17 +763,21 @@ def test_two_jobs_give_the_same_records_as_one(crossfit, tiny_mlm_dir, collectio
     """`--jobs 2` (each cell in its own spawned process, one thread each) writes the same records as `--jobs 1`
     (the `crossfit` comparison): every dev-grid point's dev scores, and the per-query scores, coverage, probes and
     protocol of `mlm` seed 1 (whose pre-training the grid made, in this process) and `mlm-aa` seed 1001 (pre-trained
-    and probed in a worker); two rounds of two processes keep it short."""
+    and probed in a worker); each cell in parts (its folds side by side in two processes, then the cell)."""
     _, out, summary = crossfit
     twin = crossfit_settings(tiny_mlm_dir, collections, tmp_path / "q")
     lines = []
     parallel = quality.run_quality_bench(twin, progress=lines.append, jobs=2, cells=["mlm:1", "mlm-aa:1001"])
-    running = [line.split("] ", 1)[1] for line in lines if line.endswith(": running")]
-    assert [line for line in running if not line.startswith("prepare")] == [
-        "select lr0.0001-epochs1: running", "select lr0.001-epochs1: running",          # the grid's 2 points,
-        "cell mlm/seed1: running", "cell mlm-aa/seed1001: running"]                    # then 2 cells
-    # and, if a process was free while the grid's last point ran, mlm-aa's pre-training and probes ahead
-    assert set(running) - {"prepare mlm-aa/seed1001: running"} == set(running[:2] + running[-2:])
+    running = [line.split("] ", 1)[1].removesuffix(": running") for line in lines if line.endswith(": running")]
+    folds = [f"fold {fold}" for fold in twin.resolved().folds]
+    assert running[:2] == ["select lr0.0001-epochs1", "select lr0.001-epochs1"]       # the grid's 2 points, then
+    assert sorted(running[2:]) == sorted(["prepare mlm-aa/seed1001", "cell mlm/seed1", "cell mlm-aa/seed1001",  # parts
+                                          *(f"{cell} {fold}" for cell in ("fold mlm/seed1", "fold mlm-aa/seed1001")
+                                            for fold in folds)])
+    for arm in ("mlm/seed1", "mlm-aa/seed1001"):    # a cell's folds run once it is pre-trained, the cell after them
+        parts = [i for i, line in enumerate(running) if arm in line and not line.startswith(("cell", "prepare"))]
+        assert running.index(f"cell {arm}") > max(parts)
+    assert running.index("prepare mlm-aa/seed1001") < running.index(f"fold mlm-aa/seed1001 {folds[0]}")
     ours, theirs = _comparable(tmp_path / "q" / "records"), _comparable(out / "records")
     assert sorted(ours) == ["cells/mlm-aa/seed1001.json", "cells/mlm/seed1.json", "select/lr0.0001-epochs1.json",
                             "select/lr0.001-epochs1.json", "tier.json"]
@@ -866,11 +870,14 @@ def test_a_record_of_another_precision_does_not_count_and_its_cell_runs_again(cr
 
     def run_job(settings_, tier, kind, payload):     # what the harness would run, nothing run
         jobs.append((kind, dict(payload)))
-        return {"path": str(cell), "status": "failed", "line": "not run"}
+        return {"path": None, "status": "done", "line": "not run"}
 
     monkeypatch.setattr(quality, "run_job", run_job)
     quality.run_quality_bench(replace(settings, out=str(tmp_path / "fresh"), records=str(records)))
-    assert jobs == [("cell", {"arm": "none", "seed": 1, "protocol": summary["selection"]["chosen"]})]
+    chosen = summary["selection"]["chosen"]
+    assert jobs == [*(("fold", {"arm": "none", "seed": 1, "fold": fold, "protocol": chosen})
+                      for fold in settings.folds),
+                    ("cell", {"arm": "none", "seed": 1, "protocol": chosen, "parts_s": 0.0})]     # in parts
     # a grid point of another precision does not count either: no protocol is chosen, so no cell is done
     point = records / "select" / "lr0.001-epochs1.json"
     point.write_text(json.dumps({**json.loads(point.read_text()), "precision": "bf16"}))

@@ -62,7 +62,7 @@ def _run(settings, dev_score, monkeypatch):
             path = Records(settings_.records).select_path(point_name(payload["point"]))
             write_record(path, _point_record(tier, payload["point"], dev_score(payload["point"])))
             return {"path": str(path), "status": DONE, "line": f"{point_name(payload['point'])}: done"}
-        return {"path": "", "status": "failed", "line": "not run"}
+        return {"path": None, "status": DONE, "line": "not run"}
 
     monkeypatch.setattr(quality, "run_job", run_job)
     monkeypatch.setattr(quality, "Bench", _NoBench)
@@ -108,7 +108,7 @@ def test_a_best_point_on_the_edge_grows_the_grid_once_then_is_chosen_and_flagged
 
     # a rerun (a fresh clone with these records) grows nothing more and runs no grid point
     again, _, _ = _run(replace(settings, out=str(tmp_path / "fresh")), lambda p: 0.0, monkeypatch)
-    assert [kind for kind, _ in again] == ["cell"] * 8
+    assert "select" not in {kind for kind, _ in again} and [kind for kind, _ in again].count("cell") == 8
 
 
 def test_an_inner_best_point_is_chosen_without_growth_and_growth_counts_once(tiny_mlm_dir, collections,  # noqa: F811
@@ -167,7 +167,8 @@ def test_a_free_process_prepares_cells_ahead_while_the_grids_last_points_run(tin
     """Two processes, the plan asked as the harness asks it: both take grid points; when one ends while the other
     still runs (no protocol yet), the free process pre-trains a cell ahead (first seeds first, never `none`, never
     the selection arm's first seed, never a cell with a record); once the protocol is chosen, cells are handed out,
-    except one whose ahead job still runs, which waits for it. With `select_only` nothing is prepared ahead."""
+    in parts (prepare unless pre-trained, the folds, then the cell itself), except one whose ahead job still runs,
+    which waits for it; a failed fold ends its cell. With `select_only` nothing is prepared ahead."""
     from pretrieve.bench.quality.plan import Plan
 
     settings = _settings(tiny_mlm_dir, collections, tmp_path, grid={"lr": (1e-4, 3e-4), "epochs": (1,)}, grid_grow={})
@@ -191,14 +192,30 @@ def test_a_free_process_prepares_cells_ahead_while_the_grids_last_points_run(tin
     write_record(records.select_path("lr0.0003-epochs1"), _point_record(tier, second[1]["point"], 0.4))
     plan.finished(*second)
     chosen = {"lr": 1e-4, "epochs": 1, "max_steps": 0}
+    fold = settings.folds[0]
+
+    def part(kind, arm, seed, **extra):
+        payload = {"arm": arm, "seed": seed, **extra}
+        return (kind, {**payload, "fold": fold, "protocol": chosen} if kind == "fold" else
+                {**payload, "protocol": chosen, "parts_s": extra.get("parts_s", 0.0)} if kind == "cell" else
+                {**payload, "protocol": chosen})
+
     handed = []
     while (job := plan.next()) is not None:
-        handed.append((job[1]["arm"], job[1]["seed"]))
-        assert job[0] == "cell" and job[1]["protocol"] == chosen
-    assert handed == [("none", 1), ("mlm", 1), ("mlm-aa", 1001), ("none", 2), ("mlm-aa", 1002)]  # bow 1, mlm 2 wait
-    plan.finished(*ahead[0])
-    assert plan.next() == ("cell", {"arm": "bow", "seed": 1, "protocol": chosen})
+        handed.append(job)
+    # a cell in parts: `none` needs no pre-training, so its folds go at once; mlm 1 is prepared first; bow 1 and
+    # mlm 2 wait for their ahead jobs; mlm-aa 1001's ahead job ended without pre-training it (it failed): its cell
+    # runs everything again and records the failure
+    assert handed == [part("fold", "none", 1), part("prepare", "mlm", 1), part("cell", "mlm-aa", 1001),
+                      part("fold", "none", 2), part("prepare", "mlm-aa", 1002)]
+    plan.finished(*handed[0], {"status": DONE, "wall_s": 7.0})
+    assert plan.next() == part("cell", "none", 1, parts_s=7.0)      # its folds ended: the cell writes the record
+    plan.finished(*handed[3], {"status": "failed", "wall_s": 3.0})   # a failed fold ends its cell (recorded there)
+    plan.finished(*ahead[0], {"status": DONE, "wall_s": 5.0})
+    plan._pretrained = lambda arm, seed: arm in ("none", "bow")        # bow 1's pre-training is current now
+    assert plan.next() == part("fold", "bow", 1)                     # its fold, then nothing more now
     assert plan.next() is None and ("prepare", ("mlm", 2)) in plan.running    # mlm/seed2's ahead job still runs
+    assert ("cell", ("none", 2)) not in plan.started
 
     only = Plan(settings, Records(tmp_path / "other"), Records(tmp_path / "other").open(
         settings.fingerprint(), settings.precision, settings.growing()), quality.every_cell(settings), True,

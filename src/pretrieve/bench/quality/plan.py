@@ -1,22 +1,30 @@
 """Which job of a comparison runs next, asked each time a process is free.
 
-A comparison's jobs (:mod:`pretrieve.bench.quality.run` runs them, ``jobs`` at a time) are of three kinds:
+A comparison's jobs (:mod:`pretrieve.bench.quality.run` runs them, ``jobs`` at a time) are of four kinds:
 
 * ``select``: one point of the dev grid (its record says its dev score), the fewest epochs first;
-* ``cell``: one arm × seed with the chosen protocol (its record holds everything the claims use);
 * ``prepare``: the part of an arm × seed's cell that does not depend on the protocol — its pre-training, the
   coverage of its checkpoint and, for a first seed, its probes (:func:`pretrieve.bench.quality.cell.prepare_cell`).
-  It writes no record, only the scratch ``<out>`` that the cell then finds current.
+  It writes no record, only the scratch ``<out>`` that the cell's later parts then find current;
+* ``fold``: one fold of an arm × seed with the chosen protocol — fine-tuning on the fold's training split and
+  evaluation (:meth:`pretrieve.bench.quality.cell.Bench.fold`), once the cell is prepared. Neither writes a record
+  unless it fails once the protocol is chosen: then the cell's record says so and the cell is over;
+* ``cell``: the arm × seed itself (:func:`pretrieve.bench.quality.cell.run_cell`), which finds its prepared part and
+  its folds current, runs whatever is not, and writes the record that holds everything the claims use.
 
 :class:`Plan` hands them out in this order of priority, re-reading the records each time (so a job that lands
 may unlock others): the grid's points without a record; once every point has one, the grid's growth if the
 convergence rule calls for it (pre-registration amendment 9: :func:`pretrieve.bench.quality.summary.selection`;
 ``tier.json``'s grid grows and the new points are handed out); once a protocol is chosen, the cells without a
-current record, first seeds first. While grid points are still running and nothing else can start, a free process
-takes a ``prepare`` job (first seeds first) instead of idling: work the cells need anyway, done ahead, so that two
-or more processes stay busy through the grid's long last points. Nothing is prepared ahead with ``select_only``,
-for a cell that already has a record, or for an arm × seed whose pre-training is current; and a cell is not
-handed out while its own ``prepare`` job runs (two processes never write one arm × seed's scratch).
+current record, first seeds first, each in its parts: ``prepare`` (unless current), then its folds side by side,
+then ``cell``. A cell's parts are each about half a cell long, so two processes work on one cell at once, no
+process idles while the last cell runs, and a job interrupted with its machine loses at most one fold's work.
+While grid points are still running and nothing else can start, a free process takes a ``prepare`` job (first
+seeds first) instead of idling: work the cells need anyway, done ahead, so that two or more processes stay busy
+through the grid's long last points. Nothing is prepared ahead with ``select_only``, for a cell that already has
+a record, or for an arm × seed whose pre-training is current. Two processes never write the same scratch: a fold
+starts only once its cell's pre-training is current and no ``prepare`` of that cell runs, and the ``cell`` job
+only once none of its parts runs.
 """
 
 from __future__ import annotations
@@ -27,8 +35,8 @@ from typing import Any, Callable, Mapping, Sequence
 
 from pretrieve.bench.quality import recipes
 from pretrieve.bench.quality.arms import NO_PRETRAIN, arm_method
-from pretrieve.bench.quality.records import DONE, Records, commit
-from pretrieve.bench.quality.settings import QualityBenchSettings, grid_points, point_name, seed_dir
+from pretrieve.bench.quality.records import DONE, FAILED, Records, commit
+from pretrieve.bench.quality.settings import QualityBenchSettings, fold_dir, grid_points, point_name, seed_dir
 from pretrieve.bench.quality.summary import selection
 
 Job = tuple[str, dict[str, Any]]
@@ -50,6 +58,8 @@ class Plan:
         self.commit_records = commit_records
         self.started: set[tuple[str, Any]] = set()
         self.running: set[tuple[str, Any]] = set()
+        self.failed: set[tuple[str, int]] = set()               # cells a failed fold ended in this run
+        self.part_seconds: dict[tuple[str, int], float] = {}    # seconds of a cell's prepare and fold jobs
         self._inputs_ready = self._select_arm_ready = False
         self._cells: tuple[Mapping[str, Any], list[tuple[str, int]]] | None = None
 
@@ -107,12 +117,46 @@ class Plan:
             return None
         protocol = {} if state is None else state["chosen"]
         for arm, seed in self.cells(protocol):
-            if ("cell", (arm, seed)) not in self.started and ("prepare", (arm, seed)) not in self.running:
-                return self._start("cell", (arm, seed), {"arm": arm, "seed": seed, "protocol": dict(protocol)})
+            if ("cell", (arm, seed)) not in self.started and (arm, seed) not in self.failed:
+                job = self._cell_part(arm, seed, dict(protocol))
+                if job is not None:
+                    return job
         return None
 
-    def finished(self, kind: str, payload: Mapping[str, Any]) -> None:
-        self.running.discard((kind, _key(kind, payload)))
+    def finished(self, kind: str, payload: Mapping[str, Any], result: Mapping[str, Any] | None = None) -> None:
+        """A job ended (``result``: what :func:`pretrieve.bench.quality.run.run_job` returned); a part that failed
+        with the protocol chosen ends its cell (its record says the failure), and a part's seconds count in its
+        cell's record."""
+        key = _key(kind, payload)
+        self.running.discard((kind, key))
+        if kind in ("prepare", "fold") and result is not None:
+            self.part_seconds[key[:2]] = self.part_seconds.get(key[:2], 0.0) + float(result.get("wall_s") or 0.0)
+            if result.get("status") == FAILED and "protocol" in payload:
+                self.failed.add(key[:2])
+
+    def _cell_part(self, arm: str, seed: int, protocol: dict[str, Any]) -> Job | None:
+        """The next part of an arm × seed's cell that can start now: its ``prepare`` (unless its pre-training is
+        current), then each fold not yet current, then the cell; None while a part of it runs."""
+        key = (arm, seed)
+        if ("prepare", key) in self.running:
+            return None
+        prepared = self._pretrained(arm, seed)
+        if not prepared and ("prepare", key) not in self.started:
+            return self._start("prepare", key, {"arm": arm, "seed": seed, "protocol": protocol})
+        if prepared:     # (one prepared ahead that failed leaves it unprepared: the cell runs it again, records why)
+            folds = [fold for fold in self.settings.folds if ("fold", (*key, fold)) not in self.started and
+                     not recipes.results_are_current(seed_dir(Path(self.settings.out), arm, seed) / fold_dir(fold))]
+            if folds:
+                return self._start("fold", (*key, folds[0]),
+                                   {"arm": arm, "seed": seed, "fold": folds[0], "protocol": protocol})
+            if any(("fold", (*key, fold)) in self.running for fold in self.settings.folds):
+                return None
+        return self._start("cell", key, {"arm": arm, "seed": seed, "protocol": protocol,
+                                         "parts_s": round(self.part_seconds.get(key, 0.0), 1)})
+
+    def _pretrained(self, arm: str, seed: int) -> bool:
+        return arm_method(arm)[0] == NO_PRETRAIN or \
+            recipes.results_are_current(seed_dir(Path(self.settings.out), arm, seed))
 
     def _ahead(self) -> Job | None:
         if self.select_only:
@@ -122,8 +166,7 @@ class Plan:
             key = (arm, seed)
             if ("prepare", key) in self.started or arm_method(arm)[0] == NO_PRETRAIN or key == select:
                 continue        # the selection arm's first seed is pre-trained before the grid, here
-            if self.records.recorded(arm, seed, self.tier) or \
-                    recipes.results_are_current(seed_dir(Path(self.settings.out), arm, seed)):
+            if self.records.recorded(arm, seed, self.tier) or self._pretrained(arm, seed):
                 continue
             return self._start("prepare", key, {"arm": arm, "seed": seed})
         return None
@@ -141,4 +184,7 @@ class Plan:
 
 
 def _key(kind: str, payload: Mapping[str, Any]) -> Any:
-    return point_name(payload["point"]) if kind == "select" else (payload["arm"], int(payload["seed"]))
+    if kind == "select":
+        return point_name(payload["point"])
+    key = (payload["arm"], int(payload["seed"]))
+    return (*key, payload["fold"]) if kind == "fold" else key

@@ -10,7 +10,8 @@ recomputed from the records (:mod:`pretrieve.bench.quality.summary`). ``<out>`` 
 
 :func:`run_quality_bench` runs the jobs a :class:`~pretrieve.bench.quality.plan.Plan` hands out — the grid's
 points without a record (and, once, its growth); once the protocol is chosen, the arm × seed cells without a current
-record (``cells``: only those), first seeds first; while the grid's last points run, the protocol-free part of
+record (``cells``: only those), first seeds first, each in parts (its pre-training and probes, its folds side by
+side, then the cell, which writes the record); while the grid's last points run, the protocol-free part of
 cells ahead of time — ``jobs`` at a time as separate processes (:mod:`concurrent.futures` with the ``spawn`` start
 method; each process runs one job with ``threads`` torch threads; ``jobs = 1`` runs them in this process). A cell
 that fails (an exception; a non-finite loss or score) records its error and the others go on; it is not retried
@@ -45,10 +46,12 @@ logger = logging.getLogger(__name__)
 
 # ---------------------------------------------------------------------------------------------------- the jobs
 def run_job(settings: QualityBenchSettings, tier: Mapping[str, Any], kind: str, payload: Mapping[str, Any]) -> dict:
-    """One job, in whatever process runs it: ``kind`` ``"select"`` (``payload``: the grid point) or ``"cell"``
-    (``arm``, ``seed``, ``protocol``), each writing its record (a failed one on any exception), or ``"prepare"``
-    (``arm``, ``seed``: a cell's protocol-free part ahead of time, no record). Returns ``{"path", "status",
-    "line"}`` (``path`` None without a record)."""
+    """One job (:mod:`pretrieve.bench.quality.plan` says what each kind is), in whatever process runs it:
+    ``"select"`` (``payload``: the grid point) and ``"cell"`` (``arm``, ``seed``, ``protocol``; ``parts_s``, the
+    seconds its earlier parts took) each write their record (a failed one on any exception); ``"prepare"``
+    (``arm``, ``seed``, and ``protocol`` once it is chosen) and ``"fold"`` (``arm``, ``seed``, ``fold``,
+    ``protocol``) write one only when they fail with a protocol: their cell's failed record. Returns ``{"path",
+    "status", "line", "wall_s"}`` (``path`` None without a record)."""
     if settings.threads:
         return _with_threads(settings.threads, lambda: _run_job(settings, tier, kind, payload))
     return _run_job(settings, tier, kind, payload)
@@ -58,38 +61,50 @@ def _run_job(settings: QualityBenchSettings, tier: Mapping[str, Any], kind: str,
     records = Records(settings.records)
     started = time.perf_counter()
     bench = Bench(settings)
-    if kind == "prepare":
-        label = f"{payload['arm']}/seed{payload['seed']}"
+    label = _job_label(kind, payload)
+
+    def seconds() -> float:
+        return round(time.perf_counter() - started, 1)
+
+    if kind in ("prepare", "fold"):
+        arm, seed = payload["arm"], int(payload["seed"])
         try:
-            prepare_cell(bench, payload["arm"], int(payload["seed"]))
-        except Exception as exc:  # noqa: BLE001 - the cell runs it again and records the failure
-            return {"path": None, "status": FAILED, "line": f"{label}: preparing ahead FAILED — {exc}"[:240]}
-        return {"path": None, "status": DONE,
-                "line": f"{label}: pre-trained (and probed) ahead in {time.perf_counter() - started:.0f} s"}
-    if kind == "select":
+            if kind == "prepare":
+                prepare_cell(bench, arm, seed)
+            else:
+                bench.fold(arm, seed, payload["fold"], dict(payload["protocol"]))
+            done = "pre-trained (and probed)" if kind == "prepare" else "fine-tuned and evaluated"
+            return {"path": None, "status": DONE, "line": f"{label}: {done} in {seconds():.0f} s", "wall_s": seconds()}
+        except Exception as exc:  # noqa: BLE001 - a failed part fails its cell; the other cells go on
+            if "protocol" not in payload:   # ahead of the choice: the cell runs it again and records the failure
+                return {"path": None, "status": FAILED, "line": f"{label}: FAILED — {exc}"[:240], "wall_s": seconds()}
+            key = {"arm": arm, "seed": seed, "protocol": dict(payload["protocol"])}
+            path, record = records.cell_path(arm, seed), failed_record("cell", key, exc, tier, settings.threads,
+                                                                       seconds())
+    elif kind == "select":
         point = dict(payload["point"])
         key, path = {"point": point, "name": point_name(point)}, records.select_path(point_name(point))
         try:
-            record = select_record(bench, point, bench.select_point(point), tier, time.perf_counter() - started)
+            record = select_record(bench, point, bench.select_point(point), tier, seconds())
         except Exception as exc:  # noqa: BLE001 - a point that fails (diverges) is recorded and cannot be chosen
-            record = failed_record(kind, key, exc, tier, settings.threads, time.perf_counter() - started)
+            record = failed_record(kind, key, exc, tier, settings.threads, seconds())
     else:
         arm, seed, protocol = payload["arm"], int(payload["seed"]), dict(payload["protocol"])
         key, path = {"arm": arm, "seed": seed, "protocol": protocol}, records.cell_path(arm, seed)
+        parts = float(payload.get("parts_s") or 0.0)
         try:
             run_cell(bench, arm, seed, protocol)
-            record = cell_record(bench, arm, seed, protocol, tier, time.perf_counter() - started)
+            record = cell_record(bench, arm, seed, protocol, tier, parts + seconds())
         except Exception as exc:  # noqa: BLE001 - any failure of one cell must not stop the others
-            record = failed_record(kind, key, exc, tier, settings.threads, time.perf_counter() - started)
+            record = failed_record(kind, key, exc, tier, settings.threads, parts + seconds())
         if record["status"] == DONE and not settings.keep_checkpoints:
             for checkpoints in seed_dir(bench.out, arm, seed).glob("**/checkpoints"):
                 shutil.rmtree(checkpoints, ignore_errors=True)
     write_record(path, record)
-    label = key.get("name") or f"{key['arm']}/seed{key['seed']}"
     wall = record["timings"]["wall_s"]
     line = f"{label}: done in {wall:.0f} s" if record["status"] == DONE else \
         f"{label}: FAILED — {record['error'].splitlines()[0][:200]}"
-    return {"path": str(path), "status": record["status"], "line": line}
+    return {"path": str(path), "status": record["status"], "line": line, "wall_s": seconds()}
 
 
 def run_jobs(settings: QualityBenchSettings, plan: Plan, parallel: int, say: Callable[[str], None],
@@ -106,7 +121,7 @@ def run_jobs(settings: QualityBenchSettings, plan: Plan, parallel: int, say: Cal
         say(f"[{count}] {kind} {_job_label(kind, payload)}: running")
 
     def ended(kind: str, payload: Mapping[str, Any], result: dict) -> None:
-        plan.finished(kind, payload)
+        plan.finished(kind, payload, result)
         say(f"[{len(results) + 1}/{count}] {result['line']}")
         landed(result)
         results.append(result)
@@ -133,7 +148,9 @@ def run_jobs(settings: QualityBenchSettings, plan: Plan, parallel: int, say: Cal
 
 
 def _job_label(kind: str, payload: Mapping[str, Any]) -> str:
-    return point_name(payload["point"]) if kind == "select" else f"{payload['arm']}/seed{payload['seed']}"
+    if kind == "select":
+        return point_name(payload["point"])
+    return f"{payload['arm']}/seed{payload['seed']}" + (f" fold {payload['fold']}" if kind == "fold" else "")
 
 
 def every_cell(settings: QualityBenchSettings) -> list[tuple[str, int]]:
