@@ -7,14 +7,59 @@
 #   bash scripts/experiments/claims.sh tier1 --cells mlm:1,bow:1    # some arm × seed cells
 #   bash scripts/experiments/claims.sh tier1                        # every cell without a current record
 #   bash scripts/experiments/claims.sh tier1 --report-only          # progress and tables, from the records alone
+#   bash scripts/experiments/claims.sh tier1 --background           # every cell, in the background (see below)
+#   bash scripts/experiments/claims.sh tier1 --stop                 # stop the background run (it resumes later)
+#
+# --background (first option after the tier) pins the code: it checks out this checkout's HEAD, detached, in the
+# git worktree outputs/claims-<tier>-code (made once), and runs the tier from there with setsid/nohup, so that the
+# run outlives this shell and later commits here change nothing under it; records still land (and are committed)
+# in this checkout's results/claims/<tier>/, scratch in its outputs/claims-<tier>/, the log in
+# outputs/claims-<tier>.log. Run it again at the start of each session: an interrupted run resumes from its records
+# and from the scratch checkpoints (on the same machine). It refuses to start while the last one still runs.
 #
 # Extra options are passed on (the defaults below: --jobs 2 --threads 1 --commit, for a 2-core CPU; a later option
 # wins). Records go to results/claims/<tier>/ and are committed as they land; scratch to outputs/claims-<tier>/.
 # PRETRIEVE (default: the `pretrieve` on PATH, else .venv/bin/pretrieve) is the command that runs it.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-tier=${1:?usage: claims.sh TIER [bench quality options]}
+tier=${1:?usage: claims.sh TIER [--background|--stop] [bench quality options]}
 shift
+pidfile="outputs/claims-$tier.pid"
+running() { [ -f "$pidfile" ] && kill -0 "$(cat "$pidfile")" 2>/dev/null; }
+if [ "${1:-}" = "--stop" ]; then
+  if running; then kill -- "-$(cat "$pidfile")" && echo "stopped the $tier run (process group $(cat "$pidfile"))"
+  else echo "no $tier run is running"; fi
+  rm -f "$pidfile"
+  exit 0
+fi
+if [ "${1:-}" = "--background" ]; then
+  shift
+  if running; then
+    echo "error: a $tier run is already running (process group $(cat "$pidfile"); log outputs/claims-$tier.log;" \
+         "stop it with: bash scripts/experiments/claims.sh $tier --stop)" >&2
+    exit 2
+  fi
+  root=$PWD code="$PWD/outputs/claims-$tier-code" head=$(git rev-parse HEAD)
+  git diff --quiet HEAD -- src scripts || echo "warning: uncommitted changes in src/ or scripts/ do not run" \
+    "(the background run checks out HEAD, $head)" >&2
+  mkdir -p outputs
+  if [ -d "$code/.git" ] || [ -f "$code/.git" ]; then git -C "$code" checkout -q --detach "$head"
+  else git worktree add -q --detach "$code" "$head"; fi
+  if [ -n "${PRETRIEVE:-}" ]; then pretrieve=$PRETRIEVE
+  elif command -v pretrieve >/dev/null; then pretrieve=$(command -v pretrieve)
+  else pretrieve="$root/.venv/bin/pretrieve"; fi
+  rm -f "$pidfile"
+  # its own session and process group (setsid), whose leader writes its pid (the group's id) before it runs the tier
+  PYTHONPATH="$code/src${PYTHONPATH:+:$PYTHONPATH}" PRETRIEVE="$pretrieve" setsid nohup \
+    bash -c 'echo $$ > "$0"; exec "$@"' "$root/$pidfile" bash "$code/scripts/experiments/claims.sh" "$tier" \
+    --out "$root/outputs/claims-$tier" --records "$root/results/claims/$tier" "$@" \
+    >> "outputs/claims-$tier.log" 2>&1 < /dev/null &
+  for _ in $(seq 50); do [ -s "$pidfile" ] && break; sleep 0.1; done
+  echo "running $tier in the background at ${head:0:7} (process group $(cat "$pidfile")); log:" \
+       "outputs/claims-$tier.log; progress: bash scripts/experiments/claims.sh $tier --report-only;" \
+       "stop: bash scripts/experiments/claims.sh $tier --stop"
+  exit 0
+fi
 if [ -n "${PRETRIEVE:-}" ]; then read -r -a run <<<"$PRETRIEVE"
 elif command -v pretrieve >/dev/null; then run=(pretrieve)
 else run=(.venv/bin/pretrieve); fi

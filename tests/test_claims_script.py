@@ -1,0 +1,111 @@
+"""``scripts/experiments/claims.sh TIER --background`` / ``--stop``: a long tier runs in the background from a git
+worktree pinned at the checkout's HEAD, in its own process group that outlives the shell, writing records and
+scratch into the checkout; a second start is refused while it runs; ``--stop`` ends the whole group.
+
+Run on a throw-away repository holding the script alone, with a stand-in ``pretrieve`` that writes what it was
+given and sleeps (no comparison runs here: ``tests/test_bench_quality.py`` runs the harness itself)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "scripts" / "experiments" / "claims.sh"
+GIT = ["git", "-c", "user.name=test", "-c", "user.email=test@example.org"]
+
+
+def _wait_for(condition, seconds: float = 20.0) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie, killed but not yet reaped by whoever adopted it, does not)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    stat = Path(f"/proc/{pid}/stat")
+    try:
+        return stat.read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):        # gone meanwhile; or no /proc (then os.kill's answer stands)
+        return not Path("/proc").is_dir()
+
+
+@pytest.fixture
+def repo(tmp_path):
+    if shutil.which("git") is None or shutil.which("setsid") is None:
+        pytest.skip("needs git and setsid (util-linux)")
+    repo = tmp_path / "repo"
+    (repo / "scripts" / "experiments").mkdir(parents=True)
+    shutil.copy(SCRIPT, repo / "scripts" / "experiments" / "claims.sh")
+    subprocess.run([*GIT, "init", "-q", str(repo)], check=True)
+    subprocess.run([*GIT, "-C", str(repo), "add", "-A"], check=True)
+    subprocess.run([*GIT, "-C", str(repo), "commit", "-q", "-m", "script"], check=True)
+    fake = tmp_path / "fake-pretrieve"
+    fake.write_text('#!/usr/bin/env bash\n{ pwd; echo "$PYTHONPATH"; printf "%s\\n" "$@"; } > "$ARGS_FILE.tmp"\n'
+                    'mv "$ARGS_FILE.tmp" "$ARGS_FILE"\nexec sleep 120\n')
+    fake.chmod(0o755)
+    return repo, fake
+
+
+def _claims(repo: Path, fake: Path, args_file: Path, *args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PRETRIEVE": str(fake), "ARGS_FILE": str(args_file), **{
+        "GIT_AUTHOR_NAME": "test", "GIT_AUTHOR_EMAIL": "t@example.org", "GIT_COMMITTER_NAME": "test",
+        "GIT_COMMITTER_EMAIL": "t@example.org"}}
+    return subprocess.run(["bash", str(repo / "scripts" / "experiments" / "claims.sh"), "tier1", *args],
+                          cwd=str(repo), env=env, capture_output=True, text=True, timeout=120)
+
+
+def test_background_pins_the_code_refuses_a_second_start_and_stops(repo, tmp_path):
+    repo, fake = repo
+    args_file = tmp_path / "args"
+    head = subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True, text=True,
+                          check=True).stdout.strip()
+    started = _claims(repo, fake, args_file, "--background", "--jobs", "1")
+    assert started.returncode == 0, started.stderr
+    assert f"running tier1 in the background at {head[:7]}" in started.stdout
+    pid = int((repo / "outputs" / "claims-tier1.pid").read_text())
+    try:
+        assert _wait_for(args_file.exists), (repo / "outputs" / "claims-tier1.log").read_text()
+        cwd, pythonpath, *args = args_file.read_text().splitlines()
+        code = repo / "outputs" / "claims-tier1-code"
+        assert cwd == str(code) and pythonpath.split(":")[0] == str(code / "src")     # runs the pinned code
+        assert subprocess.run(["git", "-C", str(code), "rev-parse", "HEAD"], capture_output=True, text=True,
+                              check=True).stdout.strip() == head
+        assert args[:2] == ["bench", "quality"] and args[-2:] == ["--jobs", "1"]      # the caller's options last
+        last = {option: args[len(args) - 1 - args[::-1].index(option) + 1] for option in ("--out", "--records")}
+        assert last == {"--out": str(repo / "outputs" / "claims-tier1"),                 # records and scratch:
+                        "--records": str(repo / "results" / "claims" / "tier1")}         # in the checkout
+        assert os.getpgid(pid) == pid != os.getpgid(0)                                # its own process group
+
+        again = _claims(repo, fake, args_file, "--background")
+        assert again.returncode == 2 and len(again.stderr.strip().splitlines()) == 1
+        assert again.stderr.startswith(f"error: a tier1 run is already running (process group {pid};")
+    finally:
+        stopped = _claims(repo, fake, args_file, "--stop")
+    assert stopped.returncode == 0 and f"stopped the tier1 run (process group {pid})" in stopped.stdout
+    assert _wait_for(lambda: not _alive(pid))
+    assert _claims(repo, fake, args_file, "--stop").stdout.strip() == "no tier1 run is running"
+
+    # a later start checks out the checkout's new HEAD in the same worktree
+    (repo / "scripts" / "note.txt").write_text("later\n")
+    subprocess.run([*GIT, "-C", str(repo), "add", "-A"], check=True)
+    subprocess.run([*GIT, "-C", str(repo), "commit", "-q", "-m", "later"], check=True)
+    args_file.unlink()
+    assert _claims(repo, fake, args_file, "--background").returncode == 0
+    try:
+        assert _wait_for(args_file.exists)
+        assert (repo / "outputs" / "claims-tier1-code" / "scripts" / "note.txt").exists()
+    finally:
+        _claims(repo, fake, args_file, "--stop")
