@@ -53,14 +53,16 @@ def repo(tmp_path):
     subprocess.run([*GIT, "-C", str(repo), "add", "-A"], check=True)
     subprocess.run([*GIT, "-C", str(repo), "commit", "-q", "-m", "script"], check=True)
     fake = tmp_path / "fake-pretrieve"
-    fake.write_text('#!/usr/bin/env bash\n{ pwd; echo "$PYTHONPATH"; printf "%s\\n" "$@"; } > "$ARGS_FILE.tmp"\n'
+    (tmp_path / "shared" / "data").mkdir(parents=True)          # the collections beside the checkout
+    fake.write_text('#!/usr/bin/env bash\n{ pwd; echo "$PYTHONPATH"; echo "$PRETRIEVE_DATA"; printf "%s\\n" "$@"; } '
+                    '> "$ARGS_FILE.tmp"\n'
                     'mv "$ARGS_FILE.tmp" "$ARGS_FILE"\nexec sleep 120\n')
     fake.chmod(0o755)
     return repo, fake
 
 
 def _claims(repo: Path, fake: Path, args_file: Path, *args: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PRETRIEVE": str(fake), "ARGS_FILE": str(args_file), **{
+    env = {**{k: v for k, v in os.environ.items() if k != "PRETRIEVE_DATA"}, "PRETRIEVE": str(fake), "ARGS_FILE": str(args_file), **{
         "GIT_AUTHOR_NAME": "test", "GIT_AUTHOR_EMAIL": "t@example.org", "GIT_COMMITTER_NAME": "test",
         "GIT_COMMITTER_EMAIL": "t@example.org"}}
     return subprocess.run(["bash", str(repo / "scripts" / "experiments" / "claims.sh"), "tier1", *args],
@@ -78,9 +80,10 @@ def test_background_pins_the_code_refuses_a_second_start_and_stops(repo, tmp_pat
     pid = int((repo / "outputs" / "claims-tier1.pid").read_text())
     try:
         assert _wait_for(args_file.exists), (repo / "outputs" / "claims-tier1.log").read_text()
-        cwd, pythonpath, *args = args_file.read_text().splitlines()
+        cwd, pythonpath, data, *args = args_file.read_text().splitlines()
         code = repo / "outputs" / "claims-tier1-code"
         assert cwd == str(code) and pythonpath.split(":")[0] == str(code / "src")     # runs the pinned code
+        assert data == str(tmp_path / "shared" / "data")        # the worktree is not beside them: named for it
         assert subprocess.run(["git", "-C", str(code), "rev-parse", "HEAD"], capture_output=True, text=True,
                               check=True).stdout.strip() == head
         assert args[:2] == ["bench", "quality"] and args[-2:] == ["--jobs", "1"]      # the caller's options last

@@ -14,7 +14,8 @@
 # git worktree outputs/claims-<tier>-code (made once), and runs the tier from there with setsid/nohup, so that the
 # run outlives this shell and later commits here change nothing under it; records still land (and are committed)
 # in this checkout's results/claims/<tier>/, scratch in its outputs/claims-<tier>/, the log in
-# outputs/claims-<tier>.log. Run it again at the start of each session: an interrupted run resumes from its records
+# outputs/claims-<tier>.log; the collections are looked up where this checkout finds them ($PRETRIEVE_DATA, else
+# ../shared/data beside it). Run it again at the start of each session: an interrupted run resumes from its records
 # and from the scratch checkpoints (on the same machine). It refuses to start while the last one still runs.
 #
 # Extra options are passed on (the defaults below: --jobs 2 --threads 1 --commit, for a 2-core CPU; a later option
@@ -48,6 +49,10 @@ if [ "${1:-}" = "--background" ]; then
   if [ -n "${PRETRIEVE:-}" ]; then pretrieve=$PRETRIEVE
   elif command -v pretrieve >/dev/null; then pretrieve=$(command -v pretrieve)
   else pretrieve="$root/.venv/bin/pretrieve"; fi
+  # the worktree is not beside ../shared/data as this checkout is: name that collection root explicitly
+  if [ -z "${PRETRIEVE_DATA:-}" ] && [ -d "$root/../shared/data" ]; then
+    PRETRIEVE_DATA=$(cd "$root/../shared/data" && pwd); export PRETRIEVE_DATA
+  fi
   rm -f "$pidfile"
   # its own session and process group (setsid), whose leader writes its pid (the group's id) before it runs the tier
   PYTHONPATH="$code/src${PYTHONPATH:+:$PYTHONPATH}" PRETRIEVE="$pretrieve" setsid nohup \
