@@ -15,8 +15,9 @@ import typer
 
 from pretrieve.cli import app
 from pretrieve.cli.options import (REQUIRED, AllowInexactResume, Bf16, DivergenceFactor, GradientCheckpointing,
-                                   LogEvery, NumWorkers, Overwrite, Precision, Resume, SaveEvery, Schedule, Steps,
-                                   report_to_option, settings_option, training_config, training_flags)
+                                   LogEvery, MinLrRatio, NumWorkers, Overwrite, Precision, Resume, SaveEvery, Schedule,
+                                   Seed, Steps, WarmupRatio, WarmupSteps, report_to_option, settings_option,
+                                   training_config, training_flags)
 from pretrieve.train.settings import FinetuneSettings
 
 
@@ -62,19 +63,15 @@ def finetune_command(
     lr: Optional[float] = _ft("lr", "--lr"),
     steps: Steps = None,
     epochs: Optional[float] = _ft("epochs", "--epochs"),
-    warmup_ratio: Optional[float] = typer.Option(None, "--warmup-ratio", help="Warmup share of the steps.",
-                                                 show_default="0.1"),
-    warmup_steps: Optional[int] = typer.Option(None, "--warmup-steps", help="Warmup steps (overrides "
-                                               "--warmup-ratio)."),
+    warmup_ratio: WarmupRatio = None,
+    warmup_steps: WarmupSteps = None,
     schedule: Schedule = None,
-    min_lr_ratio: Optional[float] = typer.Option(None, "--min-lr-ratio", help="Floor of the decay, as a fraction "
-                                                 "of --lr.", show_default="0"),
+    min_lr_ratio: MinLrRatio = None,
     precision: Precision = None,
     bf16: Bf16 = None,
     gradient_checkpointing: GradientCheckpointing = None,
     grad_cache_chunk: Optional[int] = _ft("grad_cache_chunk", "--grad-cache-chunk"),
-    seed: Optional[int] = typer.Option(None, "--seed", help="Seed of sampling, data order and init.",
-                                        show_default="42"),
+    seed: Seed = None,
     save_every: SaveEvery = None,
     log_every: LogEvery = None,
     num_workers: NumWorkers = None,

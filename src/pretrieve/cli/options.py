@@ -50,6 +50,13 @@ Steps = Annotated[Optional[int], typer.Option("--steps", help="Optimizer steps (
                                               show_default="0")]
 Schedule = Annotated[Optional[str], typer.Option("--schedule", help="linear | cosine | constant.",
                                                  show_default="linear")]
+WarmupRatio = Annotated[Optional[float], typer.Option("--warmup-ratio", help="Warmup share of the steps.",
+                                                     show_default="0.1")]
+WarmupSteps = Annotated[Optional[int], typer.Option("--warmup-steps", help="Warmup steps (overrides --warmup-ratio).")]
+MinLrRatio = Annotated[Optional[float], typer.Option("--min-lr-ratio", help="Floor of the decay, as a fraction of --lr.",
+                                                     show_default="0")]
+Seed = Annotated[Optional[int], typer.Option("--seed", help="Seed of sampling, data order and init.",
+                                             show_default="42")]
 Precision = Annotated[Optional[str], typer.Option("--precision", help=PRECISION_HELP, show_default="fp32")]
 Bf16 = Annotated[Optional[bool], typer.Option("--bf16/--no-bf16", help="Deprecated: --precision bf16.",
                                               show_default="off")]

@@ -16,9 +16,9 @@ from rich.console import Console
 
 from pretrieve.cli import app
 from pretrieve.cli.options import (DATA_HELP, REQUIRED, SCORING_PRECISION_HELP, AllowInexactResume, Bf16,
-                                   DivergenceFactor, GradientCheckpointing, LogEvery, NumWorkers, Overwrite, Precision,
-                                   Resume, SaveEvery, Schedule, Steps, report_to_option, resolve_data, settings_option,
-                                   training_config, training_flags)
+                                   DivergenceFactor, GradientCheckpointing, LogEvery, MinLrRatio, NumWorkers, Overwrite,
+                                   Precision, Resume, SaveEvery, Schedule, Seed, Steps, WarmupRatio, WarmupSteps,
+                                   report_to_option, resolve_data, settings_option, training_config, training_flags)
 from pretrieve.train.settings import RerankerSettings
 
 err = Console(stderr=True)
@@ -49,16 +49,15 @@ def reranker_train_command(
     lr: Optional[float] = _rr("lr", "--lr"),
     steps: Steps = None,
     epochs: Optional[float] = _rr("epochs", "--epochs"),
-    warmup_ratio: Optional[float] = typer.Option(None, "--warmup-ratio", help="Warmup share.", show_default="0.1"),
-    warmup_steps: Optional[int] = typer.Option(None, "--warmup-steps", help="Warmup steps (overrides the ratio)."),
+    warmup_ratio: WarmupRatio = None,
+    warmup_steps: WarmupSteps = None,
     schedule: Schedule = None,
-    min_lr_ratio: Optional[float] = typer.Option(None, "--min-lr-ratio", help="Floor of the decay.",
-                                                 show_default="0"),
+    min_lr_ratio: MinLrRatio = None,
     precision: Precision = None,
     bf16: Bf16 = None,
     gradient_checkpointing: GradientCheckpointing = None,
     num_workers: NumWorkers = None,
-    seed: Optional[int] = typer.Option(None, "--seed", help="Seed.", show_default="42"),
+    seed: Seed = None,
     save_every: SaveEvery = None,
     log_every: LogEvery = None,
     resume: Resume = False,
