@@ -100,6 +100,15 @@ def test_background_pins_the_code_refuses_a_second_start_and_stops(repo, tmp_pat
     assert stopped.returncode == 0 and f"stopped the tier1 run (process group {pid})" in stopped.stdout
     assert _wait_for(lambda: not _alive(pid))
     assert _claims(repo, fake, args_file, "--stop").stdout.strip() == "no tier1 run is running"
+    if Path("/proc/self/environ").exists():     # a pid file naming another process (a pid reused) is not the run
+        other = subprocess.Popen(["sleep", "60"], start_new_session=True)
+        try:
+            (repo / "outputs" / "claims-tier1.pid").write_text(f"{other.pid}\n")
+            assert _claims(repo, fake, args_file, "--stop").stdout.strip() == "no tier1 run is running"
+            assert other.poll() is None                                            # left alone
+        finally:
+            other.kill()
+            other.wait()
 
     # a later start checks out the checkout's new HEAD in the same worktree
     (repo / "scripts" / "note.txt").write_text("later\n")

@@ -26,7 +26,13 @@ cd "$(dirname "$0")/../.."
 tier=${1:?usage: claims.sh TIER [--background|--stop] [bench quality options]}
 shift
 pidfile="outputs/claims-$tier.pid"
-running() { [ -f "$pidfile" ] && kill -0 "$(cat "$pidfile")" 2>/dev/null; }
+# the background run's process group is alive and is that run (its leader carries PRETRIEVE_CLAIMS_TIER: a pid
+# reused by another process after a reboot is not taken for it)
+running() {
+  [ -f "$pidfile" ] && kill -0 "$(cat "$pidfile")" 2>/dev/null || return 1
+  local environ="/proc/$(cat "$pidfile")/environ"
+  [ ! -r "$environ" ] || tr '\0' '\n' < "$environ" | grep -qx "PRETRIEVE_CLAIMS_TIER=$tier"
+}
 if [ "${1:-}" = "--stop" ]; then
   if running; then kill -- "-$(cat "$pidfile")" && echo "stopped the $tier run (process group $(cat "$pidfile"))"
   else echo "no $tier run is running"; fi
@@ -55,7 +61,7 @@ if [ "${1:-}" = "--background" ]; then
   fi
   rm -f "$pidfile"
   # its own session and process group (setsid), whose leader writes its pid (the group's id) before it runs the tier
-  PYTHONPATH="$code/src${PYTHONPATH:+:$PYTHONPATH}" PRETRIEVE="$pretrieve" setsid nohup \
+  PYTHONPATH="$code/src${PYTHONPATH:+:$PYTHONPATH}" PRETRIEVE="$pretrieve" PRETRIEVE_CLAIMS_TIER=$tier setsid nohup \
     bash -c 'echo $$ > "$0"; exec "$@"' "$root/$pidfile" bash "$code/scripts/experiments/claims.sh" "$tier" \
     --out "$root/outputs/claims-$tier" --records "$root/results/claims/$tier" "$@" \
     >> "outputs/claims-$tier.log" 2>&1 < /dev/null &
