@@ -25,6 +25,10 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 tier=${1:?usage: claims.sh TIER [--background|--stop] [bench quality options]}
 shift
+# the command that runs the tier (absolute, so that the background run finds it from its worktree too)
+if [ -n "${PRETRIEVE:-}" ]; then read -r -a run <<<"$PRETRIEVE"
+elif command -v pretrieve >/dev/null; then run=("$(command -v pretrieve)")
+else run=("$PWD/.venv/bin/pretrieve"); fi
 pidfile="outputs/claims-$tier.pid"
 # the background run's process group is alive and is that run (its leader carries PRETRIEVE_CLAIMS_TIER: a pid
 # reused by another process after a reboot is not taken for it)
@@ -52,16 +56,13 @@ if [ "${1:-}" = "--background" ]; then
   mkdir -p outputs
   if [ -d "$code/.git" ] || [ -f "$code/.git" ]; then git -C "$code" checkout -q --detach "$head"
   else git worktree add -q --detach "$code" "$head"; fi
-  if [ -n "${PRETRIEVE:-}" ]; then pretrieve=$PRETRIEVE
-  elif command -v pretrieve >/dev/null; then pretrieve=$(command -v pretrieve)
-  else pretrieve="$root/.venv/bin/pretrieve"; fi
   # the worktree is not beside ../shared/data as this checkout is: name that collection root explicitly
   if [ -z "${PRETRIEVE_DATA:-}" ] && [ -d "$root/../shared/data" ]; then
     PRETRIEVE_DATA=$(cd "$root/../shared/data" && pwd); export PRETRIEVE_DATA
   fi
   rm -f "$pidfile"
   # its own session and process group (setsid), whose leader writes its pid (the group's id) before it runs the tier
-  PYTHONPATH="$code/src${PYTHONPATH:+:$PYTHONPATH}" PRETRIEVE="$pretrieve" PRETRIEVE_CLAIMS_TIER=$tier setsid nohup \
+  PYTHONPATH="$code/src${PYTHONPATH:+:$PYTHONPATH}" PRETRIEVE="${run[*]}" PRETRIEVE_CLAIMS_TIER=$tier setsid nohup \
     bash -c 'echo $$ > "$0"; exec "$@"' "$root/$pidfile" bash "$code/scripts/experiments/claims.sh" "$tier" \
     --out "$root/outputs/claims-$tier" --records "$root/results/claims/$tier" "$@" \
     >> "outputs/claims-$tier.log" 2>&1 < /dev/null &
@@ -71,9 +72,6 @@ if [ "${1:-}" = "--background" ]; then
        "stop: bash scripts/experiments/claims.sh $tier --stop"
   exit 0
 fi
-if [ -n "${PRETRIEVE:-}" ]; then read -r -a run <<<"$PRETRIEVE"
-elif command -v pretrieve >/dev/null; then run=(pretrieve)
-else run=(.venv/bin/pretrieve); fi
 common=(--pretrain-data scifact,cranfield --train scifact --eval scifact,cranfield --folds train:test,test:train
         --dev-queries 100 --seed 1 --precision fp32 --out "outputs/claims-$tier" --records "results/claims/$tier")
 case "$tier" in

@@ -73,8 +73,8 @@ def _run_job(settings: QualityBenchSettings, tier: Mapping[str, Any], kind: str,
                 prepare_cell(bench, arm, seed)
             else:
                 bench.fold(arm, seed, payload["fold"], dict(payload["protocol"]))
-            done = "pre-trained (and probed)" if kind == "prepare" else "fine-tuned and evaluated"
-            return {"path": None, "status": DONE, "line": f"{label}: {done} in {seconds():.0f} s", "wall_s": seconds()}
+            done, wall = "pre-trained (and probed)" if kind == "prepare" else "fine-tuned and evaluated", seconds()
+            return {"path": None, "status": DONE, "line": f"{label}: {done} in {wall:.0f} s", "wall_s": wall}
         except Exception as exc:  # noqa: BLE001 - a failed part fails its cell; the other cells go on
             if "protocol" not in payload:   # ahead of the choice: the cell runs it again and records the failure
                 return {"path": None, "status": FAILED, "line": f"{label}: FAILED — {exc}"[:240], "wall_s": seconds()}
