@@ -65,7 +65,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     context_settings={"help_option_names": ["-h", "--help"], "show_default": True},
 )
-console = Console(stderr=True, soft_wrap=True)
+console = Console(stderr=True, soft_wrap=True, emoji=False)
 
 
 NOISY_LOGGERS = ("bm25s", "httpx", "httpcore", "urllib3", "filelock", "huggingface_hub", "datasets", "fsspec",

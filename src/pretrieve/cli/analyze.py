@@ -52,8 +52,8 @@ analyze_app = typer.Typer(help="Interpret representations and maskers: input-tok
                                "masked-token statistics (CDMAE, Li et al. 2023, Fig. 2), CPDAE word distributions (CPDAE, Ma et al. 2022, "
                                "Table 4).", no_args_is_help=True)
 app.add_typer(analyze_app, name="analyze")
-out_console = Console(soft_wrap=True)
-err = Console(stderr=True, soft_wrap=True)
+out_console = Console(soft_wrap=True, emoji=False)
+err = Console(stderr=True, soft_wrap=True, emoji=False)
 
 
 def _parse_ks(text: str) -> list[int]:

@@ -36,7 +36,7 @@ bench_app = typer.Typer(help="Benchmarks: pre-training step speed (Drop your Dec
                              "encoding throughput, and retrieval quality per pre-training method (Tables 5/6).",
                         no_args_is_help=True)
 app.add_typer(bench_app, name="bench")
-err = Console(stderr=True, soft_wrap=True)
+err = Console(stderr=True, soft_wrap=True, emoji=False)
 
 DEFAULT_SHAPES = "L2-H128,L6-H384"
 DEFAULT_PRESETS = "mlm,bow,ae,ar,retromae"

@@ -25,8 +25,8 @@ from pretrieve.errors import ConfigError
 data_app = typer.Typer(help="Validate, list, download and convert BEIR-layout collections.", no_args_is_help=True)
 app.add_typer(data_app, name="data")
 
-out = Console()
-err = Console(stderr=True)
+out = Console(emoji=False)
+err = Console(stderr=True, emoji=False)
 
 
 @data_app.command("check")

@@ -251,10 +251,10 @@ def _print_grid(header: list[str], rows: list[list[str]], legend: str, out: Cons
             cells.append(Text(cell[:len(cell) - len(mark)]) + Text(mark, style=style))
         rich_table.add_row(*cells)
     if out is None:
-        out = Console()
+        out = Console(emoji=False)
         width = out.measure(rich_table, options=out.options.update_width(10_000)).maximum
         if width > out.width:
-            out = Console(width=width)  # never truncate scores: a narrow terminal wraps the lines instead
+            out = Console(width=width, emoji=False)  # never truncate scores: a narrow terminal wraps the lines instead
     out.print(rich_table)
     if legend:
         out.print(legend, highlight=False, markup=False)

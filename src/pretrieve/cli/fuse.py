@@ -52,7 +52,7 @@ def fuse_command(
                                                               "otherwise)."),
 ) -> None:
     """Fuse runs (reciprocal rank fusion, or normalised scores with convex weights given or fitted on train)."""
-    err = Console(stderr=True, highlight=False)
+    err = Console(stderr=True, highlight=False, emoji=False)
     refuse_existing(out, overwrite)
     if len(runs) < 2:
         raise ConfigError(f"give at least two runs to fuse, got {len(runs)}")

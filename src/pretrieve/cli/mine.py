@@ -18,7 +18,7 @@ from pretrieve.errors import ConfigError
 from pretrieve.models import resolve_model
 from pretrieve.outputs import check_writable, remove_leftovers
 
-err = Console(stderr=True)
+err = Console(stderr=True, emoji=False)
 
 
 @app.command("mine")

@@ -21,7 +21,7 @@ from pretrieve.cli.options import (DATA_HELP, REQUIRED, SCORING_PRECISION_HELP, 
                                    report_to_option, resolve_data, settings_option, training_config, training_flags)
 from pretrieve.train.settings import RerankerSettings
 
-err = Console(stderr=True)
+err = Console(stderr=True, emoji=False)
 
 reranker_app = typer.Typer(help="Cross-encoder reranker: train on groups, re-rank runs, score teacher groups.",
                            no_args_is_help=True, context_settings={"help_option_names": ["-h", "--help"],

@@ -36,7 +36,7 @@ from pretrieve.outputs import check_space, preflight, producing, refuse_existing
 from pretrieve.retrieval import runs
 from pretrieve.retrieval.index import SEARCH_MODES, SearchOptions, find_shards, lexical_backend, shard_dir_name
 
-err = Console(stderr=True)
+err = Console(stderr=True, emoji=False)
 
 DATA_HELP = "Collection directory in BEIR layout (or a known collection name)."
 MODEL_HELP = ("Retriever: a local checkpoint directory (sentence-transformers, Hugging Face, or fine-tuned by "

@@ -36,8 +36,8 @@ from pretrieve.provenance import write_provenance
 stats_app = typer.Typer(help="Corpus statistics: n-gram counts for importance-aware (PMI) masking.",
                         no_args_is_help=True)
 app.add_typer(stats_app, name="stats")
-out_console = Console(soft_wrap=True)
-err = Console(stderr=True, soft_wrap=True)
+out_console = Console(soft_wrap=True, emoji=False)
+err = Console(stderr=True, soft_wrap=True, emoji=False)
 
 # ---------------------------------------------------------------------- stats pmi
 @stats_app.command("pmi")

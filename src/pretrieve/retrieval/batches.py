@@ -307,7 +307,7 @@ def progress_bar(total: int, description: str, enabled: bool = True,
         yield lambda n: None
         return
 
-    console = Console(stderr=True)
+    console = Console(stderr=True, emoji=False)
     if not console.is_terminal and not console.is_jupyter:
         yield _logging_progress(total, description, unit)
         return
