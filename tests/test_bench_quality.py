@@ -137,6 +137,10 @@ def test_every_method_and_seed_is_run_and_reported(bench, collections, tiny_mlm_
         speed = summary["methods"][method]["pretrain"]
         assert speed["samples_per_s"] > 0 and speed["wall_s"] > 0
     assert summary["methods"]["none"]["pretrain"]["samples_per_s"] is None
+    # each record counts its folds' fine-tuning seconds from the trainer's logs (complete across resumes)
+    for method in ("none", "mlm"):
+        record = json.loads((out / "records" / "cells" / method / "seed3.json").read_text())
+        assert record["timings"]["finetune_train_s"] > 0
     for name in ("results.md", "results.json", "results.png", "per_query.tsv"):
         assert (out / name).exists(), name
     assert (out / "results.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

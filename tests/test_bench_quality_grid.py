@@ -14,7 +14,7 @@ from dataclasses import replace
 import pytest
 
 from pretrieve.bench.quality import report, run as quality, settings as qsettings
-from pretrieve.bench.quality.cell_records import SELECT_FORMAT
+from pretrieve.bench.quality.cell_records import SELECT_FORMAT, finetune_train_s
 from pretrieve.bench.quality.records import DONE, Records, stamp, write_record
 from pretrieve.bench.quality.settings import PRIMARY, point_name
 from pretrieve.bench.quality.summary import selection, upper_edge
@@ -221,3 +221,15 @@ def test_a_free_process_prepares_cells_ahead_while_the_grids_last_points_run(tin
         settings.fingerprint(), settings.precision, settings.growing()), quality.every_cell(settings), True,
         lambda line: None, lambda: None, lambda: None)
     assert [only.next()[0], only.next()[0], only.next()] == ["select", "select", None]
+
+
+def test_fine_tuning_seconds_come_from_the_logs_that_made_the_model_across_a_resume(tmp_path):
+    stage = tmp_path / qsettings.RETRIEVER
+    stage.mkdir()
+    assert finetune_train_s(tmp_path) is None                     # no stage (a fold that reused the grid's model)
+    (stage / "finetune_config.json").write_text(json.dumps({"settings": {"batch_size": 4}}))
+    # steps 10 and 20 from a first process, steps 30 after it was resumed from step 20: windows of 10 steps × 4
+    # samples at 4, 8 and 2 samples/s -> 10 + 5 + 20 s
+    lines = [{"step": 10, "samples_per_s": 4.0}, {"step": 20, "samples_per_s": 8.0}, {"step": 30, "samples_per_s": 2.0}]
+    (stage / "logs.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    assert finetune_train_s(tmp_path) == 35.0

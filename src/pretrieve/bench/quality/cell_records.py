@@ -51,6 +51,18 @@ def _timings(directory: Path) -> dict[str, float]:
     return json.loads(path.read_text(encoding="utf-8")).get("timings_s", {}) if path.exists() else {}
 
 
+def train_seconds(stage_dir: Path, batch_size: int) -> tuple[int, float]:
+    """Steps and training seconds of a training run from its ``logs.jsonl`` (``Σ window steps × batch / window
+    samples/s``): complete across resumes, where a part's wall time counts only its last process."""
+    previous, train_s = 0, 0.0
+    for entry in read_logs(stage_dir):
+        steps = int(entry["step"]) - previous
+        previous = int(entry["step"])
+        if entry.get("samples_per_s"):
+            train_s += steps * batch_size / float(entry["samples_per_s"])
+    return previous, train_s
+
+
 def pretrain_speed(directory: Path) -> dict[str, Any] | None:
     """Wall time of a cell's pretrain stage and training samples/s from its ``logs.jsonl``: ``steps × batch /
     Σ window seconds``, complete across resumes."""
@@ -59,15 +71,21 @@ def pretrain_speed(directory: Path) -> dict[str, Any] | None:
     if not config_path.exists():
         return None
     batch_size = int(json.loads(config_path.read_text(encoding="utf-8"))["batch_size"])
-    previous, train_s = 0, 0.0
-    for entry in read_logs(pretrain_dir):
-        steps = int(entry["step"]) - previous
-        previous = int(entry["step"])
-        if entry.get("samples_per_s"):
-            train_s += steps * batch_size / float(entry["samples_per_s"])
-    return {"steps": previous, "batch_size": batch_size, "train_s": train_s,
+    steps, train_s = train_seconds(pretrain_dir, batch_size)
+    return {"steps": steps, "batch_size": batch_size, "train_s": train_s,
             "wall_s": _timings(directory).get("pretrain"),
-            "samples_per_s": previous * batch_size / train_s if train_s > 0 else None}
+            "samples_per_s": steps * batch_size / train_s if train_s > 0 else None}
+
+
+def finetune_train_s(directory: Path) -> float | None:
+    """The fine-tuning seconds of a fold or grid point, complete across resumes (:func:`train_seconds`); None
+    without the stage's logs (a fold whose model was copied from the dev grid's point)."""
+    config_path = directory / RETRIEVER / "finetune_config.json"
+    if not config_path.exists():
+        return None
+    batch_size = int(json.loads(config_path.read_text(encoding="utf-8"))["settings"]["batch_size"])
+    steps, seconds = train_seconds(directory / RETRIEVER, batch_size)
+    return round(seconds, 1) if steps else None
 
 
 def cell_record(bench: Bench, arm: str, seed: int, protocol: Mapping[str, Any], tier: Mapping[str, Any],
@@ -77,7 +95,7 @@ def cell_record(bench: Bench, arm: str, seed: int, protocol: Mapping[str, Any], 
     directory = seed_dir(bench.out, arm, seed)
     in_domain = Path(settings.train).name
     scores: dict[str, dict[str, Any]] = {}
-    timings = {"finetune_s": 0.0, "evaluate_s": 0.0}
+    timings: dict[str, Any] = {"finetune_s": 0.0, "evaluate_s": 0.0, "finetune_train_s": 0.0}
     for fold in settings.folds:
         fold_path = directory / fold_dir(fold)
         test_split = parse_fold(fold)[1]
@@ -90,6 +108,9 @@ def cell_record(bench: Bench, arm: str, seed: int, protocol: Mapping[str, Any], 
         fold_timings = _timings(fold_path)
         timings["finetune_s"] += float(fold_timings.get(RETRIEVER, 0.0))
         timings["evaluate_s"] += float(fold_timings.get("evaluate", 0.0))
+        train_s = finetune_train_s(fold_path)
+        timings["finetune_train_s"] = None if train_s is None or timings["finetune_train_s"] is None else \
+            round(timings["finetune_train_s"] + train_s, 1)
     probes = {}
     for step in bench.probe_steps(arm, seed):
         probe = json.loads(bench.probe_record(arm, seed, step)[0].read_text(encoding="utf-8"))
@@ -118,7 +139,8 @@ def select_record(bench: Bench, point: Mapping[str, Any], directory: Path, tier:
     return {"format": SELECT_FORMAT, "status": DONE, "point": dict(point), "name": point_name(point),
             "arm": bench.settings.select_arm, "seed": bench.settings.arm_seeds(bench.settings.select_arm)[0],
             "fold": bench.settings.folds[0], "dev": {"measure": PRIMARY, "per_query": dev[PRIMARY]},
-            "timings": {"finetune_s": _timings(directory).get(RETRIEVER), "wall_s": round(wall_s, 1)},
+            "timings": {"finetune_s": _timings(directory).get(RETRIEVER), "wall_s": round(wall_s, 1),
+                        "finetune_train_s": finetune_train_s(directory)},
             **stamp(tier, bench.settings.threads)}
 
 

@@ -321,7 +321,7 @@ def _pretrain_summary(cells: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         values = [(c.get("pretrain") or {}).get(key) for c in cells]
         values = [v for v in values if v is not None]
         summary[key] = float(np.mean(values)) if values else None
-    for key in ("finetune_s", "evaluate_s"):
+    for key in ("finetune_s", "finetune_train_s", "evaluate_s"):
         values = [(c.get("timings") or {}).get(key) for c in cells]
         values = [v for v in values if v is not None]
         summary[key] = float(np.mean(values)) if values else None
