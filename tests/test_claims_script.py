@@ -121,3 +121,35 @@ def test_background_pins_the_code_refuses_a_second_start_and_stops(repo, tmp_pat
         assert (repo / "outputs" / "claims-tier1-code" / "scripts" / "note.txt").exists()
     finally:
         _claims(repo, fake, args_file, "--stop")
+
+
+@pytest.mark.parametrize("tier,expected", [
+    ("tier2a", ["--methods", "mlm,bow", "--budget", "6000", "--finetune", "num_negatives=3,lr=0.001,epochs=80"]),
+    ("tier2c", ["--methods", "retromae,dupmae", "--finetune",
+                "num_negatives=3,representation=dupmae,lr=0.001,epochs=80"]),
+    ("tier2d", ["--methods", "cdmae,cdmae-random", "--finetune", "num_negatives=3,lr=0.001,epochs=80"]),
+    ("tier3", ["--base", "minilm", "--grid-lr", "1e-5,2e-5,5e-5", "--select-arm", "mlm"]),
+])
+def test_each_later_tier_runs_its_registered_settings_into_its_own_records(tmp_path, tier, expected):
+    """Tiers 2a, 2c and 2d fine-tune with Tier 1's chosen protocol; every tier writes results/claims/<tier>; a
+    later option given on the command line wins over the script's."""
+    fake = tmp_path / "fake-pretrieve"
+    fake.write_text('#!/usr/bin/env bash\nprintf "%s\\n" "$@" > "$ARGS_FILE"\n')
+    fake.chmod(0o755)
+    args_file = tmp_path / "args"
+    result = subprocess.run(["bash", str(SCRIPT), tier, "--jobs", "1"], capture_output=True, text=True, timeout=60,
+                            env={**os.environ, "PRETRIEVE": str(fake), "ARGS_FILE": str(args_file)})
+    assert result.returncode == 0, result.stderr
+    args = args_file.read_text().splitlines()
+    for option, value in zip(expected[::2], expected[1::2]):
+        assert args[args.index(option) + 1] == value, option
+    assert args[args.index("--records") + 1] == f"results/claims/{tier}"
+    assert args[args.index("--out") + 1] == f"outputs/claims-{tier}"
+    assert args[len(args) - 1 - args[::-1].index("--jobs") + 1] == "1"      # the last --jobs is the caller's
+
+
+def test_an_unknown_tier_is_refused_in_one_line(tmp_path):
+    result = subprocess.run(["bash", str(SCRIPT), "tier9"], capture_output=True, text=True, timeout=60,
+                            env={**os.environ, "PRETRIEVE": "/bin/false"})
+    assert result.returncode == 2
+    assert result.stderr.startswith("error: unknown tier 'tier9'") and len(result.stderr.strip().splitlines()) == 1

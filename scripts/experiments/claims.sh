@@ -9,6 +9,7 @@
 #   bash scripts/experiments/claims.sh tier1 --report-only          # progress and tables, from the records alone
 #   bash scripts/experiments/claims.sh tier1 --background           # every cell, in the background (see below)
 #   bash scripts/experiments/claims.sh tier1 --stop                 # stop the background run (it resumes later)
+#   TIER: tier1, tier2a, tier2c, tier2d or tier3 (Tier 2b builds its base first: docs/results.md, "The later tiers")
 #
 # --background (first option after the tier) pins the code: it checks out this checkout's HEAD, detached, in the
 # git worktree outputs/claims-<tier>-code (made once), and runs the tier from there with setsid/nohup, so that the
@@ -74,13 +75,31 @@ if [ "${1:-}" = "--background" ]; then
 fi
 common=(--pretrain-data scifact,cranfield --train scifact --eval scifact,cranfield --folds train:test,test:train
         --dev-queries 100 --seed 1 --precision fp32 --out "outputs/claims-$tier" --records "results/claims/$tier")
+TIER1_PROTOCOL="lr=0.001,epochs=80"     # Tier 1's protocol, chosen on dev (docs/results.md, "Tier 1 progress")
 case "$tier" in
   tier1)
     args=(--base splade-tiny --methods none,mlm,bow,retromae,tsdae,mlm-aa --grid-lr 1e-4,3e-4,1e-3
           --grid-epochs 5,10,20,40 --grid-grow-lr 3e-3 --grid-grow-epochs 80 --select-arm mlm --probe-steps 100,300,600 --budget 600
           --finetune num_negatives=3 --seeds 3
           --contrasts bow-mlm,retromae-mlm,bow-none,retromae-none,mlm-none,anchor:tsdae-mlm,anchor:tsdae-none,anchor:bow-retromae,aa:mlm-aa-mlm) ;;
-  *) echo "error: unknown tier '$tier' (this script knows tier1; docs/results.md has the later tiers' commands)" >&2
+  # the later tiers (pre-registration section A, amendment 9; docs/results.md, "The later tiers"). 2a, 2c and 2d
+  # fine-tune with Tier 1's protocol, chosen on dev (results/claims/tier1: lr 1e-3 x 80 epochs); Tier 3 chooses
+  # its own on dev (amendment 5). Tier 2b, whose from-scratch base is built first, is run as docs/results.md says.
+  tier2a)   # budget sensitivity: mlm against bow at 6,000 pre-training steps, 3 seeds
+    args=(--base splade-tiny --methods mlm,bow --budget 6000 --finetune "num_negatives=3,$TIER1_PROTOCOL" --seeds 3
+          --contrasts bow-mlm) ;;
+  tier2c)   # DupMAE's CLS+OT representation: retromae (the seeds re-create Tier 1's checkpoints) against dupmae
+    args=(--base splade-tiny --methods retromae,dupmae --budget 600
+          --finetune "num_negatives=3,representation=dupmae,$TIER1_PROTOCOL" --seeds 2 --contrasts dupmae-retromae) ;;
+  tier2d)   # PMI importance masking against random masking
+    args=(--base splade-tiny --methods cdmae,cdmae-random --budget 600 --finetune "num_negatives=3,$TIER1_PROTOCOL"
+          --seeds 2 --contrasts cdmae-cdmae-random) ;;
+  tier3)    # all-MiniLM-L6-v2 pre-trained on the vector it retrieves with; its own grid (amendment 5)
+    args=(--base minilm --methods none,mlm,bow,tsdae --pretrain bottleneck=mean --budget 600 --lr 2e-5 --batch-size 16
+          --max-len 144 --grid-lr 1e-5,2e-5,5e-5 --grid-epochs 1,2 --select-arm mlm
+          --finetune num_negatives=3,batch_size=32 --seeds 2 --contrasts mlm-none,bow-none,tsdae-none,bow-mlm) ;;
+  *) echo "error: unknown tier '$tier' (this script knows tier1, tier2a, tier2c, tier2d and tier3; docs/results.md" \
+          "has Tier 2b's commands)" >&2
      exit 2 ;;
 esac
 report=0
