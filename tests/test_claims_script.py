@@ -42,16 +42,27 @@ def _alive(pid: int) -> bool:
         return not Path("/proc").is_dir()
 
 
-@pytest.fixture
-def repo(tmp_path):
+def script_repo(tmp_path: Path, scripts: list[str], files: dict[str, str] | None = None) -> Path:
+    """A throw-away git repository at ``tmp_path/repo`` holding ``scripts`` (paths relative to the checkout, copied
+    from it) and ``files`` (path → text), all committed; skips without git or setsid."""
     if shutil.which("git") is None or shutil.which("setsid") is None:
         pytest.skip("needs git and setsid (util-linux)")
     repo = tmp_path / "repo"
-    (repo / "scripts" / "experiments").mkdir(parents=True)
-    shutil.copy(SCRIPT, repo / "scripts" / "experiments" / "claims.sh")
+    for name in scripts:
+        (repo / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(ROOT / name, repo / name)
+    for name, text in (files or {}).items():
+        (repo / name).parent.mkdir(parents=True, exist_ok=True)
+        (repo / name).write_text(text)
     subprocess.run([*GIT, "init", "-q", str(repo)], check=True)
     subprocess.run([*GIT, "-C", str(repo), "add", "-A"], check=True)
     subprocess.run([*GIT, "-C", str(repo), "commit", "-q", "-m", "script"], check=True)
+    return repo
+
+
+@pytest.fixture
+def repo(tmp_path):
+    repo = script_repo(tmp_path, ["scripts/experiments/claims.sh"])
     fake = tmp_path / "fake-pretrieve"
     (tmp_path / "shared" / "data").mkdir(parents=True)          # the collections beside the checkout
     fake.write_text('#!/usr/bin/env bash\n{ pwd; echo "$PYTHONPATH"; echo "$PRETRIEVE_DATA"; printf "%s\\n" "$@"; } '

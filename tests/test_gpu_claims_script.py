@@ -10,15 +10,13 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import tarfile
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-GIT = ["git", "-c", "user.name=test", "-c", "user.email=test@example.org"]
+from test_claims_script import script_repo
 
 FAKE_PYTHON = r'''#!/usr/bin/env bash
 case "$1 $2" in
@@ -42,19 +40,9 @@ exit 1
 
 @pytest.fixture
 def repo(tmp_path):
-    if shutil.which("git") is None or shutil.which("setsid") is None:
-        pytest.skip("needs git and setsid (util-linux)")
-    repo = tmp_path / "repo"
-    (repo / "scripts" / "experiments").mkdir(parents=True)
-    shutil.copy(ROOT / "scripts" / "gpu-claims.sh", repo / "scripts" / "gpu-claims.sh")
-    shutil.copy(ROOT / "scripts" / "experiments" / "claims.sh", repo / "scripts" / "experiments" / "claims.sh")
-    committed = repo / "results" / "claims" / "tier1" / "select" / "point.json"
-    committed.parent.mkdir(parents=True)
-    committed.write_text('{"status": "done"}\n')
-    (repo / ".gitignore").write_text(".gpu/\ngpu-claims-out/\n")
-    subprocess.run([*GIT, "init", "-q", str(repo)], check=True)
-    subprocess.run([*GIT, "-C", str(repo), "add", "-A"], check=True)
-    subprocess.run([*GIT, "-C", str(repo), "commit", "-q", "-m", "scripts"], check=True)
+    repo = script_repo(tmp_path, ["scripts/gpu-claims.sh", "scripts/experiments/claims.sh"],
+                       {"results/claims/tier1/select/point.json": '{"status": "done"}\n',   # a committed record
+                        ".gitignore": ".gpu/\ngpu-claims-out/\n"})
     (repo / ".gpu" / "wheels").mkdir(parents=True)
     (repo / ".gpu" / "wheels" / "stand_in-0.1-py3-none-any.whl").write_bytes(b"")
     (repo / ".gpu" / "data" / "scifact").mkdir(parents=True)
