@@ -164,3 +164,55 @@ def test_an_unknown_tier_is_refused_in_one_line(tmp_path):
                             env={**os.environ, "PRETRIEVE": "/bin/false"})
     assert result.returncode == 2
     assert result.stderr.startswith("error: unknown tier 'tier9'") and len(result.stderr.strip().splitlines()) == 1
+
+
+FAKE_BASE_TOOLS = r'''#!/usr/bin/env bash
+echo "${OMP_NUM_THREADS:--} $*" >> "$CALLS"
+out="" prev=""
+for a in "$@"; do [ "$prev" = "--out" ] && out=$a; prev=$a; done
+case "$1 $2" in
+  "init-model "*) mkdir -p "$out" && touch "$out/config.json" ;;
+  "pretrain "*) mkdir -p "$out/final" ;;
+  "analyze mlm-accuracy") mkdir -p "$out"
+    python3 -c "import json,sys; a=float(sys.argv[1]); print(json.dumps({'accuracy': a, 'gate': {'passed': a >= 0.25}}))" \
+      "$FAKE_ACCURACY" > "$out/mlm_accuracy.json" ;;
+esac
+exit 0
+'''
+
+
+@pytest.mark.parametrize("accuracy,runs", [(0.31, True), (0.2, False)])
+def test_tier2b_builds_its_base_once_at_one_thread_and_runs_only_past_the_gate(tmp_path, accuracy, runs):
+    repo = script_repo(tmp_path, ["scripts/experiments/claims.sh"],
+                       {"outputs/claims-tier1/pretrain-data/scifact+cranfield.jsonl":
+                        "".join(f'{{"text": "passage {i}"}}\n' for i in range(1, 41))})
+    fake = tmp_path / "fake-pretrieve"
+    fake.write_text(FAKE_BASE_TOOLS)
+    fake.chmod(0o755)
+    calls = tmp_path / "calls"
+    env = {**os.environ, "PRETRIEVE": str(fake), "CALLS": str(calls), "FAKE_ACCURACY": str(accuracy)}
+    env.pop("OMP_NUM_THREADS", None)
+    result = subprocess.run(["bash", "scripts/experiments/claims.sh", "tier2b", "--jobs", "1"], cwd=str(repo), env=env,
+                            capture_output=True, text=True, timeout=60)
+    lines = calls.read_text().splitlines()
+    assert [line.split()[:3] for line in lines[:3]] == [["1", "init-model", "--shape"], ["1", "pretrain", "--method"],
+                                                        ["1", "analyze", "mlm-accuracy"]]
+    assert "--resume" in lines[1].split() and "--steps 3000 --lr 5e-4" in lines[1]
+    heldout = (repo / "outputs" / "scratch-mlm-heldout.jsonl").read_text().splitlines()
+    assert heldout == ['{"text": "passage 20"}', '{"text": "passage 40"}']          # every 20th passage held out
+    assert len((repo / "outputs" / "scratch-mlm-train.jsonl").read_text().splitlines()) == 38
+    if runs:
+        assert result.returncode == 0, result.stderr
+        quality = lines[3].split()
+        assert quality[:3] == ["-", "bench", "quality"]          # the harness sets its own threads
+        assert quality[quality.index("--base") + 1] == str(repo / "outputs" / "scratch-bert" / "final")
+        assert quality[quality.index("--records") + 1] == "results/claims/tier2b"
+        again = subprocess.run(["bash", "scripts/experiments/claims.sh", "tier2b"], cwd=str(repo), env=env,
+                               capture_output=True, text=True, timeout=60)
+        assert again.returncode == 0
+        more = calls.read_text().splitlines()[4:]          # a second run: the base is kept (pretrain finds it current)
+        assert [line.split()[1] for line in more] == ["pretrain", "bench"]
+    else:
+        assert result.returncode == 2 and len(lines) == 3                            # no cell runs
+        assert result.stderr.startswith("error: the from-scratch base's held-out MLM accuracy is 0.2 (< 0.25")
+        assert len(result.stderr.strip().splitlines()) == 1

@@ -9,7 +9,7 @@
 #   bash scripts/experiments/claims.sh tier1 --report-only          # progress and tables, from the records alone
 #   bash scripts/experiments/claims.sh tier1 --background           # every cell, in the background (see below)
 #   bash scripts/experiments/claims.sh tier1 --stop                 # stop the background run (it resumes later)
-#   TIER: tier1, tier2a, tier2c, tier2d or tier3 (Tier 2b builds its base first: docs/results.md, "The later tiers")
+#   TIER: tier1, tier2a, tier2b (its from-scratch base is built first), tier2c, tier2d or tier3
 #
 # --background (first option after the tier) pins the code: it checks out this checkout's HEAD, detached, in the
 # git worktree outputs/claims-<tier>-code (made once), and runs the tier from there with setsid/nohup, so that the
@@ -31,6 +31,8 @@ if [ -n "${PRETRIEVE:-}" ]; then read -r -a run <<<"$PRETRIEVE"
 elif command -v pretrieve >/dev/null; then run=("$(command -v pretrieve)")
 else run=("$PWD/.venv/bin/pretrieve"); fi
 pidfile="outputs/claims-$tier.pid"
+# where scratch that is not a tier's --out lives (Tier 2b's base): this checkout, also for a run from its worktree
+root_dir=${PRETRIEVE_CLAIMS_ROOT:-$PWD}
 # the background run's process group is alive and is that run (its leader carries PRETRIEVE_CLAIMS_TIER: a pid
 # reused by another process after a reboot is not taken for it)
 running() {
@@ -63,7 +65,7 @@ if [ "${1:-}" = "--background" ]; then
   fi
   rm -f "$pidfile"
   # its own session and process group (setsid), whose leader writes its pid (the group's id) before it runs the tier
-  PYTHONPATH="$code/src${PYTHONPATH:+:$PYTHONPATH}" PRETRIEVE="${run[*]}" PRETRIEVE_CLAIMS_TIER=$tier setsid nohup \
+  PYTHONPATH="$code/src${PYTHONPATH:+:$PYTHONPATH}" PRETRIEVE="${run[*]}" PRETRIEVE_CLAIMS_TIER=$tier PRETRIEVE_CLAIMS_ROOT=$root setsid nohup \
     bash -c 'echo $$ > "$0"; exec "$@"' "$root/$pidfile" bash "$code/scripts/experiments/claims.sh" "$tier" \
     --out "$root/outputs/claims-$tier" --records "$root/results/claims/$tier" "$@" \
     >> "outputs/claims-$tier.log" 2>&1 < /dev/null &
@@ -84,7 +86,12 @@ case "$tier" in
           --contrasts bow-mlm,retromae-mlm,bow-none,retromae-none,mlm-none,anchor:tsdae-mlm,anchor:tsdae-none,anchor:bow-retromae,aa:mlm-aa-mlm) ;;
   # the later tiers (pre-registration section A, amendment 9; docs/results.md, "The later tiers"). 2a, 2c and 2d
   # fine-tune with Tier 1's protocol, chosen on dev (results/claims/tier1: lr 1e-3 x 80 epochs); Tier 3 chooses
-  # its own on dev (amendment 5). Tier 2b, whose from-scratch base is built first, is run as docs/results.md says.
+  # its own on dev (amendment 5), and so does Tier 2b, whose from-scratch base is built first.
+  tier2b)   # the from-scratch base (amendment 6; built first, scratch_base below) and its arms, its own grid
+    base="$root_dir/outputs/scratch-bert"
+    args=(--base "$base/final" --methods none,mlm,bow,retromae --grid-lr 1e-4,3e-4,1e-3 --grid-epochs 5,10,20,40
+          --grid-grow-lr 3e-3 --grid-grow-epochs 80 --select-arm mlm --budget 600 --finetune num_negatives=3 --seeds 2
+          --contrasts bow-mlm,retromae-mlm,bow-none,retromae-none,mlm-none) ;;
   tier2a)   # budget sensitivity: mlm against bow at 6,000 pre-training steps, 3 seeds
     args=(--base splade-tiny --methods mlm,bow --budget 6000 --finetune "num_negatives=3,$TIER1_PROTOCOL" --seeds 3
           --contrasts bow-mlm) ;;
@@ -98,8 +105,7 @@ case "$tier" in
     args=(--base minilm --methods none,mlm,bow,tsdae --pretrain bottleneck=mean --budget 600 --lr 2e-5 --batch-size 16
           --max-len 144 --grid-lr 1e-5,2e-5,5e-5 --grid-epochs 1,2 --select-arm mlm
           --finetune num_negatives=3,batch_size=32 --seeds 2 --contrasts mlm-none,bow-none,tsdae-none,bow-mlm) ;;
-  *) echo "error: unknown tier '$tier' (this script knows tier1, tier2a, tier2c, tier2d and tier3; docs/results.md" \
-          "has Tier 2b's commands)" >&2
+  *) echo "error: unknown tier '$tier' (this script knows tier1, tier2a, tier2b, tier2c, tier2d and tier3)" >&2
      exit 2 ;;
 esac
 report=0
@@ -107,4 +113,39 @@ for option in "$@"; do [ "$option" = "--report-only" ] && report=1; done
 if [ "$report" = 1 ]; then
   exec "${run[@]}" bench quality --out "outputs/claims-$tier" --records "results/claims/$tier" "$@"
 fi
+
+# Tier 2b's base (docs/results.md, "The later tiers"): a random L2-H128 BERT with SPLADE-tiny's uncased vocabulary,
+# MLM-trained 3,000 steps (lr 5e-4) on Tier 1's pre-training union less every 20th passage, which its gate holds out
+# (amendment 6). Not a cell and not committed, but re-made bit for bit on one machine kind at one thread (tier.json
+# names it by the digest of its files, so a base made otherwise is refused); each step is skipped when done, and
+# the pre-training resumes from its checkpoints. A base below the gate's accuracy (0.25) cannot inform: no cell runs.
+scratch_base() {
+  local dir=$1 outputs="$root_dir/outputs" corpus="$root_dir/outputs/claims-tier1/pretrain-data/scifact+cranfield.jsonl"
+  local heldout="$root_dir/outputs/scratch-mlm-heldout.jsonl" train="$root_dir/outputs/scratch-mlm-train.jsonl"
+  mkdir -p "$outputs"
+  if [ ! -f "$corpus" ]; then   # Tier 1's harness writes its pre-training union on start (no cell runs here)
+    bash "$0" tier1 --select-only --no-commit --out "$outputs/claims-tier1" --records "$root_dir/results/claims/tier1" \
+      >/dev/null || return 2
+  fi
+  [ -f "$train" ] || { awk 'NR % 20 != 0' "$corpus" > "$train.part" && mv "$train.part" "$train"; } || return 2
+  [ -f "$heldout" ] || { awk 'NR % 20 == 0' "$corpus" > "$heldout.part" && mv "$heldout.part" "$heldout"; } || return 2
+  local one=(env OMP_NUM_THREADS=1 "${run[@]}")   # the cells' thread count: the same bits on one machine kind
+  [ -f "$outputs/scratch-init/config.json" ] || "${one[@]}" init-model --shape L2-H128 --tokenizer splade-tiny \
+    --out "$outputs/scratch-init" --seed 0 || return 2
+  "${one[@]}" pretrain --method mlm --model "$outputs/scratch-init" --corpus "$train" --steps 3000 --lr 5e-4 \
+    --batch-size 32 --max-len 144 --precision fp32 --out "$dir" --resume || return 2
+  [ -f "$dir/gate/mlm_accuracy.json" ] || "${one[@]}" analyze mlm-accuracy --model "$dir/final" --corpus "$heldout" \
+    --out "$dir/gate" || return 2
+  local accuracy   # "<accuracy> <passed>" of analyze mlm-accuracy's report (its gate: accuracy >= 0.25)
+  accuracy=$(python3 -c 'import json, sys; r = json.load(open(sys.argv[1])); print(r["accuracy"], r["gate"]["passed"])' \
+    "$dir/gate/mlm_accuracy.json") || return 2
+  if [ "${accuracy#* }" != True ]; then
+    echo "error: the from-scratch base's held-out MLM accuracy is ${accuracy% *} (< 0.25, $dir/gate/mlm_accuracy.json):" \
+         "it fails its gate and cannot inform (amendment 6); Tier 2b's cells do not run" >&2
+    return 2
+  fi
+  accuracy=${accuracy% *}
+  echo "the from-scratch base: $dir/final (held-out MLM accuracy $accuracy)"
+}
+if [ "$tier" = tier2b ]; then scratch_base "$base" || exit 2; fi
 exec "${run[@]}" bench quality "${common[@]}" "${args[@]}" --jobs 2 --threads 1 --commit "$@"
