@@ -114,6 +114,13 @@ def test_a_from_scratch_base_that_fails_its_gate_leaves_the_row_to_splade_tiny_a
         assert "from-scratch base gate: held-out MLM accuracy" in shown and ": failed" in shown
     tiers = {"tier1": tier1, "scratch": no_replication}
     assert verdict(claims.decide_claims(tiers, scratch_mlm=STRONG), "h1") == "undecided"
+    # a base below the gate's accuracy runs no cell (claims.sh tier2b stops there): its report alone decides that
+    # SPLADE-tiny decides; before, the row waited for Tier 2b's cells forever
+    table = claims.decide_claims({"tier1": tier1}, scratch_mlm={"accuracy": 0.18})
+    assert verdict(table, "h1") == "confirmed on SPLADE-tiny only (the from-scratch base is too weak to inform)"
+    assert claims.scratch_gate(None, {"accuracy": 0.18})["passed"] is False
+    assert claims.scratch_gate(None, STRONG)["passed"] is None                # `none` not fine-tuned yet
+    assert verdict(claims.decide_claims({"tier1": tier1}, scratch_mlm=STRONG), "h1") == "pending"
 
 
 def test_h1_is_refuted_only_where_every_arm_changed_the_representation_and_the_probe_saturated():

@@ -570,6 +570,26 @@ def test_bench_claims_recomputes_a_tier_and_refuses_a_directory_without_a_compar
         verdicts = {c["id"]: c["verdict"] for c in table["claims"]}
         assert verdicts["h1"] == verdicts["pmi"] == verdicts["minilm"] == "pending"   # no bow/retromae; no tiers
     assert (tmp_path / "claims.md").read_text().startswith("# Decision table")
+    # a tier's records as Tier 2b's, with the base's gate report kept beside them (claims.sh tier2b puts it there):
+    # bench claims reads it without --scratch-gate
+    scratch = tmp_path / "tier2b"
+    shutil.copytree(out / "records", scratch)
+    (scratch / "gate.json").write_text('{"accuracy": 0.31, "gate": {"accuracy_at_least": 0.25, "passed": true}}')
+    result = CliRunner().invoke(app, ["bench", "claims", "--tier1", str(out / "records"), "--scratch", str(scratch),
+                                      "--any-seeds", "--out", str(tmp_path / "with-scratch")])
+    assert result.exit_code == 0, result.output
+    h1 = next(c for c in json.loads((tmp_path / "with-scratch.json").read_text())["claims"] if c["id"] == "h1")
+    gate = next(e for e in h1["evidence"] if e and e.get("label") == "from-scratch base gate")
+    assert gate["accuracy"] == 0.31
+    # a base below the gate runs no cell: its records hold the gate's report alone, and that is enough
+    failed = tmp_path / "tier2b-failed"
+    failed.mkdir()
+    (failed / "gate.json").write_text('{"accuracy": 0.18, "gate": {"accuracy_at_least": 0.25, "passed": false}}')
+    result = CliRunner().invoke(app, ["bench", "claims", "--tier1", str(out / "records"), "--scratch", str(failed),
+                                      "--any-seeds", "--out", str(tmp_path / "gate-only")])
+    assert result.exit_code == 0, result.output
+    h1 = next(c for c in json.loads((tmp_path / "gate-only.json").read_text())["claims"] if c["id"] == "h1")
+    assert next(e for e in h1["evidence"] if e and e.get("label") == "from-scratch base gate")["passed"] is False
     from test_input_guards import assert_one_line_error, run_cli
 
     assert_one_line_error(run_cli("bench", "claims", "--tier1", str(out)), "tier.json missing", "tier1")

@@ -7,6 +7,7 @@ given and sleeps (no comparison runs here: ``tests/test_bench_quality.py`` runs 
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -190,7 +191,9 @@ def test_tier2b_builds_its_base_once_at_one_thread_and_runs_only_past_the_gate(t
     fake.write_text(FAKE_BASE_TOOLS)
     fake.chmod(0o755)
     calls = tmp_path / "calls"
-    env = {**os.environ, "PRETRIEVE": str(fake), "CALLS": str(calls), "FAKE_ACCURACY": str(accuracy)}
+    env = {**os.environ, "PRETRIEVE": str(fake), "CALLS": str(calls), "FAKE_ACCURACY": str(accuracy),
+           "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@example.org", "GIT_COMMITTER_NAME": "t",
+           "GIT_COMMITTER_EMAIL": "t@example.org"}
     env.pop("OMP_NUM_THREADS", None)
     result = subprocess.run(["bash", "scripts/experiments/claims.sh", "tier2b", "--jobs", "1"], cwd=str(repo), env=env,
                             capture_output=True, text=True, timeout=60)
@@ -207,6 +210,10 @@ def test_tier2b_builds_its_base_once_at_one_thread_and_runs_only_past_the_gate(t
         assert quality[:3] == ["-", "bench", "quality"]          # the harness sets its own threads
         assert quality[quality.index("--base") + 1] == str(repo / "outputs" / "scratch-bert" / "final")
         assert quality[quality.index("--records") + 1] == "results/claims/tier2b"
+        gate = repo / "results" / "claims" / "tier2b" / "gate.json"          # the gate's report, with the records
+        assert json.loads(gate.read_text())["accuracy"] == 0.31
+        assert subprocess.run(["git", "-C", str(repo), "log", "-1", "--format=%s"], capture_output=True, text=True,
+                              check=True).stdout.startswith("Claims records (tier2b): gate.json")
         again = subprocess.run(["bash", "scripts/experiments/claims.sh", "tier2b"], cwd=str(repo), env=env,
                                capture_output=True, text=True, timeout=60)
         assert again.returncode == 0
@@ -214,5 +221,7 @@ def test_tier2b_builds_its_base_once_at_one_thread_and_runs_only_past_the_gate(t
         assert [line.split()[1] for line in more] == ["pretrain", "bench"]
     else:
         assert result.returncode == 2 and len(lines) == 3                            # no cell runs
+        gate = repo / "results" / "claims" / "tier2b" / "gate.json"     # kept: bench claims decides on it alone
+        assert json.loads(gate.read_text())["gate"]["passed"] is False
         assert result.stderr.startswith("error: the from-scratch base's held-out MLM accuracy is 0.2 (< 0.25")
         assert len(result.stderr.strip().splitlines()) == 1

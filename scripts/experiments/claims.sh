@@ -120,7 +120,8 @@ fi
 # names it by the digest of its files, so a base made otherwise is refused); each step is skipped when done, and
 # the pre-training resumes from its checkpoints. A base below the gate's accuracy (0.25) cannot inform: no cell runs.
 scratch_base() {
-  local dir=$1 outputs="$root_dir/outputs" corpus="$root_dir/outputs/claims-tier1/pretrain-data/scifact+cranfield.jsonl"
+  local dir=$1; shift
+  local outputs="$root_dir/outputs" corpus="$root_dir/outputs/claims-tier1/pretrain-data/scifact+cranfield.jsonl"
   local heldout="$root_dir/outputs/scratch-mlm-heldout.jsonl" train="$root_dir/outputs/scratch-mlm-train.jsonl"
   mkdir -p "$outputs"
   if [ ! -f "$corpus" ]; then   # Tier 1's harness writes its pre-training union on start (no cell runs here)
@@ -139,13 +140,24 @@ scratch_base() {
   local accuracy   # "<accuracy> <passed>" of analyze mlm-accuracy's report (its gate: accuracy >= 0.25)
   accuracy=$(python3 -c 'import json, sys; r = json.load(open(sys.argv[1])); print(r["accuracy"], r["gate"]["passed"])' \
     "$dir/gate/mlm_accuracy.json") || return 2
+  # the gate's report joins the tier's records (bench claims reads it there, also when it failed), committed unless
+  # --no-commit
+  local records="$root_dir/results/claims/tier2b" option commit=1
+  for option in "$@"; do [ "$option" = "--no-commit" ] && commit=0; [ "$option" = "--commit" ] && commit=1; done
+  if ! cmp -s "$dir/gate/mlm_accuracy.json" "$records/gate.json"; then
+    mkdir -p "$records" && cp "$dir/gate/mlm_accuracy.json" "$records/gate.json"
+    if [ "$commit" = 1 ]; then
+      git -C "$root_dir" add -- "$records/gate.json" && git -C "$root_dir" commit -q -m \
+        "Claims records (tier2b): gate.json, the from-scratch base's held-out MLM accuracy ${accuracy% *}" \
+        -- "$records/gate.json" || echo "warning: could not commit $records/gate.json" >&2
+    fi
+  fi
   if [ "${accuracy#* }" != True ]; then
-    echo "error: the from-scratch base's held-out MLM accuracy is ${accuracy% *} (< 0.25, $dir/gate/mlm_accuracy.json):" \
-         "it fails its gate and cannot inform (amendment 6); Tier 2b's cells do not run" >&2
+    echo "error: the from-scratch base's held-out MLM accuracy is ${accuracy% *} (< 0.25, $records/gate.json):" \
+         "it fails its gate and cannot inform (amendment 11); Tier 2b's cells do not run" >&2
     return 2
   fi
-  accuracy=${accuracy% *}
-  echo "the from-scratch base: $dir/final (held-out MLM accuracy $accuracy)"
+  echo "the from-scratch base: $dir/final (held-out MLM accuracy ${accuracy% *})"
 }
-if [ "$tier" = tier2b ]; then scratch_base "$base" || exit 2; fi
+if [ "$tier" = tier2b ]; then scratch_base "$base" "$@" || exit 2; fi
 exec "${run[@]}" bench quality "${common[@]}" "${args[@]}" --jobs 2 --threads 1 --commit "$@"

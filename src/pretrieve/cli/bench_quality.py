@@ -181,7 +181,9 @@ def bench_claims_command(
     minilm: Optional[Path] = typer.Option(None, "--minilm", help="Tier 3's comparison (all-MiniLM-L6-v2, mean "
                                           "bottleneck)."),
     scratch_gate: Optional[Path] = typer.Option(None, "--scratch-gate", help="The from-scratch base's held-out MLM "
-                                                "accuracy: mlm_accuracy.json of `pretrieve analyze mlm-accuracy`."),
+                                                "accuracy: mlm_accuracy.json of `pretrieve analyze mlm-accuracy` "
+                                                "(default: gate.json in --scratch's records, where claims.sh "
+                                                "tier2b puts it)."),
     margin: float = typer.Option(0.02, "--margin", help="The pre-registered margin."),
     alpha: float = typer.Option(0.05, "--alpha", help="The pre-registered significance level."),
     any_seeds: bool = typer.Option(False, "--any-seeds", help="Decide with the seeds each tier has (smoke runs, "
@@ -199,7 +201,11 @@ def bench_claims_command(
     if not any(given.values()):
         raise InputError("give at least one tier's comparison directory, e.g. --tier1 DIR", field="tier1")
     _quiet_logging()
+    if scratch_gate is None and scratch is not None and (scratch / claims.GATE_FILE).exists():
+        scratch_gate = scratch / claims.GATE_FILE
     gate = claims.read_mlm_gate(scratch_gate) if scratch_gate is not None else None
+    if scratch is not None and gate is not None and not (scratch / claims.TIER_FILE).exists():
+        given["scratch"] = None      # only the gate's report: a base below the gate runs no cell (claims.sh tier2b)
     tiers = {name: claims.load_tier(name, path) for name, path in given.items() if path is not None}
     table = claims.decide_claims(tiers, margin=margin, alpha=alpha,
                                  seeds=None if any_seeds else claims.PREREGISTERED_SEEDS, scratch_mlm=gate)

@@ -157,6 +157,9 @@ def load_tier(name: str, records: str | Path) -> Tier:
     return Tier(name, records, summarize(records))
 
 
+GATE_FILE = "gate.json"      # the from-scratch base's mlm_accuracy.json, kept with Tier 2b's records
+
+
 def read_mlm_gate(path: str | Path) -> dict[str, Any]:
     """The report of ``pretrieve analyze mlm-accuracy`` (``mlm_accuracy.json``), checked for its accuracy."""
     path = Path(path)
@@ -223,14 +226,20 @@ def aa_control(tiers: Mapping[str, Tier], alpha: float) -> dict[str, Any]:
                   "significant, the statistics are wrong and no other row is reported until fixed", verdict, [e])
 
 
-def scratch_gate(tier: Tier, mlm: Mapping[str, Any] | None) -> dict[str, Any]:
+def scratch_gate(tier: Tier | None, mlm: Mapping[str, Any] | None) -> dict[str, Any]:
     """The from-scratch base's gate: held-out MLM accuracy ≥ 0.25 (``mlm``: ``analyze mlm-accuracy``'s report) and
-    ``none`` fine-tuned above 0.10 nDCG@10; ``passed`` is None while either is unknown."""
-    cell = ((tier.summary["methods"].get("none") or {}).get("scores", {}).get(PRIMARY, {}).get(tier.in_domain) or {})
+    ``none`` fine-tuned above 0.10 nDCG@10. ``passed`` is False once either is known to fail — an accuracy below
+    the gate fails it before any cell ran (``tier`` None: ``claims.sh tier2b`` then runs none) — and None while the
+    other is unknown."""
+    cell = ((tier.summary["methods"].get("none") or {}).get("scores", {}).get(PRIMARY, {}).get(tier.in_domain) or {}
+            ) if tier is not None else {}
     accuracy, none = (mlm or {}).get("accuracy"), cell.get("mean")
-    passed = None if accuracy is None or none is None else bool(accuracy >= GATE_ACCURACY and none > SCRATCH_NONE)
-    return {"label": "from-scratch base gate", "tier": tier.name, "accuracy": accuracy, "none_ndcg": none,
-            "passed": passed}
+    if (accuracy is not None and accuracy < GATE_ACCURACY) or (none is not None and none <= SCRATCH_NONE):
+        passed: bool | None = False
+    else:
+        passed = None if accuracy is None or none is None else True
+    return {"label": "from-scratch base gate", "tier": tier.name if tier is not None else "scratch",
+            "accuracy": accuracy, "none_ndcg": none, "passed": passed}
 
 
 def beats(tiers: Mapping[str, Tier], baseline: str, margin: float, alpha: float,
@@ -259,16 +268,16 @@ def beats(tiers: Mapping[str, Tier], baseline: str, margin: float, alpha: float,
         long_evidence, long_run = long_run, None
     else:
         notes_long, long_evidence = [], None
-    gate = scratch_gate(scratch, mlm_gate) if scratch is not None else None
-    weak = gate is not None and gate["passed"] is False
+    gate = scratch_gate(scratch, mlm_gate) if scratch is not None or mlm_gate is not None else None
+    weak = gate is not None and gate["passed"] is False      # too weak to inform: SPLADE-tiny alone decides
     only = " on SPLADE-tiny only (the from-scratch base is too weak to inform)" if weak else ""
     evidence = [*primary.values(), *replica.values(), long_run or long_evidence, gate]
     notes = list(notes_long)
     if not any(primary.values()):
         return _claim(key, claim, rule, PENDING, evidence, ["Tier 1 has not finished these arms"])
-    if scratch is None or replica["bow"] is None:
+    if not weak and (scratch is None or replica["bow"] is None):
         return _claim(key, claim, rule, PENDING, evidence, ["the from-scratch base (Tier 2b) has not run"])
-    if gate["passed"] is None:
+    if gate is None or gate["passed"] is None:
         return _claim(key, claim, rule, PENDING, evidence, ["the from-scratch base's gate is unknown: give its "
                                                             "held-out MLM accuracy (--scratch-gate)"])
     for arm in RETRIEVAL_ARMS:
