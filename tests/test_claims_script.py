@@ -219,6 +219,11 @@ def test_tier2b_builds_its_base_once_at_one_thread_and_runs_only_past_the_gate(t
         assert again.returncode == 0
         more = calls.read_text().splitlines()[4:]          # a second run: the base is kept (pretrain finds it current)
         assert [line.split()[1] for line in more] == ["pretrain", "bench"]
+        # records elsewhere (a lent GPU's), not committed: the gate's report goes with them
+        elsewhere = tmp_path / "gpu-records"
+        third = subprocess.run(["bash", "scripts/experiments/claims.sh", "tier2b", "--records", str(elsewhere),
+                                "--no-commit"], cwd=str(repo), env=env, capture_output=True, text=True, timeout=60)
+        assert third.returncode == 0 and json.loads((elsewhere / "gate.json").read_text())["accuracy"] == 0.31
     else:
         assert result.returncode == 2 and len(lines) == 3                            # no cell runs
         gate = repo / "results" / "claims" / "tier2b" / "gate.json"     # kept: bench claims decides on it alone

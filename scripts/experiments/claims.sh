@@ -142,8 +142,11 @@ scratch_base() {
     "$dir/gate/mlm_accuracy.json") || return 2
   # the gate's report joins the tier's records (bench claims reads it there, also when it failed), committed unless
   # --no-commit
-  local records="$root_dir/results/claims/tier2b" option commit=1
-  for option in "$@"; do [ "$option" = "--no-commit" ] && commit=0; [ "$option" = "--commit" ] && commit=1; done
+  local records="$root_dir/results/claims/tier2b" option previous="" commit=1
+  for option in "$@"; do
+    [ "$previous" = "--records" ] && records=$option
+    [ "$option" = "--no-commit" ] && commit=0; [ "$option" = "--commit" ] && commit=1; previous=$option
+  done
   if ! cmp -s "$dir/gate/mlm_accuracy.json" "$records/gate.json"; then
     mkdir -p "$records" && cp "$dir/gate/mlm_accuracy.json" "$records/gate.json"
     if [ "$commit" = 1 ]; then
