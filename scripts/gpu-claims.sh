@@ -113,6 +113,13 @@ rm -rf "$STATE" && mkdir -p "$STATE/results/claims" "$STATE/cache" "$STATE/runs"
 # what the runs read, out of the synced working tree (a later call re-syncs it): HEAD, the collections, the records
 git config --global --add safe.directory "$ROOT" 2>/dev/null || true
 git clone -q "$ROOT" "$STATE/code" 2>/dev/null || { mkdir -p "$STATE/code" && cp -r src scripts "$STATE/code/"; }
+# the working tree that was sent is what should run: where it differs from the git HEAD that came with it (edits
+# not committed, or a stale .git on the device: seen once), it replaces the clone's, and the records say dirty
+if [ -d "$STATE/code/.git" ] && ! git -C "$ROOT" diff --quiet HEAD -- src scripts 2>/dev/null; then
+  echo "warning: src/ or scripts/ differ from HEAD $(git -C "$ROOT" rev-parse --short HEAD): the working tree's run" \
+       "(its records say dirty: true)"
+  rm -rf "$STATE/code/src" "$STATE/code/scripts" && cp -r src scripts "$STATE/code/"
+fi
 cp -r "$CARRY/data" "$STATE/data"
 for spec in "${specs[@]}"; do
   tier=${spec%%$'\x1f'*}

@@ -67,7 +67,7 @@ def test_tiers_run_detached_from_a_clone_and_their_new_records_land(repo, tmp_pa
     state = tmp_path / "state"
     head = subprocess.run(["git", "-C", str(repo), "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                           check=True).stdout.strip()
-    assert f"code: {head}" in started.stdout                              # a clone of HEAD runs
+    assert f"code: {head}" in started.stdout and "warning" not in started.stdout     # a clone of HEAD runs
     for tier in ("tier1", "tier2d"):
         assert f"{tier} ended: [1/1] none/seed3: done in 1 s" in started.stdout
         assert (tmp_path / "out" / f"claims-{tier}.log").read_text().strip() == "[1/1] none/seed3: done in 1 s"
@@ -102,6 +102,17 @@ def test_tiers_run_detached_from_a_clone_and_their_new_records_land(repo, tmp_pa
     again = subprocess.run(["bash", str(repo / "scripts" / "gpu-claims.sh"), "--land", str(archive)], cwd=str(repo),
                            capture_output=True, text=True, timeout=60)
     assert again.returncode == 0 and again.stdout.strip() == "no new records"
+
+
+def test_the_working_tree_sent_runs_even_where_it_differs_from_its_head(repo, tmp_path):
+    repo, python = repo
+    script = repo / "scripts" / "experiments" / "claims.sh"
+    script.write_text(script.read_text().replace("# The claims benchmark", "# Edited: the claims benchmark", 1))
+    started = _gpu_claims(repo, python, tmp_path, "tier1")
+    assert started.returncode == 0, started.stdout + started.stderr
+    assert "warning: src/ or scripts/ differ from HEAD" in started.stdout
+    ran = tmp_path / "state" / "code" / "scripts" / "experiments" / "claims.sh"
+    assert ran.read_text() == script.read_text()
 
 
 def test_a_call_cut_short_leaves_the_run_going_and_a_second_start_is_refused(repo, tmp_path):
