@@ -157,7 +157,8 @@ def test_every_method_and_seed_is_run_and_reported(bench, collections, tiny_mlm_
     for path in records.rglob("*.json"):
         assert str(out) not in path.read_text() and str(collections[0]) not in path.read_text(), path
     assert sorted(p.relative_to(records).as_posix() for p in records.rglob("*.json")) == sorted(
-        ["tier.json"] + [f"cells/{m}/seed{s}.json" for m in ("none", "mlm", FAILING, "bow") for s in SEEDS])
+        ["tier.json"] + [f"cells/{m}/seed{s}.json" for m in ("none", "mlm", FAILING, "bow") for s in SEEDS] +
+        [f"folds/{m}/seed{s}/train-test.json" for m in ("none", "mlm", "bow") for s in SEEDS])   # the failing arm: no fold
     for method in ("none", "mlm", "bow"):
         for seed in SEEDS:
             record = _record(records, method, seed)
@@ -315,6 +316,7 @@ def test_a_removed_record_is_pending_and_rerun(tiny_mlm_dir, collections, tmp_pa
     assert calls == [] and summary["methods"]["bow"]["status"] == "done"
     assert _without_records_path(summary) == _without_records_path(first)
     (records / "cells" / "bow" / "seed1.json").unlink()
+    shutil.rmtree(records / "folds" / "bow")                # its fold's record too,
     shutil.rmtree(tmp_path / "q" / "bow")                   # and without its scratch it runs again
     summary = quality.run_quality_bench(settings)
     assert calls == ["bench-quality-bow-seed1", "bench-quality-bow-seed1-train-test"]
@@ -773,6 +775,8 @@ def _comparable(records: Path) -> dict[str, dict]:
     """Every record of a records directory without what says where, when and how fast it was made."""
     kept = {"cells": ("status", "arm", "seed", "method", "protocol", "finetune", "scores", "coverage", "probes",
                       "precision", "tier_digest"),
+            "folds": ("status", "arm", "seed", "fold", "protocol", "scores", "checkpoint_sha256", "precision",
+                      "tier_digest"),
             "select": ("status", "name", "point", "arm", "seed", "fold", "dev", "precision", "tier_digest")}
     out = {}
     for path in sorted(records.rglob("*.json")):
@@ -803,8 +807,10 @@ def test_two_jobs_give_the_same_records_as_one(crossfit, tiny_mlm_dir, collectio
         assert running.index(f"cell {arm}") > max(parts)
     assert running.index("prepare mlm-aa/seed1001") < running.index(f"fold mlm-aa/seed1001 {folds[0]}")
     ours, theirs = _comparable(tmp_path / "q" / "records"), _comparable(out / "records")
-    assert sorted(ours) == ["cells/mlm-aa/seed1001.json", "cells/mlm/seed1.json", "select/lr0.0001-epochs1.json",
-                            "select/lr0.001-epochs1.json", "tier.json"]
+    fold_records = [f"folds/{cell}/{qsettings.fold_dir(fold)}.json" for cell in ("mlm-aa/seed1001", "mlm/seed1")
+                    for fold in twin.resolved().folds]
+    assert sorted(ours) == ["cells/mlm-aa/seed1001.json", "cells/mlm/seed1.json", *sorted(fold_records),
+                            "select/lr0.0001-epochs1.json", "select/lr0.001-epochs1.json", "tier.json"]
     for name in ours:
         assert ours[name] == theirs[name], name
     assert ours["cells/mlm/seed1.json"]["probes"] and ours["cells/mlm-aa/seed1001.json"]["probes"]
@@ -828,6 +834,7 @@ def test_the_grid_model_is_the_selection_arms_first_fold_and_reusing_it_changes_
     records = tmp_path / "records"
     shutil.copytree(out / "records", records)
     (records / "cells" / "mlm" / "seed1.json").unlink()
+    shutil.rmtree(records / "folds" / "mlm" / "seed1")        # its folds were not recorded either
     lines = []
     quality.run_quality_bench(replace(settings, out=str(tmp_path / "other-machine"), records=str(records)),
                               cells=["mlm:1"], progress=lines.append)
@@ -853,7 +860,7 @@ def test_a_fresh_clone_with_the_records_alone_runs_no_cell_and_rebuilds_the_repo
             raise AssertionError(f"{name} ran on a fresh clone")
         return call
 
-    monkeypatch.setattr(quality, "run_cell", forbidden("run_cell"))
+    monkeypatch.setattr(quality, "fold_part", forbidden("fold_part"))
     monkeypatch.setattr(quality.Bench, "select_point", forbidden("select_point"))
     monkeypatch.setattr(quality.Bench, "pretrained", forbidden("pretrained"))
     monkeypatch.setattr(quality, "run_job", forbidden("run_job"))
@@ -877,19 +884,60 @@ def test_a_fresh_clone_with_the_records_alone_runs_no_cell_and_rebuilds_the_repo
                                                                                             "RECORDS")
 
 
+def test_a_recorded_fold_is_not_run_again_on_the_next_machine_when_its_checkpoint_has_the_same_bytes(
+        crossfit, tmp_path, monkeypatch):
+    """A machine replaced between a cell's folds: the records hold the first fold's record, not the cell's. A new
+    machine (an empty scratch `--out`) pre-trains the cell again (same bytes), fine-tunes only the other fold, and
+    writes the cell record the uninterrupted run wrote; its `parts` say where each fold ran. A fold record made from
+    a checkpoint with other bytes does not count: that fold runs again."""
+    settings, out, _ = crossfit
+    records = tmp_path / "records"
+    shutil.copytree(out / "records", records)
+    first, second = (qsettings.fold_dir(fold) for fold in settings.folds)
+    (records / "cells" / "mlm-aa" / "seed1001.json").unlink()
+    (records / "folds" / "mlm-aa" / "seed1001" / f"{second}.json").unlink()
+    progress = qsummary.summarize(records)["progress"]
+    assert progress["folds_recorded"] == {"mlm-aa/seed1001": [settings.folds[0]]}
+    assert f"mlm-aa/seed1001: fold {settings.folds[0]} recorded" in report.results_markdown(qsummary.summarize(records))
+    recipes_run = _count_recipes(monkeypatch)
+    lines = []
+    quality.run_quality_bench(replace(settings, out=str(tmp_path / "next"), records=str(records)),
+                              cells=["mlm-aa:1001"], progress=lines.append)
+    assert recipes_run == ["bench-quality-mlm-aa-seed1001", f"bench-quality-mlm-aa-seed1001-{second}"]
+    assert not any(f"fold mlm-aa/seed1001 {settings.folds[0]}" in line for line in lines), lines   # not handed out
+    assert not (tmp_path / "next" / "mlm-aa" / "seed1001" / first).exists()
+    ours, theirs = _comparable(records), _comparable(out / "records")
+    assert ours == theirs
+    cell = _record(records, "mlm-aa", 1001)
+    assert sorted(cell["parts"]) == sorted(settings.folds) and all(p["machine"] for p in cell["parts"].values())
+
+    # the same fold record, but made from a checkpoint with other bytes: not current, the fold trains again
+    path = records / "folds" / "mlm-aa" / "seed1001" / f"{first}.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), "checkpoint_sha256": "0" * 64}))
+    (records / "cells" / "mlm-aa" / "seed1001.json").unlink()
+    recipes_run.clear()
+    quality.run_quality_bench(replace(settings, out=str(tmp_path / "third"), records=str(records)),
+                              cells=["mlm-aa:1001"])
+    assert recipes_run == ["bench-quality-mlm-aa-seed1001", f"bench-quality-mlm-aa-seed1001-{first}"]   # only it
+    assert _comparable(records) == theirs
+
+
 def test_a_record_of_another_precision_does_not_count_and_its_cell_runs_again(crossfit, tmp_path, monkeypatch):
     from pretrieve.bench.quality.records import Records
 
     settings, out, summary = crossfit
     records = tmp_path / "records"
     shutil.copytree(out / "records", records)
-    cell = records / "cells" / "none" / "seed1.json"
-    cell.write_text(json.dumps({**json.loads(cell.read_text()), "precision": "bf16"}))
+    for cell in [records / "cells" / "none" / "seed1.json", *(records / "folds" / "none" / "seed1").glob("*.json")]:
+        cell.write_text(json.dumps({**json.loads(cell.read_text()), "precision": "bf16"}))   # the cell's and folds'
     other = qsummary.summarize(records)
     assert other["methods"]["none"]["pending"] == [1] and other["methods"]["none"]["seeds"] == [2]
     assert other["methods"]["none"]["status"] == "partial" and other["progress"]["cells_todo"] == ["none/seed1"]
-    assert Records(records).cell("none", 1, json.loads((records / "tier.json").read_text()),
-                                 summary["selection"]["chosen"]) is None
+    tier = json.loads((records / "tier.json").read_text())
+    assert Records(records).cell("none", 1, tier, summary["selection"]["chosen"]) is None
+    assert all(Records(records).fold("none", 1, fold, tier, summary["selection"]["chosen"], None) is None and
+               Records(out / "records").fold("none", 1, fold, tier, summary["selection"]["chosen"], None)
+               for fold in settings.folds)
     jobs = []
 
     def run_job(settings_, tier, kind, payload):     # what the harness would run, nothing run

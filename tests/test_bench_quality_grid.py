@@ -209,7 +209,8 @@ def test_a_free_process_prepares_cells_ahead_while_the_grids_last_points_run(tin
     assert handed == [part("fold", "none", 1), part("prepare", "mlm", 1), part("cell", "mlm-aa", 1001),
                       part("fold", "none", 2), part("prepare", "mlm-aa", 1002)]
     plan.finished(*handed[0], {"status": DONE, "wall_s": 7.0})
-    assert plan.next() == part("cell", "none", 1, parts_s=7.0)      # its folds ended: the cell writes the record
+    # its folds ended: the cell writes the record (a fold's seconds are in the fold's record, not in parts_s)
+    assert plan.next() == part("cell", "none", 1, parts_s=0.0)
     plan.finished(*handed[3], {"status": "failed", "wall_s": 3.0})   # a failed fold ends its cell (recorded there)
     plan.finished(*ahead[0], {"status": DONE, "wall_s": 5.0})
     plan._pretrained = lambda arm, seed: arm in ("none", "bow")        # bow 1's pre-training is current now

@@ -17,7 +17,8 @@
 # in this checkout's results/claims/<tier>/, scratch in its outputs/claims-<tier>/, the log in
 # outputs/claims-<tier>.log; the collections are looked up where this checkout finds them ($PRETRIEVE_DATA, else
 # ../shared/data beside it). Run it again at the start of each session: an interrupted run resumes from its records
-# and from the scratch checkpoints (on the same machine). It refuses to start while the last one still runs.
+# (cells, and the folds of unfinished cells) and from the scratch checkpoints (on the same machine). It refuses to
+# start while the last one still runs.
 #
 # Extra options are passed on (the defaults below: --jobs 2 --threads 1 --commit, for a 2-core CPU; a later option
 # wins). Records go to results/claims/<tier>/ and are committed as they land; scratch to outputs/claims-<tier>/.

@@ -5,8 +5,8 @@ or a dev-grid point's fine-tuning.
 queries, the pre-training union, BM25 groups, the pairs of pair-based methods, the coverage sample) and runs the
 recipes of a cell (:mod:`pretrieve.bench.quality.recipes`) in the scratch ``<out>``, reusing whatever is current
 (:mod:`pretrieve.artifacts`: each recipe's ``results.json``, coverage and probe files), so that an interrupted cell
-resumes where it stopped on the same machine. :func:`run_cell` is one arm × seed; :meth:`Bench.select_point` one
-point of the dev grid. Their records are made by :mod:`pretrieve.bench.quality.cell_records`; which cells run, and
+resumes where it stopped on the same machine. :func:`prepare_cell` and :meth:`Bench.fold` are the parts of one
+arm × seed; :meth:`Bench.select_point` one point of the dev grid. Their records are made by :mod:`pretrieve.bench.quality.cell_records`; which cells run, and
 where, by :mod:`pretrieve.bench.quality.run`.
 """
 
@@ -34,6 +34,7 @@ from pretrieve.data.folds import held_out_dev
 from pretrieve.data.pretrain_text import iter_pretrain_texts
 from pretrieve.data.spans import write_qrels_pairs
 from pretrieve.errors import InputError
+from pretrieve.io_utils import file_digest
 from pretrieve.models import no_remote_code, resolve_model
 from pretrieve.retrieval.runs import bm25_negatives
 
@@ -219,9 +220,7 @@ class Bench:
     # -- coverage
     def checkpoint(self, arm: str, seed: int) -> str:
         """Where an arm × seed's checkpoint is (nothing is run): its pre-training's ``final``, or the base."""
-        if arm_method(arm)[0] == NO_PRETRAIN:
-            return resolve_model(self.settings.base)
-        return str(seed_dir(self.out, arm, seed) / "pretrain" / "final")
+        return checkpoint_path(self.settings, arm, seed)
 
     def coverage_record(self, arm: str, seed: int) -> tuple[Path, dict[str, Any], dict[str, str]]:
         """``(coverage.json path, settings, inputs)``: what its artefact sidecar must record to be current."""
@@ -294,6 +293,23 @@ class Bench:
         return self._frequent
 
 
+def checkpoint_path(settings: QualityBenchSettings, arm: str, seed: int) -> str:
+    """Where an arm × seed's checkpoint is (nothing is run): its pre-training's ``final``, or the base."""
+    if arm_method(arm)[0] == NO_PRETRAIN:
+        return resolve_model(settings.base)
+    return str(seed_dir(settings.out, arm, seed) / "pretrain" / "final")
+
+
+def checkpoint_sha256(settings: QualityBenchSettings, arm: str, seed: int) -> str | None:
+    """SHA-256 of the weights an arm × seed pre-trained (its checkpoint's ``model.safetensors``); None for an arm
+    without pre-training (the base: the tier's fingerprint already names its digest) and while they do not exist
+    (not pre-trained here yet)."""
+    if arm_method(arm)[0] == NO_PRETRAIN:
+        return None
+    weights = Path(checkpoint_path(settings, arm, seed)) / "model.safetensors"
+    return file_digest(weights) if weights.exists() else None
+
+
 def _gcd(values: Sequence[int]) -> int:
     result = 0
     for value in values:
@@ -330,10 +346,3 @@ def prepare_cell(bench: Bench, arm: str, seed: int) -> None:
     bench.pretrained(arm, seed)
     bench.coverage(arm, seed)
     bench.probe(arm, seed)
-
-
-def run_cell(bench: Bench, arm: str, seed: int, chosen: Mapping[str, Any]) -> None:
-    """One arm × seed: its pre-training, the coverage of its checkpoint, its probes (first seed), every fold."""
-    prepare_cell(bench, arm, seed)
-    for fold in bench.settings.folds:
-        bench.fold(arm, seed, fold, chosen)

@@ -1,8 +1,9 @@
 """What a finished cell's record holds, read off its outputs in the scratch ``<out>``.
 
-:func:`cell_record` (an arm × seed: per-query scores of every fold model on every collection, evaluated from its
-TREC runs; the coverage and probes trimmed to what the report and the claims read; pre-training speed from the
-trainer's logs; timings; the checkpoint's SHA-256), :func:`select_record` (a dev-grid point: its per-query dev
+:func:`fold_record` (one fold of an arm × seed: per-query scores of its model on every collection, evaluated from
+its TREC runs; its timings; the SHA-256 of the checkpoint it fine-tuned), :func:`cell_record` (an arm × seed: its
+folds' records put together; the coverage and probes trimmed to what the report and the claims read; pre-training
+speed from the trainer's logs; timings; the checkpoint's SHA-256), :func:`select_record` (a dev-grid point: its per-query dev
 nDCG@10) and :func:`failed_record` (the error of a cell that failed). Each is stamped with the tier's digest, the
 precision, the commit and the machine (:func:`pretrieve.bench.quality.records.stamp`); the format is described in
 :mod:`pretrieve.bench.quality.records`.
@@ -17,8 +18,8 @@ from typing import Any, Mapping
 
 from pretrieve.bench.quality import recipes
 from pretrieve.bench.quality.arms import arm_method
-from pretrieve.bench.quality.cell import DEV, Bench
-from pretrieve.bench.quality.records import (CELL_FORMAT, DONE, FAILED, SELECT_FORMAT, rounded, stamp,
+from pretrieve.bench.quality.cell import DEV, Bench, checkpoint_sha256
+from pretrieve.bench.quality.records import (CELL_FORMAT, DONE, FAILED, FOLD_FORMAT, SELECT_FORMAT, rounded, stamp,
                                              trimmed_coverage)
 from pretrieve.bench.quality.settings import (COVERAGE_FILE, PRIMARY, RETRIEVER, fold_dir, parse_fold, point_name,
                                               seed_dir)
@@ -27,7 +28,6 @@ from pretrieve.data.collection import BeirCollection
 from pretrieve.data.trec import read_run
 from pretrieve.errors import InputError
 from pretrieve.evaluation import RunEvaluator
-from pretrieve.io_utils import file_digest
 from pretrieve.retrieval import runs
 from pretrieve.train.loop import read_logs
 
@@ -88,27 +88,46 @@ def finetune_train_s(directory: Path) -> float | None:
     return round(seconds, 1) if steps else None
 
 
+def fold_record(bench: Bench, arm: str, seed: int, fold: str, protocol: Mapping[str, Any],
+                tier: Mapping[str, Any], wall_s: float) -> dict[str, Any]:
+    """The record of one finished fold of an arm × seed (module docstring of
+    :mod:`pretrieve.bench.quality.records`): the per-query scores of its model on every collection, its timings
+    and the SHA-256 of the checkpoint it fine-tuned."""
+    settings = bench.settings
+    fold_path = seed_dir(bench.out, arm, seed) / fold_dir(fold)
+    in_domain, test_split = Path(settings.train).name, parse_fold(fold)[1]
+    scores: dict[str, Any] = {}
+    for path in settings.eval:
+        name = Path(path).name
+        split, qrels = (test_split, BeirCollection(bench.data).qrels_path(test_split)) if name == in_domain \
+            else (settings.split, BeirCollection(Path(path)).qrels_path(settings.split))
+        scores[name] = per_query_scores(run_path(fold_path, name, split, settings.split), qrels)
+    timings = _timings(fold_path)
+    return {"format": FOLD_FORMAT, "status": DONE, "arm": arm, "seed": seed, "fold": fold,
+            "protocol": dict(protocol), "checkpoint_sha256": checkpoint_sha256(settings, arm, seed),
+            "scores": scores,
+            "timings": {"finetune_s": float(timings.get(RETRIEVER, 0.0)),
+                        "evaluate_s": float(timings.get("evaluate", 0.0)),
+                        "finetune_train_s": finetune_train_s(fold_path), "wall_s": round(wall_s, 1)},
+            **stamp(tier, settings.threads)}
+
+
 def cell_record(bench: Bench, arm: str, seed: int, protocol: Mapping[str, Any], tier: Mapping[str, Any],
-                wall_s: float) -> dict[str, Any]:
-    """The record of a finished arm × seed (module docstring of :mod:`pretrieve.bench.quality.records`)."""
+                wall_s: float, folds: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
+    """The record of a finished arm × seed (module docstring of :mod:`pretrieve.bench.quality.records`), its
+    folds' scores and timings taken from their records (``folds``: fold → record), which may have been made on
+    other machines (``parts`` says where)."""
     settings = bench.settings
     directory = seed_dir(bench.out, arm, seed)
-    in_domain = Path(settings.train).name
     scores: dict[str, dict[str, Any]] = {}
     timings: dict[str, Any] = {"finetune_s": 0.0, "evaluate_s": 0.0, "finetune_train_s": 0.0}
     for fold in settings.folds:
-        fold_path = directory / fold_dir(fold)
-        test_split = parse_fold(fold)[1]
-        for path in settings.eval:
-            name = Path(path).name
-            split, qrels = (test_split, BeirCollection(bench.data).qrels_path(test_split)) if name == in_domain \
-                else (settings.split, BeirCollection(Path(path)).qrels_path(settings.split))
-            scores.setdefault(name, {})[fold] = per_query_scores(run_path(fold_path, name, split, settings.split),
-                                                                 qrels)
-        fold_timings = _timings(fold_path)
-        timings["finetune_s"] += float(fold_timings.get(RETRIEVER, 0.0))
-        timings["evaluate_s"] += float(fold_timings.get("evaluate", 0.0))
-        train_s = finetune_train_s(fold_path)
+        record = folds[fold]
+        for name, per_query in record["scores"].items():
+            scores.setdefault(name, {})[fold] = per_query
+        timings["finetune_s"] += record["timings"]["finetune_s"]
+        timings["evaluate_s"] += record["timings"]["evaluate_s"]
+        train_s = record["timings"]["finetune_train_s"]
         timings["finetune_train_s"] = None if train_s is None or timings["finetune_train_s"] is None else \
             round(timings["finetune_train_s"] + train_s, 1)
     probes = {}
@@ -121,12 +140,12 @@ def cell_record(bench: Bench, arm: str, seed: int, protocol: Mapping[str, Any], 
                                            for sim, by_part in probe["retrieval"].items()},
                              "coverage": trimmed_coverage(probe.get("coverage"))}
     coverage = json.loads((directory / COVERAGE_FILE).read_text(encoding="utf-8"))
-    weights = directory / "pretrain" / "final" / "model.safetensors"
+    parts = {fold: {key: folds[fold].get(key) for key in ("written", "code", "machine")} for fold in settings.folds}
     return {"format": CELL_FORMAT, "status": DONE, "arm": arm, "seed": seed, "method": arm_method(arm)[0],
             "protocol": dict(protocol), "finetune": bench.finetune_settings(arm_method(arm)[0], protocol),
             "scores": scores, "coverage": trimmed_coverage(coverage), "probes": probes,
             "pretrain": pretrain_speed(directory), "timings": {**timings, "wall_s": round(wall_s, 1)},
-            "checkpoint_sha256": file_digest(weights) if weights.exists() else None,
+            "checkpoint_sha256": checkpoint_sha256(settings, arm, seed), "parts": parts,
             **stamp(tier, bench.settings.threads)}
 
 

@@ -7,18 +7,21 @@ A comparison's jobs (:mod:`pretrieve.bench.quality.run` runs them, ``jobs`` at a
   coverage of its checkpoint and, for a first seed, its probes (:func:`pretrieve.bench.quality.cell.prepare_cell`).
   It writes no record, only the scratch ``<out>`` that the cell's later parts then find current;
 * ``fold``: one fold of an arm × seed with the chosen protocol — fine-tuning on the fold's training split and
-  evaluation (:meth:`pretrieve.bench.quality.cell.Bench.fold`), once the cell is prepared. Neither writes a record
-  unless it fails once the protocol is chosen: then the cell's record says so and the cell is over;
-* ``cell``: the arm × seed itself (:func:`pretrieve.bench.quality.cell.run_cell`), which finds its prepared part and
-  its folds current, runs whatever is not, and writes the record that holds everything the claims use.
+  evaluation (:meth:`pretrieve.bench.quality.cell.Bench.fold`), once the cell is prepared — ending in the fold's
+  record (``folds/``: :func:`pretrieve.bench.quality.run.fold_part`). ``prepare`` writes no record unless it fails
+  once the protocol is chosen: then the cell's record says so and the cell is over (so does a failed ``fold``);
+* ``cell``: the arm × seed itself, which finds its prepared part current and its folds recorded, runs whatever is
+  not, and writes the record that holds everything the claims use.
 
 :class:`Plan` hands them out in this order of priority, re-reading the records each time (so a job that lands
 may unlock others): the grid's points without a record; once every point has one, the grid's growth if the
 convergence rule calls for it (pre-registration amendment 9: :func:`pretrieve.bench.quality.summary.selection`;
 ``tier.json``'s grid grows and the new points are handed out); once a protocol is chosen, the cells without a
-current record, first seeds first, each in its parts: ``prepare`` (unless current), then its folds side by side,
-then ``cell``. A cell's parts are each about half a cell long, so two processes work on one cell at once, no
-process idles while the last cell runs, and a job interrupted with its machine loses at most one fold's work.
+current record, first seeds first, each in its parts: ``prepare`` (unless current), then its folds without a
+current record side by side, then ``cell``. A cell's parts are each about half a cell long, so two processes work on
+one cell at once, no process idles while the last cell runs, and a job interrupted with its machine loses at most
+one fold's work: a fold whose record landed is not run again on the next machine when its checkpoint, pre-trained
+there again, has the same bytes (:meth:`pretrieve.bench.quality.records.Records.fold`).
 While grid points are still running and nothing else can start, a free process takes a ``prepare`` job (first
 seeds first) instead of idling: work the cells need anyway, done ahead, so that two or more processes stay busy
 through the grid's long last points. Nothing is prepared ahead with ``select_only``, for a cell that already has
@@ -35,8 +38,9 @@ from typing import Any, Callable, Mapping, Sequence
 
 from pretrieve.bench.quality import recipes
 from pretrieve.bench.quality.arms import NO_PRETRAIN, arm_method
+from pretrieve.bench.quality.cell import checkpoint_sha256
 from pretrieve.bench.quality.records import DONE, FAILED, Records, commit
-from pretrieve.bench.quality.settings import QualityBenchSettings, fold_dir, grid_points, point_name, seed_dir
+from pretrieve.bench.quality.settings import QualityBenchSettings, grid_points, point_name, seed_dir
 from pretrieve.bench.quality.summary import selection
 
 Job = tuple[str, dict[str, Any]]
@@ -130,7 +134,8 @@ class Plan:
         key = _key(kind, payload)
         self.running.discard((kind, key))
         if kind in ("prepare", "fold") and result is not None:
-            self.part_seconds[key[:2]] = self.part_seconds.get(key[:2], 0.0) + float(result.get("wall_s") or 0.0)
+            if kind == "prepare":       # a fold's seconds are in its record, which the cell reads
+                self.part_seconds[key] = self.part_seconds.get(key, 0.0) + float(result.get("wall_s") or 0.0)
             if result.get("status") == FAILED and "protocol" in payload:
                 self.failed.add(key[:2])
 
@@ -144,8 +149,9 @@ class Plan:
         if not prepared and ("prepare", key) not in self.started:
             return self._start("prepare", key, {"arm": arm, "seed": seed, "protocol": protocol})
         if prepared:     # (one prepared ahead that failed leaves it unprepared: the cell runs it again, records why)
+            checkpoint = checkpoint_sha256(self.settings, arm, seed)
             folds = [fold for fold in self.settings.folds if ("fold", (*key, fold)) not in self.started and
-                     not recipes.results_are_current(seed_dir(Path(self.settings.out), arm, seed) / fold_dir(fold))]
+                     self.records.fold(arm, seed, fold, self.tier, protocol, checkpoint) is None]
             if folds:
                 return self._start("fold", (*key, folds[0]),
                                    {"arm": arm, "seed": seed, "fold": folds[0], "protocol": protocol})

@@ -12,6 +12,11 @@ recomputed from the records alone, never from checkpoints or run files. A record
 * ``select/<point>.json`` — one per point of the dev grid: the selection arm's first seed fine-tuned on the first
   fold with that point, its per-query dev nDCG@10 (:func:`selection`: the chosen point is the best once every point
   of the grid has a record);
+* ``folds/<arm>/seed<k>/<train>-<test>.json`` — one per fold of an arm × seed, written as the fold's fine-tuning
+  and evaluation end (a cell's longest parts, each within a session): the per-query scores of that fold's model,
+  its timings, and the SHA-256 of the checkpoint it fine-tuned. A later run, on any machine, reuses a fold record
+  only when that checkpoint is the one it has pre-trained again (same bytes; :meth:`Records.fold`), so a cell
+  whose machine was replaced between its folds resumes without mixing two checkpoints;
 * ``cells/<arm>/seed<k>.json`` — one per arm × seed: the protocol it was fine-tuned with, the per-query scores of
   every fold model on every collection (``nDCG@10``, ``MRR@10``, ``R@100``), the coverage of its checkpoint (the
   per-passage values the claims use), its probes (first seed), pre-training speed, timings, the checkpoint's
@@ -38,6 +43,7 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
 from pretrieve import __version__
+from pretrieve.bench.quality.settings import fold_dir
 from pretrieve.errors import ConfigError, InputError
 from pretrieve.io_utils import file_digest, write_json
 from pretrieve.models import resolve_model
@@ -47,6 +53,7 @@ logger = logging.getLogger(__name__)
 TIER_FORMAT = "pretrieve-claims-tier/1"
 CELL_FORMAT = "pretrieve-claims-cell/1"
 SELECT_FORMAT = "pretrieve-claims-select/1"
+FOLD_FORMAT = "pretrieve-claims-fold/1"
 TIER_FILE = "tier.json"
 #: The coverage k whose per-passage values a record keeps (the claims' stopword-excluded coverage@10).
 KEPT_K = "10"
@@ -230,6 +237,25 @@ class Records:
             return None
         return record if status is None or record.get("status") == status else None
 
+    # -- folds
+    def fold_path(self, arm: str, seed: int, fold: str) -> Path:
+        return self.root / "folds" / arm / f"seed{seed}" / f"{fold_dir(fold)}.json"
+
+    def fold(self, arm: str, seed: int, fold: str, tier: Mapping[str, Any], protocol: Mapping[str, Any],
+             checkpoint: str | None) -> dict[str, Any] | None:
+        """A fold's finished record if it is current: same fingerprint, precision and protocol, and made from the
+        checkpoint whose SHA-256 is ``checkpoint`` (the one this run has: a checkpoint pre-trained again elsewhere
+        with other bytes makes the fold run again)."""
+        record = _read_if(self.fold_path(arm, seed, fold))
+        return record if _fold_current(record, tier, protocol) and record.get("checkpoint_sha256") == checkpoint \
+            else None
+
+    def recorded_folds(self, arm: str, seed: int, tier: Mapping[str, Any], protocol: Mapping[str, Any],
+                       folds: Sequence[str]) -> list[str]:
+        """The folds of an arm × seed with a finished record for this tier and protocol, whatever checkpoint made
+        them (progress only: :meth:`fold` decides whether one is reused)."""
+        return [fold for fold in folds if _fold_current(_read_if(self.fold_path(arm, seed, fold)), tier, protocol)]
+
     def cells(self) -> Iterable[tuple[str, int]]:
         for path in sorted((self.root / "cells").glob("*/seed*.json")):
             yield path.parent.name, int(path.stem[len("seed"):])
@@ -248,6 +274,11 @@ def _read_if(path: Path) -> dict[str, Any] | None:
 
 def _current(record: Mapping[str, Any], tier: Mapping[str, Any]) -> bool:
     return record.get("tier_digest") == tier["digest"] and record.get("precision") == tier["precision"]
+
+
+def _fold_current(record: Mapping[str, Any] | None, tier: Mapping[str, Any], protocol: Mapping[str, Any]) -> bool:
+    return record is not None and _current(record, tier) and record.get("status") == DONE and \
+        _canonical(record.get("protocol") or {}) == _canonical(dict(protocol or {}))
 
 
 def _union(recorded: Any, given: Any) -> Any:

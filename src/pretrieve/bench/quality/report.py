@@ -125,7 +125,8 @@ def results_markdown(summary: Mapping[str, Any]) -> str:
     lines += ["## Progress and provenance", "",
               f"Cells recorded: {progress.get('cells_done', 0)} done, {progress.get('cells_failed', 0)} failed, "
               f"{len(progress.get('cells_todo') or [])} to do"
-              + (f" ({', '.join(progress['cells_todo'])})" if progress.get("cells_todo") else "")
+              + (f" ({', '.join(_todo(cell, progress) for cell in progress['cells_todo'])})"
+                 if progress.get("cells_todo") else "")
               + (f"; dev grid: {progress.get('select_done')} points recorded, "
                  f"{len(progress.get('select_todo') or [])} to do" if progress.get("select_done") is not None else "")
               + f". Precision of every cell: {settings.get('precision')}.", ""]
@@ -140,6 +141,12 @@ def results_markdown(summary: Mapping[str, Any]) -> str:
               "`recipe.json` files of a cell are in the scratch `--out` of the machine that ran it, "
               f"`<out>/<method>/seed<k>/<fold>/runs/{RETRIEVER}__<collection>[:split].trec`.", ""]
     return "\n".join(lines)
+
+
+def _todo(cell: str, progress: Mapping[str, Any]) -> str:
+    """A cell still to do, with its folds already recorded (``bow/seed1: fold test:train recorded``)."""
+    folds = (progress.get("folds_recorded") or {}).get(cell)
+    return f"{cell}: fold{'s' if len(folds) > 1 else ''} {', '.join(folds)} recorded" if folds else cell
 
 
 def _coverage_section(methods: Mapping[str, Any]) -> list[str]:

@@ -32,9 +32,9 @@ from typing import Any, Callable, Mapping, Sequence
 
 import torch
 
-from pretrieve.bench.quality.cell import (Bench, derived_collection, prepare_cell, prepare_pairs,  # noqa: F401 (API)
-                                          run_cell)
-from pretrieve.bench.quality.cell_records import cell_record, failed_record, select_record
+from pretrieve.bench.quality.cell import (Bench, checkpoint_sha256, derived_collection,  # noqa: F401 (API)
+                                          prepare_cell, prepare_pairs)
+from pretrieve.bench.quality.cell_records import cell_record, failed_record, fold_record, select_record
 from pretrieve.bench.quality.plan import Job, Plan
 from pretrieve.bench.quality.records import DONE, FAILED, Records, commit, write_record
 from pretrieve.bench.quality.report import write_report
@@ -66,19 +66,30 @@ def _run_job(settings: QualityBenchSettings, tier: Mapping[str, Any], kind: str,
     def seconds() -> float:
         return round(time.perf_counter() - started, 1)
 
-    if kind in ("prepare", "fold"):
+    made: list[Path] = []       # fold records this job wrote (committed with its own record)
+    if kind == "prepare":
         arm, seed = payload["arm"], int(payload["seed"])
         try:
-            if kind == "prepare":
-                prepare_cell(bench, arm, seed)
-            else:
-                bench.fold(arm, seed, payload["fold"], dict(payload["protocol"]))
-            done, wall = "pre-trained (and probed)" if kind == "prepare" else "fine-tuned and evaluated", seconds()
-            return {"path": None, "status": DONE, "line": f"{label}: {done} in {wall:.0f} s", "wall_s": wall}
+            prepare_cell(bench, arm, seed)
+            wall = seconds()
+            return {"path": None, "status": DONE, "line": f"{label}: pre-trained (and probed) in {wall:.0f} s",
+                    "wall_s": wall}
         except Exception as exc:  # noqa: BLE001 - a failed part fails its cell; the other cells go on
             if "protocol" not in payload:   # ahead of the choice: the cell runs it again and records the failure
                 return {"path": None, "status": FAILED, "line": f"{label}: FAILED — {exc}"[:240], "wall_s": seconds()}
             key = {"arm": arm, "seed": seed, "protocol": dict(payload["protocol"])}
+            path, record = records.cell_path(arm, seed), failed_record("cell", key, exc, tier, settings.threads,
+                                                                       seconds())
+    elif kind == "fold":
+        arm, seed, fold, protocol = payload["arm"], int(payload["seed"]), payload["fold"], dict(payload["protocol"])
+        try:
+            record, ran = fold_part(bench, records, tier, arm, seed, fold, protocol)
+            path = records.fold_path(arm, seed, fold)
+            wall = record["timings"]["wall_s"]
+            done = "fine-tuned and evaluated" if ran else "recorded earlier, reused"
+            return {"path": str(path), "status": DONE, "line": f"{label}: {done} in {wall:.0f} s", "wall_s": seconds()}
+        except Exception as exc:  # noqa: BLE001 - a failed part fails its cell; the other cells go on
+            key = {"arm": arm, "seed": seed, "protocol": protocol}
             path, record = records.cell_path(arm, seed), failed_record("cell", key, exc, tier, settings.threads,
                                                                        seconds())
     elif kind == "select":
@@ -93,8 +104,15 @@ def _run_job(settings: QualityBenchSettings, tier: Mapping[str, Any], kind: str,
         key, path = {"arm": arm, "seed": seed, "protocol": protocol}, records.cell_path(arm, seed)
         parts = float(payload.get("parts_s") or 0.0)
         try:
-            run_cell(bench, arm, seed, protocol)
-            record = cell_record(bench, arm, seed, protocol, tier, parts + seconds())
+            prepare_cell(bench, arm, seed)
+            folds, earlier = {}, 0.0
+            for fold in settings.folds:
+                folds[fold], ran = fold_part(bench, records, tier, arm, seed, fold, protocol)
+                if ran:
+                    made.append(records.fold_path(arm, seed, fold))
+                else:           # a fold job of this run, or of an earlier one on any machine
+                    earlier += float(folds[fold]["timings"]["wall_s"] or 0.0)
+            record = cell_record(bench, arm, seed, protocol, tier, parts + earlier + seconds(), folds)
         except Exception as exc:  # noqa: BLE001 - any failure of one cell must not stop the others
             record = failed_record(kind, key, exc, tier, settings.threads, parts + seconds())
         if record["status"] == DONE and not settings.keep_checkpoints:
@@ -104,7 +122,25 @@ def _run_job(settings: QualityBenchSettings, tier: Mapping[str, Any], kind: str,
     wall = record["timings"]["wall_s"]
     line = f"{label}: done in {wall:.0f} s" if record["status"] == DONE else \
         f"{label}: FAILED — {record['error'].splitlines()[0][:200]}"
-    return {"path": str(path), "status": record["status"], "line": line, "wall_s": seconds()}
+    return {"path": str(path), "paths": [*map(str, made), str(path)], "status": record["status"], "line": line,
+            "wall_s": seconds()}
+
+
+def fold_part(bench: Bench, records: Records, tier: Mapping[str, Any], arm: str, seed: int, fold: str,
+              protocol: Mapping[str, Any]) -> tuple[dict[str, Any], bool]:
+    """A fold of an arm × seed, recorded: its current record (:meth:`Records.fold`: made from the checkpoint this
+    scratch ``<out>`` has, pre-trained here first if need be) or, failing that, the fold fine-tuned and evaluated
+    (:meth:`Bench.fold`, reusing a current scratch fold) and its record written. Returns ``(record, ran here)``."""
+    started = time.perf_counter()
+    bench.pretrained(arm, seed)
+    checkpoint = checkpoint_sha256(bench.settings, arm, seed)
+    record = records.fold(arm, seed, fold, tier, protocol, checkpoint)
+    if record is not None:
+        return record, False
+    bench.fold(arm, seed, fold, protocol)
+    record = fold_record(bench, arm, seed, fold, protocol, tier, time.perf_counter() - started)
+    write_record(records.fold_path(arm, seed, fold), record)
+    return record, True
 
 
 def run_jobs(settings: QualityBenchSettings, plan: Plan, parallel: int, say: Callable[[str], None],
@@ -208,7 +244,8 @@ def run_quality_bench(settings: QualityBenchSettings, progress: Callable[[str], 
 
     def landed(result: Mapping[str, Any]) -> None:
         if commit_records and result.get("path"):
-            commit([Path(result["path"])], f"Claims records ({records.root.name}): {result['line']}")
+            commit([Path(p) for p in result.get("paths") or [result["path"]]],
+                   f"Claims records ({records.root.name}): {result['line']}")
 
     select_arm = settings.select_arm
 

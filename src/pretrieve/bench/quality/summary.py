@@ -258,12 +258,16 @@ def summarize(records_dir: str | Path) -> dict[str, Any]:
         if entry["b"] == "mlm" and entry["a"] in moved:
             entry["representation_changed"] = bool(moved[entry["a"]]["moved"])
     todo = [f"{arm}/seed{seed}" for arm, entry in entries.items() for seed in entry["pending"]]
+    folds = list(settings.get("folds") or [])
+    folds_recorded = {f"{arm}/seed{seed}": done for arm, entry in entries.items() for seed in entry["pending"]
+                      if (done := records.recorded_folds(arm, seed, tier, protocol, folds))} if chosen_state is None \
+        or chosen_state["chosen"] is not None else {}
     return {"settings": settings, "collections": names, "in_domain": in_domain, "measures": list(MEASURES),
             "retriever": RETRIEVER, "selection": chosen_state, "methods": entries, "contrasts": contrast_table,
             "gates": gates or None, "records": str(records.root),
             "progress": {"cells_done": sum(len(e["seeds"]) for e in entries.values()),
                          "cells_failed": sum(len(e["failed"]) for e in entries.values()),
-                         "cells_todo": todo,
+                         "cells_todo": todo, "folds_recorded": folds_recorded,
                          "select_done": None if chosen_state is None else
                          len(chosen_state["scores"]),
                          "select_todo": None if chosen_state is None else list(chosen_state["todo"])}}
