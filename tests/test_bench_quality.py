@@ -922,6 +922,26 @@ def test_a_recorded_fold_is_not_run_again_on_the_next_machine_when_its_checkpoin
     assert _comparable(records) == theirs
 
 
+def test_the_report_says_on_which_machines_each_seeds_arms_and_folds_ran(crossfit, tmp_path):
+    """Each contrast pairs arms within a seed: the report lists, per seed, the machines of its arms' cells and of
+    their folds' records (`parts`), so a seed whose arms ran on two CPU models shows it."""
+    settings, out, _ = crossfit
+    records = tmp_path / "records"
+    shutil.copytree(out / "records", records)
+    path = records / "cells" / "mlm" / "seed2.json"
+    cell = json.loads(path.read_text())
+    fold = settings.folds[1]
+    cell["parts"][fold]["machine"] = {**cell["machine"], "cpu": "Other CPU"}          # one fold ran elsewhere
+    path.write_text(json.dumps(cell))
+    summary = qsummary.summarize(records)
+    by_seed = summary["progress"]["machines_by_seed"]
+    here = f"{cell['machine']['cpu']} (cpu, 1 threads)"
+    assert by_seed["seed 1"] == {here: ["none", "mlm", "mlm-aa"]}                  # mlm-aa's seed 1001 is its first
+    assert by_seed["seed 2"] == {here: ["none", "mlm", "mlm-aa"], "Other CPU (cpu, 1 threads)": ["mlm"]}
+    assert "seed 2: " in report.results_markdown(summary) and "Other CPU (cpu, 1 threads) (mlm)" in \
+        report.results_markdown(summary)
+
+
 def test_a_record_of_another_precision_does_not_count_and_its_cell_runs_again(crossfit, tmp_path, monkeypatch):
     from pretrieve.bench.quality.records import Records
 

@@ -133,6 +133,11 @@ def results_markdown(summary: Mapping[str, Any]) -> str:
     for method, entry in methods.items():
         if entry.get("machines"):
             lines.append(f"- `{method}`: " + "; ".join(entry["machines"]))
+    by_seed = progress.get("machines_by_seed") or {}
+    if by_seed:
+        lines += ["", "Machines by seed (a contrast pairs two arms within a seed): " + "; ".join(
+            f"{seed}: " + ", ".join(f"{where} ({', '.join(arms)})" for where, arms in machines.items())
+            for seed, machines in by_seed.items()) + "."]
     lines += ["", "## Reproducing a number", "",
               f"Every number here is recomputed from the records in `{summary.get('records')}` "
               "(`cells/<arm>/seed<k>.json`: per-query scores of every fold model on every collection, coverage, "

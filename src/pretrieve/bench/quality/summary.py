@@ -229,7 +229,7 @@ def summarize(records_dir: str | Path) -> dict[str, Any]:
                         "pending": pending, "scores": {},
                         "coverage": _coverage_summary([cells[(arm, s)].get("coverage") for s in done]),
                         "pretrain": _pretrain_summary([cells[(arm, s)] for s in done]),
-                        "machines": sorted({_machine_label(cells[(arm, s)]) for s in done})}
+                        "machines": sorted({label for s in done for label in _machine_labels(cells[(arm, s)])})}
     scores = Scores(cells, in_domain)
     per_query = {measure: {name: {arm: [scores.scores(arm, s, name, measure) for s in entry["seeds"]]
                                   for arm, entry in entries.items()} for name in names} for measure in MEASURES}
@@ -268,6 +268,7 @@ def summarize(records_dir: str | Path) -> dict[str, Any]:
             "progress": {"cells_done": sum(len(e["seeds"]) for e in entries.values()),
                          "cells_failed": sum(len(e["failed"]) for e in entries.values()),
                          "cells_todo": todo, "folds_recorded": folds_recorded,
+                         "machines_by_seed": machines_by_seed(entries, cells, seeds),
                          "select_done": None if chosen_state is None else
                          len(chosen_state["scores"]),
                          "select_todo": None if chosen_state is None else list(chosen_state["todo"])}}
@@ -299,6 +300,24 @@ def _machine_label(record: Mapping[str, Any]) -> str:
     device = machine.get("device") or {}
     where = device.get("name") if device.get("type") == "cuda" else machine.get("cpu")
     return f"{where} ({device.get('type', 'cpu')}, {machine.get('threads')} threads)"
+
+
+def _machine_labels(record: Mapping[str, Any]) -> list[str]:
+    """Where a cell ran: its own machine and those of its folds' records (``parts``)."""
+    return sorted({_machine_label(record), *(_machine_label(part) for part in (record.get("parts") or {}).values())})
+
+
+def machines_by_seed(entries: Mapping[str, Mapping[str, Any]], cells: Mapping[tuple[str, int], Mapping[str, Any]],
+                     seeds: Sequence[int]) -> dict[str, dict[str, list[str]]]:
+    """``{"seed <i>": {machine: [arms]}}`` for the i-th seed of every arm (an A/A arm's shifted seeds count as the
+    i-th too): each contrast pairs arms within a seed, so this says which pairs share a machine."""
+    out: dict[str, dict[str, list[str]]] = {}
+    for arm, entry in entries.items():
+        for index, seed in enumerate(arm_seeds(arm, seeds), start=1):
+            if seed in entry["seeds"]:
+                for label in _machine_labels(cells[(arm, seed)]):
+                    out.setdefault(f"seed {index}", {}).setdefault(label, []).append(arm)
+    return out
 
 
 def _coverage_summary(reports: Sequence[Mapping[str, Any] | None]) -> dict[str, Any]:
