@@ -117,8 +117,10 @@ def check_pinned(name: str, numbers: dict) -> None:
     """The smoke numbers against ``tests/pinned/smoke/<name>.json``.
 
     On the platform they were recorded on (:func:`platform_key`) every row is checked exactly: measures, rankings and
-    run files (two runs there write the same bytes, also with one thread). Elsewhere only the rows marked
-    ``portable`` are (BM25, the off-the-shelf models, MiniLM fine-tuned: the same under AVX2), and the set of rows.
+    run files (two runs there write the same bytes, also with one thread). Elsewhere the set of rows and the measures
+    (4 digits) of the rows marked ``portable`` are (BM25, the off-the-shelf models, MiniLM fine-tuned: the same under
+    AVX2), not their rankings: on an AMD EPYC with AVX-512 (2026-12-06) the off-the-shelf MiniLM's measures were the
+    pinned ones but the order of near-tied passages below them was not.
     ``PRETRIEVE_PIN_SMOKE=record`` writes the file; ``=portable``, run on another code path (e.g. with
     ``ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 MKL_CBWR=AVX2``), marks the rows that come out the same."""
     path = PINNED / f"{name}.json"
@@ -146,8 +148,8 @@ def check_pinned(name: str, numbers: dict) -> None:
     for key, row in pinned["rows"].items():
         if here:
             assert numbers[key] == {k: row[k] for k in ("measures", "ranking", "file")}, key
-        elif row.get("portable"):
-            assert (numbers[key]["measures"], numbers[key]["ranking"]) == (row["measures"], row["ranking"]), key
+        elif row.get("portable"):   # the measures: the order of near-ties below them follows the CPU's rounding
+            assert numbers[key]["measures"] == row["measures"], key
 
 
 def _real_data() -> bool:
