@@ -300,8 +300,9 @@ def checkpoint_path(settings: QualityBenchSettings, arm: str, seed: int) -> str:
     return str(seed_dir(settings.out, arm, seed) / "pretrain" / "final")
 
 
-def checkpoint_sha256(settings: QualityBenchSettings, arm: str, seed: int) -> str | None:
-    """SHA-256 of the weights an arm × seed pre-trained (its checkpoint's ``model.safetensors``); None for an arm
+def checkpoint_digest(settings: QualityBenchSettings, arm: str, seed: int) -> str | None:
+    """SHA-1 (:func:`pretrieve.io_utils.file_digest`; recorded as ``checkpoint_sha256``, the key's historical
+    name) of the weights an arm × seed pre-trained (its checkpoint's ``model.safetensors``); None for an arm
     without pre-training (the base: the tier's fingerprint already names its digest) and while they do not exist
     (not pre-trained here yet)."""
     if arm_method(arm)[0] == NO_PRETRAIN:

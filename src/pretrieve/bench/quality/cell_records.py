@@ -1,9 +1,9 @@
 """What a finished cell's record holds, read off its outputs in the scratch ``<out>``.
 
 :func:`fold_record` (one fold of an arm × seed: per-query scores of its model on every collection, evaluated from
-its TREC runs; its timings; the SHA-256 of the checkpoint it fine-tuned), :func:`cell_record` (an arm × seed: its
+its TREC runs; its timings; the SHA-1 of the checkpoint it fine-tuned), :func:`cell_record` (an arm × seed: its
 folds' records put together; the coverage and probes trimmed to what the report and the claims read; pre-training
-speed from the trainer's logs; timings; the checkpoint's SHA-256), :func:`select_record` (a dev-grid point: its per-query dev
+speed from the trainer's logs; timings; the checkpoint's SHA-1), :func:`select_record` (a dev-grid point: its per-query dev
 nDCG@10) and :func:`failed_record` (the error of a cell that failed). Each is stamped with the tier's digest, the
 precision, the commit and the machine (:func:`pretrieve.bench.quality.records.stamp`); the format is described in
 :mod:`pretrieve.bench.quality.records`.
@@ -18,7 +18,7 @@ from typing import Any, Mapping
 
 from pretrieve.bench.quality import recipes
 from pretrieve.bench.quality.arms import arm_method
-from pretrieve.bench.quality.cell import DEV, Bench, checkpoint_sha256
+from pretrieve.bench.quality.cell import DEV, Bench, checkpoint_digest
 from pretrieve.bench.quality.records import (CELL_FORMAT, DONE, FAILED, FOLD_FORMAT, SELECT_FORMAT, rounded, stamp,
                                              trimmed_coverage)
 from pretrieve.bench.quality.settings import (COVERAGE_FILE, PRIMARY, RETRIEVER, fold_dir, parse_fold, point_name,
@@ -92,7 +92,7 @@ def fold_record(bench: Bench, arm: str, seed: int, fold: str, protocol: Mapping[
                 tier: Mapping[str, Any], wall_s: float) -> dict[str, Any]:
     """The record of one finished fold of an arm × seed (module docstring of
     :mod:`pretrieve.bench.quality.records`): the per-query scores of its model on every collection, its timings
-    and the SHA-256 of the checkpoint it fine-tuned."""
+    and the SHA-1 of the checkpoint it fine-tuned."""
     settings = bench.settings
     fold_path = seed_dir(bench.out, arm, seed) / fold_dir(fold)
     in_domain, test_split = Path(settings.train).name, parse_fold(fold)[1]
@@ -104,7 +104,7 @@ def fold_record(bench: Bench, arm: str, seed: int, fold: str, protocol: Mapping[
         scores[name] = per_query_scores(run_path(fold_path, name, split, settings.split), qrels)
     timings = _timings(fold_path)
     return {"format": FOLD_FORMAT, "status": DONE, "arm": arm, "seed": seed, "fold": fold,
-            "protocol": dict(protocol), "checkpoint_sha256": checkpoint_sha256(settings, arm, seed),
+            "protocol": dict(protocol), "checkpoint_sha256": checkpoint_digest(settings, arm, seed),
             "scores": scores,
             "timings": {"finetune_s": float(timings.get(RETRIEVER, 0.0)),
                         "evaluate_s": float(timings.get("evaluate", 0.0)),
@@ -145,7 +145,7 @@ def cell_record(bench: Bench, arm: str, seed: int, protocol: Mapping[str, Any], 
             "protocol": dict(protocol), "finetune": bench.finetune_settings(arm_method(arm)[0], protocol),
             "scores": scores, "coverage": trimmed_coverage(coverage), "probes": probes,
             "pretrain": pretrain_speed(directory), "timings": {**timings, "wall_s": round(wall_s, 1)},
-            "checkpoint_sha256": checkpoint_sha256(settings, arm, seed), "parts": parts,
+            "checkpoint_sha256": checkpoint_digest(settings, arm, seed), "parts": parts,
             **stamp(tier, bench.settings.threads)}
 
 

@@ -38,7 +38,7 @@ Where the pre-registration leaves a detail open, the reading taken here (its ame
 * "pretrieve's methods vs TSDAE": judged against H1 on the primary base (the base both ran).
 * "DupMAE CLS+OT > CLS": Tier 2c's ``retromae`` (CLS+OT) against Tier 1's ``retromae`` (CLS), over the seeds both
   finished, paired per query; comparable only if the two tiers' settings differ in nothing but the
-  representation (checked) — the checkpoints' SHA-256 is compared and reported.
+  representation (checked) — the checkpoints' SHA-1 is compared and reported.
 * An A/A control that comes out significant withholds every other row (the statistics would be wrong).
 """
 
@@ -458,7 +458,7 @@ def dupmae_representation(tiers: Mapping[str, Tier], margin: float, alpha: float
                                              [k[0] if isinstance(k, tuple) else "all" for k in keys], "queries",
                                              same_checkpoints=all(same), seeds=seeds)
         if not all(same):
-            notes.append("the retromae checkpoints of the two tiers are not byte-identical (SHA-256)")
+            notes.append("the retromae checkpoints of the two tiers are not byte-identical (SHA-1)")
     if representation is None:
         verdict = PENDING if not differ else "undecided"
     elif representation["delta"] > 0 and representation["p_value"] < alpha:

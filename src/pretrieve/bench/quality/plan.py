@@ -38,7 +38,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from pretrieve.bench.quality import recipes
 from pretrieve.bench.quality.arms import NO_PRETRAIN, arm_method
-from pretrieve.bench.quality.cell import checkpoint_sha256
+from pretrieve.bench.quality.cell import checkpoint_digest
 from pretrieve.bench.quality.records import DONE, FAILED, Records, commit
 from pretrieve.bench.quality.settings import QualityBenchSettings, grid_points, point_name, seed_dir
 from pretrieve.bench.quality.summary import selection
@@ -149,7 +149,7 @@ class Plan:
         if not prepared and ("prepare", key) not in self.started:
             return self._start("prepare", key, {"arm": arm, "seed": seed, "protocol": protocol})
         if prepared:     # (one prepared ahead that failed leaves it unprepared: the cell runs it again, records why)
-            checkpoint = checkpoint_sha256(self.settings, arm, seed)
+            checkpoint = checkpoint_digest(self.settings, arm, seed)
             folds = [fold for fold in self.settings.folds if ("fold", (*key, fold)) not in self.started and
                      self.records.fold(arm, seed, fold, self.tier, protocol, checkpoint) is None]
             if folds:

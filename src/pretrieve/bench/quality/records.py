@@ -14,13 +14,14 @@ recomputed from the records alone, never from checkpoints or run files. A record
   of the grid has a record);
 * ``folds/<arm>/seed<k>/<train>-<test>.json`` — one per fold of an arm × seed, written as the fold's fine-tuning
   and evaluation end (a cell's longest parts, each within a session): the per-query scores of that fold's model,
-  its timings, and the SHA-256 of the checkpoint it fine-tuned. A later run, on any machine, reuses a fold record
-  only when that checkpoint is the one it has pre-trained again (same bytes; :meth:`Records.fold`), so a cell
-  whose machine was replaced between its folds resumes without mixing two checkpoints;
+  its timings, and the SHA-1 of the checkpoint it fine-tuned (``checkpoint_sha256``, the key's historical name).
+  A later run, on any machine, reuses a fold record only when that checkpoint is the one it has pre-trained again
+  (same bytes; :meth:`Records.fold`), so a cell whose machine was replaced between its folds resumes without
+  mixing two checkpoints;
 * ``cells/<arm>/seed<k>.json`` — one per arm × seed: the protocol it was fine-tuned with, the per-query scores of
   every fold model on every collection (``nDCG@10``, ``MRR@10``, ``R@100``), the coverage of its checkpoint (the
   per-passage values the claims use), its probes (first seed), pre-training speed, timings, the checkpoint's
-  SHA-256, and where it ran (commit, machine, device, threads, precision). A failed cell is recorded too, with its
+  SHA-1 (``checkpoint_sha256``), and where it ran (commit, machine, device, threads, precision). A failed cell is recorded too, with its
   error (rerun with ``--retry-failed``).
 
 A cell record is **current** when its fingerprint digest and precision equal the tier's and its protocol equals
@@ -244,7 +245,7 @@ class Records:
     def fold(self, arm: str, seed: int, fold: str, tier: Mapping[str, Any], protocol: Mapping[str, Any],
              checkpoint: str | None) -> dict[str, Any] | None:
         """A fold's finished record if it is current: same fingerprint, precision and protocol, and made from the
-        checkpoint whose SHA-256 is ``checkpoint`` (the one this run has: a checkpoint pre-trained again elsewhere
+        checkpoint whose digest is ``checkpoint`` (the one this run has: a checkpoint pre-trained again elsewhere
         with other bytes makes the fold run again)."""
         record = _read_if(self.fold_path(arm, seed, fold))
         return record if _fold_current(record, tier, protocol) and record.get("checkpoint_sha256") == checkpoint \

@@ -32,7 +32,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import torch
 
-from pretrieve.bench.quality.cell import (Bench, checkpoint_sha256, derived_collection,  # noqa: F401 (API)
+from pretrieve.bench.quality.cell import (Bench, checkpoint_digest, derived_collection,  # noqa: F401 (API)
                                           prepare_cell, prepare_pairs)
 from pretrieve.bench.quality.cell_records import cell_record, failed_record, fold_record, select_record
 from pretrieve.bench.quality.plan import Job, Plan
@@ -133,7 +133,7 @@ def fold_part(bench: Bench, records: Records, tier: Mapping[str, Any], arm: str,
     (:meth:`Bench.fold`, reusing a current scratch fold) and its record written. Returns ``(record, ran here)``."""
     started = time.perf_counter()
     bench.pretrained(arm, seed)
-    checkpoint = checkpoint_sha256(bench.settings, arm, seed)
+    checkpoint = checkpoint_digest(bench.settings, arm, seed)
     record = records.fold(arm, seed, fold, tier, protocol, checkpoint)
     if record is not None:
         return record, False
