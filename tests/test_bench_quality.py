@@ -158,7 +158,7 @@ def test_every_method_and_seed_is_run_and_reported(bench, collections, tiny_mlm_
         assert str(out) not in path.read_text() and str(collections[0]) not in path.read_text(), path
     assert sorted(p.relative_to(records).as_posix() for p in records.rglob("*.json")) == sorted(
         ["tier.json"] + [f"cells/{m}/seed{s}.json" for m in ("none", "mlm", FAILING, "bow") for s in SEEDS] +
-        [f"folds/{m}/seed{s}/train-test.json" for m in ("none", "mlm", "bow") for s in SEEDS])   # the failing arm: no fold
+        [f"folds/{m}/seed{s}/train-test.json" for m in ("none", "mlm", "bow") for s in SEEDS])   # none of FAILING
     for method in ("none", "mlm", "bow"):
         for seed in SEEDS:
             record = _record(records, method, seed)

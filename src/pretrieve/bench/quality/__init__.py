@@ -35,15 +35,15 @@ method, DupMAE included (``representation: dupmae`` is a per-method override, ``
 
 Cells, records and resuming (:mod:`pretrieve.bench.quality.run`, :mod:`pretrieve.bench.quality.cell`). A dev-grid
 point and an arm × seed are **cells**; each ends in a record in the records directory (``tier.json``, ``select/``,
-``cells/``, and ``folds/`` for each fold of an arm × seed as it ends), which is the comparison's state: a cell with a current record is done on any machine, so a fresh clone
-with committed records runs only the rest, and cells run side by side as separate processes (``jobs``), in the
-order :mod:`pretrieve.bench.quality.plan` hands them out (grid points, the grid's growth, cells first seeds first;
-a process that would idle while the grid's last points run pre-trains a cell ahead). A cell that
-fails (an exception, a diverged loss) records its error, the others go on, and it is not retried unless
-``retry_failed``. In the scratch ``out`` everything is reused only while current (:mod:`pretrieve.artifacts`), so an
-interrupted cell resumes on the same machine; a rerun whose result-determining settings differ from ``tier.json``'s
-is refused, naming them. After a successful arm × seed its training checkpoints are deleted unless
-``keep_checkpoints``.
+``cells/``, and ``folds/`` for each fold of an arm × seed as it ends), which is the comparison's state: a cell with
+a current record is done on any machine, so a fresh clone with committed records runs only the rest, and cells run
+side by side as separate processes (``jobs``), in the order :mod:`pretrieve.bench.quality.plan` hands them out (grid
+points, the grid's growth, cells first seeds first; a process that would idle while the grid's last points run
+pre-trains a cell ahead). A cell that fails (an exception, a diverged loss) records its error, the others go on, and it
+is not retried unless ``retry_failed``. In the scratch ``out`` everything is reused only while current
+(:mod:`pretrieve.artifacts`), so an interrupted cell resumes on the same machine; a rerun whose result-determining
+settings differ from ``tier.json``'s is refused, naming them. After a successful arm × seed its training checkpoints
+are deleted unless ``keep_checkpoints``.
 
 This package's modules import the recipe runner only through :mod:`pretrieve.bench.quality.recipes`.
 """

@@ -6,8 +6,8 @@ queries, the pre-training union, BM25 groups, the pairs of pair-based methods, t
 recipes of a cell (:mod:`pretrieve.bench.quality.recipes`) in the scratch ``<out>``, reusing whatever is current
 (:mod:`pretrieve.artifacts`: each recipe's ``results.json``, coverage and probe files), so that an interrupted cell
 resumes where it stopped on the same machine. :func:`prepare_cell` and :meth:`Bench.fold` are the parts of one
-arm × seed; :meth:`Bench.select_point` one point of the dev grid. Their records are made by :mod:`pretrieve.bench.quality.cell_records`; which cells run, and
-where, by :mod:`pretrieve.bench.quality.run`.
+arm × seed; :meth:`Bench.select_point` one point of the dev grid. Their records are made by
+:mod:`pretrieve.bench.quality.cell_records`; which cells run, and where, by :mod:`pretrieve.bench.quality.run`.
 """
 
 from __future__ import annotations

@@ -3,10 +3,10 @@
 :func:`fold_record` (one fold of an arm × seed: per-query scores of its model on every collection, evaluated from
 its TREC runs; its timings; the SHA-1 of the checkpoint it fine-tuned), :func:`cell_record` (an arm × seed: its
 folds' records put together; the coverage and probes trimmed to what the report and the claims read; pre-training
-speed from the trainer's logs; timings; the checkpoint's SHA-1), :func:`select_record` (a dev-grid point: its per-query dev
-nDCG@10) and :func:`failed_record` (the error of a cell that failed). Each is stamped with the tier's digest, the
-precision, the commit and the machine (:func:`pretrieve.bench.quality.records.stamp`); the format is described in
-:mod:`pretrieve.bench.quality.records`.
+speed from the trainer's logs; timings; the checkpoint's SHA-1), :func:`select_record` (a dev-grid point: its
+per-query dev nDCG@10) and :func:`failed_record` (the error of a cell that failed). Each is stamped with the tier's
+digest, the precision, the commit and the machine (:func:`pretrieve.bench.quality.records.stamp`); the format is
+described in :mod:`pretrieve.bench.quality.records`.
 """
 
 from __future__ import annotations

@@ -21,8 +21,8 @@ recomputed from the records alone, never from checkpoints or run files. A record
 * ``cells/<arm>/seed<k>.json`` — one per arm × seed: the protocol it was fine-tuned with, the per-query scores of
   every fold model on every collection (``nDCG@10``, ``MRR@10``, ``R@100``), the coverage of its checkpoint (the
   per-passage values the claims use), its probes (first seed), pre-training speed, timings, the checkpoint's
-  SHA-1 (``checkpoint_sha256``), and where it ran (commit, machine, device, threads, precision). A failed cell is recorded too, with its
-  error (rerun with ``--retry-failed``).
+  SHA-1 (``checkpoint_sha256``), and where it ran (commit, machine, device, threads, precision). A failed cell
+  is recorded too, with its error (rerun with ``--retry-failed``).
 
 A cell record is **current** when its fingerprint digest and precision equal the tier's and its protocol equals
 the chosen one; only current records count as done (:meth:`Records.cell`). Records are written atomically

@@ -258,10 +258,12 @@ def summarize(records_dir: str | Path) -> dict[str, Any]:
         if entry["b"] == "mlm" and entry["a"] in moved:
             entry["representation_changed"] = bool(moved[entry["a"]]["moved"])
     todo = [f"{arm}/seed{seed}" for arm, entry in entries.items() for seed in entry["pending"]]
-    folds = list(settings.get("folds") or [])
-    folds_recorded = {f"{arm}/seed{seed}": done for arm, entry in entries.items() for seed in entry["pending"]
-                      if (done := records.recorded_folds(arm, seed, tier, protocol, folds))} if chosen_state is None \
-        or chosen_state["chosen"] is not None else {}
+    folds_recorded: dict[str, list[str]] = {}     # of the cells to do, once the protocol is known
+    if chosen_state is None or chosen_state["chosen"] is not None:
+        for arm, entry in entries.items():
+            for seed in entry["pending"]:
+                if recorded := records.recorded_folds(arm, seed, tier, protocol, list(settings.get("folds") or [])):
+                    folds_recorded[f"{arm}/seed{seed}"] = recorded
     return {"settings": settings, "collections": names, "in_domain": in_domain, "measures": list(MEASURES),
             "retriever": RETRIEVER, "selection": chosen_state, "methods": entries, "contrasts": contrast_table,
             "gates": gates or None, "records": str(records.root),
