@@ -85,7 +85,7 @@ def finetune_train_s(directory: Path) -> float | None:
         return None
     batch_size = int(json.loads(config_path.read_text(encoding="utf-8"))["settings"]["batch_size"])
     steps, seconds = train_seconds(directory / RETRIEVER, batch_size)
-    return round(seconds, 1) if steps else None
+    return seconds if steps else None
 
 
 def fold_record(bench: Bench, arm: str, seed: int, fold: str, protocol: Mapping[str, Any],
@@ -129,7 +129,7 @@ def cell_record(bench: Bench, arm: str, seed: int, protocol: Mapping[str, Any], 
         timings["evaluate_s"] += record["timings"]["evaluate_s"]
         train_s = record["timings"]["finetune_train_s"]
         timings["finetune_train_s"] = None if train_s is None or timings["finetune_train_s"] is None else \
-            round(timings["finetune_train_s"] + train_s, 1)
+            timings["finetune_train_s"] + train_s
     probes = {}
     for step in bench.probe_steps(arm, seed):
         probe = json.loads(bench.probe_record(arm, seed, step)[0].read_text(encoding="utf-8"))
