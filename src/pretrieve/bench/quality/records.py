@@ -216,7 +216,7 @@ class Records:
     def select_point(self, name: str, tier: Mapping[str, Any]) -> dict[str, Any] | None:
         """A grid point's record if it is current (same fingerprint and precision)."""
         record = _read_if(self.select_path(name))
-        return record if record is not None and _current(record, tier) else None
+        return record if _current(record, tier, status=None) else None
 
     # -- cells
     def cell_path(self, arm: str, seed: int) -> Path:
@@ -224,19 +224,14 @@ class Records:
 
     def recorded(self, arm: str, seed: int, tier: Mapping[str, Any]) -> bool:
         """Whether an arm × seed has a current, finished record, whatever protocol it was fine-tuned with."""
-        record = _read_if(self.cell_path(arm, seed))
-        return record is not None and _current(record, tier) and record.get("status") == DONE
+        return _current(_read_if(self.cell_path(arm, seed)), tier)
 
     def cell(self, arm: str, seed: int, tier: Mapping[str, Any], protocol: Mapping[str, Any] | None,
              status: str | None = DONE) -> dict[str, Any] | None:
         """An arm × seed's record if it is current: same fingerprint, precision and protocol (and ``status``,
         unless None)."""
         record = _read_if(self.cell_path(arm, seed))
-        if record is None or not _current(record, tier):
-            return None
-        if _canonical(record.get("protocol") or {}) != _canonical(dict(protocol or {})):
-            return None
-        return record if status is None or record.get("status") == status else None
+        return record if _current(record, tier, protocol, status) else None
 
     # -- folds
     def fold_path(self, arm: str, seed: int, fold: str) -> Path:
@@ -248,14 +243,14 @@ class Records:
         checkpoint whose digest is ``checkpoint`` (the one this run has: a checkpoint pre-trained again elsewhere
         with other bytes makes the fold run again)."""
         record = _read_if(self.fold_path(arm, seed, fold))
-        return record if _fold_current(record, tier, protocol) and record.get("checkpoint_sha256") == checkpoint \
+        return record if _current(record, tier, protocol) and record.get("checkpoint_sha256") == checkpoint \
             else None
 
     def recorded_folds(self, arm: str, seed: int, tier: Mapping[str, Any], protocol: Mapping[str, Any],
                        folds: Sequence[str]) -> list[str]:
         """The folds of an arm × seed with a finished record for this tier and protocol, whatever checkpoint made
         them (progress only: :meth:`fold` decides whether one is reused)."""
-        return [fold for fold in folds if _fold_current(_read_if(self.fold_path(arm, seed, fold)), tier, protocol)]
+        return [fold for fold in folds if _current(_read_if(self.fold_path(arm, seed, fold)), tier, protocol)]
 
     def cells(self) -> Iterable[tuple[str, int]]:
         for path in sorted((self.root / "cells").glob("*/seed*.json")):
@@ -273,13 +268,17 @@ def _read_if(path: Path) -> dict[str, Any] | None:
     return _read(path) if path.exists() else None
 
 
-def _current(record: Mapping[str, Any], tier: Mapping[str, Any]) -> bool:
-    return record.get("tier_digest") == tier["digest"] and record.get("precision") == tier["precision"]
+_ANY_PROTOCOL: Any = object()
 
 
-def _fold_current(record: Mapping[str, Any] | None, tier: Mapping[str, Any], protocol: Mapping[str, Any]) -> bool:
-    return record is not None and _current(record, tier) and record.get("status") == DONE and \
-        _canonical(record.get("protocol") or {}) == _canonical(dict(protocol or {}))
+def _current(record: Mapping[str, Any] | None, tier: Mapping[str, Any], protocol: Any = _ANY_PROTOCOL,
+             status: str | None = DONE) -> bool:
+    """The one currency rule of records: this tier's fingerprint and precision, the given fine-tuning
+    ``protocol`` (any when left out) and ``status`` (any when None)."""
+    return record is not None and record.get("tier_digest") == tier["digest"] and \
+        record.get("precision") == tier["precision"] and \
+        (protocol is _ANY_PROTOCOL or _canonical(record.get("protocol") or {}) == _canonical(dict(protocol or {}))) \
+        and (status is None or record.get("status") == status)
 
 
 def _union(recorded: Any, given: Any) -> Any:
