@@ -8,11 +8,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import load_file
+from safetensors.torch import load_file, save_file
 from transformers import AutoModel, AutoModelForMaskedLM, AutoTokenizer
 
+from pretrieve.analysis.probe import export_checkpoint_encoder
 from pretrieve.data.pretrain_text import TokenizedCorpus
-from pretrieve.errors import ConfigError
+from pretrieve.errors import ConfigError, InputError
 from pretrieve.masking.vocab import VocabInfo
 from pretrieve.modeling import Encoder
 from pretrieve.train.config import LoopConfig
@@ -139,3 +140,28 @@ def test_the_pretrain_entry_point_trains_tsdae(tiny_mlm_dir, tmp_path):
         p.name for p in final.iterdir()}
     assert json.loads((final / "pretrain_config.json").read_text())["method"]["trainer"] == "tsdae"
     AutoModel.from_pretrained(str(final))
+
+
+def test_a_checkpoint_of_the_run_exports_as_the_run_exports_its_final_model(tsdae_run, tmp_path):
+    """The probes of intermediate steps export a TSDAE checkpoint (its own trainer, not a PretrainModel) as the run
+    exports ``final``: the checkpoint's encoder body and LM head, under the masked-LM names, loadable as a model."""
+    final, _, out = tsdae_run
+    checkpoint = out / "checkpoints" / "step-3"
+    exported = export_checkpoint_encoder(checkpoint, final, tmp_path / "step-3")
+    got, state = load_file(str(exported / "model.safetensors")), load_file(str(checkpoint / "model.safetensors"))
+    assert got.keys() == load_file(str(final / "model.safetensors")).keys()
+    body = {key.removeprefix("loss.encoder.0.model."): value for key, value in state.items()
+            if key.startswith("loss.encoder.0.model.")}
+    head = {key.removeprefix("loss.decoder."): value for key, value in state.items()
+            if key.startswith("loss.decoder.cls.")}
+    assert len(body) > 10 and head
+    assert all(torch.equal(got[f"bert.{key}"], value) for key, value in body.items())
+    assert all(torch.equal(got[key], value) for key, value in head.items())
+    key = "bert.encoder.layer.0.attention.self.query.weight"
+    assert not torch.equal(got[key], load_file(str(final / "model.safetensors"))[key])   # step 3, not the final step
+    assert not Encoder.from_pretrained(exported).head_created and AutoTokenizer.from_pretrained(str(exported))
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    save_file({"loss.encoder.0.model.pooler.dense.weight": torch.zeros(2, 2)}, str(bad / "model.safetensors"))
+    with pytest.raises(InputError, match="does not fit the TSDAE run's model"):
+        export_checkpoint_encoder(bad, final, tmp_path / "bad-out")

@@ -11,11 +11,14 @@ path the recipe's ``evaluate`` stage uses (:func:`pretrieve.retrieval.search.enc
 :func:`export_checkpoint_encoder` writes the encoder of a pre-training checkpoint (``checkpoints/step-<N>``:
 accelerate's saved state) as a model directory, so that an intermediate step can be probed like the final model:
 the run's exported model (``final``: its encoder, heads and method) is loaded and the checkpoint's weights are put
-into it (the MLM decoder, tied to the embeddings and saved once, is tied again).
+into it (the MLM decoder, tied to the embeddings and saved once, is tied again). A TSDAE run's checkpoint (its
+own trainer, not a ``PretrainModel``) is loaded into the model that run trains and exported as it exports ``final``
+(:meth:`pretrieve.train.tsdae.TsdaeModel.from_checkpoint`).
 """
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -36,11 +39,20 @@ def export_checkpoint_encoder(checkpoint: str | Path, final: str | Path, out: st
     from safetensors.torch import load_file  # heavy: torch, only when a model is probed
     from transformers import AutoTokenizer  # heavy: torch, only when a model is probed
 
-    from pretrieve.modeling.pretrain_model import PretrainModel  # heavy: torch, only when a model is probed
+    from pretrieve.modeling.pretrain_model import METHOD_FILE, PretrainModel  # heavy: torch, only when probed
 
     weights = Path(checkpoint) / "model.safetensors"
     if not weights.exists():
         raise InputError("no model.safetensors in the checkpoint", path=checkpoint)
+    method_path = Path(final) / METHOD_FILE
+    if method_path.exists() and json.loads(method_path.read_text(encoding="utf-8")).get("trainer") == "tsdae":
+        from pretrieve.train.tsdae import TsdaeModel  # heavy: sentence-transformers, only for a TSDAE run
+
+        tsdae = TsdaeModel.from_checkpoint(final, weights)     # exported as the run exports its final model
+        with atomic_dir(Path(out)) as tmp:
+            tsdae.save(tmp)
+            AutoTokenizer.from_pretrained(final, **no_remote_code(final)).save_pretrained(tmp)
+        return Path(out)
     model = PretrainModel.load(final)
     missing, unexpected = model.load_state_dict(load_file(str(weights)), strict=False)
     untied = [key for key in missing if not key.endswith(("decoder.weight", "decoder.bias"))]

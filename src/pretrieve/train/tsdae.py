@@ -29,7 +29,8 @@ What differs from sentence-transformers' example, and why:
   lr schedule, precision, seed, checkpoints and resume as every other arm (:mod:`pretrieve.train.loop`); the
   deletion draws from the loop's per-micro-batch generator, so a run is a function of its seed.
 
-Export (:meth:`TsdaeModel.save`): the trained body with the decoder's LM head (initialised from the checkpoint's MLM
+Export (:meth:`TsdaeModel.save`; a checkpoint of the run is exported the same way through
+:meth:`TsdaeModel.from_checkpoint`, for the probes of intermediate steps): the trained body with the decoder's LM head (initialised from the checkpoint's MLM
 head, trained as TSDAE's output layer, tied to the shared word embeddings) as a standard ``*ForMaskedLM``
 checkpoint — it loads with ``AutoModel`` / ``AutoModelForMaskedLM`` and fine-tunes like any other pre-trained
 checkpoint — plus ``method.json``; the decoder's cross-attention is TSDAE's training head and is not exported.
@@ -41,6 +42,7 @@ entry point's, which hands a method with ``trainer: tsdae`` (:data:`pretrieve.tr
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -51,7 +53,7 @@ from sentence_transformers.sentence_transformer.modules import Pooling, Transfor
 from torch import Tensor, nn
 from transformers import AutoConfig, AutoModelForMaskedLM
 
-from pretrieve.errors import ConfigError
+from pretrieve.errors import ConfigError, InputError
 from pretrieve.io_utils import write_json
 from pretrieve.masking.vocab import VocabInfo
 from pretrieve.models import no_remote_code
@@ -129,6 +131,26 @@ class TsdaeModel(nn.Module):
         target = {"input_ids": batch["target_input_ids"], "attention_mask": batch["target_attention_mask"]}
         loss = self.loss([source, target], None)
         return loss, {"loss": loss.detach()}
+
+    @classmethod
+    def from_checkpoint(cls, final: str | Path, weights: str | Path) -> "TsdaeModel":
+        """The model of a TSDAE run at one of its checkpoints: built as the run built it, from the run's export
+        ``final`` (same architecture and method), then given the checkpoint's ``weights`` (``checkpoints/step-<N>/
+        model.safetensors``, the training state: each weight shared by encoder and decoder saved once). Every
+        parameter must come from them (:class:`InputError` naming ``weights`` otherwise)."""
+        from safetensors.torch import load_file
+
+        final = Path(final)
+        method = MethodConfig.from_dict(json.loads((final / METHOD_FILE).read_text(encoding="utf-8")))
+        model = cls(final, method)
+        missing, unexpected = model.load_state_dict(load_file(str(weights)), strict=False)
+        state = model.state_dict()
+        loaded = {state[key].data_ptr() for key in state.keys() - set(missing)}
+        unset = [key for key in missing if state[key].data_ptr() not in loaded]   # not tied to a loaded weight
+        if unset or unexpected:
+            raise InputError(f"the checkpoint does not fit the TSDAE run's model (missing {unset[:3]}, unexpected "
+                             f"{list(unexpected)[:3]})", path=weights)
+        return model
 
     def may_leave_parameters_unused(self) -> bool:
         """Every parameter (tied body, LM head, cross-attention) gets a gradient on every step (DDP need not search)."""
