@@ -47,6 +47,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors.torch import load_file
 from sentence_transformers import SentenceTransformer
 from sentence_transformers.sentence_transformer.losses import DenoisingAutoEncoderLoss
 from sentence_transformers.sentence_transformer.modules import Pooling, Transformer
@@ -138,8 +139,6 @@ class TsdaeModel(nn.Module):
         ``final`` (same architecture and method), then given the checkpoint's ``weights`` (``checkpoints/step-<N>/
         model.safetensors``, the training state: each weight shared by encoder and decoder saved once). Every
         parameter must come from them (:class:`InputError` naming ``weights`` otherwise)."""
-        from safetensors.torch import load_file
-
         final = Path(final)
         method = MethodConfig.from_dict(json.loads((final / METHOD_FILE).read_text(encoding="utf-8")))
         model = cls(final, method)
