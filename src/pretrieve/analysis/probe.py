@@ -48,19 +48,17 @@ def export_checkpoint_encoder(checkpoint: str | Path, final: str | Path, out: st
     if method_path.exists() and json.loads(method_path.read_text(encoding="utf-8")).get("trainer") == "tsdae":
         from pretrieve.train.tsdae import TsdaeModel  # heavy: sentence-transformers, only for a TSDAE run
 
-        tsdae = TsdaeModel.from_checkpoint(final, weights)     # exported as the run exports its final model
-        with atomic_dir(Path(out)) as tmp:
-            tsdae.save(tmp)
-            AutoTokenizer.from_pretrained(final, **no_remote_code(final)).save_pretrained(tmp)
-        return Path(out)
-    model = PretrainModel.load(final)
-    missing, unexpected = model.load_state_dict(load_file(str(weights)), strict=False)
-    untied = [key for key in missing if not key.endswith(("decoder.weight", "decoder.bias"))]
-    if untied or unexpected:
-        raise InputError(f"the checkpoint does not fit the run's model (missing {untied[:3]}, unexpected "
-                         f"{list(unexpected)[:3]})", path=checkpoint)
+        save = TsdaeModel.from_checkpoint(final, weights).save     # exported as the run exports its final model
+    else:
+        model = PretrainModel.load(final)
+        missing, unexpected = model.load_state_dict(load_file(str(weights)), strict=False)
+        untied = [key for key in missing if not key.endswith(("decoder.weight", "decoder.bias"))]
+        if untied or unexpected:
+            raise InputError(f"the checkpoint does not fit the run's model (missing {untied[:3]}, unexpected "
+                             f"{list(unexpected)[:3]})", path=checkpoint)
+        save = model.encoder.save_pretrained
     with atomic_dir(Path(out)) as tmp:
-        model.encoder.save_pretrained(tmp)
+        save(tmp)
         AutoTokenizer.from_pretrained(final, **no_remote_code(final)).save_pretrained(tmp)
     return Path(out)
 

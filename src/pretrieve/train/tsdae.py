@@ -30,10 +30,11 @@ What differs from sentence-transformers' example, and why:
   deletion draws from the loop's per-micro-batch generator, so a run is a function of its seed.
 
 Export (:meth:`TsdaeModel.save`; a checkpoint of the run is exported the same way through
-:meth:`TsdaeModel.from_checkpoint`, for the probes of intermediate steps): the trained body with the decoder's LM head (initialised from the checkpoint's MLM
-head, trained as TSDAE's output layer, tied to the shared word embeddings) as a standard ``*ForMaskedLM``
-checkpoint — it loads with ``AutoModel`` / ``AutoModelForMaskedLM`` and fine-tunes like any other pre-trained
-checkpoint — plus ``method.json``; the decoder's cross-attention is TSDAE's training head and is not exported.
+:meth:`TsdaeModel.from_checkpoint`, for the probes of intermediate steps): the trained body with the decoder's LM
+head (initialised from the checkpoint's MLM head, trained as TSDAE's output layer, tied to the shared word
+embeddings) as a standard ``*ForMaskedLM`` checkpoint — it loads with ``AutoModel`` / ``AutoModelForMaskedLM`` and
+fine-tunes like any other pre-trained checkpoint — plus ``method.json``; the decoder's cross-attention is TSDAE's
+training head and is not exported.
 
 This module holds the TSDAE-specific parts only (:func:`build_tsdae`: the model and its collator); the run itself
 (lock, reuse of a finished run, tokenized corpus, loop, export of the tokenizer and config) is the pre-training

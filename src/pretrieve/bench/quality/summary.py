@@ -260,9 +260,10 @@ def summarize(records_dir: str | Path) -> dict[str, Any]:
     todo = [f"{arm}/seed{seed}" for arm, entry in entries.items() for seed in entry["pending"]]
     folds_recorded: dict[str, list[str]] = {}     # of the cells to do, once the protocol is known
     if chosen_state is None or chosen_state["chosen"] is not None:
+        folds = list(settings.get("folds") or [])
         for arm, entry in entries.items():
             for seed in entry["pending"]:
-                if recorded := records.recorded_folds(arm, seed, tier, protocol, list(settings.get("folds") or [])):
+                if recorded := records.recorded_folds(arm, seed, tier, protocol, folds):
                     folds_recorded[f"{arm}/seed{seed}"] = recorded
     return {"settings": settings, "collections": names, "in_domain": in_domain, "measures": list(MEASURES),
             "retriever": RETRIEVER, "selection": chosen_state, "methods": entries, "contrasts": contrast_table,
