@@ -18,10 +18,10 @@ from pretrieve.masking.vocab import VocabInfo
 from pretrieve.modeling import Encoder
 from pretrieve.train.config import LoopConfig
 from pretrieve.train.loop import read_logs, train
-from pretrieve.train.method import preset, resolve_method
+from pretrieve.train.method import preset, resolve_method, trainer_module
 from pretrieve.train.pretrainer import pretrain
 from pretrieve.train.run_config import build_pretrain_config
-from pretrieve.train.tsdae import DeletionNoiseCollator, build_tsdae, delete_words
+from pretrieve.train.tsdae import DeletionNoiseCollator, build, delete_words
 
 TEXT = "the unbelievably resilient tardigrade survives dehydration, radiation and vacuum"
 
@@ -68,7 +68,9 @@ def test_collator_pads_damaged_inputs_and_clean_targets(tokenizer):
     pad = batch["input_ids"][batch["attention_mask"] == 0]
     assert bool((pad == tokenizer.pad_token_id).all())
     with pytest.raises(ConfigError, match="not a TSDAE method"):
-        build_tsdae("unused", preset("bow"), tokenizer)
+        build("unused", preset("bow"), tokenizer)
+    # the pre-training run and the probe export reach this module through the method's trainer
+    assert trainer_module(preset("tsdae")).build is build
 
 
 @pytest.fixture(scope="module")
@@ -79,7 +81,7 @@ def tsdae_run(tiny_mlm_dir, tmp_path_factory):
     tokenizer = AutoTokenizer.from_pretrained(str(tiny_mlm_dir))
     dataset = TokenizedCorpus.build(corpus, tokenizer, 32, tmp / "cache", show_progress=False, num_proc=1)
     torch.manual_seed(0)
-    model, collator = build_tsdae(tiny_mlm_dir, preset("tsdae"), tokenizer)
+    model, collator = build(tiny_mlm_dir, preset("tsdae"), tokenizer)
 
     def export(unwrapped, directory: Path) -> None:   # what the pre-training entry point's export does
         unwrapped.save(directory)
@@ -123,10 +125,10 @@ def test_a_few_steps_train_the_tied_encoder_and_the_export_loads(tsdae_run, tiny
 
 
 def test_mean_bottleneck_is_tsdaes_pooling(tiny_mlm_dir, tokenizer):
-    model, _ = build_tsdae(tiny_mlm_dir, resolve_method("tsdae", bottleneck="mean"), tokenizer)
+    model, _ = build(tiny_mlm_dir, resolve_method("tsdae", bottleneck="mean"), tokenizer)
     pooling = model.loss.encoder[1]
     assert pooling.pooling_mode == "mean"
-    assert build_tsdae(tiny_mlm_dir, preset("tsdae"), tokenizer)[0].loss.encoder[1].pooling_mode == "cls"
+    assert build(tiny_mlm_dir, preset("tsdae"), tokenizer)[0].loss.encoder[1].pooling_mode == "cls"
 
 
 def test_the_pretrain_entry_point_trains_tsdae(tiny_mlm_dir, tmp_path):

@@ -11,9 +11,9 @@ path the recipe's ``evaluate`` stage uses (:func:`pretrieve.retrieval.search.enc
 :func:`export_checkpoint_encoder` writes the encoder of a pre-training checkpoint (``checkpoints/step-<N>``:
 accelerate's saved state) as a model directory, so that an intermediate step can be probed like the final model:
 the run's exported model (``final``: its encoder, heads and method) is loaded and the checkpoint's weights are put
-into it (the MLM decoder, tied to the embeddings and saved once, is tied again). A TSDAE run's checkpoint (its
-own trainer, not a ``PretrainModel``) is loaded into the model that run trains and exported as it exports ``final``
-(:meth:`pretrieve.train.tsdae.TsdaeModel.from_checkpoint`).
+into it (the MLM decoder, tied to the embeddings and saved once, is tied again). A checkpoint of a method with its
+own trainer (e.g. TSDAE; not a ``PretrainModel``) is loaded into the model that run trains and exported as it
+exports ``final`` (the trainer's ``load_checkpoint``: :data:`pretrieve.train.method.TRAINERS`).
 """
 
 from __future__ import annotations
@@ -40,15 +40,16 @@ def export_checkpoint_encoder(checkpoint: str | Path, final: str | Path, out: st
     from transformers import AutoTokenizer  # heavy: torch, only when a model is probed
 
     from pretrieve.modeling.pretrain_model import METHOD_FILE, PretrainModel  # heavy: torch, only when probed
+    from pretrieve.train.method import MethodConfig, trainer_module  # heavy: torch, only when probed
 
     weights = Path(checkpoint) / "model.safetensors"
     if not weights.exists():
         raise InputError("no model.safetensors in the checkpoint", path=checkpoint)
     method_path = Path(final) / METHOD_FILE
-    if method_path.exists() and json.loads(method_path.read_text(encoding="utf-8")).get("trainer") == "tsdae":
-        from pretrieve.train.tsdae import TsdaeModel  # heavy: sentence-transformers, only for a TSDAE run
-
-        save = TsdaeModel.from_checkpoint(final, weights).save     # exported as the run exports its final model
+    method = MethodConfig.from_dict(json.loads(method_path.read_text(encoding="utf-8")), where=str(method_path)) \
+        if method_path.exists() else None
+    if method is not None and method.trainer is not None:    # e.g. TSDAE: exported as the run exports its final model
+        save = trainer_module(method).load_checkpoint(final, method, weights).save
     else:
         model = PretrainModel.load(final)
         missing, unexpected = model.load_state_dict(load_file(str(weights)), strict=False)

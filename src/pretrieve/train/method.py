@@ -108,10 +108,12 @@ derives the features to build from the objectives' ``requires`` (``second_view``
 
 from __future__ import annotations
 
+import importlib
 import logging
 import math
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from types import ModuleType
 from typing import Any, Mapping
 
 from pretrieve.data.spans import ContextSpec
@@ -337,8 +339,16 @@ _CDMAE = MethodConfig("cdmae", _ENCODER_MASKER,
                       decoder_masker=MaskerSpec(kind="pmi", ratio=0.5))
 
 TRAINERS: dict[str, str] = {"tsdae": "pretrieve.train.tsdae"}
-"""Methods whose model is not a ``PretrainModel``, and the module that builds their model and collator for the
-pre-training run (:func:`pretrieve.train.tsdae.build_tsdae`: same corpus, loop and export as every other method)."""
+"""Methods whose model is not a ``PretrainModel``, and the module that trains it (:func:`trainer_module`). Such a
+module provides ``build(model_path, method, tokenizer) -> (model, collator)`` for the pre-training run (same
+corpus, loop and export as every other method; the model has ``save(directory)``) and ``load_checkpoint(final,
+weights) -> model``: a checkpoint of the run loaded into the model it trains, exported like ``final`` for the
+probes of intermediate steps. A new trainer is that module and its entry here."""
+
+
+def trainer_module(method: "MethodConfig") -> ModuleType:
+    """The module that trains ``method`` (a validated method with a ``trainer``), imported when first asked for."""
+    return importlib.import_module(TRAINERS[method.trainer])
 
 PRESETS: dict[str, MethodConfig] = {
     "mlm": MethodConfig("mlm", _ENCODER_MASKER, (ObjectiveSpec("mlm"),)),

@@ -41,9 +41,8 @@ from pretrieve.modeling.sentence_transformer import ModelFiles, read_sentence_tr
 from pretrieve.models import model_label, no_remote_code
 from pretrieve.train.collator import PretrainCollator
 from pretrieve.train.config import BOOKKEEPING, LoopConfig
-from pretrieve.train.method import MethodConfig, resolve_method
+from pretrieve.train.method import MethodConfig, resolve_method, trainer_module
 from pretrieve.train.run import TrainingRun
-from pretrieve.train.tsdae import build_tsdae
 
 logger = logging.getLogger(__name__)
 
@@ -153,14 +152,15 @@ class PretrainingRun(TrainingRun):
         return built_once(build, "tokenize the pre-training corpus")
 
     def build_model(self) -> torch.nn.Module:
-        if self.method.trainer == "tsdae":  # TSDAE: sentence-transformers' loss on the same corpus, loop and export
-            model, self._tsdae_collator = build_tsdae(self.config.model, self.method, self.tokenizer)
+        if self.method.trainer is not None:  # e.g. TSDAE: its own model and collator on the same corpus, loop and export
+            model, self._trainer_collator = trainer_module(self.method).build(self.config.model, self.method,
+                                                                              self.tokenizer)
             return model
         return PretrainModel(Encoder.from_pretrained(self.config.model), self.method)
 
     def build_collator(self, model, dataset):
-        if self.method.trainer == "tsdae":
-            return self._tsdae_collator
+        if self.method.trainer is not None:
+            return self._trainer_collator
         # the n-gram statistics of importance-aware maskers: counted once on the main process, cached
         config = self.config
         return built_once(lambda: PretrainCollator(self.tokenizer, self.method, model.required_features(),

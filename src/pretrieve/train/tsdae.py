@@ -30,15 +30,16 @@ What differs from sentence-transformers' example, and why:
   deletion draws from the loop's per-micro-batch generator, so a run is a function of its seed.
 
 Export (:meth:`TsdaeModel.save`; a checkpoint of the run is exported the same way through
-:meth:`TsdaeModel.from_checkpoint`, for the probes of intermediate steps): the trained body with the decoder's LM
+:func:`load_checkpoint`, for the probes of intermediate steps): the trained body with the decoder's LM
 head (initialised from the checkpoint's MLM head, trained as TSDAE's output layer, tied to the shared word
 embeddings) as a standard ``*ForMaskedLM`` checkpoint — it loads with ``AutoModel`` / ``AutoModelForMaskedLM`` and
 fine-tunes like any other pre-trained checkpoint — plus ``method.json``; the decoder's cross-attention is TSDAE's
 training head and is not exported.
 
-This module holds the TSDAE-specific parts only (:func:`build_tsdae`: the model and its collator); the run itself
-(lock, reuse of a finished run, tokenized corpus, loop, export of the tokenizer and config) is the pre-training
-entry point's, which hands a method with ``trainer: tsdae`` (:data:`pretrieve.train.method.TRAINERS`) to it.
+This module holds the TSDAE-specific parts only, as a trainer of :data:`pretrieve.train.method.TRAINERS`
+(:func:`build`: the model and its collator; :func:`load_checkpoint`); the run itself (lock, reuse of a finished
+run, tokenized corpus, loop, export of the tokenizer and config) is the pre-training entry point's, which hands a
+method with ``trainer: tsdae`` to it.
 """
 
 from __future__ import annotations
@@ -134,24 +135,6 @@ class TsdaeModel(nn.Module):
         loss = self.loss([source, target], None)
         return loss, {"loss": loss.detach()}
 
-    @classmethod
-    def from_checkpoint(cls, final: str | Path, weights: str | Path) -> "TsdaeModel":
-        """The model of a TSDAE run at one of its checkpoints: built as the run built it, from the run's export
-        ``final`` (same architecture and method), then given the checkpoint's ``weights`` (``checkpoints/step-<N>/
-        model.safetensors``, the training state: each weight shared by encoder and decoder saved once). Every
-        parameter must come from them (:class:`InputError` naming ``weights`` otherwise)."""
-        final = Path(final)
-        method = MethodConfig.from_dict(json.loads((final / METHOD_FILE).read_text(encoding="utf-8")))
-        model = cls(final, method)
-        missing, unexpected = model.load_state_dict(load_file(str(weights)), strict=False)
-        state = model.state_dict()
-        loaded = {state[key].data_ptr() for key in state.keys() - set(missing)}
-        unset = [key for key in missing if state[key].data_ptr() not in loaded]   # not tied to a loaded weight
-        if unset or unexpected:
-            raise InputError(f"the checkpoint does not fit the TSDAE run's model (missing {unset[:3]}, unexpected "
-                             f"{list(unexpected)[:3]})", path=weights)
-        return model
-
     def may_leave_parameters_unused(self) -> bool:
         """Every parameter (tied body, LM head, cross-attention) gets a gradient on every step (DDP need not search)."""
         return False
@@ -169,9 +152,25 @@ class TsdaeModel(nn.Module):
         return directory
 
 
-def build_tsdae(model_path: str | Path, method: MethodConfig, tokenizer: Any) -> tuple[TsdaeModel, DeletionNoiseCollator]:
+def build(model_path: str | Path, method: MethodConfig, tokenizer: Any) -> tuple[TsdaeModel, DeletionNoiseCollator]:
     """The model and collator of a ``trainer: tsdae`` method, for the pre-training loop (seed the RNG first: the
     decoder's cross-attention is initialised here)."""
     if method.trainer != "tsdae":
         raise ConfigError(f"method '{method.name}' is not a TSDAE method (trainer: {method.trainer})")
     return TsdaeModel(model_path, method), DeletionNoiseCollator(tokenizer)
+
+
+def load_checkpoint(final: str | Path, method: MethodConfig, weights: str | Path) -> TsdaeModel:
+    """The model of a TSDAE run at one of its checkpoints: built as the run built it, from the run's export
+    ``final`` and its ``method``, then given the checkpoint's ``weights`` (``checkpoints/step-<N>/
+    model.safetensors``, the training state: each weight shared by encoder and decoder saved once). Every
+    parameter must come from them (:class:`InputError` naming ``weights`` otherwise)."""
+    model = TsdaeModel(final, method)
+    missing, unexpected = model.load_state_dict(load_file(str(weights)), strict=False)
+    state = model.state_dict()
+    loaded = {state[key].data_ptr() for key in state.keys() - set(missing)}
+    unset = [key for key in missing if state[key].data_ptr() not in loaded]   # not tied to a loaded weight
+    if unset or unexpected:
+        raise InputError(f"the checkpoint does not fit the TSDAE run's model (missing {unset[:3]}, unexpected "
+                         f"{list(unexpected)[:3]})", path=weights)
+    return model

@@ -125,8 +125,8 @@ def cell_record(bench: Bench, arm: str, seed: int, protocol: Mapping[str, Any], 
         record = folds[fold]
         for name, per_query in record["scores"].items():
             scores.setdefault(name, {})[fold] = per_query
-        timings["finetune_s"] += record["timings"]["finetune_s"]
-        timings["evaluate_s"] += record["timings"]["evaluate_s"]
+        timings["finetune_s"] = round(timings["finetune_s"] + record["timings"]["finetune_s"], 1)  # folds: 0.1 s
+        timings["evaluate_s"] = round(timings["evaluate_s"] + record["timings"]["evaluate_s"], 1)
         train_s = record["timings"]["finetune_train_s"]
         timings["finetune_train_s"] = None if train_s is None or timings["finetune_train_s"] is None else \
             timings["finetune_train_s"] + train_s
