@@ -683,6 +683,26 @@ def test_probes_at_chosen_steps_and_the_gates(tiny_mlm_dir, collections, tmp_pat
     assert "## Gates" in (out / "results.md").read_text()
 
 
+def test_a_probe_encodes_each_corpus_once_and_its_cosine_is_the_encoded_one(tiny_mlm_dir, collections, tmp_path,
+                                                                             monkeypatch):
+    """dot and cos share one encode of each corpus (the cosine index is the dot vectors normalised) and score
+    exactly as a cosine probe that encodes its own index."""
+    import pretrieve.retrieval.search as search_module
+    from pretrieve.analysis.probe import cls_probe
+
+    calls = []
+    original = search_module.encode_corpus
+    monkeypatch.setattr(search_module, "encode_corpus",
+                        lambda retriever, corpus, root, **kw: calls.append(Path(root).name) or
+                        original(retriever, corpus, root, **kw))
+    both = cls_probe(tiny_mlm_dir, collections, tmp_path / "both", precision="fp32")
+    assert sorted(calls) == sorted(f"dot__{Path(c).name}" for c in collections)
+    calls.clear()
+    alone = cls_probe(tiny_mlm_dir, collections, tmp_path / "alone", similarities=("cos",), precision="fp32")
+    assert sorted(calls) == sorted(f"cos__{Path(c).name}" for c in collections)
+    assert alone["cos"] == both["cos"] and set(both) == {"dot", "cos"}
+
+
 def test_several_pretraining_collections_are_one_corpus_in_a_fixed_order(crossfit, collections):
     from pretrieve.data.pretrain_text import iter_pretrain_texts
 

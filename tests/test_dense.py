@@ -510,6 +510,45 @@ def test_encoded_shards_are_reused_only_while_current(tmp_path, tiny_bert_dir, m
     assert len(calls) == 4
 
 
+def test_a_cosine_index_derived_from_the_dot_index_is_the_one_encoding_writes(tmp_path, tiny_bert_dir, monkeypatch):
+    """One encode per probe: the dot index's vectors, normalised, are the cosine encoder's vectors (bit for bit)
+    with the record that encoding writes, so either is reused as current; a source of other settings is refused."""
+    import pretrieve.retrieval.search as search_module
+    from pretrieve.retrieval.search import encode_corpus, normalized_index, normalizes_in_float32
+
+    corpus = tiny_corpus(23)
+    dot, cos = dense(tiny_bert_dir, pooling="cls"), dense(tiny_bert_dir, pooling="cls", normalize=True)
+    encode_corpus(cos, corpus, tmp_path / "encoded", batch_size=4, show_progress=False)
+    encode_corpus(dot, corpus, tmp_path / "dot", batch_size=4, show_progress=False)
+    calls = []
+    original = search_module.encode_windows
+    monkeypatch.setattr(search_module, "encode_windows", lambda *a, **kw: calls.append(1) or original(*a, **kw))
+    assert normalizes_in_float32(cos) and not normalizes_in_float32(dot)
+    normalized_index(cos, corpus, tmp_path / "dot", tmp_path / "derived")
+    assert calls == []                                                              # nothing encoded
+    encoded, derived = (open_index(tmp_path / name / "shard-0-of-1") for name in ("encoded", "derived"))
+    assert np.array_equal(encoded.array("embeddings"), derived.array("embeddings"))
+    assert derived.id_list() == corpus.ids and derived.meta["passage"] == encoded.meta["passage"]
+    assert np.linalg.norm(derived.array("embeddings"), axis=1) == pytest.approx(1.0, abs=1e-6)
+    stamp = (tmp_path / "derived" / "shard-0-of-1" / "embeddings.npy").stat().st_mtime_ns
+    encode_corpus(cos, corpus, tmp_path / "derived", show_progress=False)               # current: reused as is
+    normalized_index(cos, corpus, tmp_path / "dot", tmp_path / "encoded")               # and the other way round
+    assert calls == [] and (tmp_path / "derived" / "shard-0-of-1" / "embeddings.npy").stat().st_mtime_ns == stamp
+    queries = {"q1": "protein gene", "q2": "stock market wind"}
+    assert search(cos, queries, tmp_path / "derived", k=5, show_progress=False) == \
+        search(cos, queries, tmp_path / "encoded", k=5, show_progress=False)
+    with pytest.raises(ConfigError, match="not the unnormalised index"):
+        normalized_index(cos, corpus, tmp_path / "encoded", tmp_path / "other")         # already normalised
+    with pytest.raises(ConfigError, match="not the unnormalised index"):
+        normalized_index(dense(tiny_bert_dir, pooling="mean", normalize=True), corpus, tmp_path / "dot",
+                         tmp_path / "other")                                           # another pooling
+    corpus.texts[3] = "an edited passage"
+    with pytest.raises(ConfigError, match="not the unnormalised index"):
+        normalized_index(cos, corpus, tmp_path / "dot", tmp_path / "other")             # other texts
+    with pytest.raises(ConfigError, match="normalises its float32 vectors"):
+        normalized_index(dot, corpus, tmp_path / "dot", tmp_path / "other")
+
+
 def test_query_encoder_must_match_the_passage_vectors(tmp_path, tiny_bert_dir):
     build_index(dense(tiny_bert_dir, pooling="cls"), tiny_corpus(5), tmp_path, show_progress=False)
     wider = dense(tiny_bert_dir, pooling="cls+mean")

@@ -179,6 +179,54 @@ def encode_corpus(retriever: Retriever, corpus: Any, root: str | Path, batch_siz
     return root
 
 
+def normalizes_in_float32(retriever: Retriever) -> bool:
+    """Whether ``retriever`` is a plain dense encoder that L2-normalises float32 vectors (its index can then be
+    derived from the unnormalised one, :func:`normalized_index`; a bfloat16 encoder normalises before the cast)."""
+    settings = retriever.passage.settings
+    return retriever.kind == "dense" and settings.get("normalize") is True and settings.get("dtype") == "float32"
+
+
+def normalized_index(retriever: Retriever, corpus: Any, source: str | Path, root: str | Path,
+                     window: int = DEFAULT_WINDOW) -> Path:
+    """The index of a dense ``retriever`` that L2-normalises (cosine) made from ``source`` instead of encoding
+    ``corpus`` again: ``source`` must be a current index (:func:`encode_corpus`) of the same model, settings and
+    texts *without* normalisation, and its vectors are normalised as the encoder normalises its own
+    (``torch.nn.functional.normalize``, row by row, on the same float32 vectors), into ``root/shard-0-of-1`` with the
+    record an encoding by ``retriever`` writes — so the two are interchangeable and either is reused while current.
+    Returns ``root``; refuses (:class:`ConfigError`) when ``source`` is not such an index. One process (a launched
+    run encodes with :func:`encode_corpus`)."""
+    import torch  # heavy: only when an index is derived
+
+    root = Path(root)
+    if ranks.active():
+        raise ConfigError("normalized_index runs in one process; under several ranks use encode_corpus")
+    if not normalizes_in_float32(retriever):
+        raise ConfigError("normalized_index makes the index of a dense retriever that normalises its float32 vectors "
+                          f"(this one: {retriever.kind}, {retriever.passage.settings})")
+    directory, settings, meta = _index_record(retriever, corpus, root, 0, 1, window)
+    if is_current(directory, settings, retriever.inputs()).current:
+        logger.info("index %s is current (same model, settings and texts); not re-deriving", directory)
+        return root
+    unnormalized = {**settings, "passage": {**settings["passage"], "normalize": False}}
+    source_dir = Path(source) / shard_dir_name(0, 1)
+    status = is_current(source_dir, unnormalized, retriever.inputs())
+    if not status.current:
+        raise ConfigError(f"{source_dir} is not the unnormalised index of this model, settings and texts "
+                          f"({status.reason}); encode the corpus instead")
+
+    def normalized() -> Iterator[dict[str, Any]]:
+        for part in _part_windows([source_dir]):
+            yield {name: torch.nn.functional.normalize(torch.from_numpy(np.array(values, np.float32)), p=2,
+                                                       dim=-1).numpy() for name, values in part.items()}
+
+    start, end = meta["rows"]
+    with writing(directory, retriever.kind, lambda: corpus_ids(corpus, start, end), meta, settings,
+                 retriever.inputs()) as tmp:
+        if not write_parts(tmp, normalized(), columns=_columns(retriever)):
+            write_parts(tmp, [retriever.passage.empty_outputs()], columns=_columns(retriever))
+    return root
+
+
 def _part_windows(directories: Sequence[Path], rows: int = 1 << 16) -> Iterator[dict[str, Any]]:
     """The parts of index directories, in order, ``rows`` rows at a time (dense parts read from disk, sparse parts
     one directory's matrix at a time)."""
