@@ -49,12 +49,12 @@ def export_checkpoint_encoder(checkpoint: str | Path, final: str | Path, out: st
     if not weights.exists():
         raise InputError("no model.safetensors in the checkpoint", path=checkpoint)
     method_path = Path(final) / METHOD_FILE
-    method = MethodConfig.from_dict(json.loads(method_path.read_text(encoding="utf-8")), where=str(method_path)) \
-        if method_path.exists() else None
+    raw = json.loads(method_path.read_text(encoding="utf-8")) if method_path.exists() else None
+    method = MethodConfig.from_dict(raw, where=str(method_path)) if raw is not None else None
     if method is not None and method.trainer is not None:    # e.g. TSDAE: exported as the run exports its final model
         save = trainer_module(method).load_checkpoint(final, method, weights).save
     else:
-        model = PretrainModel.load(final)
+        model = PretrainModel.load(final, method=raw)
         missing, unexpected = model.load_state_dict(load_file(str(weights)), strict=False)
         untied = [key for key in missing if not key.endswith(("decoder.weight", "decoder.bias"))]
         if untied or unexpected:

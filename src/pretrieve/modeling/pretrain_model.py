@@ -226,13 +226,15 @@ class PretrainModel(nn.Module):
         return directory
 
     @classmethod
-    def load(cls, directory: str | Path, **kwargs: Any) -> "PretrainModel":
-        """Restore a model written by :meth:`save` (encoder, heads and method)."""
+    def load(cls, directory: str | Path, method: Mapping[str, Any] | None = None, **kwargs: Any) -> "PretrainModel":
+        """Restore a model written by :meth:`save` (encoder, heads and method); ``method``: its ``method.json``
+        when the caller has already read it (it is not read again)."""
         directory = Path(directory)
         method_path = directory / METHOD_FILE
-        if not method_path.exists():
+        if method is None and not method_path.exists():
             raise ConfigError(f"{directory} is not a pre-training checkpoint: {METHOD_FILE} is missing")
-        method = json.loads(method_path.read_text(encoding="utf-8"))
+        if method is None:
+            method = json.loads(method_path.read_text(encoding="utf-8"))
         model = cls(Encoder.from_pretrained(directory, **kwargs), method)
         heads_path = directory / HEADS_FILE
         heads = load_file(str(heads_path)) if heads_path.exists() else {}

@@ -59,13 +59,12 @@ from transformers import AutoConfig, AutoModelForMaskedLM
 from pretrieve.errors import ConfigError, InputError
 from pretrieve.io_utils import write_json
 from pretrieve.masking.vocab import VocabInfo
+from pretrieve.modeling.pretrain_model import METHOD_FILE  # the resolved method, beside the exported encoder
 from pretrieve.models import no_remote_code
 from pretrieve.train.method import MethodConfig
 
 DELETION_RATIO = 0.6
 """TSDAE's deletion probability per word (Wang et al. 2021: deletion at 0.6 was the best noise)."""
-METHOD_FILE = "method.json"
-"""The resolved method, beside the exported encoder (as a PretrainModel checkpoint has it)."""
 
 
 def delete_words(ids: list[int], continuation: Tensor, ratio: float, generator: torch.Generator | None) -> list[int]:
