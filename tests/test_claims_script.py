@@ -230,3 +230,35 @@ def test_tier2b_builds_its_base_once_at_one_thread_and_runs_only_past_the_gate(t
         assert json.loads(gate.read_text())["gate"]["passed"] is False
         assert result.stderr.startswith("error: the from-scratch base's held-out MLM accuracy is 0.2 (< 0.25")
         assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_all_runs_the_tiers_in_the_registered_order_and_goes_on_past_a_failed_one(tmp_path):
+    """``claims.sh all``: Tier 1, then 2b, 2c, 2d, 3 and 2a, each into its own records and scratch of the checkout
+    (run from elsewhere, by a relative path); Tier 2b's base failing its gate is reported and the sequence goes
+    on; the exit code is the failed tier's."""
+    repo = script_repo(tmp_path, ["scripts/experiments/claims.sh"],
+                       {"outputs/claims-tier1/pretrain-data/scifact+cranfield.jsonl":
+                        "".join(f'{{"text": "passage {i}"}}\n' for i in range(1, 41))})
+    fake = tmp_path / "fake-pretrieve"
+    fake.write_text(FAKE_BASE_TOOLS)
+    fake.chmod(0o755)
+    calls = tmp_path / "calls"
+    env = {**os.environ, "PRETRIEVE": str(fake), "CALLS": str(calls), "FAKE_ACCURACY": "0.2",
+           "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@example.org", "GIT_COMMITTER_NAME": "t",
+           "GIT_COMMITTER_EMAIL": "t@example.org"}
+    (tmp_path / "elsewhere").mkdir()
+    result = subprocess.run(["bash", "../repo/scripts/experiments/claims.sh", "all", "--jobs", "1"],
+                            cwd=str(tmp_path / "elsewhere"), env=env, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2
+    assert "claims.sh tier2b ended with exit code 2; going on with the next tier" in result.stderr
+    quality = [line.split()[1:] for line in calls.read_text().splitlines() if line.split()[1:3] == ["bench", "quality"]]
+
+    def last(args, option):
+        return args[len(args) - 1 - args[::-1].index(option) + 1]
+
+    assert [Path(last(args, "--records")).name for args in quality] == ["tier1", "tier2c", "tier2d", "tier3", "tier2a"]
+    for args in quality:
+        tier = Path(last(args, "--records")).name
+        assert last(args, "--records") == str(repo / "results" / "claims" / tier)
+        assert last(args, "--out") == str(repo / "outputs" / f"claims-{tier}") and last(args, "--jobs") == "1"
+    assert [line.split()[1] for line in calls.read_text().splitlines()][1:4] == ["init-model", "pretrain", "analyze"]

@@ -9,7 +9,11 @@
 #   bash scripts/experiments/claims.sh tier1 --report-only          # progress and tables, from the records alone
 #   bash scripts/experiments/claims.sh tier1 --background           # every cell, in the background (see below)
 #   bash scripts/experiments/claims.sh tier1 --stop                 # stop the background run (it resumes later)
-#   TIER: tier1, tier2a, tier2b (its from-scratch base is built first), tier2c, tier2d or tier3
+#   bash scripts/experiments/claims.sh all --background             # every tier in order, each until it is done
+#   TIER: tier1, tier2a, tier2b (its from-scratch base is built first), tier2c, tier2d or tier3; or all: the tiers
+#   in the registered order (Tier 1, then the review's: 2b, 2c, 2d, 3, 2a), one after the other, each resuming
+#   from its records and skipped in no time once every cell of it is recorded; a tier that ends in an error (Tier
+#   2b's base failing its gate) is reported and the next one runs. Extra options go to every tier (not --cells).
 #
 # --background (first option after the tier) pins the code: it checks out this checkout's HEAD, detached, in the
 # git worktree outputs/claims-<tier>-code (made once), and runs the tier from there with setsid/nohup, so that the
@@ -25,8 +29,10 @@
 # PRETRIEVE (default: the `pretrieve` on PATH, else .venv/bin/pretrieve) is the command that runs it.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-tier=${1:?usage: claims.sh TIER [--background|--stop] [bench quality options]}
+self="$PWD/scripts/experiments/claims.sh"    # this script, also when it was called by a path relative to elsewhere
+tier=${1:?usage: claims.sh TIER|all [--background|--stop] [bench quality options]}
 shift
+TIERS_IN_ORDER=(tier1 tier2b tier2c tier2d tier3 tier2a)   # the pre-registration's Tier 1, then the review's order
 # the command that runs the tier (absolute, so that the background run finds it from its worktree too)
 if [ -n "${PRETRIEVE:-}" ]; then read -r -a run <<<"$PRETRIEVE"
 elif command -v pretrieve >/dev/null; then run=("$(command -v pretrieve)")
@@ -66,15 +72,29 @@ if [ "${1:-}" = "--background" ]; then
   fi
   rm -f "$pidfile"
   # its own session and process group (setsid), whose leader writes its pid (the group's id) before it runs the tier
+  where=(--out "$root/outputs/claims-$tier" --records "$root/results/claims/$tier")
+  [ "$tier" != all ] || where=()      # each tier of the sequence names its own (below)
   PYTHONPATH="$code/src${PYTHONPATH:+:$PYTHONPATH}" PRETRIEVE="${run[*]}" PRETRIEVE_CLAIMS_TIER=$tier PRETRIEVE_CLAIMS_ROOT=$root setsid nohup \
     bash -c 'echo $$ > "$0"; exec "$@"' "$root/$pidfile" bash "$code/scripts/experiments/claims.sh" "$tier" \
-    --out "$root/outputs/claims-$tier" --records "$root/results/claims/$tier" "$@" \
-    >> "outputs/claims-$tier.log" 2>&1 < /dev/null &
+    "${where[@]}" "$@" >> "outputs/claims-$tier.log" 2>&1 < /dev/null &
   for _ in $(seq 50); do [ -s "$pidfile" ] && break; sleep 0.1; done
   echo "running $tier in the background at ${head:0:7} (process group $(cat "$pidfile")); log:" \
        "outputs/claims-$tier.log; progress: bash scripts/experiments/claims.sh $tier --report-only;" \
        "stop: bash scripts/experiments/claims.sh $tier --stop"
   exit 0
+fi
+if [ "$tier" = all ]; then     # the tiers in order, each into its own records and scratch (in this checkout)
+  status=0
+  for next in "${TIERS_IN_ORDER[@]}"; do
+    echo "== claims.sh $next ($(date -u '+%Y-%m-%d %H:%M') UTC)"
+    code=0
+    bash "$self" "$next" --out "$root_dir/outputs/claims-$next" --records "$root_dir/results/claims/$next" "$@" || code=$?
+    if [ "$code" != 0 ]; then
+      echo "claims.sh $next ended with exit code $code; going on with the next tier" >&2
+      status=$code
+    fi
+  done
+  exit "$status"
 fi
 common=(--pretrain-data scifact,cranfield --train scifact --eval scifact,cranfield --folds train:test,test:train
         --dev-queries 100 --seed 1 --precision fp32 --out "outputs/claims-$tier" --records "results/claims/$tier")
@@ -106,7 +126,7 @@ case "$tier" in
     args=(--base minilm --methods none,mlm,bow,tsdae --pretrain bottleneck=mean --budget 600 --lr 2e-5 --batch-size 16
           --max-len 144 --grid-lr 1e-5,2e-5,5e-5 --grid-epochs 1,2 --select-arm mlm
           --finetune num_negatives=3,batch_size=32 --seeds 2 --contrasts mlm-none,bow-none,tsdae-none,bow-mlm) ;;
-  *) echo "error: unknown tier '$tier' (this script knows tier1, tier2a, tier2b, tier2c, tier2d and tier3)" >&2
+  *) echo "error: unknown tier '$tier' (this script knows tier1, tier2a, tier2b, tier2c, tier2d, tier3 and all)" >&2
      exit 2 ;;
 esac
 report=0
@@ -126,7 +146,7 @@ scratch_base() {
   local heldout="$root_dir/outputs/scratch-mlm-heldout.jsonl" train="$root_dir/outputs/scratch-mlm-train.jsonl"
   mkdir -p "$outputs"
   if [ ! -f "$corpus" ]; then   # Tier 1's harness writes its pre-training union on start (no cell runs here)
-    bash "$0" tier1 --select-only --no-commit --out "$outputs/claims-tier1" --records "$root_dir/results/claims/tier1" \
+    bash "$self" tier1 --select-only --no-commit --out "$outputs/claims-tier1" --records "$root_dir/results/claims/tier1" \
       >/dev/null || return 2
   fi
   [ -f "$train" ] || { awk 'NR % 20 != 0' "$corpus" > "$train.part" && mv "$train.part" "$train"; } || return 2
