@@ -182,8 +182,9 @@ exit 0
 '''
 
 
-@pytest.mark.parametrize("accuracy,runs", [(0.31, True), (0.2, False)])
-def test_tier2b_builds_its_base_once_at_one_thread_and_runs_only_past_the_gate(tmp_path, accuracy, runs):
+def base_tools_repo(tmp_path: Path, accuracy: float) -> tuple[Path, dict[str, str], Path]:
+    """``(repo, env, calls)``: a script repository with Tier 1's pre-training union, run with the stand-in tools of
+    :data:`FAKE_BASE_TOOLS` (the base's held-out accuracy: ``accuracy``), which log each call to ``calls``."""
     repo = script_repo(tmp_path, ["scripts/experiments/claims.sh"],
                        {"outputs/claims-tier1/pretrain-data/scifact+cranfield.jsonl":
                         "".join(f'{{"text": "passage {i}"}}\n' for i in range(1, 41))})
@@ -195,6 +196,12 @@ def test_tier2b_builds_its_base_once_at_one_thread_and_runs_only_past_the_gate(t
            "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@example.org", "GIT_COMMITTER_NAME": "t",
            "GIT_COMMITTER_EMAIL": "t@example.org"}
     env.pop("OMP_NUM_THREADS", None)
+    return repo, env, calls
+
+
+@pytest.mark.parametrize("accuracy,runs", [(0.31, True), (0.2, False)])
+def test_tier2b_builds_its_base_once_at_one_thread_and_runs_only_past_the_gate(tmp_path, accuracy, runs):
+    repo, env, calls = base_tools_repo(tmp_path, accuracy)
     result = subprocess.run(["bash", "scripts/experiments/claims.sh", "tier2b", "--jobs", "1"], cwd=str(repo), env=env,
                             capture_output=True, text=True, timeout=60)
     lines = calls.read_text().splitlines()
@@ -236,16 +243,7 @@ def test_all_runs_the_tiers_in_the_registered_order_and_goes_on_past_a_failed_on
     """``claims.sh all``: Tier 1, then 2b, 2c, 2d, 3 and 2a, each into its own records and scratch of the checkout
     (run from elsewhere, by a relative path); Tier 2b's base failing its gate is reported and the sequence goes
     on; the exit code is the failed tier's."""
-    repo = script_repo(tmp_path, ["scripts/experiments/claims.sh"],
-                       {"outputs/claims-tier1/pretrain-data/scifact+cranfield.jsonl":
-                        "".join(f'{{"text": "passage {i}"}}\n' for i in range(1, 41))})
-    fake = tmp_path / "fake-pretrieve"
-    fake.write_text(FAKE_BASE_TOOLS)
-    fake.chmod(0o755)
-    calls = tmp_path / "calls"
-    env = {**os.environ, "PRETRIEVE": str(fake), "CALLS": str(calls), "FAKE_ACCURACY": "0.2",
-           "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@example.org", "GIT_COMMITTER_NAME": "t",
-           "GIT_COMMITTER_EMAIL": "t@example.org"}
+    repo, env, calls = base_tools_repo(tmp_path, 0.2)
     (tmp_path / "elsewhere").mkdir()
     result = subprocess.run(["bash", "../repo/scripts/experiments/claims.sh", "all", "--jobs", "1"],
                             cwd=str(tmp_path / "elsewhere"), env=env, capture_output=True, text=True, timeout=120)
