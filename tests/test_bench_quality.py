@@ -443,6 +443,26 @@ def crossfit(tiny_mlm_dir, collections, tmp_path_factory):
     return settings, out, quality.run_quality_bench(settings)
 
 
+def test_a_pre_training_of_another_comparison_is_reused_when_it_trains_the_same(crossfit, tiny_mlm_dir, collections,
+                                                                                 tmp_path):
+    """``pretrained_from``: an arm × seed pre-trained in another comparison's scratch with the same settings from
+    passages of the same content is copied (its weights, and its logs: what it cost), so its record names the same
+    checkpoint; an arm that comparison did not pre-train (``bow``) is pre-trained here."""
+    _, first, _ = crossfit
+    out = tmp_path / "q"
+    settings = settings_for(tiny_mlm_dir, collections, out, ("mlm", "bow"), seeds=(2,), folds=("test:train",),
+                            pretrain_data=(str(collections[0]), str(collections[1])), dev_queries=3, dev_seed=5,
+                            pretrained_from=str(first))
+    quality.run_quality_bench(settings)
+    for name in ("logs.jsonl", "final/model.safetensors"):
+        assert (out / "mlm" / "seed2" / "pretrain" / name).read_bytes() == \
+            (first / "mlm" / "seed2" / "pretrain" / name).read_bytes(), name
+    assert _record(out / "records", "mlm", 2)["checkpoint_sha256"] == \
+        _record(first / "records", "mlm", 2)["checkpoint_sha256"]
+    assert (out / "bow" / "seed2" / "pretrain" / "final" / "model.safetensors").exists()
+    assert not (first / "bow").exists()
+
+
 def _queries_of_groups(path: Path) -> set[str]:
     return {json.loads(line)["query_id"] for line in path.read_text().splitlines() if line.strip()}
 

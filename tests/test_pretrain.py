@@ -151,6 +151,39 @@ def test_finished_run_is_reused_with_the_same_settings_and_refused_with_others(t
         pretrain(_config(tiny_mlm_dir, small_corpus, tmp_path / "run", max_steps=2, method="mlm"))
 
 
+def test_another_outputs_finished_run_is_reused_only_with_the_same_settings_and_inputs(tiny_mlm_dir, small_corpus,
+                                                                                       tmp_path, monkeypatch):
+    """``reuse_from``: the finished run of another output, made with these settings from inputs of the same
+    content (a copied corpus), is copied in without training; other settings train; an output with a run of its
+    own is never replaced."""
+    final = pretrain(_config(tiny_mlm_dir, small_corpus, tmp_path / "first", max_steps=2, save_every=1,
+                             keep_checkpoints=0))
+    weights = (final / "model.safetensors").read_bytes()
+    corpus = tmp_path / "elsewhere" / "passages.txt"               # the same passages under another path
+    corpus.parent.mkdir()
+    shutil.copy(small_corpus, corpus)
+    trained = []
+    original = loop.train_step
+    monkeypatch.setattr(loop, "train_step", lambda *a, **kw: trained.append(1) or original(*a, **kw))
+    reused = pretrain(_config(tiny_mlm_dir, corpus, tmp_path / "second", max_steps=2, reuse_from=str(tmp_path / "first"),
+                              cache_dir=str(tmp_path / "other-cache")))          # bookkeeping may differ
+    assert trained == [] and reused == tmp_path / "second" / "final"
+    assert (reused / "model.safetensors").read_bytes() == weights
+    assert read_logs(tmp_path / "second") == read_logs(tmp_path / "first")         # what it cost, as it ran
+    assert pretrain(_config(tiny_mlm_dir, corpus, tmp_path / "second", max_steps=2)) == reused   # now its own
+    other = pretrain(_config(tiny_mlm_dir, corpus, tmp_path / "third", max_steps=2, lr=1e-3,
+                             reuse_from=str(tmp_path / "first")))              # another lr: trained
+    assert trained and (other / "model.safetensors").read_bytes() != weights
+    trained.clear()
+    edited = tmp_path / "edited.txt"
+    edited.write_text(small_corpus.read_text().replace("protein", "proteins"))
+    pretrain(_config(tiny_mlm_dir, edited, tmp_path / "fourth", max_steps=2, reuse_from=str(tmp_path / "first")))
+    assert trained                                                               # other passages: trained
+    trained.clear()
+    pretrain(_config(tiny_mlm_dir, corpus, tmp_path / "fifth", max_steps=2, reuse_from=str(tmp_path / "nowhere")))
+    assert trained                                                               # nothing there: trained
+
+
 def test_checkpoint_is_never_half_written(tiny_mlm_dir, small_corpus, tmp_path, monkeypatch):
     config = _config(tiny_mlm_dir, small_corpus, tmp_path / "run", max_steps=8, save_every=4)
     from accelerate import Accelerator

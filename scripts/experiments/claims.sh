@@ -116,9 +116,11 @@ case "$tier" in
   tier2a)   # budget sensitivity: mlm against bow at 6,000 pre-training steps, 3 seeds
     args=(--base splade-tiny --methods mlm,bow --budget 6000 --finetune "num_negatives=3,$TIER1_PROTOCOL" --seeds 3
           --contrasts bow-mlm) ;;
-  tier2c)   # DupMAE's CLS+OT representation: retromae (the seeds re-create Tier 1's checkpoints) against dupmae
+  tier2c)   # DupMAE's CLS+OT representation: retromae (Tier 1's checkpoints: copied from Tier 1's scratch where it
+            # has them with the same settings and inputs, else pre-trained again from the same seeds) against dupmae
     args=(--base splade-tiny --methods retromae,dupmae --budget 600
-          --finetune "num_negatives=3,representation=dupmae,$TIER1_PROTOCOL" --seeds 2 --contrasts dupmae-retromae) ;;
+          --finetune "num_negatives=3,representation=dupmae,$TIER1_PROTOCOL" --seeds 2 --contrasts dupmae-retromae
+          --pretrained-from "$root_dir/outputs/claims-tier1") ;;
   tier2d)   # PMI importance masking against random masking
     args=(--base splade-tiny --methods cdmae,cdmae-random --budget 600 --finetune "num_negatives=3,$TIER1_PROTOCOL"
           --seeds 2 --contrasts cdmae-cdmae-random) ;;

@@ -115,6 +115,10 @@ def bench_quality_command(
     progress: bool = typer.Option(False, "--progress/--no-progress", help="Progress bars of each stage."),
     threads: Optional[int] = typer.Option(None, help="torch intra-op threads of each cell (default: the cores / "
                                           "--jobs)."),
+    pretrained_from: Optional[Path] = typer.Option(None, "--pretrained-from", help="Another comparison's scratch "
+                                                   "--out: an arm × seed pre-trained there with these settings from "
+                                                   "the same inputs (by content) is copied, not pre-trained again "
+                                                   "(not for a probed first seed)."),
 ) -> None:
     """Retrieval quality per pre-training method at an equal budget (Drop your Decoder, Ma et al. 2024, Tables 5/6),
     cross-fitted, with a dev-chosen fine-tuning protocol, coverage and multi-bootstrap contrasts (issue #20)."""
@@ -155,7 +159,8 @@ def bench_quality_command(
             contrasts=tuple(_split(contrasts, "contrast")) if contrasts else (), margin=margin, bootstrap=bootstrap,
             probe_steps=tuple(int(v) for v in _numbers(probe_steps, "probe-steps")) if probe_steps else (),
             precision=precision, records=str(records) if records else None, threads=threads,
-            retry_failed=retry_failed, keep_checkpoints=keep_checkpoints, show_progress=progress)
+            retry_failed=retry_failed, keep_checkpoints=keep_checkpoints, show_progress=progress,
+            pretrained_from=str(pretrained_from.expanduser().absolute()) if pretrained_from else None)
         if smoke:
             settings = quality.smoke_settings(settings, explicit_methods=methods is not None)
         started = time.perf_counter()

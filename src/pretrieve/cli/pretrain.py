@@ -73,6 +73,9 @@ def pretrain_command(
                                               "from an uninterrupted run)."),
     divergence_factor: Optional[float] = typer.Option(None, help=DIVERGENCE_HELP, show_default="10"),
     report_to: Optional[str] = report_to_option(),
+    reuse_from: Optional[Path] = typer.Option(None, "--reuse-from", help="Another pre-training's --out: when it "
+                                              "holds a finished run with these settings from the same inputs "
+                                              "(compared by content), copy it instead of training."),
 ) -> None:
     """Pre-train an encoder; the result in OUT/final loads with AutoModel.from_pretrained."""
     from pretrieve.train.pretrainer import pretrain   # torch: not for --help
@@ -86,7 +89,8 @@ def pretrain_command(
                  gradient_checkpointing=gradient_checkpointing, seed=seed,
                  save_every=save_every, log_every=log_every, num_workers=num_workers, num_proc=num_proc,
                  overwrite=overwrite or None, allow_inexact_resume=allow_inexact_resume or None,
-                 divergence_factor=divergence_factor, report_to=report_to)
+                 divergence_factor=divergence_factor, report_to=report_to,
+                 reuse_from=str(reuse_from) if reuse_from else None)
     method_flags = dict(method=method, objectives=objectives, weights=weights, encoder_mask=encoder_mask,
                         decoder_mask=decoder_mask, encoder_masker=encoder_masker, decoder_masker=decoder_masker,
                         bottleneck=bottleneck)

@@ -58,6 +58,10 @@ class LoopConfig:
     resume: bool = False
     show_progress: bool = True
     overwrite: bool = False
+    reuse_from: str | None = None
+    """Another run's output directory: when it holds a finished run made with this run's settings from the same
+    inputs (the freshness rule), its ``final`` is copied in instead of training (one process; see
+    :meth:`pretrieve.train.run.TrainingRun.reuse`)."""
     allow_inexact_resume: bool = False
     divergence_factor: float = 10.0
     """A loss above this multiple of the running level (median + MAD, at least 1 nat) for several steps in a row
@@ -150,7 +154,7 @@ def check_trackers(report_to: str | Sequence[str] | None, where: str = "report_t
 
 # Settings that do not change what a run computes: how it is logged, checkpointed and fed, and how memory is
 # traded for compute (gradient checkpointing and gradient caching give the same gradients).
-BOOKKEEPING = ("resume", "show_progress", "save_every", "keep_checkpoints", "log_every", "num_workers",
+BOOKKEEPING = ("resume", "show_progress", "save_every", "keep_checkpoints", "log_every", "num_workers", "reuse_from",
                "gradient_checkpointing", "grad_cache_chunk", "overwrite", "allow_inexact_resume", "divergence_factor",
                "divergence_warmup", "report_to")
 # Settings that may also change between an interrupted run and its resumption: micro-batching splits the same

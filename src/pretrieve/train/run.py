@@ -34,9 +34,9 @@ from typing import Any, Collection, Mapping
 
 import torch
 
-from pretrieve import artifacts, outputs
+from pretrieve import artifacts, outputs, ranks
 from pretrieve.errors import ConfigError, StaleOutputError
-from pretrieve.io_utils import write_json
+from pretrieve.io_utils import atomic_dir, write_json
 from pretrieve.train import checkpoint as ckpt
 from pretrieve.train.accelerator import TRACKERS_DIR, make_accelerator
 from pretrieve.train.config import LoopConfig
@@ -117,6 +117,8 @@ class TrainingRun(abc.ABC):
         config = self.config
         done = None if config.overwrite else finished_run(self.out, self.kind, settings, inputs,
                                                           ignore=self.not_compared)
+        if done is None and config.reuse_from and not config.overwrite:
+            done = self.reuse(settings, inputs)
         if done is not None:
             logger.info("%s is complete with the same settings; not training again", done)
             return done
@@ -138,6 +140,31 @@ class TrainingRun(abc.ABC):
                       tracked_config=self.config_record())
         self.finish(final)
         return final
+
+
+    def reuse(self, settings: Mapping[str, Any], inputs: Mapping[str, str | Path]) -> Path | None:
+        """``reuse_from``'s finished run copied in as this one's (``final``, ``logs.jsonl`` and the config file),
+        when the freshness rule (:func:`finished_run`) says that it was made with these settings from these
+        inputs and this output holds no run of its own; returns this run's ``final``, or None (the run trains):
+        another run there, none, one under several processes (each would copy)."""
+        source = Path(str(self.config.reuse_from))
+        if ranks.world_size() > 1 or ckpt.list_checkpoints(self.out) or (self.out / "final").exists():
+            logger.info("not reusing %s: this output has a run of its own, or several processes run", source)
+            return None
+        try:
+            found, why = finished_run(source, self.kind, settings, inputs, ignore=self.not_compared), "none there"
+        except StaleOutputError as error:
+            found, why = None, str(error)
+        if found is None:
+            logger.info("not reusing %s (its finished run: %s): training", source, why)
+            return None
+        with atomic_dir(self.out / "final") as tmp:
+            shutil.copytree(found, tmp, dirs_exist_ok=True)
+        for name in ("logs.jsonl", self.config_file):
+            if (source / name).is_file():
+                shutil.copy2(source / name, self.out / name)
+        logger.info("%s: the finished run in %s has these settings and inputs; reused", self.out, source)
+        return finished_run(self.out, self.kind, settings, inputs, ignore=self.not_compared)
 
 
 def finished_run(out: str | Path, kind: str, settings: Mapping[str, Any], inputs: Mapping[str, str | Path],

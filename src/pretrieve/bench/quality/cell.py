@@ -132,6 +132,8 @@ class Bench:
             pretrain = {**self.settings.pretrain, "precision": self.settings.precision}
             if self.settings.probe_steps and seed == self.settings.arm_seeds(arm)[0]:
                 pretrain.update(save_every=_gcd(self.settings.probe_steps), keep_checkpoints=0)
+            elif self.settings.pretrained_from:     # the same pre-training in another comparison: copied if current
+                pretrain["reuse_from"] = str(seed_dir(Path(self.settings.pretrained_from), arm, seed) / "pretrain")
             recipe = recipes.pretrain_recipe(f"bench-quality-{arm}-seed{seed}", directory, self.settings.base,
                                              str(self.data), seed, method, pretrain, self.corpus,
                                              self.out / "cache", self._pairs)

@@ -132,6 +132,7 @@ class QualityBenchSettings:
     retry_failed: bool = False
     keep_checkpoints: bool = False
     show_progress: bool = False
+    pretrained_from: str | None = None      # another comparison's scratch out: its identical pre-trainings are reused
 
     def resolved(self) -> "QualityBenchSettings":
         """Validated copy with collections as absolute paths (raises :class:`ConfigError` / :class:`InputError`)."""
