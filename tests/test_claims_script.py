@@ -260,3 +260,12 @@ def test_all_runs_the_tiers_in_the_registered_order_and_goes_on_past_a_failed_on
         assert last(args, "--records") == str(repo / "results" / "claims" / tier)
         assert last(args, "--out") == str(repo / "outputs" / f"claims-{tier}") and last(args, "--jobs") == "1"
     assert [line.split()[1] for line in calls.read_text().splitlines()][1:4] == ["init-model", "pretrain", "analyze"]
+    (repo / "results" / "claims" / "tier2d").mkdir(parents=True)
+    (repo / "results" / "claims" / "tier2d" / "tier.json").write_text("{}")
+    calls.unlink()
+    report = subprocess.run(["bash", "scripts/experiments/claims.sh", "all", "--report-only"], cwd=str(repo), env=env,
+                            capture_output=True, text=True, timeout=60)          # progress: only begun tiers report
+    assert report.returncode == 0 and "== tier1: not started" in report.stdout
+    assert "== claims.sh tier2d" in report.stdout and "== tier2d: not started" not in report.stdout
+    assert [line.split()[1:3] for line in calls.read_text().splitlines()] == [["bench", "quality"]]
+    assert "--report-only" in calls.read_text() and "results/claims/tier2d" in calls.read_text()

@@ -83,9 +83,14 @@ if [ "${1:-}" = "--background" ]; then
        "stop: bash scripts/experiments/claims.sh $tier --stop"
   exit 0
 fi
+report=0
+for option in "$@"; do [ "$option" = "--report-only" ] && report=1; done
 if [ "$tier" = all ]; then     # the tiers in order, each into its own records and scratch (in this checkout)
   status=0
   for next in "${TIERS_IN_ORDER[@]}"; do
+    if [ "$report" = 1 ] && [ ! -f "$root_dir/results/claims/$next/tier.json" ]; then
+      echo "== $next: not started (no results/claims/$next/tier.json)"; continue
+    fi
     echo "== claims.sh $next ($(date -u '+%Y-%m-%d %H:%M') UTC)"
     code=0
     bash "$self" "$next" --out "$root_dir/outputs/claims-$next" --records "$root_dir/results/claims/$next" "$@" || code=$?
@@ -131,8 +136,6 @@ case "$tier" in
   *) echo "error: unknown tier '$tier' (this script knows tier1, tier2a, tier2b, tier2c, tier2d, tier3 and all)" >&2
      exit 2 ;;
 esac
-report=0
-for option in "$@"; do [ "$option" = "--report-only" ] && report=1; done
 if [ "$report" = 1 ]; then
   exec "${run[@]}" bench quality --out "outputs/claims-$tier" --records "results/claims/$tier" "$@"
 fi
