@@ -10,7 +10,9 @@ call :func:`search` (or :func:`search_blocks`, its streaming form):
    several ranks: each encodes a slice, rank 0 merges them into that same index) / :func:`build_index`, which
    reuses an index that :mod:`pretrieve.artifacts` certifies was made by the same model weights, settings and
    texts, and otherwise streams the passages through the batch encoder (:mod:`pretrieve.retrieval.batches`)
-   into the index format (:mod:`pretrieve.retrieval.index`) — memory is one window, not the corpus.
+   into the index format (:mod:`pretrieve.retrieval.index`) — memory is one window, not the corpus. The index of
+   an encoder that L2-normalises float32 vectors can instead be made from the same encoder's unnormalised index
+   (:func:`normalized_index`: the same vectors, no second encode).
 2. **Queries** are encoded and searched ``query_block`` at a time (results can be written as they come).
 3. **Shards** are searched by the searcher the kind's back-end opens over them (dense: FAISS, exact or
    approximate; DupMAE: CLS + OT; sparse/hybrid: inverted index; every mode a searcher composed of searchers,
