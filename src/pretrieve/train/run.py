@@ -141,7 +141,6 @@ class TrainingRun(abc.ABC):
         self.finish(final)
         return final
 
-
     def reuse(self, settings: Mapping[str, Any], inputs: Mapping[str, str | Path]) -> Path | None:
         """``reuse_from``'s finished run copied in as this one's (``final``, ``logs.jsonl`` and the config file),
         when the freshness rule (:func:`finished_run`) says that it was made with these settings from these
