@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
 from dataclasses import replace
 from pathlib import Path
 
@@ -922,6 +923,40 @@ def test_a_fresh_clone_with_the_records_alone_runs_no_cell_and_rebuilds_the_repo
     assert str(clone) in from_clone.stdout                                   # the inputs it names
     assert from_clone.stdout.replace(str(clone), "RECORDS") == from_original.stdout.replace(str(out / "records"),
                                                                                             "RECORDS")
+
+
+def test_records_an_interrupted_run_left_uncommitted_are_committed_by_the_next_run(crossfit, tmp_path, monkeypatch):
+    """A run killed between writing a record and committing it (a session's end) leaves the record in the working
+    tree: the next run with ``--commit`` counts the cell as done and commits it — exactly the records, not a killed
+    write's hidden temporary."""
+    if shutil.which("git") is None:
+        pytest.skip("needs git")
+    settings, out, _ = crossfit
+    repo = tmp_path / "repo"
+    clone = repo / "results" / "claims" / "tier1"
+    shutil.copytree(out / "records", clone)
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@example.org"]
+    subprocess.run([*git, "init", "-q", str(repo)], check=True)
+    left = sorted((clone / "cells" / "mlm").glob("*.json"))                  # written, not committed
+    subprocess.run([*git, "-C", str(repo), "add", "--", *[str(p) for p in clone.rglob("*.json") if p not in left]],
+                   check=True)
+    subprocess.run([*git, "-C", str(repo), "commit", "-q", "-m", "records"], check=True)
+    (clone / "cells" / "mlm" / ".seed9.json.abc.tmp").write_text("{")          # a killed write's temporary
+    monkeypatch.setattr(quality, "run_job", lambda *a, **kw: (_ for _ in ()).throw(AssertionError("ran a job")))
+    for name, value in (("GIT_AUTHOR_NAME", "t"), ("GIT_AUTHOR_EMAIL", "t@example.org"),
+                        ("GIT_COMMITTER_NAME", "t"), ("GIT_COMMITTER_EMAIL", "t@example.org")):
+        monkeypatch.setenv(name, value)
+    quality.run_quality_bench(replace(settings, out=str(tmp_path / "fresh"), records=str(clone)),
+                              commit_records=True)
+    status = subprocess.run(["git", "-C", str(repo), "status", "--porcelain", "--untracked-files=all"],
+                            capture_output=True, text=True, check=True).stdout.splitlines()
+    assert status == ["?? results/claims/tier1/cells/mlm/.seed9.json.abc.tmp"]
+    message = subprocess.run(["git", "-C", str(repo), "log", "-1", "--format=%s"], capture_output=True, text=True,
+                             check=True).stdout.strip()
+    assert left and message == f"Claims records (tier1): {len(left)} record(s) an interrupted run had not committed"
+    committed = subprocess.run(["git", "-C", str(repo), "show", "--name-only", "--format="], capture_output=True,
+                               text=True, check=True).stdout.split()
+    assert sorted(committed) == sorted(str(p.relative_to(repo)) for p in left)
 
 
 def test_a_recorded_fold_is_not_run_again_on_the_next_machine_when_its_checkpoint_has_the_same_bytes(

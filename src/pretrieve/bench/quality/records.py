@@ -27,7 +27,8 @@ recomputed from the records alone, never from checkpoints or run files. A record
 A cell record is **current** when its fingerprint digest and precision equal the tier's and its protocol equals
 the chosen one; only current records count as done (:meth:`Records.cell`). Records are written atomically
 (:func:`pretrieve.io_utils.write_json`) by the process that ran the cell; :func:`commit` adds and commits one record
-with git (``bench quality --commit``), so a session that ends without warning loses at most the cells in flight.
+with git (``bench quality --commit``), so a session that ends without warning loses at most the cells in flight;
+a record written by a run killed before it committed it is committed by the next such run (:func:`uncommitted`).
 """
 
 from __future__ import annotations
@@ -328,6 +329,25 @@ def write_record(path: Path, record: Mapping[str, Any]) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     write_json(path, record)
     return path
+
+
+def uncommitted(root: Path) -> list[Path]:
+    """The record files under ``root`` that git does not have as they are (new or changed): those a run killed
+    between writing a record and committing it left behind. Hidden files (a killed write's temporary) are not
+    records; outside a git repository, none."""
+    result = subprocess.run(["git", "status", "--porcelain", "--untracked-files=all", "-z", "--", "."],
+                            cwd=root, capture_output=True, text=True)
+    if result.returncode:
+        return []
+    top = Path(subprocess.run(["git", "rev-parse", "--show-toplevel"], cwd=root, capture_output=True,
+                              text=True).stdout.strip())
+    entries, paths = iter(result.stdout.split("\0")), []
+    for entry in entries:            # "XY path" (paths from the top of the repository); a rename adds its old path
+        if len(entry) > 3:
+            paths.append(top / entry[3:])
+            if entry[0] in "RC":
+                next(entries, None)
+    return sorted(p for p in paths if p.suffix == ".json" and not p.name.startswith(".") and p.is_file())
 
 
 def commit(paths: Sequence[Path], message: str, attempts: int = 20) -> bool:

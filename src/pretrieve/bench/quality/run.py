@@ -36,7 +36,7 @@ from pretrieve.bench.quality.cell import (Bench, checkpoint_digest, derived_coll
                                           prepare_cell, prepare_pairs)
 from pretrieve.bench.quality.cell_records import cell_record, failed_record, fold_record, select_record
 from pretrieve.bench.quality.plan import Job, Plan
-from pretrieve.bench.quality.records import DONE, FAILED, Records, commit, write_record
+from pretrieve.bench.quality.records import DONE, FAILED, Records, commit, uncommitted, write_record
 from pretrieve.bench.quality.report import write_report
 from pretrieve.bench.quality.settings import PRIMARY, QualityBenchSettings, grid_points, point_name, seed_dir
 from pretrieve.bench.quality.summary import summarize
@@ -240,6 +240,10 @@ def run_quality_bench(settings: QualityBenchSettings, progress: Callable[[str], 
     tier = records.open(settings.fingerprint(), settings.precision, settings.growing())
     if commit_records:
         commit([records.tier_path], f"Claims records ({records.root.name}): tier.json")
+        left = [path for path in uncommitted(records.root) if path != records.tier_path]
+        if left:        # written by a run killed before it could commit them (a session's end)
+            commit(left, f"Claims records ({records.root.name}): {len(left)} record(s) an interrupted run had not "
+                         "committed")
     bench = Bench(settings)     # the derived collection and the pre-training union, made once here
 
     def landed(result: Mapping[str, Any]) -> None:
