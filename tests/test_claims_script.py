@@ -73,11 +73,11 @@ def repo(tmp_path):
     return repo, fake
 
 
-def _claims(repo: Path, fake: Path, args_file: Path, *args: str) -> subprocess.CompletedProcess:
+def _claims(repo: Path, fake: Path, args_file: Path, *args: str, tier: str = "tier1") -> subprocess.CompletedProcess:
     env = {**{k: v for k, v in os.environ.items() if k != "PRETRIEVE_DATA"}, "PRETRIEVE": str(fake), "ARGS_FILE": str(args_file), **{
         "GIT_AUTHOR_NAME": "test", "GIT_AUTHOR_EMAIL": "t@example.org", "GIT_COMMITTER_NAME": "test",
         "GIT_COMMITTER_EMAIL": "t@example.org"}}
-    return subprocess.run(["bash", str(repo / "scripts" / "experiments" / "claims.sh"), "tier1", *args],
+    return subprocess.run(["bash", str(repo / "scripts" / "experiments" / "claims.sh"), tier, *args],
                           cwd=str(repo), env=env, capture_output=True, text=True, timeout=120)
 
 
@@ -107,6 +107,10 @@ def test_background_pins_the_code_refuses_a_second_start_and_stops(repo, tmp_pat
         again = _claims(repo, fake, args_file, "--background")
         assert again.returncode == 2 and len(again.stderr.strip().splitlines()) == 1
         assert again.stderr.startswith(f"error: a tier1 run is already running (process group {pid};")
+        every = _claims(repo, fake, args_file, "--background", tier="all")          # `all` would run tier1 too
+        assert every.returncode == 2 and every.stderr.startswith(f"error: a tier1 run is already running (process "
+                                                                 f"group {pid};")
+        assert not (repo / "outputs" / "claims-all.pid").exists()
     finally:
         stopped = _claims(repo, fake, args_file, "--stop")
     assert stopped.returncode == 0 and f"stopped the tier1 run (process group {pid})" in stopped.stdout

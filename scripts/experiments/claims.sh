@@ -42,10 +42,11 @@ pidfile="outputs/claims-$tier.pid"
 root_dir=${PRETRIEVE_CLAIMS_ROOT:-$PWD}
 # the background run's process group is alive and is that run (its leader carries PRETRIEVE_CLAIMS_TIER: a pid
 # reused by another process after a reboot is not taken for it)
-running() {
-  [ -f "$pidfile" ] && kill -0 "$(cat "$pidfile")" 2>/dev/null || return 1
-  local environ="/proc/$(cat "$pidfile")/environ"
-  [ ! -r "$environ" ] || tr '\0' '\n' < "$environ" | grep -qx "PRETRIEVE_CLAIMS_TIER=$tier"
+running() {   # [TIER]: this tier's run by default
+  local name=${1:-$tier} file="outputs/claims-${1:-$tier}.pid"
+  [ -f "$file" ] && kill -0 "$(cat "$file")" 2>/dev/null || return 1
+  local environ="/proc/$(cat "$file")/environ"
+  [ ! -r "$environ" ] || tr '\0' '\n' < "$environ" | grep -qx "PRETRIEVE_CLAIMS_TIER=$name"
 }
 if [ "${1:-}" = "--stop" ]; then
   if running; then kill -- "-$(cat "$pidfile")" && echo "stopped the $tier run (process group $(cat "$pidfile"))"
@@ -55,11 +56,15 @@ if [ "${1:-}" = "--stop" ]; then
 fi
 if [ "${1:-}" = "--background" ]; then
   shift
-  if running; then
-    echo "error: a $tier run is already running (process group $(cat "$pidfile"); log outputs/claims-$tier.log;" \
-         "stop it with: bash scripts/experiments/claims.sh $tier --stop)" >&2
-    exit 2
-  fi
+  # one background run per tier: `all` runs every tier, so it and a single tier's run exclude each other
+  others=("$tier"); if [ "$tier" = all ]; then others+=("${TIERS_IN_ORDER[@]}"); else others+=(all); fi
+  for other in "${others[@]}"; do
+    if running "$other"; then
+      echo "error: a $other run is already running (process group $(cat "outputs/claims-$other.pid"); log" \
+           "outputs/claims-$other.log; stop it with: bash scripts/experiments/claims.sh $other --stop)" >&2
+      exit 2
+    fi
+  done
   root=$PWD code="$PWD/outputs/claims-$tier-code" head=$(git rev-parse HEAD)
   git diff --quiet HEAD -- src scripts || echo "warning: uncommitted changes in src/ or scripts/ do not run" \
     "(the background run checks out HEAD, $head)" >&2
