@@ -959,6 +959,38 @@ def test_records_an_interrupted_run_left_uncommitted_are_committed_by_the_next_r
     assert sorted(committed) == sorted(str(p.relative_to(repo)) for p in left)
 
 
+def test_a_stale_index_lock_is_removed_and_a_live_one_is_waited_for(tmp_path, monkeypatch):
+    """A git killed mid-commit (a session's end) leaves ``.git/index.lock`` and every later commit fails: a lock
+    older than ``STALE_LOCK_S`` is removed and the record committed; a recent one (a live git) is left alone."""
+    import os
+    import time
+
+    from pretrieve.bench.quality import records as qrecords
+
+    if shutil.which("git") is None:
+        pytest.skip("needs git")
+    repo = tmp_path / "repo"
+    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    for name, value in (("GIT_AUTHOR_NAME", "t"), ("GIT_AUTHOR_EMAIL", "t@example.org"),
+                        ("GIT_COMMITTER_NAME", "t"), ("GIT_COMMITTER_EMAIL", "t@example.org")):
+        monkeypatch.setenv(name, value)
+    monkeypatch.setattr(qrecords.time, "sleep", lambda seconds: None)
+    lock = repo / ".git" / "index.lock"
+    first, second = repo / "cells" / "a.json", repo / "cells" / "b.json"
+    first.parent.mkdir()
+    first.write_text("{}")
+    second.write_text("{}")
+    lock.write_text("")
+    old = time.time() - qrecords.STALE_LOCK_S - 60
+    os.utime(lock, (old, old))
+    assert qrecords.commit([first], "first") and not lock.exists()
+    lock.write_text("")                                                        # a live git's lock
+    assert not qrecords.commit([second], "second", attempts=2) and lock.exists()
+    log = subprocess.run(["git", "-C", str(repo), "log", "--format=%s"], capture_output=True, text=True,
+                         check=True).stdout.split()
+    assert log == ["first"]
+
+
 def test_a_recorded_fold_is_not_run_again_on_the_next_machine_when_its_checkpoint_has_the_same_bytes(
         crossfit, tmp_path, monkeypatch):
     """A machine replaced between a cell's folds: the records hold the first fold's record, not the cell's. A new

@@ -350,9 +350,28 @@ def uncommitted(root: Path) -> list[Path]:
     return sorted(p for p in paths if p.suffix == ".json" and not p.name.startswith(".") and p.is_file())
 
 
+STALE_LOCK_S = 600
+"""An ``index.lock`` older than this is a killed git's leftover (git holds it for a moment), not a live writer's."""
+
+
+def _remove_stale_lock(cwd: Path) -> None:
+    """Remove the repository's ``index.lock`` when it is older than :data:`STALE_LOCK_S` (a git killed mid-commit,
+    e.g. at a session's end, leaves it and every later commit fails)."""
+    git_dir = subprocess.run(["git", "rev-parse", "--absolute-git-dir"], cwd=cwd, capture_output=True, text=True)
+    lock = Path(git_dir.stdout.strip()) / "index.lock"
+    try:
+        if git_dir.returncode == 0 and time.time() - lock.stat().st_mtime > STALE_LOCK_S:
+            logger.warning("removing %s, left by a git process killed %.0f s ago", lock,
+                           time.time() - lock.stat().st_mtime)
+            lock.unlink()
+    except FileNotFoundError:
+        pass
+
+
 def commit(paths: Sequence[Path], message: str, attempts: int = 20) -> bool:
     """``git add`` + ``git commit`` of exactly ``paths`` in their repository (other staged changes stay
-    uncommitted); retried while another git process holds the index lock. False (logged) when it cannot."""
+    uncommitted); retried while another git process holds the index lock, and a lock a killed git left long ago
+    (:data:`STALE_LOCK_S`) is removed. False (logged) when it cannot."""
     paths = [Path(p).absolute() for p in paths]
     cwd = paths[0].parent
     for attempt in range(attempts):
@@ -371,6 +390,7 @@ def commit(paths: Sequence[Path], message: str, attempts: int = 20) -> bool:
             return True
         if "index.lock" not in errors:
             break
+        _remove_stale_lock(cwd)
         time.sleep(1 + attempt)
     logger.warning("could not commit %s: %s", ", ".join(map(str, paths)), errors.strip().splitlines()[-1:])
     return False
