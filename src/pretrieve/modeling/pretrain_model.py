@@ -230,10 +230,10 @@ class PretrainModel(nn.Module):
         """Restore a model written by :meth:`save` (encoder, heads and method); ``method``: its ``method.json``
         when the caller has already read it (it is not read again)."""
         directory = Path(directory)
-        method_path = directory / METHOD_FILE
-        if method is None and not method_path.exists():
-            raise ConfigError(f"{directory} is not a pre-training checkpoint: {METHOD_FILE} is missing")
         if method is None:
+            method_path = directory / METHOD_FILE
+            if not method_path.exists():
+                raise ConfigError(f"{directory} is not a pre-training checkpoint: {METHOD_FILE} is missing")
             method = json.loads(method_path.read_text(encoding="utf-8"))
         model = cls(Encoder.from_pretrained(directory, **kwargs), method)
         heads_path = directory / HEADS_FILE

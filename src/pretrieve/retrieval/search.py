@@ -104,12 +104,20 @@ def _write_index(retriever: Retriever, corpus: Any, directory: Path, settings: d
         return directory
     if status.exists:
         logger.info("re-encoding %s: %s", directory, status.reason)
+    windows = (outputs for _, outputs in encode_windows(
+        retriever.passage, text_source(corpus), batch_size, start, end, window=window,
+        show_progress=show_progress, description=description))
+    return _write_windows(retriever, corpus, directory, settings, meta, windows)
+
+
+def _write_windows(retriever: Retriever, corpus: Any, directory: Path, settings: dict[str, Any],
+                   meta: dict[str, Any], windows: Iterator[dict[str, Any]]) -> Path:
+    """Write the passage outputs ``windows`` (rows ``meta["rows"]`` of ``corpus``, in order) as the index
+    ``directory`` with its record; returns ``directory``."""
+    start, end = meta["rows"]
     columns = _columns(retriever)
     with writing(directory, retriever.kind, lambda: corpus_ids(corpus, start, end), meta, settings,
                  retriever.inputs()) as tmp:
-        windows = (outputs for _, outputs in encode_windows(
-            retriever.passage, text_source(corpus), batch_size, start, end, window=window,
-            show_progress=show_progress, description=description))
         if not write_parts(tmp, windows, columns=columns):
             write_parts(tmp, [retriever.passage.empty_outputs()], columns=columns)
     return directory
@@ -216,16 +224,10 @@ def normalized_index(retriever: Retriever, corpus: Any, source: str | Path, root
         raise ConfigError(f"{source_dir} is not the unnormalised index of this model, settings and texts "
                           f"({status.reason}); encode the corpus instead")
 
-    def normalized() -> Iterator[dict[str, Any]]:
-        for part in _part_windows([source_dir]):
-            yield {name: torch.nn.functional.normalize(torch.from_numpy(np.array(values, np.float32)), p=2,
+    normalized = ({name: torch.nn.functional.normalize(torch.from_numpy(np.array(values, np.float32)), p=2,
                                                        dim=-1).numpy() for name, values in part.items()}
-
-    start, end = meta["rows"]
-    with writing(directory, retriever.kind, lambda: corpus_ids(corpus, start, end), meta, settings,
-                 retriever.inputs()) as tmp:
-        if not write_parts(tmp, normalized(), columns=_columns(retriever)):
-            write_parts(tmp, [retriever.passage.empty_outputs()], columns=_columns(retriever))
+                  for part in _part_windows([source_dir]))
+    _write_windows(retriever, corpus, directory, settings, meta, normalized)
     return root
 
 

@@ -146,7 +146,7 @@ class TrainingRun(abc.ABC):
         when the freshness rule (:func:`finished_run`) says that it was made with these settings from these
         inputs and this output holds no run of its own; returns this run's ``final``, or None (the run trains):
         another run there, none, one under several processes (each would copy)."""
-        source = Path(str(self.config.reuse_from))
+        source = Path(self.config.reuse_from)
         if ranks.world_size() > 1 or ckpt.list_checkpoints(self.out) or (self.out / "final").exists():
             logger.info("not reusing %s: this output has a run of its own, or several processes run", source)
             return None
@@ -163,7 +163,7 @@ class TrainingRun(abc.ABC):
             if (source / name).is_file():
                 shutil.copy2(source / name, self.out / name)
         logger.info("%s: the finished run in %s has these settings and inputs; reused", self.out, source)
-        return finished_run(self.out, self.kind, settings, inputs, ignore=self.not_compared)
+        return self.out / "final"      # its record came with it: current, as finished_run just found the source
 
 
 def finished_run(out: str | Path, kind: str, settings: Mapping[str, Any], inputs: Mapping[str, str | Path],

@@ -358,11 +358,13 @@ def _remove_stale_lock(cwd: Path) -> None:
     """Remove the repository's ``index.lock`` when it is older than :data:`STALE_LOCK_S` (a git killed mid-commit,
     e.g. at a session's end, leaves it and every later commit fails)."""
     git_dir = subprocess.run(["git", "rev-parse", "--absolute-git-dir"], cwd=cwd, capture_output=True, text=True)
+    if git_dir.returncode:
+        return
     lock = Path(git_dir.stdout.strip()) / "index.lock"
     try:
-        if git_dir.returncode == 0 and time.time() - lock.stat().st_mtime > STALE_LOCK_S:
-            logger.warning("removing %s, left by a git process killed %.0f s ago", lock,
-                           time.time() - lock.stat().st_mtime)
+        age = time.time() - lock.stat().st_mtime
+        if age > STALE_LOCK_S:
+            logger.warning("removing %s, left by a git process killed %.0f s ago", lock, age)
             lock.unlink()
     except FileNotFoundError:
         pass

@@ -240,7 +240,7 @@ def run_quality_bench(settings: QualityBenchSettings, progress: Callable[[str], 
     tier = records.open(settings.fingerprint(), settings.precision, settings.growing())
     if commit_records:
         commit([records.tier_path], f"Claims records ({records.root.name}): tier.json")
-        left = [path for path in uncommitted(records.root) if path != records.tier_path]
+        left = uncommitted(records.root)
         if left:        # written by a run killed before it could commit them (a session's end)
             commit(left, f"Claims records ({records.root.name}): {len(left)} record(s) an interrupted run had not "
                          "committed")
