@@ -273,3 +273,32 @@ def test_all_runs_the_tiers_in_the_registered_order_and_goes_on_past_a_failed_on
     assert "== claims.sh tier2d" in report.stdout and "== tier2d: not started" not in report.stdout
     assert [line.split()[1:3] for line in calls.read_text().splitlines()] == [["bench", "quality"]]
     assert "--report-only" in calls.read_text() and "results/claims/tier2d" in calls.read_text()
+
+
+def test_decide_gives_bench_claims_every_tier_with_records_and_refuses_none(tmp_path):
+    """``claims.sh decide``: ``bench claims`` over the tiers that have a ``tier.json`` (Tier 2b also with its
+    base's gate report alone), each under its option, the table to results/claims/claims; the caller's options
+    last; with no tier begun, a one-line error and exit code 2."""
+    repo = script_repo(tmp_path, ["scripts/experiments/claims.sh"])
+    fake = tmp_path / "fake-pretrieve"
+    fake.write_text('#!/usr/bin/env bash\nprintf "%s\\n" "$@" > "$ARGS_FILE"\n')
+    fake.chmod(0o755)
+    args_file = tmp_path / "args"
+    env = {**os.environ, "PRETRIEVE": str(fake), "ARGS_FILE": str(args_file)}
+
+    def decide(*args):
+        return subprocess.run(["bash", "scripts/experiments/claims.sh", "decide", *args], cwd=str(repo), env=env,
+                              capture_output=True, text=True, timeout=60)
+
+    none = decide()
+    assert none.returncode == 2 and not args_file.exists()
+    assert none.stderr.startswith("error: no tier has records yet") and len(none.stderr.strip().splitlines()) == 1
+    claims = repo / "results" / "claims"
+    for tier, name in (("tier1", "tier.json"), ("tier2b", "gate.json"), ("tier2d", "tier.json"), ("tier3", "x")):
+        (claims / tier).mkdir(parents=True)
+        (claims / tier / name).write_text("{}")
+    result = decide("--any-seeds")
+    assert result.returncode == 0, result.stderr
+    assert args_file.read_text().splitlines() == [
+        "bench", "claims", "--tier1", "results/claims/tier1", "--scratch", "results/claims/tier2b",
+        "--cdmae", "results/claims/tier2d", "--out", "results/claims/claims", "--any-seeds"]

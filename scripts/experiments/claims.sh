@@ -10,6 +10,7 @@
 #   bash scripts/experiments/claims.sh tier1 --background           # every cell, in the background (see below)
 #   bash scripts/experiments/claims.sh tier1 --stop                 # stop the background run (it resumes later)
 #   bash scripts/experiments/claims.sh all --background             # every tier in order, each until it is done
+#   bash scripts/experiments/claims.sh decide                       # the decision table from every tier's records
 #   TIER: tier1, tier2a, tier2b (its from-scratch base is built first), tier2c, tier2d or tier3; or all: the tiers
 #   in the registered order (Tier 1, then the review's: 2b, 2c, 2d, 3, 2a), one after the other, each resuming
 #   from its records and skipped in no time once every cell of it is recorded; a tier that ends in an error (Tier
@@ -30,7 +31,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 self="$PWD/scripts/experiments/claims.sh"    # this script, also when it was called by a path relative to elsewhere
-tier=${1:?usage: claims.sh TIER|all [--background|--stop] [bench quality options]}
+tier=${1:?usage: claims.sh TIER|all [--background|--stop] [bench quality options] | claims.sh decide [bench claims options]}
 shift
 TIERS_IN_ORDER=(tier1 tier2b tier2c tier2d tier3 tier2a)   # the pre-registration's Tier 1, then the review's order
 # the command that runs the tier (absolute, so that the background run finds it from its worktree too)
@@ -48,6 +49,18 @@ running() {   # [TIER]: this tier's run by default
   local environ="/proc/$(cat "$file")/environ"
   [ ! -r "$environ" ] || tr '\0' '\n' < "$environ" | grep -qx "PRETRIEVE_CLAIMS_TIER=$name"
 }
+if [ "$tier" = decide ]; then  # `pretrieve bench claims` over every tier that has records (results/claims/claims.md)
+  given=()
+  for pair in tier1:--tier1 tier2a:--budget tier2b:--scratch tier2c:--dupmae tier2d:--cdmae tier3:--minilm; do
+    dir="results/claims/${pair%%:*}"
+    # Tier 2b counts with its base's gate alone: a base that fails it runs no cell (the row says why)
+    if [ -f "$dir/tier.json" ] || { [ "${pair%%:*}" = tier2b ] && [ -f "$dir/gate.json" ]; }; then
+      given+=("${pair#*:}" "$dir")
+    fi
+  done
+  [ "${#given[@]}" -gt 0 ] || { echo "error: no tier has records yet (results/claims/*/tier.json)" >&2; exit 2; }
+  exec "${run[@]}" bench claims "${given[@]}" --out results/claims/claims "$@"
+fi
 if [ "${1:-}" = "--stop" ]; then
   if running; then kill -- "-$(cat "$pidfile")" && echo "stopped the $tier run (process group $(cat "$pidfile"))"
   else echo "no $tier run is running"; fi
@@ -138,7 +151,7 @@ case "$tier" in
     args=(--base minilm --methods none,mlm,bow,tsdae --pretrain bottleneck=mean --budget 600 --lr 2e-5 --batch-size 16
           --max-len 144 --grid-lr 1e-5,2e-5,5e-5 --grid-epochs 1,2 --select-arm mlm
           --finetune num_negatives=3,batch_size=32 --seeds 2 --contrasts mlm-none,bow-none,tsdae-none,bow-mlm) ;;
-  *) echo "error: unknown tier '$tier' (this script knows tier1, tier2a, tier2b, tier2c, tier2d, tier3 and all)" >&2
+  *) echo "error: unknown tier '$tier' (this script knows tier1, tier2a, tier2b, tier2c, tier2d, tier3, all and decide)" >&2
      exit 2 ;;
 esac
 if [ "$report" = 1 ]; then
