@@ -83,7 +83,8 @@ def results_markdown(summary: Mapping[str, Any]) -> str:
              f"- significance (secondary): two-sided paired t-test over queries (per-query scores averaged over "
              f"seeds first), p ≤ {settings['alpha']}: m▲/m▼ better/worse than `mlm`, n▲/n▼ than `none`; it ignores "
              "the seed variance, so it marks differences that two runs of one method also show (an A/A arm's marks "
-             "say how often): descriptive only; the decision statistic is the multi-bootstrap of the Contrasts section",
+             "say how often): descriptive only; the decision statistic is the multi-bootstrap of the Contrasts "
+             "section",
              f"- coverage@{TABLE_COVERAGE_K}: input-token coverage ratio of the pre-trained checkpoint's [CLS] "
              f"(Drop your Decoder, Ma et al. 2024, Fig. 2/4) on the first {settings['coverage_texts']} passages of "
              "the pre-training corpus",
