@@ -189,6 +189,9 @@ def bench_claims_command(
                                                 "accuracy: mlm_accuracy.json of `pretrieve analyze mlm-accuracy` "
                                                 "(default: gate.json in --scratch's records, where claims.sh "
                                                 "tier2b puts it)."),
+    cost: Optional[Path] = typer.Option(None, "--cost", help="The cost row's measurement: FILE.json of `pretrieve "
+                                        "bench pretrain --presets mlm,bow --out FILE` (one machine, both arms in "
+                                        "one run); default: the trainer logs' means over seeds."),
     margin: float = typer.Option(0.02, "--margin", help="The pre-registered margin."),
     alpha: float = typer.Option(0.05, "--alpha", help="The pre-registered significance level."),
     any_seeds: bool = typer.Option(False, "--any-seeds", help="Decide with the seeds each tier has (smoke runs, "
@@ -213,7 +216,8 @@ def bench_claims_command(
         given["scratch"] = None      # only the gate's report: a base below the gate runs no cell (claims.sh tier2b)
     tiers = {name: claims.load_tier(name, path) for name, path in given.items() if path is not None}
     table = claims.decide_claims(tiers, margin=margin, alpha=alpha,
-                                 seeds=None if any_seeds else claims.PREREGISTERED_SEEDS, scratch_mlm=gate)
+                                 seeds=None if any_seeds else claims.PREREGISTERED_SEEDS, scratch_mlm=gate,
+                                 cost=claims.read_cost_report(cost) if cost is not None else None)
     typer.echo(claims.claims_markdown(table))
     if out is not None:
         paths = claims.write_claims(table, out)
