@@ -58,11 +58,11 @@ from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
 
-from pretrieve import artifacts
 from pretrieve.data.collection import BeirCollection
 from pretrieve.data.jsonl import iter_lines
-from pretrieve.data.trec import iter_run, read_run, top_k, write_run
+from pretrieve.data.trec import iter_run, read_run, top_k
 from pretrieve.errors import ConfigError, InputError
+from pretrieve.retrieval.runs import write_run_file
 
 logger = logging.getLogger(__name__)
 
@@ -551,8 +551,7 @@ def write_fused_run(run_paths: Sequence[str | Path], out: str | Path, spec: Fusi
     fused = fuse_runs([read_run(path) for path in run_paths], spec)
     inputs = {f"run{i + 1}": Path(path) for i, path in enumerate(run_paths)}
     inputs.update({name: Path(path) for name, path in (fit_inputs or {}).items()})
-    with artifacts.write_file(out, kind="run", settings=fusion_settings(spec), inputs=inputs) as tmp:
-        write_run(fused, tmp, tag=tag, depth=spec.depth)
+    write_run_file(fused, out, tag=tag, depth=spec.depth, settings=fusion_settings(spec), inputs=inputs)
     return fused
 
 
