@@ -40,11 +40,11 @@ PROBE_MEASURES = ("nDCG@10", "R@100")
 def export_checkpoint_encoder(checkpoint: str | Path, final: str | Path, out: str | Path) -> Path:
     """The encoder of ``checkpoint`` (a pre-training run's ``step-<N>``) saved to ``out`` with the tokenizer of
     ``final`` (the same run's exported model); returns ``out``."""
-    from safetensors.torch import load_file  # heavy: torch, only when a model is probed
-    from transformers import AutoTokenizer  # heavy: torch, only when a model is probed
+    from safetensors.torch import load_file  # lazy: safetensors
+    from transformers import AutoTokenizer  # lazy: transformers
 
-    from pretrieve.modeling.pretrain_model import METHOD_FILE, PretrainModel  # heavy: torch, only when probed
-    from pretrieve.train.method import MethodConfig, trainer_module  # heavy: torch, only when probed
+    from pretrieve.modeling.pretrain_model import METHOD_FILE, PretrainModel  # lazy: torch
+    from pretrieve.train.method import MethodConfig, trainer_module  # lazy: torch
 
     weights = Path(checkpoint) / "model.safetensors"
     if not weights.exists():

@@ -122,12 +122,12 @@ def bench_quality_command(
 ) -> None:
     """Retrieval quality per pre-training method at an equal budget (Drop your Decoder, Ma et al. 2024, Tables 5/6),
     cross-fitted, with a dev-chosen fine-tuning protocol, coverage and multi-bootstrap contrasts (issue #20)."""
-    from pretrieve.bench.quality import report, run, settings as quality  # heavy: keeps pretrieve --help torch-free
+    from pretrieve.bench.quality import report, run, settings as quality  # lazy: torch
 
     _quiet_logging()
     _set_threads(threads)
     if report_only:
-        from pretrieve.bench.quality.summary import summarize  # heavy: keeps pretrieve --help torch-free
+        from pretrieve.bench.quality.summary import summarize  # lazy: torch
 
         records_dir = records or out / "records"
         summary = summarize(records_dir)
@@ -199,7 +199,7 @@ def bench_claims_command(
     """The claims benchmark's decision table (issue #20): docs/preregistration.md's rules applied to the tiers'
     `bench quality` comparisons, each recomputed from its records alone; rows whose tiers have not finished are
     pending."""
-    from pretrieve.bench.quality import claims  # heavy: keeps pretrieve --help torch-free
+    from pretrieve.bench.quality import claims  # lazy: torch
 
     given = {"tier1": tier1, "budget": budget, "scratch": scratch, "dupmae": dupmae, "cdmae": cdmae,
              "minilm": minilm}

@@ -234,7 +234,7 @@ def search_run(retriever: Retriever, queries: Mapping[str, str], source: Any, ou
     :func:`pretrieve.retrieval.search.search` with ``search_options``) in this process and write the run to ``out``
     (TREC, atomically, at most ``k`` per query, run tag ``tag``). A write that fails for lack of space while
     searching names ``failures_at`` (the corpus index the user chose; default: nothing added)."""
-    from pretrieve.retrieval.search import search  # torch: keeps `pretrieve bm25` torch-free
+    from pretrieve.retrieval.search import search  # lazy: torch
 
     with write_failures(failures_at) if failures_at is not None else contextlib.nullcontext():
         run = search(retriever, queries, source, k=k, **search_options)
