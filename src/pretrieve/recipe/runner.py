@@ -32,6 +32,7 @@ from typing import Any, Iterator, Mapping
 from pretrieve import ranks
 from pretrieve.data.collection import BeirCollection
 from pretrieve.errors import StaleOutputError
+from pretrieve.interrupts import TrainingTerminated, sigterm_raises
 from pretrieve.io_utils import write_json
 from pretrieve.modeling.export import export_model
 from pretrieve.modeling.model_card import metrics_of
@@ -39,7 +40,6 @@ from pretrieve.recipe.results import write_results
 from pretrieve.recipe.schema import STAGES, stage_labels
 from pretrieve.retrieval import runs
 from pretrieve.retrieval.cache import cached_index
-from pretrieve.train.loop import TrainingTerminated, sigterm_raises
 
 logger = logging.getLogger(__name__)
 
@@ -159,7 +159,7 @@ def run_stages(state: RunState, path: str | Path, show_progress: bool, redo_chan
 
 @contextlib.contextmanager
 def reported_interruption(label: str, index: int, total: int) -> Iterator[None]:
-    """SIGTERM (exit 143, :class:`~pretrieve.train.loop.TrainingTerminated`) and Ctrl-C (exit 130) during a stage say
+    """SIGTERM (exit 143, :class:`~pretrieve.interrupts.TrainingTerminated`) and Ctrl-C (exit 130) during a stage say
     which stage stopped and how to continue (the same command again: finished stages are reused), unless a training
     stage already said what it kept; the interruption then goes on as before."""
     with sigterm_raises():
