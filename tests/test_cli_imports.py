@@ -1,6 +1,6 @@
 """A command costs what its work costs: commands that need no model never import torch, transformers or scipy.
 
-:func:`help_imports` is what ``python -X importtime -m pretrieve --help`` loads; ``tests/test_imports_inside_functions.py``
+:func:`help_imports` is every module ``python -m pretrieve --help`` loads; ``tests/test_imports_inside_functions.py``
 checks the ``# lazy:`` tags of imports inside functions against it."""
 
 from __future__ import annotations

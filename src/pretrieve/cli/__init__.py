@@ -2,10 +2,10 @@
 
 The app lives in :mod:`pretrieve.cli.root`; this package imports every command module (each registers its commands
 on the app) and runs it (:func:`main`). The CLI is thin: it parses arguments, loads configs and calls one library
-function. Every error a user can fix — a ``PretrieveError`` (bad input, bad option, a busy or stale output), an ``OSError`` (a directory that cannot
-be written, a full disk, a file-size limit: ``SIGXFSZ`` is ignored so that ``ulimit -f`` surfaces as the error
-``EFBIG`` instead of killing the process) or a usage error — becomes one line beginning ``error:`` on stderr and
-exit code 2, never a traceback.
+function. Every error a user can fix — a ``PretrieveError`` (bad input, bad option, a busy or stale output), an
+``OSError`` (a directory that cannot be written, a full disk, a file-size limit: ``SIGXFSZ`` is ignored so that
+``ulimit -f`` surfaces as the error ``EFBIG`` instead of killing the process) or a usage error — becomes one line
+beginning ``error:`` on stderr and exit code 2, never a traceback.
 
 Help: boolean flags show no ``<bool>`` value, and when the output is not a terminal (a pipe, a file) the help is
 laid out 120 columns wide instead of being cut at 80 (``TERMINAL_WIDTH`` / ``COLUMNS`` still decide when set).

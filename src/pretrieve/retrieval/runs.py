@@ -6,7 +6,9 @@ split across ranks, and the one rule naming a collection's run (:func:`run_tag`)
   ``name:split`` for a split other than the zero-shot one) and where a run of it lies (``runs/<label>__<tag>.trec``).
 * :func:`retriever_run` — the run file of a retriever (any kind: dense, sparse, hybrid, DupMAE) on a collection's
   split, ``(model, collection, split, depth, out)``: searched now unless current, i.e. made by these weights (by
-  content) from this corpus, queries and split, to this depth, in this search mode and precision, and intact.
+  content) from this corpus, queries and split, to this depth, in this search mode and precision, and intact;
+  :func:`retriever_runs`: several splits of a collection, the retriever loaded and the corpus encoded once (the
+  unsupervised [CLS] probe, :mod:`pretrieve.analysis.probe`, searches through it).
 * :func:`lexical_run_file` — a lexical engine's run file (BM25, or any engine of
   :data:`pretrieve.retrieval.index.LEXICAL_BACKENDS`: one memory-mapped index per collection, queries split by
   rank, rankings written as they come); :func:`bm25_run` / :func:`lexical_run`: the same, searched now unless
@@ -19,11 +21,11 @@ split across ranks, and the one rule naming a collection's run (:func:`run_tag`)
   given its settings), or a run streamed query by query into a rank's part file (:func:`pretrieve.ranks.split_files`
   makes the file atomic and records it). The line format is :mod:`pretrieve.data.trec`'s; no other module writes
   run lines (``tests/test_run_writers.py``).
-* :func:`search_split` — what both the retriever's run file and mined groups
+* :func:`search_split` — what both the retriever's run files and mined groups
   (:func:`pretrieve.retrieval.mining.mine_negatives`) are written through: load the retriever, encode the corpus
-  into an index directory (once; a directory every rank shares is built by all of them, each a slice, and merged),
-  then each rank searches its slice of the queries (by whole search blocks, so each block is computed exactly as in
-  one process) into part files that rank 0 merges into the very files one process writes
+  (:func:`searched_index`) into an index directory (once; a directory every rank shares is built by all of them, each
+  a slice, and merged), then each rank searches its slice of the queries (by whole search blocks, so each block is
+  computed exactly as in one process) into part files that rank 0 merges into the very files one process writes
   (:func:`pretrieve.ranks.split_files`).
 * :func:`is_current` — whether an output is current, rank 0's answer on every rank: the freshness check of every
   searched run (the retriever's, a lexical engine's, the probe's, the mined and re-ranked ones).
@@ -125,6 +127,7 @@ def search_split(model: str | Path, collection: BeirCollection,
 def _split_search(retriever: Retriever, index: Path, outputs: Sequence[Output], count: int,
                   write_part: Callable[[Retriever, Path, int, int, list[Path]], T], what: str, *, depth: int,
                   query_block: int | None = None, check: Callable[[list[T]], None] | None = None) -> list[T]:
+    """``outputs`` written from ``count`` query items split by rank, by whole search blocks (:func:`search_split`)."""
     from pretrieve.retrieval.search import query_block_size  # lazy: torch
 
     return ranks.split_files(outputs, count, lambda start, end, paths: write_part(retriever, index, start, end, paths),
