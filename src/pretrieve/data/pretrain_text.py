@@ -54,6 +54,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import numpy as np
+from tqdm.auto import tqdm
 
 from pretrieve import artifacts
 from pretrieve.data.beir import iter_corpus
@@ -158,7 +159,7 @@ def resolve_text_source(source: str | Path | TextSource) -> TextSource:
 
 def open_text_dataset(source: TextSource):
     """The ``datasets.Dataset`` of a ``datasets`` source (memory-mapped), checked to have a ``text`` column."""
-    import datasets  # heavy: datasets, only for Hub corpora
+    import datasets  # lazy: datasets
 
     if source.name:
         try:
@@ -435,8 +436,6 @@ def _tokenize_to(directory: Path, sources: list[TextSource], units: list[_Unit],
                  show_progress: bool) -> dict:
     """Tokenize the parts (``num_proc`` processes) and join them, in order, into ``tokens.npy`` / ``offsets.npy``;
     the counts of each source go to ``sources``."""
-    from tqdm.auto import tqdm  # keeps pretrieve --help from importing tqdm
-
     dtype = np.dtype(units[0].dtype) if units else np.dtype(np.uint16)
     units = [dataclasses.replace(unit, out=str(directory / unit.out)) for unit in units]
     logger.info("tokenizing %s (%d parts, %d processes)", ", ".join(map(str, sources)), len(units), num_proc)
