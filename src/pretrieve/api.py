@@ -258,6 +258,7 @@ def evaluate(runs: RunLike | Sequence[RunLike] | Mapping[str, RunLike] | None = 
     measure; default measures nDCG@10 and R@100). ``out``: where the runs are written (and reused while current),
     with ``results.md`` / ``results.json``; default a temporary directory, nothing kept."""
     from pretrieve.evaluation import DEFAULT_MEASURES, RunEvaluator, build_table   # heavy: scipy; keeps --help fast
+    from pretrieve.evaluation.answers import split_evaluator   # heavy: scipy, as above
 
     if (runs is None) == (models is None):
         raise ConfigError("give exactly one of runs or models")
@@ -268,14 +269,15 @@ def evaluate(runs: RunLike | Sequence[RunLike] | Mapping[str, RunLike] | None = 
                                 show_progress=show_progress, qrels=qrels, baseline=baseline, pairs=pairs)
     if (qrels is None) == (data is None):
         raise ConfigError("give exactly one of data (a collection, with split) or qrels")
-    if qrels is None:
+    if qrels is None:   # qrels measures and answer accuracy (Acc@k) of the collection's split
         if not isinstance(data, (str, Path)):
             raise ConfigError("data: runs are scored on one collection; give a list of collections with models")
-        judgments = BeirCollection(resolve_collection(data, data_root=data_root)).load_qrels(split)
+        evaluator = split_evaluator(BeirCollection(resolve_collection(data, data_root=data_root)), split, measures,
+                                    missing=missing, ignore_identical_ids=ignore_identical_ids)
     else:
         judgments = load_qrels(qrels) if isinstance(qrels, (str, Path)) else qrels
-    evaluator = RunEvaluator(judgments, measures or DEFAULT_MEASURES, missing=missing,
-                             ignore_identical_ids=ignore_identical_ids)
+        evaluator = RunEvaluator(judgments, measures or DEFAULT_MEASURES, missing=missing,
+                                 ignore_identical_ids=ignore_identical_ids)
     results = {name: evaluator(run, name=name) for name, run in baseline_first(_named_runs(runs), baseline).items()}
     return build_table(results, test=test, alpha=alpha, correction=correction, pairs=pairs)
 
@@ -299,7 +301,8 @@ def _evaluate_models(models, data, *, out, split, measures, test, alpha, correct
                      baseline=None, pairs="baseline") -> CollectionsTable:
     """``evaluate(models=...)``: every model's run on every collection (:func:`pretrieve.retrieval.runs.model_run`),
     scored and tabulated (:func:`pretrieve.evaluation.collections_table`), written under ``out`` when given."""
-    from pretrieve.evaluation import RunEvaluator, collections_table, parse_measures   # heavy: scipy; --help fast
+    from pretrieve.evaluation import collections_table, parse_measures   # heavy: scipy; --help fast
+    from pretrieve.evaluation.answers import answer_cutoffs, is_answer_measure, split_evaluator   # scipy
     from pretrieve.retrieval.runs import model_run   # heavy: torch, only when models are searched
 
     if qrels is not None:
@@ -317,7 +320,10 @@ def _evaluate_models(models, data, *, out, split, measures, test, alpha, correct
             raise ConfigError(f"data: two collections are named '{collection.root.name}'")
         collections[collection.root.name] = collection
     resolved = {name: model if model == "bm25" else resolve_model(model) for name, model in named.items()}
-    chosen = list(parse_measures(measures or MODEL_MEASURES))
+    chosen = measures or MODEL_MEASURES
+    chosen = [n.strip() for n in (chosen.split(",") if isinstance(chosen, str) else chosen) if n.strip()]
+    answer_cutoffs([n for n in chosen if is_answer_measure(n)])   # bad names: said before the search
+    parse_measures([n for n in chosen if not is_answer_measure(n)] or MODEL_MEASURES)
     results: dict[str, dict[str, Any]] = {name: {} for name in named}
     run_files: dict[str, dict[str, str]] = {name: {} for name in named}
     with contextlib.ExitStack() as stack:
@@ -325,8 +331,8 @@ def _evaluate_models(models, data, *, out, split, measures, test, alpha, correct
         root = (stack.enter_context(outputs.writing(out)) if out is not None
                 else Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="pretrieve-evaluate-"))))
         for label, collection in collections.items():
-            evaluator = RunEvaluator(collection.load_qrels(split), chosen, missing=missing,
-                                     ignore_identical_ids=ignore_identical_ids)
+            evaluator = split_evaluator(collection, split, chosen, missing=missing,
+                                        ignore_identical_ids=ignore_identical_ids)
             for name, model in resolved.items():
                 path = model_run(model, name, collection, split, depth, root, precision=precision,
                                  batch_size=batch_size, show_progress=show_progress)
