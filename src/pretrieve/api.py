@@ -45,7 +45,7 @@ from typing import TYPE_CHECKING, Any, Mapping, Sequence, Union
 from pretrieve import outputs
 from pretrieve.data.beir import load_qrels
 from pretrieve.data.collection import BeirCollection
-from pretrieve.data.registry import resolve_collection, resolve_corpus
+from pretrieve.data.registry import benchmark_parts, resolve_collection, resolve_corpus
 from pretrieve.data.trec import read_run
 from pretrieve.errors import ConfigError
 from pretrieve.io_utils import load_config_file
@@ -302,6 +302,7 @@ def _evaluate_models(models, data, *, out, split, measures, test, alpha, correct
     """``evaluate(models=...)``: every model's run on every collection (:func:`pretrieve.retrieval.runs.model_run`),
     scored and tabulated (:func:`pretrieve.evaluation.collections_table`), written under ``out`` when given."""
     from pretrieve.evaluation import collections_table, parse_measures   # heavy: scipy; --help fast
+    from pretrieve.evaluation.metrics import mean_of_parts   # heavy: scipy, as above
     from pretrieve.evaluation.answers import answer_cutoffs, is_answer_measure, split_evaluator   # scipy
     from pretrieve.retrieval.runs import model_run   # heavy: torch, only when models are searched
 
@@ -315,10 +316,12 @@ def _evaluate_models(models, data, *, out, split, measures, test, alpha, correct
         [str(c) for c in ([data] if isinstance(data, Path) else data)]
     collections = {}
     for entry in entries:
-        collection = BeirCollection(resolve_collection(entry, data_root=data_root))
-        if collection.root.name in collections:
-            raise ConfigError(f"data: two collections are named '{collection.root.name}'")
-        collections[collection.root.name] = collection
+        directory = resolve_collection(entry, data_root=data_root)
+        if directory.name in collections:
+            raise ConfigError(f"data: two collections are named '{directory.name}'")
+        # a benchmark (CQADupStack's 12 forums) is one row: the mean of its parts' scores
+        collections[directory.name] = [BeirCollection(part) for part in benchmark_parts(directory)] or \
+            [BeirCollection(directory)]
     resolved = {name: model if model == "bm25" else resolve_model(model) for name, model in named.items()}
     chosen = measures or MODEL_MEASURES
     chosen = [n.strip() for n in (chosen.split(",") if isinstance(chosen, str) else chosen) if n.strip()]
@@ -330,18 +333,24 @@ def _evaluate_models(models, data, *, out, split, measures, test, alpha, correct
         stack.enter_context(quiet_libraries())
         root = (stack.enter_context(outputs.writing(out)) if out is not None
                 else Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="pretrieve-evaluate-"))))
-        for label, collection in collections.items():
-            evaluator = split_evaluator(collection, split, chosen, missing=missing,
-                                        ignore_identical_ids=ignore_identical_ids)
-            for name, model in resolved.items():
-                path = model_run(model, name, collection, split, depth, root, precision=precision,
-                                 batch_size=batch_size, show_progress=show_progress)
-                results[name][label] = evaluator(read_run(path), name=name)
-                run_files[name][label] = str(path.relative_to(root))
+        for label, parts in collections.items():
+            by_part: dict[str, dict[str, Any]] = {name: {} for name in named}
+            for collection in parts:
+                evaluator = split_evaluator(collection, split, chosen, missing=missing,
+                                            ignore_identical_ids=ignore_identical_ids)
+                for name, model in resolved.items():
+                    path = model_run(model, name, collection, split, depth, root, precision=precision,
+                                     batch_size=batch_size, show_progress=show_progress)
+                    by_part[name][collection.root.name] = evaluator(read_run(path), name=name)
+                    run_files[name][label if len(parts) == 1 else f"{label}/{collection.root.name}"] = \
+                        str(path.relative_to(root))
+            for name, scored in by_part.items():
+                results[name][label] = next(iter(scored.values())) if len(parts) == 1 else mean_of_parts(scored)
         table = collections_table(results, chosen, test=test, alpha=alpha, correction=correction, pairs=pairs)
         if out is not None:
             metadata = {"split": split, "depth": depth, "models": {name: str(model) for name, model in named.items()},
-                        "data": {label: str(c.root) for label, c in collections.items()}, "run_files": run_files,
+                        "data": {label: str(parts[0].root if len(parts) == 1 else parts[0].root.parent)
+                                 for label, parts in collections.items()}, "run_files": run_files,
                         "provenance": provenance()}
             table.write(json_path=root / "results.json", md_path=root / "results.md", metadata=metadata)
     return table
