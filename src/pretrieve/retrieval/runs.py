@@ -81,8 +81,9 @@ def search_split(model: str | Path, collection: BeirCollection,
                  write_part: Callable[[Retriever, Path, int, int, list[Path]], T], what: str, *, depth: int,
                  query_block: int | None = None, batch_size: int = 64, device: str = "auto",
                  precision: str = "auto", max_length: int | None = None, query_max_length: int | None = None,
-                 show_progress: bool = True, check: Callable[[list[T]], None] | None = None) -> list[T]:
-    """Load the retriever ``model`` (``device``, ``precision``, ``max_length``, ``query_max_length``: see
+                 title_join: str | None = None, show_progress: bool = True,
+                 check: Callable[[list[T]], None] | None = None) -> list[T]:
+    """Load the retriever ``model`` (``device``, ``precision``, ``max_length``, ``query_max_length``, ``title_join``: see
     :func:`pretrieve.retrieval.load.load_retriever`), encode the collection's corpus into ``index_dir`` (None: a
     temporary directory beside the first output — on the disk the user chose for the results, not the system's
     temporary one, which may be too small for a large corpus — for one process; a callable: chosen by it once the
@@ -97,7 +98,7 @@ def search_split(model: str | Path, collection: BeirCollection,
         raise ConfigError(f"{what} under several ranks needs a cache_dir that every rank shares (for the corpus "
                           "index)")
     retriever = load_retriever(model, device=device, precision=precision, max_length=max_length,
-                               query_max_length=query_max_length)
+                               query_max_length=query_max_length, title_join=title_join)
     if callable(index_dir):
         index_dir = index_dir(retriever)
     with contextlib.ExitStack() as stack:
@@ -113,9 +114,11 @@ def search_split(model: str | Path, collection: BeirCollection,
 def retriever_run(model: str, collection: BeirCollection, split: str, depth: int, out: Path, *,
                   index_dir: Path | Callable[[Retriever], Path],
                   mode: str | None = None, precision: str = "auto", batch_size: int = 64, tag: str = "pretrieve",
-                  show_progress: bool = True) -> Path:
+                  show_progress: bool = True, encoding: Mapping[str, Any] | None = None) -> Path:
     """``out``: the retriever's top-``depth`` of every ``split`` query, searched now unless current (the corpus
-    index kept in ``index_dir``). ``mode``: a search mode of sparse/hybrid retrievers (default: as trained)."""
+    index kept in ``index_dir``). ``mode``: a search mode of sparse/hybrid retrievers (default: as trained).
+    ``encoding``: ``max_length``, ``query_max_length``, ``title_join`` of a checkpoint without a training record
+    (:func:`pretrieve.retrieval.load.load_retriever`; a released retriever), part of the run's settings."""
     from pretrieve.precision import resolve_precision  # torch: keeps `pretrieve bm25` torch-free
     from pretrieve.retrieval.batches import resolve_device  # torch: as above
     from pretrieve.retrieval.search import search  # torch: as above
@@ -123,7 +126,8 @@ def retriever_run(model: str, collection: BeirCollection, split: str, depth: int
     precision = resolve_precision(precision, resolve_device("auto"))
     inputs, named = artifacts.run_inputs(model=model, corpus=collection.corpus_path, queries=collection.queries_path,
                                qrels=collection.qrels_path(split))
-    settings = {"split": split, "depth": depth, "mode": mode, "precision": precision, **named}
+    encoding = dict(encoding or {})
+    settings = {"split": split, "depth": depth, "mode": mode, "precision": precision, **named, **encoding}
     if is_current(out, settings, inputs, kind="run"):
         return out
     queries = list(collection.load_queries(split).items())
@@ -135,7 +139,7 @@ def retriever_run(model: str, collection: BeirCollection, split: str, depth: int
 
     search_split(model, collection, index_dir, [(out, "run", settings, inputs)], len(queries), write_part,
                  f"search {tag}", depth=depth, batch_size=batch_size, show_progress=show_progress,
-                 precision=precision)
+                 precision=precision, **encoding)
     return out
 
 

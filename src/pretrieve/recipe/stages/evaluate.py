@@ -58,10 +58,26 @@ class EvaluateOptions:
     compare: list[str] = field(default_factory=list)
     measures: list[str] | dict[str, list[str]] | None = None   # default RESULT_MEASURES; a mapping: per collection
     ignore_identical_ids: bool | list[str] = field(default_factory=list)   # collections (true: all) without own id
+    # the zero-shot row as a released retriever: {passage_max_len, query_max_len, title_join} it was fine-tuned with
+    zero_shot_encoding: dict[str, Any] = field(default_factory=dict)
+
+
+#: ``zero_shot_encoding`` keys → the ``load_retriever`` arguments (:data:`pretrieve.recipe.rows.RELEASED_ENCODING`).
+ZERO_SHOT_ENCODING = {"passage_max_len": "max_length", "query_max_len": "query_max_length", "title_join": "title_join"}
 
 
 def check_evaluate(options: dict[str, Any], where: str) -> None:
     search_modes(options.get("modes"))
+    released = options.get("zero_shot_encoding") or {}
+    for key, value in released.items():
+        if key not in ZERO_SHOT_ENCODING:
+            raise ConfigError(f"zero_shot_encoding.{key}: unknown key (known: {', '.join(ZERO_SHOT_ENCODING)})")
+        if key == "title_join" and value not in ("space", "sep"):
+            raise ConfigError(f"zero_shot_encoding.title_join: 'space' or 'sep', got {value!r}")
+        if key != "title_join" and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+            raise ConfigError(f"zero_shot_encoding.{key}: a positive number of tokens, got {value!r}")
+    if released and not options.get("zero_shot"):
+        raise ConfigError("zero_shot_encoding encodes the zero-shot row: set zero_shot: true")
     if int(options.get("depth", 1000)) < 1 or (options.get("rerank_depth") is not None and options["rerank_depth"] < 1):
         raise ConfigError("depth and rerank_depth must be >= 1")
     measures = options.get("measures")
@@ -171,6 +187,10 @@ def smoke(options: dict[str, Any], kit) -> dict[str, Any]:
     """``--smoke``: depth ≤ 20, re-ranking depth ≤ 10, the first ``kit.max_collections`` collections, each a slice
     or fixture standing for it (:class:`pretrieve.recipe.smoke.SmokeKit`)."""
     options["depth"] = min(int(options.get("depth", 1000)), 20)
+    released = options.get("zero_shot_encoding") or {}
+    for key, cap in (("query_max_len", 16), ("passage_max_len", 48)):   # as the fine-tuning stages' smoke caps
+        if key in released:
+            released[key] = min(int(released[key]), cap)
     if options.get("rerank_depth"):
         options["rerank_depth"] = min(int(options["rerank_depth"]), 10)
     entries = options.get("collections", [kit.recipe["data"]])[:kit.max_collections]
@@ -186,6 +206,7 @@ def stage_evaluate(state: RunState, options: dict[str, Any], label: str, show_pr
     depth = int(options.get("depth", 1000))
     modes = search_modes(options.get("modes"))
     encoding = {key: options[key] for key in ("precision", "batch_size") if key in options}
+    released = {ZERO_SHOT_ENCODING[key]: value for key, value in (options.get("zero_shot_encoding") or {}).items()}
     entries = stage_collections(options, state.recipe)
     retrievers = {name: path for name, path in state.named("retriever").items()
                   if options.get("retrievers") is None or name in options["retrievers"]}
@@ -209,7 +230,7 @@ def stage_evaluate(state: RunState, options: dict[str, Any], label: str, show_pr
         for name, model_dir in retrievers.items():
             for row_label, mode in labelled_modes(name, model_dir, modes):
                 run_path = retriever_run(state, name, model_dir, collection, split, depth, row_label, mode,
-                                         show_progress, encoding)
+                                         show_progress, {**encoding, **released} if name == "zero-shot" else encoding)
                 here.append(result_row(row_label, tag, run_path, evaluate(qrels, read_run(run_path), measures,
                                                                           ignore_identical_ids=ignore)))
         rerank_depth = options.get("rerank_depth")
@@ -245,7 +266,9 @@ def attach_expected(rows: list[dict], state: RunState, options: Mapping[str, Any
         name = expected.get("row") or default_expected_row({"retriever": list(state.named("retriever"))})
         for row in rows:
             if row["retriever"] == name:
-                row["paper"] = {"table": expected["table"], "values": dict(expected["values"])}
+                row["paper"] = {"table": expected["table"], "values": dict(expected["values"]),
+                                **({"tolerance": expected["tolerance"]} if expected.get("tolerance") is not None
+                                   else {})}
 
 
 def search_modes(value: Any) -> list[str] | None:
