@@ -15,6 +15,9 @@ from its ranking (:func:`pretrieve.evaluation.metrics.drop_identical_ids`); ``tr
 of the stage, as BEIR's ``EvaluateRetrieval.evaluate`` does by default (``ignore_identical_ids=True``) for every
 dataset — the protocol of the papers' BEIR tables. Keep it off for collections whose query and document ids are
 unrelated numbers (MS MARCO, Cranfield): there it would drop documents that merely share a number.
+``zero_shot_encoding`` (``{title_join, query_max_len, passage_max_len}``) encodes the zero-shot row's checkpoint as
+its authors fine-tuned it when it carries no pretrieve training record — a released retriever scored beside its
+published number (``configs/released-cotmae.yaml``, docs/evaluation.md "Released retrievers").
 """
 
 from __future__ import annotations
