@@ -80,3 +80,28 @@ def test_data_list_names_the_papers_benchmarks(tmp_path, monkeypatch):
     for name in ("dpr-nq", "dpr-trivia", "dpr-curatedtrec", "dpr-wiki", "msmarco-bm25-negatives"):
         assert name in rows
     assert "answer accuracy" in rows["dpr-nq"]
+
+
+@pytest.mark.parametrize("encoding, message", [
+    ({"title_joint": "sep"}, "zero_shot_encoding.title_joint: unknown key"),
+    ({"title_join": "[SEP]"}, "zero_shot_encoding.title_join: 'space' or 'sep'"),
+    ({"passage_max_len": 0}, "zero_shot_encoding.passage_max_len: a positive number of tokens"),
+])
+def test_a_released_retrievers_encoding_is_checked(encoding, message):
+    from pretrieve.recipe.stages.evaluate import check_evaluate
+
+    with pytest.raises(ConfigError, match=message):
+        check_evaluate({"zero_shot": True, "zero_shot_encoding": encoding}, "stages[0].evaluate")
+    with pytest.raises(ConfigError, match="set zero_shot: true"):
+        check_evaluate({"zero_shot_encoding": {"title_join": "sep"}}, "stages[0].evaluate")
+
+
+def test_the_released_recipe_names_its_source_and_tolerance():
+    from pretrieve.recipe.schema import load_recipe
+
+    recipe = load_recipe(Path(__file__).resolve().parents[1] / "configs" / "released-cotmae.yaml")
+    (expected,) = recipe["expected"]
+    assert recipe["model"] == "caskcsg/cotmae_base_msmarco_retriever" and expected["row"] == "zero-shot"
+    assert expected["values"] == {"MRR@10": 0.391, "R@1000": 0.988} and expected["tolerance"] == 0.005
+    assert "0.391029" in expected["table"] and "0.394431" in expected["table"]   # both README rows, within 0.005
+    assert abs(0.394431 - 0.391) <= expected["tolerance"] and abs(0.986676 - 0.988) <= expected["tolerance"]

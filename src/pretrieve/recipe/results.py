@@ -168,7 +168,7 @@ def _table_lines(measures: list[str], rows: list[Mapping[str, Any]]) -> list[str
             cells.append(f"{row[m]:.4f}")
             if m in with_paper:
                 paper = (row.get("paper") or {}).get("values", {}).get(m)
-                cells += [f"{paper:g}", f"{row[m] - paper:+.4f}"] if paper is not None else ["", ""]
+                cells += [f"{paper:.3f}", f"{row[m] - paper:+.4f}"] if paper is not None else ["", ""]
         lines.append(f"| {row['retriever']} | {row['collection']} | " + " | ".join(cells) + " |")
     return lines
 
