@@ -81,8 +81,8 @@ def _qa_collection(root: Path) -> Path:
     (root / "qrels").mkdir()
     (root / "corpus.jsonl").write_text("".join(json.dumps({"_id": d, "title": "Paris" if d == "d4" else "",
                                                            "text": t}) + "\n" for d, t in TEXTS.items()))
-    (root / "queries.jsonl").write_text("".join(json.dumps({"_id": q, "text": f"question {q}"}) + "\n"
-                                                for q in ANSWERS))
+    questions = {"q1": "where is the eiffel tower", "q2": "who was aaron", "q3": "which wine", "q4": "is lyon a city"}
+    (root / "queries.jsonl").write_text("".join(json.dumps({"_id": q, "text": t}) + "\n" for q, t in questions.items()))
     (root / "answers" / "dev.jsonl").write_text("".join(json.dumps({"_id": q, "answers": list(a.answers)}) + "\n"
                                                         for q, a in ANSWERS.items()))
     (root / "answers" / "test.jsonl").write_text(json.dumps({"_id": "q1", "answers": ["paris"]}) + "\n")
@@ -122,3 +122,27 @@ def test_evaluate_prints_answer_accuracy_in_the_cli_and_the_api(tmp_path):
     assert default.exit_code == 0 and "Acc@5" in default.output and "Acc@100" in default.output
     table = evaluate({"dense": LATER}, data=root, split="dev", measures=["Acc@2"])
     assert table.value("dense", "Acc@2") == 0.5
+
+
+def test_a_recipe_prints_answer_accuracy(tiny_mlm_dir, tmp_path):
+    """An evaluate stage on a collection judged by answers: BM25's row carries Acc@k, the number of the same run
+    scored by hand-checked code, with the paper's number beside it."""
+    import yaml
+
+    from pretrieve.api import run_recipe
+    from pretrieve.data.trec import read_run
+
+    root = _qa_collection(tmp_path / "qa")
+    recipe = {"name": "qa", "out": str(tmp_path / "out"), "model": str(tiny_mlm_dir), "data": str(root),
+              "expected": [{"collection": f"{root}:dev", "row": "bm25", "table": "DPR (Karpukhin et al. 2020), Table 2",
+                            "values": {"Acc@3": 0.75}}],
+              "stages": [{"evaluate": {"collections": [f"{root}:dev"], "bm25": True, "zero_shot": True, "depth": 5,
+                                       "measures": ["Acc@1", "Acc@3"]}}]}
+    (tmp_path / "recipe.yaml").write_text(yaml.safe_dump(recipe))
+    results = run_recipe(tmp_path / "recipe.yaml", show_progress=False)
+    rows = {row["retriever"]: row for row in results["rows"]}
+    assert rows["bm25"]["measures"] == ["Acc@1", "Acc@3"] and set(rows) == {"bm25", "zero-shot"}
+    by_hand = AnswerEvaluator(ANSWERS, ["Acc@1", "Acc@3"], texts=TEXTS)(read_run(rows["bm25"]["run"]))
+    assert rows["bm25"]["Acc@3"] == round(by_hand.aggregate["Acc@3"], 4)
+    markdown = (tmp_path / "out" / "results.md").read_text()
+    assert "| Acc@1 | Acc@3 | paper | Δ |" in markdown and "Table 2" in markdown

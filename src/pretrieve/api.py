@@ -323,10 +323,7 @@ def _evaluate_models(models, data, *, out, split, measures, test, alpha, correct
         collections[directory.name] = [BeirCollection(part) for part in benchmark_parts(directory)] or \
             [BeirCollection(directory)]
     resolved = {name: model if model == "bm25" else resolve_model(model) for name, model in named.items()}
-    chosen = measures or MODEL_MEASURES
-    chosen = [n.strip() for n in (chosen.split(",") if isinstance(chosen, str) else chosen) if n.strip()]
-    answer_cutoffs([n for n in chosen if is_answer_measure(n)])   # bad names: said before the search
-    parse_measures([n for n in chosen if not is_answer_measure(n)] or MODEL_MEASURES)
+    chosen = check_measures(measures or MODEL_MEASURES)   # bad names: said before the search
     results: dict[str, dict[str, Any]] = {name: {} for name in named}
     run_files: dict[str, dict[str, str]] = {name: {} for name in named}
     with contextlib.ExitStack() as stack:

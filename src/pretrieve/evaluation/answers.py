@@ -28,7 +28,7 @@ from pretrieve.data.beir import Answers, iter_corpus
 from pretrieve.data.collection import BeirCollection
 from pretrieve.errors import ConfigError, InputError
 from pretrieve.evaluation.metrics import (DEFAULT_MEASURES, EvalResult, MissingPolicy, Run, RunEvaluator,
-                                          trec_eval_ranking)
+                                          parse_measures, trec_eval_ranking)
 
 #: ``Acc@k`` names (case-insensitive); ``Top-k`` accuracy in DPR's tables.
 ANSWER_MEASURE = re.compile(r"^acc@(\d+)$", re.IGNORECASE)
@@ -83,6 +83,17 @@ def answer_cutoffs(names: Iterable[str]) -> dict[str, int]:
             raise ConfigError(f"unknown answer measure '{name}'; expected Acc@k with k ≥ 1, e.g. Acc@20")
         cutoffs[name.strip()] = int(match.group(1))
     return cutoffs
+
+
+def check_measures(names: str | Sequence[str]) -> list[str]:
+    """Measure names (a list or comma-separated) checked before any work: ``Acc@k``, or ``ir_measures`` names
+    (:func:`pretrieve.evaluation.metrics.parse_measures`); a :class:`ConfigError` names the first bad one."""
+    names = [n.strip() for n in (names.split(",") if isinstance(names, str) else names) if str(n).strip()]
+    answer_cutoffs([n for n in names if is_answer_measure(n)])
+    others = [n for n in names if not is_answer_measure(n)]
+    if others or not names:
+        parse_measures(others)
+    return names
 
 
 def passage_texts(corpus_path, wanted: set[str]) -> dict[str, str]:
@@ -146,8 +157,8 @@ def split_evaluator(collection: BeirCollection, split: str, measures: str | Sequ
     names (a list or comma-separated); None → ``default``, or :data:`DEFAULT_ANSWER_MEASURES` for a split judged
     by answers only."""
     judged_by_answers = collection.qrels_path(split).suffix == ".jsonl"
-    names = measures if measures is not None else (DEFAULT_ANSWER_MEASURES if judged_by_answers else default)
-    names = [n.strip() for n in (names.split(",") if isinstance(names, str) else names) if n.strip()]
+    names = check_measures(measures if measures is not None else
+                           (DEFAULT_ANSWER_MEASURES if judged_by_answers else default))
     answer_names = [n for n in names if is_answer_measure(n)]
     qrels_names = [n for n in names if not is_answer_measure(n)]
     if qrels_names and judged_by_answers:

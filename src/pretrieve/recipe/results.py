@@ -17,7 +17,7 @@ from typing import Any, Mapping
 
 from pretrieve import artifacts
 from pretrieve.errors import ConfigError
-from pretrieve.evaluation import parse_measure
+from pretrieve.evaluation.answers import check_measures
 from pretrieve.evaluation.significance import holm_note
 from pretrieve.options import join_path, validate
 from pretrieve.recipe.dev import dev_line
@@ -69,7 +69,7 @@ def validate_expected(entries: Any, where: str) -> list[dict[str, Any]]:
 
 def _check_measure(measure: str, where: str) -> None:
     try:
-        parse_measure(str(measure))
+        check_measures([str(measure)])   # an ir_measures name or answer accuracy (Acc@k)
     except ConfigError as exc:
         raise ConfigError(f"{where}: {exc}") from None
 

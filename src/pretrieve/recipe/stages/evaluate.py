@@ -31,7 +31,8 @@ from pretrieve import outputs
 from pretrieve.data import BeirCollection, read_run
 from pretrieve.data.registry import resolve_collection
 from pretrieve.errors import ConfigError
-from pretrieve.evaluation import compare, evaluate, parse_measures
+from pretrieve.evaluation import compare, evaluate
+from pretrieve.evaluation.answers import check_measures, split_evaluator
 from pretrieve.options import join_path
 from pretrieve.recipe.results import RESULT_MEASURES, result_row
 from pretrieve.recipe.rows import bm25_run, fusion_rows, retriever_run, stage_rows
@@ -88,7 +89,7 @@ def check_evaluate(options: dict[str, Any], where: str) -> None:
     for key, names in lists.items():
         at = f"measures.{key}" if key else "measures"
         try:
-            parse_measures(names)
+            check_measures(names)   # ir_measures names, or answer accuracy Acc@k (collections judged by answers)
         except ConfigError as exc:
             raise ConfigError(f"{at}: {exc}") from None
         if options.get("final") is not None and RESULT_MEASURES[0] not in names:
@@ -225,17 +226,16 @@ def stage_evaluate(state: RunState, options: dict[str, Any], label: str, show_pr
         tag = run_tag(collection_path, split)
         measures = collection_measures(options, entry)
         ignore = ignores_identical_ids(options, entry)
+        score = split_evaluator(collection, split, measures, ignore_identical_ids=ignore)   # qrels and/or Acc@k
         here = []
         if options.get("bm25", False):
             run_path = bm25_run(state, collection, split, depth)
-            here.append(result_row("bm25", tag, run_path, evaluate(qrels, read_run(run_path), measures,
-                                                                   ignore_identical_ids=ignore)))
+            here.append(result_row("bm25", tag, run_path, score(read_run(run_path))))
         for name, model_dir in retrievers.items():
             for row_label, mode in labelled_modes(name, model_dir, modes):
                 run_path = retriever_run(state, name, model_dir, collection, split, depth, row_label, mode,
                                          show_progress, {**encoding, **released} if name == "zero-shot" else encoding)
-                here.append(result_row(row_label, tag, run_path, evaluate(qrels, read_run(run_path), measures,
-                                                                          ignore_identical_ids=ignore)))
+                here.append(result_row(row_label, tag, run_path, score(read_run(run_path))))
         rerank_depth = options.get("rerank_depth")
         if rerank_depth and state.latest("reranker") is not None and state.named("retriever"):
             name = reranked_retriever(state, options.get("rerank"))
