@@ -105,3 +105,10 @@ def test_the_released_recipe_names_its_source_and_tolerance():
     assert expected["values"] == {"MRR@10": 0.391, "R@1000": 0.988} and expected["tolerance"] == 0.005
     assert "0.391029" in expected["table"] and "0.394431" in expected["table"]   # both README rows, within 0.005
     assert abs(0.394431 - 0.391) <= expected["tolerance"] and abs(0.986676 - 0.988) <= expected["tolerance"]
+
+
+def test_runs_on_the_benchmark_as_a_whole_are_refused_with_the_way_to_do_it(cqadupstack, tmp_path):
+    run = tmp_path / "x.trec"
+    run.write_text("q0 Q0 d0 1 1.0 r\n")
+    with pytest.raises(ConfigError, match=r"cqadupstack is a benchmark .*evaluate models on it .*cqadupstack/android"):
+        evaluate(str(run), data="cqadupstack")

@@ -26,6 +26,7 @@ import regex
 
 from pretrieve.data.beir import Answers, iter_corpus
 from pretrieve.data.collection import BeirCollection
+from pretrieve.data.registry import benchmark_parts
 from pretrieve.errors import ConfigError, InputError
 from pretrieve.evaluation.metrics import (DEFAULT_MEASURES, EvalResult, MissingPolicy, Run, RunEvaluator,
                                           parse_measures, trec_eval_ranking)
@@ -156,6 +157,10 @@ def split_evaluator(collection: BeirCollection, split: str, measures: str | Sequ
     (:class:`AnswerEvaluator` on ``answers/<split>.jsonl`` and the corpus's texts), either or both. ``measures``:
     names (a list or comma-separated); None → ``default``, or :data:`DEFAULT_ANSWER_MEASURES` for a split judged
     by answers only."""
+    if benchmark_parts(collection.root):
+        raise ConfigError(f"{collection.root.name} is a benchmark of several collections, scored as the mean of its "
+                          f"parts: evaluate models on it (--model / models=), or runs on one part "
+                          f"({collection.root.name}/{benchmark_parts(collection.root)[0].name})")
     judged_by_answers = collection.qrels_path(split).suffix == ".jsonl"
     names = check_measures(measures if measures is not None else
                            (DEFAULT_ANSWER_MEASURES if judged_by_answers else default))
