@@ -301,9 +301,9 @@ def _evaluate_models(models, data, *, out, split, measures, test, alpha, correct
                      baseline=None, pairs="baseline") -> CollectionsTable:
     """``evaluate(models=...)``: every model's run on every collection (:func:`pretrieve.retrieval.runs.model_run`),
     scored and tabulated (:func:`pretrieve.evaluation.collections_table`), written under ``out`` when given."""
-    from pretrieve.evaluation import collections_table, parse_measures   # heavy: scipy; --help fast
+    from pretrieve.evaluation import collections_table   # heavy: scipy; --help fast
+    from pretrieve.evaluation.answers import check_measures, split_evaluator   # heavy: scipy, as above
     from pretrieve.evaluation.metrics import mean_of_parts   # heavy: scipy, as above
-    from pretrieve.evaluation.answers import answer_cutoffs, is_answer_measure, split_evaluator   # scipy
     from pretrieve.retrieval.runs import model_run   # heavy: torch, only when models are searched
 
     if qrels is not None:
