@@ -6,6 +6,8 @@ fine-tune and evaluate on, made by the registry from RocketQA's archive on a sma
 
 from __future__ import annotations
 
+import dataclasses
+import gzip
 import io
 import json
 import shutil
@@ -130,10 +132,20 @@ def test_msmarco_titled_is_rocketqas_passages_with_titles_and_beirs_judgments(tm
             info = tarfile.TarInfo(name)
             info.size = len(data)
             tar.addfile(info, io.BytesIO(data))
+    dl20_queries = tmp_path / "msmarco-test2020-queries.tsv.gz"
+    dl20_queries.write_bytes(gzip.compress(b"1030303\twho is aziz hashim\n"))
+    dl20_qrels = tmp_path / "2020qrels-pass.txt"
+    dl20_qrels.write_text("1030303 0 1 3\n1030303 0 2 0\n", encoding="utf-8")
+    served = {registry.ROCKETQA_MARCO_URL: archive, registry.DL20_FILES[0].url: dl20_queries,
+              registry.DL20_FILES[1].url: dl20_qrels}
+    info = registry.KNOWN_COLLECTIONS["msmarco-titled"]   # the DL20 files' published md5s, of this sample
+    monkeypatch.setitem(registry.KNOWN_COLLECTIONS, "msmarco-titled", dataclasses.replace(info, extra=tuple(
+        registry.Source(s.url, registry.file_md5(served[s.url])) for s in info.extra)))
     fetched = []
-    monkeypatch.setattr(registry, "download_file", lambda url, dest: fetched.append(url) or shutil.copy(archive, dest))
+    monkeypatch.setattr(registry, "download_file", lambda url, dest: fetched.append(url) or shutil.copy(served[url],
+                                                                                                          dest))
     path = resolve_collection("msmarco-titled")
-    assert fetched == [registry.ROCKETQA_MARCO_URL] and path.name == "msmarco-titled"
+    assert fetched == list(served) and path.name == "msmarco-titled"
     corpus = [json.loads(line) for line in (path / "corpus.jsonl").read_text(encoding="utf-8").splitlines()]
     assert corpus == [
         {"_id": "0", "title": "The Manhattan Project",
@@ -141,10 +153,15 @@ def test_msmarco_titled_is_rocketqas_passages_with_titles_and_beirs_judgments(tm
         {"_id": "1", "title": "-",
          "text": "The Manhattan Project and its atomic bomb helped bring an end to World War II."},
         {"_id": "2", "title": "", "text": "Essay on the Manhattan Project."}]
-    assert (path / "queries.jsonl").read_bytes() == (beir / "queries.jsonl").read_bytes()
+    assert [json.loads(line) for line in (path / "queries.jsonl").read_text().splitlines()] == [
+        {"_id": "7", "text": "manhattan project"}, {"_id": "1030303", "text": "who is aziz hashim"}]
     assert (path / "qrels" / "dev.tsv").read_bytes() == (beir / "qrels" / "dev.tsv").read_bytes()
+    assert (path / "qrels" / "dl20.tsv").read_text() == "query-id\tcorpus-id\tscore\n1030303\t1\t3\n1030303\t2\t0\n"
+    assert not (tmp_path / "cache" / "collections" / registry.DOWNLOADS_DIR).exists()   # the archives went
+    lock = json.loads((tmp_path / "cache" / "collections" / registry.CHECKSUM_LOCK).read_text())
+    assert lock == {registry.ROCKETQA_MARCO_URL: {"md5": registry.file_md5(archive), "bytes": archive.stat().st_size}}
     assert not (path / ".rocketqa").exists()
-    assert resolve_collection("msmarco-titled") == path and len(fetched) == 1   # found, not fetched again
+    assert resolve_collection("msmarco-titled") == path and len(fetched) == 3   # found, not fetched again
 
 
 def test_msmarco_titled_needs_beirs_msmarco_first(tmp_path, monkeypatch):

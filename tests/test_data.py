@@ -399,9 +399,14 @@ def test_registry_lists_beir_collections():
     assert scifact.url == "https://public.ukp.informatik.tu-darmstadt.de/thakur/BEIR/datasets/scifact.zip"
     assert scifact.md5 == "5f7d1de60b170fc8027bb7898e2efca1" and scifact.splits == ("train", "test")
     for info in registry.KNOWN_COLLECTIONS.values():
-        archive = f"/{info.name}.zip" if info.archive == "beir-zip" else ".tar.gz"   # Cranfield: the SMART files
-        assert info.url.endswith(archive) and info.description
-        assert info.md5 is None or len(info.md5) == 32
+        if info.archive == "beir-zip":
+            assert info.url.endswith(f"/{info.name}.zip")
+        assert info.url.startswith(("https://", "http://")) and info.description
+        assert info.archive in registry._BUILDERS and (info.base is None or info.base in registry.KNOWN_COLLECTIONS)
+        assert all(s.md5 is None or len(s.md5) == 32 for s in info.sources)
+    assert registry.KNOWN_COLLECTIONS["msmarco-titled"].splits[-1] == "dl20"   # the papers' sets by name
+    assert {"cqadupstack", "msmarco-passage", "msmarco-bm25-negatives", "dpr-wiki", "dpr-nq", "dpr-trivia",
+            "dpr-curatedtrec"} <= set(registry.KNOWN_COLLECTIONS)
 
 
 def test_resolve_local_directory_and_bad_names(tmp_path):
@@ -468,7 +473,8 @@ def test_download_offline_says_pass_a_local_path(tmp_path, fake_download, monkey
 
     monkeypatch.setattr(registry, "download_file", offline)
     with pytest.raises(InputError, match=r"could not download 'toy' from https://example.invalid/toy.zip "
-                                         r"\(\[Errno -2\] Name or service not known\); pass a local path"):
+                                         r"\(\[Errno -2\] Name or service not known\); run again to resume, or "
+                                         r"fetch it by hand into .*toy.zip; or pass a local path"):
         resolve_collection("toy", cache_dir=tmp_path / "cache")
     assert list((tmp_path / "cache").iterdir()) == []
 

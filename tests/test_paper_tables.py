@@ -93,8 +93,21 @@ def test_recipe_rows_carry_each_collections_measures_and_the_papers_numbers(tiny
     assert "| retriever | collection | MRR@10 | paper | Δ | R@50 |" in markdown
     assert "| retriever | collection | nDCG@10 | R(rel=2)@1000 | paper | Δ | R@1000 |" in markdown
     ours = rows[("finetune-s1", "train")]["MRR@10"]
-    assert f"| finetune-s1 | train | {ours:.4f} | 0.5 | {ours - 0.5:+.4f} |" in markdown
+    assert f"| finetune-s1 | train | {ours:.4f} | 0.500 | {ours - 0.5:+.4f} |" in markdown   # fixed decimals
     assert "- `finetune-s1` on train: Table 9, row 'ours'" in markdown and "- `bm25` on graded: Table 8" in markdown
+
+
+def test_a_tolerance_says_whether_every_measure_is_within_it():
+    """A released retriever's check: ``tolerance`` on an expected entry → yes / NO under "Paper numbers"."""
+    def markdown(ours):
+        row = {"retriever": "zero-shot", "collection": "msmarco-titled:dev", "run": "x", "measures": ["MRR@10", "R@1000"],
+               "MRR@10": ours, "R@1000": 0.985,
+               "paper": {"table": "README", "values": {"MRR@10": 0.391, "R@1000": 0.988}, "tolerance": 0.005}}
+        return results_markdown({"recipe": "released", "rows": [row]})
+
+    assert "- `zero-shot` on msmarco-titled:dev: README — within ±0.005 on every measure: yes" in markdown(0.388)
+    assert "within ±0.005 on every measure: NO" in markdown(0.380)
+    assert "| zero-shot | msmarco-titled:dev | 0.3880 | 0.391 | -0.0030 | 0.9850 | 0.988 | -0.0030 |" in markdown(0.388)
 
 
 def test_results_markdown_default_measures_keep_one_table_without_paper_columns():

@@ -45,7 +45,7 @@ from typing import TYPE_CHECKING, Any, Mapping, Sequence, Union
 from pretrieve import outputs
 from pretrieve.data.beir import load_qrels
 from pretrieve.data.collection import BeirCollection
-from pretrieve.data.registry import resolve_collection, resolve_corpus
+from pretrieve.data.registry import benchmark_parts, resolve_collection, resolve_corpus
 from pretrieve.data.trec import read_run
 from pretrieve.errors import ConfigError
 from pretrieve.io_utils import load_config_file
@@ -259,6 +259,7 @@ def evaluate(runs: RunLike | Sequence[RunLike] | Mapping[str, RunLike] | None = 
     measure; default measures nDCG@10 and R@100). ``out``: where the runs are written (and reused while current),
     with ``results.md`` / ``results.json``; default a temporary directory, nothing kept."""
     from pretrieve.evaluation import DEFAULT_MEASURES, RunEvaluator, build_table   # lazy: scipy
+    from pretrieve.evaluation.answers import split_evaluator   # lazy: scipy
 
     if (runs is None) == (models is None):
         raise ConfigError("give exactly one of runs or models")
@@ -269,14 +270,15 @@ def evaluate(runs: RunLike | Sequence[RunLike] | Mapping[str, RunLike] | None = 
                                 show_progress=show_progress, qrels=qrels, baseline=baseline, pairs=pairs)
     if (qrels is None) == (data is None):
         raise ConfigError("give exactly one of data (a collection, with split) or qrels")
-    if qrels is None:
+    if qrels is None:   # qrels measures and answer accuracy (Acc@k) of the collection's split
         if not isinstance(data, (str, Path)):
             raise ConfigError("data: runs are scored on one collection; give a list of collections with models")
-        judgments = BeirCollection(resolve_collection(data, data_root=data_root)).load_qrels(split)
+        evaluator = split_evaluator(BeirCollection(resolve_collection(data, data_root=data_root)), split, measures,
+                                    missing=missing, ignore_identical_ids=ignore_identical_ids)
     else:
         judgments = load_qrels(qrels) if isinstance(qrels, (str, Path)) else qrels
-    evaluator = RunEvaluator(judgments, measures or DEFAULT_MEASURES, missing=missing,
-                             ignore_identical_ids=ignore_identical_ids)
+        evaluator = RunEvaluator(judgments, measures or DEFAULT_MEASURES, missing=missing,
+                                 ignore_identical_ids=ignore_identical_ids)
     results = {name: evaluator(run, name=name) for name, run in baseline_first(_named_runs(runs), baseline).items()}
     return build_table(results, test=test, alpha=alpha, correction=correction, pairs=pairs)
 
@@ -300,7 +302,9 @@ def _evaluate_models(models, data, *, out, split, measures, test, alpha, correct
                      baseline=None, pairs="baseline") -> CollectionsTable:
     """``evaluate(models=...)``: every model's run on every collection (:func:`pretrieve.retrieval.runs.model_run`),
     scored and tabulated (:func:`pretrieve.evaluation.collections_table`), written under ``out`` when given."""
-    from pretrieve.evaluation import RunEvaluator, collections_table, parse_measures   # lazy: scipy
+    from pretrieve.evaluation import collections_table   # lazy: scipy
+    from pretrieve.evaluation.answers import check_measures, split_evaluator   # lazy: scipy
+    from pretrieve.evaluation.metrics import mean_of_parts   # lazy: scipy
 
     if qrels is not None:
         raise ConfigError("qrels: models are scored on the qrels of each collection of data; drop qrels")
@@ -312,30 +316,38 @@ def _evaluate_models(models, data, *, out, split, measures, test, alpha, correct
         [str(c) for c in ([data] if isinstance(data, Path) else data)]
     collections = {}
     for entry in entries:
-        collection = BeirCollection(resolve_collection(entry, data_root=data_root))
-        if collection.root.name in collections:
-            raise ConfigError(f"data: two collections are named '{collection.root.name}'")
-        collections[collection.root.name] = collection
+        directory = resolve_collection(entry, data_root=data_root)
+        if directory.name in collections:
+            raise ConfigError(f"data: two collections are named '{directory.name}'")
+        # a benchmark (CQADupStack's 12 forums) is one row: the mean of its parts' scores
+        collections[directory.name] = [BeirCollection(part) for part in benchmark_parts(directory)] or \
+            [BeirCollection(directory)]
     resolved = {name: model if model == "bm25" else resolve_model(model) for name, model in named.items()}
-    chosen = list(parse_measures(measures or MODEL_MEASURES))
+    chosen = check_measures(measures or MODEL_MEASURES)   # bad names: said before the search
     results: dict[str, dict[str, Any]] = {name: {} for name in named}
     run_files: dict[str, dict[str, str]] = {name: {} for name in named}
     with contextlib.ExitStack() as stack:
         stack.enter_context(quiet_libraries())
         root = (stack.enter_context(outputs.writing(out)) if out is not None
                 else Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="pretrieve-evaluate-"))))
-        for label, collection in collections.items():
-            evaluator = RunEvaluator(collection.load_qrels(split), chosen, missing=missing,
-                                     ignore_identical_ids=ignore_identical_ids)
-            for name, model in resolved.items():
-                path = model_run(model, name, collection, split, depth, root, precision=precision,
-                                 batch_size=batch_size, show_progress=show_progress)
-                results[name][label] = evaluator(read_run(path), name=name)
-                run_files[name][label] = str(path.relative_to(root))
+        for label, parts in collections.items():
+            by_part: dict[str, dict[str, Any]] = {name: {} for name in named}
+            for collection in parts:
+                evaluator = split_evaluator(collection, split, chosen, missing=missing,
+                                            ignore_identical_ids=ignore_identical_ids)
+                for name, model in resolved.items():
+                    path = model_run(model, name, collection, split, depth, root, precision=precision,
+                                     batch_size=batch_size, show_progress=show_progress)
+                    by_part[name][collection.root.name] = evaluator(read_run(path), name=name)
+                    run_files[name][label if len(parts) == 1 else f"{label}/{collection.root.name}"] = \
+                        str(path.relative_to(root))
+            for name, scored in by_part.items():
+                results[name][label] = next(iter(scored.values())) if len(parts) == 1 else mean_of_parts(scored)
         table = collections_table(results, chosen, test=test, alpha=alpha, correction=correction, pairs=pairs)
         if out is not None:
             metadata = {"split": split, "depth": depth, "models": {name: str(model) for name, model in named.items()},
-                        "data": {label: str(c.root) for label, c in collections.items()}, "run_files": run_files,
+                        "data": {label: str(parts[0].root if len(parts) == 1 else parts[0].root.parent)
+                                 for label, parts in collections.items()}, "run_files": run_files,
                         "provenance": provenance()}
             table.write(json_path=root / "results.json", md_path=root / "results.md", metadata=metadata)
     return table

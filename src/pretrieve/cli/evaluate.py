@@ -77,7 +77,11 @@ def evaluate_command(
     split: Annotated[str, typer.Option("--split", help="Qrels split of --data.")] = "test",
     measures: Annotated[Optional[str], typer.Option("--measures", help="Comma-separated ir_measures names, e.g. "
                                                     f"nDCG@10,MRR@10,R@100,MAP (default: {_DEFAULT_MEASURES}; with "
-                                                    f"--model: {MODEL_MEASURES})", show_default=False)] = None,
+                                                    f"--model: {MODEL_MEASURES}), and with --data answer accuracy "
+                                                    "Acc@k (DPR's top-k accuracy: a passage of the top k contains "
+                                                    "an answer of answers/SPLIT.jsonl; the default of a split "
+                                                    "judged by answers only: Acc@5,Acc@20,Acc@100)",
+                                          show_default=False)] = None,
     names: Annotated[Optional[str], typer.Option("--names", help="Comma-separated run (or model) names "
                                                  "(default: file names without extension; a model's last path "
                                                  "part).")] = None,
@@ -139,10 +143,17 @@ def evaluate_command(
     if (qrels is None) == (data is None):
         raise ConfigError("give exactly one of --qrels FILE or --data DIR (with --split)")
     run_names = _run_names(runs, names)
-    qrels_path = qrels if qrels is not None else BeirCollection(resolve_collection(data)).qrels_path(split)
-    judgments = load_qrels(qrels_path)
-    evaluator = RunEvaluator(judgments, measures or _DEFAULT_MEASURES, missing=missing.value,
-                             ignore_identical_ids=ignore_identical_ids)
+    if qrels is not None:
+        qrels_path = qrels
+        evaluator = RunEvaluator(load_qrels(qrels_path), measures or _DEFAULT_MEASURES, missing=missing.value,
+                                 ignore_identical_ids=ignore_identical_ids)
+    else:   # qrels measures and answer accuracy (Acc@k) of the collection's split
+        from pretrieve.evaluation.answers import split_evaluator   # heavy: scipy, as above
+
+        collection = BeirCollection(resolve_collection(data))
+        qrels_path = collection.qrels_path(split)
+        evaluator = split_evaluator(collection, split, measures, default=_DEFAULT_MEASURES, missing=missing.value,
+                                    ignore_identical_ids=ignore_identical_ids)
     results = {}
     for name, path in zip(run_names, runs):
         results[name] = evaluator(read_run(path), name=str(path))

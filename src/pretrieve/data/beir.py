@@ -1,4 +1,5 @@
-"""BEIR-layout collections: ``corpus.jsonl``, ``queries.jsonl`` and ``qrels/<split>.tsv``.
+"""BEIR-layout collections: ``corpus.jsonl``, ``queries.jsonl`` and ``qrels/<split>.tsv`` — or, for open-domain QA
+sets judged by answer strings (DPR's NQ, TriviaQA, CuratedTREC), ``answers/<split>.jsonl`` (:func:`load_answers`).
 
 The corpus is held column-wise (``ids``, ``titles``, ``texts`` lists plus one id→row dict), never as a
 dict of dicts, and can also be streamed with :func:`iter_corpus` without holding it at all. Each record is
@@ -15,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
 
-from pretrieve.data.jsonl import iter_jsonl, iter_lines, write_jsonl
+from pretrieve.data.jsonl import iter_jsonl, iter_lines, require_str, write_jsonl
 from pretrieve.data.records import Document, duplicate_id_message, join_title, parse_document, parse_query
 from pretrieve.errors import InputError
 from pretrieve.io_utils import atomic_open
@@ -137,6 +138,39 @@ def load_qrels(path: str | Path) -> Qrels:
     if not qrels:
         raise InputError("no judgments in qrels file", path=path)
     return qrels
+
+
+@dataclass(frozen=True)
+class Answers:
+    """The answers of one question: strings matched as DPR's ``has_answer`` matches them (``match="string"``), or
+    regular expressions (``match="regex"``: CuratedTREC)."""
+
+    answers: tuple[str, ...]
+    match: str = "string"
+
+
+ANSWER_MATCHES = ("string", "regex")
+
+
+def load_answers(path: str | Path) -> dict[str, Answers]:
+    """Read ``answers/<split>.jsonl`` (``{"_id": query id, "answers": [str, ...], "match": "string" | "regex"}`` a
+    line; ``match`` defaults to ``string``) into ``{query_id: Answers}``; malformed lines are located errors."""
+    answers: dict[str, Answers] = {}
+    for line_no, obj in iter_jsonl(path):
+        qid = require_str(obj, "_id", path, line_no, allow_empty=False)
+        given = obj.get("answers")
+        if not isinstance(given, list) or not given or not all(isinstance(a, str) for a in given):
+            raise InputError("expected a non-empty list of answer strings", path=path, line=line_no, field="answers")
+        match = obj.get("match", "string")
+        if match not in ANSWER_MATCHES:
+            raise InputError(f"expected one of {', '.join(ANSWER_MATCHES)}, got {match!r}", path=path, line=line_no,
+                             field="match")
+        if qid in answers:
+            raise InputError(f"duplicate query id '{qid}'", path=path, line=line_no, field="_id")
+        answers[qid] = Answers(tuple(given), match)
+    if not answers:
+        raise InputError("no answers in file", path=path)
+    return answers
 
 
 def iter_qrels(path: str | Path) -> Iterator[tuple[int, str, str, int]]:

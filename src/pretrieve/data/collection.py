@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from pretrieve.data.beir import Corpus, Qrels, load_qrels, load_queries
+from pretrieve.data.beir import Answers, Corpus, Qrels, load_answers, load_qrels, load_queries
 from pretrieve.data.records import collection_file
 from pretrieve.errors import InputError
 
@@ -44,9 +44,13 @@ class BeirCollection:
         return collection_file(self.root, "queries.jsonl")
 
     def qrels_path(self, split: str) -> Path:
+        """``qrels/<split>.tsv``; for a split judged by answer strings only (DPR's NQ/TriviaQA), its
+        ``answers/<split>.jsonl`` (see :meth:`load_qrels`)."""
         path = self.root / "qrels" / f"{split}.tsv"
+        if not path.exists() and self.answers_path(split).is_file():
+            return self.answers_path(split)
         if not path.exists():
-            available = sorted(p.stem for p in (self.root / "qrels").glob("*.tsv"))
+            available = self.splits()
             raise InputError(f"no qrels for split '{split}' (available: {', '.join(available) or 'none'})",
                              path=path)
         return path
@@ -56,14 +60,32 @@ class BeirCollection:
         sidecar, :mod:`pretrieve.artifacts`): the corpus, the queries and the split's qrels."""
         return {"corpus": self.corpus_path, "queries": self.queries_path, "qrels": self.qrels_path(split)}
 
+    def answers_path(self, split: str) -> Path:
+        """``answers/<split>.jsonl``: the split's questions with their answer strings (open-domain QA sets)."""
+        return self.root / "answers" / f"{split}.jsonl"
+
     def splits(self) -> list[str]:
-        return sorted(p.stem for p in (self.root / "qrels").glob("*.tsv"))
+        return sorted({p.stem for p in (self.root / "qrels").glob("*.tsv")} |
+                      {p.name.removesuffix(".jsonl") for p in (self.root / "answers").glob("*.jsonl")})
 
     def load_corpus(self) -> Corpus:
         return Corpus.load(self.corpus_path)
 
     def load_qrels(self, split: str) -> Qrels:
-        return load_qrels(self.qrels_path(split))
+        """The split's judgments; a split judged by answers only gives each of its questions no judged document (its
+        measures are answer accuracy, :mod:`pretrieve.evaluation.answers`)."""
+        path = self.qrels_path(split)
+        if path.suffix == ".jsonl":
+            return {qid: {} for qid in load_answers(path)}
+        return load_qrels(path)
+
+    def load_answers(self, split: str) -> dict[str, Answers]:
+        """``{query_id: Answers}`` of ``answers/<split>.jsonl`` (see :func:`pretrieve.data.beir.load_answers`)."""
+        path = self.answers_path(split)
+        if not path.is_file():
+            raise InputError(f"no answers for split '{split}' (answer accuracy needs answers/<split>.jsonl)",
+                             path=path)
+        return load_answers(path)
 
     def corpus_dataset(self, num_proc: int | None = None, cache_dir: str | Path | None = None) -> "datasets.Dataset":
         """The corpus as a memory-mapped Arrow dataset: columns ``_id``, ``title``, ``text``, row ``i`` = the

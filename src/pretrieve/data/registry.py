@@ -27,6 +27,9 @@ to fail at once instead of trying; ``PRETRIEVE_CACHE`` moves the cache (default
 
 from __future__ import annotations
 
+import ast
+import csv
+import gzip
 import hashlib
 import http.client
 import io
@@ -34,7 +37,6 @@ import json
 import os
 import shutil
 import tarfile
-import tempfile
 import urllib.error
 import urllib.request
 import zipfile
@@ -48,15 +50,41 @@ from pretrieve.data.convert import convert
 from pretrieve.data.pretrain_text import split_corpus
 from pretrieve.data.records import default_cache_dir
 from pretrieve.errors import InputError
-from pretrieve.io_utils import atomic_dir
+from pretrieve.io_utils import atomic_dir, write_json
 
 BEIR_URL = "https://public.ukp.informatik.tu-darmstadt.de/thakur/BEIR/datasets/{name}.zip"
 #: The SMART distribution of Cranfield (cran.all.1400, cran.qry, cranqrel) that ir_datasets downloads as well.
 CRANFIELD_URL = "http://ir.dcs.gla.ac.uk/resources/test_collections/cran/cran.tar.gz"
 #: RocketQA's MS MARCO passages with titles (marco/para.txt, marco/para.title.txt, …); no published checksum.
 ROCKETQA_MARCO_URL = "https://rocketqa.bj.bcebos.com/corpus/marco.tar.gz"
+#: Microsoft's MS MARCO passage files (the host ir_datasets and Anserini's guide use today).
+MSMARCO_URL = "https://msmarco.z22.web.core.windows.net/msmarcoranking/"
+#: NIST's TREC Deep Learning judgments.
+TREC_DL_URL = "https://trec.nist.gov/data/deep/"
+#: Tevatron's raw files on the Hugging Face hub (downloaded as files: their loading scripts are never run).
+TEVATRON_URL = "https://huggingface.co/datasets/Tevatron/{repo}/resolve/main/{file}"
+#: DPR's Wikipedia passages and question/answer files (facebookresearch/DPR, dpr/data/download_data.py).
+DPR_URL = "https://dl.fbaipublicfiles.com/dpr/"
 DOWNLOAD_TIMEOUT_S = 60
+DOWNLOAD_ATTEMPTS = 5              # a cut connection is resumed (HTTP Range) this many times within one call
 OFFLINE_ENV = "PRETRIEVE_OFFLINE"
+#: Checksums recorded on first download of a file whose publisher gives none (trust on first use), beside the
+#: collections: ``<cache>/checksums.lock.json`` (``{url: {"md5": ..., "bytes": ...}}``).
+CHECKSUM_LOCK = "checksums.lock.json"
+#: Where files are downloaded (and ``.part`` files resumed) before a collection is built from them.
+DOWNLOADS_DIR = ".downloads"
+
+
+@dataclass(frozen=True)
+class Source:
+    """One downloaded file: its URL and md5 (None when its publisher gives none: recorded on first download)."""
+
+    url: str
+    md5: str | None = None
+
+    @property
+    def filename(self) -> str:
+        return self.url.rsplit("/", 1)[-1]
 
 
 @dataclass(frozen=True)
@@ -68,8 +96,39 @@ class CollectionInfo:
     md5: str | None
     splits: tuple[str, ...]
     description: str
-    archive: str = "beir-zip"      # how the download is unpacked: "beir-zip", "cranfield-smart" or "rocketqa-titled"
-    base: str | None = None        # the collection whose queries and qrels a derived corpus takes
+    archive: str = "beir-zip"      # how the downloads are built into the collection: a key of _BUILDERS
+    base: str | None = None        # the collection whose queries and qrels (or corpus) a derived collection takes
+    extra: tuple[Source, ...] = ()  # further files the build reads besides ``url``
+
+    @property
+    def sources(self) -> tuple[Source, ...]:
+        return (Source(self.url, self.md5), *self.extra)
+
+
+def _msmarco_file(name: str, md5: str) -> Source:
+    return Source(MSMARCO_URL + name, md5)
+
+
+#: TREC DL 2019 and 2020 queries and judgments (md5s: ir_datasets' downloads.json, docs/data.md).
+DL19_FILES = (_msmarco_file("msmarco-test2019-queries.tsv.gz", "eda71eccbe4d251af83150abe065368c"),
+              Source(TREC_DL_URL + "2019qrels-pass.txt", "2f4be390198da108f6845c822e5ada14"))
+DL20_FILES = (_msmarco_file("msmarco-test2020-queries.tsv.gz", "00a406fb0d14ed3752d70d1e4eb98600"),
+              Source(TREC_DL_URL + "2020qrels-pass.txt", "0355ccee7509ac0463e8278186cdd8d1"))
+#: CQADupStack's 12 StackExchange forums, the sub-collections of BEIR's ``cqadupstack.zip``; BEIR's CQADupStack
+#: score is the mean of the 12 forums' scores.
+CQADUPSTACK_FORUMS = ("android", "english", "gaming", "gis", "mathematica", "physics", "programmers", "stats", "tex",
+                      "unix", "webmasters", "wordpress")
+#: DPR's question/answer files per collection: ``{name: ((split, file), ...)}``; CuratedTREC's answers are regular
+#: expressions (DPR's ``--match regex``).
+DPR_QA_FILES = {"dpr-nq": (("dev", "nq-dev.qa.csv"), ("test", "nq-test.qa.csv")),
+                "dpr-trivia": (("dev", "trivia-dev.qa.csv"), ("test", "trivia-test.qa.csv")),
+                "dpr-curatedtrec": (("test", "curatedtrec-test.qa.csv"),)}
+
+
+def _dpr_qa(name: str, description: str) -> CollectionInfo:
+    files = tuple(Source(DPR_URL + "data/retriever/" + file) for _, file in DPR_QA_FILES[name])
+    return CollectionInfo(name, files[0].url, None, tuple(split for split, _ in DPR_QA_FILES[name]), description,
+                          archive="dpr-qa", base="dpr-wiki", extra=files[1:])
 
 
 def _beir(name: str, md5: str, splits: tuple[str, ...], description: str) -> CollectionInfo:
@@ -108,9 +167,27 @@ KNOWN_COLLECTIONS: dict[str, CollectionInfo] = {info.name: info for info in (
     CollectionInfo("cranfield", CRANFIELD_URL, "1730f7be572d95a5a4b56c59a7b900a5", ("test",),
                    "Cranfield aeronautics abstracts (ir_datasets: cranfield), 1.4K documents, 225 queries, "
                    "graded qrels", archive="cranfield-smart"),
-    CollectionInfo("msmarco-titled", ROCKETQA_MARCO_URL, None, ("train", "dev", "test"),
+    CollectionInfo("msmarco-titled", ROCKETQA_MARCO_URL, None, ("train", "dev", "test", "dl19", "dl20"),
                    "MS MARCO passages with RocketQA's titles (the BoW, DupMAE, CoT-MAE, CoT-MoTE corpus); queries and "
-                   "qrels of BEIR's msmarco", archive="rocketqa-titled", base="msmarco"),
+                   "qrels of BEIR's msmarco (test = dl19 = TREC DL 2019), TREC DL 2020 as dl20",
+                   archive="rocketqa-titled", base="msmarco", extra=DL20_FILES),
+    CollectionInfo("msmarco-passage", MSMARCO_URL + "collectionandqueries.tar.gz", "31644046b18952c1386cd4564ba2ae69",
+                   ("train", "dev", "dl19", "dl20"),
+                   "MS MARCO passage from Microsoft's files (no titles): train, dev (= dev.small, 6,980 queries), "
+                   "TREC DL 2019 and 2020", archive="msmarco-microsoft", extra=DL19_FILES + DL20_FILES),
+    CollectionInfo("msmarco-bm25-negatives", TEVATRON_URL.format(repo="msmarco-passage", file="train.jsonl.gz"), None,
+                   (), "Tevatron's msmarco-passage training groups with their BM25 negatives (the file, not the "
+                   "loading script) as groups/train.jsonl; ids of msmarco-titled", archive="tevatron-groups"),
+    CollectionInfo("cqadupstack", BEIR_URL.format(name="cqadupstack"), "4e41456d7df8ee7760a7f866133bda78", ("test",),
+                   "CQADupStack, 12 StackExchange forums evaluated as one benchmark (the mean of the forums' scores, "
+                   "as BEIR reports it)", archive="beir-forums"),
+    CollectionInfo("dpr-wiki", DPR_URL + "wikipedia_split/psgs_w100.tsv.gz", None, (),
+                   "DPR's Wikipedia (2018-12-20), 21M passages of 100 words with titles: the corpus of dpr-nq, "
+                   "dpr-trivia, dpr-curatedtrec", archive="dpr-wiki"),
+    _dpr_qa("dpr-nq", "Natural Questions open (DPR's split) on dpr-wiki: answer accuracy (Acc@k), no qrels"),
+    _dpr_qa("dpr-trivia", "TriviaQA (DPR's split) on dpr-wiki: answer accuracy (Acc@k), no qrels"),
+    _dpr_qa("dpr-curatedtrec", "CuratedTREC (DPR's split) on dpr-wiki: answer accuracy, answers are regular "
+            "expressions"),
 )}
 
 
@@ -155,7 +232,7 @@ def find_collection(name_or_path: str | Path, recipe: Mapping[str, Any] | None =
     cache = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
     looked = [root / text for root in data_roots(recipe, data_root)] + [cache / text.lower()]
     for candidate in looked:
-        if _has_corpus(candidate):
+        if _is_built(candidate):
             return candidate, looked
     return None, looked
 
@@ -223,19 +300,33 @@ def resolve_collections(names: list[str | Path], recipe: Mapping[str, Any] | Non
 
 
 def fetch_collection(name: str, cache_dir: str | Path | None = None) -> Path:
-    """Download and unpack a known collection into ``cache_dir/<name>`` unless already there."""
+    """Download the files of a known collection into ``cache_dir/.downloads`` (resumed, checksummed) and build the
+    collection in ``cache_dir/<name>`` from them, unless already there."""
     info = KNOWN_COLLECTIONS.get(name.lower())
     if info is None:
         raise InputError(f"unknown collection '{name}'; known collections: {', '.join(KNOWN_COLLECTIONS)}")
-    target = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
-    target = target / info.name
-    if _has_corpus(target):
+    root = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
+    target = root / info.name
+    if _is_built(target):
         return target
     if target.exists() and (not target.is_dir() or any(target.iterdir())):
         raise InputError(f"exists but holds no corpus.jsonl; remove it or download '{info.name}' elsewhere "
                          "(it is never overwritten)", path=target)
     base = resolve_collection(info.base, cache_dir=cache_dir) if info.base else None   # before the long download
-    return _download_and_unpack(info, target, base)
+    files = fetch_files(info.name, info.sources, root)
+    try:
+        _BUILDERS[info.archive](files, target, base, info)
+    except InputError:   # a file no checksum vouches for (an error page?) is fetched again next time
+        for source in info.sources:
+            if expected_md5(source, root)[0] is None:
+                files[source.filename].unlink(missing_ok=True)
+        _remove_if_empty(root / DOWNLOADS_DIR)
+        raise
+    record_checksums(info.sources, files, root)   # trust on first use: only once the build accepted the files
+    for path in files.values():   # the collection is built: its archives go (they are kept while it fails)
+        path.unlink(missing_ok=True)
+    _remove_if_empty(root / DOWNLOADS_DIR)
+    return target
 
 
 def _looks_like_path(text: str) -> bool:
@@ -246,12 +337,49 @@ def _has_corpus(root: Path) -> bool:
     return (root / "corpus.jsonl").is_file() or (root / "corpus.jsonl.gz").is_file()
 
 
+def _is_built(root: Path) -> bool:
+    """A collection directory, a benchmark of several (:func:`benchmark_parts`) or a directory of training groups."""
+    return _has_corpus(root) or bool(benchmark_parts(root)) or (root / "groups" / "train.jsonl").is_file()
+
+
+def benchmark_parts(root: str | Path) -> list[Path]:
+    """The collections of a benchmark directory that is scored as the mean of its parts — CQADupStack's 12 forums
+    (BEIR's layout: ``cqadupstack/<forum>/corpus.jsonl``) — or ``[]`` for any other directory."""
+    root = Path(root)
+    if _has_corpus(root) or not root.is_dir():
+        return []
+    parts = [root / forum for forum in CQADUPSTACK_FORUMS]
+    return parts if all(_has_corpus(part) for part in parts) else []
+
+
 # ----------------------------------------------------------------------------------------- downloading
 
 def download_file(url: str, dest: Path) -> None:
-    """Fetch ``url`` into ``dest`` (network errors propagate; tests replace this function)."""
-    with urllib.request.urlopen(url, timeout=DOWNLOAD_TIMEOUT_S) as response, open(dest, "wb") as out:
-        shutil.copyfileobj(response, out, length=1 << 20)
+    """Fetch ``url`` into ``dest``, resuming what ``dest`` already holds with an HTTP Range request (a server that
+    ignores the range sends the whole file, which replaces it); a connection cut before the announced length is
+    resumed up to ``DOWNLOAD_ATTEMPTS`` times. Network errors propagate (tests replace this function)."""
+    failure: Exception | None = None
+    for _ in range(DOWNLOAD_ATTEMPTS):
+        have = dest.stat().st_size if dest.exists() else 0
+        request = urllib.request.Request(url, headers={"Range": f"bytes={have}-"} if have else {})
+        try:
+            with urllib.request.urlopen(request, timeout=DOWNLOAD_TIMEOUT_S) as response:
+                resumed = have and response.status == 206
+                length = response.headers.get("Content-Length")
+                total = (have if resumed else 0) + int(length) if length is not None else None
+                with open(dest, "ab" if resumed else "wb") as out:
+                    shutil.copyfileobj(response, out, length=1 << 20)
+        except urllib.error.HTTPError as exc:
+            if exc.code == 416 and have:   # nothing left to send: the file is whole (its checksum decides)
+                return
+            raise
+        except (OSError, http.client.HTTPException) as exc:   # a cut connection: resumed below
+            failure = exc
+            continue
+        if total is None or dest.stat().st_size >= total:
+            return
+        failure = OSError(f"connection closed after {dest.stat().st_size} of {total} bytes")
+    raise failure if failure is not None else OSError("download failed")
 
 
 def file_md5(path: Path) -> str:
@@ -262,35 +390,88 @@ def file_md5(path: Path) -> str:
     return digest.hexdigest()
 
 
-def _download_and_unpack(info: CollectionInfo, target: Path, base: Path | None = None) -> Path:
-    hint = "; pass a local path to a BEIR-layout directory"
-    if os.environ.get(OFFLINE_ENV, "").strip() not in ("", "0"):
-        raise InputError(f"could not download '{info.name}' from {info.url}: offline mode ({OFFLINE_ENV} is set)"
-                         + hint)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{info.name}.", suffix=".zip.part", dir=target.parent)
-    os.close(fd)
-    archive = Path(tmp_name)
+def read_checksum_lock(root: Path) -> dict[str, dict[str, Any]]:
+    """``{url: {"md5", "bytes"}}`` recorded on first download under ``root`` (the cache); ``{}`` when none."""
+    path = root / CHECKSUM_LOCK
+    if not path.is_file():
+        return {}
     try:
-        try:
-            download_file(info.url, archive)
-        except (OSError, http.client.HTTPException, ValueError) as exc:  # URLError, timeouts are OSErrors
-            reason = getattr(exc, "reason", None) or exc
-            raise InputError(f"could not download '{info.name}' from {info.url} ({reason})" + hint) from None
-        if info.md5 is not None:
-            actual = file_md5(archive)
-            if actual != info.md5:
-                raise InputError(f"checksum mismatch for '{info.name}': expected md5 {info.md5}, got {actual} "
-                                 f"(corrupt or changed download; retry, or pass a local path)", path=info.url)
-        if info.archive == "cranfield-smart":
-            _convert_cranfield(archive, target)
-        elif info.archive == "rocketqa-titled":
-            _convert_rocketqa_titled(archive, target, base)
-        else:
-            _unpack(archive, target, info.name)
-    finally:
-        archive.unlink(missing_ok=True)
-    return target
+        return json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise InputError(f"invalid JSON ({exc.msg}); fix or remove it", path=path, line=exc.lineno) from None
+
+
+def record_checksums(sources: tuple[Source, ...], files: Mapping[str, Path], root: Path) -> None:
+    """Write the md5 of every file whose publisher gives none into ``root/checksums.lock.json`` (trust on first use);
+    a later download of the same URL must match it."""
+    lock = read_checksum_lock(root)
+    new = {s.url: {"md5": file_md5(files[s.filename]), "bytes": files[s.filename].stat().st_size}
+           for s in sources if s.md5 is None and s.url not in lock}
+    if new:
+        write_json(root / CHECKSUM_LOCK, {**lock, **new})
+
+
+def expected_md5(source: Source, root: Path) -> tuple[str | None, str]:
+    """The md5 a download must have and where it comes from (the registry, or the lock of a first download)."""
+    if source.md5 is not None:
+        return source.md5, "published"
+    recorded = read_checksum_lock(root).get(source.url, {}).get("md5")
+    return recorded, f"recorded in {root / CHECKSUM_LOCK} on first download"
+
+
+def fetch_files(name: str, sources: tuple[Source, ...], root: Path) -> dict[str, Path]:
+    """Each source downloaded into ``root/.downloads`` (kept there until the collection is built; a ``.part`` file is
+    resumed), its md5 checked against the published or recorded one: ``{filename: path}``. Offline, or when the
+    network fails, one line names the files to fetch by hand and where to put them."""
+    directory = root / DOWNLOADS_DIR
+    files = {s.filename: directory / s.filename for s in sources}
+    missing = [s for s in sources if not files[s.filename].is_file()]
+    if missing and os.environ.get(OFFLINE_ENV, "").strip() not in ("", "0"):
+        raise InputError(f"could not download '{name}': offline mode ({OFFLINE_ENV} is set); fetch by hand into "
+                         f"{directory}: {_listing(missing, root)}, and run again; or pass a local path to a "
+                         "BEIR-layout directory")
+    for source in sources:
+        path = files[source.filename]
+        expected, origin = expected_md5(source, root)
+        if not path.is_file():
+            directory.mkdir(parents=True, exist_ok=True)
+            part = path.with_name(path.name + ".part")
+            try:
+                download_file(source.url, part)
+            except (OSError, http.client.HTTPException, ValueError) as exc:  # URLError, timeouts are OSErrors
+                reason = getattr(exc, "reason", None) or exc
+                if part.exists() and part.stat().st_size == 0:
+                    part.unlink()
+                _remove_if_empty(directory)
+                raise InputError(f"could not download '{name}' from {source.url} ({reason}); run again to resume, "
+                                 f"or fetch it by hand into {path}; or pass a local path to a BEIR-layout directory"
+                                 ) from None
+            if expected is not None and file_md5(part) != expected:
+                actual = file_md5(part)
+                part.unlink()
+                _remove_if_empty(directory)
+                raise InputError(f"checksum mismatch for '{name}': expected md5 {expected} ({origin}), got {actual} "
+                                 "(corrupt or changed download, removed; retry, or pass a local path)",
+                                 path=source.url)
+            os.replace(part, path)
+        elif expected is not None and file_md5(path) != expected:
+            raise InputError(f"checksum mismatch for '{name}': expected md5 {expected} ({origin}), got "
+                             f"{file_md5(path)}; remove the file to download it again", path=path)
+    return files
+
+
+def _listing(sources: list[Source], root: Path) -> str:
+    return ", ".join(f"{s.url} (md5 {expected_md5(s, root)[0] or 'not published: recorded on first use'})"
+                     for s in sources)
+
+
+def _remove_if_empty(directory: Path) -> None:
+    if directory.is_dir() and not any(directory.iterdir()):
+        directory.rmdir()
+
+
+def _build_beir_zip(files: Mapping[str, Path], target: Path, base: Path | None, info: CollectionInfo) -> None:
+    _unpack(files[info.sources[0].filename], target, info.name)
 
 
 def _unpack(archive: Path, target: Path, name: str) -> None:
@@ -298,11 +479,7 @@ def _unpack(archive: Path, target: Path, name: str) -> None:
     try:
         with zipfile.ZipFile(archive) as zf, atomic_dir(target) as tmp:
             staging = tmp / ".unzip"
-            for member in zf.namelist():
-                dest = (staging / member).resolve()
-                if not dest.is_relative_to(staging.resolve()):
-                    raise InputError(f"archive member '{member}' points outside the target", path=archive)
-            zf.extractall(staging)
+            _safe_extract(zf, staging, archive)
             root = _collection_root(staging)
             if root is None:
                 raise InputError(f"archive of '{name}' holds no corpus.jsonl", path=archive)
@@ -313,8 +490,17 @@ def _unpack(archive: Path, target: Path, name: str) -> None:
         raise InputError(f"downloaded archive of '{name}' is not a valid zip ({exc})", path=archive) from None
 
 
-def _convert_cranfield(archive: Path, target: Path) -> None:
+def _safe_extract(zf: zipfile.ZipFile, staging: Path, archive: Path) -> None:
+    for member in zf.namelist():
+        dest = (staging / member).resolve()
+        if not dest.is_relative_to(staging.resolve()):
+            raise InputError(f"archive member '{member}' points outside the target", path=archive)
+    zf.extractall(staging)
+
+
+def _convert_cranfield(files: Mapping[str, Path], target: Path, base: Path | None, info: CollectionInfo) -> None:
     """The SMART files of Cranfield (a ``.tar.gz``) → a BEIR-layout directory, atomically (module docstring)."""
+    archive = files[info.sources[0].filename]
     try:
         with tarfile.open(archive, "r:*") as tar:
             members = {Path(m.name).name: m for m in tar.getmembers() if m.isfile()}
@@ -342,29 +528,145 @@ def _convert_cranfield(archive: Path, target: Path) -> None:
             f"{qid}\t{doc}\t{grade}\n" for qid, doc, grade in qrels), encoding="utf-8")
 
 
-def _convert_rocketqa_titled(archive: Path, target: Path, base: Path) -> None:
+def _extract(archive: Path, names: tuple[str, ...], staging: Path, label: str) -> None:
+    """Copy the members ``names`` (matched by file name) of a tar archive into ``staging``."""
+    staging.mkdir(parents=True, exist_ok=True)
+    try:
+        with tarfile.open(archive, "r:*") as tar:
+            members = {Path(m.name).name: m for m in tar.getmembers() if m.isfile()}
+            missing = [name for name in names if name not in members]
+            if missing:
+                raise InputError(f"{label} archive lacks {', '.join(missing)}", path=archive)
+            for name in names:
+                with tar.extractfile(members[name]) as source, open(staging / name, "wb") as out:
+                    shutil.copyfileobj(source, out, 1 << 20)
+    except tarfile.TarError as exc:
+        raise InputError(f"downloaded {label} archive is not a valid tar.gz ({exc})", path=archive) from None
+
+
+def _dl_inputs(files: Mapping[str, Path], sources: tuple[Source, ...]) -> tuple[list[Path], list[tuple[str, Path]]]:
+    """The queries and ``(split, qrels)`` of the TREC DL files among ``sources`` (dl19, dl20)."""
+    queries, qrels = [], []
+    for queries_file, qrels_file in zip(sources[::2], sources[1::2]):
+        queries.append(files[queries_file.filename])
+        qrels.append(("dl" + qrels_file.filename[2:4], files[qrels_file.filename]))
+    return queries, qrels
+
+
+def _convert_rocketqa_titled(files: Mapping[str, Path], target: Path, base: Path | None,
+                             info: CollectionInfo) -> None:
     """RocketQA's ``marco.tar.gz`` → the titled passages (``para.txt`` joined with ``para.title.txt``, as
-    bowdpr's ``get_data.sh``) with the queries and qrels of ``base`` (BEIR's msmarco), atomically."""
+    bowdpr's ``get_data.sh``) with the queries and qrels of ``base`` (BEIR's msmarco; its test split, TREC DL 2019,
+    also as ``dl19``) and TREC DL 2020 (``dl20``), atomically."""
+    collection = BeirCollection(base)
     with atomic_dir(target) as tmp:
         staging = tmp / ".rocketqa"
-        staging.mkdir()
-        try:
-            with tarfile.open(archive, "r:*") as tar:
-                members = {Path(m.name).name: m for m in tar.getmembers() if m.isfile()}
-                missing = [name for name in ("para.txt", "para.title.txt") if name not in members]
-                if missing:
-                    raise InputError(f"RocketQA's MS MARCO archive lacks {', '.join(missing)}", path=archive)
-                for name in ("para.txt", "para.title.txt"):
-                    with tar.extractfile(members[name]) as source, open(staging / name, "wb") as out:
-                        shutil.copyfileobj(source, out, 1 << 20)
-        except tarfile.TarError as exc:
-            raise InputError(f"downloaded archive of 'msmarco-titled' is not a valid tar.gz ({exc})",
-                             path=archive) from None
-        convert(tmp, corpus=staging / "para.txt", titles=staging / "para.title.txt")
+        _extract(files[info.sources[0].filename], ("para.txt", "para.title.txt"), staging, "RocketQA's MS MARCO")
+        dl_queries, dl_qrels = _dl_inputs(files, info.extra)
+        qrels = [(split, collection.qrels_path(split)) for split in collection.splits()]
+        qrels += [("dl19", collection.qrels_path("test"))] if "test" in collection.splits() else []
+        convert(tmp, corpus=staging / "para.txt", titles=staging / "para.title.txt",
+                queries=[collection.queries_path, *dl_queries], qrels=qrels + dl_qrels)
         shutil.rmtree(staging)
-        collection = BeirCollection(base)
-        shutil.copyfile(collection.queries_path, tmp / collection.queries_path.name)
-        shutil.copytree(base / "qrels", tmp / "qrels")
+
+
+def _convert_msmarco_microsoft(files: Mapping[str, Path], target: Path, base: Path | None,
+                               info: CollectionInfo) -> None:
+    """Microsoft's ``collectionandqueries.tar.gz`` (collection.tsv; train and dev.small queries and qrels) and the
+    TREC DL 2019/2020 files → ``msmarco-passage`` (splits train, dev, dl19, dl20), atomically."""
+    names = ("collection.tsv", "queries.train.tsv", "queries.dev.small.tsv", "qrels.train.tsv", "qrels.dev.small.tsv")
+    with atomic_dir(target) as tmp:
+        staging = tmp / ".msmarco"
+        _extract(files[info.sources[0].filename], names, staging, "MS MARCO's collectionandqueries")
+        dl_queries, dl_qrels = _dl_inputs(files, info.extra)
+        convert(tmp, corpus=staging / "collection.tsv",
+                queries=[staging / "queries.train.tsv", staging / "queries.dev.small.tsv", *dl_queries],
+                qrels=[("train", staging / "qrels.train.tsv"), ("dev", staging / "qrels.dev.small.tsv"), *dl_qrels])
+        shutil.rmtree(staging)
+
+
+def _convert_tevatron_groups(files: Mapping[str, Path], target: Path, base: Path | None,
+                             info: CollectionInfo) -> None:
+    """Tevatron's ``train.jsonl.gz`` (query, positives, BM25 negatives) → ``groups/train.jsonl`` (ids only)."""
+    with atomic_dir(target) as tmp:
+        convert(tmp, groups=[files[info.sources[0].filename]])
+
+
+def _unpack_forums(files: Mapping[str, Path], target: Path, base: Path | None, info: CollectionInfo) -> None:
+    """BEIR's ``cqadupstack.zip`` → ``cqadupstack/<forum>/`` (12 BEIR directories), atomically."""
+    archive = files[info.sources[0].filename]
+    try:
+        with zipfile.ZipFile(archive) as zf, atomic_dir(target) as tmp:
+            staging = tmp / ".unzip"
+            _safe_extract(zf, staging, archive)
+            root = staging / info.name if (staging / info.name).is_dir() else staging
+            if not benchmark_parts(root):
+                raise InputError(f"archive of '{info.name}' lacks some of its forums (each with a corpus.jsonl): "
+                                 f"{', '.join(CQADUPSTACK_FORUMS)}", path=archive)
+            for forum in CQADUPSTACK_FORUMS:
+                os.replace(root / forum, tmp / forum)
+            shutil.rmtree(staging)
+    except zipfile.BadZipFile as exc:
+        raise InputError(f"downloaded archive of '{info.name}' is not a valid zip ({exc})", path=archive) from None
+
+
+def _convert_dpr_wiki(files: Mapping[str, Path], target: Path, base: Path | None, info: CollectionInfo) -> None:
+    """DPR's ``psgs_w100.tsv.gz`` (header ``id text title``; CSV quoting in a tab-separated file, read as DPR reads it
+    with ``csv.reader(delimiter="\\t")``) → ``corpus.jsonl``, atomically."""
+    source = files[info.sources[0].filename]
+    with atomic_dir(target) as tmp:
+        with gzip.open(source, "rt", encoding="utf-8", newline="") as handle, \
+                open(tmp / "corpus.jsonl", "w", encoding="utf-8") as out:
+            rows = csv.reader(handle, delimiter="\t")
+            header = next(rows, None)
+            if header != ["id", "text", "title"]:
+                raise InputError(f"expected the header 'id<TAB>text<TAB>title', got {header!r}", path=source, line=1)
+            for line, row in enumerate(rows, start=2):
+                if len(row) != 3 or not row[0].strip():
+                    raise InputError(f"expected 3 tab-separated columns (id, text, title), got {len(row)}",
+                                     path=source, line=line)
+                out.write(json.dumps({"_id": row[0].strip(), "title": row[2], "text": row[1]}) + "\n")
+
+
+def _convert_dpr_qa(files: Mapping[str, Path], target: Path, base: Path | None, info: CollectionInfo) -> None:
+    """DPR's ``*.qa.csv`` files (``question<TAB>["answer", ...]``) → ``queries.jsonl`` (ids ``<split>-<row>``, the row
+    from 0 in file order), ``answers/<split>.jsonl`` and the corpus of ``base`` (dpr-wiki) linked, atomically."""
+    queries, answers = [], {}
+    for split, filename in DPR_QA_FILES[info.name]:
+        path = files[filename]
+        answers[split] = {}
+        with open(path, encoding="utf-8", newline="") as handle:
+            for row_no, row in enumerate(csv.reader(handle, delimiter="\t")):
+                if len(row) != 2:
+                    raise InputError(f"expected 2 tab-separated columns (question, answers), got {len(row)}",
+                                     path=path, line=row_no + 1)
+                try:
+                    given = ast.literal_eval(row[1])
+                except (ValueError, SyntaxError):
+                    raise InputError("expected a list of answer strings", path=path, line=row_no + 1,
+                                     field="answers") from None
+                if not isinstance(given, list) or not all(isinstance(a, str) for a in given):
+                    raise InputError("expected a list of answer strings", path=path, line=row_no + 1,
+                                     field="answers")
+                qid = f"{split}-{row_no}"
+                queries.append({"_id": qid, "text": row[0]})
+                answers[split][qid] = given
+    with atomic_dir(target) as tmp:
+        corpus = BeirCollection(base).corpus_path
+        (tmp / corpus.name).symlink_to(corpus.resolve())
+        (tmp / "queries.jsonl").write_text("".join(json.dumps(q) + "\n" for q in queries), encoding="utf-8")
+        (tmp / "answers").mkdir()
+        match = {"match": "regex"} if info.name == "dpr-curatedtrec" else {}   # pretrieve.evaluation.answers
+        for split, by_query in answers.items():
+            (tmp / "answers" / f"{split}.jsonl").write_text("".join(
+                json.dumps({"_id": qid, "answers": given, **match}) + "\n" for qid, given in by_query.items()),
+                encoding="utf-8")
+
+
+_BUILDERS = {"beir-zip": _build_beir_zip, "cranfield-smart": _convert_cranfield,
+             "rocketqa-titled": _convert_rocketqa_titled, "msmarco-microsoft": _convert_msmarco_microsoft,
+             "tevatron-groups": _convert_tevatron_groups, "beir-forums": _unpack_forums,
+             "dpr-wiki": _convert_dpr_wiki, "dpr-qa": _convert_dpr_qa}
 
 
 def _smart_records(text: str) -> list[dict[str, str]]:

@@ -236,3 +236,20 @@ def evaluate(qrels: Qrels, run: Run, measures: str | Sequence[str] = DEFAULT_MEA
     docstring for how missing queries, ties and relevance grades are treated.
     """
     return RunEvaluator(qrels, measures, missing=missing, ignore_identical_ids=ignore_identical_ids)(run)
+
+
+def mean_of_parts(parts: Mapping[str, EvalResult]) -> EvalResult:
+    """One result for a benchmark scored as the mean of its parts' scores — BEIR's CQADupStack, the mean of its 12
+    forums' means (not the mean over all their queries): ``aggregate[m]`` = mean over the parts of their
+    ``aggregate[m]``; ``per_query`` holds every part's queries as ``<part>/<query id>`` (what paired tests pair)."""
+    if not parts:
+        raise ConfigError("a benchmark needs at least one part")
+    first = next(iter(parts.values()))
+    measures = list(first.measures)
+    aggregate = {m: float(np.mean([result.aggregate[m] for result in parts.values()])) for m in measures}
+    per_query = {m: {f"{part}/{qid}": value for part, result in parts.items()
+                     for qid, value in result.per_query[m].items()} for m in measures}
+    return EvalResult(aggregate=aggregate, per_query=per_query, measures=measures, missing=first.missing,
+                      judged_queries=tuple(f"{part}/{qid}" for part, r in parts.items() for qid in r.judged_queries),
+                      missing_queries=tuple(f"{part}/{qid}" for part, r in parts.items() for qid in r.missing_queries),
+                      unjudged_queries=sum(r.unjudged_queries for r in parts.values()))

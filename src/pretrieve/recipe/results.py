@@ -17,7 +17,7 @@ from typing import Any, Mapping
 
 from pretrieve import artifacts
 from pretrieve.errors import ConfigError
-from pretrieve.evaluation import parse_measure
+from pretrieve.evaluation.answers import check_measures
 from pretrieve.evaluation.significance import holm_note
 from pretrieve.options import join_path, validate
 from pretrieve.recipe.dev import dev_line
@@ -34,6 +34,7 @@ class ExpectedNumbers:
     table: str                      # where the numbers are printed: 'Table 3, row "BoW Prediction"'
     values: dict[str, float]        # measure (as the evaluate stage names it) → the paper's number, as a fraction
     row: str | None = None          # the results row; default: the recipe's last fine-tuned retriever
+    tolerance: float | None = None  # |ours − paper| accepted on every measure (a released retriever's check)
 
 
 def validate_expected(entries: Any, where: str) -> list[dict[str, Any]]:
@@ -68,7 +69,7 @@ def validate_expected(entries: Any, where: str) -> list[dict[str, Any]]:
 
 def _check_measure(measure: str, where: str) -> None:
     try:
-        parse_measure(str(measure))
+        check_measures([str(measure)])   # an ir_measures name or answer accuracy (Acc@k)
     except ConfigError as exc:
         raise ConfigError(f"{where}: {exc}") from None
 
@@ -167,14 +168,14 @@ def _table_lines(measures: list[str], rows: list[Mapping[str, Any]]) -> list[str
             cells.append(f"{row[m]:.4f}")
             if m in with_paper:
                 paper = (row.get("paper") or {}).get("values", {}).get(m)
-                cells += [f"{paper:g}", f"{row[m] - paper:+.4f}"] if paper is not None else ["", ""]
+                cells += [f"{paper:.3f}", f"{row[m] - paper:+.4f}"] if paper is not None else ["", ""]
         lines.append(f"| {row['retriever']} | {row['collection']} | " + " | ".join(cells) + " |")
     return lines
 
 
 def _paper_lines(rows: list[Mapping[str, Any]]) -> list[str]:
     """Where each row's paper numbers are printed."""
-    lines = [f"- `{row['retriever']}` on {row['collection']}: {row['paper']['table']}" for row in rows
+    lines = [f"- `{row['retriever']}` on {row['collection']}: {row['paper']['table']}{_within(row)}" for row in rows
              if row.get("paper")]
     return (["Paper numbers (column \"paper\"; Δ = ours − paper), from:", "", *lines, ""]) if lines else []
 
@@ -265,3 +266,11 @@ def _final_lines(results: Mapping[str, Any]) -> list[str]:
             "reproduces all of them (finished stages are skipped; delete the output directory to recompute).")
     return lines + ["", text, ""]
 
+
+def _within(row: Mapping[str, Any]) -> str:
+    """`` — within ±t: yes`` (or ``NO``) when the expected numbers carry a tolerance."""
+    tolerance = row["paper"].get("tolerance")
+    if tolerance is None:
+        return ""
+    ok = all(abs(row[m] - v) <= tolerance for m, v in row["paper"]["values"].items())
+    return f" — within ±{tolerance:g} on every measure: {'yes' if ok else 'NO'}"

@@ -34,6 +34,10 @@ from pretrieve.recipe.schema import STAGES, stage_labels
 from pretrieve.retrieval import fusion, runs
 from pretrieve.retrieval.rerank import rerank_run_file
 
+#: How the zero-shot row's checkpoint is encoded when it carries no training record (a released retriever): the
+#: ``load_retriever`` arguments an evaluate stage's ``zero_shot_encoding`` sets.
+RELEASED_ENCODING = ("max_length", "query_max_length", "title_join")
+
 
 def bm25_run(state: RunState, collection: BeirCollection, split: str, depth: int) -> Path:
     """``runs/bm25__<collection>[:split].trec``, searched now unless current (one index per collection in
@@ -47,12 +51,13 @@ def retriever_run(state: RunState, name: str, model_dir: str, collection: BeirCo
                   encoding: Mapping[str, Any] | None = None) -> Path:
     """``runs/<label>__<collection>[:split].trec`` of the retriever ``name`` (its weights in ``model_dir``), searched
     now unless current (:func:`pretrieve.retrieval.runs.retriever_run`). ``encoding``: the evaluate stage's
-    ``precision`` / ``batch_size``."""
+    ``precision`` / ``batch_size``, and for a released retriever (the zero-shot row) its ``RELEASED_ENCODING``."""
     encoding = dict(encoding or {})
     return runs.retriever_run(model_dir, collection, split, depth, state.run_path(label, collection.root, split),
                               index_dir=state.corpus_index(name, collection), mode=mode,
                               precision=encoding.get("precision", "auto"),
-                              batch_size=int(encoding.get("batch_size", 64)), tag=label, show_progress=show_progress)
+                              batch_size=int(encoding.get("batch_size", 64)), tag=label, show_progress=show_progress,
+                              encoding={k: encoding[k] for k in RELEASED_ENCODING if encoding.get(k) is not None})
 
 
 def fit_split(options: Mapping[str, Any], recipe: Mapping[str, Any]) -> str:

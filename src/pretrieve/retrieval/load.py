@@ -202,14 +202,17 @@ def dual_encoder_side(model, tokenizer, backend: PartsEncoder, text_type: str, m
 def load_retriever(name_or_path: str | Path, device: str | torch.device = "auto", precision: str = "auto",
                    max_length: int | None = None, query_max_length: int | None = None,
                    pooling: str | Sequence[str] | None = None, normalize: bool | None = None,
-                   query_prompt: str | None = None, passage_prompt: str | None = None) -> Retriever:
+                   query_prompt: str | None = None, passage_prompt: str | None = None,
+                   title_join: str | None = None) -> Retriever:
     """Load any retriever — a sentence-transformers or Hugging Face checkpoint (path, hub name or offline alias)
     or a model fine-tuned by pretrieve — with its query and passage sides (see the module docstring).
 
     ``max_length`` / ``query_max_length`` override the passage / query lengths; ``pooling`` / ``normalize`` apply
     to plain dense checkpoints only (a fine-tuned retriever's representation is saved with it).
     ``query_prompt`` / ``passage_prompt``: text prepended to every query / passage (E5/BGE-style ``"query: "``);
-    given, they replace the prompts the checkpoint saved (``""``: none).
+    given, they replace the prompts the checkpoint saved (``""``: none). ``title_join``: how a passage's title and
+    text are joined (``sep``: the tokenizer's [SEP] between them) when the checkpoint has no training record that
+    says it — a released retriever fine-tuned elsewhere (the authors' MS MARCO retrievers joined title [SEP] text).
     """
     resolved = resolve_model(name_or_path)
     path = Path(resolved) if Path(resolved).is_dir() else None
@@ -221,6 +224,10 @@ def load_retriever(name_or_path: str | Path, device: str | torch.device = "auto"
     torch_device = resolve_device(device)
     chosen = resolve_precision(precision, torch_device)
     training = (config or {}).get("training") or {}
+    if title_join is not None and training.get("title_join") not in (None, title_join):
+        raise ConfigError(f"title_join {title_join!r}: the retriever was fine-tuned with "
+                          f"{training['title_join']!r} (its training record)")
+    training = {**training, "title_join": training.get("title_join") or title_join}
     trained_query = int(training["query_max_len"]) if training.get("query_max_len") else None
     common = dict(name=str(resolved), kind=kind, precision=chosen, path=path, config=config)
     if kind == "dense":

@@ -140,9 +140,10 @@ def searched_index(model: str | Path, collection: BeirCollection,
                    scratch: Path | None = None, batch_size: int = 64, device: str = "auto", precision: str = "auto",
                    max_length: int | None = None, query_max_length: int | None = None, pooling: str | None = None,
                    normalize: bool | None = None, normalized_from: Path | None = None,
-                   show_progress: bool = True) -> Iterator[tuple[Retriever, Path]]:
+                   title_join: str | None = None, show_progress: bool = True) -> Iterator[tuple[Retriever, Path]]:
     """``(retriever, index)``: the retriever ``model`` loaded (``device``, ``precision``, ``max_length``,
-    ``query_max_length``, ``pooling``, ``normalize``: see :func:`pretrieve.retrieval.load.load_retriever`) and the
+    ``query_max_length``, ``pooling``, ``normalize``, ``title_join``: see
+    :func:`pretrieve.retrieval.load.load_retriever`) and the
     collection's corpus encoded into ``index_dir`` (None: a temporary directory in ``scratch`` — on the disk the
     user chose for the results, not the system's temporary one, which may be too small for a large corpus — for one
     process, removed after the block; a callable: chosen by it once the retriever is loaded; ``normalized_from``: the
@@ -155,7 +156,8 @@ def searched_index(model: str | Path, collection: BeirCollection,
         raise ConfigError(f"{what} under several ranks needs a cache_dir that every rank shares (for the corpus "
                           "index)")
     retriever = load_retriever(model, device=device, precision=precision, max_length=max_length,
-                               query_max_length=query_max_length, pooling=pooling, normalize=normalize)
+                               query_max_length=query_max_length, pooling=pooling, normalize=normalize,
+                               title_join=title_join)
     if callable(index_dir):
         index_dir = index_dir(retriever)
     with contextlib.ExitStack() as stack:
@@ -193,22 +195,24 @@ def retriever_runs(model: str, collection: BeirCollection, outs: Mapping[str, Pa
                    index_dir: Path | Callable[[Retriever], Path], mode: str | None = None, precision: str = "auto",
                    batch_size: int = 64, tag: str = "pretrieve", pooling: str | None = None,
                    normalize: bool | None = None, normalized_from: Path | None = None,
-                   show_progress: bool = True) -> dict[str, Path]:
+                   show_progress: bool = True, encoding: Mapping[str, Any] | None = None) -> dict[str, Path]:
     """``{split: out}``: the retriever's top-``depth`` of every query of each split in ``outs``, each searched now
     unless current — the retriever loaded and the corpus encoded (into ``index_dir``) once, and only when some run is
     not current. ``mode``: a search mode of sparse/hybrid retrievers (default: as trained); ``pooling`` /
     ``normalize``: of a plain dense checkpoint (:func:`pretrieve.retrieval.load.load_retriever`; recorded when
-    given); ``normalized_from``: see :func:`searched_index`."""
+    given); ``normalized_from``: see :func:`searched_index`; ``encoding``: ``max_length``, ``query_max_length``,
+    ``title_join`` of a checkpoint without a training record (a released retriever), part of the runs' settings."""
     from pretrieve.precision import resolve_precision  # lazy: torch
     from pretrieve.retrieval.batches import resolve_device  # lazy: torch
     from pretrieve.retrieval.search import search  # lazy: torch
 
     precision = resolve_precision(precision, resolve_device("auto"))
+    encoding = dict(encoding or {})
     stale = {}
     for split, out in outs.items():
         inputs, named = artifacts.run_inputs(model=model, corpus=collection.corpus_path,
                                              queries=collection.queries_path, qrels=collection.qrels_path(split))
-        settings = {"split": split, "depth": depth, "mode": mode, "precision": precision, **named,
+        settings = {"split": split, "depth": depth, "mode": mode, "precision": precision, **named, **encoding,
                     **{key: value for key, value in (("pooling", pooling), ("normalize", normalize))
                        if value is not None}}
         if not is_current(out, settings, inputs, kind="run"):
@@ -218,7 +222,7 @@ def retriever_runs(model: str, collection: BeirCollection, outs: Mapping[str, Pa
 
     with searched_index(model, collection, index_dir, f"search {tag}", batch_size=batch_size, precision=precision,
                         pooling=pooling, normalize=normalize, normalized_from=normalized_from,
-                        show_progress=show_progress) as (retriever, index):
+                        show_progress=show_progress, **encoding) as (retriever, index):
         for split, output in stale.items():
             queries = list(collection.load_queries(split).items())
 

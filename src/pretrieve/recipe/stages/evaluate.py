@@ -15,6 +15,9 @@ from its ranking (:func:`pretrieve.evaluation.metrics.drop_identical_ids`); ``tr
 of the stage, as BEIR's ``EvaluateRetrieval.evaluate`` does by default (``ignore_identical_ids=True``) for every
 dataset — the protocol of the papers' BEIR tables. Keep it off for collections whose query and document ids are
 unrelated numbers (MS MARCO, Cranfield): there it would drop documents that merely share a number.
+``zero_shot_encoding`` (``{title_join, query_max_len, passage_max_len}``) encodes the zero-shot row's checkpoint as
+its authors fine-tuned it when it carries no pretrieve training record — a released retriever scored beside its
+published number (``configs/released-cotmae.yaml``, docs/evaluation.md "Released retrievers").
 """
 
 from __future__ import annotations
@@ -28,7 +31,8 @@ from pretrieve import outputs
 from pretrieve.data import BeirCollection, read_run
 from pretrieve.data.registry import resolve_collection
 from pretrieve.errors import ConfigError
-from pretrieve.evaluation import compare, evaluate, parse_measures
+from pretrieve.evaluation import compare, evaluate
+from pretrieve.evaluation.answers import check_measures, split_evaluator
 from pretrieve.options import join_path
 from pretrieve.recipe.results import RESULT_MEASURES, result_row
 from pretrieve.recipe.rows import bm25_run, fusion_rows, retriever_run, stage_rows
@@ -59,10 +63,26 @@ class EvaluateOptions:
     compare: list[str] = field(default_factory=list)
     measures: list[str] | dict[str, list[str]] | None = None   # default RESULT_MEASURES; a mapping: per collection
     ignore_identical_ids: bool | list[str] = field(default_factory=list)   # collections (true: all) without own id
+    # the zero-shot row as a released retriever: {passage_max_len, query_max_len, title_join} it was fine-tuned with
+    zero_shot_encoding: dict[str, Any] = field(default_factory=dict)
+
+
+#: ``zero_shot_encoding`` keys → the ``load_retriever`` arguments (:data:`pretrieve.recipe.rows.RELEASED_ENCODING`).
+ZERO_SHOT_ENCODING = {"passage_max_len": "max_length", "query_max_len": "query_max_length", "title_join": "title_join"}
 
 
 def check_evaluate(options: dict[str, Any], where: str) -> None:
     search_modes(options.get("modes"))
+    released = options.get("zero_shot_encoding") or {}
+    for key, value in released.items():
+        if key not in ZERO_SHOT_ENCODING:
+            raise ConfigError(f"zero_shot_encoding.{key}: unknown key (known: {', '.join(ZERO_SHOT_ENCODING)})")
+        if key == "title_join" and value not in ("space", "sep"):
+            raise ConfigError(f"zero_shot_encoding.title_join: 'space' or 'sep', got {value!r}")
+        if key != "title_join" and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+            raise ConfigError(f"zero_shot_encoding.{key}: a positive number of tokens, got {value!r}")
+    if released and not options.get("zero_shot"):
+        raise ConfigError("zero_shot_encoding encodes the zero-shot row: set zero_shot: true")
     if int(options.get("depth", 1000)) < 1 or (options.get("rerank_depth") is not None and options["rerank_depth"] < 1):
         raise ConfigError("depth and rerank_depth must be >= 1")
     measures = options.get("measures")
@@ -70,7 +90,7 @@ def check_evaluate(options: dict[str, Any], where: str) -> None:
     for key, names in lists.items():
         at = f"measures.{key}" if key else "measures"
         try:
-            parse_measures(names)
+            check_measures(names)   # ir_measures names, or answer accuracy Acc@k (collections judged by answers)
         except ConfigError as exc:
             raise ConfigError(f"{at}: {exc}") from None
         if options.get("final") is not None and RESULT_MEASURES[0] not in names:
@@ -172,6 +192,10 @@ def smoke(options: dict[str, Any], kit) -> dict[str, Any]:
     """``--smoke``: depth ≤ 20, re-ranking depth ≤ 10, the first ``kit.max_collections`` collections, each a slice
     or fixture standing for it (:class:`pretrieve.recipe.smoke.SmokeKit`)."""
     options["depth"] = min(int(options.get("depth", 1000)), 20)
+    released = options.get("zero_shot_encoding") or {}
+    for key, cap in (("query_max_len", 16), ("passage_max_len", 48)):   # as the fine-tuning stages' smoke caps
+        if key in released:
+            released[key] = min(int(released[key]), cap)
     if options.get("rerank_depth"):
         options["rerank_depth"] = min(int(options["rerank_depth"]), 10)
     entries = options.get("collections", [kit.recipe["data"]])[:kit.max_collections]
@@ -187,6 +211,7 @@ def stage_evaluate(state: RunState, options: dict[str, Any], label: str, show_pr
     depth = int(options.get("depth", 1000))
     modes = search_modes(options.get("modes"))
     encoding = {key: options[key] for key in ("precision", "batch_size") if key in options}
+    released = {ZERO_SHOT_ENCODING[key]: value for key, value in (options.get("zero_shot_encoding") or {}).items()}
     entries = stage_collections(options, state.recipe)
     retrievers = {name: path for name, path in state.named("retriever").items()
                   if options.get("retrievers") is None or name in options["retrievers"]}
@@ -202,17 +227,16 @@ def stage_evaluate(state: RunState, options: dict[str, Any], label: str, show_pr
         tag = run_tag(collection_path, split)
         measures = collection_measures(options, entry)
         ignore = ignores_identical_ids(options, entry)
+        score = split_evaluator(collection, split, measures, ignore_identical_ids=ignore)   # qrels and/or Acc@k
         here = []
         if options.get("bm25", False):
             run_path = bm25_run(state, collection, split, depth)
-            here.append(result_row("bm25", tag, run_path, evaluate(qrels, read_run(run_path), measures,
-                                                                   ignore_identical_ids=ignore)))
+            here.append(result_row("bm25", tag, run_path, score(read_run(run_path))))
         for name, model_dir in retrievers.items():
             for row_label, mode in labelled_modes(name, model_dir, modes):
                 run_path = retriever_run(state, name, model_dir, collection, split, depth, row_label, mode,
-                                         show_progress, encoding)
-                here.append(result_row(row_label, tag, run_path, evaluate(qrels, read_run(run_path), measures,
-                                                                          ignore_identical_ids=ignore)))
+                                         show_progress, {**encoding, **released} if name == "zero-shot" else encoding)
+                here.append(result_row(row_label, tag, run_path, score(read_run(run_path))))
         rerank_depth = options.get("rerank_depth")
         if rerank_depth and state.latest("reranker") is not None and state.named("retriever"):
             name = reranked_retriever(state, options.get("rerank"))
@@ -246,7 +270,9 @@ def attach_expected(rows: list[dict], state: RunState, options: Mapping[str, Any
         name = expected.get("row") or default_expected_row({"retriever": list(state.named("retriever"))})
         for row in rows:
             if row["retriever"] == name:
-                row["paper"] = {"table": expected["table"], "values": dict(expected["values"])}
+                row["paper"] = {"table": expected["table"], "values": dict(expected["values"]),
+                                **({"tolerance": expected["tolerance"]} if expected.get("tolerance") is not None
+                                   else {})}
 
 
 def search_modes(value: Any) -> list[str] | None:
