@@ -69,10 +69,12 @@ def test_mean_of_parts_by_hand():
 
 
 def test_data_list_names_the_papers_benchmarks(tmp_path, monkeypatch):
+    from pretrieve.cli import data as data_cli
+
     monkeypatch.setattr(registry, "checkout_data_dir", lambda: None)
     monkeypatch.delenv(registry.DATA_ENV, raising=False)
-    result = CliRunner().invoke(app, ["data", "list", "--cache-dir", str(tmp_path)], env={**os.environ,
-                                                                                        "COLUMNS": "400"})
+    monkeypatch.setattr(data_cli.out, "width", 400)   # the console was made at import, whatever COLUMNS says now
+    result = CliRunner().invoke(app, ["data", "list", "--cache-dir", str(tmp_path)])
     assert result.exit_code == 0, result.output
     rows = {line.split("│")[1].strip(): line for line in result.output.splitlines() if line.count("│") > 3}
     assert "dl19,dl20" in rows["msmarco-titled"] and "train,dev,dl19,dl20" in rows["msmarco-passage"]

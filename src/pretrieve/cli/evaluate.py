@@ -148,7 +148,7 @@ def evaluate_command(
         evaluator = RunEvaluator(load_qrels(qrels_path), measures or _DEFAULT_MEASURES, missing=missing.value,
                                  ignore_identical_ids=ignore_identical_ids)
     else:   # qrels measures and answer accuracy (Acc@k) of the collection's split
-        from pretrieve.evaluation.answers import split_evaluator   # heavy: scipy, as above
+        from pretrieve.evaluation.answers import split_evaluator   # lazy: scipy
 
         collection = BeirCollection(resolve_collection(data))
         qrels_path = collection.qrels_path(split)
