@@ -173,7 +173,7 @@ def _root(verbose: bool = typer.Option(False, "--verbose", "-v", help="Debug log
 # Command groups register themselves on `app` when imported. A missing optional module must not
 # break the other commands, so each is imported by name.
 _COMMAND_MODULES = ["data", "retrieval", "evaluate", "fuse", "pretrain", "finetune", "mine", "rerank", "analyze", "stats",
-                    "bench", "bench_quality", "recipe", "init_model", "export"]
+                    "bench", "bench_quality", "recipe", "init_model", "export", "cache"]
 for _name in _COMMAND_MODULES:
     try:
         importlib.import_module(f"pretrieve.cli.{_name}")
