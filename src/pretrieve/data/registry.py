@@ -17,7 +17,9 @@ download; :func:`pretrieve.data.convert.convert` with ``titles``), with the quer
 names for every command, the recipe runner and the Python API: a path is used as given; a name is looked for under
 the data roots of :func:`data_roots` (``--data-root`` / ``data_root=``, a recipe's ``data_root``,
 ``$PRETRIEVE_DATA``, ``../shared/data`` beside a source checkout), then in the download cache, and a name of the
-registry found nowhere is downloaded into that cache. :func:`check_collection` validates a directory and counts
+registry found nowhere is downloaded into that cache; a Hugging Face Hub or ir_datasets name (``BeIR/scifact``,
+``mteb/scifact``, ``beir/scifact/test``) is fetched once into the cache by :mod:`pretrieve.data.hub`, and a mistyped
+name gets the closest known one (:func:`did_you_mean`). :func:`check_collection` validates a directory and counts
 what it holds (the ``pretrieve data check`` command).
 
 Nothing here reaches the network unless a known name is found nowhere yet. Set ``PRETRIEVE_OFFLINE=1``
