@@ -27,9 +27,12 @@ is fetched once and then found there with no network. Offline (``PRETRIEVE_OFFLI
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import os
 import re
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Iterator
@@ -100,9 +103,14 @@ def fetch(source: HubSource, cache_dir: str | Path | None = None) -> Path:
         return target
     offline = next((env for env in OFFLINE_ENVS if os.environ.get(env, "").strip() not in ("", "0")), None)
     what = _what_to_fetch(source)
+    if offline is None and source.kind == "hf" and dataset_location(source.id) == source.id:
+        from pretrieve.models import hub_unreachable_reason  # models imports the data package: not at import time
+
+        offline = hub_unreachable_reason()   # fail in 3 s, not after huggingface_hub's five retries
     if offline:
-        raise InputError(f"collection '{source.id}' is not in the cache ({target}) and {offline} is set: fetch "
-                         f"{what} once with network (`pretrieve data download {source.name}`)")
+        cause = f"{offline} is set" if offline in OFFLINE_ENVS else f"the Hugging Face Hub cannot be reached ({offline})"
+        raise InputError(f"collection '{source.id}' is not in the cache ({target}) and {cause}: fetch {what} once "
+                         f"with network (`pretrieve data download {source.name}`)")
     try:
         with atomic_dir(target) as tmp:
             if source.kind == "irds":
@@ -205,7 +213,37 @@ def irds_splits(dataset_id: str, registered: Iterable[str], has_qrels) -> dict[s
     return {i[len(dataset_id) + 1:].replace("/", "-"): i for i in below}
 
 
+@contextlib.contextmanager
+def _quiet_irds() -> Iterator[None]:
+    """While pretrieve fetches through ir_datasets: its log handlers (its own, not propagated) show WARNING and
+    above only, and its tqdm bars only on a terminal (a log file gets no ``\\r`` frames; pretrieve.progress)."""
+    from ir_datasets import lazy_libs  # optional (comes with ranx): only while fetching through ir_datasets
+    from ir_datasets.log import TqdmHandler  # optional (comes with ranx): only while fetching through ir_datasets
+
+    tqdm_module = lazy_libs.tqdm()
+    terminal = sys.stderr.isatty()
+
+    class QuietTqdm(tqdm_module.tqdm):
+        def __init__(self, *args, **kwargs):
+            kwargs["disable"] = kwargs.get("disable", False) or not terminal
+            super().__init__(*args, **kwargs)
+
+    original_emit, original_tqdm = TqdmHandler.emit, lazy_libs.tqdm
+    TqdmHandler.emit = lambda handler, record: (original_emit(handler, record)
+                                                if record.levelno >= logging.WARNING else None)
+    lazy_libs.tqdm = lambda: type("tqdm_module", (), {"tqdm": QuietTqdm})
+    try:
+        yield
+    finally:
+        TqdmHandler.emit, lazy_libs.tqdm = original_emit, original_tqdm
+
+
 def _write_irds(dataset_id: str, out: Path) -> None:
+    with _quiet_irds():
+        _write_irds_collection(dataset_id, out)
+
+
+def _write_irds_collection(dataset_id: str, out: Path) -> None:
     import ir_datasets  # optional (comes with ranx): only when an ir_datasets collection is fetched
 
     def has_qrels(i: str) -> bool:

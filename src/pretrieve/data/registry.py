@@ -215,7 +215,7 @@ def resolve_collections(names: list[str | Path], recipe: Mapping[str, Any] | Non
                 problems.append(str(exc))
             continue
         elif _looks_like_path(name):
-            problems.append(f"'{name}': collection directory not found")
+            problems.append(f"'{name}': collection directory not found{did_you_mean(name, [])}")
         elif name.lower() in KNOWN_COLLECTIONS:
             try:
                 found[name] = fetch_collection(name, cache_dir)
