@@ -170,6 +170,24 @@ def test_an_ir_datasets_collection_and_one_of_its_splits(irds_toy):
     assert BeirCollection(resolve_collection("irds:pretrieve-toy/test")).root == test.root
 
 
+def test_ir_datasets_bars_and_info_lines_are_quiet_while_fetching_into_a_log(capfd):
+    from ir_datasets.log import easy
+
+    def chatty() -> str:
+        log = easy("pretrieve-test")
+        log.info("[starting] something")
+        assert sum(log.pbar(range(200), desc="docs_iter")) == 199 * 100
+        log.warn("download failed")
+        return capfd.readouterr().err
+
+    loud = chatty()                                      # ir_datasets as it is: its own handler, tqdm frames
+    assert "\r" in loud and "[INFO]" in loud
+    with hub._quiet_irds():
+        quiet = chatty()
+    assert "\r" not in quiet and "[INFO]" not in quiet and "[WARNING] download failed" in quiet
+    assert "\r" in chatty()                               # put back afterwards
+
+
 def test_ir_datasets_split_names():
     registered = ["beir/scifact", "beir/scifact/train", "beir/scifact/test", "msmarco-passage",
                   "msmarco-passage/dev", "msmarco-passage/dev/small", "cranfield"]
