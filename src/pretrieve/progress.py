@@ -66,10 +66,12 @@ class Progress:
 
     # ------------------------------------------------------------------ tqdm's interface
     def __iter__(self) -> Iterator[Any]:
-        for item in self.iterable or ():
-            yield item
-            self.update(1)
-        self.close()
+        try:
+            for item in self.iterable or ():
+                yield item
+                self.update(1)
+        finally:   # also when the loop stops early: the bar never outlives it
+            self.close()
 
     def __enter__(self) -> "Progress":
         return self

@@ -33,6 +33,7 @@ from pretrieve.artifacts import FILE_SIDECAR_SUFFIX
 from pretrieve.data.hub import HUB_DIR, SOURCE_FILE
 from pretrieve.data.records import user_cache_dir
 from pretrieve.errors import ConfigError
+from pretrieve.outputs import _size as human_size   # the one byte-size format (powers of 1024): 1.5 GB
 from pretrieve.retrieval.cache import EMBEDDINGS
 
 KINDS = ("collection", "arrow", "embeddings", "texts", "pretrain", "other")
@@ -159,15 +160,6 @@ def remove(entry: CacheEntry) -> None:
             shutil.rmtree(aside)
         else:
             path.unlink(missing_ok=True)
-
-
-def human_size(size: float) -> str:
-    """``1.5 GB``-style sizes (powers of 1000, as ``du --si``)."""
-    for unit in ("B", "kB", "MB", "GB", "TB"):
-        if size < 1000 or unit == "TB":
-            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
-        size /= 1000
-    return f"{size:.1f} TB"
 
 
 def human_age(seconds: float) -> str:
