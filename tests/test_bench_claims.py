@@ -376,3 +376,79 @@ def test_the_scratch_gate_file_is_checked(tmp_path):
     with pytest.raises(InputError, match="not JSON") as info:
         claims.read_mlm_gate(broken)
     assert info.value.line == 2
+
+
+def _fold_scores(rng, shift=0.0):
+    keys = [("train:test", f"q{i}") for i in range(60)] + [("test:train", f"t{i}") for i in range(40)]
+    return {k: float(np.clip(v + (shift if k[0] == "test:train" else 0.0), 0, 1))
+            for k, v in zip(keys, rng.uniform(0, 1, len(keys)))}
+
+
+def test_sensitivity_gives_each_fold_alone_and_retromae_against_every_mlm_run():
+    """claims-audit-3 F1/F2: beside the pooled decision, each contrast within one fold (its mean difference over
+    that fold's queries only), and retromae against mlm's and mlm-aa's runs stacked as one arm; descriptive — the
+    decision rows do not change."""
+    rng = np.random.default_rng(7)
+    per_query = {(arm, s): _fold_scores(rng, 0.05 if arm == "retromae" else 0.0)
+                 for arm in ("none", "mlm", "retromae") for s in (1, 2, 3)}
+    per_query.update({("mlm-aa", s): _fold_scores(rng) for s in (1001, 1002, 1003)})
+    tier1 = FakeTier("tier1", [entry("retromae-mlm", 0.02), AA_OK], methods={"none": {}}, per_query=per_query)
+    lines = claims.sensitivity({"tier1": tier1})
+    by_label = {e["label"]: e for e in lines}
+    for fold in ("train:test", "test:train"):
+        e = by_label[f"Tier 1 (SPLADE-tiny): retromae − mlm, fold {fold} only"]
+        hand = np.mean([np.mean([per_query[("retromae", s)][k] for s in (1, 2, 3)])
+                        - np.mean([per_query[("mlm", s)][k] for s in (1, 2, 3)])
+                        for k in per_query[("mlm", 1)] if k[0] == fold])
+        assert e["delta"] == pytest.approx(hand) and e["fold"] == fold and e["ci_low"] < e["delta"] < e["ci_high"]
+        assert e["n_queries"] == (60 if fold == "train:test" else 40)
+    six = by_label["Tier 1 (SPLADE-tiny): retromae − all 6 MLM runs (mlm and mlm-aa), pooled"]
+    mlm_runs = [per_query[(arm, s)] for arm, seeds in (("mlm", (1, 2, 3)), ("mlm-aa", (1001, 1002, 1003)))
+                for s in seeds]
+    hand = np.mean([np.mean([per_query[("retromae", s)][k] for s in (1, 2, 3)]) - np.mean([r[k] for r in mlm_runs])
+                    for k in per_query[("mlm", 1)]])
+    assert six["delta"] == pytest.approx(hand) and six["n_seeds"] == [3, 6]
+    table = claims.decide_claims({"tier1": tier1})
+    assert table["sensitivity"] == lines
+    shown = claims.claims_markdown(table)
+    assert "## Sensitivity (descriptive: no rule reads these lines)" in shown and "fold train:test only" in shown
+    # a tier without per-query records (only its summary) has no sensitivity lines
+    assert claims.sensitivity({"tier1": FakeTier("tier1", [entry("retromae-mlm", 0.02), AA_OK])}) == []
+
+
+def test_the_json_is_the_same_bytes_whatever_the_last_float_digit(tmp_path):
+    """claims-audit-3 F5: the BLAS's thread count moves the 16th digit of a bootstrap; the JSON rounds every float
+    to 12 significant digits, so a rebuild anywhere gives the same bytes."""
+    table = claims.decide_claims({"tier1": FakeTier("tier1", [entry("bow-mlm", 0.01), AA_OK], gates=moved())})
+    nudged = claims.decide_claims({"tier1": FakeTier("tier1", [entry("bow-mlm", 0.01 + 3e-17), AA_OK],
+                                                     gates=moved())})
+    a = claims.write_claims(table, tmp_path / "a")[1].read_bytes()
+    b = claims.write_claims(nudged, tmp_path / "b")[1].read_bytes()
+    assert a == b and b"0.01," in a
+    assert claims._rounded({"x": [0.1 + 0.2, float("nan"), 3, "s"]})["x"][0] == 0.3
+
+
+def test_the_cost_row_reads_one_machines_bench_pretrain_report(tmp_path):
+    """claims-audit-3 F7: the cost ratio comes from one `bench pretrain` run with both arms (named in the row),
+    not from trainer logs averaged across machines; a file that is not such a report is one located error."""
+    import json
+
+    report = {"environment": {"processor": "Test CPU", "cpu_count": 2, "date": "2026-12-07"},
+              "results": [{"shape": "splade-tiny (L2-H128)", "settings": {"batch_size": 32, "max_len": 144,
+                                                                         "device_name": "cpu (Test CPU)"},
+                           "rows": {"mlm": {"samples_per_s": 100.0}, "bow": {"samples_per_s": 95.0}},
+                           "ratios": {"throughput_vs_mlm": {"mlm": 1.0, "bow": 0.95}}}]}
+    path = tmp_path / "bow-mlm.json"
+    path.write_text(json.dumps(report))
+    cost = claims.read_cost_report(path)
+    assert cost["ratio"] == 0.95 and "Test CPU" in cost["machine"]
+    close = FakeTier("tier1", [entry("bow-retromae", -0.005, 0.01), AA_OK],
+                     methods={"bow": {"speed": 1.0}, "mlm": {"speed": 2.0}})
+    assert verdict(claims.decide_claims({"tier1": close}), "cost") == "undecided"          # logs: 0.5
+    table = claims.decide_claims({"tier1": close}, cost=cost)
+    row = next(c for c in table["claims"] if c["id"] == "cost")
+    assert row["verdict"] == "confirmed" and not row["notes"]
+    assert "one run on Test CPU, 2 cores" in claims.claims_markdown(table)
+    path.write_text(json.dumps({"environment": {}, "results": [{"rows": {}}]}))
+    with pytest.raises(claims.InputError, match="bench pretrain"):
+        claims.read_cost_report(path)

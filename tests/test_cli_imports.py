@@ -1,4 +1,7 @@
-"""A command costs what its work costs: commands that need no model never import torch or transformers."""
+"""A command costs what its work costs: commands that need no model never import torch, transformers or scipy.
+
+:func:`help_imports` is every module ``python -m pretrieve --help`` loads; ``tests/test_imports_inside_functions.py``
+checks the ``# lazy:`` tags of imports inside functions against it."""
 
 from __future__ import annotations
 
@@ -12,7 +15,7 @@ import pytest
 
 from test_bm25 import write_tiny_collection
 
-HEAVY = ("torch", "transformers", "sentence_transformers", "faiss")
+HEAVY = ("torch", "transformers", "sentence_transformers", "faiss", "scipy")
 
 # Runs one CLI command in a fresh interpreter and prints which heavy modules it imported.
 RUN_AND_LIST_MODULES = """
@@ -40,12 +43,49 @@ def heavy_modules_after(*args: str) -> list[str]:
     return [name for name in line[len("HEAVY="):].split(",") if name]
 
 
+# `python -m pretrieve --help`, then every module loaded (importlib.import_module's loads included, which
+# `-X importtime` does not list).
+RUN_HELP_AND_LIST_MODULES = """
+import runpy, sys
+sys.argv = ["pretrieve", "--help"]
+try:
+    runpy.run_module("pretrieve", run_name="__main__", alter_sys=True)
+except SystemExit as exc:
+    assert exc.code in (0, None), exc.code
+print("MODULES=" + " ".join(sorted(sys.modules)))
+"""
+
+
+def help_imports() -> set[str]:
+    """Every module that ``python -m pretrieve --help`` loads."""
+    result = subprocess.run([sys.executable, "-c", RUN_HELP_AND_LIST_MODULES], capture_output=True, text=True,
+                            env=_env(), timeout=300)
+    assert result.returncode == 0 and "bm25" in result.stdout, result.stderr[-2000:]
+    line = [line for line in result.stdout.splitlines() if line.startswith("MODULES=")][-1]
+    return set(line[len("MODULES="):].split())
+
+
+def test_help_loads_neither_torch_nor_scipy():
+    """The bar, as its command: ``python -X importtime -m pretrieve --help`` imports no torch and no scipy (scipy
+    used to come in through the index format module), nor transformers or faiss; and neither does any module
+    loaded another way (:func:`help_imports`)."""
+    result = subprocess.run([sys.executable, "-X", "importtime", "-m", "pretrieve", "--help"], capture_output=True,
+                            text=True, env=_env(), timeout=300)
+    assert result.returncode == 0 and "bm25" in result.stdout, result.stderr[-2000:]
+    timed = {line.split("|")[-1].strip() for line in result.stderr.splitlines() if line.startswith("import time:")}
+    loaded = help_imports()
+    for modules in (timed, loaded):
+        assert {"pretrieve.cli.retrieval", "pretrieve.retrieval.index", "numpy"} <= modules   # it sees imports
+        assert sorted(name for name in modules if name.split(".")[0] in HEAVY) == []
+
+
 def test_bm25_evaluate_and_data_check_import_neither_torch_nor_transformers(tmp_path):
     data = write_tiny_collection(tmp_path / "toy")
     run = tmp_path / "bm25.trec"
-    assert heavy_modules_after("bm25", "--data", str(data), "--out", str(run), "--k", "3") == []
+    # scipy, and only it, where the work needs it: bm25s's sparse scores, ir_measures' measures
+    assert heavy_modules_after("bm25", "--data", str(data), "--out", str(run), "--k", "3") == ["scipy"]
     assert run.exists()
-    assert heavy_modules_after("evaluate", "--data", str(data), str(run)) == []
+    assert heavy_modules_after("evaluate", "--data", str(data), str(run)) == ["scipy"]
     assert heavy_modules_after("data", "check", str(data)) == []
     assert heavy_modules_after("--help") == []
 

@@ -158,9 +158,9 @@ def test_help_texts_show_as_written(name, command):
         assert Text.from_markup(text).plain == text.replace("\\[", "["), f"{name}: {text!r}"
 
 
-def test_the_readmes_training_options_exist_on_every_training_command():
-    """README "Training runs": each option of its table on each command its heading names."""
-    text = (ROOT / "README.md").read_text(encoding="utf-8")
+def test_the_cli_pages_training_options_exist_on_every_training_command():
+    """docs/cli.md "Training runs": each option of its table on each command its heading names."""
+    text = (ROOT / "docs" / "cli.md").read_text(encoding="utf-8")
     heading = re.search(r"\*\*Training runs\*\* \(([^;]*);", text)
     commands = [name.strip("` ") for name in heading.group(1).split(",")]
     table = text[heading.end():].split("\n\n", 2)[1]

@@ -1,6 +1,6 @@
 """The install (issue 25): recipes shipped in the package and run by name, torch asked as a range, FAISS and the
 offline models' packages through extras. The wheel itself is built, installed beside an existing torch and run by
-scripts/check-wheel.sh (minutes; README "Install")."""
+scripts/check-wheel.sh (minutes; docs/install.md)."""
 
 from __future__ import annotations
 

@@ -59,6 +59,8 @@ if [ "$tier" = decide ]; then  # `pretrieve bench claims` over every tier that h
     fi
   done
   [ "${#given[@]}" -gt 0 ] || { echo "error: no tier has records yet (results/claims/*/tier.json)" >&2; exit 2; }
+  # the cost row's one-machine measurement (amendment 15), where it has been made: docs/results.md says how
+  if [ -f results/claims/cost/bow-mlm.json ]; then given+=(--cost results/claims/cost/bow-mlm.json); fi
   exec "${run[@]}" bench claims "${given[@]}" --out results/claims/claims "$@"
 fi
 if [ "${1:-}" = "--stop" ]; then

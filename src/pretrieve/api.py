@@ -54,6 +54,8 @@ from pretrieve.provenance import provenance
 from pretrieve.retrieval import cache as embedding_cache
 from pretrieve.retrieval import fusion
 from pretrieve.retrieval.bm25 import BM25Params, corpus_index
+from pretrieve.retrieval.index import SearchOptions
+from pretrieve.retrieval.runs import model_run
 
 if TYPE_CHECKING:
     import numpy as np
@@ -85,8 +87,8 @@ def pretrain(model: str | Path, corpus: str | Path, out: str | Path, method: str
     ``report_to``: experiment trackers besides ``out/logs.jsonl`` (``"tensorboard"``, ``["wandb", "mlflow"]``, …:
     accelerate's names; default none; docs/recipes.md, "Tracking").
     """
-    from pretrieve.train.pretrainer import pretrain as run_pretraining   # heavy: torch, only when training
-    from pretrieve.train.run_config import PretrainOptions, build_pretrain_config   # heavy: torch, only when training
+    from pretrieve.train.pretrainer import pretrain as run_pretraining   # lazy: torch
+    from pretrieve.train.run_config import PretrainOptions, build_pretrain_config   # lazy: torch
 
     _require(model=model, corpus=corpus, out=out)
     _check_settings(PretrainOptions, {**settings, "report_to": report_to}, "pretrain()")   # before any download
@@ -105,7 +107,7 @@ def finetune(model: str | Path, data: str | Path, out: str | Path, *, stage: int
     folder for dense retrievers. ``settings``: fields of :class:`~pretrieve.train.finetuner.FinetuneConfig`
     (``max_steps``, ``batch_size``, ``num_negatives``, ``pooling``, ``lr``, ``groups``, ``split``, …). ``report_to``:
     experiment trackers, as for :func:`pretrain`."""
-    from pretrieve.train.finetuner import (FinetuneConfig, build_finetune_config,   # heavy: torch, only when training
+    from pretrieve.train.finetuner import (FinetuneConfig, build_finetune_config,   # lazy: torch
                                            finetune as run_finetuning)
 
     _require(model=model, data=data, out=out)
@@ -126,7 +128,7 @@ def encode(retriever: Retriever | str | Path, texts: Sequence[str], *, side: str
     loaded retriever takes its prompts from ``load_retriever(query_prompt=…, passage_prompt=…)``. ``cache``: dense
     vectors of 256 texts or more are kept in the user cache (:mod:`pretrieve.retrieval.cache`, keyed by the model's
     fingerprint, the side's settings and the texts) and reused by a later call."""
-    from pretrieve.retrieval.batches import encode_all   # heavy: torch, only when encoding
+    from pretrieve.retrieval.batches import encode_all   # lazy: torch
 
     if side not in SIDES:
         raise ConfigError(f"side must be one of {', '.join(SIDES)}, got {side!r}")
@@ -165,8 +167,7 @@ def search(retriever: Retriever | str | Path, data: str | Path, *, split: str = 
     reused while current — by default the user cache (:mod:`pretrieve.retrieval.cache`: keyed by the model's
     fingerprint, the corpus's digest and the encoding settings, so a second search of the same corpus with the same
     model encodes no passage), a directory, or ``False`` for a temporary one."""
-    from pretrieve.retrieval.index import SearchOptions   # heavy: scipy; keeps pretrieve.bm25 and --help fast
-    from pretrieve.retrieval.search import search as search_corpus   # heavy: torch, only when searching
+    from pretrieve.retrieval.search import search as search_corpus   # lazy: torch
 
     _positive(k=k, batch_size=batch_size)
     collection = BeirCollection(resolve_collection(data, data_root=data_root))
@@ -257,7 +258,7 @@ def evaluate(runs: RunLike | Sequence[RunLike] | Mapping[str, RunLike] | None = 
     :class:`~pretrieve.evaluation.CollectionsTable` (a row per collection and the average, a column per model and
     measure; default measures nDCG@10 and R@100). ``out``: where the runs are written (and reused while current),
     with ``results.md`` / ``results.json``; default a temporary directory, nothing kept."""
-    from pretrieve.evaluation import DEFAULT_MEASURES, RunEvaluator, build_table   # heavy: scipy; keeps --help fast
+    from pretrieve.evaluation import DEFAULT_MEASURES, RunEvaluator, build_table   # lazy: scipy
 
     if (runs is None) == (models is None):
         raise ConfigError("give exactly one of runs or models")
@@ -299,8 +300,7 @@ def _evaluate_models(models, data, *, out, split, measures, test, alpha, correct
                      baseline=None, pairs="baseline") -> CollectionsTable:
     """``evaluate(models=...)``: every model's run on every collection (:func:`pretrieve.retrieval.runs.model_run`),
     scored and tabulated (:func:`pretrieve.evaluation.collections_table`), written under ``out`` when given."""
-    from pretrieve.evaluation import RunEvaluator, collections_table, parse_measures   # heavy: scipy; --help fast
-    from pretrieve.retrieval.runs import model_run   # heavy: torch, only when models are searched
+    from pretrieve.evaluation import RunEvaluator, collections_table, parse_measures   # lazy: scipy
 
     if qrels is not None:
         raise ConfigError("qrels: models are scored on the qrels of each collection of data; drop qrels")
@@ -353,9 +353,9 @@ def export(model: str | Path, out: str | Path, *, recipe_out: str | Path | None 
     repository to upload to (``token`` or the logged-in one): the token and the Hub are checked before anything is
     exported, and a failure is one :class:`~pretrieve.errors.ConfigError`. ``dry_run``: export, then print what
     ``push_to_hub`` would upload (files and sizes) without touching the network. Returns ``out``."""
-    from pretrieve.modeling.export import (check_hub, export_model, hub_token,   # heavy: torch, only when exporting
+    from pretrieve.modeling.export import (check_hub, export_model, hub_token,   # lazy: torch
                                            push_to_hub as push, upload_plan)
-    from pretrieve.modeling.model_card import metrics_of   # heavy: torch, only when exporting
+    from pretrieve.modeling.model_card import metrics_of   # lazy: torch
 
     if dry_run and not push_to_hub:
         raise ConfigError("dry_run shows what push_to_hub would upload: give push_to_hub too")
@@ -392,7 +392,7 @@ def run_recipe(recipe: str | Path | Mapping[str, Any], *, out: str | Path | None
     (also in ``results.json`` / ``results.md``). A dict is validated first, then kept as ``recipe.yaml`` in the
     run's output directory once it is locked, so that ``pretrieve run OUT/recipe.yaml`` reproduces the run.
     ``smoke``: the recipe made tiny, in ``<out>-smoke`` unless ``out`` is given."""
-    from pretrieve.recipe import run_recipe as run   # heavy: torch, only when running
+    from pretrieve.recipe import run_recipe as run   # lazy: torch
 
     with quiet_libraries():
         return run(recipe, out=out, show_progress=show_progress, redo_changed=redo_changed, data_root=data_root,
@@ -403,7 +403,7 @@ def run_recipe(recipe: str | Path | Mapping[str, Any], *, out: str | Path | None
 def load_retriever(name_or_path: str | Path, *args: Any, **kwargs: Any) -> Retriever:
     """:func:`pretrieve.retrieval.load.load_retriever` (same arguments), with transformers' warnings and loading
     bars held back as in every verb."""
-    from pretrieve.retrieval.load import load_retriever as load   # heavy: torch, only when loading
+    from pretrieve.retrieval.load import load_retriever as load   # lazy: torch
 
     with quiet_libraries():
         return load(name_or_path, *args, **kwargs)
@@ -416,7 +416,7 @@ def quiet_libraries():
     on the command line; both restored afterwards (a verb changes no global state)."""
     hf_logging = sys.modules.get("transformers.utils.logging")
     if hf_logging is None:
-        import transformers.utils.logging as hf_logging   # the verbs that come here load models anyway
+        import transformers.utils.logging as hf_logging   # lazy: transformers
     level, bars = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()
@@ -430,7 +430,7 @@ def quiet_libraries():
 
 def _check_settings(config_class: type, settings: Mapping[str, Any], where: str) -> None:
     """Unknown or ill-typed training settings refused before anything is resolved or downloaded."""
-    from pretrieve.train.run_config import validated_values   # heavy: torch, only before training
+    from pretrieve.train.run_config import validated_values   # lazy: torch
 
     validated_values(config_class, {k: v for k, v in settings.items() if v is not None}, {}, where)
 

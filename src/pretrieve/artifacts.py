@@ -323,7 +323,7 @@ def remove_stale_temporaries(directory: str | Path, older_than: float | None = N
 def _process_start_time() -> float:
     """When this process started (UNIX time); falls back to now."""
     try:
-        import psutil  # optional: where it fails, the fallback below
+        import psutil  # lazy: psutil — where it fails, the fallback below
 
         return psutil.Process(os.getpid()).create_time()
     except Exception:  # noqa: BLE001 - psutil missing or /proc unreadable: only younger files are kept

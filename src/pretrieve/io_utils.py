@@ -217,7 +217,7 @@ def load_config_file(path: str | Path, what: str = "config") -> dict[str, Any]:
 
     Every error is one line naming the file (and the line of a syntax error): ``file:line: invalid YAML: ...``; a file
     nested more than :data:`MAX_CONFIG_DEPTH` levels deep too."""
-    import yaml  # here, not at the top: `pretrieve --help` and commands without a config file start without it
+    import yaml  # lazy: yaml
 
     path = Path(path)
     if not path.exists():

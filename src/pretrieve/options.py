@@ -34,7 +34,7 @@ _MESSAGES = {
 
 @functools.lru_cache(maxsize=None)
 def _adapter(schema: type):
-    from pydantic import TypeAdapter  # heavy: pydantic, only when validating (not for --help)
+    from pydantic import TypeAdapter  # lazy: pydantic
 
     return TypeAdapter(schema)
 
@@ -101,7 +101,7 @@ def build(schema: type, values: Mapping[str, Any], where: str = "") -> Any:
 
 
 def _validated(schema: type, values: dict[str, Any], where: str) -> Any:
-    from pydantic import ValidationError  # heavy: pydantic, only when validating (not for --help)
+    from pydantic import ValidationError  # lazy: pydantic
 
     try:
         return _adapter(schema).validate_python(values)

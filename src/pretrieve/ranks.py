@@ -80,7 +80,7 @@ def _dist():
     that commands which load no model, such as ``pretrieve bm25``, do not import torch)."""
     if not launched() and "torch.distributed" not in sys.modules:
         return None
-    import torch.distributed as dist  # heavy: keeps pretrieve bm25 and --help torch-free
+    import torch.distributed as dist  # lazy: torch
 
     return dist if dist.is_available() else None
 
@@ -139,7 +139,7 @@ def init(timeout_minutes: float | None = None) -> None:
     if not launched() or dist is None:
         return
     if not dist.is_initialized():
-        import torch  # heavy: keeps pretrieve bm25 and --help torch-free
+        import torch  # lazy: torch
 
         backend = "gloo"
         if torch.cuda.is_available():
@@ -263,7 +263,7 @@ def _lost_peer(exc: BaseException) -> bool:
 
 def _store():
     try:
-        from torch.distributed import distributed_c10d  # heavy: keeps pretrieve bm25 and --help torch-free
+        from torch.distributed import distributed_c10d  # lazy: torch
 
         store = distributed_c10d._get_default_store()
         store.set_timeout(_STORE_WAIT)

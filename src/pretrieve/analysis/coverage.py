@@ -70,7 +70,7 @@ class CoverageReport:
 # ---------------------------------------------------------------------- loading
 def load_encoder(name_or_path: str | Path):
     """``(Encoder, head_created)`` for a checkpoint path or offline alias."""
-    from pretrieve.modeling import Encoder  # heavy: transformers, only when an encoder is loaded
+    from pretrieve.modeling import Encoder  # lazy: transformers
 
     encoder = Encoder.from_pretrained(name_or_path)
     return encoder, encoder.head_created
@@ -206,8 +206,8 @@ def format_examples(report: CoverageReport, width: int = 120) -> str:
 def plot_coverage(reports: dict[str, CoverageReport], path: str | Path, recall: bool = False) -> None:
     """Coverage ratio (or ``input_recall``) vs k, one line per checkpoint (PNG)."""
     # only when plotting; the object API, no pyplot: the caller's backend is left alone
-    from matplotlib.backends.backend_agg import FigureCanvasAgg  # heavy: matplotlib, only for the plot
-    from matplotlib.figure import Figure  # heavy: matplotlib, only for the plot
+    from matplotlib.backends.backend_agg import FigureCanvasAgg  # lazy: matplotlib
+    from matplotlib.figure import Figure  # lazy: matplotlib
 
     fig = Figure(figsize=(5, 3.5))
     FigureCanvasAgg(fig)

@@ -64,7 +64,7 @@ def cosine_distance_matrix(vectors: np.ndarray) -> np.ndarray:
 def tsne_points(queries: np.ndarray, passages: np.ndarray, seed: int = 0,
                 perplexity: float = 30.0) -> tuple[np.ndarray, np.ndarray]:
     """2-D t-SNE of queries and passages together on their cosine distances → ``(query [N, 2], passage [N', 2])``."""
-    from sklearn.manifold import TSNE  # heavy: scikit-learn, only for t-SNE
+    from sklearn.manifold import TSNE  # lazy: sklearn
 
     queries, passages = np.asarray(queries), np.asarray(passages)
     stacked = np.concatenate([queries, passages])
@@ -76,7 +76,7 @@ def tsne_points(queries: np.ndarray, passages: np.ndarray, seed: int = 0,
 
 def kde_distributions(query_points: np.ndarray, passage_points: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Eq. 15–16: query and passage Gaussian KDEs evaluated at all points, each normalised to sum 1."""
-    from scipy.stats import gaussian_kde  # heavy: scipy, only for the density estimate
+    from scipy.stats import gaussian_kde  # lazy: scipy
 
     pooled = np.concatenate([query_points, passage_points]).T
     p_query = gaussian_kde(np.asarray(query_points).T)(pooled)
@@ -134,8 +134,8 @@ def sample_pairs(collection, split: str, count: int = DEFAULT_PAIRS, seed: int =
 def plot_tsne(results: Mapping[str, DivergenceResult], path: str | Path, title: str | None = None) -> Path:
     """One scatter panel per encoder (queries and passages in two colours, KL/JS in the panel title) → PNG."""
     # only when plotting; the object API, no pyplot: the caller's backend is left alone
-    from matplotlib.backends.backend_agg import FigureCanvasAgg  # heavy: matplotlib, only for the plot
-    from matplotlib.figure import Figure  # heavy: matplotlib, only for the plot
+    from matplotlib.backends.backend_agg import FigureCanvasAgg  # lazy: matplotlib
+    from matplotlib.figure import Figure  # lazy: matplotlib
 
     names: Sequence[str] = list(results)
     figure = Figure(figsize=(4.2 * len(names), 4.2))

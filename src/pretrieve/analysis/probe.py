@@ -5,10 +5,11 @@ vector to carry the input's content; before any fine-tuning, retrieval with that
 that it did (issue #20's gate: does ``bow`` / ``retromae`` move the probe above ``mlm``?). :func:`cls_probe`
 searches every judged query of every split of the given collections with the checkpoint as a plain dense
 retriever — [CLS] pooling, dot product (``dot``) and cosine (``cos``: L2-normalised vectors) — through the search
-path the recipe's ``evaluate`` stage uses (:func:`pretrieve.retrieval.search.encode_corpus` /
-:func:`~pretrieve.retrieval.search.search`), and scores the runs with :func:`pretrieve.evaluation.evaluate`. The
-corpus is encoded once per probe: the cosine index is the dot index's vectors normalised
-(:func:`~pretrieve.retrieval.search.normalized_index`, float32 encoders; the same vectors as encoding again).
+path the recipe's ``evaluate`` stage uses (:func:`pretrieve.retrieval.runs.retriever_runs`: searched unless current,
+the queries split by rank; runs in ``out/runs/<similarity>__<collection>[:split].trec``, the recipe's names), and
+scores the runs with :func:`pretrieve.evaluation.evaluate`. The corpus is encoded once per probe: the cosine index
+is the dot index's vectors normalised (:func:`~pretrieve.retrieval.search.normalized_index`, float32 encoders, one
+process; the same vectors as encoding again).
 
 :func:`export_checkpoint_encoder` writes the encoder of a pre-training checkpoint (``checkpoints/step-<N>``:
 accelerate's saved state) as a model directory, so that an intermediate step can be probed like the final model:
@@ -24,13 +25,13 @@ import json
 from pathlib import Path
 from typing import Any, Sequence
 
-from pretrieve import ranks
 from pretrieve.data.collection import BeirCollection
-from pretrieve.data.trec import write_run
+from pretrieve.data.trec import read_run
 from pretrieve.errors import InputError
 from pretrieve.evaluation import evaluate
 from pretrieve.io_utils import atomic_dir
 from pretrieve.models import no_remote_code
+from pretrieve.retrieval.runs import retriever_runs, run_path
 
 SIMILARITIES = ("dot", "cos")
 PROBE_MEASURES = ("nDCG@10", "R@100")
@@ -39,11 +40,11 @@ PROBE_MEASURES = ("nDCG@10", "R@100")
 def export_checkpoint_encoder(checkpoint: str | Path, final: str | Path, out: str | Path) -> Path:
     """The encoder of ``checkpoint`` (a pre-training run's ``step-<N>``) saved to ``out`` with the tokenizer of
     ``final`` (the same run's exported model); returns ``out``."""
-    from safetensors.torch import load_file  # heavy: torch, only when a model is probed
-    from transformers import AutoTokenizer  # heavy: torch, only when a model is probed
+    from safetensors.torch import load_file  # lazy: safetensors
+    from transformers import AutoTokenizer  # lazy: transformers
 
-    from pretrieve.modeling.pretrain_model import METHOD_FILE, PretrainModel  # heavy: torch, only when probed
-    from pretrieve.train.method import MethodConfig, trainer_module  # heavy: torch, only when probed
+    from pretrieve.modeling.pretrain_model import METHOD_FILE, PretrainModel  # lazy: torch
+    from pretrieve.train.method import MethodConfig, trainer_module  # lazy: torch
 
     weights = Path(checkpoint) / "model.safetensors"
     if not weights.exists():
@@ -72,31 +73,22 @@ def cls_probe(model: str | Path, collections: Sequence[str | Path], out: str | P
               precision: str = "auto") -> dict[str, Any]:
     """``{similarity: {"<collection>:<split>": {"aggregate": {measure: mean}, "per_query": {measure: {qid: v}}}}}``
     of [CLS] retrieval with ``model`` (runs and corpus indexes under ``out``), encoded at ``precision``."""
-    from pretrieve.retrieval.load import load_retriever  # heavy: torch, only when a model is probed
-    from pretrieve.retrieval.search import (encode_corpus, normalized_index, normalizes_in_float32,  # heavy: torch
-                                            search)
-
     out = Path(out)
     results: dict[str, Any] = {}
     for similarity in sorted(similarities, key=lambda s: s != "dot"):   # dot first: cosine's index derives from it
-        retriever = load_retriever(str(model), pooling="cls", normalize=similarity == "cos", precision=precision)
         results[similarity] = {}
         for path in collections:
             collection = BeirCollection(Path(path))
             name = collection.root.name
-            root = out / "embeddings" / f"{similarity}__{name}"
-            if similarity == "cos" and "dot" in similarities and normalizes_in_float32(retriever) \
-                    and not ranks.active():
-                index = normalized_index(retriever, collection.corpus_dataset(), out / "embeddings" / f"dot__{name}",
-                                         root)     # one encode per probe: the dot vectors, normalised
-            else:
-                index = encode_corpus(retriever, collection.corpus_dataset(), root, batch_size=batch_size,
-                                      show_progress=False)
-            for split in collection.splits():
-                run = search(retriever, collection.load_queries(split), index, k=depth, batch_size=batch_size,
-                             show_progress=False)
-                write_run(run, out / "runs" / f"{similarity}__{name}:{split}.trec", tag=f"cls-{similarity}")
-                result = evaluate(collection.load_qrels(split), run, list(PROBE_MEASURES))
+            dot_index = out / "embeddings" / f"dot__{name}" if similarity == "cos" and "dot" in similarities else None
+            written = retriever_runs(str(model), collection,
+                                     {split: run_path(out, similarity, collection.root, split)
+                                      for split in collection.splits()}, depth,
+                                     index_dir=out / "embeddings" / f"{similarity}__{name}", precision=precision,
+                                     batch_size=batch_size, tag=f"cls-{similarity}", pooling="cls",
+                                     normalize=similarity == "cos", normalized_from=dot_index, show_progress=False)
+            for split, run in written.items():
+                result = evaluate(collection.load_qrels(split), read_run(run), list(PROBE_MEASURES))
                 results[similarity][f"{name}:{split}"] = {
                     "aggregate": {m: float(result.aggregate[m]) for m in PROBE_MEASURES},
                     "per_query": {m: {q: float(v) for q, v in result.per_query[m].items()} for m in PROBE_MEASURES}}

@@ -50,7 +50,7 @@ class DecodedWords:
 
 def as_pretrain_model(model: Any) -> Any:
     """A :class:`PretrainModel` from a model or a checkpoint directory, in eval mode."""
-    from pretrieve.modeling.pretrain_model import PretrainModel  # heavy: transformers, only when a checkpoint is read
+    from pretrieve.modeling.pretrain_model import PretrainModel  # lazy: transformers
 
     if isinstance(model, (str, Path)):
         model = PretrainModel.load(model)
@@ -71,7 +71,7 @@ def cpdae_objective(model: Any) -> Any:
 def decoded_distributions(model: Any, tokenizer: Any, texts: Sequence[str], *, max_len: int = 512,
                           batch_size: int = 32) -> torch.Tensor:
     """``z̃`` for each text (FloatTensor[N, V]) from the unmasked text's [CLS] vector."""
-    from pretrieve.modeling.objectives.cpdae import word_distribution  # heavy: transformers, only when a checkpoint is read
+    from pretrieve.modeling.objectives.cpdae import word_distribution  # lazy: transformers
 
     model = as_pretrain_model(model)
     objective = cpdae_objective(model)

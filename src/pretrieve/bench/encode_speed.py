@@ -115,7 +115,7 @@ def _cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 def _sentence_transformer(model_path: str | Path, max_length: int | None, device: str = "cpu"):
     try:
-        from sentence_transformers import SentenceTransformer  # optional: the comparison is skipped without it
+        from sentence_transformers import SentenceTransformer  # lazy: sentence_transformers
     except ImportError:
         return None
     if not (Path(model_path) / "modules.json").exists():

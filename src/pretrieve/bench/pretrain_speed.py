@@ -112,7 +112,7 @@ class BertShape:
         return self.layers * self.hidden * self.hidden
 
     def config(self, vocab_size: int, max_len: int):
-        from transformers import BertConfig  # heavy: transformers/accelerate; bench masking uses this module without them
+        from transformers import BertConfig  # lazy: transformers
 
         return BertConfig(vocab_size=vocab_size, hidden_size=self.hidden, num_hidden_layers=self.layers,
                           num_attention_heads=self.heads, intermediate_size=self.ffn,
@@ -301,11 +301,11 @@ class PresetRunner(Runner):
 
     def __init__(self, method_name: str, config, tokenizer: Any, max_len: int, seed: int, bf16: bool,
                  lr: float = 1e-4, max_grad_norm: float = 1.0, device: str = "cpu"):
-        from pretrieve.modeling import Encoder, PretrainModel  # heavy: transformers/accelerate; bench masking uses this module without them
-        from pretrieve.train.collator import PretrainCollator  # heavy: transformers/accelerate; bench masking uses this module without them
-        from pretrieve.train.config import LoopConfig  # heavy: transformers/accelerate; bench masking uses this module without them
-        from pretrieve.train.loop import build_optimizer  # heavy: transformers/accelerate; bench masking uses this module without them
-        from pretrieve.train.method import resolve_method  # heavy: transformers/accelerate; bench masking uses this module without them
+        from pretrieve.modeling import Encoder, PretrainModel  # lazy: transformers
+        from pretrieve.train.collator import PretrainCollator  # lazy: transformers
+        from pretrieve.train.config import LoopConfig  # lazy: accelerate
+        from pretrieve.train.loop import build_optimizer  # lazy: transformers
+        from pretrieve.train.method import resolve_method  # lazy: transformers
 
         self.name = method_name
         self.method = resolve_method(method_name)
@@ -343,10 +343,10 @@ class HFReferenceRunner(Runner):
 
     def __init__(self, config, tokenizer: Any, mask_ratio: float, seed: int, bf16: bool, lr: float = 1e-4,
                  max_grad_norm: float = 1.0, device: str = "cpu"):
-        from transformers import AutoModelForMaskedLM, DataCollatorForLanguageModeling  # heavy: transformers/accelerate; bench masking uses this module without them
+        from transformers import AutoModelForMaskedLM, DataCollatorForLanguageModeling  # lazy: transformers
 
-        from pretrieve.train.config import LoopConfig  # heavy: transformers/accelerate; bench masking uses this module without them
-        from pretrieve.train.loop import build_optimizer  # heavy: transformers/accelerate; bench masking uses this module without them
+        from pretrieve.train.config import LoopConfig  # lazy: accelerate
+        from pretrieve.train.loop import build_optimizer  # lazy: transformers
 
         torch.manual_seed(seed)
         self.module = self.model = AutoModelForMaskedLM.from_config(config).to(device)
@@ -379,11 +379,11 @@ class EncoderOnlyRunner(Runner):
 
     def __init__(self, config, tokenizer: Any, max_len: int, seed: int, bf16: bool, lr: float = 1e-4,
                  max_grad_norm: float = 1.0, device: str = "cpu"):
-        from pretrieve.modeling import Encoder  # heavy: transformers/accelerate; bench masking uses this module without them
-        from pretrieve.train.collator import PretrainCollator  # heavy: transformers/accelerate; bench masking uses this module without them
-        from pretrieve.train.config import LoopConfig  # heavy: transformers/accelerate; bench masking uses this module without them
-        from pretrieve.train.loop import build_optimizer  # heavy: transformers/accelerate; bench masking uses this module without them
-        from pretrieve.train.method import resolve_method  # heavy: transformers/accelerate; bench masking uses this module without them
+        from pretrieve.modeling import Encoder  # lazy: transformers
+        from pretrieve.train.collator import PretrainCollator  # lazy: transformers
+        from pretrieve.train.config import LoopConfig  # lazy: accelerate
+        from pretrieve.train.loop import build_optimizer  # lazy: transformers
+        from pretrieve.train.method import resolve_method  # lazy: transformers
 
         torch.manual_seed(seed)
         self.module = self.encoder = Encoder.from_config(config).to(device)
@@ -485,7 +485,7 @@ def bench_pretrain(config, tokenizer: Any, texts: Sequence[str], settings: Pretr
                    *, shape_name: str | None = None,
                    progress: Callable[[str], None] | None = None) -> PretrainBenchResult:
     """Measure every preset (and the HF reference) on ``config``'s shape; see the module docstring."""
-    from pretrieve.train.loop import micro_batch_seed  # heavy: transformers/accelerate; bench masking uses this module without them
+    from pretrieve.train.loop import micro_batch_seed  # lazy: transformers
 
     settings = settings or PretrainBenchSettings()
     settings.validate()

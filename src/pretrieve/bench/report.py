@@ -24,7 +24,7 @@ from pretrieve.provenance import versions
 
 def environment() -> dict[str, Any]:
     """Where and how a benchmark ran (CPU cores visible, torch threads, versions, date, command)."""
-    import torch  # heavy: keeps pretrieve --help torch-free
+    import torch  # lazy: torch
 
     return {
         "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
@@ -103,7 +103,7 @@ BENCH_DEVICES = ("cpu", "cuda")
 def bench_device(device: str) -> str:
     """The device a speed benchmark runs on: ``cpu``, or ``cuda`` / ``cuda:N`` when torch sees that GPU
     (:class:`~pretrieve.errors.InputError` otherwise: one ``error:`` line, exit 2, before anything is loaded)."""
-    import torch  # heavy: keeps pretrieve --help torch-free
+    import torch  # lazy: torch
 
     text = device.strip().lower()
     kind, _, index = text.partition(":")
@@ -120,7 +120,7 @@ def bench_device(device: str) -> str:
 
 def device_name(device: str) -> str:
     """What made a number: ``cpu (<processor>)`` or ``cuda:0 (NVIDIA H100 80GB HBM3, 79.1 GiB)``."""
-    import torch  # heavy: keeps pretrieve --help torch-free
+    import torch  # lazy: torch
 
     if not device.startswith("cuda"):
         return f"cpu ({_cpu_name()})"
@@ -133,7 +133,7 @@ def device_name(device: str) -> str:
 def synchronize(device: str) -> None:
     """Wait for the device's queued work (CUDA); nothing on the CPU, whose work is synchronous."""
     if device.startswith("cuda"):
-        import torch  # heavy: keeps pretrieve --help torch-free
+        import torch  # lazy: torch
 
         torch.cuda.synchronize(device)
 
@@ -141,7 +141,7 @@ def synchronize(device: str) -> None:
 def reset_peak_memory(device: str) -> None:
     """Start a new peak-memory window (CUDA; nothing on the CPU)."""
     if device.startswith("cuda"):
-        import torch  # heavy: keeps pretrieve --help torch-free
+        import torch  # lazy: torch
 
         torch.cuda.reset_peak_memory_stats(device)
 
@@ -150,6 +150,6 @@ def peak_memory_mib(device: str) -> float | None:
     """``torch.cuda.max_memory_allocated`` since the last :func:`reset_peak_memory`, in MiB; None on the CPU."""
     if not device.startswith("cuda"):
         return None
-    import torch  # heavy: keeps pretrieve --help torch-free
+    import torch  # lazy: torch
 
     return torch.cuda.max_memory_allocated(device) / 2 ** 20

@@ -114,7 +114,7 @@ def ann_benchmark(index_path: Path, queries: np.ndarray, query_ids: Sequence[str
                   qrels: Mapping[str, Mapping[str, int]] | None, factories: Sequence[str] = DEFAULT_FACTORIES,
                   k: int = 1000, repeats: int = 3, train_size: int | None = 100_000) -> dict[str, Any]:
     """Exact vs each factory over the index at ``index_path`` (see the module docstring)."""
-    from pretrieve.evaluation import evaluate  # heavy: ir_measures, only when quality is measured
+    from pretrieve.evaluation import evaluate  # lazy: scipy
 
     index = open_index(index_path)
     ids = index.ids

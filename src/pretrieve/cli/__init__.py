@@ -1,10 +1,11 @@
 """The ``pretrieve`` command line: one typer app, one sub-module per command group.
 
-The CLI is thin: it parses arguments, loads configs and calls one library function. Every error a user can fix
-— a ``PretrieveError`` (bad input, bad option, a busy or stale output), an ``OSError`` (a directory that cannot
-be written, a full disk, a file-size limit: ``SIGXFSZ`` is ignored so that ``ulimit -f`` surfaces as the error
-``EFBIG`` instead of killing the process) or a usage error — becomes one line beginning ``error:`` on stderr and
-exit code 2, never a traceback.
+The app lives in :mod:`pretrieve.cli.root`; this package imports every command module (each registers its commands
+on the app) and runs it (:func:`main`). The CLI is thin: it parses arguments, loads configs and calls one library
+function. Every error a user can fix — a ``PretrieveError`` (bad input, bad option, a busy or stale output), an
+``OSError`` (a directory that cannot be written, a full disk, a file-size limit: ``SIGXFSZ`` is ignored so that
+``ulimit -f`` surfaces as the error ``EFBIG`` instead of killing the process) or a usage error — becomes one line
+beginning ``error:`` on stderr and exit code 2, never a traceback.
 
 Help: boolean flags show no ``<bool>`` value, and when the output is not a terminal (a pipe, a file) the help is
 laid out 120 columns wide instead of being cut at 80 (``TERMINAL_WIDTH`` / ``COLUMNS`` still decide when set).
@@ -13,7 +14,6 @@ laid out 120 columns wide instead of being cut at 80 (``TERMINAL_WIDTH`` / ``COL
 from __future__ import annotations
 
 import errno
-import importlib
 import importlib.abc
 import importlib.util
 import logging
@@ -26,11 +26,11 @@ from typing import Callable
 
 import typer
 import typer.rich_utils
-from rich.console import Console
 from rich.text import Text
 from typer.core import TyperOption
 
 from pretrieve import __version__
+from pretrieve.cli.root import app, console
 from pretrieve.errors import PretrieveError
 from pretrieve.models import model_label
 
@@ -58,14 +58,6 @@ def _flag_type(self, ctx):
 if _display_type_rich is not None:
     TyperOption.display_type_rich = _flag_type
 
-app = typer.Typer(
-    name="pretrieve",
-    help="Pre-train, fine-tune, index and evaluate dense passage retrievers.",
-    no_args_is_help=True,
-    pretty_exceptions_enable=False,
-    context_settings={"help_option_names": ["-h", "--help"], "show_default": True},
-)
-console = Console(stderr=True, soft_wrap=True, emoji=False)
 
 
 NOISY_LOGGERS = ("bm25s", "httpx", "httpcore", "urllib3", "filelock", "huggingface_hub", "datasets", "fsspec",
@@ -173,16 +165,11 @@ def _root(verbose: bool = typer.Option(False, "--verbose", "-v", help="Debug log
     """Pre-train, fine-tune, index and evaluate dense passage retrievers."""
     configure_logging(verbose)
 
-# Command groups register themselves on `app` when imported. A missing optional module must not
-# break the other commands, so each is imported by name.
-_COMMAND_MODULES = ["data", "retrieval", "evaluate", "fuse", "pretrain", "finetune", "mine", "rerank", "analyze", "stats",
-                    "bench", "bench_quality", "recipe", "init_model", "export", "cache"]
-for _name in _COMMAND_MODULES:
-    try:
-        importlib.import_module(f"pretrieve.cli.{_name}")
-    except ModuleNotFoundError as exc:  # the module itself not written yet
-        if exc.name != f"pretrieve.cli.{_name}":
-            raise
+
+# The command modules register their commands on `app` (pretrieve.cli.root) when imported, in this order: the
+# order of `--help`.
+from pretrieve.cli import (data, retrieval, evaluate, fuse, pretrain, finetune, mine, rerank,  # noqa: E402,F401
+                           analyze, stats, bench, bench_quality, recipe, init_model, export, cache)
 
 
 def print_error(message: str) -> None:

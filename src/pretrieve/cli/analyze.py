@@ -40,7 +40,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from pretrieve.cli import app
+from pretrieve.cli.root import app
 from pretrieve.cli.tokenized import load_tokenizer, pretrain_cache_dir, tokenized_corpus
 from pretrieve.data.pretrain_text import iter_pretrain_texts
 from pretrieve.errors import InputError
@@ -74,7 +74,7 @@ def _first_texts(corpus: str, count: int) -> list[str]:
 
 
 def _tokenizer(model_path: str, override: Optional[str]):
-    from transformers import AutoTokenizer  # heavy: keeps pretrieve --help torch-free
+    from transformers import AutoTokenizer  # lazy: transformers
 
     source = resolve_model(override) if override else model_path
     try:
@@ -102,9 +102,9 @@ def coverage_command(
     out: Optional[Path] = typer.Option(None, help="Directory for coverage.json, coverage.png, provenance.json."),
 ) -> None:
     """Input-token coverage ratio of each checkpoint's [CLS] projected to the vocabulary."""
-    from transformers.utils import logging as hf_logging  # heavy: keeps pretrieve --help torch-free
+    from transformers.utils import logging as hf_logging  # lazy: transformers
 
-    from pretrieve.analysis.coverage import format_examples, load_encoder, token_coverage  # heavy: keeps pretrieve --help torch-free
+    from pretrieve.analysis.coverage import format_examples, load_encoder, token_coverage  # lazy: torch
 
     hf_logging.set_verbosity_error()  # HF's load report; our encoder logs a created MLM head itself
     hf_logging.disable_progress_bar()
@@ -153,8 +153,8 @@ def mlm_accuracy_command(
 ) -> None:
     """Held-out masked-token accuracy of a checkpoint's MLM head — the from-scratch base's gate of the claims
     benchmark (accuracy ≥ 0.25; docs/preregistration.md)."""
-    from pretrieve.analysis.coverage import load_encoder  # heavy: keeps pretrieve --help torch-free
-    from pretrieve.analysis.mlm_accuracy import mlm_accuracy  # heavy: keeps pretrieve --help torch-free
+    from pretrieve.analysis.coverage import load_encoder  # lazy: torch
+    from pretrieve.analysis.mlm_accuracy import mlm_accuracy  # lazy: torch
 
     path = resolve_model(model)
     texts = _first_texts(corpus, num_texts)
@@ -189,7 +189,7 @@ def _print_table(reports, ks: list[int], title: str, attribute: str) -> None:
 
 
 def _write_outputs(out: Path, reports, settings: dict) -> None:
-    from pretrieve.analysis.coverage import plot_coverage  # heavy: keeps pretrieve --help torch-free
+    from pretrieve.analysis.coverage import plot_coverage  # lazy: torch
 
     out.mkdir(parents=True, exist_ok=True)
     write_json(out / "coverage.json", {"settings": settings,
@@ -223,8 +223,8 @@ def masking_stats_command(
                                        "provenance.json."),
 ) -> None:
     """Stopword and punctuation share of masked tokens, random vs PMI masking (CDMAE, Li et al. 2023, Fig. 2)."""
-    from pretrieve.analysis.masking_stats import compare_maskers, format_comparison  # heavy: keeps pretrieve --help torch-free
-    from pretrieve.masking.pmi import resolve_statistics  # heavy: keeps pretrieve --help torch-free
+    from pretrieve.analysis.masking_stats import compare_maskers, format_comparison  # lazy: torch
+    from pretrieve.masking.pmi import resolve_statistics  # lazy: torch
 
     tokenizer = load_tokenizer(model)
     data, _ = tokenized_corpus(corpus, tokenizer, max_len, cache_dir)
@@ -278,7 +278,7 @@ def cpdae_checkpoint(name: str) -> Path:
     Checks ``method.json`` (a ``cpdae`` objective) and ``heads.safetensors`` (the decoder's weights) before any
     weight is loaded. A run directory (``pretrieve pretrain --out``) stands for its ``final/``.
     """
-    from pretrieve.modeling.pretrain_model import HEADS_FILE, METHOD_FILE  # heavy: keeps pretrieve --help torch-free
+    from pretrieve.modeling.pretrain_model import HEADS_FILE, METHOD_FILE  # lazy: torch
 
     path = Path(resolve_model(name))
     if not path.is_dir():
@@ -307,7 +307,7 @@ def cpdae_checkpoint(name: str) -> Path:
 
 
 def _has_head(heads: Path, prefix: str) -> bool:
-    from safetensors import safe_open  # heavy: keeps pretrieve --help torch-free
+    from safetensors import safe_open  # lazy: safetensors
 
     with safe_open(str(heads), framework="pt") as handle:
         return any(key.startswith(prefix) for key in handle.keys())
@@ -315,9 +315,9 @@ def _has_head(heads: Path, prefix: str) -> bool:
 
 def _load_cpdae(name: str, tokenizer_override: Optional[str]):
     """``(PretrainModel in eval mode, tokenizer, checkpoint path)`` of a CPDAE checkpoint."""
-    from transformers.utils import logging as hf_logging  # heavy: keeps pretrieve --help torch-free
+    from transformers.utils import logging as hf_logging  # lazy: transformers
 
-    from pretrieve.analysis.word_distribution import as_pretrain_model  # heavy: keeps pretrieve --help torch-free
+    from pretrieve.analysis.word_distribution import as_pretrain_model  # lazy: torch
 
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()
@@ -327,7 +327,7 @@ def _load_cpdae(name: str, tokenizer_override: Optional[str]):
 
 def _cpdae_setting(path: Path) -> str:
     """The ``cpdae`` objective's parameters as ``contrast=js, cl_weight=0.1`` (for tables)."""
-    from pretrieve.modeling.pretrain_model import METHOD_FILE  # heavy: keeps pretrieve --help torch-free
+    from pretrieve.modeling.pretrain_model import METHOD_FILE  # lazy: torch
 
     method = json.loads((path / METHOD_FILE).read_text(encoding="utf-8"))
     params = next((spec.get("params") or {} for spec in method["objectives"] if spec["name"] == "cpdae"), {})
@@ -345,7 +345,7 @@ def word_distribution_command(
     out: Optional[Path] = typer.Option(None, help="Directory for word_distribution.json, provenance.json."),
 ) -> None:
     """CPDAE's decoded word distribution of each text, sub-words summed per word (CPDAE, Ma et al. 2022, Table 4)."""
-    from pretrieve.analysis.word_distribution import decode_words  # heavy: keeps pretrieve --help torch-free
+    from pretrieve.analysis.word_distribution import decode_words  # lazy: torch
 
     texts = [item for item in text if item.strip()]
     if not texts:
@@ -393,7 +393,7 @@ def stopword_mass_command(
     out: Optional[Path] = typer.Option(None, help="Directory for stopword_mass.json, provenance.json."),
 ) -> None:
     """Mean decoded probability mass on stopwords per CPDAE checkpoint (CPDAE, Ma et al. 2022, §3.3)."""
-    from pretrieve.analysis.word_distribution import stopword_mass  # heavy: keeps pretrieve --help torch-free
+    from pretrieve.analysis.word_distribution import stopword_mass  # lazy: torch
 
     if len(set(model)) != len(model):
         raise InputError("a checkpoint is given twice", field="model")

@@ -22,15 +22,17 @@ import numpy as np
 import typer
 from rich.console import Console
 
+from pretrieve.bench import search_speed
 from pretrieve.bench.report import bench_device, environment, environment_lines, markdown_table, write_report
 from pretrieve.bench.scale import STAGES, ScaleSettings, report_markdown, run_scale_bench
-from pretrieve.cli import app
+from pretrieve.cli.root import app
 from pretrieve.cli.tokenized import DEFAULT_MAX_LEN, pretrain_cache_dir
 from pretrieve.data.collection import BeirCollection
 from pretrieve.data.registry import resolve_collection
 from pretrieve.errors import InputError
 from pretrieve.models import no_remote_code, resolve_model
 from pretrieve.ranks import shard_bounds
+from pretrieve.retrieval.index import open_index, shard_dir_name
 
 bench_app = typer.Typer(help="Benchmarks: pre-training step speed (Drop your Decoder, Ma et al. 2024, Table 4), masking latency, "
                              "encoding throughput, and retrieval quality per pre-training method (Tables 5/6).",
@@ -48,7 +50,7 @@ DEVICE_HELP = "cpu, or cuda / cuda:N: models, batches and timings on that GPU (s
 def _quiet_logging() -> None:
     if not logging.getLogger().handlers:
         logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    from transformers.utils import logging as hf_logging  # heavy: keeps pretrieve --help torch-free
+    from transformers.utils import logging as hf_logging  # lazy: transformers
 
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()
@@ -63,7 +65,7 @@ def _split(text: str, what: str) -> list[str]:
 
 def _set_threads(threads: Optional[int]) -> None:
     if threads is not None:
-        import torch  # heavy: keeps pretrieve --help torch-free
+        import torch  # lazy: torch
 
         if threads < 1:
             raise InputError(f"--threads must be ≥ 1, got {threads}", field="threads")
@@ -80,7 +82,7 @@ def _emit(markdown: str, data: dict[str, Any], out: Optional[Path]) -> None:
 def _default_tokenizer():
     """The uncased BERT vocabulary (30,522) of the offline all-MiniLM package, or of SPLADE-tiny (the same
     vocabulary) where that package is not installed (GPU images carry the smaller one)."""
-    from transformers import AutoTokenizer  # heavy: keeps pretrieve --help torch-free
+    from transformers import AutoTokenizer  # lazy: transformers
 
     try:
         path = resolve_model("minilm")
@@ -92,10 +94,10 @@ def _default_tokenizer():
 def _targets(model: Optional[str], shapes: str) -> list[tuple[str, Any, Any]]:
     """``[(name, config, tokenizer)]``: the --model checkpoint's config, or one random-init config per shape
     (real uncased vocabulary of the offline all-MiniLM package)."""
-    from pretrieve.bench.pretrain_speed import is_shape, parse_shape  # heavy: keeps pretrieve --help torch-free
+    from pretrieve.bench.pretrain_speed import is_shape, parse_shape  # lazy: torch
 
     if model is not None and not is_shape(model):
-        from transformers import AutoConfig, AutoTokenizer  # heavy: keeps pretrieve --help torch-free
+        from transformers import AutoConfig, AutoTokenizer  # lazy: transformers
 
         path = resolve_model(model)
         config = AutoConfig.from_pretrained(path, **no_remote_code(path))
@@ -133,7 +135,7 @@ def bench_pretrain_command(
     out: Optional[Path] = typer.Option(None, help="Write the report to FILE.md and the numbers to FILE.json."),
 ) -> None:
     """Pre-training step speed per method, Drop your Decoder (Ma et al. 2024) Table 4 on this machine."""
-    from pretrieve.bench.pretrain_speed import PretrainBenchSettings, bench_pretrain, load_texts, result_markdown  # heavy: keeps pretrieve --help torch-free
+    from pretrieve.bench.pretrain_speed import PretrainBenchSettings, bench_pretrain, load_texts, result_markdown  # lazy: torch
 
     device = bench_device(device)
     _quiet_logging()
@@ -176,8 +178,8 @@ def bench_masking_command(
     out: Optional[Path] = typer.Option(None, help="Write the report to FILE.md and the numbers to FILE.json."),
 ) -> None:
     """Per-batch masking latency (CDMAE, Li et al. 2023, Table 6 setting), all kinds interleaved in one process."""
-    from pretrieve.bench.pretrain_speed import load_texts  # heavy: keeps pretrieve --help torch-free
-    from pretrieve.masking.latency import masking_latency  # heavy: keeps pretrieve --help torch-free
+    from pretrieve.bench.pretrain_speed import load_texts  # lazy: torch
+    from pretrieve.masking.latency import masking_latency  # lazy: torch
 
     _quiet_logging()
     _set_threads(threads)
@@ -207,7 +209,7 @@ def _pmi_statistics(source: str, tokenizer: Any, cache_dir: Optional[Path]):
     """n-gram statistics (window 4) of ``source``: a saved statistics directory, or a text source tokenised into
     pre-training chunks of ``pretrieve pretrain``'s default 144 tokens (the benchmark's ``--max-len`` is the batch
     shape, not how the corpus is chunked) and counted; both cached, see :func:`pretrieve.masking.pmi.resolve_statistics`."""
-    from pretrieve.masking.pmi import DEFAULT_WINDOW, resolve_statistics  # heavy: keeps pretrieve --help torch-free
+    from pretrieve.masking.pmi import DEFAULT_WINDOW, resolve_statistics  # lazy: torch
 
     err.print(f"[bench masking] pmi statistics from {source}", highlight=False)
     return resolve_statistics(source, window=DEFAULT_WINDOW, vocab_size=len(tokenizer), tokenizer=tokenizer,
@@ -232,8 +234,8 @@ def bench_encode_command(
     out: Optional[Path] = typer.Option(None, help="Write the report to FILE.md and the numbers to FILE.json."),
 ) -> None:
     """Encoding throughput: pretrieve at each precision vs sentence-transformers fp32, interleaved rounds."""
-    from pretrieve.bench.encode_speed import encoding_throughput, random_st_checkpoint  # heavy: keeps pretrieve --help torch-free
-    from pretrieve.bench.pretrain_speed import is_shape, load_texts, parse_shape  # heavy: keeps pretrieve --help torch-free
+    from pretrieve.bench.encode_speed import encoding_throughput, random_st_checkpoint  # lazy: torch
+    from pretrieve.bench.pretrain_speed import is_shape, load_texts, parse_shape  # lazy: torch
 
     device = bench_device(device)
     shape = parse_shape(model) if is_shape(model) else None
@@ -288,11 +290,9 @@ def bench_ann_command(
     out: Optional[Path] = typer.Option(None, help="Write the report to FILE.md and the numbers to FILE.json."),
 ) -> None:
     """Approximate FAISS indexes vs exact search on SIZE vectors with a real retriever's statistics."""
-    from pretrieve.bench import search_speed  # heavy: scipy; keeps pretrieve --help fast
-    from pretrieve.retrieval.batches import encode_all  # heavy: keeps pretrieve --help torch-free
-    from pretrieve.retrieval.index import open_index  # heavy: scipy; keeps pretrieve --help fast
-    from pretrieve.retrieval.load import load_retriever  # heavy: keeps pretrieve --help torch-free
-    from pretrieve.retrieval.search import build_index  # heavy: keeps pretrieve --help torch-free
+    from pretrieve.retrieval.batches import encode_all  # lazy: torch
+    from pretrieve.retrieval.load import load_retriever  # lazy: torch
+    from pretrieve.retrieval.search import build_index  # lazy: torch
 
     _quiet_logging()
     _set_threads(threads)
@@ -339,8 +339,6 @@ def bench_search_memory_command(
     out: Optional[Path] = typer.Option(None, help="Write the report to FILE.md and the numbers to FILE.json."),
 ) -> None:
     """Peak RSS of exact search over a sharded index of SIZE random unit vectors, in a fresh process."""
-    from pretrieve.bench import search_speed  # heavy: scipy; keeps pretrieve --help fast
-    from pretrieve.retrieval.index import shard_dir_name  # heavy: scipy; keeps pretrieve --help fast
 
     rng = np.random.default_rng(0)
     root = work / f"random-{size}x{dim}"

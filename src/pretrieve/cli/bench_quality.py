@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Optional
+from types import SimpleNamespace
+from typing import Any, Optional
 
 import typer
 
@@ -19,8 +20,10 @@ from pretrieve.bench.quality.arms import DEFAULT_METHODS as DEFAULT_QUALITY_METH
 from pretrieve.cli.bench import _numbers, _quiet_logging, _set_threads, _split, bench_app, err
 from pretrieve.errors import InputError
 
+
 @bench_app.command("quality")
 def bench_quality_command(
+    ctx: typer.Context,
     out: Path = typer.Option(..., help="Scratch directory of the comparison (checkpoints, runs, derived collections; "
                              "results.*). Rerun the same command to resume."),
     records: Optional[Path] = typer.Option(None, "--records", help="Records directory: tier.json and one small record "
@@ -122,56 +125,83 @@ def bench_quality_command(
 ) -> None:
     """Retrieval quality per pre-training method at an equal budget (Drop your Decoder, Ma et al. 2024, Tables 5/6),
     cross-fitted, with a dev-chosen fine-tuning protocol, coverage and multi-bootstrap contrasts (issue #20)."""
-    from pretrieve.bench.quality import report, run, settings as quality  # heavy: keeps pretrieve --help torch-free
+    from pretrieve.bench.quality import report  # lazy: torch
 
     _quiet_logging()
     _set_threads(threads)
     if report_only:
-        from pretrieve.bench.quality.summary import summarize  # heavy: keeps pretrieve --help torch-free
-
-        records_dir = records or out / "records"
-        summary = summarize(records_dir)
-        paths = report.write_report(out, summary, records_dir)
+        summary, paths = report_from_records(out, records or out / "records")
     else:
         if train is None and not smoke:
             raise InputError("give --train DIR (the fine-tuning collection)", field="train")
-        pretrain, finetune_defaults = quality.defaults_for_base(base, quick)
-        pretrain.update(quality.parse_overrides(pretrain_overrides, "--pretrain"))
-        for key, value in (("max_steps", budget), ("batch_size", batch_size), ("max_len", max_len), ("lr", lr)):
-            if value is not None:
-                pretrain[key] = value
-        finetune_values, per_method = quality.split_finetune_overrides(
-            quality.parse_overrides(finetune, "finetune"), "--finetune")
-        grid = {key: tuple(_numbers(text, f"grid-{key}")) for key, text in (("lr", grid_lr), ("epochs", grid_epochs))
-                if text}
-        grid_grow = {key: tuple(_numbers(text, f"grid-grow-{key}"))
-                     for key, text in (("lr", grid_grow_lr), ("epochs", grid_grow_epochs)) if text}
-        settings = quality.QualityBenchSettings(
-            base=base, train=train or "", out=str(out),
-            methods=tuple(_split(methods, "method")) if methods else DEFAULT_QUALITY_METHODS,
-            pretrain_data=tuple(_split(pretrain_data, "pretrain-data")) if pretrain_data else None,
-            eval=tuple(e for entry in eval_ or [] for e in _split(entry, "eval")),
-            seeds=tuple(range(seed, seed + seeds)), pretrain=pretrain,
-            finetune={**finetune_defaults, **finetune_values},
-            finetune_per_method=per_method, split=split, depth=depth, coverage_texts=coverage_texts, alpha=alpha,
-            folds=tuple(_split(folds, "folds")), dev_queries=dev_queries, dev_seed=dev_seed, grid=grid,
-            grid_grow=grid_grow, select_arm=select_arm,
-            contrasts=tuple(_split(contrasts, "contrast")) if contrasts else (), margin=margin, bootstrap=bootstrap,
-            probe_steps=tuple(int(v) for v in _numbers(probe_steps, "probe-steps")) if probe_steps else (),
-            precision=precision, records=str(records) if records else None, threads=threads,
-            retry_failed=retry_failed, keep_checkpoints=keep_checkpoints, show_progress=progress,
-            pretrained_from=str(pretrained_from.expanduser().absolute()) if pretrained_from else None)
-        if smoke:
-            settings = quality.smoke_settings(settings, explicit_methods=methods is not None)
-        started = time.perf_counter()
-        summary = run.run_quality_bench(settings, progress=lambda line: err.print(line, highlight=False,
-                                                                                  markup=False),
-                                        cells=_split(cells, "cell") if cells else None, select_only=select_only,
-                                        jobs=jobs, commit_records=commit_records)
-        err.print(f"[bench quality] {time.perf_counter() - started:.0f} s", highlight=False)
-        paths = [Path(out) / name for name in ("results.md", "results.json", "results.png")]
+        summary, paths = run_comparison(comparison_settings(ctx.params), out, cells, select_only, jobs,
+                                        commit_records)
     typer.echo(report.results_markdown(summary))
     err.print("wrote " + ", ".join(str(p) for p in paths), highlight=False, markup=False)
+
+
+def report_from_records(out: Path, records: Path) -> tuple[dict, list[Path]]:
+    """``--report-only``: the summary of the records in ``records``, and the report written into ``out``."""
+    from pretrieve.bench.quality import report  # lazy: torch
+    from pretrieve.bench.quality.summary import summarize  # lazy: torch
+
+    summary = summarize(records)
+    return summary, report.write_report(out, summary, records)
+
+
+def comparison_settings(options: dict[str, Any]) -> Any:
+    """The comparison's :class:`pretrieve.bench.quality.settings.QualityBenchSettings` from the command's options
+    (``ctx.params``): the base's defaults, then the overrides and budgets given, then ``--smoke``'s."""
+    from pretrieve.bench.quality import settings as quality  # lazy: torch
+
+    given = SimpleNamespace(**options)
+    pretrain, finetune_defaults = quality.defaults_for_base(given.base, given.quick)
+    pretrain.update(quality.parse_overrides(given.pretrain_overrides, "--pretrain"))
+    for key, value in (("max_steps", given.budget), ("batch_size", given.batch_size), ("max_len", given.max_len),
+                       ("lr", given.lr)):
+        if value is not None:
+            pretrain[key] = value
+    finetune_values, per_method = quality.split_finetune_overrides(
+        quality.parse_overrides(given.finetune, "finetune"), "--finetune")
+
+    def numbers(prefix: str, **texts: str | None) -> dict[str, tuple[float, ...]]:
+        return {key: tuple(_numbers(text, f"{prefix}-{key}")) for key, text in texts.items() if text}
+
+    def listed(text: str | None, what: str) -> tuple[str, ...] | None:
+        return tuple(_split(text, what)) if text else None
+
+    settings = quality.QualityBenchSettings(
+        base=given.base, train=given.train or "", out=str(given.out),
+        methods=listed(given.methods, "method") or DEFAULT_QUALITY_METHODS,
+        pretrain_data=listed(given.pretrain_data, "pretrain-data"),
+        eval=tuple(e for entry in given.eval_ or [] for e in _split(entry, "eval")),
+        seeds=tuple(range(given.seed, given.seed + given.seeds)), pretrain=pretrain,
+        finetune={**finetune_defaults, **finetune_values}, finetune_per_method=per_method, split=given.split,
+        depth=given.depth, coverage_texts=given.coverage_texts, alpha=given.alpha,
+        folds=tuple(_split(given.folds, "folds")), dev_queries=given.dev_queries, dev_seed=given.dev_seed,
+        grid=numbers("grid", lr=given.grid_lr, epochs=given.grid_epochs),
+        grid_grow=numbers("grid-grow", lr=given.grid_grow_lr, epochs=given.grid_grow_epochs),
+        select_arm=given.select_arm, contrasts=listed(given.contrasts, "contrast") or (), margin=given.margin,
+        bootstrap=given.bootstrap,
+        probe_steps=tuple(int(v) for v in _numbers(given.probe_steps, "probe-steps")) if given.probe_steps else (),
+        precision=given.precision, records=str(given.records) if given.records else None, threads=given.threads,
+        retry_failed=given.retry_failed, keep_checkpoints=given.keep_checkpoints, show_progress=given.progress,
+        pretrained_from=str(given.pretrained_from.expanduser().absolute()) if given.pretrained_from else None)
+    return quality.smoke_settings(settings, explicit_methods=given.methods is not None) if given.smoke else settings
+
+
+def run_comparison(settings: Any, out: Path, cells: str | None, select_only: bool, jobs: int,
+                   commit_records: bool) -> tuple[dict, list[Path]]:
+    """Run (or resume) the comparison, its progress lines on stderr; returns its summary and the report's files (in
+    ``out``)."""
+    from pretrieve.bench.quality import run  # lazy: torch
+
+    started = time.perf_counter()
+    summary = run.run_quality_bench(settings, progress=lambda line: err.print(line, highlight=False, markup=False),
+                                    cells=_split(cells, "cell") if cells else None, select_only=select_only,
+                                    jobs=jobs, commit_records=commit_records)
+    err.print(f"[bench quality] {time.perf_counter() - started:.0f} s", highlight=False)
+    return summary, [Path(out) / name for name in ("results.md", "results.json", "results.png")]
 
 
 @bench_app.command("claims")
@@ -189,6 +219,9 @@ def bench_claims_command(
                                                 "accuracy: mlm_accuracy.json of `pretrieve analyze mlm-accuracy` "
                                                 "(default: gate.json in --scratch's records, where claims.sh "
                                                 "tier2b puts it)."),
+    cost: Optional[Path] = typer.Option(None, "--cost", help="The cost row's measurement: FILE.json of `pretrieve "
+                                        "bench pretrain --presets mlm,bow --out FILE` (one machine, both arms in "
+                                        "one run); default: the trainer logs' means over seeds."),
     margin: float = typer.Option(0.02, "--margin", help="The pre-registered margin."),
     alpha: float = typer.Option(0.05, "--alpha", help="The pre-registered significance level."),
     any_seeds: bool = typer.Option(False, "--any-seeds", help="Decide with the seeds each tier has (smoke runs, "
@@ -199,7 +232,7 @@ def bench_claims_command(
     """The claims benchmark's decision table (issue #20): docs/preregistration.md's rules applied to the tiers'
     `bench quality` comparisons, each recomputed from its records alone; rows whose tiers have not finished are
     pending."""
-    from pretrieve.bench.quality import claims  # heavy: keeps pretrieve --help torch-free
+    from pretrieve.bench.quality import claims  # lazy: torch
 
     given = {"tier1": tier1, "budget": budget, "scratch": scratch, "dupmae": dupmae, "cdmae": cdmae,
              "minilm": minilm}
@@ -213,7 +246,8 @@ def bench_claims_command(
         given["scratch"] = None      # only the gate's report: a base below the gate runs no cell (claims.sh tier2b)
     tiers = {name: claims.load_tier(name, path) for name, path in given.items() if path is not None}
     table = claims.decide_claims(tiers, margin=margin, alpha=alpha,
-                                 seeds=None if any_seeds else claims.PREREGISTERED_SEEDS, scratch_mlm=gate)
+                                 seeds=None if any_seeds else claims.PREREGISTERED_SEEDS, scratch_mlm=gate,
+                                 cost=claims.read_cost_report(cost) if cost is not None else None)
     typer.echo(claims.claims_markdown(table))
     if out is not None:
         paths = claims.write_claims(table, out)

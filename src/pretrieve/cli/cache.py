@@ -11,7 +11,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from pretrieve.cli import app
+from pretrieve.cli.root import app
 from pretrieve.data.records import user_cache_dir
 from pretrieve.errors import ConfigError
 from pretrieve.usercache import (KINDS, CacheEntry, cache_entries, human_age, human_size, parse_age, remove,

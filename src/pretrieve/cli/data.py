@@ -15,7 +15,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from pretrieve.cli import app
+from pretrieve.cli.root import app
 from pretrieve.data.convert import convert, write_summary
 from pretrieve.data.folds import halves
 from pretrieve.data.registry import (KNOWN_COLLECTIONS, check_collection, data_roots, default_cache_dir,

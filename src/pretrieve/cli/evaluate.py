@@ -24,8 +24,8 @@ from rich.table import Table
 from rich.text import Text
 
 from pretrieve.api import MODEL_MEASURES, baseline_first, evaluate
-from pretrieve.cli import app
-from pretrieve.cli import console as err_console
+from pretrieve.cli.root import app
+from pretrieve.cli.root import console as err_console
 from pretrieve.data.beir import load_qrels
 from pretrieve.data.collection import BeirCollection
 from pretrieve.data.registry import resolve_collection
@@ -118,7 +118,7 @@ def evaluate_command(
 ) -> None:
     """Evaluate runs against qrels (one row per run), or models on collections (--model; a row per collection):
     marks for significant differences from the first."""
-    from pretrieve.evaluation import RunEvaluator, build_table   # heavy: scipy; keeps pretrieve --help fast
+    from pretrieve.evaluation import RunEvaluator, build_table   # lazy: scipy
 
     if per_query and json_path is None:
         raise ConfigError("--per-query adds per-query scores to the JSON output: give --json FILE too")
@@ -179,7 +179,7 @@ def _evaluate_models(runs: list[Path], models: list[str], data: str | None, qrel
                      precision=precision, batch_size=batch_size, show_progress=True, baseline=baseline, pairs=pairs)
     header, rows = table.grid()
     out_console = _print_grid(header, rows, table.legend())
-    from pretrieve.evaluation.report import PAIR_KEY_COLUMNS  # heavy: scipy (evaluate() loaded it); --help fast
+    from pretrieve.evaluation.report import PAIR_KEY_COLUMNS  # lazy: scipy
     for collection, (p_header, p_rows) in table.pair_tables().items():
         out_console.print(f"\nPairwise tests on {collection}:", highlight=False, markup=False)
         _print_grid(p_header, p_rows, "", out_console, left=PAIR_KEY_COLUMNS)

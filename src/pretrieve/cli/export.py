@@ -8,7 +8,8 @@ from typing import Optional
 
 import typer
 
-from pretrieve.cli import app
+from pretrieve.api import export
+from pretrieve.cli.root import app
 from pretrieve.cli.options import PASSAGE_PROMPT_HELP, QUERY_PROMPT_HELP
 
 
@@ -29,8 +30,6 @@ def export_command(
                                  "uploaded (files, sizes, repository) without contacting the Hub."),
 ) -> None:
     """Export MODEL_DIR to OUT as a model that loads with SentenceTransformer(OUT) and pretrieve, with a model card."""
-    from pretrieve.api import export   # the Python verb; torch only when it runs
-
     exported = export(model_dir, out, recipe_out=recipe_out, query_prompt=query_prompt, passage_prompt=passage_prompt,
                       license=license, push_to_hub=push_to_hub, private=private, dry_run=dry_run)
     typer.echo(f"exported: {exported}")

@@ -13,7 +13,7 @@ from typing import Optional
 
 import typer
 
-from pretrieve.cli import app
+from pretrieve.cli.root import app
 from pretrieve.cli.options import (REQUIRED, AllowInexactResume, Bf16, DivergenceFactor, GradientCheckpointing,
                                    LogEvery, MinLrRatio, NumWorkers, Overwrite, Precision, Resume, SaveEvery, Schedule,
                                    Seed, Steps, WarmupRatio, WarmupSteps, report_to_option, settings_option,
@@ -83,7 +83,7 @@ def finetune_command(
 ) -> None:
     """Fine-tune a dual-encoder retriever (stage 1, 2 or 3); OUT/final is a sentence-transformers model."""
     flags = training_flags(locals())   # first: the parameters only
-    from pretrieve.train.finetuner import build_finetune_config, finetune   # torch: not for --help
+    from pretrieve.train.finetuner import build_finetune_config, finetune   # lazy: torch
 
     final = finetune(training_config(build_finetune_config, config, flags, resume))
     typer.echo(f"fine-tuned retriever: {final}")

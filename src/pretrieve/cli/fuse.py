@@ -14,7 +14,7 @@ from typing import Optional
 import typer
 from rich.console import Console
 
-from pretrieve.cli import app
+from pretrieve.cli.root import app
 from pretrieve.data.collection import BeirCollection
 from pretrieve.data.registry import resolve_collection
 from pretrieve.data.trec import iter_run

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import typer
 
-from pretrieve.cli import app
+from pretrieve.cli.root import app
+from pretrieve.models import init_model
 
 
 @app.command("init-model")
@@ -20,6 +21,4 @@ def init_model_command(
     seed: int = typer.Option(42, help="Seed of the initialisation (same seed, same weights)."),
 ) -> None:
     """Write a randomly initialised BertForMaskedLM with the tokenizer's vocabulary to OUT."""
-    from pretrieve.models import init_model  # the model library imports torch: not at CLI start-up (--help)
-
     typer.echo(f"initialised model: {init_model(shape, tokenizer, out, seed)}")

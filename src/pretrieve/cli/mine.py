@@ -12,11 +12,12 @@ from typing import Optional
 import typer
 from rich.console import Console
 
-from pretrieve.cli import app
+from pretrieve.cli.root import app
 from pretrieve.cli.options import DATA_HELP, resolve_data
 from pretrieve.errors import ConfigError
 from pretrieve.models import resolve_model
 from pretrieve.outputs import check_writable, remove_leftovers
+from pretrieve.retrieval.runs import bm25_negatives
 
 err = Console(stderr=True, emoji=False)
 
@@ -55,12 +56,10 @@ def mine_command(
     if bm25 == (model is not None):
         raise ConfigError("give either --model (dense mining) or --bm25")
     if bm25:
-        from pretrieve.retrieval.runs import bm25_negatives   # when the command runs: --help stays light
-
         path = bm25_negatives(collection, split, out, depth=depth or 1000, run_out=run_out, overwrite=overwrite,
                               index_dir=bm25_index, show_progress=err.is_terminal)
     else:
-        from pretrieve.retrieval.mining import mine_negatives   # imports torch: not for --help
+        from pretrieve.retrieval.mining import mine_negatives   # lazy: torch
 
         path = mine_negatives(resolve_model(model), collection, split, out, depth=depth or 200,
                               batch_size=batch_size, max_length=max_length, query_max_length=query_max_length,

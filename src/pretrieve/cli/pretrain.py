@@ -7,7 +7,7 @@ from typing import List, Optional
 
 import typer
 
-from pretrieve.cli import app
+from pretrieve.cli.root import app
 from pretrieve.cli.options import DIVERGENCE_HELP, PRECISION_HELP, load_file, report_to_option
 from pretrieve.data.registry import resolve_corpus
 
@@ -78,8 +78,8 @@ def pretrain_command(
                                               "(compared by content), copy it instead of training."),
 ) -> None:
     """Pre-train an encoder; the result in OUT/final loads with AutoModel.from_pretrained."""
-    from pretrieve.train.pretrainer import pretrain   # torch: not for --help
-    from pretrieve.train.run_config import build_pretrain_config  # heavy: keeps pretrieve --help torch-free
+    from pretrieve.train.pretrainer import pretrain   # lazy: torch
+    from pretrieve.train.run_config import build_pretrain_config  # lazy: torch
 
     sources = corpus[0] if corpus and len(corpus) == 1 else corpus or None   # one source: as before
     flags = dict(model=model, corpus=sources, out=str(out) if out else None, max_len=max_len,

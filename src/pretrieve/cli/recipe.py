@@ -10,7 +10,7 @@ from rich.console import Console
 from rich.markdown import Markdown
 
 from pretrieve import ranks
-from pretrieve.cli import app
+from pretrieve.cli.root import app
 
 
 @app.command("run")
@@ -44,7 +44,7 @@ def run_command(
     """
     # here, not at the top: `pretrieve --help` and the torch-free commands must start without torch
 
-    from pretrieve.recipe import results_markdown, run_recipe  # heavy: keeps pretrieve --help torch-free
+    from pretrieve.recipe import results_markdown, run_recipe  # lazy: torch
 
     results = run_recipe(recipe, out=out, show_progress=progress and ranks.is_main(), redo_changed=redo_changed,
                          smoke=smoke, data_root=data_root, dist_timeout_minutes=dist_timeout_minutes)

@@ -14,7 +14,7 @@ from typing import Optional
 import typer
 from rich.console import Console
 
-from pretrieve.cli import app
+from pretrieve.cli.root import app
 from pretrieve.cli.options import (DATA_HELP, REQUIRED, SCORING_PRECISION_HELP, AllowInexactResume, Bf16,
                                    DivergenceFactor, GradientCheckpointing, LogEvery, MinLrRatio, NumWorkers, Overwrite,
                                    Precision, Resume, SaveEvery, Schedule, Seed, Steps, WarmupRatio, WarmupSteps,
@@ -68,7 +68,7 @@ def reranker_train_command(
 ) -> None:
     """Train a cross-encoder with listwise cross-entropy over each query's group (no in-batch negatives)."""
     flags = training_flags(locals())   # first: the parameters only
-    from pretrieve.train.reranker import build_reranker_config, train_reranker   # torch: not for --help
+    from pretrieve.train.reranker import build_reranker_config, train_reranker   # lazy: torch
 
     final = train_reranker(training_config(build_reranker_config, config, flags, resume))
     typer.echo(f"reranker: {final}")
@@ -90,7 +90,7 @@ def reranker_score_command(
     overwrite: bool = typer.Option(False, "--overwrite", help="Recompute even when OUT is up to date."),
 ) -> None:
     """Re-rank the top-DEPTH of every query of a run with the cross-encoder."""
-    from pretrieve.retrieval.rerank import rerank_run_file   # torch: not for --help
+    from pretrieve.retrieval.rerank import rerank_run_file   # lazy: torch
 
     path = rerank_run_file(model, resolve_data(data), split, run, out, depth=depth, batch_size=batch_size,
                            max_len=max_len, device=device, overwrite=overwrite, precision=precision,
@@ -114,7 +114,7 @@ def reranker_teacher_command(
     overwrite: bool = typer.Option(False, "--overwrite", help="Recompute even when OUT is up to date."),
 ) -> None:
     """Score every positive and negative of each group with the reranker (stage-3 distillation targets)."""
-    from pretrieve.retrieval.rerank import teacher_groups   # torch: not for --help
+    from pretrieve.retrieval.rerank import teacher_groups   # lazy: torch
 
     path = teacher_groups(model, resolve_data(data), groups, out, max_negatives=max_negatives,
                           batch_size=batch_size, max_len=max_len, device=device, overwrite=overwrite,

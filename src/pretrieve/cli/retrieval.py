@@ -27,7 +27,7 @@ from typing import Annotated, Optional
 import typer
 from rich.console import Console
 
-from pretrieve.cli import app
+from pretrieve.cli.root import app
 from pretrieve.cli.options import PASSAGE_PROMPT_HELP, QUERY_PROMPT_HELP
 from pretrieve.data.collection import BeirCollection
 from pretrieve.data.registry import resolve_collection
@@ -91,7 +91,7 @@ def _precision(precision: str, bf16: bool) -> str:
 def _load(model: str, device: str, precision: str, max_length: Optional[int] = None,
           query_max_length: Optional[int] = None, pooling: Optional[str] = None, normalize: Optional[bool] = None,
           query_prompt: Optional[str] = None, passage_prompt: Optional[str] = None):
-    from pretrieve.retrieval.load import load_retriever  # torch: keeps `pretrieve --help` and `bm25` torch-free
+    from pretrieve.retrieval.load import load_retriever  # lazy: torch
 
     retriever = load_retriever(model, device=device, precision=precision, max_length=max_length,
                                query_max_length=query_max_length, pooling=pooling, normalize=normalize,
@@ -185,7 +185,7 @@ def encode(
     overwrite: bool = typer.Option(False, "--overwrite", help="Re-encode even when the shard is current."),
 ) -> None:
     """Encode one corpus shard into OUT (skipped when it is current: same model, settings and passages)."""
-    from pretrieve.retrieval.search import build_index  # torch: keeps `pretrieve --help` and `bm25` torch-free
+    from pretrieve.retrieval.search import build_index  # lazy: torch
 
     with producing(out, directory=True):
         retriever = _load(model, device, _precision(precision, bf16), max_length=max_length, pooling=pooling,
@@ -275,7 +275,7 @@ def dense(
     score, sparse/hybrid representations); --mode picks another search of a sparse/hybrid model, --factory an
     approximate FAISS index for dense vectors.
     """
-    from pretrieve.retrieval.search import INDEX_SCRATCH  # torch: keeps `pretrieve --help` and `bm25` torch-free
+    from pretrieve.retrieval.search import INDEX_SCRATCH  # lazy: torch
 
     refuse_existing(out, overwrite)
     began = time.perf_counter()

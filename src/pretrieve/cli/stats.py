@@ -28,7 +28,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from pretrieve.cli import app
+from pretrieve.cli.root import app
 from pretrieve.cli.tokenized import DEFAULT_MAX_LEN, load_tokenizer, statistics_cache_path, tokenized_corpus
 from pretrieve.errors import InputError
 from pretrieve.provenance import write_provenance
@@ -55,7 +55,7 @@ def pmi_command(
                                        show_default="beside the token cache, where runs find them"),
 ) -> None:
     """Count the corpus n-grams (orders 1..window) once and save them for `pmi` maskers."""
-    from pretrieve.masking.pmi import corpus_statistics  # heavy: keeps pretrieve --help torch-free
+    from pretrieve.masking.pmi import corpus_statistics  # lazy: torch
 
     tokenizer = load_tokenizer(model)
     data, tokenize_s = tokenized_corpus(corpus, tokenizer, max_len, cache_dir)

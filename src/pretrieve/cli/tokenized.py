@@ -21,7 +21,7 @@ DEFAULT_MAX_LEN = 144  # pretrieve pretrain's default: the same token cache key
 
 def load_tokenizer(name: str) -> Any:
     """The tokenizer of a checkpoint directory or offline alias (``minilm``), as a clear error when absent."""
-    from transformers import AutoTokenizer  # heavy: keeps pretrieve --help torch-free
+    from transformers import AutoTokenizer  # lazy: transformers
 
     path = resolve_model(name)
     try:
@@ -36,7 +36,7 @@ def pretrain_cache_dir(override: Optional[Path]) -> Path:
     ids of text sources (``$PRETRIEVE_CACHE/pretrain`` or ``~/.cache/pretrieve/pretrain``)."""
     if override is not None:
         return override
-    from pretrieve.masking.pmi import _default_cache_dir  # heavy: keeps pretrieve --help torch-free
+    from pretrieve.masking.pmi import _default_cache_dir  # lazy: torch
 
     return _default_cache_dir()
 

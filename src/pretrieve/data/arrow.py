@@ -388,7 +388,7 @@ def groups_dataset(path: str | Path, corpus: "datasets.Dataset | str | Path | No
 
 def load(directory: str | Path) -> "datasets.Dataset":
     """Open an Arrow dataset directory memory-mapped."""
-    import datasets  # seconds to import: only where a dataset is opened or written, not with this module
+    import datasets  # lazy: datasets
 
     return datasets.load_from_disk(str(directory), keep_in_memory=False)
 
@@ -516,7 +516,7 @@ def _convert(table: str, path: Path, target: Path, settings: dict[str, Any], inp
 
 def _write_state(directory: Path, names: list[str], table: str, fingerprint: str) -> None:
     """``state.json`` and ``dataset_info.json`` as ``Dataset.save_to_disk`` writes them."""
-    import datasets  # seconds to import: only where a dataset is opened or written, not with this module
+    import datasets  # lazy: datasets
 
     state = {"_data_files": [{"filename": name} for name in names], "_fingerprint": fingerprint,
              "_format_columns": None, "_format_kwargs": {}, "_format_type": None, "_output_all_columns": False,

@@ -68,20 +68,20 @@ class BeirCollection:
     def corpus_dataset(self, num_proc: int | None = None, cache_dir: str | Path | None = None) -> "datasets.Dataset":
         """The corpus as a memory-mapped Arrow dataset: columns ``_id``, ``title``, ``text``, row ``i`` = the
         ``i``-th passage of ``corpus.jsonl`` (built once, see :mod:`pretrieve.data.arrow`)."""
-        from pretrieve.data.arrow import corpus_dataset  # on first use: see the module docstring
+        from pretrieve.data.arrow import corpus_dataset  # lazy: pyarrow
 
         return corpus_dataset(self.corpus_path, num_proc=num_proc, cache_dir=cache_dir)
 
     def corpus_index(self, num_proc: int | None = None, cache_dir: str | Path | None = None) -> "IdIndex":
         """Document id → row of :meth:`corpus_dataset` (:class:`pretrieve.data.arrow.IdIndex`, no dict of ids)."""
-        from pretrieve.data.arrow import build, id_index  # on first use: see the module docstring
+        from pretrieve.data.arrow import build, id_index  # lazy: pyarrow
 
         return id_index(build("corpus", self.corpus_path, num_proc=num_proc, cache_dir=cache_dir))
 
     def queries_dataset(self, split: str | None = None, num_proc: int | None = None,
                         cache_dir: str | Path | None = None) -> "datasets.Dataset":
         """All queries (columns ``_id``, ``text``), or those judged in ``split``, in file order, memory-mapped."""
-        from pretrieve.data.arrow import id_index, queries_dataset  # on first use: see the module docstring
+        from pretrieve.data.arrow import id_index, queries_dataset  # lazy: pyarrow
 
         dataset = queries_dataset(self.queries_path, num_proc=num_proc, cache_dir=cache_dir)
         if split is None:

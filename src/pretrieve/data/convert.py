@@ -215,7 +215,7 @@ def _missing(path: Path, line: int, field_name: str) -> str:
 def load_ir_dataset(name: str):
     """``ir_datasets.load(name)``, with a clear error when the package is missing or the name unknown."""
     try:
-        import ir_datasets  # optional: the irds extra
+        import ir_datasets  # optional: ir_datasets
     except ImportError:
         raise ConfigError(f"reading '{name}' needs the ir_datasets package, which is not installed: "
                           "pip install 'pretrieve[irds]' (or pip install ir-datasets)") from None

@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
+from pretrieve import models   # the module, not its names: models imports the data package, which imports this
 from pretrieve.data.convert import convert
 from pretrieve.data.records import default_cache_dir
 from pretrieve.errors import ConfigError, InputError
@@ -90,7 +91,7 @@ def hub_names() -> list[str]:
 
 def _irds_ids() -> set[str]:
     try:
-        import ir_datasets  # optional (comes with ranx): ~0.3 s, only when a name is not found locally
+        import ir_datasets  # optional: ir_datasets — comes with ranx; ~0.3 s, only for a name not found locally
     except ImportError:
         return set()
     return set(ir_datasets.registry)
@@ -104,9 +105,7 @@ def fetch(source: HubSource, cache_dir: str | Path | None = None) -> Path:
     offline = next((env for env in OFFLINE_ENVS if os.environ.get(env, "").strip() not in ("", "0")), None)
     what = _what_to_fetch(source)
     if offline is None and source.kind == "hf" and dataset_location(source.id) == source.id:
-        from pretrieve.models import hub_unreachable_reason  # models imports the data package: not at import time
-
-        offline = hub_unreachable_reason()   # fail in 3 s, not after huggingface_hub's five retries
+        offline = models.hub_unreachable_reason()   # fail in 3 s, not after huggingface_hub's five retries
     if offline:
         cause = f"{offline} is set" if offline in OFFLINE_ENVS else f"the Hugging Face Hub cannot be reached ({offline})"
         raise InputError(f"collection '{source.id}' is not in the cache ({target}) and {cause}: fetch {what} once "
@@ -145,13 +144,13 @@ def dataset_location(repo: str) -> str:
 
 def _load(repo: str, config: str | None = None) -> Any:
     """``{split: IterableDataset}`` of one config of ``repo``, streamed (no remote code)."""
-    import datasets  # heavy (pyarrow, fsspec): only when a Hub collection is fetched
+    import datasets  # lazy: datasets
 
     return datasets.load_dataset(dataset_location(repo), config, streaming=True)
 
 
 def _config_names(repo: str) -> list[str]:
-    import datasets  # heavy (pyarrow, fsspec): only when a Hub collection is fetched
+    import datasets  # lazy: datasets
 
     return list(datasets.get_dataset_config_names(dataset_location(repo)))
 
@@ -217,8 +216,8 @@ def irds_splits(dataset_id: str, registered: Iterable[str], has_qrels) -> dict[s
 def _quiet_irds() -> Iterator[None]:
     """While pretrieve fetches through ir_datasets: its log handlers (its own, not propagated) show WARNING and
     above only, and its tqdm bars only on a terminal (a log file gets no ``\\r`` frames; pretrieve.progress)."""
-    from ir_datasets import lazy_libs  # optional (comes with ranx): only while fetching through ir_datasets
-    from ir_datasets.log import TqdmHandler  # optional (comes with ranx): only while fetching through ir_datasets
+    from ir_datasets import lazy_libs  # optional: ir_datasets
+    from ir_datasets.log import TqdmHandler  # optional: ir_datasets
 
     tqdm_module = lazy_libs.tqdm()
     terminal = sys.stderr.isatty()
@@ -244,7 +243,7 @@ def _write_irds(dataset_id: str, out: Path) -> None:
 
 
 def _write_irds_collection(dataset_id: str, out: Path) -> None:
-    import ir_datasets  # optional (comes with ranx): only when an ir_datasets collection is fetched
+    import ir_datasets  # optional: ir_datasets
 
     def has_qrels(i: str) -> bool:
         return ir_datasets.load(i).has_qrels()

@@ -159,7 +159,7 @@ def resolve_text_source(source: str | Path | TextSource) -> TextSource:
 
 def open_text_dataset(source: TextSource):
     """The ``datasets.Dataset`` of a ``datasets`` source (memory-mapped), checked to have a ``text`` column."""
-    import datasets  # heavy: datasets, only for Hub corpora
+    import datasets  # lazy: datasets
 
     if source.name:
         try:

@@ -207,7 +207,7 @@ class ResultsTable(WrittenTable):
     def to_pandas(self, per_query: bool = False) -> "pandas.DataFrame":
         """The means as a DataFrame (index ``run``, a column per measure, floats); ``per_query=True``: one row per
         run and query (columns ``run``, ``query``, then a column per measure)."""
-        import pandas  # heavy (~0.5 s; a dependency of datasets): only when a DataFrame is asked for
+        import pandas  # lazy: pandas
 
         if per_query:
             rows = [{"run": run, "query": query, **{m: result.per_query[m][query] for m in self.measures}}
@@ -356,7 +356,7 @@ class BeirTable(ShownTable):
 
     def to_pandas(self) -> "pandas.DataFrame":
         """A DataFrame: index ``run``, columns ``(collection, measure)`` with ``("Average", measure)`` last."""
-        import pandas  # heavy (~0.5 s; a dependency of datasets): only when a DataFrame is asked for
+        import pandas  # lazy: pandas
 
         columns = self.columns() + [("Average", m) for m in self.measures]
         data = [[self.values[run][col] for col in self.columns()] + [self.average(run, m) for m in self.measures]
@@ -493,7 +493,7 @@ class CollectionsTable(WrittenTable):
     def to_pandas(self, per_query: bool = False) -> "pandas.DataFrame":
         """The means as :meth:`BeirTable.to_pandas`; ``per_query=True``: every collection's per-query rows
         (:meth:`ResultsTable.to_pandas`) with a ``collection`` column first."""
-        import pandas  # heavy (~0.5 s; a dependency of datasets): only when a DataFrame is asked for
+        import pandas  # lazy: pandas
 
         if not per_query:
             return self.beir.to_pandas()

@@ -81,7 +81,7 @@ def model_card(directory: str | Path, recipe: Mapping[str, Any] | None = None, r
     """The Markdown card of the exported retriever in ``directory`` (``recipe``: a resolved recipe; ``results``:
     its ``results.md``; ``row``: this model's row there; ``repo_id``: the hub name it will be loaded by, else its
     folder; ``metrics``: ``{collection: {measure: value}}`` of this model, the card's ``model-index``)."""
-    from huggingface_hub import ModelCardData  # heavy: huggingface_hub, only when a card is written
+    from huggingface_hub import ModelCardData  # lazy: huggingface_hub
 
     directory = Path(directory)
     info = _json(directory / "dual_encoder.json") or {}
@@ -203,7 +203,7 @@ def metrics_of(rows: Any, retriever: str | None) -> dict[str, dict[str, float]]:
 
 
 def _eval_results(metrics: Mapping[str, Mapping[str, float]] | None) -> list:
-    from huggingface_hub import EvalResult  # heavy: huggingface_hub, only when a card is written
+    from huggingface_hub import EvalResult  # lazy: huggingface_hub
 
     results = []
     for collection, values in (metrics or {}).items():

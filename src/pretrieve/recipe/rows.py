@@ -29,7 +29,7 @@ from pretrieve.errors import ConfigError
 from pretrieve.evaluation import evaluate
 from pretrieve.recipe.dev import dev_split
 from pretrieve.recipe.results import RESULT_MEASURES, result_row
-from pretrieve.recipe.runner import RunState, run_tag
+from pretrieve.recipe.runner import RunState
 from pretrieve.recipe.schema import STAGES, stage_labels
 from pretrieve.retrieval import fusion, runs
 from pretrieve.retrieval.rerank import rerank_run_file
@@ -173,7 +173,7 @@ def fusion_rows(state: RunState, collection: BeirCollection, split: str, depth: 
                 fusion.write_fused_run(sources, path, spec, tag=name, fit_inputs=fit_inputs)
 
         ranks.once(f"fuse {name}", fuse)
-        row = result_row(name, run_tag(collection.root, split), path,
+        row = result_row(name, runs.run_tag(collection.root, split), path,
                          evaluate(qrels, read_run(path), measures, ignore_identical_ids=ignore_identical_ids))
         row["fusion"] = {"runs": entry["runs"], "method": spec.describe(), "fit": fusion.fit_record(spec)}
         if entry.get("selection"):

@@ -9,9 +9,9 @@ timing each (per rank under several processes), and writes ``recipe.resolved.jso
 (:class:`pretrieve.errors.StaleOutputError`), or with ``redo_changed`` renames it to ``<dir>.replaced-<UTC time>``
 (:func:`set_aside`) and runs the stage again.
 
-The recipe's run files live in ``runs/<retriever>__<collection>[:split].trec`` (:func:`run_tag`); a retriever's
-corpus index in ``embeddings/<retriever>__<collection>`` (one per retriever and collection, shared by mining and
-evaluation), BM25's in ``bm25-index/<collection>``; both are made by :mod:`pretrieve.retrieval.runs` (called from
+The recipe's run files live in ``runs/<retriever>__<collection>[:split].trec``
+(:func:`pretrieve.retrieval.runs.run_path`); a retriever's corpus index in ``embeddings/<retriever>__<collection>``
+(one per retriever and collection, shared by mining and evaluation), BM25's in ``bm25-index/<collection>``; both are made by :mod:`pretrieve.retrieval.runs` (called from
 :mod:`pretrieve.recipe.rows`). A retriever whose corpus index of the same weights, settings and passages is already in
 the user's embedding cache (:mod:`pretrieve.retrieval.cache`: ``pretrieve.search`` put it there) searches that one
 instead of encoding the corpus again (one process only).
@@ -32,13 +32,14 @@ from typing import Any, Iterator, Mapping
 from pretrieve import ranks
 from pretrieve.data.collection import BeirCollection
 from pretrieve.errors import StaleOutputError
+from pretrieve.interrupts import TrainingTerminated, sigterm_raises
 from pretrieve.io_utils import write_json
 from pretrieve.modeling.export import export_model
 from pretrieve.modeling.model_card import metrics_of
 from pretrieve.recipe.results import write_results
 from pretrieve.recipe.schema import STAGES, stage_labels
+from pretrieve.retrieval import runs
 from pretrieve.retrieval.cache import cached_index
-from pretrieve.train.loop import TrainingTerminated, sigterm_raises
 
 logger = logging.getLogger(__name__)
 
@@ -117,14 +118,8 @@ class RunState:
         return choose
 
     def run_path(self, label: str, collection: Path, split: str) -> Path:
-        """``runs/<label>__<collection>[:split].trec``."""
-        return self.out / "runs" / f"{label}__{run_tag(collection, split)}.trec"
-
-
-def run_tag(collection: Path, split: str) -> str:
-    """How runs and result rows name a collection: its directory name, ``name:split`` for a split other than test
-    (MS MARCO dev and TREC DL 2019 are two splits of one collection)."""
-    return collection.name if split == "test" else f"{collection.name}:{split}"
+        """``runs/<label>__<collection>[:split].trec`` (:func:`pretrieve.retrieval.runs.run_path`)."""
+        return runs.run_path(self.out, label, collection, split)
 
 
 # ------------------------------------------------------------------------------------------------ stages
@@ -164,7 +159,7 @@ def run_stages(state: RunState, path: str | Path, show_progress: bool, redo_chan
 
 @contextlib.contextmanager
 def reported_interruption(label: str, index: int, total: int) -> Iterator[None]:
-    """SIGTERM (exit 143, :class:`~pretrieve.train.loop.TrainingTerminated`) and Ctrl-C (exit 130) during a stage say
+    """SIGTERM (exit 143, :class:`~pretrieve.interrupts.TrainingTerminated`) and Ctrl-C (exit 130) during a stage say
     which stage stopped and how to continue (the same command again: finished stages are reused), unless a training
     stage already said what it kept; the interruption then goes on as before."""
     with sigterm_raises():

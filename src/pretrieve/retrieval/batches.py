@@ -86,7 +86,7 @@ def quantize_int8(module: torch.nn.Module) -> torch.nn.Module:
     with warnings.catch_warnings():   # torch marks eager-mode quantisation deprecated in favour of torchao
         warnings.simplefilter("ignore", DeprecationWarning)
         warnings.simplefilter("ignore", UserWarning)
-        from torch.ao.quantization import per_channel_dynamic_qconfig, quantize_dynamic  # only for int8 quantisation (torch.ao warns when imported)
+        from torch.ao.quantization import per_channel_dynamic_qconfig, quantize_dynamic  # lazy: torch.ao.quantization
 
         return quantize_dynamic(module.cpu().eval(), {torch.nn.Linear: per_channel_dynamic_qconfig},
                                 dtype=torch.qint8, inplace=True)

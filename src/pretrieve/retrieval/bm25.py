@@ -104,14 +104,14 @@ def import_bm25s():
         saved = {name: sys.modules.get(name, missing) for name in _JAX_MODULES}
         sys.modules.update(dict.fromkeys(_JAX_MODULES))
         try:
-            import bm25s  # noqa: F401 - the first import, with JAX hidden
+            import bm25s  # noqa: F401 - lazy: bm25s — the first import, with JAX hidden
         finally:
             for name, module in saved.items():
                 if module is missing:
                     sys.modules.pop(name, None)
                 else:
                     sys.modules[name] = module
-    import bm25s  # heavy (scipy): imported above with JAX hidden, or already
+    import bm25s  # lazy: bm25s
 
     bm25s_logger = logging.getLogger("bm25s")
     bm25s_logger.setLevel(max(bm25s_logger.level, logging.WARNING))
@@ -136,7 +136,7 @@ class BM25Params:
         if self.method not in _METHODS:
             raise ConfigError(f"unknown BM25 method '{self.method}' (choose from {', '.join(_METHODS)})")
         if self.stemmer is not None:
-            import Stemmer  # PyStemmer, only when a stemmer is asked for
+            import Stemmer  # lazy: Stemmer
 
             if self.stemmer not in Stemmer.algorithms():
                 raise ConfigError(f"unknown stemmer '{self.stemmer}' (PyStemmer knows: "
@@ -158,7 +158,7 @@ def default_threads() -> int:
 def make_tokenizer(params: BM25Params):
     """The bm25s tokenizer for ``params``: lower-case, split, drop stopwords, stem."""
     bm25s = import_bm25s()
-    import Stemmer  # PyStemmer, only when a stemmer is asked for
+    import Stemmer  # lazy: Stemmer
 
     stemmer = Stemmer.Stemmer(params.stemmer) if params.stemmer else None
     return bm25s.tokenization.Tokenizer(lower=True, stopwords=params.stopwords, stemmer=stemmer)
@@ -183,7 +183,7 @@ def write_index(documents: Iterable[tuple[str, str]], directory: str | Path, par
     ``doc_ids.npy`` and ``pretrieve_bm25.json``.
     """
     import_bm25s()
-    from bm25s import scoring  # heavy: bm25s (scipy), loaded by import_bm25s first
+    from bm25s import scoring  # lazy: bm25s
 
     params = params or BM25Params()
     params.validate()

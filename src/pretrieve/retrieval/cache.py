@@ -31,6 +31,7 @@ import numpy as np
 
 from pretrieve import artifacts
 from pretrieve.data.records import user_cache_dir
+from pretrieve.retrieval.index import is_current
 
 logger = logging.getLogger(__name__)
 
@@ -70,8 +71,7 @@ def corpus_index_dir(retriever: Any, corpus_path: str | Path) -> Path:
 def cached_index(retriever: Any, corpus: Any, corpus_path: str | Path) -> Path | None:
     """The cached corpus index of ``retriever`` over ``corpus`` (read from ``corpus_path``) when it is current, else
     None (nothing is encoded here)."""
-    from pretrieve.retrieval.index import is_current  # heavy: retrieval.search pulls torch; keeps this module torch-free
-    from pretrieve.retrieval.search import _index_record  # heavy: retrieval.search pulls torch; keeps this module torch-free
+    from pretrieve.retrieval.search import _index_record  # lazy: torch
 
     root = corpus_index_dir(retriever, corpus_path)
     if not root.is_dir():

@@ -58,11 +58,11 @@ from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
 
-from pretrieve import artifacts
 from pretrieve.data.collection import BeirCollection
 from pretrieve.data.jsonl import iter_lines
-from pretrieve.data.trec import iter_run, read_run, top_k, write_run
+from pretrieve.data.trec import iter_run, read_run, top_k
 from pretrieve.errors import ConfigError, InputError
+from pretrieve.retrieval.runs import write_run_file
 
 logger = logging.getLogger(__name__)
 
@@ -185,7 +185,7 @@ def _combine(ranx_runs: list[Any], queries: Sequence[str], spec: FusionSpec,
 def _prepared(run: Run, queries: Sequence[str], depth: int, ranks: bool) -> dict[str, dict[str, float]]:
     """The run's top ``depth`` per query in trec_eval order; with ``ranks``, scores replaced by
     ``depth', …, 1`` (tie-free, so ranx ranks exactly that order)."""
-    from pretrieve.evaluation.metrics import trec_eval_ranking  # heavy: ir_measures, only when fitting (pretrieve fuse stays light)
+    from pretrieve.evaluation.metrics import trec_eval_ranking  # lazy: scipy
 
     out: dict[str, dict[str, float]] = {}
     for qid in queries:
@@ -218,8 +218,8 @@ def _to_ranx(runs: list[dict[str, dict[str, float]]], norm: str | None = None) -
     gets a placeholder no other run has, dropped after fusion)."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")   # numba's type-safety notes
-        from ranx import Run as RanxRun  # heavy: ranx pulls numba
-        from ranx import normalize  # heavy: ranx pulls numba
+        from ranx import Run as RanxRun  # lazy: ranx
+        from ranx import normalize  # lazy: ranx
 
         queries = [qid for qid in runs[0] if any(run[qid] for run in runs)]
         if not queries:
@@ -233,7 +233,7 @@ def _ranx_fuse(ranx_runs: list[Any], spec: FusionSpec) -> dict[str, dict[str, fl
     """``ranx.fuse``: rrf, or wsum of runs that :func:`_to_ranx` normalised (min-max / zmuv)."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        from ranx import fuse  # heavy: ranx pulls numba
+        from ranx import fuse  # lazy: ranx
 
         n_runs = len(ranx_runs)
         if spec.method == "rrf":
@@ -280,7 +280,7 @@ def _fit_blocks(blocks: Iterable[list[Run]], n_runs: int, qrels: Qrels, judged: 
     input run): every query's measure depends on that query's documents alone, so each block is fused and scored
     for every trial on its own and only the per-query values are kept — the memory of a fit is that of one block,
     flat in the number of fit queries. Aggregated in the qrels' order, exactly as one evaluation of every query."""
-    from pretrieve.evaluation.metrics import RunEvaluator  # heavy: ir_measures, only when fitting (pretrieve fuse stays light)
+    from pretrieve.evaluation.metrics import RunEvaluator  # lazy: scipy
 
     if split == TEST_SPLIT:
         raise ConfigError("fusion weights are fitted on training queries, never on the test split "
@@ -551,8 +551,7 @@ def write_fused_run(run_paths: Sequence[str | Path], out: str | Path, spec: Fusi
     fused = fuse_runs([read_run(path) for path in run_paths], spec)
     inputs = {f"run{i + 1}": Path(path) for i, path in enumerate(run_paths)}
     inputs.update({name: Path(path) for name, path in (fit_inputs or {}).items()})
-    with artifacts.write_file(out, kind="run", settings=fusion_settings(spec), inputs=inputs) as tmp:
-        write_run(fused, tmp, tag=tag, depth=spec.depth)
+    write_run_file(fused, out, tag=tag, depth=spec.depth, settings=fusion_settings(spec), inputs=inputs)
     return fused
 
 

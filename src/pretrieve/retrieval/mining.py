@@ -30,14 +30,14 @@ from pretrieve import artifacts
 from pretrieve.data.collection import BeirCollection
 from pretrieve.data.groups import GroupStats, groups_from_run
 from pretrieve.data.jsonl import write_jsonl
-from pretrieve.data.trec import Run, run_lines
+from pretrieve.data.trec import Run
 from pretrieve.errors import ConfigError, InputError
 from pretrieve.models import resolve_model
 from pretrieve.precision import resolve_precision
 from pretrieve.retrieval.index import SearchOptions
 from pretrieve.retrieval.batches import resolve_device
 from pretrieve.retrieval.load import Retriever
-from pretrieve.retrieval.runs import is_current, search_split
+from pretrieve.retrieval.runs import is_current, run_part, search_split
 from pretrieve.retrieval.search import search
 
 logger = logging.getLogger(__name__)
@@ -67,17 +67,19 @@ def write_group_lines(blocks: Iterable[tuple[Run, Mapping[str, Mapping[str, int]
     the blocks come, plain files (the caller makes them atomic); returns the counts."""
     stats = GroupStats()
 
-    def rows(run_handle) -> Iterator[dict[str, Any]]:
+    def rows(run_writer) -> Iterator[dict[str, Any]]:
         for run, qrels in blocks:
             groups = groups_from_run(run, qrels, queries, depth=depth)
             stats.add(groups.stats)
-            if run_handle is not None:
-                run_handle.writelines(run_lines(run, run_name or run_path, tag=tag, depth=depth))
+            if run_writer is not None:
+                for qid, docs in run.items():
+                    run_writer.write(qid, docs)
             for group in groups:
                 yield group.to_dict()
 
-    with (open(run_path, "w", encoding="utf-8") if run_path is not None else contextlib.nullcontext()) as handle:
-        write_jsonl(groups_path, rows(handle))
+    with (run_part(run_path, run_name or run_path, tag=tag, depth=depth) if run_path is not None
+          else contextlib.nullcontext()) as writer:
+        write_jsonl(groups_path, rows(writer))
     return stats
 
 
@@ -141,9 +143,8 @@ def mine_negatives(model_dir: str | Path, data: str | Path | BeirCollection, spl
                                  query_block=size, show_progress=show_progress) if searchable else {}
                     yield run, part
 
-        tag = "dense" if retriever.kind == "dense" else retriever.kind
         return write_group_lines(blocks(), queries, depth, paths[0], paths[1] if run_out is not None else None,
-                                 tag=tag, run_name=run_out)
+                                 tag=retriever.kind, run_name=run_out)
 
     def check(parts: list[GroupStats]) -> None:
         stats = GroupStats.total(parts)

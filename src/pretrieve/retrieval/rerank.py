@@ -36,7 +36,7 @@ from pretrieve.data.arrow import CorpusTexts
 from pretrieve.data.beir import Corpus
 from pretrieve.data.collection import BeirCollection
 from pretrieve.data.groups import GroupStats, TrainingGroup, iter_groups
-from pretrieve.data.trec import Run, RunWriter, iter_run, ranked_ids
+from pretrieve.data.trec import Run, iter_run, ranked_ids
 from pretrieve.errors import ConfigError, InputError
 from pretrieve.modeling.cross_encoder import CrossEncoder, tokenize_pairs, trained_max_len
 from pretrieve.models import no_remote_code
@@ -44,6 +44,7 @@ from pretrieve.precision import autocast, resolve_precision
 from pretrieve.progress import Progress
 from pretrieve.retrieval.batches import quantize_int8
 from pretrieve.retrieval.batches import resolve_device
+from pretrieve.retrieval.runs import is_current, run_part
 
 logger = logging.getLogger(__name__)
 
@@ -171,12 +172,9 @@ def rerank_run_file(model_dir: str | Path, data: str | Path, split: str, run_pat
                 "precision": resolved}
     inputs = {"model": model_dir, "run": run_path, "corpus": collection.corpus_path,
               "queries": collection.queries_path}
-    status = artifacts.check(out, settings, inputs, kind="run")
-    if ranks.broadcast(status.current and not overwrite, "check the re-ranked run"):
+    if not overwrite and is_current(out, settings, inputs, kind="run"):
         logger.info("re-ranked run %s is up to date; not recomputing", out)
         return Path(out)
-    if status.exists:
-        logger.info("recomputing %s: %s", out, status.reason)
     queries = collection.load_queries(split)
     corpus = CorpusTexts(ranks.built_once(collection.corpus_dataset))
     scorer = PairScorer(model_dir, device=device, max_len=max_len, batch_size=batch_size, precision=resolved)
@@ -198,9 +196,8 @@ def rerank_run_file(model_dir: str | Path, data: str | Path, split: str, run_pat
                 _check_known(corpus, top, run_path)
                 yield qid, top
 
-        with open(paths[0], "w", encoding="utf-8") as handle, \
+        with run_part(paths[0], out, tag="rerank", depth=depth) as writer, \
                 Progress(desc="rerank", unit="queries", disable=not show_progress) as progress:
-            writer = RunWriter(handle, out, tag="rerank", depth=depth)
             for chunk in _chunks_of_items(known_queries(), lambda item: len(item[1]), scorer.chunk_pairs):
                 passages = corpus.texts_of([doc_id for _, top in chunk for doc_id in top])
                 texts = [queries[qid] for qid, top in chunk for _ in top]

@@ -6,20 +6,29 @@ split across ranks, and the one rule naming a collection's run (:func:`run_tag`)
   ``name:split`` for a split other than the zero-shot one) and where a run of it lies (``runs/<label>__<tag>.trec``).
 * :func:`retriever_run` — the run file of a retriever (any kind: dense, sparse, hybrid, DupMAE) on a collection's
   split, ``(model, collection, split, depth, out)``: searched now unless current, i.e. made by these weights (by
-  content) from this corpus, queries and split, to this depth, in this search mode and precision, and intact.
+  content) from this corpus, queries and split, to this depth, in this search mode and precision, and intact;
+  :func:`retriever_runs`: several splits of a collection, the retriever loaded and the corpus encoded once (the
+  unsupervised [CLS] probe, :mod:`pretrieve.analysis.probe`, searches through it).
 * :func:`lexical_run_file` — a lexical engine's run file (BM25, or any engine of
   :data:`pretrieve.retrieval.index.LEXICAL_BACKENDS`: one memory-mapped index per collection, queries split by
   rank, rankings written as they come); :func:`bm25_run` / :func:`lexical_run`: the same, searched now unless
   current. :func:`bm25_negatives` — stage-1 training groups (and optionally the run) from a lexical engine's
   rankings, written the same way.
 * :func:`search_run` — a run searched in one process and written (the CLI's ``search`` and ``dense``).
-* :func:`search_split` — what both the retriever's run file and mined groups
+* :func:`write_run_file` / :func:`run_part` — the two ways every run file is written, here and by the modules that
+  make runs of their own (re-ranked: :mod:`pretrieve.retrieval.rerank`; mined: :mod:`pretrieve.retrieval.mining`;
+  fused: :mod:`pretrieve.retrieval.fusion`): a run held in memory written atomically (recorded as an artefact when
+  given its settings), or a run streamed query by query into a rank's part file (:func:`pretrieve.ranks.split_files`
+  makes the file atomic and records it). The line format is :mod:`pretrieve.data.trec`'s; no other module writes
+  run lines (``tests/test_run_writers.py``).
+* :func:`search_split` — what both the retriever's run files and mined groups
   (:func:`pretrieve.retrieval.mining.mine_negatives`) are written through: load the retriever, encode the corpus
-  into an index directory (once; a directory every rank shares is built by all of them, each a slice, and merged),
-  then each rank searches its slice of the queries (by whole search blocks, so each block is computed exactly as in
-  one process) into part files that rank 0 merges into the very files one process writes
+  (:func:`searched_index`) into an index directory (once; a directory every rank shares is built by all of them, each
+  a slice, and merged), then each rank searches its slice of the queries (by whole search blocks, so each block is
+  computed exactly as in one process) into part files that rank 0 merges into the very files one process writes
   (:func:`pretrieve.ranks.split_files`).
-* :func:`is_current` — whether an output is current, rank 0's answer on every rank.
+* :func:`is_current` — whether an output is current, rank 0's answer on every rank: the freshness check of every
+  searched run (the retriever's, a lexical engine's, the probe's, the mined and re-ranked ones).
 * :func:`model_run` — the run file of BM25 or any retriever under an evaluation directory (``pretrieve evaluate
   --model``): ``runs/<name>__<collection>[:split].trec``, its index kept beside it.
 
@@ -33,7 +42,7 @@ import contextlib
 import json
 import logging
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Sequence, TypeVar
 
 from pretrieve import artifacts, ranks
 from pretrieve.data.collection import BeirCollection
@@ -66,6 +75,28 @@ def run_path(root: str | Path, label: str, collection: str | Path, split: str, z
     return Path(root) / "runs" / f"{label}__{run_tag(collection, split, zero_shot)}.trec"
 
 
+def write_run_file(run: Run, out: str | Path, *, tag: str, depth: int | None = None,
+                   settings: Mapping[str, Any] | None = None, inputs: Mapping[str, str | Path] | None = None) -> Path:
+    """Write ``run`` (``{qid: {doc_id: score}}``) to ``out``: TREC lines (:func:`pretrieve.data.trec.write_run`: by
+    descending score, at most ``depth`` per query, run tag ``tag``), atomically; with ``settings``, recorded as a
+    ``run`` artefact made from ``inputs`` (:func:`pretrieve.artifacts.write_file`). Returns ``out``."""
+    if settings is None:
+        write_run(run, out, tag=tag, depth=depth)
+    else:
+        with artifacts.write_file(out, kind="run", settings=settings, inputs=inputs) as tmp:
+            write_run(run, tmp, tag=tag, depth=depth)
+    return Path(out)
+
+
+@contextlib.contextmanager
+def run_part(path: str | Path, out: str | Path, *, tag: str, depth: int | None = None) -> Iterator[RunWriter]:
+    """A :class:`pretrieve.data.trec.RunWriter` that streams a run query by query into ``path``, a plain part file
+    (:func:`pretrieve.ranks.split_files` merges the parts into ``out`` atomically and records it); errors name
+    ``out``."""
+    with open(path, "w", encoding="utf-8") as handle:
+        yield RunWriter(handle, out, tag=tag, depth=depth)
+
+
 def is_current(path: str | Path, settings: Mapping[str, Any], inputs: Mapping[str, str | Path],
                kind: str | None = None) -> bool:
     """Whether ``path`` is intact and was made with ``settings`` from ``inputs`` — rank 0's answer, on every rank."""
@@ -79,64 +110,125 @@ def search_split(model: str | Path, collection: BeirCollection,
                  index_dir: str | Path | Callable[[Retriever], Path] | None,
                  outputs: Sequence[Output], count: int,
                  write_part: Callable[[Retriever, Path, int, int, list[Path]], T], what: str, *, depth: int,
-                 query_block: int | None = None, batch_size: int = 64, device: str = "auto",
-                 precision: str = "auto", max_length: int | None = None, query_max_length: int | None = None,
-                 show_progress: bool = True, check: Callable[[list[T]], None] | None = None) -> list[T]:
-    """Load the retriever ``model`` (``device``, ``precision``, ``max_length``, ``query_max_length``: see
-    :func:`pretrieve.retrieval.load.load_retriever`), encode the collection's corpus into ``index_dir`` (None: a
-    temporary directory beside the first output — on the disk the user chose for the results, not the system's
-    temporary one, which may be too small for a large corpus — for one process; a callable: chosen by it once the
-    retriever is loaded), then write ``outputs`` from
-    ``count`` query items split by rank: each rank calls ``write_part(retriever, index, a, b, paths)`` for its slice
-    ``[a, b)`` of whole blocks of ``query_block`` queries (default: the search's own block for ``depth``). Returns
-    every rank's ``write_part`` result (``check`` may refuse them before anything is written)."""
-    from pretrieve.retrieval.load import load_retriever  # torch: keeps `pretrieve bm25` torch-free
-    from pretrieve.retrieval.search import encode_corpus, query_block_size, scratch_index  # torch: as above
+                 query_block: int | None = None, show_progress: bool = True,
+                 check: Callable[[list[T]], None] | None = None, **loading: Any) -> list[T]:
+    """Load the retriever ``model`` and index the collection's corpus (:func:`searched_index`, with ``loading``),
+    then write ``outputs`` from ``count`` query items split by rank: each rank calls
+    ``write_part(retriever, index, a, b, paths)`` for its slice ``[a, b)`` of whole blocks of ``query_block`` queries
+    (default: the search's own block for ``depth``). Returns every rank's ``write_part`` result (``check`` may
+    refuse them before anything is written)."""
+    scratch = Path(outputs[0][0]).parent if outputs else None
+    with searched_index(model, collection, index_dir, what, scratch=scratch, show_progress=show_progress,
+                        **loading) as (retriever, index):
+        return _split_search(retriever, index, outputs, count, write_part, what, depth=depth,
+                             query_block=query_block, check=check)
+
+
+def _split_search(retriever: Retriever, index: Path, outputs: Sequence[Output], count: int,
+                  write_part: Callable[[Retriever, Path, int, int, list[Path]], T], what: str, *, depth: int,
+                  query_block: int | None = None, check: Callable[[list[T]], None] | None = None) -> list[T]:
+    """``outputs`` written from ``count`` query items split by rank, by whole search blocks (:func:`search_split`)."""
+    from pretrieve.retrieval.search import query_block_size  # lazy: torch
+
+    return ranks.split_files(outputs, count, lambda start, end, paths: write_part(retriever, index, start, end, paths),
+                             what, check=check, unit=query_block_size(retriever, depth, query_block))
+
+
+@contextlib.contextmanager
+def searched_index(model: str | Path, collection: BeirCollection,
+                   index_dir: str | Path | Callable[[Retriever], Path] | None, what: str, *,
+                   scratch: Path | None = None, batch_size: int = 64, device: str = "auto", precision: str = "auto",
+                   max_length: int | None = None, query_max_length: int | None = None, pooling: str | None = None,
+                   normalize: bool | None = None, normalized_from: Path | None = None,
+                   show_progress: bool = True) -> Iterator[tuple[Retriever, Path]]:
+    """``(retriever, index)``: the retriever ``model`` loaded (``device``, ``precision``, ``max_length``,
+    ``query_max_length``, ``pooling``, ``normalize``: see :func:`pretrieve.retrieval.load.load_retriever`) and the
+    collection's corpus encoded into ``index_dir`` (None: a temporary directory in ``scratch`` — on the disk the
+    user chose for the results, not the system's temporary one, which may be too small for a large corpus — for one
+    process, removed after the block; a callable: chosen by it once the retriever is loaded; ``normalized_from``: the
+    unnormalised index of the same encoder, from which a cosine retriever's index is derived instead where that is
+    possible, :func:`_normalized_index`)."""
+    from pretrieve.retrieval.load import load_retriever  # lazy: torch
+    from pretrieve.retrieval.search import encode_corpus, scratch_index  # lazy: torch
 
     if ranks.active() and index_dir is None:
         raise ConfigError(f"{what} under several ranks needs a cache_dir that every rank shares (for the corpus "
                           "index)")
     retriever = load_retriever(model, device=device, precision=precision, max_length=max_length,
-                               query_max_length=query_max_length)
+                               query_max_length=query_max_length, pooling=pooling, normalize=normalize)
     if callable(index_dir):
         index_dir = index_dir(retriever)
     with contextlib.ExitStack() as stack:
-        root = (Path(index_dir) if index_dir is not None else
-                stack.enter_context(scratch_index(Path(outputs[0][0]).parent if outputs else None)))
-        index = encode_corpus(retriever, ranks.built_once(collection.corpus_dataset), root, batch_size=batch_size,
-                              show_progress=show_progress)
-        return ranks.split_files(outputs, count,
-                                 lambda start, end, paths: write_part(retriever, index, start, end, paths), what,
-                                 check=check, unit=query_block_size(retriever, depth, query_block))
+        root = Path(index_dir) if index_dir is not None else stack.enter_context(scratch_index(scratch))
+        corpus = ranks.built_once(collection.corpus_dataset)
+        index = _normalized_index(retriever, corpus, normalized_from, root) if normalized_from is not None else None
+        if index is None:
+            index = encode_corpus(retriever, corpus, root, batch_size=batch_size, show_progress=show_progress)
+        yield retriever, index
+
+
+def _normalized_index(retriever: Retriever, corpus: Any, source: Path, root: Path) -> Path | None:
+    """``root``: the index of a cosine ``retriever`` derived from ``source``, the current unnormalised index of the
+    same encoder (:func:`pretrieve.retrieval.search.normalized_index`: the same vectors as encoding again, without
+    encoding); None where it cannot be (several ranks, not a float32 normalising encoder, ``source`` not current)."""
+    from pretrieve.retrieval.search import normalized_index, normalizes_in_float32  # lazy: torch
+
+    if ranks.active() or not normalizes_in_float32(retriever):
+        return None
+    try:
+        return normalized_index(retriever, corpus, source, root)
+    except ConfigError as refused:       # the source index is missing or stale: encode instead
+        logger.info("encoding the corpus: %s", refused)
+        return None
 
 
 def retriever_run(model: str, collection: BeirCollection, split: str, depth: int, out: Path, *,
-                  index_dir: Path | Callable[[Retriever], Path],
-                  mode: str | None = None, precision: str = "auto", batch_size: int = 64, tag: str = "pretrieve",
-                  show_progress: bool = True) -> Path:
+                  index_dir: Path | Callable[[Retriever], Path], tag: str = "pretrieve", **options: Any) -> Path:
     """``out``: the retriever's top-``depth`` of every ``split`` query, searched now unless current (the corpus
-    index kept in ``index_dir``). ``mode``: a search mode of sparse/hybrid retrievers (default: as trained)."""
-    from pretrieve.precision import resolve_precision  # torch: keeps `pretrieve bm25` torch-free
-    from pretrieve.retrieval.batches import resolve_device  # torch: as above
-    from pretrieve.retrieval.search import search  # torch: as above
+    index kept in ``index_dir``; ``options``: see :func:`retriever_runs`)."""
+    return retriever_runs(model, collection, {split: out}, depth, index_dir=index_dir, tag=tag, **options)[split]
+
+
+def retriever_runs(model: str, collection: BeirCollection, outs: Mapping[str, Path], depth: int, *,
+                   index_dir: Path | Callable[[Retriever], Path], mode: str | None = None, precision: str = "auto",
+                   batch_size: int = 64, tag: str = "pretrieve", pooling: str | None = None,
+                   normalize: bool | None = None, normalized_from: Path | None = None,
+                   show_progress: bool = True) -> dict[str, Path]:
+    """``{split: out}``: the retriever's top-``depth`` of every query of each split in ``outs``, each searched now
+    unless current — the retriever loaded and the corpus encoded (into ``index_dir``) once, and only when some run is
+    not current. ``mode``: a search mode of sparse/hybrid retrievers (default: as trained); ``pooling`` /
+    ``normalize``: of a plain dense checkpoint (:func:`pretrieve.retrieval.load.load_retriever`; recorded when
+    given); ``normalized_from``: see :func:`searched_index`."""
+    from pretrieve.precision import resolve_precision  # lazy: torch
+    from pretrieve.retrieval.batches import resolve_device  # lazy: torch
+    from pretrieve.retrieval.search import search  # lazy: torch
 
     precision = resolve_precision(precision, resolve_device("auto"))
-    inputs, named = artifacts.run_inputs(model=model, corpus=collection.corpus_path, queries=collection.queries_path,
-                               qrels=collection.qrels_path(split))
-    settings = {"split": split, "depth": depth, "mode": mode, "precision": precision, **named}
-    if is_current(out, settings, inputs, kind="run"):
-        return out
-    queries = list(collection.load_queries(split).items())
+    stale = {}
+    for split, out in outs.items():
+        inputs, named = artifacts.run_inputs(model=model, corpus=collection.corpus_path,
+                                             queries=collection.queries_path, qrels=collection.qrels_path(split))
+        settings = {"split": split, "depth": depth, "mode": mode, "precision": precision, **named,
+                    **{key: value for key, value in (("pooling", pooling), ("normalize", normalize))
+                       if value is not None}}
+        if not is_current(out, settings, inputs, kind="run"):
+            stale[split] = (out, "run", settings, inputs)
+    if not stale:
+        return dict(outs)
 
-    def write_part(retriever: Retriever, index: Path, start: int, end: int, paths: list[Path]) -> None:
-        run = search(retriever, dict(queries[start:end]), index, k=depth, mode=mode, batch_size=batch_size,
-                     show_progress=show_progress)
-        write_run(run, paths[0], tag=tag)
+    with searched_index(model, collection, index_dir, f"search {tag}", batch_size=batch_size, precision=precision,
+                        pooling=pooling, normalize=normalize, normalized_from=normalized_from,
+                        show_progress=show_progress) as (retriever, index):
+        for split, output in stale.items():
+            queries = list(collection.load_queries(split).items())
 
-    search_split(model, collection, index_dir, [(out, "run", settings, inputs)], len(queries), write_part,
-                 f"search {tag}", depth=depth, batch_size=batch_size, show_progress=show_progress,
-                 precision=precision)
-    return out
+            def write_part(retriever: Retriever, index: Path, start: int, end: int, paths: list[Path]) -> None:
+                run = search(retriever, dict(queries[start:end]), index, k=depth, mode=mode, batch_size=batch_size,
+                             show_progress=show_progress)
+                write_run_file(run, paths[0], tag=tag)
+
+            _split_search(retriever, index, [output], len(queries), write_part, f"search {tag}", depth=depth)
+    return dict(outs)
 
 
 def search_run(retriever: Retriever, queries: Mapping[str, str], source: Any, out: str | Path, *, k: int, tag: str,
@@ -145,11 +237,11 @@ def search_run(retriever: Retriever, queries: Mapping[str, str], source: Any, ou
     :func:`pretrieve.retrieval.search.search` with ``search_options``) in this process and write the run to ``out``
     (TREC, atomically, at most ``k`` per query, run tag ``tag``). A write that fails for lack of space while
     searching names ``failures_at`` (the corpus index the user chose; default: nothing added)."""
-    from pretrieve.retrieval.search import search  # torch: keeps `pretrieve bm25` torch-free
+    from pretrieve.retrieval.search import search  # lazy: torch
 
     with write_failures(failures_at) if failures_at is not None else contextlib.nullcontext():
         run = search(retriever, queries, source, k=k, **search_options)
-    write_run(run, out, tag=tag, depth=k)
+    write_run_file(run, out, tag=tag, depth=k)
     return run
 
 
@@ -193,8 +285,7 @@ def lexical_run_file(data: str | Path | BeirCollection, split: str, out: str | P
                                                            scratch_dir=out.parent, show_progress=show_progress))
 
         def write_part(start: int, end: int, paths: list[Path]) -> tuple[int, int]:
-            with open(paths[0], "w", encoding="utf-8") as handle:
-                writer = RunWriter(handle, out, tag=engine, depth=k)
+            with run_part(paths[0], out, tag=engine, depth=k) as writer:
                 for qid, ranking in index.iter_search(queries[start:end], k=k, exclude_self=exclude_self,
                                                       n_threads=n_threads, show_progress=show_progress,
                                                       total=end - start):
@@ -260,8 +351,7 @@ def bm25_negatives(data: str | Path | BeirCollection, split: str, out_groups: st
                 groups_file = stack.enter_context(open(paths[0], "w", encoding="utf-8"))
                 run_writer = None
                 if run_out is not None:
-                    run_writer = RunWriter(stack.enter_context(open(paths[1], "w", encoding="utf-8")), run_out,
-                                           tag=engine, depth=depth)
+                    run_writer = stack.enter_context(run_part(paths[1], run_out, tag=engine, depth=depth))
                 for qid, ranking in index.iter_search(wanted[start:end], k=depth, n_threads=n_threads,
                                                       show_progress=show_progress, total=end - start):
                     if run_writer is not None:

@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any, Iterator, Mapping, Sequence
 
 import numpy as np
+import torch
 
 from pretrieve import artifacts, ranks
 from pretrieve.data.trec import Run
@@ -205,8 +206,6 @@ def normalized_index(retriever: Retriever, corpus: Any, source: str | Path, root
     record an encoding by ``retriever`` writes — so the two are interchangeable and either is reused while current.
     Returns ``root``; refuses (:class:`ConfigError`) when ``source`` is not such an index. One process (a launched
     run encodes with :func:`encode_corpus`)."""
-    import torch  # heavy: only when an index is derived
-
     root = Path(root)
     if ranks.active():
         raise ConfigError("normalized_index runs in one process; under several ranks use encode_corpus")

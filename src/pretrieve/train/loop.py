@@ -70,8 +70,6 @@ import contextlib
 import functools
 import json
 import logging
-import signal
-import threading
 import time
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping
@@ -82,6 +80,7 @@ from torch.optim.lr_scheduler import LambdaLR
 from transformers import get_scheduler
 
 from pretrieve import artifacts
+from pretrieve.interrupts import TrainingTerminated, sigterm_raises
 from pretrieve.io_utils import write_json
 from pretrieve.precision import MixedPrecision
 from pretrieve.progress import Progress
@@ -367,14 +366,6 @@ def train(model: torch.nn.Module, dataset, collator, config: LoopConfig, out_dir
     return final_dir
 
 
-class TrainingTerminated(SystemExit):
-    """SIGTERM while training: the process exits with 143 (128 + 15, as the signal's default action would) once
-    :func:`reported_interruptions` has said what was kept."""
-
-    def __init__(self):
-        super().__init__(128 + signal.SIGTERM)
-
-
 @contextlib.contextmanager
 def reported_interruptions(out: Path, steps_done: Callable[[], int], report: bool, progress) -> Iterator[None]:
     """Ctrl-C (``KeyboardInterrupt``: exit 130) and SIGTERM (:class:`TrainingTerminated`: exit 143) while training
@@ -390,24 +381,6 @@ def reported_interruptions(out: Path, steps_done: Callable[[], int], report: boo
                                                     else "Ctrl-C"))
                 exc.reported = True   # a recipe's stage report (pretrieve.recipe.runner) need not repeat it
             raise
-
-
-@contextlib.contextmanager
-def sigterm_raises() -> Iterator[None]:
-    """While the block runs (in the main thread), SIGTERM raises :class:`TrainingTerminated` (exit 143) instead of
-    ending the process unannounced, so that the code around it can say what was kept; the previous handler is put
-    back afterwards."""
-    previous = None
-    if threading.current_thread() is threading.main_thread():
-        def terminate(signum, frame):
-            raise TrainingTerminated()
-
-        previous = signal.signal(signal.SIGTERM, terminate)
-    try:
-        yield
-    finally:
-        if previous is not None:
-            signal.signal(signal.SIGTERM, previous)
 
 
 def interruption_message(out: Path, steps_done: int, what: str) -> str:

@@ -45,14 +45,14 @@ def arm_method(arm: str) -> tuple[str, int]:
 
 
 def _is_method(name: str) -> bool:
-    from pretrieve.train.method import PRESETS   # the registry imports torch: asked only when checking
+    from pretrieve.train.method import PRESETS   # lazy: torch
 
     return name == NO_PRETRAIN or name in PRESETS
 
 
 def check_arms(arms: Sequence[str]) -> None:
     """Every arm is ``none``, a preset the method registry knows, or ``<one of those>-aa``; none twice."""
-    from pretrieve.train.method import PRESETS   # the registry imports torch: asked only when checking
+    from pretrieve.train.method import PRESETS   # lazy: torch
 
     if not arms:
         raise ConfigError("give at least one method")

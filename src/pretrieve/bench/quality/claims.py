@@ -33,8 +33,9 @@ Where the pre-registration leaves a detail open, the reading taken here (its ame
 * "Coverage tracks retrieval quality": one point per first-seed checkpoint of the primary base with the [CLS]
   representation (Tiers 1, 2a and 2d, pending until all three have them; ``none`` once), Spearman ρ and its
   two-sided permutation p (exact where n! ≤ 100,000).
-* "BoW ≈ enhanced decoding at MLM cost": pre-training samples/s of ``bow`` over ``mlm`` from the trainer logs
-  (mean over seeds; timings of a shared machine, so read with care).
+* "BoW ≈ enhanced decoding at MLM cost": pre-training samples/s of ``bow`` over ``mlm`` measured on one machine,
+  both arms in one ``pretrieve bench pretrain`` run at the tier's shape, batch and length (``cost``, amendment 15);
+  without that report, the trainer logs' means over seeds (which mix machines: read with care).
 * "pretrieve's methods vs TSDAE": judged against H1 on the primary base (the base both ran).
 * "DupMAE CLS+OT > CLS": Tier 2c's ``retromae`` (CLS+OT) against Tier 1's ``retromae`` (CLS), over the seeds both
   finished, paired per query; comparable only if the two tiers' settings differ in nothing but the
@@ -384,24 +385,62 @@ def coverage_tracks_quality(tiers: Mapping[str, Tier], alpha: float) -> dict[str
     return result
 
 
-def bow_cost(tiers: Mapping[str, Tier], margin: float) -> dict[str, Any]:
+def read_cost_report(path: str | Path) -> dict[str, Any]:
+    """The ``bow``/``mlm`` cost measured by ``pretrieve bench pretrain --presets mlm,bow --out FILE`` (its
+    ``FILE.json``) on one machine, both arms in one run: the wall-time throughput ratio and where it was measured."""
+    path = Path(path)
+    try:
+        report = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise InputError("no such file", path=path, field="cost") from None
+    except json.JSONDecodeError as exc:
+        raise InputError(f"not JSON ({exc.msg})", path=path, line=exc.lineno, field="cost") from None
+    try:
+        result = report["results"][0]
+        ratio = float(result["ratios"]["throughput_vs_mlm"]["bow"])
+        speed = {arm: float(result["rows"][arm]["samples_per_s"]) for arm in ("bow", "mlm")}
+        environment = report["environment"]
+    except (KeyError, IndexError, TypeError, ValueError):
+        raise InputError("not a `pretrieve bench pretrain` report with the presets mlm and bow", path=path,
+                         field="cost") from None
+    settings = result.get("settings", {})
+    where = (f"{environment.get('processor') or 'unknown CPU'}, {environment.get('cpu_count')} cores, "
+             f"{settings.get('device_name') or settings.get('device') or 'cpu'}, {environment.get('date')}")
+    return {"ratio": ratio, "samples_per_s": speed, "machine": where, "shape": result.get("shape"),
+            "batch_size": settings.get("batch_size"), "max_len": settings.get("max_len"),
+            "steps": settings.get("steps"), "source": path.name}
+
+
+def bow_cost(tiers: Mapping[str, Tier], margin: float, measured: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """``measured``: :func:`read_cost_report` (one machine, both arms in one run — amendment 15); without it the
+    ratio of the trainer logs' mean samples/s over seeds, which mixes machines (claims-audit-3 F7)."""
     rule = (f"confirmed: bow pre-trains at ≥ {COST_RATIO}× mlm's samples/s and the lower CI bound of bow − retromae "
             f"> −{margin}; refuted: the upper CI bound of bow − retromae < −{margin}; otherwise undecided")
     claim = "BoW ≈ enhanced decoding at MLM cost"
     tier = tiers.get("tier1")
     e = _evidence(tier, "bow-retromae", "SPLADE-tiny: bow − retromae") if tier else None
-    speed = {arm: ((tier.summary["methods"].get(arm) or {}).get("pretrain") or {}).get("samples_per_s")
-             for arm in ("bow", "mlm")} if tier else {}
-    if e is None or not speed.get("bow") or not speed.get("mlm"):
-        return _claim("cost", claim, rule, PENDING, [e])
-    ratio = speed["bow"] / speed["mlm"]
-    cost = {"label": "pre-training samples/s, bow / mlm", "tier": tier.name, "ratio": ratio,
-            "inputs": [[tier.name, "bow"], [tier.name, "mlm"]],
-            "samples_per_s": speed}
+    if measured is not None:
+        ratio, speed = measured["ratio"], dict(measured["samples_per_s"])
+        cost = {"label": f"pre-training samples/s, bow / mlm ({measured['shape']}, batch {measured['batch_size']} × "
+                         f"{measured['max_len']} tokens, one run on {measured['machine']})",
+                "tier": "bench pretrain", "ratio": ratio, "samples_per_s": speed, "machine": measured["machine"],
+                "source": measured["source"]}
+        notes = []
+    else:
+        speed = {arm: ((tier.summary["methods"].get(arm) or {}).get("pretrain") or {}).get("samples_per_s")
+                 for arm in ("bow", "mlm")} if tier else {}
+        if not speed.get("bow") or not speed.get("mlm"):
+            return _claim("cost", claim, rule, PENDING, [e])
+        ratio = speed["bow"] / speed["mlm"]
+        cost = {"label": "pre-training samples/s, bow / mlm", "tier": tier.name, "ratio": ratio,
+                "inputs": [[tier.name, "bow"], [tier.name, "mlm"]], "samples_per_s": speed}
+        notes = ["samples/s are the trainer logs' means over seeds run on different machines (a GPU among them): "
+                 "read with care; `--cost` gives one machine's measurement"]
+    if e is None:
+        return _claim("cost", claim, rule, PENDING, [e, cost], notes)
     verdict = "confirmed" if ratio >= COST_RATIO and e["ci_low"] > -margin else \
         "refuted-at-this-scale" if e["ci_high"] < -margin else "undecided"
-    return _claim("cost", claim, rule, verdict, [e, cost],
-                  ["samples/s come from the trainer's logs on a machine shared with other jobs"])
+    return _claim("cost", claim, rule, verdict, [e, cost], notes)
 
 
 def versus_tsdae(tiers: Mapping[str, Tier], h1: Mapping[str, Any], margin: float, alpha: float) -> dict[str, Any]:
@@ -539,11 +578,13 @@ def _require_seeds(claim: dict[str, Any], tiers: Mapping[str, Tier],
 
 def decide_claims(tiers: Mapping[str, Tier], margin: float = 0.02, alpha: float = 0.05,
                   seeds: Mapping[str, int] | None = PREREGISTERED_SEEDS,
-                  scratch_mlm: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """Every row of the pre-registered decision table, with its evidence; the A/A row alone if that control
-    failed. ``seeds``: the seeds per arm each tier needs before a row is decided (``None``: decide with what there
-    is — smoke runs, interim looks). ``scratch_mlm``: ``pretrieve analyze mlm-accuracy``'s report on the
-    from-scratch base (its gate)."""
+                  scratch_mlm: Mapping[str, Any] | None = None,
+                  cost: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """Every row of the pre-registered decision table, with its evidence, and the descriptive sensitivity lines
+    (:func:`sensitivity`); the A/A row alone if that control failed. ``seeds``: the seeds per arm each tier needs
+    before a row is decided (``None``: decide with what there is — smoke runs, interim looks). ``scratch_mlm``:
+    ``pretrieve analyze mlm-accuracy``'s report on the from-scratch base (its gate). ``cost``:
+    :func:`read_cost_report`, the cost row's one-machine measurement."""
     aa = _require_seeds(aa_control(tiers, alpha), tiers, seeds)
     inputs = {name: {"out": str(tier.out), "base": tier.settings.get("base"),
                      "methods": {arm: {"status": entry["status"], "seeds": entry["seeds"]}
@@ -556,12 +597,59 @@ def decide_claims(tiers: Mapping[str, Tier], margin: float = 0.02, alpha: float 
     h1 = beats(tiers, "mlm", margin, alpha, scratch_mlm)
     rows = [h1, beats(tiers, "none", margin, alpha, scratch_mlm), coverage_rises(tiers),
             coverage_tracks_quality(tiers, alpha),
-            bow_cost(tiers, margin), versus_tsdae(tiers, h1, margin, alpha),
+            bow_cost(tiers, margin, cost), versus_tsdae(tiers, h1, margin, alpha),
             *dupmae_representation(tiers, margin, alpha), pmi_masking(tiers, margin, alpha),
             budget_sensitivity(tiers, margin, alpha), minilm_gains(tiers, alpha)]
     claims = [_require_seeds(row, tiers, seeds) for row in rows] + [aa]
     return {"margin": margin, "alpha": alpha, "measure": PRIMARY, "inputs": inputs, "withheld": False,
-            "seeds_required": dict(seeds or {}), "claims": claims}
+            "seeds_required": dict(seeds or {}), "claims": claims, "sensitivity": sensitivity(tiers)}
+
+
+# -- descriptive lines beside the decisions ---------------------------------------------------------------------
+
+#: The contrasts whose per-fold estimates are shown beside the pooled decision (claims-audit-3 F1).
+SENSITIVITY_CONTRASTS = (("retromae", "mlm"), ("retromae", "none"), ("bow", "mlm"), ("bow", "none"),
+                         ("mlm-aa", "mlm"))
+
+
+def _arm_matrix(tier: Tier, arms: Sequence[str], keys: Sequence[Any]) -> np.ndarray:
+    """Seeds × queries of one arm (or of several arms' seeds stacked as one arm); a missing query scores 0."""
+    return np.array([[tier.per_query(arm, seed).get(key, 0.0) for key in keys]
+                     for arm in arms for seed in tier.seeds(arm)], dtype=np.float64)
+
+
+def sensitivity(tiers: Mapping[str, Tier]) -> list[dict[str, Any]]:
+    """Descriptive estimates beside the registered ones (no rule reads them; claims-audit-3 F1, F2): for each tier
+    with per-query records, each :data:`SENSITIVITY_CONTRASTS` contrast within each fold alone (the queries of one
+    fold, scored by the model fine-tuned on the other split), and ``retromae`` against every MLM run of the tier —
+    ``mlm`` and its A/A arm ``mlm-aa``, the same method under other seeds — pooled over the folds. Same paired
+    multi-bootstrap as the decisions; p is unadjusted."""
+    lines: list[dict[str, Any]] = []
+    for tier in tiers.values():
+        done = [a for a, entry in tier.summary["methods"].items() if entry.get("status") == "done" and tier.seeds(a)
+                and all(((tier.record(a, seed) or {}).get("scores") or {}).get(tier.in_domain)
+                        for seed in tier.seeds(a))]
+        keys = list(dict.fromkeys(key for arm in done for seed in tier.seeds(arm)
+                                  for key in tier.per_query(arm, seed)))
+        folds = list(dict.fromkeys(key[0] for key in keys if isinstance(key, tuple)))
+        for a, b in SENSITIVITY_CONTRASTS:
+            if a not in done or b not in done:
+                continue
+            for fold in folds:
+                in_fold = [key for key in keys if isinstance(key, tuple) and key[0] == fold]
+                lines.append(_bootstrap_evidence(f"{TIER_TITLES[tier.name]}: {a} − {b}, fold {fold} only",
+                                                 [(tier.name, a), (tier.name, b)], _arm_matrix(tier, [a], in_fold),
+                                                 _arm_matrix(tier, [b], in_fold), None, "queries", fold=fold))
+        mlm_runs = [arm for arm in ("mlm", "mlm-aa") if arm in done]
+        if "retromae" in done and len(mlm_runs) == 2:
+            strata = [key[0] if isinstance(key, tuple) else "all" for key in keys]
+            runs = sum(len(tier.seeds(arm)) for arm in mlm_runs)
+            lines.append(_bootstrap_evidence(f"{TIER_TITLES[tier.name]}: retromae − all {runs} MLM runs (mlm and "
+                                             "mlm-aa), pooled", [(tier.name, "retromae"), (tier.name, "mlm"),
+                                                                 (tier.name, "mlm-aa")],
+                                             _arm_matrix(tier, ["retromae"], keys), _arm_matrix(tier, mlm_runs, keys),
+                                             strata, "queries", fold="pooled"))
+    return lines
 
 
 # -- the table --------------------------------------------------------------------------------------------------
@@ -610,6 +698,13 @@ def claims_markdown(table: Mapping[str, Any]) -> str:
         notes = "".join(f"<br>*{note}*" for note in claim["notes"])
         so_far = f" (so far: {claim['interim']})" if claim.get("interim") else ""
         lines.append(f"| {claim['claim']} | {evidence}{notes} | **{claim['verdict']}**{so_far} |")
+    if table.get("sensitivity"):
+        lines += ["", "## Sensitivity (descriptive: no rule reads these lines)", "",
+                  "Each contrast within one fold — fold `A:B` fine-tunes on split A and scores split B's queries "
+                  "(SciFact's `train:test` is its canonical test split) — and retromae against every MLM run of the "
+                  "tier (`mlm` and its A/A arm `mlm-aa`: the same method under other seeds), pooled over the folds. "
+                  "Same paired multi-bootstrap as the decisions, p unadjusted.", ""]
+        lines += [f"* {_describe(e)}" for e in table["sensitivity"]]
     lines += ["", "## Rules", ""] + [f"* **{c['claim']}** — {c['rule']}." for c in table["claims"]]
     lines += ["", "## Inputs", ""]
     for name, tier in table["inputs"].items():
@@ -621,15 +716,34 @@ def claims_markdown(table: Mapping[str, Any]) -> str:
     return "\n".join(lines)
 
 
+JSON_DIGITS = 12
+
+
+def _rounded(value: Any) -> Any:
+    """Floats to :data:`JSON_DIGITS` significant digits, everywhere in a JSON-able value: the BLAS's summation
+    order (which depends on its thread count) moves the 16th digit (claims-audit-3 F5), and the file should be
+    byte-identical wherever it is rebuilt; a float within 1e-12 of 0 (a difference of equal sums) is 0."""
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            return value
+        return 0.0 if abs(value) < 10.0 ** -JSON_DIGITS else float(f"{value:.{JSON_DIGITS}g}")
+    if isinstance(value, dict):
+        return {key: _rounded(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_rounded(item) for item in value]
+    return value
+
+
 def write_claims(table: Mapping[str, Any], prefix: str | Path) -> list[Path]:
-    """``PREFIX.md`` and ``PREFIX.json``, each written atomically; returns the paths."""
+    """``PREFIX.md`` and ``PREFIX.json`` (floats to 12 significant digits), each written atomically; returns the
+    paths."""
     prefix = Path(prefix)
     md, js = prefix.with_name(prefix.name + ".md"), prefix.with_name(prefix.name + ".json")
-    write_json(js, table)
+    write_json(js, _rounded(table))
     with atomic_open(md) as handle:
         handle.write(claims_markdown(table))
     return [md, js]
 
 
-__all__ = ["TIERS", "Tier", "load_tier", "read_mlm_gate", "decide_claims", "claims_markdown", "write_claims",
+__all__ = ["TIERS", "Tier", "load_tier", "read_mlm_gate", "read_cost_report", "decide_claims", "sensitivity", "claims_markdown", "write_claims",
            "spearman"]

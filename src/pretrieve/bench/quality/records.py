@@ -44,6 +44,9 @@ import time
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
+import torch
+import transformers
+
 from pretrieve import __version__
 from pretrieve.bench.quality.settings import fold_dir
 from pretrieve.errors import ConfigError, InputError
@@ -146,9 +149,6 @@ def code_version() -> dict[str, Any]:
 def machine(threads: int | None = None) -> dict[str, Any]:
     """Where a cell ran: CPU model and the instruction sets that change its speed and bf16 numerics, cores, the
     torch intra-op threads, the accelerator (if any) and the library versions."""
-    import torch  # heavy: only to record the versions
-    import transformers  # heavy: only to record the versions
-
     cpu, flags = platform.processor() or platform.machine(), set()
     try:
         for line in Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace").splitlines():

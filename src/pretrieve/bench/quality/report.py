@@ -298,9 +298,9 @@ def _pvalue_section(methods: Mapping[str, Any], names: Sequence[str]) -> list[st
 def plot_results(summary: Mapping[str, Any], path: str | Path, measure: str = PRIMARY) -> None:
     """Grouped bars: one group per collection (+ avg), one bar per method, std over seeds as error bars."""
     # only when plotting; the object API, no pyplot: a notebook's backend is left alone
-    from matplotlib import colormaps  # heavy: matplotlib, only for the figure
-    from matplotlib.backends.backend_agg import FigureCanvasAgg  # heavy: matplotlib, only for the figure
-    from matplotlib.figure import Figure  # heavy: matplotlib, only for the figure
+    from matplotlib import colormaps  # lazy: matplotlib
+    from matplotlib.backends.backend_agg import FigureCanvasAgg  # lazy: matplotlib
+    from matplotlib.figure import Figure  # lazy: matplotlib
 
     groups = [*summary["collections"], "avg"]
     methods = [(m, e) for m, e in summary["methods"].items() if e["seeds"]]

@@ -32,11 +32,12 @@ from pretrieve.evaluation import compare, evaluate, parse_measures
 from pretrieve.options import join_path
 from pretrieve.recipe.results import RESULT_MEASURES, result_row
 from pretrieve.recipe.rows import bm25_run, fusion_rows, retriever_run, stage_rows
-from pretrieve.recipe.runner import RunState, run_tag
+from pretrieve.recipe.runner import RunState
 from pretrieve.recipe.schema import split_collection, stage, stage_labels
 from pretrieve.retrieval.index import SEARCH_MODES
 from pretrieve.retrieval.load import retriever_kind
 from pretrieve.retrieval.rerank import rerank_run_file
+from pretrieve.retrieval.runs import run_tag
 
 
 @dataclass

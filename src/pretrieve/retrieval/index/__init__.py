@@ -55,14 +55,16 @@ import re
 import struct
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator, Mapping, Protocol, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Mapping, Protocol, Sequence
 
 import numpy as np
-import scipy.sparse as sp
 
 from pretrieve import artifacts
 from pretrieve.errors import ConfigError, InputError
 from pretrieve.io_utils import write_json
+
+if TYPE_CHECKING:
+    import scipy.sparse as sp
 
 INDEX_FORMAT = "pretrieve-index/1"
 ARTIFACT_KIND = "index"
@@ -394,6 +396,8 @@ def write_parts(directory: str | Path, windows: Iterable[Mapping[str, Any]],
     """Stream windows of outputs (name → ``[n, w]`` array or CSR ``[n, V]``) into ``directory`` as they come:
     arrays to ``<name>.npy`` (float32, or int32 for integer parts), CSR parts to their arrays. Returns the number
     of rows. ``columns`` gives the vocabulary size of sparse parts (term-id width) when known."""
+    import scipy.sparse as sp  # lazy: scipy
+
     directory = Path(directory)
     writers: dict[str, Any] = {}
     rows = 0
@@ -449,6 +453,8 @@ class _CsrWriter:
 
 def load_csr(directory: str | Path, name: str) -> sp.csr_matrix:
     """Read a sparse part written by :func:`write_parts` (term ids widened to int32 for scipy's products)."""
+    import scipy.sparse as sp  # lazy: scipy
+
     directory = Path(directory)
     rows, columns = (int(size) for size in np.load(directory / f"{name}.shape.npy"))
     data = np.load(directory / f"{name}.data.npy")

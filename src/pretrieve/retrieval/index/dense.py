@@ -64,7 +64,7 @@ def _faiss():
 def optional_faiss():
     """The ``faiss`` module, or None when it is not installed (exact search then runs through torch)."""
     try:
-        import faiss  # optional: the faiss extra
+        import faiss  # optional: faiss
     except ImportError:
         return None
     return faiss
@@ -194,7 +194,7 @@ def exact_engine(use_gpu: bool | None) -> tuple[str, str]:
     ``use_gpu=True`` and only torch sees a GPU. Without FAISS: torch on CUDA when torch sees a GPU and ``use_gpu``
     is not False, else torch on the CPU. ``use_gpu=True`` with no GPU at all is a ConfigError.
     """
-    import torch  # heavy: keeps FAISS search torch-free
+    import torch  # lazy: torch
 
     faiss = optional_faiss()
     torch_gpu = torch.cuda.is_available()
@@ -257,7 +257,7 @@ def _faiss_block_search(metric: str, device: str):
 def _torch_block_search(metric: str, device: str, block_elements: int = DEFAULT_BLOCK_ELEMENTS):
     """``(queries, block, depth) -> (scores, rows)`` through torch on ``device``: full-precision float32 products
     (no TF32), queries in chunks of at most ``block_elements`` scores, best first, ties by row."""
-    import torch  # heavy: keeps FAISS search torch-free
+    import torch  # lazy: torch
 
     def search(queries: np.ndarray, block: np.ndarray, depth: int) -> tuple[np.ndarray, np.ndarray]:
         vectors = torch.from_numpy(block).to(device)
@@ -281,7 +281,7 @@ def _torch_block_search(metric: str, device: str, block_elements: int = DEFAULT_
 def top_k_by_row(scores, k: int):
     """Per row of a torch ``scores [Q, N]``, the ``k`` largest ``(values, columns)``, best first, ties by column —
     the lower columns of a tie at the cut are the ones kept (``torch.topk`` alone keeps any of them)."""
-    import torch  # heavy: keeps FAISS search torch-free
+    import torch  # lazy: torch
 
     values, columns = torch.topk(scores, k, dim=1)
     cut = values[:, -1:]
@@ -299,7 +299,7 @@ def top_k_by_row(scores, k: int):
 @contextlib.contextmanager
 def _full_float32():
     """float32 matrix products at full precision (no TF32 / bf16 passes) for the duration."""
-    import torch  # heavy: keeps FAISS search torch-free
+    import torch  # lazy: torch
 
     saved = torch.get_float32_matmul_precision()
     torch.set_float32_matmul_precision("highest")
