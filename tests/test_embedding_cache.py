@@ -80,7 +80,7 @@ def test_encode_reuses_a_long_list_of_texts(tiny_bert_dir, tmp_path, monkeypatch
 
 def test_progress_is_shown_by_default_without_logging_configured(tiny_bert_dir, tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("PRETRIEVE_CACHE", str(tmp_path / "cache"))
-    monkeypatch.setattr(logging.getLogger("pretrieve.retrieval.batches"), "hasHandlers", lambda: False)
+    monkeypatch.setattr(logging.getLogger("pretrieve.progress"), "hasHandlers", lambda: False)
     data = write_collection(tmp_path / "data" / "tiny")
     pretrieve.search(tiny_bert_dir, data, k=5, batch_size=8)
     assert "encode passages: 40/40 texts (100%)" in capsys.readouterr().err

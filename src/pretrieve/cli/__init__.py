@@ -73,6 +73,9 @@ def configure_logging(verbose: bool = False) -> None:
     # "Loading weights" bars; ours show the work's progress. Applied when transformers is imported, so that
     # commands that never load a model (bm25, evaluate, data, --help) never pay for importing it.
     when_imported("transformers.utils.logging", lambda hf_logging: hf_logging.disable_progress_bar())
+    if not sys.stderr.isatty():   # a log file gets pretrieve's progress lines (pretrieve.progress), no tqdm frames
+        when_imported("datasets.utils.logging", lambda ds_logging: ds_logging.disable_progress_bar())
+        when_imported("huggingface_hub.utils", lambda hub_utils: hub_utils.disable_progress_bars())
     if not verbose:
         loader = logging.getLogger("transformers.modeling_utils")
         if not any(isinstance(f, CompactLoadReport) for f in loader.filters):
@@ -166,7 +169,7 @@ def _root(verbose: bool = typer.Option(False, "--verbose", "-v", help="Debug log
 # The command modules register their commands on `app` (pretrieve.cli.root) when imported, in this order: the
 # order of `--help`.
 from pretrieve.cli import (data, retrieval, evaluate, fuse, pretrain, finetune, mine, rerank,  # noqa: E402,F401
-                           analyze, stats, bench, bench_quality, recipe, init_model, export)
+                           analyze, stats, bench, bench_quality, recipe, init_model, export, cache)
 
 
 def print_error(message: str) -> None:

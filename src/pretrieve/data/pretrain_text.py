@@ -54,7 +54,6 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import numpy as np
-from tqdm.auto import tqdm
 
 from pretrieve import artifacts
 from pretrieve.data.beir import iter_corpus
@@ -62,6 +61,7 @@ from pretrieve.data.jsonl import _open_binary, iter_jsonl, iter_lines, require_s
 from pretrieve.data.parallel import byte_ranges, located_in_part, part_count, resolve_num_proc, run_parts
 from pretrieve.data.records import join_title, parse_document
 from pretrieve.errors import InputError
+from pretrieve.progress import Progress
 
 logger = logging.getLogger(__name__)
 
@@ -439,7 +439,7 @@ def _tokenize_to(directory: Path, sources: list[TextSource], units: list[_Unit],
     dtype = np.dtype(units[0].dtype) if units else np.dtype(np.uint16)
     units = [dataclasses.replace(unit, out=str(directory / unit.out)) for unit in units]
     logger.info("tokenizing %s (%d parts, %d processes)", ", ".join(map(str, sources)), len(units), num_proc)
-    progress = tqdm(total=len(units), desc="tokenizing", unit=" parts", disable=not show_progress)
+    progress = Progress(total=len(units), desc="tokenizing", unit=" parts", disable=not show_progress)
     results = run_parts(_tokenize_unit, units, num_proc, initializer=_set_tokenizer, initargs=(tokenizer,),
                         on_result=lambda _: progress.update(1))
     progress.close()

@@ -17,7 +17,9 @@ download; :func:`pretrieve.data.convert.convert` with ``titles``), with the quer
 names for every command, the recipe runner and the Python API: a path is used as given; a name is looked for under
 the data roots of :func:`data_roots` (``--data-root`` / ``data_root=``, a recipe's ``data_root``,
 ``$PRETRIEVE_DATA``, ``../shared/data`` beside a source checkout), then in the download cache, and a name of the
-registry found nowhere is downloaded into that cache. :func:`check_collection` validates a directory and counts
+registry found nowhere is downloaded into that cache; a Hugging Face Hub or ir_datasets name (``BeIR/scifact``,
+``mteb/scifact``, ``beir/scifact/test``) is fetched once into the cache by :mod:`pretrieve.data.hub`, and a mistyped
+name gets the closest known one (:func:`did_you_mean`). :func:`check_collection` validates a directory and counts
 what it holds (the ``pretrieve data check`` command).
 
 Nothing here reaches the network unless a known name is found nowhere yet. Set ``PRETRIEVE_OFFLINE=1``
@@ -29,6 +31,7 @@ from __future__ import annotations
 
 import ast
 import csv
+import difflib
 import gzip
 import hashlib
 import http.client
@@ -47,6 +50,7 @@ from typing import Any, Mapping
 from pretrieve.data.beir import check_qrels, iter_corpus, load_qrels, load_queries
 from pretrieve.data.collection import BeirCollection
 from pretrieve.data.convert import convert
+from pretrieve.data.hub import fetch, hub_names, hub_source
 from pretrieve.data.pretrain_text import split_corpus
 from pretrieve.data.records import default_cache_dir
 from pretrieve.errors import InputError
@@ -254,7 +258,9 @@ def resolve_corpus(value: str | Path | list, *, data_root: str | Path | None = N
 
 
 def _resolve_corpus_source(text: str, data_root: str | Path | None) -> str:
-    if text.startswith("hf:") or "@" in text or _looks_like_path(text) or Path(text).exists():
+    if text.startswith("hf:") or "@" in text or Path(text).exists():
+        return text
+    if _looks_like_path(text) and hub_source(text) is None:   # a Hub or ir_datasets collection resolves as a name
         return text
     return str(resolve_collection(text, data_root=data_root))
 
@@ -276,10 +282,17 @@ def resolve_collections(names: list[str | Path], recipe: Mapping[str, Any] | Non
             found[name] = path
             continue
         places = ", ".join(map(str, looked))
+        source = None if name.lower() in KNOWN_COLLECTIONS else hub_source(name)
         if Path(os.path.expandvars(name)).expanduser().is_file():
             problems.append(f"'{name}': expected a collection directory (BEIR layout), got a file")
+        elif source is not None:   # the Hugging Face Hub or ir_datasets (pretrieve.data.hub)
+            try:
+                found[name] = fetch(source, cache_dir)
+            except InputError as exc:
+                problems.append(str(exc))
+            continue
         elif _looks_like_path(name):
-            problems.append(f"'{name}': collection directory not found")
+            problems.append(f"'{name}': collection directory not found{did_you_mean(name, [])}")
         elif name.lower() in KNOWN_COLLECTIONS:
             try:
                 found[name] = fetch_collection(name, cache_dir)
@@ -288,7 +301,7 @@ def resolve_collections(names: list[str | Path], recipe: Mapping[str, Any] | Non
             continue
         else:
             unknown = True
-            problems.append(f"unknown collection '{name}' (looked in {places})")
+            problems.append(f"unknown collection '{name}' (looked in {places}){did_you_mean(name, looked)}")
         hint = True
     if problems:
         known = f"; known collections: {', '.join(KNOWN_COLLECTIONS)}" if unknown else ""
@@ -299,10 +312,21 @@ def resolve_collections(names: list[str | Path], recipe: Mapping[str, Any] | Non
     return found
 
 
+def did_you_mean(name: str, looked: list[Path]) -> str:
+    """``; did you mean 'scifact'?`` for a mistyped name: the closest of the registry's names, the collections in
+    the folders looked in (``looked``: ``<root>/<name>`` each) and the ir_datasets ids (empty when none is close)."""
+    local = [p.name for place in looked if place.parent.is_dir() for p in place.parent.iterdir() if _has_corpus(p)]
+    close = difflib.get_close_matches(name, [*KNOWN_COLLECTIONS, *local, *hub_names()], n=1, cutoff=0.75)
+    return f"; did you mean '{close[0]}'?" if close else ""
+
+
 def fetch_collection(name: str, cache_dir: str | Path | None = None) -> Path:
     """Download the files of a known collection into ``cache_dir/.downloads`` (resumed, checksummed) and build the
-    collection in ``cache_dir/<name>`` from them, unless already there."""
+    collection in ``cache_dir/<name>`` from them, unless already there (a Hub or ir_datasets name:
+    :func:`pretrieve.data.hub.fetch`)."""
     info = KNOWN_COLLECTIONS.get(name.lower())
+    if info is None and (source := hub_source(name)) is not None:
+        return fetch(source, cache_dir)
     if info is None:
         raise InputError(f"unknown collection '{name}'; known collections: {', '.join(KNOWN_COLLECTIONS)}")
     root = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()

@@ -3,7 +3,9 @@ run) and BEIR-style multi-collection tables (rows = runs, columns = collection �
 
 Both render to markdown (4-decimal values) and to a JSON-ready dict holding everything (means,
 p-values, optionally per-query scores). Rendering for the terminal lives in the CLI; it reads the same
-:class:`ResultsTable`.
+:class:`ResultsTable`. As data: ``to_pandas()`` (a DataFrame of the means, or of the per-query scores); in a
+notebook a table shows its means (``repr``: the markdown table, ``_repr_html_``: an HTML table with the legend),
+never the dataclass fields.
 
 Marks: ``†`` = significantly different from the baseline (first run) at ``alpha``; ``▲``/``▼`` = the
 run's mean is higher/lower than the baseline's. Only significant differences are marked. When several runs are
@@ -18,10 +20,11 @@ p-values, and a pairwise section lists each pair's Δ = b − a, p and Holm p.
 
 from __future__ import annotations
 
+import html
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 import numpy as np
 from scipy import stats
@@ -31,6 +34,9 @@ from pretrieve.evaluation.metrics import EvalResult
 from pretrieve.evaluation.significance import (DEFAULT_ALPHA, DEFAULT_PERMUTATIONS, TESTS, SignificanceResult,
                                                check_alpha, compare, holm_family)
 from pretrieve.io_utils import atomic_open, write_json
+
+if TYPE_CHECKING:
+    import pandas
 
 SIGNIFICANCE_MARK = "†"
 UP, DOWN = "▲", "▼"
@@ -56,7 +62,31 @@ def significance_mark(result: SignificanceResult | None) -> str:
     return SIGNIFICANCE_MARK + (UP if result.direction > 0 else DOWN if result.direction < 0 else "")
 
 
-class WrittenTable:
+class ShownTable:
+    """How a table shows itself in a console and a notebook: its means grid (:meth:`grid`) and legend, never its
+    fields (a dataclass repr with every per-query score ran to 11,000 characters)."""
+
+    def grid(self, digits: int = DIGITS) -> tuple[list[str], list[list[str]]]:
+        raise NotImplementedError
+
+    def legend(self) -> str:
+        return ""
+
+    def __repr__(self) -> str:
+        header, rows = self.grid()
+        legend = self.legend()
+        return markdown_table(header, rows) + ("\n" + legend if legend else "")
+
+    def _repr_html_(self) -> str:
+        header, rows = self.grid()
+        head = "".join(f"<th>{html.escape(c)}</th>" for c in header)
+        body = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>" for row in rows)
+        legend = self.legend()
+        return (f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+                + (f"<p><small>{html.escape(legend)}</small></p>" if legend else ""))
+
+
+class WrittenTable(ShownTable):
     """``write``, shared by the tables that have ``to_dict(per_query=)`` and ``to_markdown()``."""
 
     def write(self, json_path: str | Path | None = None, md_path: str | Path | None = None,
@@ -69,7 +99,7 @@ class WrittenTable:
                 handle.write(self.to_markdown())
 
 
-@dataclass
+@dataclass(repr=False)
 class ResultsTable(WrittenTable):
     """Runs × measures on one collection, with each run's tests against the baseline (first run)."""
 
@@ -159,15 +189,40 @@ class ResultsTable(WrittenTable):
             return ("Pairwise tests", *self.pair_table(digits), PAIR_KEY_COLUMNS)
         return ("", *self.p_table(), 1)
 
+    def grid(self, digits: int = DIGITS) -> tuple[list[str], list[list[str]]]:
+        """``(header, rows)`` of the means: a row per run, a column per measure (cells with their marks)."""
+        return ["Run", *self.measures], [[run, *(self.cell(run, m, digits) for m in self.measures)]
+                                         for run in self.results]
+
+    def note(self) -> str:
+        n_queries = sorted({result.n_queries for result in self.results.values()})
+        return f"Means over {', '.join(map(str, n_queries))} queries."
+
+    def __repr__(self) -> str:
+        header, rows = self.grid()
+        legend = self.legend()
+        return markdown_table(header, rows, align=["l"] + ["r"] * len(self.measures)) + "\n" + self.note() + (
+            " " + legend if legend else "")
+
+    def to_pandas(self, per_query: bool = False) -> "pandas.DataFrame":
+        """The means as a DataFrame (index ``run``, a column per measure, floats); ``per_query=True``: one row per
+        run and query (columns ``run``, ``query``, then a column per measure)."""
+        import pandas  # lazy: pandas
+
+        if per_query:
+            rows = [{"run": run, "query": query, **{m: result.per_query[m][query] for m in self.measures}}
+                    for run, result in self.results.items() for query in result.per_query[self.measures[0]]]
+            return pandas.DataFrame(rows, columns=["run", "query", *self.measures])
+        frame = pandas.DataFrame([[self.value(run, m) for m in self.measures] for run in self.results],
+                                 index=pandas.Index(list(self.results), name="run"), columns=list(self.measures))
+        return frame
+
     def to_markdown(self, digits: int = DIGITS) -> str:
         """A GitHub-flavoured markdown table, with the legend below it (and the p-values, when tested)."""
-        header = ["Run", *self.measures]
-        rows = [[run, *(self.cell(run, m, digits) for m in self.measures)] for run in self.results]
+        header, rows = self.grid(digits)
         text = markdown_table(header, rows, align=["l"] + ["r"] * len(self.measures))
-        n_queries = sorted({result.n_queries for result in self.results.values()})
-        note = f"Means over {', '.join(map(str, n_queries))} queries."
         legend = self.legend()
-        text += "\n" + note + (" " + legend if legend else "") + "\n"
+        text += "\n" + self.note() + (" " + legend if legend else "") + "\n"
         title, p_header, p_rows, keys = self.tests_section(digits)
         if p_rows:
             if title:
@@ -268,8 +323,8 @@ def _md_row(cells: Sequence[str]) -> str:
     return "| " + " | ".join(str(c).replace("|", "\\|") for c in cells) + " |"
 
 
-@dataclass
-class BeirTable:
+@dataclass(repr=False)
+class BeirTable(ShownTable):
     """Runs × (collection × measure) with the per-measure average over collections (BEIR-style).
 
     ``values[run][(collection, measure)]`` is NaN where a run lacks a collection; such a run's average
@@ -291,6 +346,23 @@ class BeirTable:
 
     def _label(self, collection: str, measure: str) -> str:
         return collection if len(self.measures) == 1 else f"{collection} {measure}"
+
+    def grid(self, digits: int = DIGITS) -> tuple[list[str], list[list[str]]]:
+        """``(header, rows)``: a row per run, a column per collection × measure, then the averages."""
+        columns = self.columns() + [("Avg", m) for m in self.measures]
+        rows = [[run, *(format_value(self.values[run][col], digits) for col in self.columns()),
+                 *(format_value(self.average(run, m), digits) for m in self.measures)] for run in self.runs]
+        return ["Run", *(self._label(c, m) for c, m in columns)], rows
+
+    def to_pandas(self) -> "pandas.DataFrame":
+        """A DataFrame: index ``run``, columns ``(collection, measure)`` with ``("Average", measure)`` last."""
+        import pandas  # lazy: pandas
+
+        columns = self.columns() + [("Average", m) for m in self.measures]
+        data = [[self.values[run][col] for col in self.columns()] + [self.average(run, m) for m in self.measures]
+                for run in self.runs]
+        return pandas.DataFrame(data, index=pandas.Index(list(self.runs), name="run"),
+                                columns=pandas.MultiIndex.from_tuples(columns, names=["collection", "measure"]))
 
     def to_markdown(self, digits: int = DIGITS, bold_best: bool = True) -> str:
         """Markdown table; the best value of each column is bold (as in the papers) when ``bold_best``."""
@@ -346,7 +418,7 @@ def beir_table(results: Mapping[str, Mapping[str, EvalResult]], measure: str | S
     return BeirTable(list(results), collections, measures, values)
 
 
-@dataclass
+@dataclass(repr=False)
 class CollectionsTable(WrittenTable):
     """Several runs (models) on several collections, BEIR-style: one row per collection and the average row, one
     column per run and measure — each later run's mark and Holm-adjusted p-value against the first run on that
@@ -417,6 +489,16 @@ class CollectionsTable(WrittenTable):
                 text += (" Pairwise tests: every pair of runs (A listed before B) on each collection, Δ = B − A, "
                          f"{SIGNIFICANCE_MARK} where the p-value the decision is made on is ≤ {first.alpha:g}.")
         return text
+
+    def to_pandas(self, per_query: bool = False) -> "pandas.DataFrame":
+        """The means as :meth:`BeirTable.to_pandas`; ``per_query=True``: every collection's per-query rows
+        (:meth:`ResultsTable.to_pandas`) with a ``collection`` column first."""
+        import pandas  # lazy: pandas
+
+        if not per_query:
+            return self.beir.to_pandas()
+        return pandas.concat([table.to_pandas(per_query=True).assign(collection=c)[
+            ["collection", "run", "query", *table.measures]] for c, table in self.tables.items()], ignore_index=True)
 
     def pair_tables(self, digits: int = DIGITS) -> dict[str, tuple[list[str], list[list[str]]]]:
         """Each collection's pairwise section (:meth:`ResultsTable.pair_table`; ``pairs="all"`` only)."""

@@ -22,6 +22,7 @@ when the body has CoT-MoTE's query/passage experts (:mod:`pretrieve.modeling.mot
 from __future__ import annotations
 
 import logging
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -49,6 +50,44 @@ class EncoderOutput:
     cls: Tensor
 
 
+
+class HeldTieNotices(logging.Filter):
+    """Holds back transformers' "This checkpoint seem corrupted" notice while a checkpoint loads, and lets through
+    afterwards only those that are not about the MLM head (:meth:`release`).
+
+    transformers (5.x) prints it when both weights of a tied pair are absent from the checkpoint. A checkpoint
+    without an MLM head (a plain ``BertModel`` such as all-MiniLM-L6-v2) lacks ``cls.predictions.bias`` and
+    ``cls.predictions.decoder.bias``, which BERT ties: nothing is corrupted, the head is created and said so by
+    :meth:`Encoder.from_pretrained`'s own warning. A missing tied pair elsewhere is a real problem and is shown."""
+
+    MESSAGE = re.compile(r"This checkpoint seem corrupted.*?tie (\S+) to (\S+),")
+
+    def __init__(self, logger_name: str = "transformers.modeling_utils"):
+        super().__init__()
+        self.logger = logging.getLogger(logger_name)
+        self.held: list[logging.LogRecord] = []
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if self.MESSAGE.search(record.getMessage()):
+            self.held.append(record)
+            return False
+        return True
+
+    def __enter__(self) -> "HeldTieNotices":
+        self.logger.addFilter(self)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.logger.removeFilter(self)
+
+    def release(self, head_prefixes: tuple[str, ...]) -> None:
+        """Show the held notices whose tied weights are not both in the MLM head (names starting with a prefix)."""
+        for record in self.held:
+            tied = self.MESSAGE.search(record.getMessage()).groups()
+            if not all(name.startswith(head_prefixes) for name in tied):
+                self.logger.handle(record)
+        self.held.clear()
+
 class Encoder(nn.Module):
     """A BERT-style encoder with its MLM head, built around a Hugging Face ``*ForMaskedLM`` model."""
 
@@ -65,10 +104,11 @@ class Encoder(nn.Module):
     def from_pretrained(cls, name_or_path: str | Path, **kwargs) -> "Encoder":
         """Load a checkpoint (hub name, directory or offline alias); create and log the MLM head when missing."""
         name_or_path = resolve_model(name_or_path)
-        with named_weights_errors(name_or_path):
+        with named_weights_errors(name_or_path), HeldTieNotices() as tie_notices:
             model, info = AutoModelForMaskedLM.from_pretrained(str(name_or_path), output_loading_info=True,
                                                                **no_remote_code(name_or_path), **kwargs)
         head_prefixes = tuple(f"{name}." for name in _head_module_names(model))
+        tie_notices.release(head_prefixes)
         missing_head = sorted(key for key in info.get("missing_keys", ()) if key.startswith(head_prefixes))
         if missing_head:
             _create_head(model)

@@ -28,13 +28,10 @@ is why ``auto`` never picks it there.
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import logging
 import queue
-import sys
 import threading
-import time
 import warnings
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Mapping, Sequence
@@ -42,15 +39,12 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 import numpy as np
 import scipy.sparse as sp
 import torch
-from rich.console import Console
-from rich.progress import (BarColumn, MofNCompleteColumn, Progress, ProgressColumn, TextColumn, TimeElapsedColumn,
-                           TimeRemainingColumn)
-from rich.text import Text
 
 from pretrieve.data import arrow
 from pretrieve.data.records import join_title
 from pretrieve.errors import ConfigError
 from pretrieve.precision import autocast
+from pretrieve.progress import progress_bar
 
 logger = logging.getLogger(__name__)
 
@@ -292,63 +286,3 @@ def encode_all(side: Side, texts: Any, batch_size: int = 64, window: int = DEFAU
         return side.empty_outputs()
     return {name: sp.vstack([w[name] for w in windows], format="csr") if sp.issparse(windows[0][name])
             else np.concatenate([w[name] for w in windows]) for name in windows[0]}
-
-
-# -------------------------------------------------------------------------------------------------- progress
-@contextlib.contextmanager
-def progress_bar(total: int, description: str, enabled: bool = True,
-                 unit: str = "texts") -> Iterator[Callable[[int], None]]:
-    """A rich progress bar on stderr (count, rate, elapsed, ETA); yields ``advance(n)``.
-
-    When stderr is not a terminal (batch jobs, log files) the same figures are logged every 10 % — printed on stderr
-    when logging is not configured (a script of the Python API); a Jupyter notebook gets the bar.
-    """
-    if not enabled or total == 0:
-        yield lambda n: None
-        return
-
-    console = Console(stderr=True, emoji=False)
-    if not console.is_terminal and not console.is_jupyter:
-        yield _logging_progress(total, description, unit)
-        return
-
-    class RateColumn(ProgressColumn):
-        def render(self, task) -> Text:  # the average since the start, not rich's short window
-            elapsed = task.finished_time if task.finished else task.elapsed
-            speed = task.completed / elapsed if elapsed else None
-            return Text(f"{speed:,.1f} {unit}/s" if speed else f"? {unit}/s", style="progress.data.speed")
-
-    columns = (TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), RateColumn(),
-               TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn())
-    with Progress(*columns, console=console, transient=False) as progress:
-        task = progress.add_task(description, total=total)
-        yield lambda n: progress.advance(task, n)
-
-
-def _logging_progress(total: int, description: str, unit: str) -> Callable[[int], None]:
-    """``advance(n)`` that logs count, rate and ETA at every completed tenth of ``total``."""
-    began = time.perf_counter()
-    state = {"done": 0, "next": max(1, total // 10)}
-
-    def advance(n: int) -> None:
-        state["done"] += n
-        if state["done"] < state["next"] and state["done"] < total:
-            return
-        while state["next"] <= state["done"]:
-            state["next"] += max(1, total // 10)
-        elapsed = time.perf_counter() - began
-        rate = state["done"] / elapsed if elapsed > 0 else float("inf")
-        eta = (total - state["done"]) / rate if rate > 0 else 0.0
-        line = (f"{description}: {state['done']}/{total} {unit} ({100 * state['done'] / total:.0f}%), "
-                f"{rate:.1f} {unit}/s, elapsed {_clock(elapsed)}, ETA {_clock(eta)}")
-        if logger.hasHandlers():
-            logger.info("%s", line)
-        else:   # logging not configured (the Python API in a script): progress goes to stderr all the same
-            print(line, file=sys.stderr, flush=True)
-
-    return advance
-
-
-def _clock(seconds: float) -> str:
-    seconds = int(round(seconds))
-    return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"

@@ -62,13 +62,13 @@ from pathlib import Path
 from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
-from tqdm.auto import tqdm
 
 from pretrieve import artifacts, ranks
 from pretrieve.data.beir import Corpus, iter_corpus
 from pretrieve.data.trec import Run
 from pretrieve.errors import ConfigError, InputError
 from pretrieve.io_utils import atomic_dir, temporary_dir, write_json
+from pretrieve.progress import Progress
 
 logger = logging.getLogger(__name__)
 
@@ -198,7 +198,7 @@ def write_index(documents: Iterable[tuple[str, str]], directory: str | Path, par
     chunk_files: list[Path] = []
     doc_freq = np.zeros(0, dtype=np.int64)
     num_docs = 0
-    with tqdm(desc="BM25 tokenise", unit="docs", disable=not show_progress) as progress:
+    with Progress(desc="BM25 tokenise", unit="docs", disable=not show_progress) as progress:
         for chunk in _batched(documents, chunk_docs):
             ids, texts = zip(*chunk)
             token_lists = list(tokenizer.streaming_tokenize(texts, update_vocab=True))
@@ -251,7 +251,7 @@ def write_index(documents: Iterable[tuple[str, str]], directory: str | Path, par
     indices = np.lib.format.open_memmap(directory / "indices.csc.index.npy", mode="w+",
                                         dtype=retriever.int_dtype, shape=(nnz,))
     heads = indptr[:-1].copy()  # next free position of each term's posting list
-    for chunk_file in tqdm(chunk_files, desc="BM25 score", unit="chunks", disable=not show_progress):
+    for chunk_file in Progress(chunk_files, desc="BM25 score", unit="chunks", disable=not show_progress):
         rows, terms, term_freq = np.load(chunk_file)
         chunk_file.unlink()
         scores = idf[terms] * tfc(tf_array=term_freq.astype(np.float32), l_d=lengths[rows].astype(np.float64),
@@ -389,7 +389,7 @@ class BM25Index:
         threads = default_threads() if n_threads is None else n_threads
         depth = min(k + (1 if exclude_self else 0), len(self.doc_ids))
         batches = (self._tokenized(batch) for batch in _batched(queries, batch_size))
-        with tqdm(total=total, desc="BM25 search", unit="queries", disable=not show_progress) as progress:
+        with Progress(total=total, desc="BM25 search", unit="queries", disable=not show_progress) as progress:
             for qids, results in self._scored(batches, depth, threads):
                 for qid, (rows, scores) in zip(qids, results):
                     ranking = list(zip(self.doc_ids[rows].tolist(), scores.tolist()))

@@ -29,7 +29,6 @@ from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
 import torch
-from tqdm.auto import tqdm
 from transformers import AutoTokenizer
 
 from pretrieve import artifacts, outputs, ranks
@@ -42,6 +41,7 @@ from pretrieve.errors import ConfigError, InputError
 from pretrieve.modeling.cross_encoder import CrossEncoder, tokenize_pairs, trained_max_len
 from pretrieve.models import no_remote_code
 from pretrieve.precision import autocast, resolve_precision
+from pretrieve.progress import Progress
 from pretrieve.retrieval.batches import quantize_int8
 from pretrieve.retrieval.batches import resolve_device
 from pretrieve.retrieval.runs import is_current, run_part
@@ -82,7 +82,7 @@ class PairScorer:
         if len(queries) != len(passages):
             raise ValueError(f"{len(queries)} queries for {len(passages)} passages")
         scores = np.empty(len(queries), dtype=np.float32)
-        with tqdm(total=len(queries), desc=description, unit="pairs", disable=not show_progress) as progress:
+        with Progress(total=len(queries), desc=description, unit="pairs", disable=not show_progress) as progress:
             for start in range(0, len(queries), self.chunk_pairs):
                 end = min(start + self.chunk_pairs, len(queries))
                 scores[start:end] = self.score_chunk(queries[start:end], passages[start:end])
@@ -197,7 +197,7 @@ def rerank_run_file(model_dir: str | Path, data: str | Path, split: str, run_pat
                 yield qid, top
 
         with run_part(paths[0], out, tag="rerank", depth=depth) as writer, \
-                tqdm(desc="rerank", unit="queries", disable=not show_progress) as progress:
+                Progress(desc="rerank", unit="queries", disable=not show_progress) as progress:
             for chunk in _chunks_of_items(known_queries(), lambda item: len(item[1]), scorer.chunk_pairs):
                 passages = corpus.texts_of([doc_id for _, top in chunk for doc_id in top])
                 texts = [queries[qid] for qid, top in chunk for _ in top]
@@ -259,7 +259,7 @@ def teacher_groups(model_dir: str | Path, data: str | Path, groups_path: str | P
                   if start <= position < end)
         cut = ((group, group.negatives[:max_negatives]) for group in groups)
         with open(paths[0], "w", encoding="utf-8") as handle, \
-                tqdm(desc="teacher scores", unit="pairs", disable=not show_progress) as progress:
+                Progress(desc="teacher scores", unit="pairs", disable=not show_progress) as progress:
             for chunk in _chunks_of_items(cut, lambda item: len(item[0].positives) + len(item[1]),
                                           scorer.chunk_pairs):
                 ids = [doc_id for group, negatives in chunk for doc_id in (*group.positives, *negatives)]

@@ -77,13 +77,13 @@ from typing import Any, Callable, Iterator, Mapping
 import numpy as np
 import torch
 from torch.optim.lr_scheduler import LambdaLR
-from tqdm.auto import tqdm
 from transformers import get_scheduler
 
 from pretrieve import artifacts
 from pretrieve.interrupts import TrainingTerminated, sigterm_raises
 from pretrieve.io_utils import write_json
 from pretrieve.precision import MixedPrecision
+from pretrieve.progress import Progress
 from pretrieve.provenance import provenance
 from pretrieve.train import checkpoint as ckpt
 from pretrieve.train.accelerator import enable_gradient_checkpointing, leaves_parameters_unused, make_accelerator
@@ -312,7 +312,7 @@ def train(model: torch.nn.Module, dataset, collator, config: LoopConfig, out_dir
         # A private generator: the DataLoader draws a base seed when iteration starts, which must not
         # consume the global RNG (dropout) — otherwise a resumed run would drift from the original.
         generator=torch.Generator().manual_seed(config.seed))
-    progress = tqdm(total=total_steps, initial=start_step, desc=description, unit="step",
+    progress = Progress(total=total_steps, initial=start_step, desc=description, unit="step",
                     disable=not (config.show_progress and accelerator.is_main_process))
     model.train()
     window = LogWindow(accelerator)
