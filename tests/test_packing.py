@@ -161,3 +161,20 @@ def test_packed_books_are_almost_all_text(books, tokenizer, tmp_path):
                                    packing=Packing(across=(str(path),)))
     assert real_share(packed, 8) >= 0.95 > 0.8 > real_share(unpacked, 8)
     assert document_key("a") != document_key("b")
+
+
+def test_bench_packing_measures_both_arms(tokenizer, tmp_path):
+    from pretrieve.bench.pretrain_speed import (PretrainBenchSettings, bench_packing, bookcorpus_like,
+                                                packing_markdown, parse_shape)
+
+    stream = bookcorpus_like(tmp_path / "books.txt", books=8)
+    lines = stream.read_text().splitlines()
+    assert len(lines) >= 8 * 40 and all(4 <= len(line.split()) <= 18 for line in lines)
+    settings = PretrainBenchSettings(presets=("mlm",), batch_size=4, max_len=64, steps=2, warmup=1)
+    result = bench_packing(parse_shape("L2-H128").config(len(tokenizer), 64), tokenizer, stream, tmp_path / "c",
+                           settings)
+    unpacked, packed = result.arms["unpacked"], result.arms["packed"]
+    assert packed["examples"] < unpacked["examples"] / 3
+    assert packed["real_text_share"] > 0.85 > unpacked["real_text_share"]
+    assert packed["real_tokens_per_s"] > 0 and unpacked["real_tokens_per_s"] > 0
+    assert "packed / unpacked" in packing_markdown(result)
