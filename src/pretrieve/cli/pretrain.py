@@ -57,6 +57,8 @@ def pretrain_command(
     precision: Optional[str] = typer.Option(None, help=PRECISION_HELP, show_default="fp32"),
     bf16: Optional[bool] = typer.Option(None, "--bf16/--no-bf16", help="Deprecated: --precision bf16",
                                         show_default="off"),
+    tf32: Optional[bool] = typer.Option(None, "--tf32/--no-tf32", help="fp32 matrix products on CUDA tensor cores in "
+                                        "TF32 (compute capability >= 8.0)", show_default="off"),
     gradient_checkpointing: Optional[bool] = typer.Option(None, "--gradient-checkpointing",
                                                           help="Recompute activations in the backward pass"),
     seed: Optional[int] = typer.Option(None, help="Seed of masking, data order and init", show_default="42"),
@@ -94,7 +96,7 @@ def pretrain_command(
                  batch_size=batch_size, micro_batch_size=micro_batch_size, lr=lr, max_steps=steps,
                  epochs=epochs, warmup_ratio=warmup_ratio, warmup_steps=warmup_steps, schedule=schedule,
                  min_lr_ratio=min_lr_ratio, precision=precision, bf16=bf16,
-                 gradient_checkpointing=gradient_checkpointing, seed=seed,
+                 gradient_checkpointing=gradient_checkpointing, tf32=tf32, seed=seed,
                  save_every=save_every, log_every=log_every, num_workers=num_workers, num_proc=num_proc,
                  pack=pack, pack_across=pack_across or None, short_seq_prob=short_seq_prob,
                  overwrite=overwrite or None, allow_inexact_resume=allow_inexact_resume or None,
