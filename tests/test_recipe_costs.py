@@ -63,3 +63,22 @@ def test_each_header_carries_the_computed_cost_and_states_packing_and_precision(
         if kind == "pretrain" and BOOKCORPUS in (corpus if isinstance(corpus, list) else [corpus]):
             assert options.get("pack") is True and options.get("pack_across") == [BOOKCORPUS], recipe
             assert re.search(r"Packing: phase 1 (\(.*\) )?packs", " ".join(header)), recipe
+
+
+def test_the_bench_counts_a_step_as_the_estimate_does_and_reports_achieved_tflops(costs, tokenizer):
+    from pretrieve.bench.pretrain_speed import (ASSUMED_TFLOPS, PretrainBenchSettings, bench_pretrain, parse_shape,
+                                                result_markdown, step_flops, synthetic_texts)
+
+    assert ASSUMED_TFLOPS * 1e12 == costs.TFLOPS
+    base = parse_shape("L12-H768")
+    ours = step_flops(base, costs.VOCAB, 64 * 144, 144, 0.3)
+    theirs = costs.train_flops(1, 64 * 144, 144, scored=0.3)
+    assert ours == pytest.approx(theirs, rel=0.002)          # 84.9M body parameters vs the script's rounded 85M
+    tiny = parse_shape("L2-H128")
+    settings = PretrainBenchSettings(presets=("mlm",), batch_size=4, max_len=32, steps=1, warmup=0)
+    result = bench_pretrain(tiny.config(len(tokenizer), 32), tokenizer, synthetic_texts(tokenizer, 4, 40),
+                            settings)
+    mlm = result.rows["mlm"]
+    assert mlm["achieved_tflops"] == pytest.approx(step_flops(tiny, len(tokenizer), 4 * 32, 32, 0.3)
+                                                   / mlm["step_s"] / 1e12)
+    assert result.rows["encoder_only"]["achieved_tflops"] > 0 and "achieved TFLOP/s" in result_markdown(result)

@@ -80,6 +80,8 @@ DEFAULT_PRESETS = ("mlm", "bow", "ae", "ar", "retromae")
 REFERENCE = "hf_reference"
 FLOOR = "encoder_only"
 BASELINE = "mlm"
+#: Sustained TFLOP/s per H100 in bf16/fp16 that scripts/experiments/recipe_costs.py (the recipe headers' hours) assumes.
+ASSUMED_TFLOPS = 90.0
 
 #: Known shapes: layers, hidden, attention heads, FFN size.
 KNOWN_SHAPES: dict[str, tuple[int, int, int, int]] = {
@@ -134,6 +136,17 @@ def parse_shape(text: str) -> BertShape:
         raise InputError(f"shape '{text}': hidden size {hidden} must be a positive multiple of the {heads} heads",
                          field="shape")
     return BertShape(layers, hidden, heads, ffn)
+
+
+def step_flops(shape: BertShape, vocab: int, tokens: int, length: int, scored: float) -> float:
+    """FLOPs of one training step over ``tokens`` positions padded to ``length``, counted as
+    scripts/experiments/recipe_costs.py counts them: 3 × forward, where a position's forward is 2 × the body's
+    linear parameters + 4 · length · hidden per layer (attention), plus a vocabulary head (2 · hidden · vocab +
+    the hidden² transform, twice) at the ``scored`` share of positions."""
+    body = shape.layers * (4 * shape.hidden ** 2 + 2 * shape.hidden * shape.ffn)
+    per_token = (2 * body + 4 * length * shape.hidden * shape.layers
+                 + scored * (2 * shape.hidden * vocab + 2 * shape.hidden ** 2))
+    return 3.0 * tokens * per_token
 
 
 def is_shape(text: str) -> bool:
@@ -524,9 +537,15 @@ def bench_pretrain(config, tokenizer: Any, texts: Sequence[str], settings: Pretr
     shape_spec = shape_of_config(config)
     shape = shape_name or shape_spec.name
     rows = {name: _summarise(timings[name], settings.batch_size) for name in names}
+    lengths = [len(example["input_ids"]) for example in examples]
+    padded = settings.batch_size * max(lengths)   # synthetic texts all reach max_len
     for name, runner in runners.items():
         rows[name]["objectives"] = getattr(runner, "objective_names", [])
         rows[name]["features"] = sorted(getattr(runner, "features", []))
+        scored = _scored_share(name, runner)
+        if scored is not None:   # the runners whose whole step the FLOP count covers
+            rows[name]["achieved_tflops"] = (step_flops(shape_spec, config.vocab_size, padded, max(lengths), scored)
+                                             / rows[name]["step_s"] / 1e12)
     ratios = _ratios(rows)
     on_gpu = settings.device != "cpu"
     basis = "cpu" if torch.get_num_threads() == 1 and not on_gpu else "wall"
@@ -542,6 +561,18 @@ def bench_pretrain(config, tokenizer: Any, texts: Sequence[str], settings: Pretr
                        "ffn": shape_spec.ffn, "vocab": config.vocab_size},
             "device": settings.device, "device_name": device_name(settings.device)}
     return PretrainBenchResult(shape, info, rows, ratios, bars, samples)
+
+
+def _scored_share(name: str, runner: Any) -> float | None:
+    """The share of positions a runner's vocabulary head scores: the masked ones (mlm: its encoder mask ratio), all
+    (the HF reference), none (encoder only); None for methods with decoders (not in the count)."""
+    if name == REFERENCE:
+        return 1.0
+    if name == FLOOR:
+        return 0.0
+    if name == BASELINE:
+        return float(runner.method.encoder_masker.ratio)
+    return None
 
 
 def _summarise(timings: list[StepTiming], batch_size: int) -> dict[str, Any]:
@@ -699,6 +730,13 @@ def result_markdown(result: PretrainBenchResult) -> str:
     for name, value in ratios.get("enhanced_collate_vs_random", {}).items():
         lines.append(f"- enhanced-decoding collation ({name}) / random-masking collation (mlm): **{value:.2f}×** "
                      f"(CPU time: {cpu['enhanced_collate_vs_random'][name]:.2f}×)")
+    achieved = {name: row["achieved_tflops"] for name, row in result.rows.items() if "achieved_tflops" in row}
+    if achieved:
+        lines.append("- achieved TFLOP/s (FLOPs counted as scripts/experiments/recipe_costs.py counts them): "
+                     + ", ".join(f"{name} **{value:.3g}**" for name, value in achieved.items())
+                     + f"; the recipe estimates assume {ASSUMED_TFLOPS:.0f} per H100 in bf16/fp16"
+                     + (f" ({BASELINE}: {achieved[BASELINE] / ASSUMED_TFLOPS:.3g}× that)" if BASELINE in achieved
+                        else ""))
     lines.append("")
     basis = result.bars[0]["basis"] if result.bars else "wall"
     lines.append(f"| bar | wall-clock medians | CPU-time medians | met ({'CPU time' if basis == 'cpu' else 'wall clock'}) |")
