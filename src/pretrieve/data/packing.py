@@ -13,13 +13,13 @@ The rule here (:class:`Packer`, used by :class:`pretrieve.data.pretrain_text.Tok
 * **Sentences** of each document by :func:`split_sentences` — BlingFire's sentence breaker (Microsoft's ``blingfire``
   package: its finite-state model ships inside the wheel, so it works offline; ~12 MB/s per core here, which keeps
   an English Wikipedia dump within hours). The authors used NLTK's Punkt, whose model is a separate data download
-  (``nltk.download('punkt')``), which pretrieve cannot do at run time; pysbd (rule-based, offline) is about 100×
-  slower. Both BlingFire and Punkt break at ``.``/``!``/``?`` but not after abbreviations such as "Mr." or
+  (``nltk.download('punkt')``), which pretrieve cannot do at run time; pysbd (rule-based, offline) is pure Python and
+  far slower. Both BlingFire and Punkt break at ``.``/``!``/``?`` but not after abbreviations such as "Dr." or
   "e.g.".
 * **Target length.** The budget is ``max_len − 2`` (room for ``[CLS]``/``[SEP]``). Each new block draws its target:
-  with probability ``short_seq_prob`` a length uniform in ``[3, budget]`` (``random.randint(3, target_length)`` in
-  both scripts), else the whole budget. RetroMAE's script defaults to 0 and its README passes none; bowdpr's
-  pre-training data uses 0.15 (see each recipe).
+  with probability ``short_seq_prob`` a length uniform in ``[3, budget]`` (RetroMAE's ``random.randint(3,
+  target_length)``; bowdpr draws from ``[2, maxlen]``), else the whole budget. RetroMAE's script defaults to 0 and its
+  README passes none; bowdpr's pre-training data uses 0.15 (see each recipe).
 * **Whole sentences.** A sentence is added while the block plus it fits the target; otherwise the block is
   closed and the sentence starts the next one. (The authors close a block only once it has *reached* its target,
   so its last sentence overflows and the collator truncates it — the overflowing part is never trained on. Here no
@@ -44,7 +44,7 @@ import hashlib
 from dataclasses import dataclass
 from typing import Iterable
 
-#: The shortest target a short block may draw (``random.randint(3, target_length)`` in the authors' scripts).
+#: The shortest target a short block may draw (RetroMAE's ``random.randint(3, target_length)``).
 SHORTEST_TARGET = 3
 _MASK = (1 << 64) - 1
 
