@@ -73,7 +73,8 @@ from torch import nn
 
 from pretrieve.bench.report import (bench_device, device_name, fmt, markdown_table, peak_memory_mib, reset_peak_memory,
                                     synchronize)
-from pretrieve.data.pretrain_text import iter_pretrain_texts
+from pretrieve.data.packing import Packing
+from pretrieve.data.pretrain_text import TokenizedCorpus, iter_pretrain_texts
 from pretrieve.errors import ConfigError, InputError
 
 DEFAULT_PRESETS = ("mlm", "bow", "ae", "ar", "retromae")
@@ -788,8 +789,6 @@ def bench_packing(config, tokenizer: Any, corpus: str | Path, cache_dir: str | P
     micro-batches of ``batch_size`` to the first preset's step, padded by its collator to the longest example;
     arms alternate step by step (the protocol of :func:`bench_pretrain`). Real-text tokens are the examples' own
     (their [CLS]/[SEP] and padding excluded); computed tokens are batch × padded length."""
-    from pretrieve.data.packing import Packing  # beside the other lazy imports of this bench
-    from pretrieve.data.pretrain_text import TokenizedCorpus  # numpy only, but kept with its packing
     from pretrieve.train.loop import micro_batch_seed  # heavy: transformers/accelerate; bench masking uses this module without them
 
     settings = settings or PretrainBenchSettings()

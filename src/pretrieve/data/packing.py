@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
+from importlib.metadata import version
 from typing import Iterable
 
 #: The shortest target a short block may draw (RetroMAE's ``random.randint(3, target_length)``).
@@ -64,8 +65,6 @@ class Packing:
 
 def splitter_version() -> str:
     """The sentence splitter and its version (a new model may split differently, so the cache depends on it)."""
-    from importlib.metadata import version
-
     return f"blingfire-{version('blingfire')}"
 
 
