@@ -178,3 +178,40 @@ def test_bench_packing_measures_both_arms(tokenizer, tmp_path):
     assert packed["real_text_share"] > 0.85 > unpacked["real_text_share"]
     assert packed["real_tokens_per_s"] > 0 and unpacked["real_tokens_per_s"] > 0
     assert "packed / unpacked" in packing_markdown(result)
+
+
+def test_a_hub_corpus_of_sentence_rows_packs_across_rows_beside_an_article_source(tmp_path, tokenizer, monkeypatch):
+    """The recipes' phase 1: Wikipedia articles packed within themselves, BookCorpus's rows (hf:) across rows."""
+    import datasets
+
+    rows = ["The door opened.", "She looked back.", "Nobody was there.", "", "Night fell."]
+    datasets.Dataset.from_dict({"text": rows}).save_to_disk(str(tmp_path / "book"))
+    monkeypatch.setattr(datasets, "load_dataset", lambda name, config=None, split=None:
+                        datasets.load_from_disk(str(tmp_path / "book")))
+    articles = tmp_path / "wiki.jsonl"
+    articles.write_text('{"title": "Tides", "text": "Tides rise. Tides fall."}\n{"text": "Moons pull."}\n')
+    corpus = TokenizedCorpus.build([str(articles), "hf:bookcorpus/bookcorpus"], tokenizer, 64, tmp_path / "c",
+                                   show_progress=False, num_proc=2,
+                                   packing=Packing(across=("hf:bookcorpus/bookcorpus",)))
+    decoded = [tokenizer.decode(example) for example in examples(corpus)]
+    # the articles stay apart; the book's rows run together until its empty row
+    assert decoded == ["tides tides rise. tides fall.", "moons pull.",
+                       "the door opened. she looked back. nobody was there.", "night fell."]
+    assert [source["passages"] for source in corpus.meta["sources"]] == [2, 4]
+
+
+def test_bad_packing_settings_are_one_line_errors(tmp_path):
+    from pretrieve.errors import ConfigError
+    from pretrieve.train.pretrainer import PretrainConfig
+
+    base = dict(model="m", corpus=str(tmp_path), out=str(tmp_path / "o"))
+    with pytest.raises(ConfigError, match=r"short_seq_prob must be in \[0, 1\), got 1.5"):
+        PretrainConfig(**base, pack=True, short_seq_prob=1.5).validate()
+    with pytest.raises(ConfigError, match="set pack: true"):
+        PretrainConfig(**base, pack_across=["x"]).validate()
+    with pytest.raises(ConfigError, match="contextual methods pack their own spans"):
+        from pretrieve.train.method import resolve_method
+
+        PretrainConfig(**base, pack=True, method=resolve_method("cotmae")).validate()
+    assert PretrainConfig(**base, pack=True, pack_across=["x"], short_seq_prob=0.15).packing() == \
+        Packing(0.15, ("x",))
