@@ -14,23 +14,23 @@ from pretrieve.train.config import LoopConfig
 
 @pytest.fixture
 def restored():
-    before = torch.get_float32_matmul_precision(), torch.backends.cudnn.allow_tf32
+    before = torch.get_float32_matmul_precision()
     yield
-    torch.set_float32_matmul_precision(before[0])
-    torch.backends.cudnn.allow_tf32 = before[1]
+    torch.set_float32_matmul_precision(before)
 
 
 @pytest.mark.parametrize("capability, on", [((9, 0), True), ((8, 0), True), ((7, 0), False)])
 def test_tf32_follows_the_capability(capability, on, restored, monkeypatch, caplog):
+    torch.set_float32_matmul_precision("highest")
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "faked GPU")
     with caplog.at_level(logging.WARNING, logger="pretrieve.precision"):
         assert set_tf32(True, torch.device("cuda", 0)) is on
     assert torch.get_float32_matmul_precision() == ("high" if on else "highest")
-    assert torch.backends.cudnn.allow_tf32 is on
     assert ("no effect" in caplog.text) is not on
-    assert set_tf32(False, torch.device("cuda", 0)) is False
-    assert torch.get_float32_matmul_precision() == "highest" and torch.backends.cudnn.allow_tf32 is False
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: pytest.fail("CUDA asked"))
+    assert set_tf32(False, torch.device("cuda", 0)) is False   # the next run without it: off again, CUDA not asked
+    assert torch.get_float32_matmul_precision() == "highest"
 
 
 def test_tf32_is_a_no_op_on_the_cpu(restored, caplog):
