@@ -83,7 +83,7 @@ from pretrieve.errors import ConfigError, InputError
 from pretrieve.masking.pmi import NgramStatistics
 from pretrieve.modeling.distributed import gather_with_grad, scale_grad, world_size
 from pretrieve.modeling.encoder import Encoder, EncoderOutput
-from pretrieve.modeling.objectives.base import (Objective, ObjectiveOutput, bottleneck, register_objective,
+from pretrieve.modeling.objectives.base import (CPDAE, Objective, ObjectiveOutput, bottleneck, register_objective,
                                                 token_prediction_loss)
 from pretrieve.precision import full_precision
 from pretrieve.modeling.objectives.decoder_layers import LayerShape
@@ -251,6 +251,7 @@ class ContrastiveDiscriminativeAutoencoder(Objective):
     """CPDAE's MLP decoder with reconstruction + contrastive losses over two masked views (``REC + λ·CL``)."""
 
     name = "cpdae"
+    citation = CPDAE
     uses_mlm_head = False   # its own MLP decoder maps [CLS] to the vocabulary
     requires = frozenset({SECOND_VIEW, "bow_targets"})
 
@@ -306,6 +307,7 @@ class MultiViewMLM(Objective):
     """Encoder MLM over both masked views: mean CE over the masked tokens of view 1 and view 2 together."""
 
     name = "mlm_views"
+    citation = CPDAE
     requires = frozenset({"mlm_labels", SECOND_VIEW})
 
     def __init__(self, encoder: Encoder):
