@@ -249,7 +249,7 @@ def header_block(recipe: str) -> str:
             "H100-hours per stage (GPU memory per process): " + ", ".join(items) + f"; in all ~{total:,.0f} "
             f"H100-hours, ~{total / 8:,.1f} h on 8 H100s.")
     if all(memory <= 40 for _, _, memory in stages):
-        text += " Every process fits a 40 GB card."
+        text += " Every process fits a 40\0GB card."
     return "\n".join(wrap(text, first="# ", rest="#   ")).replace("\0", " ")   # a stage's figures stay on one line
 
 
