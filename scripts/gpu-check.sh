@@ -5,7 +5,9 @@
 #      on top of the image's own torch, transformers, sentence-transformers, typer, JAX …;
 #   2. runs the GPU-marked tests (tests/test_gpu.py) and the install checks of tests/test_gpu_images.py and
 #      tests/test_cli_typer.py against the image's packages;
-#   3. `pretrieve bench pretrain --device cuda` at BERT-base shape (L12-H768, random init, batch 64 × 144, bf16)
+#   3. `pretrieve bench pretrain --device cuda` at BERT-base shape (L12-H768, random init, batch 64 × 144, bf16),
+#      whose report gives the achieved TFLOP/s of one BERT-base pre-training step against the 90 per H100 that the
+#      recipe headers' hours assume (scripts/experiments/recipe_costs.py) — the report's first lines repeat it —
 #      and `pretrieve bench encode --device cuda` (L12-H768, random init, 2,048 SciFact passages);
 #   4. the every-stage recipe on CUDA: `pretrieve run configs/scifact-cpu.yaml` (SPLADE-tiny; SciFact and the
 #      zero-shot collections from .gpu/data);
@@ -133,6 +135,8 @@ step "pretrieve run configs/scifact-cpu.yaml (every stage, on CUDA)" 420 \
   cat "$STEPS"
   echo
   echo "- tests: ${PYTEST_SUMMARY:-no summary (see gpu-check.log)}"
+  ACHIEVED=$(grep -h "achieved TFLOP/s" "$OUT/pretrain.md" 2>/dev/null | head -1)
+  echo "${ACHIEVED:-- achieved TFLOP/s: not measured (the pretrain bench did not finish)} (BERT-base, batch 64 x 144, bf16)"
   for part in pretrain encode; do
     [ -f "$OUT/$part.md" ] && { echo; sed 's/^#/##/' "$OUT/$part.md"; }
   done

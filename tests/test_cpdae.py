@@ -331,3 +331,77 @@ def test_word_distribution_analysis(cpdae_run, tokenizer):
     assert masses["cpdae"] == pytest.approx(masses["again"]) == pytest.approx(stop_mass, rel=1e-5)
     with pytest.raises(ConfigError, match="no 'cpdae' objective"):
         decode_words(PretrainModel(Encoder.from_config(tiny_bert_config()), preset("mlm")), tokenizer, [text])
+
+
+# ---------------------------------------------------------------------- across processes
+SIXTEEN = [f"passage {i} on {topic} and dense retrieval of {topic} by encoders number {i % 5}"
+           for i, topic in enumerate(["protein folding", "ocean tides", "tax law", "jazz piano"] * 4)]
+
+
+def _sixteen(name: str):
+    """The CPDAE(-R) model and a collated batch of 16 texts, the same in every process (seeded)."""
+    from transformers import AutoTokenizer
+
+    from conftest import minilm_path
+
+    tokenizer = AutoTokenizer.from_pretrained(str(minilm_path()))
+    torch.manual_seed(0)
+    method = preset(name)
+    encoder = Encoder.from_config(tiny_bert_config(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
+                                                   initializer_range=0.2)).double()
+    model = PretrainModel(encoder, method).double()
+    collator = PretrainCollator(tokenizer, method, model.required_features(), max_len=32, seed=0)
+    return model, collator([{"input_ids": tokenizer(t)["input_ids"]} for t in SIXTEEN])
+
+
+def _contrast_step(model, batch) -> tuple[float, float]:
+    """The cpdae objective's loss (REC + 0.1·CL) and CL, back-propagated."""
+    out = model.objectives["cpdae"](batch, model.encode(batch), model.encoder)
+    out.loss.backward()
+    return float(out.loss.detach()), float(out.logs["cl"])
+
+
+def _cpdae_ranks(rank: int, world_size: int) -> dict:
+    """Both contrasts in one spawn (starting processes is the slow part)."""
+    return {name: _cpdae_rank(rank, world_size, name) for name in ("cpdae", "cpdae-r")}
+
+
+def _cpdae_rank(rank: int, world_size: int, name: str) -> dict:
+    import torch.distributed as dist
+
+    model, batch = _sixteen(name)
+    share = len(SIXTEEN) // world_size
+    local = {key: value[rank * share:(rank + 1) * share] if torch.is_tensor(value) and value.shape[0] == 16
+             else value for key, value in batch.items()}
+    loss, cl = _contrast_step(model, local)
+    grads = {}
+    for key, parameter in model.named_parameters():
+        if parameter.grad is not None:
+            dist.all_reduce(parameter.grad)        # DDP's average
+            grads[key] = parameter.grad / world_size
+    total = torch.tensor([loss], dtype=torch.float64)
+    dist.all_reduce(total)
+    return {"loss": float(total) / world_size, "cl": cl, "grads": grads}
+
+
+@pytest.fixture(scope="module")
+def two_ranks() -> list[dict]:
+    from ddp_utils import run_distributed
+
+    return run_distributed(_cpdae_ranks, world_size=2, timeout=180)
+
+
+@pytest.mark.parametrize("name", ["cpdae", "cpdae-r"])
+def test_two_processes_of_8_texts_contrast_like_one_process_of_16(name, two_ranks):
+    model, batch = _sixteen(name)
+    loss, cl = _contrast_step(model, batch)
+    want = {key: p.grad for key, p in model.named_parameters() if p.grad is not None}
+    for ranks in two_ranks:
+        result = ranks[name]
+        assert result["cl"] == pytest.approx(cl, rel=1e-10)     # every process: the contrast of all 32 views
+        assert result["loss"] == pytest.approx(loss, rel=1e-10)
+        assert set(result["grads"]) == set(want)
+        for key, grad in want.items():
+            assert torch.allclose(result["grads"][key], grad, rtol=1e-8, atol=1e-12), key
+    if name == "cpdae":   # 16 texts: the JS contrast lies in [log m, log(2m − 1)]; 8 texts would be ≤ log 15
+        assert math.log(16) <= cl <= math.log(31) and cl > math.log(15)

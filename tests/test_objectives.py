@@ -394,3 +394,14 @@ def test_pretrain_model_under_bf16_autocast(tokenizer, name):
     loss.backward()
     assert loss.dtype == torch.float32 and torch.isfinite(loss)
     assert all(torch.isfinite(v) for v in logs.values())
+
+
+def test_every_objective_cites_its_paper():
+    from pretrieve.modeling.objectives.base import OBJECTIVES, Citation
+
+    assert OBJECTIVES
+    for name, cls in OBJECTIVES.items():
+        citation = cls.citation
+        assert isinstance(citation, Citation), name
+        assert 2018 <= citation.year <= 2024 and citation.first_author and citation.title, name
+        assert str(citation).startswith(f"{citation.paper} ({citation.first_author} et al. {citation.year})")

@@ -77,8 +77,12 @@ def test_every_preset_lowers_each_objective_loss_on_scifact(preset, scifact, tin
     AutoModel.from_pretrained(final)  # the export loads with plain transformers
 
 
-def test_resume_after_interruption_gives_identical_losses(tiny_mlm_dir, small_corpus, tmp_path, monkeypatch):
-    full = _config(tiny_mlm_dir, small_corpus, tmp_path / "full", method="retromae", max_steps=12, save_every=6)
+@pytest.mark.parametrize("pack", [False, True], ids=["chunked", "packed"])
+def test_resume_after_interruption_gives_identical_losses(pack, tiny_mlm_dir, small_corpus, tmp_path, monkeypatch):
+    # packed: the one-sentence lines packed into one another (as BookCorpus), random short targets included
+    packing = dict(pack=True, pack_across=[str(small_corpus)], short_seq_prob=0.2) if pack else {}
+    full = _config(tiny_mlm_dir, small_corpus, tmp_path / "full", method="retromae", max_steps=12, save_every=6,
+                   **packing)
     pretrain(full)
     reference = read_logs(tmp_path / "full")
 
@@ -94,7 +98,7 @@ def test_resume_after_interruption_gives_identical_losses(tiny_mlm_dir, small_co
 
     monkeypatch.setattr(loop, "train_step", killed_after_8)
     interrupted = _config(tiny_mlm_dir, small_corpus, tmp_path / "resumed", method="retromae", max_steps=12,
-                          save_every=6)
+                          save_every=6, **packing)
     with pytest.raises(KeyboardInterrupt):
         pretrain(interrupted)
     assert [step for step, _ in ckpt.list_checkpoints(tmp_path / "resumed")] == [6]

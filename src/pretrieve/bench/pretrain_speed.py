@@ -73,13 +73,16 @@ from torch import nn
 
 from pretrieve.bench.report import (bench_device, device_name, fmt, markdown_table, peak_memory_mib, reset_peak_memory,
                                     synchronize)
-from pretrieve.data.pretrain_text import iter_pretrain_texts
+from pretrieve.data.packing import Packing
+from pretrieve.data.pretrain_text import TokenizedCorpus, iter_pretrain_texts
 from pretrieve.errors import ConfigError, InputError
 
 DEFAULT_PRESETS = ("mlm", "bow", "ae", "ar", "retromae")
 REFERENCE = "hf_reference"
 FLOOR = "encoder_only"
 BASELINE = "mlm"
+#: Sustained TFLOP/s per H100 in bf16/fp16 that scripts/experiments/recipe_costs.py (the recipe headers' hours) assumes.
+ASSUMED_TFLOPS = 90.0
 
 #: Known shapes: layers, hidden, attention heads, FFN size.
 KNOWN_SHAPES: dict[str, tuple[int, int, int, int]] = {
@@ -134,6 +137,17 @@ def parse_shape(text: str) -> BertShape:
         raise InputError(f"shape '{text}': hidden size {hidden} must be a positive multiple of the {heads} heads",
                          field="shape")
     return BertShape(layers, hidden, heads, ffn)
+
+
+def step_flops(shape: BertShape, vocab: int, tokens: int, length: int, scored: float) -> float:
+    """FLOPs of one training step over ``tokens`` positions padded to ``length``, counted as
+    scripts/experiments/recipe_costs.py counts them: 3 × forward, where a position's forward is 2 × the body's
+    linear parameters + 4 · length · hidden per layer (attention), plus a vocabulary head (2 · hidden · vocab +
+    the hidden² transform, twice) at the ``scored`` share of positions."""
+    body = shape.layers * (4 * shape.hidden ** 2 + 2 * shape.hidden * shape.ffn)
+    per_token = (2 * body + 4 * length * shape.hidden * shape.layers
+                 + scored * (2 * shape.hidden * vocab + 2 * shape.hidden ** 2))
+    return 3.0 * tokens * per_token
 
 
 def is_shape(text: str) -> bool:
@@ -524,9 +538,15 @@ def bench_pretrain(config, tokenizer: Any, texts: Sequence[str], settings: Pretr
     shape_spec = shape_of_config(config)
     shape = shape_name or shape_spec.name
     rows = {name: _summarise(timings[name], settings.batch_size) for name in names}
+    lengths = [len(example["input_ids"]) for example in examples]
+    padded = settings.batch_size * max(lengths)   # synthetic texts all reach max_len
     for name, runner in runners.items():
         rows[name]["objectives"] = getattr(runner, "objective_names", [])
         rows[name]["features"] = sorted(getattr(runner, "features", []))
+        scored = _scored_share(name, runner)
+        if scored is not None:   # the runners whose whole step the FLOP count covers
+            rows[name]["achieved_tflops"] = (step_flops(shape_spec, config.vocab_size, padded, max(lengths), scored)
+                                             / rows[name]["step_s"] / 1e12)
     ratios = _ratios(rows)
     on_gpu = settings.device != "cpu"
     basis = "cpu" if torch.get_num_threads() == 1 and not on_gpu else "wall"
@@ -542,6 +562,18 @@ def bench_pretrain(config, tokenizer: Any, texts: Sequence[str], settings: Pretr
                        "ffn": shape_spec.ffn, "vocab": config.vocab_size},
             "device": settings.device, "device_name": device_name(settings.device)}
     return PretrainBenchResult(shape, info, rows, ratios, bars, samples)
+
+
+def _scored_share(name: str, runner: Any) -> float | None:
+    """The share of positions a runner's vocabulary head scores: the masked ones (mlm: its encoder mask ratio), all
+    (the HF reference), none (encoder only); None for methods with decoders (not in the count)."""
+    if name == REFERENCE:
+        return 1.0
+    if name == FLOOR:
+        return 0.0
+    if name == BASELINE:
+        return float(runner.method.encoder_masker.ratio)
+    return None
 
 
 def _summarise(timings: list[StepTiming], batch_size: int) -> dict[str, Any]:
@@ -699,6 +731,13 @@ def result_markdown(result: PretrainBenchResult) -> str:
     for name, value in ratios.get("enhanced_collate_vs_random", {}).items():
         lines.append(f"- enhanced-decoding collation ({name}) / random-masking collation (mlm): **{value:.2f}×** "
                      f"(CPU time: {cpu['enhanced_collate_vs_random'][name]:.2f}×)")
+    achieved = {name: row["achieved_tflops"] for name, row in result.rows.items() if "achieved_tflops" in row}
+    if achieved:
+        lines.append("- achieved TFLOP/s (FLOPs counted as scripts/experiments/recipe_costs.py counts them): "
+                     + ", ".join(f"{name} **{value:.3g}**" for name, value in achieved.items())
+                     + f"; the recipe estimates assume {ASSUMED_TFLOPS:.0f} per H100 in bf16/fp16"
+                     + (f" ({BASELINE}: {achieved[BASELINE] / ASSUMED_TFLOPS:.3g}× that)" if BASELINE in achieved
+                        else ""))
     lines.append("")
     basis = result.bars[0]["basis"] if result.bars else "wall"
     lines.append(f"| bar | wall-clock medians | CPU-time medians | met ({'CPU time' if basis == 'cpu' else 'wall clock'}) |")
@@ -706,4 +745,123 @@ def result_markdown(result: PretrainBenchResult) -> str:
     for bar in result.bars:
         met = "n/a" if bar["met"] is None else ("**yes**" if bar["met"] else "**no**")
         lines.append(f"| {bar['bar']} | {fmt(bar['value'])} | {fmt(bar['value_cpu'])} | {met} |")
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------- packing: real text per second
+#: The words of the generated BookCorpus-like stream (short narrative sentences).
+_BOOK_WORDS = ("the a he she they man woman door house room night morning back away said looked walked turned "
+               "quiet dark slowly never again what why her his").split()
+
+
+def bookcorpus_like(path: str | Path, books: int = 60, seed: int = 0) -> Path:
+    """Write a BookCorpus-like stream to ``path``: one short sentence per line (4–18 words, as BookCorpus's rows
+    average ~13 tokens), books of 40–200 sentences one after another with no boundary between them (as the hub's
+    ``bookcorpus``)."""
+    rng = np.random.default_rng(seed)
+    lines = []
+    for _ in range(books):
+        for _ in range(int(rng.integers(40, 201))):
+            words = rng.choice(_BOOK_WORDS, size=int(rng.integers(4, 19)))
+            lines.append(" ".join(words).capitalize() + rng.choice([".", ".", ".", "?", "!"]))
+    path = Path(path)
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
+@dataclass
+class PackingBenchResult:
+    """Per arm (``unpacked``, ``packed``): examples, the share of computed tokens that are real text, and real-text
+    tokens per second of one pre-training preset's full step."""
+
+    settings: dict[str, Any]
+    arms: dict[str, dict[str, Any]]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"settings": self.settings, "arms": self.arms}
+
+
+def bench_packing(config, tokenizer: Any, corpus: str | Path, cache_dir: str | Path,
+                  settings: PretrainBenchSettings | None = None, *, across: bool = True, short_seq_prob: float = 0.0,
+                  progress: Callable[[str], None] | None = None) -> PackingBenchResult:
+    """The same corpus unpacked (each line/document chunked alone) and packed (:mod:`pretrieve.data.packing`;
+    ``across``: its documents packed into one another, as BookCorpus), each shuffled (seeded) and fed in
+    micro-batches of ``batch_size`` to the first preset's step, padded by its collator to the longest example;
+    arms alternate step by step (the protocol of :func:`bench_pretrain`). Real-text tokens are the examples' own
+    (their [CLS]/[SEP] and padding excluded); computed tokens are batch × padded length."""
+    from pretrieve.train.loop import micro_batch_seed  # heavy: transformers/accelerate; bench masking uses this module without them
+
+    settings = settings or PretrainBenchSettings()
+    settings.validate()
+    packing = Packing(short_seq_prob, (str(corpus),) if across else ())
+    corpora = {"unpacked": TokenizedCorpus.build(corpus, tokenizer, settings.max_len, Path(cache_dir) / "unpacked",
+                                                 show_progress=False, num_proc=1),
+               "packed": TokenizedCorpus.build(corpus, tokenizer, settings.max_len, Path(cache_dir) / "packed",
+                                               show_progress=False, num_proc=1, packing=packing)}
+    preset = settings.presets[0]
+    runners = {arm: PresetRunner(preset, config, tokenizer, settings.max_len, settings.seed, settings.bf16,
+                                 device=settings.device) for arm in corpora}
+    orders = {arm: np.random.default_rng(settings.seed).permutation(len(data)) for arm, data in corpora.items()}
+    measured: dict[str, dict[str, float]] = {arm: defaultdict(float) for arm in corpora}
+    total = settings.warmup + settings.steps
+    for step in range(total):
+        arms = list(corpora) if step % 2 == 0 else list(corpora)[::-1]
+        for arm in arms:
+            data, order = corpora[arm], orders[arm]
+            batch = [data[int(order[(step * settings.batch_size + i) % len(data)])]
+                     for i in range(settings.batch_size)]
+            generator = torch.Generator().manual_seed(micro_batch_seed(settings.seed, step, 0))
+            timing = runners[arm].step(batch, generator)
+            if step >= settings.warmup:
+                lengths = [len(example["input_ids"]) for example in batch]
+                row = measured[arm]
+                row["real_tokens"] += sum(length - 2 for length in lengths)
+                row["computed_tokens"] += max(lengths) * len(lengths)
+                row["step_s"] += timing.step
+                row["cpu_step_s"] += timing.cpu_step
+        if progress is not None:
+            progress(f"step {step + 1}/{total} ({'warm-up' if step < settings.warmup else 'measured'}) done")
+    arms_out = {}
+    for arm, data in corpora.items():
+        row = measured[arm]
+        arms_out[arm] = {"examples": len(data), "mean_tokens_per_example": float(data.lengths().mean()),
+                         "real_text_share": row["real_tokens"] / row["computed_tokens"],
+                         "corpus_real_text_share": _padded_share(data.lengths(), settings.batch_size, settings.seed),
+                         "real_tokens_per_s": row["real_tokens"] / row["step_s"],
+                         "real_tokens_per_cpu_s": row["real_tokens"] / row["cpu_step_s"]}
+    info = {"corpus": str(corpus), "preset": preset, "batch_size": settings.batch_size, "max_len": settings.max_len,
+            "steps": settings.steps, "warmup": settings.warmup, "bf16": settings.bf16, "seed": settings.seed,
+            "across": across, "short_seq_prob": short_seq_prob, "torch_threads": torch.get_num_threads(),
+            "device": settings.device, "device_name": device_name(settings.device)}
+    return PackingBenchResult(info, arms_out)
+
+
+def _padded_share(lengths: np.ndarray, batch_size: int, seed: int) -> float:
+    """Real text over computed tokens for a whole epoch of seeded-shuffled micro-batches (special tokens and padding
+    not text)."""
+    shuffled = lengths[np.random.default_rng(seed).permutation(len(lengths))]
+    usable = max(batch_size, len(shuffled) // batch_size * batch_size)
+    batches = np.resize(shuffled, usable).reshape(-1, batch_size)
+    return float((batches - 2).sum() / (batches.max(axis=1) * batch_size).sum())
+
+
+def packing_markdown(result: PackingBenchResult) -> str:
+    """The packing section: both arms, the share of real text and real-text tokens/s, and the issue's bars."""
+    s, arms = result.settings, result.arms
+    lines = [f"### Packing — {s['preset']}, batch {s['batch_size']}, max length {s['max_len']}, "
+             f"{'bf16 autocast' if s['bf16'] else 'fp32'}, {s['steps']} steps after {s['warmup']} warm-up, "
+             f"corpus {s['corpus']}" + (" (documents packed across)" if s["across"] else ""), ""]
+    headers = ["arm", "examples", "tokens/example", "real-text share (measured)", "real-text share (epoch)",
+               "real tokens/s", "real tokens/CPU-s"]
+    rows = [[arm, row["examples"], row["mean_tokens_per_example"], row["real_text_share"],
+             row["corpus_real_text_share"], row["real_tokens_per_s"], row["real_tokens_per_cpu_s"]]
+            for arm, row in arms.items()]
+    lines += [markdown_table(headers, rows, digits=3), ""]
+    share = arms["packed"]["real_text_share"] / arms["unpacked"]["real_text_share"]
+    speed = arms["packed"]["real_tokens_per_s"] / arms["unpacked"]["real_tokens_per_s"]
+    speed_cpu = arms["packed"]["real_tokens_per_cpu_s"] / arms["unpacked"]["real_tokens_per_cpu_s"]
+    lines.append(f"- packed / unpacked: real-text share **{share:.2f}×**, real-text tokens/s **{speed:.2f}×** "
+                 f"(CPU time {speed_cpu:.2f}×)")
+    lines.append(f"- bar: packed real-text share ≥ 0.95: **{'yes' if arms['packed']['real_text_share'] >= 0.95 else 'no'}** "
+                 f"({arms['packed']['real_text_share']:.3f}; unpacked {arms['unpacked']['real_text_share']:.3f})")
     return "\n".join(lines)

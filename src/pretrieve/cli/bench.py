@@ -132,6 +132,9 @@ def bench_pretrain_command(
     seed: int = typer.Option(0, help="Seed of initial weights, texts and masking."),
     threads: Optional[int] = typer.Option(None, help="torch intra-op threads (default: torch's choice)."),
     device: str = typer.Option("cpu", help=DEVICE_HELP),
+    packing: bool = typer.Option(False, "--packing", help="Instead of the methods side by side: the first preset "
+                                 "on --corpus unpacked and packed (default corpus: a generated BookCorpus-like "
+                                 "stream, packed across its lines): real-text share and real-text tokens/s."),
     out: Optional[Path] = typer.Option(None, help="Write the report to FILE.md and the numbers to FILE.json."),
 ) -> None:
     """Pre-training step speed per method, Drop your Decoder (Ma et al. 2024) Table 4 on this machine."""
@@ -144,6 +147,9 @@ def bench_pretrain_command(
                                      max_len=max_len, steps=steps, warmup=warmup, bf16=bf16, seed=seed,
                                      reference=reference, floor=floor, device=device)
     settings.validate()
+    if packing:
+        _bench_packing(model, shapes, corpus, settings, out)
+        return
     results, sections = [], []
     for name, config, tokenizer in _targets(model, shapes):
         texts = load_texts(corpus, batch_size * (steps + warmup), tokenizer, seed=seed)
@@ -158,6 +164,29 @@ def bench_pretrain_command(
                          f"- texts: {corpus or 'synthetic (random vocabulary words)'}"])
     markdown = "\n\n".join([header, *sections])
     _emit(markdown, {"environment": env, "corpus": corpus, "results": [r.to_dict() for r in results]}, out)
+
+
+def _bench_packing(model: Optional[str], shapes: str, corpus: Optional[str], settings, out: Optional[Path]) -> None:
+    """``bench pretrain --packing``: :func:`pretrieve.bench.pretrain_speed.bench_packing` per shape."""
+    from pretrieve.bench.pretrain_speed import bench_packing, bookcorpus_like, packing_markdown  # heavy: keeps pretrieve --help torch-free
+
+    with tempfile.TemporaryDirectory(prefix="pretrieve-packing-") as tmp:
+        source = corpus or str(bookcorpus_like(Path(tmp) / "bookcorpus-like.txt", seed=settings.seed))
+        results, sections = [], []
+        for index, (name, config, tokenizer) in enumerate(_targets(model, shapes)):
+            err.print(f"[bench pretrain --packing] {name}: 2 arms × {settings.warmup + settings.steps} steps",
+                      highlight=False)
+            result = bench_packing(config, tokenizer, source, Path(tmp) / f"cache-{index}", settings,
+                                   across=corpus is None,
+                                   progress=lambda line: err.print(f"  {line}", highlight=False))
+            result.settings["shape"] = name
+            results.append(result)
+            sections.append(f"{packing_markdown(result)}\n- shape: {name}")
+    env = environment()
+    header = "\n".join(["## Packed pre-training text", "", *environment_lines(env),
+                         f"- texts: {corpus or 'a generated BookCorpus-like stream (one short sentence per line)'}"])
+    _emit("\n\n".join([header, *sections]), {"environment": env, "corpus": corpus,
+                                              "packing": [r.to_dict() for r in results]}, out)
 
 
 @bench_app.command("masking")

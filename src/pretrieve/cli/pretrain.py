@@ -57,6 +57,8 @@ def pretrain_command(
     precision: Optional[str] = typer.Option(None, help=PRECISION_HELP, show_default="fp32"),
     bf16: Optional[bool] = typer.Option(None, "--bf16/--no-bf16", help="Deprecated: --precision bf16",
                                         show_default="off"),
+    tf32: Optional[bool] = typer.Option(None, "--tf32/--no-tf32", help="fp32 matrix products on CUDA tensor cores in "
+                                        "TF32 (compute capability >= 8.0)", show_default="off"),
     gradient_checkpointing: Optional[bool] = typer.Option(None, "--gradient-checkpointing",
                                                           help="Recompute activations in the backward pass"),
     seed: Optional[int] = typer.Option(None, help="Seed of masking, data order and init", show_default="42"),
@@ -65,6 +67,14 @@ def pretrain_command(
     num_workers: Optional[int] = typer.Option(None, help="DataLoader workers for collation", show_default="0"),
     num_proc: Optional[int] = typer.Option(None, help="Processes that build the token cache",
                                            show_default="one per 16 MB of input, up to the CPUs"),
+    pack: Optional[bool] = typer.Option(None, "--pack/--no-pack", help="Pack consecutive sentences of each document "
+                                        "into examples of up to --max-len tokens (as RetroMAE/bowdpr prepare "
+                                        "Wikipedia and BookCorpus)", show_default="off"),
+    pack_across: Optional[List[str]] = typer.Option(None, help="A --corpus source whose consecutive documents are "
+                                                    "packed into one another (BookCorpus's sentence rows); "
+                                                    "repeatable"),
+    short_seq_prob: Optional[float] = typer.Option(None, help="Packing: probability of a random shorter target "
+                                                   "length", show_default="0"),
     resume: bool = typer.Option(False, "--resume", help="Continue from the newest checkpoint in --out."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Discard a previous run in --out (checkpoints, "
                                    "final/, logs) and start afresh."),
@@ -86,8 +96,9 @@ def pretrain_command(
                  batch_size=batch_size, micro_batch_size=micro_batch_size, lr=lr, max_steps=steps,
                  epochs=epochs, warmup_ratio=warmup_ratio, warmup_steps=warmup_steps, schedule=schedule,
                  min_lr_ratio=min_lr_ratio, precision=precision, bf16=bf16,
-                 gradient_checkpointing=gradient_checkpointing, seed=seed,
+                 gradient_checkpointing=gradient_checkpointing, tf32=tf32, seed=seed,
                  save_every=save_every, log_every=log_every, num_workers=num_workers, num_proc=num_proc,
+                 pack=pack, pack_across=pack_across or None, short_seq_prob=short_seq_prob,
                  overwrite=overwrite or None, allow_inexact_resume=allow_inexact_resume or None,
                  divergence_factor=divergence_factor, report_to=report_to,
                  reuse_from=str(reuse_from) if reuse_from else None)

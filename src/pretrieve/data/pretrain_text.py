@@ -23,9 +23,15 @@ RetroMAE's pre-processing (``concatenate_datasets([bookcorpus, wikipedia])``, th
 
 Chunking: each passage is tokenized without special tokens and cut into consecutive chunks of ``max_len - 2``
 tokens; ``[CLS] chunk [SEP]`` (the tokenizer's own cls/sep, e.g. ``<s>``/``</s>`` for RoBERTa) is one training
-example. A trailing chunk shorter than ``min_chunk`` tokens is dropped unless it is the whole passage. (RetroMAE's
-pre-processing packs sentences up to the maximum length; for passage corpora such as MS MARCO (max-len 144) and
-SciFact almost every passage is one chunk.)
+example. A trailing chunk shorter than ``min_chunk`` tokens is dropped unless it is the whole passage. For passage
+corpora such as MS MARCO (max-len 144) and SciFact almost every passage is one chunk.
+
+Packing (``packing``, the ``pack`` / ``pack_across`` / ``short_seq_prob`` settings of a pre-training run): each
+passage is split into sentences and consecutive sentences are packed into examples of up to ``max_len - 2``
+tokens, as the authors' pre-processing does for Wikipedia and BookCorpus (:mod:`pretrieve.data.packing`: the rule,
+the sentence splitter, and why). A plain-text file is then read with its blank lines as document boundaries, so
+BERT's format (one sentence per line, a blank line between documents) packs each document's lines when the file
+is named in ``pack_across``.
 
 Building (:meth:`TokenizedCorpus.build`): the source is cut into parts — byte ranges at line starts of a file,
 contiguous row ranges of a dataset — and tokenized by ``num_proc`` processes
@@ -58,6 +64,7 @@ import numpy as np
 from pretrieve import artifacts
 from pretrieve.data.beir import iter_corpus
 from pretrieve.data.jsonl import _open_binary, iter_jsonl, iter_lines, require_str
+from pretrieve.data.packing import Packer, Packing, document_key, split_sentences
 from pretrieve.data.parallel import byte_ranges, located_in_part, part_count, resolve_num_proc, run_parts
 from pretrieve.data.records import join_title, parse_document
 from pretrieve.errors import InputError
@@ -180,9 +187,11 @@ def open_text_dataset(source: TextSource):
     return dataset
 
 
-def iter_pretrain_texts(source: str | Path | TextSource, start: int = 0, end: int | None = None) -> Iterator[str]:
+def iter_pretrain_texts(source: str | Path | TextSource, start: int = 0, end: int | None = None,
+                        keep_blank: bool = False) -> Iterator[str]:
     """Stream the passages of a pre-training source (see the module docstring); ``start``/``end`` select a part:
-    a byte range of a file (at line starts) or a row range of a dataset."""
+    a byte range of a file (at line starts) or a row range of a dataset. ``keep_blank``: a blank line of a plain
+    text file is an empty passage (a document boundary to packing) instead of skipped."""
     source = resolve_text_source(source)
     if source.kind == "beir":
         first_line: dict[str, int] = {}   # duplicates within this part (a part of a parallel build holds its own)
@@ -199,7 +208,7 @@ def iter_pretrain_texts(source: str | Path | TextSource, start: int = 0, end: in
             yield join_title(title, text)
     elif source.kind == "text":
         for _, line in iter_lines(source.path, start, end):
-            if line.strip():
+            if line.strip() or keep_blank:
                 yield line.strip()
     else:
         yield from _iter_dataset_texts(open_text_dataset(source), str(source), start, end)
@@ -251,13 +260,16 @@ class TokenizedCorpus:
 
     @classmethod
     def build(cls, source: str | Path | TextSource | list, tokenizer, max_len: int, cache_dir: str | Path,
-              min_chunk: int = 8, show_progress: bool = True, num_proc: int | None = None) -> "TokenizedCorpus":
+              min_chunk: int = 8, show_progress: bool = True, num_proc: int | None = None,
+              packing: Packing | None = None) -> "TokenizedCorpus":
         """Tokenize ``source`` (one source or several, concatenated in order; :func:`split_corpus`) once with
-        ``num_proc`` processes (or reuse the current cache); memory-map it."""
+        ``num_proc`` processes (or reuse the current cache); memory-map it. ``packing``: pack the sentences of each
+        document (:mod:`pretrieve.data.packing`) instead of chunking each document alone."""
         if max_len < 8:
             raise InputError(f"max_len must be at least 8, got {max_len}", field="max_len")
         sources = resolve_text_sources(source)
-        target, settings, inputs, units, num_proc = _plan(sources, tokenizer, max_len, min_chunk, cache_dir, num_proc)
+        target, settings, inputs, units, num_proc = _plan(sources, tokenizer, max_len, min_chunk, cache_dir, num_proc,
+                                                          packing)
         status = artifacts.check(target, settings, inputs, kind=TOKEN_CACHE_KIND)
         if not status.current:
             if status.exists:
@@ -266,6 +278,7 @@ class TokenizedCorpus:
                 meta = _tokenize_to(tmp, sources, units, tokenizer, num_proc, show_progress)
                 meta.update({"source": ",".join(map(str, sources)), "kind": "+".join(s.kind for s in sources),
                              "max_len": max_len, "min_chunk": min_chunk,
+                             "packing": packing.settings() if packing else None,
                              "tokenizer": getattr(tokenizer, "name_or_path", "")})
                 (tmp / "meta.json").write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
         return cls.open(target, tokenizer)
@@ -332,10 +345,12 @@ def corpus_cache_name(sources: list[TextSource], tag: str, *settings: Any) -> st
 
 
 def _plan(sources: list[TextSource], tokenizer, max_len: int, min_chunk: int, cache_dir: str | Path,
-          num_proc: int | None):
+          num_proc: int | None, packing: Packing | None = None):
     """``(target, settings, inputs, units, num_proc)``: where the cache goes, what makes it current (one source:
     its own settings and inputs; several: a list of settings and the inputs of each, prefixed ``sourceN-``) and
-    the parts to tokenize, source after source."""
+    the parts to tokenize, source after source. A source packed across documents is cut into the same parts for
+    any ``num_proc`` (a run of packed documents ends at a part's end)."""
+    across = packed_across(sources, packing)
     identities = [source_identity(source) for source in sources]
     if len(sources) == 1:
         settings, inputs = identities[0][0], identities[0][1]
@@ -345,21 +360,40 @@ def _plan(sources: list[TextSource], tokenizer, max_len: int, min_chunk: int, ca
                   for i, identity in enumerate(identities) for key, path in identity[1].items()}
     vocab = vocabulary_digest(tokenizer)
     settings.update({"format": TOKEN_CACHE_FORMAT, "max_len": max_len, "min_chunk": min_chunk, "vocabulary": vocab})
+    tag = f"L{max_len}"
+    if packing is not None:
+        settings["packing"] = packing.settings()
+        tag += "-packed"
     num_proc = resolve_num_proc(num_proc, sum(identity[3] for identity in identities))
-    target = Path(cache_dir) / corpus_cache_name(sources, f"L{max_len}", vocab, min_chunk)
+    packed = sorted(settings.get("packing", {}).items())
+    target = Path(cache_dir) / corpus_cache_name(sources, tag, vocab, min_chunk, *packed)
     dtype = np.dtype(np.uint16 if len(tokenizer) <= np.iinfo(np.uint16).max else np.uint32).str
     units = []
     for index, (source, (_, _, parts, _, dataset)) in enumerate(zip(sources, identities)):
         if source.is_file:
-            parts = byte_ranges(source.path, part_count(source.path, num_proc))
-        elif num_proc > 1 and len(parts) < num_proc:  # spread a dataset over the processes
+            parts = byte_ranges(source.path, part_count(source.path, 1 if across[index] else num_proc))
+        elif num_proc > 1 and len(parts) < num_proc and not across[index]:  # spread a dataset over the processes
             rows = parts[-1][1] if parts else 0
             step = max(1, -(-rows // num_proc))
             parts = [(a, min(a + step, rows)) for a in range(0, rows, step)]
         first = len(units)
-        units += [_Unit(source, start, end, f"part-{first + i:05d}", max_len, min_chunk, dtype, dataset, index)
+        units += [_Unit(source, start, end, f"part-{first + i:05d}", max_len, min_chunk, dtype, dataset, index,
+                        packing, across[index])
                   for i, (start, end) in enumerate(parts)]
     return target, settings, inputs, units, num_proc
+
+
+def packed_across(sources: list[TextSource], packing: Packing | None) -> list[bool]:
+    """For each source, whether its documents are packed into one another (named in ``packing.across``); a name
+    that is none of the sources is an error."""
+    if packing is None:
+        return [False] * len(sources)
+    named = {str(resolve_text_source(name)): name for name in packing.across}
+    unknown = [name for key, name in named.items() if key not in {str(source) for source in sources}]
+    if unknown:
+        raise InputError(f"pack_across names {', '.join(unknown)}, which is not among the corpus's sources "
+                         f"({', '.join(map(str, sources))})", field="pack_across")
+    return [str(source) in named for source in sources]
 
 
 @dataclass(frozen=True)
@@ -373,6 +407,8 @@ class _Unit:
     dtype: str
     dataset: Any = None  # the opened datasets.Dataset of a datasets source (pickles as its file paths)
     source_index: int = 0   # which of the corpus's sources
+    packing: Packing | None = None
+    across: bool = False    # pack this source's documents into one another
 
 
 @dataclass
@@ -389,46 +425,74 @@ def _set_tokenizer(tokenizer) -> None:
     _TOKENIZER[:] = [tokenizer]
 
 
+def _chunk(encoded: list[list[int]], size: int, min_chunk: int) -> tuple[list[list[int]], list[int]]:
+    """Unpacked: each passage's ids cut into chunks of ``size`` (module docstring); ``(kept ids, chunk lengths)``."""
+    kept: list[list[int]] = []
+    lengths: list[int] = []
+    for ids in encoded:
+        full, rest = divmod(len(ids), size)
+        if rest and (full == 0 or rest >= min_chunk):
+            kept.append(ids)
+            lengths.extend([size] * full + [rest])
+        elif full:
+            kept.append(ids[:full * size])
+            lengths.extend([size] * full)
+    return kept, lengths
+
+
+def _pack(tokenizer, texts: list[str], packer: Packer) -> list[list[int]]:
+    """Packed: the blocks the passages complete (their sentences tokenized in one call)."""
+    sentences = [split_sentences(text) for text in texts]
+    flat = [sentence for each in sentences for sentence in each]
+    encoded = tokenizer(flat, add_special_tokens=False, truncation=False, verbose=False)["input_ids"] if flat else []
+    blocks, position = [], 0
+    for text, each in zip(texts, sentences):
+        blocks += packer.add_document(encoded[position:position + len(each)], document_key(text))
+        position += len(each)
+    return blocks
+
+
 def _tokenize_unit(unit: _Unit) -> _UnitResult:
     """Tokenize one part: token ids to ``<out>.tokens``, chunk lengths (int32) to ``<out>.lengths``."""
     tokenizer = _TOKENIZER[0]
     dtype = np.dtype(unit.dtype)
     size = unit.max_len - 2
+    packer = None if unit.packing is None else Packer(size, unit.packing.short_seq_prob, unit.across)
     passages = chunks = tokens = 0
     start = unit.start if unit.source.is_file else 0
     with located_in_part(unit.source.path, start), open(unit.out + ".tokens", "wb") as token_file, \
             open(unit.out + ".lengths", "wb") as length_file:
         batch: list[str] = []
 
-        def flush() -> None:
+        def write(kept: list[list[int]], lengths: list[int]) -> None:
             nonlocal chunks, tokens
-            encoded = tokenizer(batch, add_special_tokens=False, truncation=False, verbose=False)["input_ids"]
-            kept: list[list[int]] = []
-            lengths: list[int] = []
-            for ids in encoded:
-                full, rest = divmod(len(ids), size)
-                if rest and (full == 0 or rest >= unit.min_chunk):
-                    kept.append(ids)
-                    lengths.extend([size] * full + [rest])
-                elif full:
-                    kept.append(ids[:full * size])
-                    lengths.extend([size] * full)
             total = sum(lengths)
             np.fromiter(itertools.chain.from_iterable(kept), dtype=dtype, count=total).tofile(token_file)
             np.asarray(lengths, dtype=np.int32).tofile(length_file)
             chunks += len(lengths)
             tokens += total
+
+        def flush() -> None:
+            if packer is None:
+                encoded = tokenizer(batch, add_special_tokens=False, truncation=False, verbose=False)["input_ids"]
+                write(*_chunk(encoded, size, unit.min_chunk))
+            else:
+                blocks = _pack(tokenizer, batch, packer)
+                write(blocks, [len(block) for block in blocks])
             batch.clear()
 
-        texts = (iter_pretrain_texts(unit.source, unit.start, unit.end) if unit.dataset is None
-                 else _iter_dataset_texts(unit.dataset, str(unit.source), unit.start, unit.end))
+        texts = (iter_pretrain_texts(unit.source, unit.start, unit.end, keep_blank=packer is not None)
+                 if unit.dataset is None else _iter_dataset_texts(unit.dataset, str(unit.source), unit.start, unit.end))
         for text in texts:
             batch.append(text)
-            passages += 1
+            passages += bool(text) or packer is None   # a blank line (kept as a boundary) is no passage
             if len(batch) >= TOKENIZE_BATCH:
                 flush()
         if batch:
             flush()
+        if packer is not None:
+            blocks = packer.finish()
+            write(blocks, [len(block) for block in blocks])
     return _UnitResult(passages, chunks, tokens)
 
 

@@ -8,9 +8,9 @@ and each span's [CLS] vector reconstructs the other (:mod:`pretrieve.modeling.ob
 Document spans (:class:`SpanCorpus`, :class:`SpanDataset`):
 
 * **Sentences.** Each document (BEIR ``title + " " + text``, JSONL ``text``, or a plain-text line) is split into
-  sentences by :func:`split_sentences` — a break after ``.``/``!``/``?`` followed by white space and an
-  upper-case letter, a digit, a quote or a bracket (NLTK's punkt, used by CoT-MAE's scripts, is not a
-  dependency here). Sentences are tokenized without special tokens; a sentence longer than the span budget
+  sentences by :func:`~pretrieve.data.packing.split_sentences` — BlingFire's sentence breaker, which works offline
+  from its package (CoT-MAE's scripts use NLTK's Punkt, whose model is a separate download; the choice is
+  explained in :mod:`pretrieve.data.packing`). Sentences are tokenized without special tokens; a sentence longer than the span budget
   ``max_len − 2`` is cut into budget-sized pieces, each then treated as a sentence.
 * **Packing.** Consecutive sentences are packed greedily into spans of at most ``max_len − 2`` tokens (CoT-MAE
   packs until the budget is *exceeded* and truncates later; it also draws a shorter target length with
@@ -60,7 +60,6 @@ source's content, the vocabulary and ``max_len`` are the same. Sources are those
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator, Mapping, Sequence
@@ -68,6 +67,7 @@ from typing import Any, Iterator, Mapping, Sequence
 import numpy as np
 
 from pretrieve.data.jsonl import iter_jsonl
+from pretrieve.data.packing import split_sentences, splitter_version
 from pretrieve import artifacts
 from pretrieve.data.pretrain_text import (cache_name, iter_pretrain_texts, resolve_text_sources, source_identity,
                                           vocabulary_digest)
@@ -78,9 +78,8 @@ DOCUMENT_KINDS = ("nearby", "overlap", "random")
 CONTEXT_KINDS = (*DOCUMENT_KINDS, "mixed", "pairs")
 ANCHORS = ("document", "span")
 QUERY_TYPE, PASSAGE_TYPE = 0, 1
-_SENTENCE_BREAK = re.compile(r"(?<=[.!?])\s+(?=[A-Z0-9\"'(\[])")
 _DOCS_PER_BATCH = 500
-_CACHE_VERSION = "spans-v1"
+_CACHE_VERSION = "spans-v2"   # v2: BlingFire's sentences (v1: a regular expression)
 _CACHE_KIND = "span-cache"
 
 
@@ -132,11 +131,6 @@ class ContextSpec:
 
 
 # -------------------------------------------------------------------------------------------- sentences
-def split_sentences(text: str) -> list[str]:
-    """Sentences of ``text`` (see the module docstring); blank pieces are dropped."""
-    return [piece.strip() for piece in _SENTENCE_BREAK.split(text.strip()) if piece.strip()]
-
-
 def pack_spans(sentence_lengths: Sequence[int], budget: int) -> list[int]:
     """Greedy packing: the sentence index where each span starts (plus the end), spans ≤ ``budget`` tokens."""
     starts, total = [0], 0
@@ -202,7 +196,8 @@ class SpanCorpus:
         source = sources[0]
         settings, inputs = source_identity(source)[:2]
         vocabulary = vocabulary_digest(tokenizer)
-        settings.update({"format": _CACHE_VERSION, "max_len": max_len, "vocabulary": vocabulary})
+        settings.update({"format": _CACHE_VERSION, "max_len": max_len, "vocabulary": vocabulary,
+                         "splitter": splitter_version()})
         target = Path(cache_dir) / cache_name(source, f"spans-L{max_len}", vocabulary)
         if not artifacts.is_current(target, settings, inputs, kind=_CACHE_KIND):
             with artifacts.write_dir(target, kind=_CACHE_KIND, settings=settings, inputs=inputs) as tmp:

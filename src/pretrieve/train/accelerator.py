@@ -15,6 +15,7 @@ from transformers import PreTrainedModel
 
 from pretrieve.errors import ConfigError
 from pretrieve.modeling.mote import is_mote
+from pretrieve.precision import set_tf32
 from pretrieve.train.config import LoopConfig
 
 logger = logging.getLogger(__name__)
@@ -31,7 +32,8 @@ def make_accelerator(config: LoopConfig, out: str | Path | None = None):
     ``out/trackers`` (:data:`TRACKERS_DIR`) as the trackers' logging directory; the loop starts them
     (:func:`pretrieve.train.loop.train`).
 
-    Mixed precision is the loop's (:class:`pretrieve.precision.MixedPrecision`), not accelerate's. DDP's
+    Mixed precision is the loop's (:class:`pretrieve.precision.MixedPrecision`), not accelerate's; ``tf32`` is
+    switched here (:func:`pretrieve.precision.set_tf32`). DDP's
     unused-parameter search is switched on or off per model by :func:`pretrieve.train.loop.train`
     (:func:`leaves_parameters_unused`), before ``prepare``. Under several processes per node, each gets ``cores / processes`` intra-op threads (:func:`set_threads_per_rank`).
     """
@@ -49,6 +51,8 @@ def make_accelerator(config: LoopConfig, out: str | Path | None = None):
                               cpu=not torch.cuda.is_available(), step_scheduler_with_optimizer=False,
                               log_with=trackers or None, project_config=project)
     set_threads_per_rank()
+    if set_tf32(config.tf32, accelerator.device):
+        logger.info("TF32 on for fp32 matrix products (%s)", accelerator.device)
     return accelerator
 
 

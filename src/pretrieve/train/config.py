@@ -48,6 +48,8 @@ class LoopConfig:
     precision: str | None = None
     """auto | fp32 | bf16 | fp16 (autocast; fp16 with a GradScaler; auto: bf16 where the hardware computes it
     natively, else fp32); None = bf16 when ``bf16`` is set, else fp32."""
+    tf32: bool = False
+    """fp32 matrix products on CUDA tensor cores in TF32 (compute capability ≥ 8.0; pretrieve.precision.set_tf32)."""
     gradient_checkpointing: bool = False
     """Recompute the encoder's activations in the backward pass (less memory, ~30 % more compute)."""
     seed: int = 42

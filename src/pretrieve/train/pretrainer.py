@@ -31,6 +31,7 @@ from transformers import AutoConfig, AutoTokenizer
 
 from pretrieve import artifacts
 from pretrieve.ranks import built_once
+from pretrieve.data.packing import Packing
 from pretrieve.data.pretrain_text import TokenizedCorpus, resolve_text_sources
 from pretrieve.data.spans import build_span_dataset
 from pretrieve.errors import ConfigError
@@ -66,6 +67,25 @@ class PretrainConfig(LoopConfig):
     max_len: int = 144
     cache_dir: str | None = None
     num_proc: int | None = None  # processes that build the token cache (default: by input size, up to the CPUs)
+    pack: bool = False
+    """Pack consecutive sentences of each document into examples of up to ``max_len`` (pretrieve.data.packing)."""
+    pack_across: list[str] | None = None
+    """Sources of ``corpus`` whose consecutive documents are packed into one another (BookCorpus's sentence rows)."""
+    short_seq_prob: float = 0.0
+    """Packing: the probability that an example's target length is drawn uniformly from [3, max_len - 2]."""
+
+    def validate(self, world_size: int = 1) -> None:
+        super().validate(world_size)
+        if not 0 <= self.short_seq_prob < 1:
+            raise ConfigError(f"short_seq_prob must be in [0, 1), got {self.short_seq_prob}")
+        if not self.pack and (self.pack_across or self.short_seq_prob):
+            raise ConfigError("pack_across and short_seq_prob are packing settings: set pack: true")
+        if self.pack and isinstance(self.method, MethodConfig) and self.method.context is not None:
+            raise ConfigError("pack: the contextual methods pack their own spans (pretrieve.data.spans); drop pack")
+
+    def packing(self) -> Packing | None:
+        """The corpus's :class:`~pretrieve.data.packing.Packing` (None: each document chunked alone)."""
+        return Packing(self.short_seq_prob, tuple(self.pack_across or ())) if self.pack else None
 
 
 def model_max_length(config) -> int:
@@ -147,7 +167,8 @@ class PretrainingRun(TrainingRun):
                 return build_span_dataset(method.context, config.corpus, tokenizer, config.max_len, cache_dir,
                                           seed=config.seed)
             return TokenizedCorpus.build(config.corpus, tokenizer, config.max_len, cache_dir,
-                                         show_progress=show_progress, num_proc=config.num_proc)
+                                         show_progress=show_progress, num_proc=config.num_proc,
+                                         packing=config.packing())
 
         return built_once(build, "tokenize the pre-training corpus")
 

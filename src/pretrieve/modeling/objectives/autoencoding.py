@@ -29,7 +29,7 @@ from torch import Tensor
 
 from pretrieve.errors import ConfigError
 from pretrieve.modeling.encoder import Encoder, EncoderOutput
-from pretrieve.modeling.objectives.base import (Objective, ObjectiveOutput, bottleneck, positive_int,
+from pretrieve.modeling.objectives.base import (DROP_YOUR_DECODER, Objective, ObjectiveOutput, bottleneck, positive_int,
                                                 register_objective, token_prediction_loss)
 from pretrieve.modeling.objectives.decoder_layers import DecoderStack, LayerShape
 
@@ -44,6 +44,7 @@ class AutoEncodingDecoder(Objective):
     """Reconstruct decoder-masked tokens from [h_CLS ; masked text] with a shallow decoder."""
 
     name = "ae"
+    citation = DROP_YOUR_DECODER
     requires = frozenset({"decoder"})
 
     def __init__(self, encoder: Encoder, *, num_layers: int = 1, projection: bool = False):

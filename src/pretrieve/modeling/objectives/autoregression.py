@@ -22,7 +22,7 @@ from torch import Tensor
 
 from pretrieve.modeling.encoder import Encoder, EncoderOutput
 from pretrieve.modeling.objectives.autoencoding import with_cls_first
-from pretrieve.modeling.objectives.base import (Objective, ObjectiveOutput, bottleneck, positive_int,
+from pretrieve.modeling.objectives.base import (DROP_YOUR_DECODER, Objective, ObjectiveOutput, bottleneck, positive_int,
                                                 register_objective, token_prediction_loss)
 from pretrieve.modeling.objectives.decoder_layers import DecoderStack
 
@@ -42,6 +42,7 @@ class AutoRegressiveDecoder(Objective):
     """Generate the original text left to right from [h_CLS ; text] with a causal decoder."""
 
     name = "ar"
+    citation = DROP_YOUR_DECODER
     requires = frozenset({"original"})
 
     def __init__(self, encoder: Encoder, *, num_layers: int = 1, attention_window: int | None = None):

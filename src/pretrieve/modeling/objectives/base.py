@@ -74,10 +74,40 @@ class ObjectiveOutput:
     logs: dict[str, Any] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class Citation:
+    """The paper an objective implements: its short name, first author, year and title."""
+
+    paper: str
+    first_author: str
+    year: int
+    title: str
+
+    def __str__(self) -> str:
+        return f"{self.paper} ({self.first_author} et al. {self.year}), \"{self.title}\""
+
+
+BERT = Citation("BERT", "Devlin", 2019, "BERT: Pre-training of Deep Bidirectional Transformers for Language "
+                "Understanding")
+DROP_YOUR_DECODER = Citation("Drop your Decoder", "Ma", 2024, "Drop your Decoder: Pre-training with Bag-of-Word "
+                             "Prediction for Dense Passage Retrieval")
+RETROMAE = Citation("RetroMAE", "Xiao", 2022, "RetroMAE: Pre-Training Retrieval-oriented Language Models Via Masked "
+                    "Auto-Encoder")
+DUPMAE = Citation("DupMAE", "Xiao", 2022, "RetroMAE v2: Duplex Masked Auto-Encoder For Pre-Training "
+                  "Retrieval-Oriented Language Models")
+CPDAE = Citation("CPDAE", "Ma", 2022, "A Contrastive Pre-training Approach to Learn Discriminative Autoencoder for "
+                 "Dense Retrieval")
+COT_MAE = Citation("CoT-MAE", "Wu", 2023, "ConTextual Masked Auto-Encoder for Dense Passage Retrieval")
+COT_MOTE = Citation("CoT-MoTE", "Ma", 2023, "CoT-MoTE: Exploring ConTextual Masked Auto-Encoder Pre-training with "
+                    "Mixture-of-Textual-Experts for Passage Retrieval")
+
+
 class Objective(nn.Module):
-    """Base class of pre-training objectives; subclasses set ``name`` and ``requires``."""
+    """Base class of pre-training objectives; subclasses set ``name``, ``requires`` and ``citation``."""
 
     name: str = ""
+    citation: Citation | None = None
+    """The paper whose equation the objective computes."""
     requires: frozenset[str] = frozenset()
     uses_mlm_head: bool = True
     """Whether the loss goes through the encoder's MLM head (``mlm_logits``) on every batch; an objective with its

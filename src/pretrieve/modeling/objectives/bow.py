@@ -34,7 +34,8 @@ from torch import Tensor
 
 from pretrieve.errors import ConfigError
 from pretrieve.modeling.encoder import Encoder, EncoderOutput
-from pretrieve.modeling.objectives.base import Objective, ObjectiveOutput, bottleneck, register_objective
+from pretrieve.modeling.objectives.base import (DROP_YOUR_DECODER, Objective, ObjectiveOutput, bottleneck,
+                                                register_objective)
 from pretrieve.precision import full_precision
 
 PROGRESS = "training_progress"
@@ -69,6 +70,7 @@ class BagOfWords(Objective):
     (eq. 12)."""
 
     name = "bow"
+    citation = DROP_YOUR_DECODER
     requires = frozenset({"bow_targets"})
 
     def __init__(self, encoder: Encoder, *, cosine_decay_to: float | None = None):

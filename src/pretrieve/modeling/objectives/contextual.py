@@ -57,7 +57,7 @@ from pretrieve.errors import ConfigError
 from pretrieve.modeling.encoder import Encoder, EncoderOutput
 from pretrieve.modeling.objectives.autoencoding import with_cls_first
 from pretrieve.modeling.objectives.autoregression import causal_visibility
-from pretrieve.modeling.objectives.base import (Objective, ObjectiveOutput, bottleneck, positive_int,
+from pretrieve.modeling.objectives.base import (COT_MAE, COT_MOTE, Objective, ObjectiveOutput, bottleneck, positive_int,
                                                 register_objective, token_prediction_loss)
 from pretrieve.modeling.objectives.decoder_layers import DecoderStack
 
@@ -160,6 +160,7 @@ class ContextAutoEncoding(_ContextualDecoder):
     """CoT-MAE: reconstruct the decoder-masked other span from this span's [CLS] (bidirectional decoder)."""
 
     name = "context_ae"
+    citation = COT_MAE
     requires = frozenset({"decoder", "context"})
     default_layers = 2
 
@@ -178,6 +179,7 @@ class ContextAutoRegression(_ContextualDecoder):
     """CoT-MoTE eq. 12: generate the other span left to right from this span's [CLS] (causal decoder)."""
 
     name = "context_ar"
+    citation = COT_MOTE
     requires = frozenset({"original", "context"})
     default_layers = 1
 
@@ -205,6 +207,7 @@ class SpanMaskedLanguageModeling(Objective):
     """Encoder MLM over the masked tokens of the anchors and of their context spans (one mean)."""
 
     name = "mlm_spans"
+    citation = COT_MAE
     requires = frozenset({"mlm_labels", "context"})
 
     def forward(self, batch: dict[str, Tensor], enc: EncoderOutput, encoder: Encoder) -> ObjectiveOutput:

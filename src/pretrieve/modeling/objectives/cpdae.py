@@ -52,6 +52,14 @@ Choices, each stated (the paper has no public code):
   the scale then does not grow with the batch size, like REC's mean over texts). No temperature is given
   for the JS contrast, so ``τ = 1``; note ``−JS ∈ [−log 2, 0]``, so the loss lies between ``log m`` and
   ``log(2m − 1)``.
+* **Across processes.** The m of eq. 5 is the batch's: with several processes (each holding m / W texts of a
+  step's micro-batch) the views of every process are gathered (``gather_with_grad``, as the fine-tuning losses
+  gather cross-device negatives) and each process computes the same contrast over all 2m views, its gradient
+  scaled by W so that DDP's average gives the one-process gradient (:mod:`pretrieve.modeling.distributed`);
+  ``tests/test_cpdae.py`` checks 2 processes × 8 texts = 1 process × 16 texts, loss and gradients. Without it,
+  8 processes of 8 texts would each contrast 14 negatives per anchor instead of the paper's 126. REC and MLM are
+  per-text terms and stay local. (Gradient accumulation is not a gather: with ``micro_batch_size`` below the
+  per-process share, each micro-batch contrasts only its own views.)
 * **CPDAE-R (§3.2.2).** ``contrast="dense"`` contrasts the [CLS] vectors instead, with cosine similarity
   and ``τ = 0.05`` (SimCSE, which the paper cites as its dense-contrast baseline; the paper gives neither).
 * **Pairwise JS at scale.** ``JS(P, Q) = ½Σp log p + ½Σq log q − Σm log m`` with ``m = (p + q)/2`` needs
@@ -73,8 +81,9 @@ from torch import Tensor, nn
 
 from pretrieve.errors import ConfigError, InputError
 from pretrieve.masking.pmi import NgramStatistics
+from pretrieve.modeling.distributed import gather_with_grad, scale_grad, world_size
 from pretrieve.modeling.encoder import Encoder, EncoderOutput
-from pretrieve.modeling.objectives.base import (Objective, ObjectiveOutput, bottleneck, register_objective,
+from pretrieve.modeling.objectives.base import (CPDAE, Objective, ObjectiveOutput, bottleneck, register_objective,
                                                 token_prediction_loss)
 from pretrieve.precision import full_precision
 from pretrieve.modeling.objectives.decoder_layers import LayerShape
@@ -197,6 +206,14 @@ def view_contrastive_loss(similarity: Tensor, temperature: float = 1.0) -> Tenso
     return F.cross_entropy(logits, positives)
 
 
+def gathered_views(rows: Tensor) -> Tensor:
+    """``[view 1 of every process's texts; view 2 of every process's texts]`` from this process's ``[view 1; view
+    2]`` rows (:func:`~pretrieve.modeling.distributed.gather_with_grad`: the own rows keep their gradient), the
+    row order :func:`view_contrastive_loss` expects; the rows themselves in one process."""
+    first, second = rows.chunk(2, dim=0)
+    return torch.cat([gather_with_grad(first), gather_with_grad(second)], dim=0)
+
+
 def cosine_similarity_matrix(vectors: Tensor) -> Tensor:
     normalized = F.normalize(full_precision(vectors), dim=-1)
     return normalized @ normalized.T
@@ -234,6 +251,7 @@ class ContrastiveDiscriminativeAutoencoder(Objective):
     """CPDAE's MLP decoder with reconstruction + contrastive losses over two masked views (``REC + λ·CL``)."""
 
     name = "cpdae"
+    citation = CPDAE
     uses_mlm_head = False   # its own MLP decoder maps [CLS] to the vocabulary
     requires = frozenset({SECOND_VIEW, "bow_targets"})
 
@@ -267,15 +285,19 @@ class ContrastiveDiscriminativeAutoencoder(Objective):
         targets = batch["bow_targets"].repeat(2, 1)
         rec = reconstruction_loss(logits, targets, self.idf_weights, self.rec_reduction)
         if self.contrast == "js":
-            similarity = -pairwise_js(word_distribution(logits))
+            views = gathered_views(word_distribution(logits))
+            similarity = -pairwise_js(views)
         elif self.contrast == "dense":
-            similarity = cosine_similarity_matrix(cls)
+            views = gathered_views(cls)
+            similarity = cosine_similarity_matrix(views)
         else:
-            similarity = None
-        if similarity is None or cls.shape[0] < 4:  # a contrast needs at least two texts
+            views = similarity = None
+        if similarity is None or views.shape[0] < 4:  # a contrast needs at least two texts
             cl = logits.sum() * 0.0
         else:
-            cl = view_contrastive_loss(similarity, self.temperature)
+            # every process computes the same loss over the gathered views and back-propagates into its own:
+            # × world size undoes DDP's average (pretrieve.modeling.distributed), the value stays the loss
+            cl = scale_grad(view_contrastive_loss(similarity, self.temperature), world_size())
         loss = rec + self.cl_weight * cl
         return ObjectiveOutput(loss, {"loss": loss.detach(), "rec": rec.detach(), "cl": cl.detach()})
 
@@ -285,6 +307,7 @@ class MultiViewMLM(Objective):
     """Encoder MLM over both masked views: mean CE over the masked tokens of view 1 and view 2 together."""
 
     name = "mlm_views"
+    citation = CPDAE
     requires = frozenset({"mlm_labels", SECOND_VIEW})
 
     def __init__(self, encoder: Encoder):

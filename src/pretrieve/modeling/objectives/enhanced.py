@@ -30,7 +30,7 @@ from pretrieve.errors import ConfigError
 
 from pretrieve.modeling.encoder import Encoder, EncoderOutput
 from pretrieve.modeling.objectives.autoencoding import with_cls_first
-from pretrieve.modeling.objectives.base import (Objective, ObjectiveOutput, bottleneck, register_objective,
+from pretrieve.modeling.objectives.base import (RETROMAE, Objective, ObjectiveOutput, bottleneck, register_objective,
                                                 token_prediction_loss)
 from pretrieve.modeling.objectives.decoder_layers import DecoderLayer, LayerShape
 
@@ -43,6 +43,7 @@ class EnhancedDecoder(Objective):
     """RetroMAE's two-stream, position-specific-mask decoder."""
 
     name = "enhanced"
+    citation = RETROMAE
     requires = frozenset({"original", "enhanced_mask"})
 
     def __init__(self, encoder: Encoder, *, query_stream: str = "raw"):

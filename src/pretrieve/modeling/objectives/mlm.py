@@ -15,7 +15,8 @@ from __future__ import annotations
 from torch import Tensor
 
 from pretrieve.modeling.encoder import Encoder, EncoderOutput
-from pretrieve.modeling.objectives.base import Objective, ObjectiveOutput, register_objective, token_prediction_loss
+from pretrieve.modeling.objectives.base import (BERT, Objective, ObjectiveOutput, register_objective,
+                                                token_prediction_loss)
 
 
 @register_objective
@@ -23,6 +24,7 @@ class MaskedLanguageModeling(Objective):
     """Cross-entropy of the encoder's MLM head at the encoder-masked positions."""
 
     name = "mlm"
+    citation = BERT
     requires = frozenset({"mlm_labels"})
 
     def __init__(self, encoder: Encoder):

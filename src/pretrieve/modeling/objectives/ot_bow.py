@@ -47,7 +47,7 @@ from torch import Tensor
 
 from pretrieve.errors import ConfigError
 from pretrieve.modeling.encoder import Encoder, EncoderOutput
-from pretrieve.modeling.objectives.base import Objective, ObjectiveOutput, positive_int, register_objective
+from pretrieve.modeling.objectives.base import DUPMAE, Objective, ObjectiveOutput, positive_int, register_objective
 from pretrieve.modeling.objectives.bow import bow_cross_entropy
 from pretrieve.precision import full_precision
 
@@ -135,6 +135,7 @@ class OrdinaryTokenBagOfWords(Objective):
     """
 
     name = "ot_bow"
+    citation = DUPMAE
     requires = frozenset({"mlm_labels", "bow_targets", "original"})
 
     def __init__(self, encoder: Encoder, *, variant: str = "paper", chunk_elements: int = DEFAULT_CHUNK_ELEMENTS):

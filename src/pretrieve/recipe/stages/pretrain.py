@@ -28,11 +28,13 @@ SMOKE_CAPS = {"max_len": (144, 48)}
 
 
 def smoke(options: dict[str, Any], kit) -> dict[str, Any]:
-    """``--smoke``: the training budget, a small text corpus standing for ``corpus``, and the method's pairs file
-    sliced (its PMI statistics files dropped)."""
+    """``--smoke``: the training budget, a small text corpus standing for ``corpus`` (and for the sources packed
+    across documents), and the method's pairs file sliced (its PMI statistics files dropped)."""
     options = kit.training(options, SMOKE_CAPS)
     if "corpus" in options:
         options["corpus"] = kit.text_corpus(options["corpus"])
+        if options.get("pack_across"):
+            options["pack_across"] = [options["corpus"]]
     if "method" in options:
         options["method"] = kit.method(options["method"])
     return options
@@ -54,6 +56,8 @@ def stage_pretrain(state: RunState, options: dict[str, Any], label: str, show_pr
     sources = [str(state.collections.get(str(source), source)) for source in split_corpus(values.get("corpus")
                                                                                          or state.data)]
     values["corpus"] = sources[0] if len(sources) == 1 else sources   # several: concatenated in order
+    if values.get("pack_across"):   # named as in corpus
+        values["pack_across"] = [str(state.collections.get(str(source), source)) for source in values["pack_across"]]
     method = values.pop("method", "bow")
     flags = {**values, "model": state.init_model, "out": str(out), "show_progress": show_progress}
     config = build_pretrain_config({}, flags, {"method": method}, resume=True)
