@@ -789,7 +789,7 @@ def bench_packing(config, tokenizer: Any, corpus: str | Path, cache_dir: str | P
     micro-batches of ``batch_size`` to the first preset's step, padded by its collator to the longest example;
     arms alternate step by step (the protocol of :func:`bench_pretrain`). Real-text tokens are the examples' own
     (their [CLS]/[SEP] and padding excluded); computed tokens are batch × padded length."""
-    from pretrieve.train.loop import micro_batch_seed  # heavy: transformers/accelerate; bench masking uses this module without them
+    from pretrieve.train.loop import micro_batch_seed  # lazy: accelerate — bench masking uses this module without it
 
     settings = settings or PretrainBenchSettings()
     settings.validate()

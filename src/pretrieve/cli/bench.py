@@ -168,7 +168,7 @@ def bench_pretrain_command(
 
 def _bench_packing(model: Optional[str], shapes: str, corpus: Optional[str], settings, out: Optional[Path]) -> None:
     """``bench pretrain --packing``: :func:`pretrieve.bench.pretrain_speed.bench_packing` per shape."""
-    from pretrieve.bench.pretrain_speed import bench_packing, bookcorpus_like, packing_markdown  # heavy: keeps pretrieve --help torch-free
+    from pretrieve.bench.pretrain_speed import bench_packing, bookcorpus_like, packing_markdown  # lazy: torch
 
     with tempfile.TemporaryDirectory(prefix="pretrieve-packing-") as tmp:
         source = corpus or str(bookcorpus_like(Path(tmp) / "bookcorpus-like.txt", seed=settings.seed))

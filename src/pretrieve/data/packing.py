@@ -70,7 +70,7 @@ def splitter_version() -> str:
 
 def split_sentences(text: str) -> list[str]:
     """The sentences of ``text`` by BlingFire's sentence breaker (see the module docstring); blanks dropped."""
-    import blingfire  # loads its native library and model: only when packing
+    import blingfire  # lazy: blingfire — loads its native library and model, only when packing
 
     return [sentence for sentence in blingfire.text_to_sentences(text).split("\n") if sentence.strip()]
 
