@@ -275,9 +275,9 @@ def dense(
     score, sparse/hybrid representations); --mode picks another search of a sparse/hybrid model, --factory an
     approximate FAISS index for dense vectors.
     """
+    refuse_existing(out, overwrite)   # before torch is imported: an existing --out is refused at once
     from pretrieve.retrieval.search import INDEX_SCRATCH  # torch: keeps `pretrieve --help` and `bm25` torch-free
 
-    refuse_existing(out, overwrite)
     began = time.perf_counter()
     _check_mode(mode)
     collection = _collection(data)
