@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated, Iterable, Optional
 
 import typer
 from rich.console import Console
@@ -121,9 +121,19 @@ def _index_bytes(retriever, rows: int) -> int:
     return rows * int(dim) * 4 if dim else 0
 
 
-def _run_bytes(queries: int, k: int, docs: int) -> int:
-    """The least a run of ``queries`` × ``min(k, docs)`` lines takes (a TREC line is at least 20 bytes)."""
-    return queries * min(k, docs) * 20
+#: Characters of a score in a run file at least (``repr`` of a float: 15-18 for the scores of every retriever, 3 for
+#: a round one such as ``0.0``): what the estimate of a run's size counts.
+SCORE_CHARS = 8
+
+
+def _run_bytes(query_ids: Iterable[str], k: int, docs: int, tag: str) -> int:
+    """What a run of the ``query_ids`` × ``min(k, docs)`` lines ``qid Q0 docid rank score tag`` takes: the query
+    ids, the ranks and the tag as written; a document id of one character and a score of :data:`SCORE_CHARS` (the
+    least), so a run that fits is not refused while the estimate stays near the file (SciFact: 7.8 of 12.6 MB)."""
+    depth = min(k, docs)
+    rank_chars = sum(max(0, depth - 10 ** (digits - 1) + 1) for digits in range(1, 20))   # of "1" … str(depth)
+    fixed = len(" Q0 ") + 1 + 1 + 1 + SCORE_CHARS + 1 + len(tag) + 1   # spaces, a 1-char id, score, tag, newline
+    return sum(depth * (len(qid) + fixed) + rank_chars for qid in query_ids)
 
 
 def _report(run: dict, out: Path, began: float) -> None:
@@ -158,7 +168,9 @@ def bm25(
     needed, largest = (0, 0) if index is not None and index.exists() else engine.index_space(collection.corpus_path)
     if index is not None:
         preflight(index, directory=True, needed_bytes=needed, largest_file=largest)
-    with producing(out, needed_bytes=0 if index else needed, largest_file=largest, scratch=(engine.SCRATCH_NAME,)):
+    run_size = _run_bytes(collection.load_queries(split), k, k, "bm25")   # the corpus's size unread: k per query
+    with producing(out, needed_bytes=run_size + (0 if index else needed), largest_file=max(largest, run_size),
+                   scratch=(engine.SCRATCH_NAME,)):
         queries, lines = runs.lexical_run_file(collection, split, out, k=k, params=engine.params(k1=k1, b=b),
                                                exclude_self=exclude_self, index_dir=index, n_threads=threads,
                                                show_progress=err.is_terminal, engine="bm25")
@@ -232,7 +244,7 @@ def search(
     _check_mode(mode)
     find_shards(index)  # fail on a missing or incomplete index before loading the model
     queries = _collection(data).load_queries(split)
-    with producing(out, needed_bytes=_run_bytes(len(queries), k, 1)):
+    with producing(out, needed_bytes=_run_bytes(queries, k, 1, "")):   # the index's size unread: 1 per query
         retriever = _load(model, device, _precision(precision, bf16), query_max_length=query_max_length,
                           pooling=pooling, normalize=normalize, query_prompt=query_prompt,
                           passage_prompt=passage_prompt)
@@ -284,7 +296,8 @@ def dense(
     queries = collection.load_queries(split)
     corpus = collection.corpus_dataset()
     index = preflight(cache, directory=True) if cache else out.parent   # the corpus index (scratch: beside --out)
-    with producing(out, needed_bytes=_run_bytes(len(queries), k, len(corpus)), scratch=(INDEX_SCRATCH,)):
+    run_size = _run_bytes(queries, k, len(corpus), mode or "dense")
+    with producing(out, needed_bytes=run_size, largest_file=run_size, scratch=(INDEX_SCRATCH,)):
         with write_failures(index):
             retriever = _load(model, device, _precision(precision, bf16), max_length=max_length,
                               query_max_length=query_max_length, pooling=pooling, normalize=normalize,

@@ -129,8 +129,9 @@ def load_qrels(path: str | Path) -> Qrels:
 
     A line containing a tab is split on tabs only, other lines on whitespace; an id that holds whitespace
     all the same is refused (no TREC run can hold it). A (query, document) judged on several lines is
-    warned about with their line numbers, and the last line counts, as in trec_eval. Only a first line that names its columns (``query-id``, ``qid``, ...
-    or ``score``, ``relevance``, ...) is taken as a header: any other non-integer grade is an error.
+    warned about with their line numbers, and the last line counts, as in trec_eval. Only a first line that
+    names its columns (``query-id``, ``qid``, ... or ``score``, ``relevance``, ...) is taken as a header: any
+    other non-integer grade is an error.
     """
     qrels: Qrels = {}
     lines: dict[tuple[str, str], int] = {}
