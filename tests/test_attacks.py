@@ -169,3 +169,230 @@ def test_mine_and_evaluate_refuse_a_file_the_user_made(tmp_path, capsys, monkeyp
         code, err = _main(capsys, monkeypatch, "mine", "--bm25", "--data", str(data), "--out", str(mine),
                           "--depth", "10")
         assert code == 0, err
+
+
+# ------------------------------------------------------------------------------------------ 2. numbers
+@pytest.mark.parametrize("flag, value, needle", [
+    ("--lr", "nan", "lr: expected a finite number"),
+    ("--lr", "inf", "lr: expected a finite number"),
+    ("--seed", "99999999999999999999999", "seed: expected an integer from 0 to 4294967295"),
+])
+def test_numeric_flags_are_finite_and_in_range_before_any_work(flag, value, needle, tmp_path, capsys, monkeypatch):
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("a b c\n")
+    code, err = _main(capsys, monkeypatch, "pretrain", "--model", str(tmp_path / "no-model"), "--corpus", str(corpus),
+                      "--out", str(tmp_path / "out"), flag, value)
+    _one_error(code, err, needle)
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("stage, top, needle", [
+    ({"batch_size": True}, {}, "stages[0].finetune.batch_size: expected a number, got True"),
+    ({"lr": ".nan"}, {}, "stages[0].finetune.lr: expected a finite number"),   # YAML's NaN
+    ({"lr": float("inf")}, {}, "stages[0].finetune.lr: expected a finite number"),
+    ({}, {"seed": 99999999999999999999999}, "seed: expected an integer from 0 to 4294967295"),
+])
+def test_recipe_numbers_are_checked_like_flags(stage, top, needle, tmp_path, capsys, monkeypatch):
+    recipe = tmp_path / "r.yaml"
+    text = yaml.safe_dump({"out": str(tmp_path / "out"), "model": "bm25", "data": "adi", **top,
+                           "stages": [{"finetune": stage}]})
+    recipe.write_text(text.replace("'.nan'", ".nan"))
+    code, err = _main(capsys, monkeypatch, "run", str(recipe))
+    _one_error(code, err, str(recipe), needle)
+    assert not (tmp_path / "out").exists()
+
+
+def test_the_one_validator_refuses_booleans_for_numbers_but_keeps_switches():
+    from pretrieve.errors import ConfigError
+    from pretrieve.options import validate
+    from pretrieve.train.finetuner import FinetuneConfig
+
+    assert validate(FinetuneConfig, {"bf16": True, "lr": "1e-4"}) == {"bf16": True, "lr": 1e-4}
+    for values in ({"max_steps": False}, {"lr": True}, {"lr": "-inf"}):
+        with pytest.raises(ConfigError):
+            validate(FinetuneConfig, values)
+
+
+# ------------------------------------------------------------------------------------------ 3. collections
+def test_duplicate_judgments_are_warned_with_their_lines_and_the_last_counts(tmp_path, caplog):
+    """Warned, not refused: trec_eval and pytrec_eval read such qrels and keep the last line; pretrieve scores the
+    same, and names the lines so that they can be fixed."""
+    from pretrieve.data.beir import load_qrels
+
+    qrels = tmp_path / "test.tsv"
+    qrels.write_text("query-id\tcorpus-id\tscore\n1\t17\t1\n1\t46\t1\n1\t17\t0\n")
+    with caplog.at_level("WARNING"):
+        judged = load_qrels(qrels)
+    assert judged == {"1": {"17": 0, "46": 1}}
+    assert "lines 2 and 4 judge ('1', '17') 1 then 0" in caplog.text and "1 with another grade" in caplog.text
+
+
+@pytest.mark.parametrize("where, record, field", [
+    ("corpus.jsonl", {"_id": "doc\twith tab", "title": "", "text": "x"}, "_id"),
+    ("corpus.jsonl", {"_id": "doc\nnewline", "title": "", "text": "x"}, "_id"),
+    ("corpus.jsonl", {"_id": "doc space", "title": "", "text": "x"}, "_id"),
+    ("queries.jsonl", {"_id": "q space", "text": "x"}, "_id"),
+])
+def test_ids_a_run_cannot_hold_are_refused_by_data_check(where, record, field, tmp_path, capsys, monkeypatch):
+    data = write_collection(tmp_path / "tiny")
+    with open(data / where, "a", encoding="utf-8") as handle:
+        handle.write(json.dumps(record) + "\n")
+    code, err = _main(capsys, monkeypatch, "data", "check", str(data))
+    _one_error(code, err, str(data / where), f"field '{field}'", "contains whitespace")
+    # at load, before anything is encoded: bm25 (and dense) read the collection through the same parser
+    code, err = _main(capsys, monkeypatch, "bm25", "--data", str(data), "--out", str(tmp_path / "r.trec"))
+    _one_error(code, err, "contains whitespace")
+    assert not (tmp_path / "r.trec").exists()
+
+
+def test_a_judged_id_with_whitespace_is_refused_on_its_line(tmp_path, capsys, monkeypatch):
+    data = write_collection(tmp_path / "tiny")
+    with open(data / "qrels" / "test.tsv", "a", encoding="utf-8") as handle:
+        handle.write("q space\td0\t1\n")
+    code, err = _main(capsys, monkeypatch, "data", "check", str(data))
+    _one_error(code, err, "qrels", "field 'query-id'", "contains whitespace")
+
+
+def test_a_json_line_nested_100000_deep_is_one_line(tmp_path, capsys, monkeypatch):
+    data = write_collection(tmp_path / "tiny")
+    with open(data / "corpus.jsonl", "a", encoding="utf-8") as handle:
+        handle.write('{"_id": "deep", "text": ' + "[" * 100_000 + "]" * 100_000 + "}\n")
+    for command in (["data", "check", str(data)], ["bm25", "--data", str(data), "--out", str(tmp_path / "r.trec")]):
+        code, err = _main(capsys, monkeypatch, *command)
+        _one_error(code, err, str(data / "corpus.jsonl"), "nested too deeply")
+
+
+# ------------------------------------------------------------------------------------------ 4. config files
+def _alias_bomb(levels: int = 9) -> str:
+    lines = ['a: &a ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]']
+    for previous, name in zip("abcdefghijklmnop", "bcdefghijklmnopq"[:levels - 1]):
+        lines.append(f"{name}: &{name} [" + ",".join([f"*{previous}"] * 9) + "]")
+    return "\n".join(lines) + "\n"
+
+
+@pytest.mark.parametrize("levels", [9, 12])
+def test_a_yaml_alias_bomb_is_refused_in_under_a_second(levels, tmp_path):
+    import time
+
+    from pretrieve.errors import InputError
+    from pretrieve.io_utils import load_config_file
+
+    bomb = tmp_path / "bomb.yaml"
+    bomb.write_text(_alias_bomb(levels))
+    assert len(bomb.read_bytes()) < 500
+    started = time.perf_counter()
+    with pytest.raises(InputError, match="alias bomb"):
+        load_config_file(bomb)
+    assert time.perf_counter() - started < 1.0
+
+
+def test_shared_but_small_yaml_aliases_are_kept(tmp_path):
+    from pretrieve.io_utils import load_config_file
+
+    config = tmp_path / "ok.yaml"
+    config.write_text("common: &c {lr: 1.0e-4, batch_size: 8}\nfirst: *c\nsecond: *c\n")
+    assert load_config_file(config)["second"] == {"lr": 1e-4, "batch_size": 8}
+
+
+def test_run_answers_the_alias_bomb_in_one_line(tmp_path, capsys, monkeypatch):
+    bomb = tmp_path / "bomb.yaml"
+    bomb.write_text(_alias_bomb(9))
+    code, err = _main(capsys, monkeypatch, "run", str(bomb))
+    _one_error(code, err, str(bomb), "alias bomb")
+
+
+# ------------------------------------------------------------------------------------------ 5. model files
+def test_a_weight_of_the_wrong_shape_is_one_line(tiny_bert_dir, tmp_path, capsys, monkeypatch):
+    import shutil
+
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    model = tmp_path / "m_st_shape"
+    shutil.copytree(tiny_bert_dir, model)
+    weights = model / "model.safetensors"
+    tensors = load_file(str(weights))
+    name = next(key for key in tensors if "word_embeddings" in key)
+    tensors[name] = torch.zeros(7, 7)
+    save_file(tensors, str(weights), metadata={"format": "pt"})
+    data = write_collection(tmp_path / "tiny")
+    code, err = _main(capsys, monkeypatch, "dense", "--model", str(model), "--data", str(data),
+                      "--out", str(tmp_path / "r.trec"), "--no-cache")
+    _one_error(code, err, str(weights), "do not fit the model's config.json")
+
+
+# ------------------------------------------------------------------------------------------ 6. divergence
+class _OneProcess:
+    is_main_process = True
+
+    def wait_for_everyone(self) -> None:
+        pass
+
+
+def _checkpoint(out: Path, step: int, scale: float, start: float) -> Path:
+    import torch
+    from safetensors.torch import save_file
+
+    from pretrieve.train import checkpoint as ckpt
+    from pretrieve.train.guard import WEIGHT_NORM_KEY
+
+    path = ckpt.checkpoint_root(out) / f"step-{step}"
+    path.mkdir(parents=True)
+    save_file({"w": torch.full((4,), scale)}, str(path / "model.safetensors"))
+    (path / ckpt.STATE_FILE).write_text(json.dumps({"step": step, WEIGHT_NORM_KEY: start}))
+    return path
+
+
+def test_a_diverged_checkpoint_left_by_factor_0_is_never_called_healthy(tmp_path):
+    """--divergence-factor 0 turns the checks off, so exploded checkpoints are written; the stop names the newest
+    one left by what its weights are (read back), and the advice fits the problem."""
+    from pretrieve.errors import TrainingDiverged
+    from pretrieve.train.guard import stop_diverged
+
+    out = tmp_path / "run"
+    _checkpoint(out, 2, 1.0, start=2.0)                      # norm 2.0: the start's
+    exploded = _checkpoint(out, 6, 1e6, start=2.0)           # norm 2e6: a million times the start's
+    with pytest.raises(TrainingDiverged) as caught:
+        stop_diverged(_OneProcess(), out, 8, 8, "the loss is nan")
+    message = str(caught.value)
+    assert f"the newest checkpoint left, {exploded}, is not healthy either" in message
+    assert "last healthy" not in message and "raise --divergence-factor" not in message and "--lr" in message
+    healthy = tmp_path / "healthy"
+    kept = _checkpoint(healthy, 2, 1.0, start=2.0)
+    with pytest.raises(TrainingDiverged) as caught:
+        stop_diverged(_OneProcess(), healthy, 8, 8, "the loss stayed above 10 times the level 3 (…)")
+    assert f"the last healthy checkpoint is kept: {kept}" in str(caught.value)
+    assert "raise --divergence-factor" in str(caught.value)
+
+
+# ------------------------------------------------------------------------------------------ 7. estimates
+def test_the_run_size_estimate_counts_what_bm25_writes(tmp_path, capsys, monkeypatch):
+    """The estimate counts ids, ranks and tag as written (a 1-character document id and an 8-character score at
+    least): within a factor 2 of the run, never above it (the review's was 13 times too low)."""
+    from pretrieve.cli.retrieval import _documents_up_to, _run_bytes
+    from pretrieve.data.collection import BeirCollection
+
+    data = write_collection(tmp_path / "tiny")
+    run = tmp_path / "r.trec"
+    code, err = _main(capsys, monkeypatch, "bm25", "--data", str(data), "--out", str(run), "--k", "30")
+    assert code == 0, err
+    collection = BeirCollection(data)
+    estimate = _run_bytes(collection.load_queries("test"), 30, _documents_up_to(collection.corpus_path, 30), "bm25")
+    assert run.stat().st_size / 2 < estimate <= run.stat().st_size
+    assert _documents_up_to(collection.corpus_path, 1000) == 40
+
+
+# ------------------------------------------------------------------------------------------ 1. (bench) one writer
+def test_bench_quality_refuses_a_busy_out_before_any_work(tmp_path, capsys, monkeypatch):
+    """Two `bench quality --commit` on one --out: the second is refused in one line at once (the review saw it
+    commit FAILED records of cells the first was writing)."""
+    import os
+
+    from pretrieve.outputs import DirectoryLock
+
+    out = tmp_path / "bench"
+    with DirectoryLock(out if out.mkdir() is None else out):   # held as the first run would
+        code, err = _main(capsys, monkeypatch, "bench", "quality", "--smoke", "--out", str(out),
+                          "--records", str(tmp_path / "records"))
+    _one_error(code, err, f"PID {os.getpid()}", "being written by another pretrieve process")
+    assert not (tmp_path / "records").exists()

@@ -30,10 +30,12 @@ from rich.console import Console
 from pretrieve.cli import app
 from pretrieve.cli.options import PASSAGE_PROMPT_HELP, QUERY_PROMPT_HELP
 from pretrieve.data.collection import BeirCollection
+from pretrieve.data.jsonl import iter_lines
 from pretrieve.data.registry import resolve_collection
 from pretrieve.errors import ConfigError
 from pretrieve.outputs import check_space, preflight, producing, refuse_existing, write_failures
 from pretrieve.retrieval import runs
+from pretrieve.retrieval.cache import corpus_index_dir
 from pretrieve.retrieval.index import SEARCH_MODES, SearchOptions, find_shards, lexical_backend, shard_dir_name
 
 err = Console(stderr=True, emoji=False)
@@ -136,6 +138,16 @@ def _run_bytes(query_ids: Iterable[str], k: int, docs: int, tag: str) -> int:
     return sum(depth * (len(qid) + fixed) + rank_chars for qid in query_ids)
 
 
+def _documents_up_to(corpus_path: Path, k: int) -> int:
+    """The corpus's lines, counted up to ``k`` (a run holds at most that many documents per query; a large corpus
+    is not read to the end)."""
+    count = 0
+    for count, _ in enumerate(iter_lines(corpus_path), start=1):
+        if count >= k:
+            break
+    return count
+
+
 def _report(run: dict, out: Path, began: float) -> None:
     docs = sum(len(d) for d in run.values())
     err.print(f"wrote {out}: {len(run)} queries, {docs} results in {time.perf_counter() - began:.1f} s",
@@ -168,7 +180,7 @@ def bm25(
     needed, largest = (0, 0) if index is not None and index.exists() else engine.index_space(collection.corpus_path)
     if index is not None:
         preflight(index, directory=True, needed_bytes=needed, largest_file=largest)
-    run_size = _run_bytes(collection.load_queries(split), k, k, "bm25")   # the corpus's size unread: k per query
+    run_size = _run_bytes(collection.load_queries(split), k, _documents_up_to(collection.corpus_path, k), "bm25")
     with producing(out, needed_bytes=run_size + (0 if index else needed), largest_file=max(largest, run_size),
                    scratch=(engine.SCRATCH_NAME,)):
         queries, lines = runs.lexical_run_file(collection, split, out, k=k, params=engine.params(k1=k1, b=b),
@@ -260,7 +272,10 @@ def dense(
     out: RunOut,
     split: Split = "test",
     cache: Optional[Path] = typer.Option(None, "--cache", help="Keep the corpus index here and reuse it while it "
-                                                               "is current; default: a temporary directory."),
+                                                               "is current; default: the user cache, as "
+                                                               "pretrieve.search (PRETRIEVE_CACHE/embeddings)."),
+    no_cache: bool = typer.Option(False, "--no-cache", help="Encode the corpus into a temporary index (nothing "
+                                  "kept, nothing reused)."),
     k: Depth = 1000,
     factory: Factory = "Flat",
     nprobe: Nprobe = None,
@@ -295,6 +310,8 @@ def dense(
     collection = _collection(data)
     queries = collection.load_queries(split)
     corpus = collection.corpus_dataset()
+    if cache is not None and no_cache:
+        raise ConfigError("--cache keeps the corpus index and --no-cache keeps none: give one of them")
     index = preflight(cache, directory=True) if cache else out.parent   # the corpus index (scratch: beside --out)
     run_size = _run_bytes(queries, k, len(corpus), mode or "dense")
     with producing(out, needed_bytes=run_size, largest_file=run_size, scratch=(INDEX_SCRATCH,)):
@@ -302,6 +319,8 @@ def dense(
             retriever = _load(model, device, _precision(precision, bf16), max_length=max_length,
                               query_max_length=query_max_length, pooling=pooling, normalize=normalize,
                               query_prompt=query_prompt, passage_prompt=passage_prompt)
+            if cache is None and not no_cache:   # the user cache, keyed by model, corpus and settings (as search)
+                cache = index = preflight(corpus_index_dir(retriever, collection.corpus_path), directory=True)
             if cache is None or not (cache / shard_dir_name(0, 1)).exists():   # else reused while current
                 size = _index_bytes(retriever, len(corpus))
                 check_space(index, size, size)
