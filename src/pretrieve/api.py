@@ -325,7 +325,8 @@ def _evaluate_models(models, data, *, out, split, measures, test, alpha, correct
         root = (stack.enter_context(outputs.writing(out)) if out is not None
                 else Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="pretrieve-evaluate-"))))
         if out is not None:   # the ownership rule: its tables are replaced only beside pretrieve's own runs
-            outputs.claim([root / "results.json", root / "results.md"], records=outputs.sidecar_records(root))
+            outputs.claim([root / "results.json", root / "results.md"], records=outputs.sidecar_records(root),
+                          remedy="choose another out, or move the file away")
         for label, collection in collections.items():
             evaluator = RunEvaluator(collection.load_qrels(split), chosen, missing=missing,
                                      ignore_identical_ids=ignore_identical_ids)

@@ -255,22 +255,23 @@ def refuse_existing(path: str | Path | None, overwrite: bool = False) -> None:
                                path.parent)
 
 
-def claim(paths: Iterable[str | Path | None], overwrite: bool = False, records: Iterable[str | Path] = ()) -> None:
+def claim(paths: Iterable[str | Path | None], overwrite: bool = False, records: Iterable[str | Path] = (),
+          remedy: str = "choose another output, or rerun with --overwrite to replace it") -> None:
     """The ownership rule (module docstring), before any work: every existing entry of ``paths`` (what the command
     writes) must be pretrieve's, unless ``overwrite``; else a one-line :class:`InputError` naming it (exit 2).
 
     An entry is pretrieve's when it carries its artefact sidecar, or when one of ``records`` is there: what the
     command writes first in every run (a training run's config file, a checkpoint's state, a finished model), whose
     presence says that the rest is its own, an interrupted run's included. A record is an artefact with its sidecar
-    or a file holding a JSON object. None entries are skipped.
+    or a file holding a JSON object. None entries are skipped; ``remedy`` ends the message.
     """
     if overwrite:
         return
     existing = [Path(path) for path in paths if path is not None and (Path(path).exists() or Path(path).is_symlink())]
     strangers = [path for path in existing if artifacts.read_sidecar(path) is None]
     if strangers and not any(_is_record(Path(record)) for record in records):
-        raise InputError("exists and was not written by pretrieve (it carries no pretrieve record), so it is not "
-                         "replaced: choose another output, or rerun with --overwrite to replace it", path=strangers[0])
+        raise InputError(f"exists and was not written by pretrieve (it carries no pretrieve record), so it is not "
+                         f"replaced: {remedy}", path=strangers[0])
 
 
 def _is_record(path: Path) -> bool:

@@ -170,7 +170,8 @@ def claim_out(out_dir: Path, keeps_recipe: bool = False) -> None:
         if runs_dir.is_dir() else []
     for path in (out_dir / "results.json", out_dir / "results.md", out_dir / RESOLVED_FILE,
                  out_dir / "recipe.yaml" if keeps_recipe else None, *run_files):
-        outputs.claim([path], records=[out_dir / RESOLVED_FILE])
+        outputs.claim([path], records=[out_dir / RESOLVED_FILE],
+                      remedy="choose another out (--out), or move the file away")
 
 
 def keep_recipe(recipe: Mapping[str, Any], out_dir: Path) -> Path:
