@@ -22,22 +22,14 @@ code 2, before any expensive work, and leaves every byte of the user's files.
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
 
 from test_finetune import write_collection
-
-
-def _main(capsys, monkeypatch, *args: str) -> tuple[int, str]:
-    from pretrieve.cli import main
-
-    monkeypatch.setattr(sys, "argv", ["pretrieve", *args])
-    with pytest.raises(SystemExit) as exit_:
-        main()
-    return exit_.value.code, capsys.readouterr().err
+from test_locks import _pretrain_args, corpus  # noqa: F401 - corpus is a fixture
+from test_output_preflight import _main
 
 
 def _one_error(code: int, stderr: str, *needles: str) -> str:
@@ -55,18 +47,8 @@ def _snapshot(root: Path) -> dict[str, bytes]:
 
 
 # ------------------------------------------------------------------------------------------ 1. outputs
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory) -> Path:
-    words = "retrieval dense passage encoder query document ranking vector index token model training".split()
-    lines = [" ".join(words[(i * 5 + j) % len(words)] for j in range(10 + i % 7)) + "." for i in range(32)]
-    path = tmp_path_factory.mktemp("corpus") / "passages.txt"
-    path.write_text("\n".join(lines) + "\n")
-    return path
-
-
 def _pretrain(model: Path, corpus: Path, out: Path, *extra: str) -> list[str]:
-    return ["pretrain", "--model", str(model), "--corpus", str(corpus), "--out", str(out), "--method", "mlm",
-            "--max-len", "32", "--batch-size", "4", "--steps", "2", "--save-every", "1", "--log-every", "1", *extra]
+    return [*_pretrain_args(model, corpus, out, steps=2), *extra]
 
 
 def _users_folder(out: Path) -> dict[str, bytes]:
@@ -170,6 +152,22 @@ def test_mine_and_evaluate_refuse_a_file_the_user_made(tmp_path, capsys, monkeyp
                           "--depth", "10")
         assert code == 0, err
 
+
+def test_an_index_folder_the_user_made_is_not_replaced(tmp_path, capsys, monkeypatch):
+    """`bm25 --index` replaces its index folder as a whole: a folder the user made there is refused."""
+    data = write_collection(tmp_path / "tiny")
+    index = tmp_path / "idx"
+    index.mkdir()
+    (index / "notes.txt").write_text("mine\n")
+    code, err = _main(capsys, monkeypatch, "bm25", "--data", str(data), "--out", str(tmp_path / "r.trec"),
+                      "--index", str(index))
+    _one_error(code, err, str(index), "not written by pretrieve")
+    assert (index / "notes.txt").read_text() == "mine\n" and not (tmp_path / "r.trec").exists()
+    own = tmp_path / "own"      # pretrieve's own index is reused (or rebuilt) without --overwrite
+    for run in ("a.trec", "b.trec"):
+        code, err = _main(capsys, monkeypatch, "bm25", "--data", str(data), "--out", str(tmp_path / run),
+                          "--index", str(own), "--k", "5")
+        assert code == 0, err
 
 # ------------------------------------------------------------------------------------------ 2. numbers
 @pytest.mark.parametrize("flag, value, needle", [

@@ -33,7 +33,7 @@ from pretrieve.data.collection import BeirCollection
 from pretrieve.data.jsonl import iter_lines
 from pretrieve.data.registry import resolve_collection
 from pretrieve.errors import ConfigError
-from pretrieve.outputs import check_space, preflight, producing, refuse_existing, write_failures
+from pretrieve.outputs import check_space, claim, preflight, producing, refuse_existing, write_failures
 from pretrieve.retrieval import runs
 from pretrieve.retrieval.cache import corpus_index_dir
 from pretrieve.retrieval.index import SEARCH_MODES, SearchOptions, find_shards, lexical_backend, shard_dir_name
@@ -61,8 +61,8 @@ GPU_HELP = ("Search on the GPU(s) (FAISS with GPU support; exact search also thr
 Model = Annotated[str, typer.Option("--model", "-m", help=MODEL_HELP)]
 Data = Annotated[str, typer.Option("--data", "-d", help=DATA_HELP)]
 RunOut = Annotated[Path, typer.Option("--out", "-o", help="Run file to write (TREC format).")]
-Overwrite = Annotated[bool, typer.Option("--overwrite", help="Replace an existing --out run file (refused "
-                                                             "otherwise).")]
+Overwrite = Annotated[bool, typer.Option("--overwrite", help="Replace an existing --out run file, and an index "
+                                                             "folder pretrieve did not write (refused otherwise).")]
 Split = Annotated[str, typer.Option("--split", "-s", help="Qrels split whose judged queries are searched.")]
 Depth = Annotated[int, typer.Option("--k", min=1, help="Documents retrieved per query.")]
 Factory = Annotated[str, typer.Option("--factory", help=FACTORY_HELP)]
@@ -174,6 +174,7 @@ def bm25(
     """BM25 (bm25s, Lucene scoring, English stemming and stopwords) over title + text."""
     engine = lexical_backend("bm25")
     refuse_existing(out, overwrite)
+    claim([index], overwrite)   # a folder the user made is not replaced by the index
     began = time.perf_counter()
     collection = _collection(data)
     # an existing --index is reused while current (a stale one rebuilt: a failure then is reported all the same)
@@ -206,11 +207,13 @@ def encode(
     query_prompt: QueryPrompt = None,
     passage_prompt: PassagePrompt = None,
     device: Device = "auto",
-    overwrite: bool = typer.Option(False, "--overwrite", help="Re-encode even when the shard is current."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Re-encode even when the shard is current (and "
+                                   "replace a shard folder pretrieve did not write)."),
 ) -> None:
     """Encode one corpus shard into OUT (skipped when it is current: same model, settings and passages)."""
     from pretrieve.retrieval.search import build_index  # torch: keeps `pretrieve --help` and `bm25` torch-free
 
+    claim([out / shard_dir_name(shard, num_shards)], overwrite)   # a folder the user made is not replaced
     with producing(out, directory=True):
         retriever = _load(model, device, _precision(precision, bf16), max_length=max_length, pooling=pooling,
                           normalize=normalize, query_prompt=query_prompt, passage_prompt=passage_prompt)
@@ -312,6 +315,7 @@ def dense(
     corpus = collection.corpus_dataset()
     if cache is not None and no_cache:
         raise ConfigError("--cache keeps the corpus index and --no-cache keeps none: give one of them")
+    claim([cache / shard_dir_name(0, 1) if cache else None], overwrite)   # a folder the user made is not replaced
     index = preflight(cache, directory=True) if cache else out.parent   # the corpus index (scratch: beside --out)
     run_size = _run_bytes(queries, k, len(corpus), mode or "dense")
     with producing(out, needed_bytes=run_size, largest_file=run_size, scratch=(INDEX_SCRATCH,)):
