@@ -174,7 +174,8 @@ def bm25(
     """BM25 (bm25s, Lucene scoring, English stemming and stopwords) over title + text."""
     engine = lexical_backend("bm25")
     refuse_existing(out, overwrite)
-    claim([index], overwrite)   # a folder the user made is not replaced by the index
+    if index is not None and index.is_dir():   # a folder the user made is not replaced (a file: the preflight's)
+        claim([index], overwrite)
     began = time.perf_counter()
     collection = _collection(data)
     # an existing --index is reused while current (a stale one rebuilt: a failure then is reported all the same)
