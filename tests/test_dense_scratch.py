@@ -1,6 +1,7 @@
-"""`pretrieve dense` without `--cache` leaves no corpus index behind (issue 22, item 6): the scratch index it builds
+"""`pretrieve dense --no-cache` leaves no corpus index behind (issue 22, item 6): the scratch index it builds
 is removed after a success, an error and Ctrl-C, and the one a killed `dense` (kill -9) left is removed by the next
-`dense` writing beside it — nothing accumulates in the system's temporary directory or beside the run file."""
+`dense` writing beside it — nothing accumulates in the system's temporary directory or beside the run file. (Without
+`--no-cache` the corpus index is kept in the user cache, as `pretrieve.search` keeps it: test_attacks.py.)"""
 
 from __future__ import annotations
 
@@ -40,7 +41,8 @@ def system_tmp(tmp_path, monkeypatch) -> Path:
 
 def _dense(setup, out: Path) -> list[str]:
     data, model = setup
-    return ["dense", "--model", str(model), "--data", str(data), "--out", str(out), "--k", "5", "--device", "cpu"]
+    return ["dense", "--model", str(model), "--data", str(data), "--out", str(out), "--k", "5", "--device", "cpu",
+            "--no-cache"]
 
 
 def _scratch(*directories: Path) -> list[str]:
@@ -89,3 +91,26 @@ def test_a_killed_dense_leaves_nothing_the_next_one_does_not_remove(setup, syste
     assert result.exit_code == 0, result.output
     assert _scratch(system_tmp, out.parent) == []
     assert len(read_run(out)) == 4
+
+
+def test_dense_keeps_the_corpus_index_in_the_user_cache_as_search_does(setup, tmp_path, monkeypatch):
+    """Without --cache, `dense` encodes the corpus into the user cache, where `pretrieve.search` finds it: a second
+    `dense` and a `search` of the same model and corpus encode no passage (issue 53)."""
+    import pretrieve
+
+    monkeypatch.setenv("PRETRIEVE_CACHE", str(tmp_path / "user-cache"))
+    args = [arg for arg in _dense(setup, tmp_path / "first.trec") if arg != "--no-cache"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert list((tmp_path / "user-cache").rglob("shard-0-of-1"))
+
+    def no_encoding(*args, **kwargs):
+        raise AssertionError("the corpus was encoded again")
+
+    monkeypatch.setattr(search, "encode_windows", no_encoding)
+    result = CliRunner().invoke(app, [arg if arg != str(tmp_path / "first.trec") else str(tmp_path / "second.trec")
+                                      for arg in args])
+    assert result.exit_code == 0, result.output
+    assert read_run(tmp_path / "second.trec") == read_run(tmp_path / "first.trec")
+    data, model = setup
+    assert pretrieve.search(str(model), data, k=5, show_progress=False) == read_run(tmp_path / "first.trec")

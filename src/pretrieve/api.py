@@ -330,6 +330,9 @@ def _evaluate_models(models, data, *, out, split, measures, test, alpha, correct
         stack.enter_context(quiet_libraries())
         root = (stack.enter_context(outputs.writing(out)) if out is not None
                 else Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="pretrieve-evaluate-"))))
+        if out is not None:   # the ownership rule: its tables are replaced only beside pretrieve's own runs
+            outputs.claim([root / "results.json", root / "results.md"], records=outputs.sidecar_records(root),
+                          remedy="choose another out, or move the file away")
         for label, parts in collections.items():
             by_part: dict[str, dict[str, Any]] = {name: {} for name in named}
             for collection in parts:

@@ -194,22 +194,41 @@ def file_digest(path: str | Path, chunk_size: int = 1 << 20) -> str:
 MAX_CONFIG_DEPTH = 50
 """Nesting levels a config file may have (recipes need fewer than 10): deeper ones are refused in one line before
 anything recurses through them."""
+MAX_CONFIG_VALUES = 100_000
+"""Values (lists, mappings and scalars, each YAML alias counted as often as it is expanded) a config file may hold:
+a recipe holds a few hundred; more is an alias bomb (9 aliases of 9 levels expand 334 bytes into 9**9 values),
+refused before anything walks it."""
 
 
-def nesting_depth(value: Any) -> int:
-    """Levels of nested lists and mappings in ``value`` (0 for a scalar), counted without recursion; a structure
-    that refers to itself (a YAML alias of an enclosing node) counts as deeper than :data:`MAX_CONFIG_DEPTH`."""
-    deepest, stack = 0, [(value, 1, ())]
+def config_shape(value: Any) -> tuple[int, int]:
+    """``(depth, values)`` of ``value``: levels of nested lists and mappings (0 for a scalar) and the number of
+    values once every shared node (a YAML alias) is expanded, computed without recursion and without expanding
+    anything: each distinct node is visited once (its result remembered), so an alias bomb costs its size on disk.
+    A structure that refers to itself (a YAML alias of an enclosing node) counts as deeper than
+    :data:`MAX_CONFIG_DEPTH`."""
+    shapes: dict[int, tuple[int, int]] = {}
+    open_nodes: set[int] = set()
+    stack: list[tuple[Any, bool]] = [(value, False)]
     while stack:
-        node, depth, enclosing = stack.pop()
-        if not isinstance(node, (dict, list)):
+        node, children_done = stack.pop()
+        key = id(node)
+        if not isinstance(node, (dict, list)) or (key in shapes and not children_done):
             continue
-        if id(node) in enclosing or depth > MAX_CONFIG_DEPTH:
-            return MAX_CONFIG_DEPTH + 1
-        deepest = max(deepest, depth)
-        children = node.values() if isinstance(node, dict) else node
-        stack.extend((child, depth + 1, (*enclosing, id(node))) for child in children)
-    return deepest
+        children = [child for child in (node.values() if isinstance(node, dict) else node)
+                    if isinstance(child, (dict, list))]
+        scalars = (len(node) - len(children))
+        if children_done:
+            open_nodes.discard(key)
+            depth = 1 + max((shapes[id(child)][0] for child in children), default=0)
+            size = 1 + scalars + sum(shapes[id(child)][1] for child in children)
+            shapes[key] = (min(depth, MAX_CONFIG_DEPTH + 1), min(size, MAX_CONFIG_VALUES + 1))
+            continue
+        if key in open_nodes or len(open_nodes) >= MAX_CONFIG_DEPTH:
+            return MAX_CONFIG_DEPTH + 1, 0   # refers to itself, or deeper than any config
+        open_nodes.add(key)
+        stack.append((node, True))
+        stack.extend((child, False) for child in children if id(child) not in shapes)
+    return shapes.get(id(value), (0, 1))
 
 
 def load_config_file(path: str | Path, what: str = "config") -> dict[str, Any]:
@@ -245,8 +264,12 @@ def load_config_file(path: str | Path, what: str = "config") -> dict[str, Any]:
             raise _yaml_error(exc, path) from None
         except RecursionError:   # the parser recurses once per level: thousands of nested brackets
             raise too_deep from None
-    if nesting_depth(data) > MAX_CONFIG_DEPTH:
+    depth, values = config_shape(data)
+    if depth > MAX_CONFIG_DEPTH:
         raise too_deep
+    if values > MAX_CONFIG_VALUES:
+        raise InputError(f"{what} file expands to more than {MAX_CONFIG_VALUES:,} values (its YAML aliases repeat "
+                         "nodes that repeat nodes: an alias bomb); a config holds a few hundred", path=path)
     if data is None:
         return {}
     if not isinstance(data, dict):

@@ -185,13 +185,28 @@ def unreadable_weights(folder: str | Path) -> Path | None:
     return None
 
 
+#: What transformers says when a weights file's tensor has another shape than the model's config makes.
+_SHAPE_ERRORS = ("ignore_mismatched_sizes", "size mismatch for")
+
+
+def _weights_file(folder: str | Path) -> Path | None:
+    """The weights file (:data:`WEIGHTS_FILES`) of the checkpoint folder ``folder``, if it has one."""
+    return next((Path(str(folder)) / name for name in WEIGHTS_FILES if (Path(str(folder)) / name).is_file()), None)
+
+
 @contextlib.contextmanager
 def named_weights_errors(name_or_path: str | Path) -> Iterator[None]:
     """Turn an error of reading the weights of the checkpoint ``name_or_path`` (:func:`_is_weights_error`) into one
-    :class:`InputError` naming the file (found by :func:`unreadable_weights`)."""
+    :class:`InputError` naming the file (found by :func:`unreadable_weights`); a tensor of another shape than its
+    config makes, too."""
     try:
         yield
     except Exception as exc:
+        if isinstance(exc, RuntimeError) and any(mark in str(exc) for mark in _SHAPE_ERRORS):
+            raise InputError("the weights do not fit the model's config.json (a tensor has another shape than the "
+                             "config asks for; the line above names it): the file belongs to another model, or "
+                             "config.json was changed; use the checkpoint's own pair",
+                             path=_weights_file(name_or_path) or name_or_path) from None
         if not _is_weights_error(exc):
             raise
         lines = str(exc).strip().splitlines()

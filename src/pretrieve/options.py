@@ -18,6 +18,8 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import functools
+import math
+import typing
 from typing import Any, Collection, Mapping
 
 from pretrieve.errors import ConfigError
@@ -104,9 +106,48 @@ def _validated(schema: type, values: dict[str, Any], where: str) -> Any:
     from pydantic import ValidationError  # lazy: pydantic
 
     try:
-        return _adapter(schema).validate_python(values)
+        instance = _adapter(schema).validate_python(values)
     except ValidationError as exc:
         raise ConfigError(describe_error(exc, where)) from None
+    hints = _type_hints(schema)
+    for key, given in values.items():
+        check_number(where, key, given, getattr(instance, key), hints.get(key, Any))
+    return instance
+
+
+#: The largest integer any option may hold (int64: torch, numpy and the file formats store no more); a seed is
+#: at most 2**32 - 1 (numpy's ``RandomState`` takes no more).
+MAX_INTEGER = 2 ** 63 - 1
+MAX_SEED = 2 ** 32 - 1
+
+
+def check_number(where: str, key: str, given: Any, value: Any, declared: Any = Any) -> None:
+    """What pydantic's lax mode lets through, refused in one line naming the key's path: a boolean for an option
+    that is not one (``batch_size: true`` is not 1), a number that is not finite (``lr: .nan``, ``inf``), an
+    integer beyond int64, a seed beyond numpy's 32 bits."""
+    path = join_path(where, key)
+    if isinstance(given, bool) and not _accepts_bool(declared):
+        raise ConfigError(f"{path}: expected a number, got {given!r}")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ConfigError(f"{path}: expected a finite number, got {given!r}")
+    if isinstance(value, int) and not isinstance(value, bool):
+        limit = MAX_SEED if key == "seed" else MAX_INTEGER
+        low = 0 if limit == MAX_SEED else -MAX_INTEGER - 1
+        if not low <= value <= limit:
+            raise ConfigError(f"{path}: expected an integer from {low} to {limit}, got {given!r}")
+
+
+def _accepts_bool(declared: Any) -> bool:
+    return declared is bool or declared is Any or any(_accepts_bool(arg) for arg in typing.get_args(declared)
+                                                      if isinstance(arg, type) or typing.get_args(arg))
+
+
+@functools.lru_cache(maxsize=None)
+def _type_hints(schema: type) -> dict[str, Any]:
+    try:
+        return typing.get_type_hints(schema)
+    except Exception:   # an annotation that cannot be resolved here: every option is taken as declared Any
+        return {}
 
 
 def describe_error(exc, where: str = "") -> str:

@@ -16,8 +16,12 @@
   once): the same preflight, the leftovers of killed writes of that output removed, and a write that fails for
   lack of space or at the file-size limit (``ENOSPC``, ``EFBIG``, numpy's "N requested and M written") reported
   as one line naming the user's path (:func:`write_failures`), not an internal temporary file.
-* :func:`refuse_existing` — a run file that exists is not replaced unless asked (``--overwrite``), as a training
-  output directory holding another run is refused.
+* :func:`claim` — **the ownership rule**, before any work: pretrieve writes over only what carries its own record
+  (an artefact sidecar, :mod:`pretrieve.artifacts`, or a record its command writes first in every run of it: a
+  training run's config file and checkpoints, a recipe's resolved recipe); anything else at an output path is
+  refused in one line naming the path (exit 2) unless ``--overwrite``, and ``--overwrite`` replaces only what
+  the command writes, never a stranger file beside it. One-shot files never reused (run files, ``evaluate
+  --json/--md``) are refused whenever they exist (:func:`refuse_existing`).
 * :func:`check_space` — the space part of the preflight, for a command that knows its sizes only later (``dense``
   once the model's dimension is known, before it encodes).
 
@@ -29,6 +33,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import json
 import logging
 import os
 import resource
@@ -37,10 +42,11 @@ import socket
 import tempfile
 import time
 from pathlib import Path
-from typing import Collection, Iterator
+from typing import Collection, Iterable, Iterator
 
 from filelock import FileLock, Timeout
 
+from pretrieve import artifacts
 from pretrieve.artifacts import remove_stale_temporaries
 from pretrieve.errors import InputError, OutputBusyError, StaleOutputError
 from pretrieve.ranks import rank
@@ -238,12 +244,54 @@ def preflight(path: str | Path, directory: bool = False, needed_bytes: int = 0, 
     return path
 
 
-def refuse_existing(path: str | Path, overwrite: bool = False) -> None:
-    """Before any work: refuse to replace the existing file ``path`` (a run file) unless ``overwrite``."""
+def refuse_existing(path: str | Path | None, overwrite: bool = False) -> None:
+    """Before any work: refuse to replace the existing file ``path`` (a run file, a table: outputs that are never
+    reused) unless ``overwrite`` (None: no such output)."""
+    if path is None:
+        return
     path = Path(path)
-    if path.is_file() and not overwrite:   # a directory there is the preflight's error (check_writable)
+    if (path.is_file() or path.is_symlink()) and not overwrite:   # a directory: the preflight's error
         raise StaleOutputError(f"{path} exists; choose another --out, or rerun with --overwrite to replace it",
                                path.parent)
+
+
+def claim(paths: Iterable[str | Path | None], overwrite: bool = False, records: Iterable[str | Path] = (),
+          remedy: str = "choose another output, or rerun with --overwrite to replace it") -> None:
+    """The ownership rule (module docstring), before any work: every existing entry of ``paths`` (what the command
+    writes) must be pretrieve's, unless ``overwrite``; else a one-line :class:`InputError` naming it (exit 2).
+
+    An entry is pretrieve's when it carries its artefact sidecar, or when one of ``records`` is there: what the
+    command writes first in every run (a training run's config file, a checkpoint's state, a finished model), whose
+    presence says that the rest is its own, an interrupted run's included. A record is an artefact with its sidecar
+    or a file holding a JSON object. None entries are skipped; ``remedy`` ends the message.
+    """
+    if overwrite:
+        return
+    existing = [Path(path) for path in paths if path is not None and (Path(path).exists() or Path(path).is_symlink())]
+    strangers = [path for path in existing if artifacts.read_sidecar(path) is None]
+    if strangers and not any(_is_record(Path(record)) for record in records):
+        raise InputError(f"exists and was not written by pretrieve (it carries no pretrieve record), so it is not "
+                         f"replaced: {remedy}", path=strangers[0])
+
+
+def _is_record(path: Path) -> bool:
+    """A record of :func:`claim`: an artefact with its sidecar, or a file holding a JSON object."""
+    if artifacts.read_sidecar(path) is not None:
+        return True
+    try:
+        return path.is_file() and isinstance(json.loads(path.read_text(encoding="utf-8")), dict)
+    except (OSError, ValueError):
+        return False
+
+
+def sidecar_records(directory: str | Path) -> list[Path]:
+    """A sidecar of an artefact directly in ``directory`` or one level below (a run folder's runs), if any: the
+    record (:func:`claim`) of the files written beside them."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        return []
+    return [*directory.glob("*" + artifacts.FILE_SIDECAR_SUFFIX),
+            *directory.glob("*/*" + artifacts.FILE_SIDECAR_SUFFIX)][:1]
 
 
 @contextlib.contextmanager

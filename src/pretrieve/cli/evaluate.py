@@ -31,7 +31,7 @@ from pretrieve.data.collection import BeirCollection
 from pretrieve.data.registry import resolve_collection
 from pretrieve.data.trec import read_run
 from pretrieve.errors import ConfigError
-from pretrieve.outputs import preflight, write_failures
+from pretrieve.outputs import preflight, refuse_existing, write_failures
 from pretrieve.provenance import provenance
 
 # Kept in sync with pretrieve.evaluation.metrics.DEFAULT_MEASURES (not imported, so that `--help` stays fast).
@@ -95,6 +95,8 @@ def evaluate_command(
         = 64,
     json_path: Annotated[Optional[Path], typer.Option("--json", help="Write the results (and p-values) as JSON.")] = None,
     md_path: Annotated[Optional[Path], typer.Option("--md", help="Write the table as markdown.")] = None,
+    overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace an existing --json/--md file (refused "
+                                            "otherwise).")] = False,
     per_query: Annotated[bool, typer.Option("--per-query", help="Include per-query scores in the JSON.")] = False,
     test: Annotated[SignificanceTest, typer.Option("--test", help="Paired significance test against the baseline "
                                                    "(--baseline; default: the first run).")]
@@ -126,8 +128,9 @@ def evaluate_command(
 
     if per_query and json_path is None:
         raise ConfigError("--per-query adds per-query scores to the JSON output: give --json FILE too")
-    for path in (json_path, md_path):   # a place that cannot be written: said before the work
+    for path in (json_path, md_path):   # a file there, or a place that cannot be written: said before the work
         if path is not None:
+            refuse_existing(path, overwrite)
             preflight(path)
     test_name = None if test is SignificanceTest.none else test.value
     chosen_correction = None if correction is Correction.none else correction.value

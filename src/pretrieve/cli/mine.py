@@ -16,7 +16,8 @@ from pretrieve.cli.root import app
 from pretrieve.cli.options import DATA_HELP, resolve_data
 from pretrieve.errors import ConfigError
 from pretrieve.models import resolve_model
-from pretrieve.outputs import check_writable, remove_leftovers
+from pretrieve.outputs import check_writable, claim, remove_leftovers
+from pretrieve.retrieval.index import shard_dir_name
 from pretrieve.retrieval.runs import bm25_negatives
 
 err = Console(stderr=True, emoji=False)
@@ -47,9 +48,12 @@ def mine_command(
     factory: str = typer.Option("Flat", "--factory", help="FAISS index for dense vectors (Flat = exact)."),
     bf16: bool = typer.Option(False, "--bf16", hidden=True, help="Same as --precision bf16."),
     device: str = typer.Option("auto", "--device", help="cpu, cuda, cuda:1, ... or auto."),
-    overwrite: bool = typer.Option(False, "--overwrite", help="Recompute even when OUT is up to date."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Recompute even when OUT is up to date, and replace "
+                                   "an output (OUT, --run-out, an index) pretrieve did not write (refused otherwise)."),
 ) -> None:
     """Hard negatives: each query's top-K by the retriever minus its positives, as training groups."""
+    for path in (out, run_out, bm25_index, cache / shard_dir_name(0, 1) if cache else None):   # the ownership rule
+        claim([path], overwrite)
     check_writable(out, directory=False)
     remove_leftovers(out.parent, depth=0)
     collection = resolve_data(data)

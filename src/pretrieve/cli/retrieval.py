@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated, Iterable, Optional
 
 import typer
 from rich.console import Console
@@ -30,10 +30,12 @@ from rich.console import Console
 from pretrieve.cli.root import app
 from pretrieve.cli.options import PASSAGE_PROMPT_HELP, QUERY_PROMPT_HELP
 from pretrieve.data.collection import BeirCollection
+from pretrieve.data.jsonl import iter_lines
 from pretrieve.data.registry import resolve_collection
 from pretrieve.errors import ConfigError
-from pretrieve.outputs import check_space, preflight, producing, refuse_existing, write_failures
+from pretrieve.outputs import check_space, claim, preflight, producing, refuse_existing, write_failures
 from pretrieve.retrieval import runs
+from pretrieve.retrieval.cache import corpus_index_dir
 from pretrieve.retrieval.index import SEARCH_MODES, SearchOptions, find_shards, lexical_backend, shard_dir_name
 
 err = Console(stderr=True, emoji=False)
@@ -59,8 +61,8 @@ GPU_HELP = ("Search on the GPU(s) (FAISS with GPU support; exact search also thr
 Model = Annotated[str, typer.Option("--model", "-m", help=MODEL_HELP)]
 Data = Annotated[str, typer.Option("--data", "-d", help=DATA_HELP)]
 RunOut = Annotated[Path, typer.Option("--out", "-o", help="Run file to write (TREC format).")]
-Overwrite = Annotated[bool, typer.Option("--overwrite", help="Replace an existing --out run file (refused "
-                                                             "otherwise).")]
+Overwrite = Annotated[bool, typer.Option("--overwrite", help="Replace an existing --out run file, and an index "
+                                                             "folder pretrieve did not write (refused otherwise).")]
 Split = Annotated[str, typer.Option("--split", "-s", help="Qrels split whose judged queries are searched.")]
 Depth = Annotated[int, typer.Option("--k", min=1, help="Documents retrieved per query.")]
 Factory = Annotated[str, typer.Option("--factory", help=FACTORY_HELP)]
@@ -121,9 +123,29 @@ def _index_bytes(retriever, rows: int) -> int:
     return rows * int(dim) * 4 if dim else 0
 
 
-def _run_bytes(queries: int, k: int, docs: int) -> int:
-    """The least a run of ``queries`` × ``min(k, docs)`` lines takes (a TREC line is at least 20 bytes)."""
-    return queries * min(k, docs) * 20
+#: Characters of a score in a run file at least (``repr`` of a float: 15-18 for the scores of every retriever, 3 for
+#: a round one such as ``0.0``): what the estimate of a run's size counts.
+SCORE_CHARS = 8
+
+
+def _run_bytes(query_ids: Iterable[str], k: int, docs: int, tag: str) -> int:
+    """What a run of the ``query_ids`` × ``min(k, docs)`` lines ``qid Q0 docid rank score tag`` takes: the query
+    ids, the ranks and the tag as written; a document id of one character and a score of :data:`SCORE_CHARS` (the
+    least), so a run that fits is not refused while the estimate stays near the file (SciFact: 7.8 of 12.6 MB)."""
+    depth = min(k, docs)
+    rank_chars = sum(max(0, depth - 10 ** (digits - 1) + 1) for digits in range(1, 20))   # of "1" … str(depth)
+    fixed = len(" Q0 ") + 1 + 1 + 1 + SCORE_CHARS + 1 + len(tag) + 1   # spaces, a 1-char id, score, tag, newline
+    return sum(depth * (len(qid) + fixed) + rank_chars for qid in query_ids)
+
+
+def _documents_up_to(corpus_path: Path, k: int) -> int:
+    """The corpus's lines, counted up to ``k`` (a run holds at most that many documents per query; a large corpus
+    is not read to the end)."""
+    count = 0
+    for count, _ in enumerate(iter_lines(corpus_path), start=1):
+        if count >= k:
+            break
+    return count
 
 
 def _report(run: dict, out: Path, began: float) -> None:
@@ -152,13 +174,17 @@ def bm25(
     """BM25 (bm25s, Lucene scoring, English stemming and stopwords) over title + text."""
     engine = lexical_backend("bm25")
     refuse_existing(out, overwrite)
+    if index is not None and index.is_dir():   # a folder the user made is not replaced (a file: the preflight's)
+        claim([index], overwrite)
     began = time.perf_counter()
     collection = _collection(data)
     # an existing --index is reused while current (a stale one rebuilt: a failure then is reported all the same)
     needed, largest = (0, 0) if index is not None and index.exists() else engine.index_space(collection.corpus_path)
     if index is not None:
         preflight(index, directory=True, needed_bytes=needed, largest_file=largest)
-    with producing(out, needed_bytes=0 if index else needed, largest_file=largest, scratch=(engine.SCRATCH_NAME,)):
+    run_size = _run_bytes(collection.load_queries(split), k, _documents_up_to(collection.corpus_path, k), "bm25")
+    with producing(out, needed_bytes=run_size + (0 if index else needed), largest_file=max(largest, run_size),
+                   scratch=(engine.SCRATCH_NAME,)):
         queries, lines = runs.lexical_run_file(collection, split, out, k=k, params=engine.params(k1=k1, b=b),
                                                exclude_self=exclude_self, index_dir=index, n_threads=threads,
                                                show_progress=err.is_terminal, engine="bm25")
@@ -182,11 +208,13 @@ def encode(
     query_prompt: QueryPrompt = None,
     passage_prompt: PassagePrompt = None,
     device: Device = "auto",
-    overwrite: bool = typer.Option(False, "--overwrite", help="Re-encode even when the shard is current."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Re-encode even when the shard is current (and "
+                                   "replace a shard folder pretrieve did not write)."),
 ) -> None:
     """Encode one corpus shard into OUT (skipped when it is current: same model, settings and passages)."""
     from pretrieve.retrieval.search import build_index  # lazy: torch
 
+    claim([out / shard_dir_name(shard, num_shards)], overwrite)   # a folder the user made is not replaced
     with producing(out, directory=True):
         retriever = _load(model, device, _precision(precision, bf16), max_length=max_length, pooling=pooling,
                           normalize=normalize, query_prompt=query_prompt, passage_prompt=passage_prompt)
@@ -232,7 +260,7 @@ def search(
     _check_mode(mode)
     find_shards(index)  # fail on a missing or incomplete index before loading the model
     queries = _collection(data).load_queries(split)
-    with producing(out, needed_bytes=_run_bytes(len(queries), k, 1)):
+    with producing(out, needed_bytes=_run_bytes(queries, k, 1, "")):   # the index's size unread: 1 per query
         retriever = _load(model, device, _precision(precision, bf16), query_max_length=query_max_length,
                           pooling=pooling, normalize=normalize, query_prompt=query_prompt,
                           passage_prompt=passage_prompt)
@@ -248,7 +276,10 @@ def dense(
     out: RunOut,
     split: Split = "test",
     cache: Optional[Path] = typer.Option(None, "--cache", help="Keep the corpus index here and reuse it while it "
-                                                               "is current; default: a temporary directory."),
+                                                               "is current; default: the user cache, as "
+                                                               "pretrieve.search (PRETRIEVE_CACHE/embeddings)."),
+    no_cache: bool = typer.Option(False, "--no-cache", help="Encode the corpus into a temporary index (nothing "
+                                  "kept, nothing reused)."),
     k: Depth = 1000,
     factory: Factory = "Flat",
     nprobe: Nprobe = None,
@@ -275,20 +306,26 @@ def dense(
     score, sparse/hybrid representations); --mode picks another search of a sparse/hybrid model, --factory an
     approximate FAISS index for dense vectors.
     """
+    refuse_existing(out, overwrite)   # before torch is imported: an existing --out is refused at once
     from pretrieve.retrieval.search import INDEX_SCRATCH  # lazy: torch
 
-    refuse_existing(out, overwrite)
     began = time.perf_counter()
     _check_mode(mode)
     collection = _collection(data)
     queries = collection.load_queries(split)
     corpus = collection.corpus_dataset()
+    if cache is not None and no_cache:
+        raise ConfigError("--cache keeps the corpus index and --no-cache keeps none: give one of them")
+    claim([cache / shard_dir_name(0, 1) if cache else None], overwrite)   # a folder the user made is not replaced
     index = preflight(cache, directory=True) if cache else out.parent   # the corpus index (scratch: beside --out)
-    with producing(out, needed_bytes=_run_bytes(len(queries), k, len(corpus)), scratch=(INDEX_SCRATCH,)):
+    run_size = _run_bytes(queries, k, len(corpus), mode or "dense")
+    with producing(out, needed_bytes=run_size, largest_file=run_size, scratch=(INDEX_SCRATCH,)):
         with write_failures(index):
             retriever = _load(model, device, _precision(precision, bf16), max_length=max_length,
                               query_max_length=query_max_length, pooling=pooling, normalize=normalize,
                               query_prompt=query_prompt, passage_prompt=passage_prompt)
+            if cache is None and not no_cache:   # the user cache, keyed by model, corpus and settings (as search)
+                cache = index = preflight(corpus_index_dir(retriever, collection.corpus_path), directory=True)
             if cache is None or not (cache / shard_dir_name(0, 1)).exists():   # else reused while current
                 size = _index_bytes(retriever, len(corpus))
                 check_space(index, size, size)

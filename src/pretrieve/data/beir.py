@@ -17,7 +17,8 @@ from pathlib import Path
 from typing import Iterator
 
 from pretrieve.data.jsonl import iter_jsonl, iter_lines, require_str, write_jsonl
-from pretrieve.data.records import Document, duplicate_id_message, join_title, parse_document, parse_query
+from pretrieve.data.records import (Document, duplicate_id_message, is_run_id, join_title, parse_document,
+                                    parse_query)
 from pretrieve.errors import InputError
 from pretrieve.io_utils import atomic_open
 
@@ -128,15 +129,25 @@ def load_qrels(path: str | Path) -> Qrels:
     (``qid iter docid rel``, whitespace separated). Non-integer grades and wrong column counts are
     located errors. Zero and negative grades are kept (evaluation treats grade ≤ 0 as non-relevant).
 
-    A line containing a tab is split on tabs only, so ids with spaces in a BEIR TSV stay whole; other
-    lines are split on whitespace. Only a first line that names its columns (``query-id``, ``qid``, ...
-    or ``score``, ``relevance``, ...) is taken as a header: any other non-integer grade is an error.
+    A line containing a tab is split on tabs only, other lines on whitespace; an id that holds whitespace
+    all the same is refused (no TREC run can hold it). A (query, document) judged on several lines is
+    warned about with their line numbers, and the last line counts, as in trec_eval. Only a first line that
+    names its columns (``query-id``, ``qid``, ... or ``score``, ``relevance``, ...) is taken as a header: any
+    other non-integer grade is an error.
     """
     qrels: Qrels = {}
-    for _, qid, doc_id, grade in iter_qrels(path):
-        qrels.setdefault(qid, {})[doc_id] = grade
+    lines: dict[tuple[str, str], int] = {}
+    duplicates: list[tuple[int, int, str, str, int, int]] = []
+    for line_no, qid, doc_id, grade in iter_qrels(path):
+        judged = qrels.setdefault(qid, {})
+        if doc_id in judged:
+            duplicates.append((lines[qid, doc_id], line_no, qid, doc_id, judged[doc_id], grade))
+        lines[qid, doc_id] = line_no
+        judged[doc_id] = grade
     if not qrels:
         raise InputError("no judgments in qrels file", path=path)
+    if duplicates:
+        logger.warning("%s", duplicate_judgments(path, duplicates))
     return qrels
 
 
@@ -173,6 +184,17 @@ def load_answers(path: str | Path) -> dict[str, Answers]:
     return answers
 
 
+def duplicate_judgments(path: str | Path, duplicates: list[tuple[int, int, str, str, int, int]]) -> str:
+    """The warning about judgments of one (query, document) on several lines: the last line counts, as in
+    trec_eval and pytrec_eval (so scores equal theirs), and the lines are named so that they can be fixed.
+    Warned, not refused: published qrels that the field's tools read must stay readable here."""
+    first, line, qid, doc_id, before, after = duplicates[0]
+    conflicting = sum(1 for *_, a, b in duplicates if a != b)
+    return (f"{path}: {len(duplicates)} judgment(s) repeat a (query, document) judged on an earlier line "
+            f"({conflicting} with another grade), e.g. lines {first} and {line} judge ({qid!r}, {doc_id!r}) "
+            f"{before} then {after}; the last line of each counts, as in trec_eval")
+
+
 def iter_qrels(path: str | Path) -> Iterator[tuple[int, str, str, int]]:
     """Stream ``(line_number, query_id, doc_id, grade)`` from a qrels file (see :func:`load_qrels` for the formats
     and checks), without holding the judgments."""
@@ -203,6 +225,10 @@ def iter_qrels(path: str | Path) -> Iterator[tuple[int, str, str, int]]:
             columns = (len(parts), line_no)
         if not qid or not doc_id:
             raise InputError("empty id", path=path, line=line_no, field="query-id" if not qid else "corpus-id")
+        for value, field_name in ((qid, "query-id"), (doc_id, "corpus-id")):
+            if not is_run_id(value):
+                raise InputError(f"id {value!r} contains whitespace, which a TREC run (split on whitespace) cannot "
+                                 "hold: rename it", path=path, line=line_no, field=field_name)
         if not _is_int(grade):
             raise InputError(f"relevance grade '{grade}' is not an integer", path=path, line=line_no,
                              field="score")

@@ -95,6 +95,9 @@ def parse_json_object(line: str, path: str | Path, line_no: int) -> dict[str, An
         # some messages end in "at" ("Unterminated string starting at"): the column completes them
         message = exc.msg[:-3] if exc.msg.endswith(" at") else exc.msg
         raise InputError(f"invalid JSON ({message} at column {exc.colno})", path=path, line=line_no) from None
+    except RecursionError:   # the decoder recurses once per level: thousands of nested brackets
+        raise InputError("JSON nested too deeply to read (thousands of levels); a record is a flat object",
+                         path=path, line=line_no) from None
     if not isinstance(obj, dict):
         raise InputError(f"expected a JSON object, got {type(obj).__name__}", path=path, line=line_no)
     return obj

@@ -16,11 +16,14 @@ the Arrow builders of :mod:`pretrieve.data.arrow`, the converters of :mod:`pretr
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
 from pretrieve.data.jsonl import require_str
 from pretrieve.errors import InputError
+
+_WHITESPACE = re.compile(r"\s")
 
 CACHE_ENV = "PRETRIEVE_CACHE"
 
@@ -61,17 +64,33 @@ def title_separator(join: str | None, tokenizer=None) -> str:
     return sep
 
 
+def is_run_id(value: str) -> bool:
+    """Whether ``value`` can be a query or document id of a TREC run (``qid Q0 docid rank score tag``, split on
+    whitespace): non-empty, without a space, tab or newline."""
+    return bool(value) and not _WHITESPACE.search(value)
+
+
+def require_id(obj: dict, path: str | Path, line: int, kind: str = "document") -> str:
+    """``obj["_id"]``, refused (a located :class:`InputError`) when empty or when no TREC run could hold it: found
+    on reading, before anything is encoded or searched for it."""
+    value = require_str(obj, "_id", path, line, allow_empty=False)
+    if not is_run_id(value):
+        raise InputError(f"{kind} id {value!r} contains whitespace, which a TREC run (split on whitespace) cannot "
+                         "hold: rename it", path=path, line=line, field="_id")
+    return value
+
+
 def parse_document(obj: dict, path: str | Path, line: int) -> Document:
-    """One ``corpus.jsonl`` object as a Document: ``_id`` (non-empty), ``title`` (optional), ``text``."""
-    doc_id = require_str(obj, "_id", path, line, allow_empty=False)
+    """One ``corpus.jsonl`` object as a Document: ``_id`` (:func:`require_id`), ``title`` (optional), ``text``."""
+    doc_id = require_id(obj, path, line)
     title = require_str(obj, "title", path, line, default="")
     text = require_str(obj, "text", path, line)
     return Document(doc_id, title, text)
 
 
 def parse_query(obj: dict, path: str | Path, line: int) -> tuple[str, str]:
-    """One ``queries.jsonl`` object as ``(query_id, text)``, both non-empty."""
-    return (require_str(obj, "_id", path, line, allow_empty=False),
+    """One ``queries.jsonl`` object as ``(query_id, text)``, both non-empty (the id: :func:`require_id`)."""
+    return (require_id(obj, path, line, "query"),
             require_str(obj, "text", path, line, allow_empty=False))
 
 

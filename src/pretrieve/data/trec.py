@@ -12,20 +12,19 @@ from __future__ import annotations
 
 import contextlib
 import math
-import re
 from pathlib import Path
 from typing import IO, Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
 
 from pretrieve.data.jsonl import iter_lines
+from pretrieve.data.records import is_run_id
 from pretrieve.errors import InputError
 from pretrieve.io_utils import atomic_open
 
 Run = dict[str, dict[str, float]]
 
 _FIELDS = ("query_id", "Q0", "doc_id", "rank", "score", "tag")
-_WHITESPACE = re.compile(r"\s")
 
 
 def read_run(path: str | Path) -> Run:
@@ -166,7 +165,7 @@ def open_run_writer(path: str | Path, tag: str = "pretrieve", depth: int | None 
 
 
 def _check_trec_token(value: str, field: str, path: str | Path) -> None:
-    if not value or _WHITESPACE.search(value):
+    if not is_run_id(value):
         raise InputError(f"{value!r} cannot be written to a TREC run (empty or contains whitespace)",
                          path=path, field=field)
 

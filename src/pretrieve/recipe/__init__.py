@@ -93,7 +93,7 @@ from typing import Any, Mapping
 
 import yaml
 
-from pretrieve import outputs, ranks
+from pretrieve import artifacts, outputs, ranks
 from pretrieve.data.registry import resolve_collections
 from pretrieve.errors import InputError
 from pretrieve.io_utils import atomic_open
@@ -101,7 +101,7 @@ from pretrieve.models import resolve_model
 from pretrieve.recipe import stages  # noqa: F401  (registers every stage kind)
 from pretrieve.recipe.dev import prepare_dev
 from pretrieve.recipe.results import RESULT_MEASURES, results_are_current, results_markdown
-from pretrieve.recipe.runner import RunState, run_stages
+from pretrieve.recipe.runner import RESOLVED_FILE, RunState, run_stages
 from pretrieve.recipe.schema import load_recipe, recipe_collections, validate_recipe
 from pretrieve.recipe.smoke import smoke_out, smoke_recipe
 
@@ -131,6 +131,7 @@ def run_recipe(path: str | Path | Mapping[str, Any], out: str | Path | None = No
     out_dir = smoke_out(recipe, out) if smoke else Path(out if out is not None else recipe["out"])
     check_out(out_dir, {name: Path(name).expanduser() for name in recipe_collections(recipe)})   # paths as given
     with outputs.writing(out_dir):   # locked first: a busy output is refused before any model or data is touched
+        claim_out(out_dir, keeps_recipe=given is not None)
         if given is not None:
             path = ranks.once("keep the recipe", lambda: keep_recipe(given, out_dir))
         if smoke:
@@ -158,6 +159,19 @@ def check_out(out_dir: Path, collections: Mapping[str, Any]) -> None:
         if folder.is_dir() and out_dir.exists() and out_dir.resolve() == folder.resolve():
             raise InputError(f"is the collection '{name}' itself; the recipe's outputs go into a folder of their own",
                              path=out_dir, field="out")
+
+
+def claim_out(out_dir: Path, keeps_recipe: bool = False) -> None:
+    """The ownership rule (:func:`pretrieve.outputs.claim`) for the files a recipe writes at the top of its output
+    (``results.*``, the resolved recipe, ``recipe.yaml`` when kept, the run files in ``runs/``), before any stage:
+    a file there without pretrieve's record is refused in one line; a stage's folder is its own command's to check."""
+    runs_dir = out_dir / "runs"
+    run_files = sorted(p for p in runs_dir.iterdir() if not p.name.endswith(artifacts.FILE_SIDECAR_SUFFIX)) \
+        if runs_dir.is_dir() else []
+    for path in (out_dir / "results.json", out_dir / "results.md", out_dir / RESOLVED_FILE,
+                 out_dir / "recipe.yaml" if keeps_recipe else None, *run_files):
+        outputs.claim([path], records=[out_dir / RESOLVED_FILE],
+                      remedy="choose another out (--out), or move the file away")
 
 
 def keep_recipe(recipe: Mapping[str, Any], out_dir: Path) -> Path:

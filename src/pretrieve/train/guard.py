@@ -33,6 +33,9 @@ RECOVERED = 5
 WEIGHT_GROWTH = 10.0
 #: Key of the start's weight norm in a checkpoint's trainer state (a resumed run compares with the original start).
 WEIGHT_NORM_KEY = "start_weight_norm"
+#: The start of the loss witness's problem (:meth:`DivergenceGuard.check`), the one divergence that
+#: ``--divergence-factor`` decides: the other problems (a non-finite loss, exploded weights) call for a lower rate.
+RATIO_PROBLEM = "the loss stayed above"
 
 
 class DivergenceGuard:
@@ -81,7 +84,7 @@ class DivergenceGuard:
             in_a_row = len(episode) == episode[-1] - episode[0] + 1
             span = f"for {needed} steps in a row" if in_a_row else \
                 f"at {len(episode)} of the {episode[-1] - episode[0] + 1} steps from step {episode[0]}"
-            return (f"the loss stayed above {self.factor:g} times the level {level:.4g} (median {median:.4g} + "
+            return (f"{RATIO_PROBLEM} {self.factor:g} times the level {level:.4g} (median {median:.4g} + "
                     f"1.4826 MAD, at least {MIN_SCALE:g}) of the {size} normal losses before it {span}, up to "
                     f"{loss:.4g} (divergence_factor {self.factor:g})")
         return None
@@ -140,13 +143,33 @@ class WeightCheck:
         return None
 
 
+def checkpoint_growth(checkpoint: Path) -> float | None:
+    """How many times the run's start the weights' norm of ``checkpoint`` is (inf when not finite), from its files
+    (``model*.safetensors``) and the start recorded in its trainer state; None when either is missing."""
+    from safetensors import safe_open  # here: read only when a diverged run names the checkpoint it keeps
+
+    start = ckpt.read_state(checkpoint).get(WEIGHT_NORM_KEY)
+    files = sorted(Path(checkpoint).glob("model*.safetensors"))
+    if not start or not files:
+        return None
+    squares = 0.0
+    for file in files:
+        with safe_open(str(file), framework="pt") as handle:
+            for name in handle.keys():
+                squares += float(torch.linalg.vector_norm(handle.get_tensor(name), dtype=torch.float64)) ** 2
+    norm = math.sqrt(squares)
+    return norm / float(start) if math.isfinite(norm) else math.inf
+
+
 def stop_diverged(accelerator, out: Path, step: int, first_bad: int, problem: str) -> None:
     """Remove the checkpoints whose weights produced (or followed) the first abnormal loss and stop the run.
 
     The loss logged at step ``s`` is computed with the weights after ``s - 1`` updates, i.e. those of
     checkpoint ``step-(s-1)``: checkpoints from ``first_bad - 1`` on are removed. Every checkpoint was written
-    after :class:`WeightCheck` passed, so the ones left were healthy by the loss curve and by their weights; the
-    message names the last of them, or says that none is kept.
+    after :class:`WeightCheck` passed, unless ``--divergence-factor 0`` turned its norm check off: the newest one
+    left is called healthy only when its weights, read back, are within :data:`WEIGHT_GROWTH` times the start's;
+    the message names it, or says that none is kept. The advice fits the problem: ``--divergence-factor`` for the
+    loss-ratio check it decides, a lower ``--lr`` for a non-finite loss or exploded weights.
     """
     accelerator.wait_for_everyone()
     removed = []
@@ -159,8 +182,15 @@ def stop_diverged(accelerator, out: Path, step: int, first_bad: int, problem: st
     kept = ckpt.latest_checkpoint(out)
     where = f"step {step}" + (f" (abnormal from step {first_bad})" if first_bad < step else "")
     detail = (f"removed the checkpoints of steps {', '.join(map(str, removed))}; " if removed else "")
-    last = (f"the last healthy checkpoint is kept: {kept}" if kept else
-            "no checkpoint is kept (none was written while the run was healthy)")
-    raise TrainingDiverged(f"training diverged at {where}: {problem}; {detail}{last}. Lower the learning rate "
-                           "(--lr) and start again with --overwrite or in another --out (--divergence-factor 0 "
-                           "turns the ratio check off)")
+    growth = checkpoint_growth(kept) if kept else None
+    if kept is None:
+        last = "no checkpoint is kept (none was written while the run was healthy)"
+    elif growth is not None and not growth <= WEIGHT_GROWTH:
+        last = (f"the newest checkpoint left, {kept}, is not healthy either: its weights' norm is {growth:.3g} times "
+                f"the start's (checkpoints are not checked with --divergence-factor 0); do not resume from it")
+    else:
+        last = f"the last healthy checkpoint is kept: {kept}"
+    advice = ("Lower the learning rate (--lr), or raise --divergence-factor (0 stops only at a non-finite loss), "
+              if problem.startswith(RATIO_PROBLEM) else "Lower the learning rate (--lr) ")
+    raise TrainingDiverged(f"training diverged at {where}: {problem}; {detail}{last}. {advice}and start again "
+                           "with --overwrite or in another --out")

@@ -2,10 +2,12 @@
 
 :class:`TrainingRun` (after FlagEmbedding's ``AbsRunner``) fixes the order of the steps around the loop:
 
-1. **lock** the output directory, remove the partial checkpoint saves (``checkpoints/.step-N.tmp``) a killed run
-   left, and check its space for what the run still writes, the peak of ``keep + 1`` checkpoints — nothing when
-   ``final/`` holds a complete run, which is reused or refused but never trained again without ``overwrite``
-   (:func:`pretrieve.outputs.writing`, :func:`pretrieve.outputs.training_space`);
+1. **lock** the output directory, refuse what is in it without pretrieve's record unless ``overwrite`` (the
+   ownership rule, :func:`pretrieve.outputs.claim`: a folder the user made is never trained into), remove the
+   partial checkpoint saves (``checkpoints/.step-N.tmp``) a killed run left, and check its space for what the run
+   still writes, the peak of ``keep + 1`` checkpoints — nothing when ``final/`` holds a complete run, which is
+   reused or refused but never trained again without ``overwrite`` (:func:`pretrieve.outputs.writing`,
+   :func:`pretrieve.outputs.training_space`);
 2. **describe** the run — its settings and inputs (hook :meth:`TrainingRun.describe`);
 3. **skip a finished run** made with the same settings from the same inputs (:func:`finished_run`), unless
    ``overwrite``;
@@ -27,6 +29,7 @@
 from __future__ import annotations
 
 import abc
+import contextlib
 import logging
 import shutil
 from pathlib import Path
@@ -43,6 +46,9 @@ from pretrieve.train.config import LoopConfig
 from pretrieve.train.loop import train
 
 logger = logging.getLogger(__name__)
+
+#: What every training run writes into its output directory besides ``checkpoints/step-N`` and its config file.
+RUN_ENTRIES = ("final", "logs.jsonl", TRACKERS_DIR)
 
 
 class TrainingRun(abc.ABC):
@@ -97,12 +103,20 @@ class TrainingRun(abc.ABC):
     def finish(self, final: Path) -> None:
         """After training (every rank)."""
 
+    def entries(self) -> list[Path]:
+        """What the run writes into ``out`` besides its checkpoints (the ownership rule's paths,
+        :func:`pretrieve.outputs.claim`; ``--overwrite`` replaces these and the checkpoints, nothing else)."""
+        return [self.out / name for name in RUN_ENTRIES + (self.config_file,)]
+
     # ------------------------------------------------------------------------------------------ template
     def run(self) -> Path:
         """Run (resume, or skip when already finished) the training; returns ``<out>/final``."""
         self.check()
         self.config.trackers()   # an unknown tracker, or one whose package is missing, before the output is touched
         with outputs.writing(self.out):   # locked first: a killed save's leftovers are then ours to remove
+            outputs.claim(self.entries(), self.config.overwrite,
+                          records=[self.out / self.config_file, self.out / "final",
+                                   *(path / ckpt.STATE_FILE for _, path in ckpt.list_checkpoints(self.out))])
             if outputs.process_rank() == 0:
                 ckpt.remove_partial_saves(self.out)
             written = len(ckpt.list_checkpoints(self.out)) if self.config.resume else 0   # a resume writes the rest
@@ -195,22 +209,24 @@ def finished_run(out: str | Path, kind: str, settings: Mapping[str, Any], inputs
 
 def check_restart(out: str | Path, config: LoopConfig, files: Collection[str] = ()) -> None:
     """Before a run starts without ``resume``: refuse an output directory that holds a previous run's checkpoints
-    (naming ``--resume`` and ``--overwrite``); with ``overwrite``, remove that run (checkpoints, ``final/``,
-    logs, the trackers' files and ``files``) first."""
+    (naming ``--resume`` and ``--overwrite``); with ``overwrite``, remove that run (its ``checkpoints/step-N``,
+    ``final/``, logs, the trackers' files and ``files``; nothing else) first."""
     out = Path(out)
-    previous = [out / name for name in ("checkpoints", "final", "logs.jsonl", TRACKERS_DIR, *files)
-                if (out / name).exists()]
+    checkpoints = ckpt.list_checkpoints(out)
+    previous = [path for _, path in checkpoints] + [out / name for name in (*RUN_ENTRIES, *files)
+                                                    if (out / name).exists() or (out / name).is_symlink()]
     if config.resume or not previous:
         return
-    if config.overwrite:
+    if config.overwrite:   # only what a run writes: a stranger file beside it (or in checkpoints/) stays
         for path in previous:
             if path.is_dir() and not path.is_symlink():
                 shutil.rmtree(path)
             else:
                 path.unlink()
+        with contextlib.suppress(OSError):
+            ckpt.checkpoint_root(out).rmdir()   # only when nothing else is in it
         logger.info("--overwrite: removed the previous run in %s", out)
         return
-    checkpoints = ckpt.list_checkpoints(out)
     if checkpoints:
         raise ConfigError(f"{out} holds checkpoints of a previous run (up to step {checkpoints[-1][0]}); continue it "
                           "with --resume, or start afresh with --overwrite (deletes them), or choose another --out")

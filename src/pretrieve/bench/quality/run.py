@@ -41,6 +41,7 @@ from pretrieve.bench.quality.report import write_report
 from pretrieve.bench.quality.settings import PRIMARY, QualityBenchSettings, grid_points, point_name, seed_dir
 from pretrieve.bench.quality.summary import summarize
 from pretrieve.errors import ConfigError
+from pretrieve.outputs import DirectoryLock
 
 logger = logging.getLogger(__name__)
 
@@ -236,50 +237,52 @@ def run_quality_bench(settings: QualityBenchSettings, progress: Callable[[str], 
     say = progress or (lambda line: logger.info("%s", line))
     out = Path(settings.out)
     out.mkdir(parents=True, exist_ok=True)
-    records = Records(settings.records)
-    tier = records.open(settings.fingerprint(), settings.precision, settings.growing())
-    if commit_records:
-        commit([records.tier_path], f"Claims records ({records.root.name}): tier.json")
-        left = uncommitted(records.root)
-        if left:        # written by a run killed before it could commit them (a session's end)
-            commit(left, f"Claims records ({records.root.name}): {len(left)} record(s) an interrupted run had not "
-                         "committed")
-    bench = Bench(settings)     # the derived collection and the pre-training union, made once here
+    with DirectoryLock(out):   # one run per --out, a second refused before any work (its cells would race)
+        records = Records(settings.records)
+        tier = records.open(settings.fingerprint(), settings.precision, settings.growing())
+        if commit_records:
+            commit([records.tier_path], f"Claims records ({records.root.name}): tier.json")
+            left = uncommitted(records.root)
+            if left:        # written by a run killed before it could commit them (a session's end)
+                commit(left, f"Claims records ({records.root.name}): {len(left)} record(s) an interrupted run had "
+                             "not committed")
+        bench = Bench(settings)     # the derived collection and the pre-training union, made once here
 
-    def landed(result: Mapping[str, Any]) -> None:
-        if commit_records and result.get("path"):
-            commit([Path(p) for p in result.get("paths") or [result["path"]]],
-                   f"Claims records ({records.root.name}): {result['line']}")
+        def landed(result: Mapping[str, Any]) -> None:
+            if commit_records and result.get("path"):
+                commit([Path(p) for p in result.get("paths") or [result["path"]]],
+                       f"Claims records ({records.root.name}): {result['line']}")
 
-    select_arm = settings.select_arm
+        select_arm = settings.select_arm
 
-    def prepare_select_arm() -> None:
-        say(f"[select] pre-training {select_arm}/seed{settings.arm_seeds(select_arm)[0]} for the dev grid")
-        # at the cells' own thread count, not threads × jobs: the checkpoint is also that arm × seed's cell, and
-        # torch's CPU kernels round differently with another thread count (--jobs 2 must give --jobs 1's records)
-        _with_threads(settings.threads, lambda: bench.pretrained(select_arm, settings.arm_seeds(select_arm)[0]))
+        def prepare_select_arm() -> None:
+            say(f"[select] pre-training {select_arm}/seed{settings.arm_seeds(select_arm)[0]} for the dev grid")
+            # at the cells' own thread count, not threads × jobs: the checkpoint is also that arm × seed's cell, and
+            # torch's CPU kernels round differently with another thread count (--jobs 2 must give --jobs 1's records)
+            _with_threads(settings.threads, lambda: bench.pretrained(select_arm, settings.arm_seeds(select_arm)[0]))
 
-    def shared_inputs() -> None:      # made here once, before jobs run side by side
-        bench.prepare(list(dict.fromkeys([select_arm, *(arm for arm, _ in wanted)])))
+        def shared_inputs() -> None:      # made here once, before jobs run side by side
+            bench.prepare(list(dict.fromkeys([select_arm, *(arm for arm, _ in wanted)])))
 
-    plan = Plan(settings, records, tier, wanted, select_only, say, shared_inputs, prepare_select_arm, commit_records)
-    state = plan.selection()
-    if state is not None and state["todo"]:
-        say(f"[select] {len(state['todo'])} of {len(grid_points(plan.tier['grid']))} dev-grid points to run")
-    run_jobs(settings, plan, jobs, say, landed)
-    state = plan.selection()
-    if state is not None:
-        scores = ", ".join(f"{name} {value:.4f}" for name, value in state["scores"].items())
-        say(f"[select] dev {PRIMARY}: {scores}")
-        if state["chosen"] is None:
-            say("[select] no protocol chosen yet (points missing or all failed): no arm × seed cell runs")
-        elif state["edge"]:
-            say(f"[select] the chosen point {point_name(state['chosen'])} lies on the"
-                f"{' grown' if state['grown'] else ''} grid's upper edge ({', '.join(state['edge'])}): the "
-                "protocol may not have converged")
-    summary = summarize(records.root)
-    write_report(out, summary, records.root, plot=True)
-    return summary
+        plan = Plan(settings, records, tier, wanted, select_only, say, shared_inputs, prepare_select_arm,
+                    commit_records)
+        state = plan.selection()
+        if state is not None and state["todo"]:
+            say(f"[select] {len(state['todo'])} of {len(grid_points(plan.tier['grid']))} dev-grid points to run")
+        run_jobs(settings, plan, jobs, say, landed)
+        state = plan.selection()
+        if state is not None:
+            scores = ", ".join(f"{name} {value:.4f}" for name, value in state["scores"].items())
+            say(f"[select] dev {PRIMARY}: {scores}")
+            if state["chosen"] is None:
+                say("[select] no protocol chosen yet (points missing or all failed): no arm × seed cell runs")
+            elif state["edge"]:
+                say(f"[select] the chosen point {point_name(state['chosen'])} lies on the"
+                    f"{' grown' if state['grown'] else ''} grid's upper edge ({', '.join(state['edge'])}): the "
+                    "protocol may not have converged")
+        summary = summarize(records.root)
+        write_report(out, summary, records.root, plot=True)
+        return summary
 
 
 def _with_threads(threads: int, work: Callable[[], Any]) -> Any:
