@@ -367,7 +367,8 @@ def test_a_diverged_checkpoint_left_by_factor_0_is_never_called_healthy(tmp_path
 def test_the_run_size_estimate_counts_what_bm25_writes(tmp_path, capsys, monkeypatch):
     """The estimate counts ids, ranks and tag as written (a 1-character document id and an 8-character score at
     least): within a factor 2 of the run, never above it (the review's was 13 times too low)."""
-    from pretrieve.cli.retrieval import _documents_up_to, _run_bytes
+    from pretrieve.cli.retrieval import _documents_up_to
+    from pretrieve.data.trec import run_bytes
     from pretrieve.data.collection import BeirCollection
 
     data = write_collection(tmp_path / "tiny")
@@ -375,7 +376,7 @@ def test_the_run_size_estimate_counts_what_bm25_writes(tmp_path, capsys, monkeyp
     code, err = _main(capsys, monkeypatch, "bm25", "--data", str(data), "--out", str(run), "--k", "30")
     assert code == 0, err
     collection = BeirCollection(data)
-    estimate = _run_bytes(collection.load_queries("test"), 30, _documents_up_to(collection.corpus_path, 30), "bm25")
+    estimate = run_bytes(collection.load_queries("test"), 30, _documents_up_to(collection.corpus_path, 30), "bm25")
     assert run.stat().st_size / 2 < estimate <= run.stat().st_size
     assert _documents_up_to(collection.corpus_path, 1000) == 40
 

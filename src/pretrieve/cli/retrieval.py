@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Annotated, Iterable, Optional
+from typing import Annotated, Optional
 
 import typer
 from rich.console import Console
@@ -32,6 +32,7 @@ from pretrieve.cli.options import PASSAGE_PROMPT_HELP, QUERY_PROMPT_HELP
 from pretrieve.data.collection import BeirCollection
 from pretrieve.data.jsonl import iter_lines
 from pretrieve.data.registry import resolve_collection
+from pretrieve.data.trec import run_bytes
 from pretrieve.errors import ConfigError
 from pretrieve.outputs import check_space, claim, preflight, producing, refuse_existing, write_failures
 from pretrieve.retrieval import runs
@@ -123,21 +124,6 @@ def _index_bytes(retriever, rows: int) -> int:
     return rows * int(dim) * 4 if dim else 0
 
 
-#: Characters of a score in a run file at least (``repr`` of a float: 15-18 for the scores of every retriever, 3 for
-#: a round one such as ``0.0``): what the estimate of a run's size counts.
-SCORE_CHARS = 8
-
-
-def _run_bytes(query_ids: Iterable[str], k: int, docs: int, tag: str) -> int:
-    """What a run of the ``query_ids`` × ``min(k, docs)`` lines ``qid Q0 docid rank score tag`` takes: the query
-    ids, the ranks and the tag as written; a document id of one character and a score of :data:`SCORE_CHARS` (the
-    least), so a run that fits is not refused while the estimate stays near the file (SciFact: 7.8 of 12.6 MB)."""
-    depth = min(k, docs)
-    rank_chars = sum(max(0, depth - 10 ** (digits - 1) + 1) for digits in range(1, 20))   # of "1" … str(depth)
-    fixed = len(" Q0 ") + 1 + 1 + 1 + SCORE_CHARS + 1 + len(tag) + 1   # spaces, a 1-char id, score, tag, newline
-    return sum(depth * (len(qid) + fixed) + rank_chars for qid in query_ids)
-
-
 def _documents_up_to(corpus_path: Path, k: int) -> int:
     """The corpus's lines, counted up to ``k`` (a run holds at most that many documents per query; a large corpus
     is not read to the end)."""
@@ -182,7 +168,7 @@ def bm25(
     needed, largest = (0, 0) if index is not None and index.exists() else engine.index_space(collection.corpus_path)
     if index is not None:
         preflight(index, directory=True, needed_bytes=needed, largest_file=largest)
-    run_size = _run_bytes(collection.load_queries(split), k, _documents_up_to(collection.corpus_path, k), "bm25")
+    run_size = run_bytes(collection.load_queries(split), k, _documents_up_to(collection.corpus_path, k), "bm25")
     with producing(out, needed_bytes=run_size + (0 if index else needed), largest_file=max(largest, run_size),
                    scratch=(engine.SCRATCH_NAME,)):
         queries, lines = runs.lexical_run_file(collection, split, out, k=k, params=engine.params(k1=k1, b=b),
@@ -260,7 +246,7 @@ def search(
     _check_mode(mode)
     find_shards(index)  # fail on a missing or incomplete index before loading the model
     queries = _collection(data).load_queries(split)
-    with producing(out, needed_bytes=_run_bytes(queries, k, 1, "")):   # the index's size unread: 1 per query
+    with producing(out, needed_bytes=run_bytes(queries, k, 1, "")):   # the index's size unread: 1 per query
         retriever = _load(model, device, _precision(precision, bf16), query_max_length=query_max_length,
                           pooling=pooling, normalize=normalize, query_prompt=query_prompt,
                           passage_prompt=passage_prompt)
@@ -318,7 +304,7 @@ def dense(
         raise ConfigError("--cache keeps the corpus index and --no-cache keeps none: give one of them")
     claim([cache / shard_dir_name(0, 1) if cache else None], overwrite)   # a folder the user made is not replaced
     index = preflight(cache, directory=True) if cache else out.parent   # the corpus index (scratch: beside --out)
-    run_size = _run_bytes(queries, k, len(corpus), mode or "dense")
+    run_size = run_bytes(queries, k, len(corpus), mode or "dense")
     with producing(out, needed_bytes=run_size, largest_file=run_size, scratch=(INDEX_SCRATCH,)):
         with write_failures(index):
             retriever = _load(model, device, _precision(precision, bf16), max_length=max_length,

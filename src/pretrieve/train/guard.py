@@ -146,7 +146,7 @@ class WeightCheck:
 def checkpoint_growth(checkpoint: Path) -> float | None:
     """How many times the run's start the weights' norm of ``checkpoint`` is (inf when not finite), from its files
     (``model*.safetensors``) and the start recorded in its trainer state; None when either is missing."""
-    from safetensors import safe_open  # here: read only when a diverged run names the checkpoint it keeps
+    from safetensors import safe_open  # lazy: safetensors — read only when a diverged run names the checkpoint it keeps
 
     start = ckpt.read_state(checkpoint).get(WEIGHT_NORM_KEY)
     files = sorted(Path(checkpoint).glob("model*.safetensors"))
