@@ -158,3 +158,26 @@ def test_evaluating_on_the_training_split_or_an_unknown_measure_is_refused(tiny_
     with pytest.raises(ConfigError, match="eval_steps must be an integer >= 0"):
         make_config(tiny_bert_dir, dev_collection, tmp_path / "c", eval_steps=-1).check()
     assert "eval_steps" not in make_config(tiny_bert_dir, dev_collection, tmp_path / "d").settings()
+
+
+def recipe(tmp_path: Path, model: Path, data: Path, dev) -> dict:
+    values = {"name": "eval-while-training", "out": str(tmp_path / "out"), "model": str(model), "data": str(data),
+              "finetune": {"max_steps": 4, "batch_size": 4, "num_negatives": 2, "query_max_len": 16,
+                           "passage_max_len": 32, "bm25_depth": 20, "lr": 5e-4, "pooling": "mean", "eval_steps": 2},
+              "stages": [{"finetune": {"stage": 1}},
+                         {"evaluate": {"collections": [str(data)], "split": "test", "depth": 20}}]}
+    if dev is not None:
+        values["dev"] = dev
+    return values
+
+
+def test_a_recipe_evaluates_on_its_dev_queries_and_refuses_without_them(tiny_bert_dir, tmp_path):
+    from pretrieve.recipe import run_recipe
+
+    data = write_collection(tmp_path / "tiny")
+    with pytest.raises(ConfigError, match="eval_steps: evaluating while training needs dev queries"):
+        run_recipe(recipe(tmp_path, tiny_bert_dir, data, dev=None), show_progress=False)
+    run_recipe(recipe(tmp_path, tiny_bert_dir, data, dev={"queries": 4, "seed": 0}), show_progress=False)
+    stage = tmp_path / "out" / "finetune-s1"
+    assert [row["step"] for row in read_logs(stage) if "eval/nDCG@10" in row] == [2, 4]
+    assert json.loads((stage / "final" / "evaluation.json").read_text())["queries"] == "4 dev queries of tiny"
