@@ -345,14 +345,16 @@ def _evaluate_models(models, data, *, out, split, measures, test, alpha, correct
 def export(model: str | Path, out: str | Path, *, recipe_out: str | Path | None = None,
            query_prompt: str | None = None, passage_prompt: str | None = None, license: str = "apache-2.0",
            push_to_hub: str | None = None, private: bool = False, token: str | None = None,
-           dry_run: bool = False) -> Path:
+           dry_run: bool = False, metrics: Mapping[str, Mapping[str, float]] | None = None) -> Path:
     """Export the retriever fine-tuned in ``model`` to ``out``: a sentence-transformers model (``Router`` for
     separate towers and CoT-MoTE experts; pretrieve's own format for sparse / DupMAE) with a ``README.md`` model
     card (docs/export.md). ``recipe_out``: the recipe's output folder, whose resolved recipe and ``results.md`` go
     into the card; ``query_prompt`` / ``passage_prompt`` are saved with the model; ``push_to_hub``: a Hub model
     repository to upload to (``token`` or the logged-in one): the token and the Hub are checked before anything is
     exported, and a failure is one :class:`~pretrieve.errors.ConfigError`. ``dry_run``: export, then print what
-    ``push_to_hub`` would upload (files and sizes) without touching the network. Returns ``out``."""
+    ``push_to_hub`` would upload (files and sizes) without touching the network. ``metrics``: what you measured,
+    ``{collection: {measure: value}}`` (``"scifact"`` for its test split, ``"scifact:dev"`` for another), for the
+    card's ``model-index`` beside the recipe's results and the dev evaluation while training. Returns ``out``."""
     from pretrieve.modeling.export import (check_hub, export_model, hub_token,   # heavy: torch, only when exporting
                                            push_to_hub as push, upload_plan)
     from pretrieve.modeling.model_card import metrics_of   # heavy: torch, only when exporting
@@ -362,14 +364,16 @@ def export(model: str | Path, out: str | Path, *, recipe_out: str | Path | None 
     if push_to_hub and not dry_run:   # before the work: a push that cannot happen fails at once
         token = hub_token(token)
         logger.info("Hugging Face Hub reachable; pushing as %s", check_hub(token))
-    recipe = results = metrics = None
+    recipe = results = None
+    given = metrics
     if recipe_out is not None:
         recipe = load_config_file(Path(recipe_out) / "recipe.resolved.json", "resolved recipe")
         results_md = Path(recipe_out) / "results.md"
         results = results_md.read_text(encoding="utf-8") if results_md.is_file() else None
         results_json = Path(recipe_out) / "results.json"
         if results_json.is_file():   # the final row's metrics: the card's model-index
-            metrics = metrics_of(load_config_file(results_json, "recipe results").get("rows"), None) or None
+            metrics = {**metrics_of(load_config_file(results_json, "recipe results").get("rows"), None),
+                       **(given or {})}
     with quiet_libraries():
         exported = export_model(model, out, query_prompt=query_prompt, passage_prompt=passage_prompt, recipe=recipe,
                                 results=results, license=license, repo_id=push_to_hub, metrics=metrics)

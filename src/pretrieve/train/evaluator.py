@@ -47,12 +47,15 @@ _STEP = re.compile(r"^step-(\d+)$")
 @dataclass
 class Evaluation:
     """Evaluate every ``every`` steps: ``score(directory)`` scores a model exported into ``directory`` (measure →
-    value); ``metric`` picks the best; ``describe`` says on which queries (for the log and ``evaluation.json``)."""
+    value); ``metric`` picks the best; ``describe`` says on which queries (for the log and ``evaluation.json``),
+    ``collection`` / ``split`` name them (the model card's ``model-index``)."""
 
     every: int
     metric: str
     score: Callable[[Path], Mapping[str, float]]
     describe: str = ""
+    collection: str = ""
+    split: str = ""
     history: list[dict[str, Any]] = field(default_factory=list)
 
     def due(self, done: int, total_steps: int) -> bool:
@@ -131,6 +134,7 @@ class BestModel:
         shutil.copytree(self.path(self.step), directory, dirs_exist_ok=True)
         write_json(directory / EVALUATION_FILE, {"metric": self.metric, "best_step": self.step,
                                                  "best_value": self.value, "queries": evaluation.describe,
+                                                 "collection": evaluation.collection, "split": evaluation.split,
                                                  "history": evaluation.history})
         shutil.rmtree(self.root, ignore_errors=True)
 
@@ -138,6 +142,14 @@ class BestModel:
 def log_values(values: Mapping[str, float]) -> dict[str, float]:
     """Measure → value as the log keys (``eval/nDCG@10``)."""
     return {f"{LOG_PREFIX}{name}": float(value) for name, value in values.items()}
+
+
+def best_values(record: Mapping[str, Any]) -> dict[str, float]:
+    """The measures of the best step of an ``evaluation.json`` record (measure → value)."""
+    for row in record.get("history") or []:
+        if row.get("step") == record.get("best_step"):
+            return {key[len(LOG_PREFIX):]: float(value) for key, value in row.items() if key.startswith(LOG_PREFIX)}
+    return {}
 
 
 def read_evaluation(directory: str | Path) -> dict[str, Any] | None:

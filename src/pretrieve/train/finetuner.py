@@ -454,7 +454,7 @@ class FinetuningRun(TrainingRun):
         where = f"{len(queries)} {split} queries of {collection.root.name}"
         logger.info("evaluating every %d steps on the %s (%s; the best by %s becomes final/)", config.eval_steps,
                     where, ", ".join(config.evaluated_measures()), config.metric_for_best)
-        return Evaluation(config.eval_steps, config.metric_for_best.strip(), score, where)
+        return Evaluation(config.eval_steps, config.metric_for_best.strip(), score, where, collection.root.name, split)
 
     def export(self, unwrapped, directory: Path) -> None:
         config = self.config
