@@ -91,7 +91,7 @@ def pretrain(model: str | Path, corpus: str | Path, out: str | Path, method: str
     _require(model=model, corpus=corpus, out=out)
     _check_settings(PretrainOptions, {**settings, "report_to": report_to}, "pretrain()")   # before any download
     required = {"model": str(model), "corpus": resolve_corpus(corpus, data_root=data_root), "out": str(out)}
-    with quiet_libraries():
+    with quiet_libraries(), told():
         config = build_pretrain_config({**settings, "report_to": report_to}, required, {"method": method},
                                        where="pretrain()")
         return run_pretraining(config)
@@ -112,7 +112,7 @@ def finetune(model: str | Path, data: str | Path, out: str | Path, *, stage: int
     _check_settings(FinetuneConfig, {**settings, "report_to": report_to}, "finetune()")   # before any download
     required = {"model": str(model), "data": str(resolve_collection(data, data_root=data_root)), "out": str(out),
                 "stage": stage}
-    with quiet_libraries():
+    with quiet_libraries(), told():
         config = build_finetune_config({**settings, "report_to": report_to}, required, where="finetune()")
         return run_finetuning(config)
 
@@ -430,6 +430,28 @@ def quiet_libraries():
         hf_logging.set_verbosity(level)
         if bars:
             hf_logging.enable_progress_bar()
+
+
+@contextlib.contextmanager
+def told():
+    """While a training verb runs, pretrieve's own INFO lines — what the command line prints: the pooling and
+    similarity kept or changed, the precision trained at, the groups, the dev evaluations — go to stderr as
+    ``pretrieve: …``, unless the caller configured logging (a handler on the root or ``pretrieve`` logger: theirs
+    rules). Removed afterwards (a verb changes no global state)."""
+    package = logging.getLogger("pretrieve")
+    if logging.getLogger().handlers or package.handlers:
+        yield
+        return
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("pretrieve: %(message)s"))
+    level = package.level
+    package.addHandler(handler)
+    package.setLevel(logging.INFO)
+    try:
+        yield
+    finally:
+        package.removeHandler(handler)
+        package.setLevel(level)
 
 
 def _check_settings(config_class: type, settings: Mapping[str, Any], where: str) -> None:

@@ -264,7 +264,10 @@ def resolve_dense_settings(config: FinetuneConfig, model_path: str) -> FinetuneC
                     ", normalised" if normalize else " and a dot product")
     elif st is not None:
         declared = ("+".join(st.pooling), bool(st.normalize))
-        if (pooling, normalize) != declared:
+        if (pooling, normalize) == declared:
+            logger.info("fine-tuning keeps the pooling %s declares: %s%s", model_path, pooling,
+                        " + normalisation (cosine)" if normalize else " (dot product)")
+        else:
             logger.warning("%s pools with %s%s; fine-tuning changes that to %s%s as asked", model_path, declared[0],
                            " + normalisation (cosine)" if declared[1] else " (dot product)", pooling,
                            " + normalisation (cosine)" if normalize else " (dot product)")

@@ -104,6 +104,8 @@ PROGRESS_KEY = "training_progress"
 """Batch key of ``step / total_steps`` (0-d float tensor), added to every micro-batch by :class:`StepBatches`
 (read by objectives with a weight schedule, e.g. :data:`pretrieve.modeling.objectives.bow.PROGRESS`)."""
 _FINITE_KEY = "_finite"
+PRECISION_REASONS = {"bf16": "bf16 autocast, which this device computes natively",
+                     "fp32": "fp32, as this device has no native bf16"}
 
 
 def micro_batch_seed(seed: int, step: int, micro: int) -> int:
@@ -292,6 +294,10 @@ def train(model: torch.nn.Module, dataset, collator, config: LoopConfig, out_dir
     if accelerator.ddp_handler is not None:
         accelerator.ddp_handler.find_unused_parameters = leaves_parameters_unused(model)
     precision = MixedPrecision(config.resolved_precision(accelerator.device), accelerator.device.type)
+    if accelerator.is_main_process:
+        logger.info("%s: %s precision on %s%s", description, precision.precision, accelerator.device.type,
+                    f" (precision {config.precision}: {PRECISION_REASONS.get(precision.precision, '')})"
+                    if config.precision == "auto" else "")
     optimizer = build_optimizer(model, config)
     scheduler = build_scheduler(optimizer, config, total_steps)
     model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
