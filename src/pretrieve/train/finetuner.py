@@ -33,6 +33,14 @@ text, ``passage_max_len`` 144: Drop your Decoder (Ma et al. 2024) §4.1's MS MAR
 the groups are read as memory-mapped Arrow datasets (:mod:`pretrieve.data.arrow`, built once by the main process
 and reused while current), so no rank holds the passages or the groups as Python objects.
 
+Evaluation while training (``eval_steps``, :meth:`FinetuningRun.evaluation`): every ``eval_steps`` steps and at the
+end the model is exported, searched and scored on dev queries (``eval_data`` / ``eval_split``, default the training
+collection's ``dev``; a recipe's dev split in a recipe) by pretrieve's own search and ``RunEvaluator``; the measures
+go to ``logs.jsonl`` and the trackers as ``eval/<measure>``, and ``final`` is the best evaluated model by
+``metric_for_best`` (:mod:`pretrieve.train.evaluator`: checkpointed, so resume ends with the same model). The
+training queries cannot be the dev queries. The evaluation's settings and the dev files are part of the run's
+settings and inputs only when it evaluates.
+
 Defaults. The papers fine-tune with batch 64, 15 negatives (group 16; CDMAE (Li et al. 2023): group 32, swapped with the
 batch in stage 3), lr 2e-5, 3 epochs, dot product with τ = 1 on [CLS] vectors. The defaults here keep the
 papers' lr, epochs, lengths, similarity and α but use batch 16 and 7 negatives (group 8), which fits a CPU
