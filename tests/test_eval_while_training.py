@@ -181,3 +181,16 @@ def test_a_recipe_evaluates_on_its_dev_queries_and_refuses_without_them(tiny_ber
     stage = tmp_path / "out" / "finetune-s1"
     assert [row["step"] for row in read_logs(stage) if "eval/nDCG@10" in row] == [2, 4]
     assert json.loads((stage / "final" / "evaluation.json").read_text())["queries"] == "4 dev queries of tiny"
+
+
+def test_pretraining_the_cls_vector_of_a_mean_pooled_model_is_said_not_to_help(minilm, tiny_bert_dir, caplog):
+    """bow with the default [CLS] bottleneck on all-MiniLM-L6-v2 (mean pooling) warns; a mean bottleneck, MLM alone
+    (no sentence vector) or a base that declares no pooling do not."""
+    from pretrieve.train.method import resolve_method
+    from pretrieve.train.pretrainer import warn_if_training_an_unpooled_vector
+
+    assert warn_if_training_an_unpooled_vector(str(minilm), resolve_method("bow"))
+    assert "this pre-training will not help its retrieval" in caplog.text and "bottleneck: mean" in caplog.text
+    assert not warn_if_training_an_unpooled_vector(str(minilm), resolve_method("bow", bottleneck="mean"))
+    assert not warn_if_training_an_unpooled_vector(str(minilm), resolve_method("mlm"))
+    assert not warn_if_training_an_unpooled_vector(str(tiny_bert_dir), resolve_method("bow"))
