@@ -188,6 +188,32 @@ def test_the_cards_yaml_header_is_what_the_hub_reads(tiny_bert_dir, tokenizer, m
     assert "`out=" not in text and "site-packages" not in card.content
 
 
+def test_every_evaluation_goes_into_the_model_index_with_language_and_real_hub_ids(fine_tuned, tmp_path):
+    """A model fine-tuned with evaluation while training (``evaluation.json``) exported by ``pretrieve.export`` with
+    what the caller measured: the dev measures of the best step and the given ones in ``model-index``, ``language:
+    en``, and ``datasets`` only with ids the Hub has (no ``BeIR/cranfield``)."""
+    from huggingface_hub import ModelCard
+
+    (fine_tuned / "finetune_config.json").write_text(json.dumps({"config": {"data": "/x/scifact", "eval_steps": 2}}))
+    (fine_tuned / "evaluation.json").write_text(json.dumps({
+        "metric": "nDCG@10", "best_step": 4, "best_value": 0.61, "queries": "81 dev queries of scifact",
+        "collection": "scifact", "split": "dev",
+        "history": [{"step": 2, "eval/nDCG@10": 0.5, "eval/R@100": 0.8},
+                    {"step": 4, "eval/nDCG@10": 0.61, "eval/R@100": 0.9}]}))
+    out = pretrieve.export(fine_tuned, tmp_path / "exported",
+                           metrics={"scifact": {"nDCG@10": 0.7}, "cranfield": {"nDCG@10": 0.4}})
+    card = ModelCard.load(out / "README.md")
+    header = card.data.to_dict()
+    assert header["language"] == ["en"]
+    assert header["datasets"] == ["BeIR/scifact"]
+    results = header["model-index"][0]["results"]
+    assert {(r["dataset"]["name"], r["dataset"]["split"], m["name"], m["value"]) for r in results
+            for m in r["metrics"]} == {("scifact", "test", "nDCG@10", 0.7), ("cranfield", "test", "nDCG@10", 0.4),
+                                       ("scifact", "dev", "nDCG@10", 0.61), ("scifact", "dev", "R@100", 0.9)}
+    assert {r["dataset"]["type"] for r in results} == {"BeIR/scifact", "cranfield"}
+    assert "this model is step 4, the best by nDCG@10" in card.text and (out / "evaluation.json").is_file()
+
+
 def test_push_without_a_network_is_one_error_line_before_exporting(fine_tuned, tmp_path, monkeypatch, capsys):
     """A token but no Hub (a closed port stands for no network): exit 2, one ``error:`` line, nothing exported."""
     import huggingface_hub.constants

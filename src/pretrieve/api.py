@@ -93,7 +93,7 @@ def pretrain(model: str | Path, corpus: str | Path, out: str | Path, method: str
     _require(model=model, corpus=corpus, out=out)
     _check_settings(PretrainOptions, {**settings, "report_to": report_to}, "pretrain()")   # before any download
     required = {"model": str(model), "corpus": resolve_corpus(corpus, data_root=data_root), "out": str(out)}
-    with quiet_libraries():
+    with quiet_libraries(), told():
         config = build_pretrain_config({**settings, "report_to": report_to}, required, {"method": method},
                                        where="pretrain()")
         return run_pretraining(config)
@@ -114,7 +114,7 @@ def finetune(model: str | Path, data: str | Path, out: str | Path, *, stage: int
     _check_settings(FinetuneConfig, {**settings, "report_to": report_to}, "finetune()")   # before any download
     required = {"model": str(model), "data": str(resolve_collection(data, data_root=data_root)), "out": str(out),
                 "stage": stage}
-    with quiet_libraries():
+    with quiet_libraries(), told():
         config = build_finetune_config({**settings, "report_to": report_to}, required, where="finetune()")
         return run_finetuning(config)
 
@@ -360,14 +360,16 @@ def _evaluate_models(models, data, *, out, split, measures, test, alpha, correct
 def export(model: str | Path, out: str | Path, *, recipe_out: str | Path | None = None,
            query_prompt: str | None = None, passage_prompt: str | None = None, license: str = "apache-2.0",
            push_to_hub: str | None = None, private: bool = False, token: str | None = None,
-           dry_run: bool = False) -> Path:
+           dry_run: bool = False, metrics: Mapping[str, Mapping[str, float]] | None = None) -> Path:
     """Export the retriever fine-tuned in ``model`` to ``out``: a sentence-transformers model (``Router`` for
     separate towers and CoT-MoTE experts; pretrieve's own format for sparse / DupMAE) with a ``README.md`` model
     card (docs/export.md). ``recipe_out``: the recipe's output folder, whose resolved recipe and ``results.md`` go
     into the card; ``query_prompt`` / ``passage_prompt`` are saved with the model; ``push_to_hub``: a Hub model
     repository to upload to (``token`` or the logged-in one): the token and the Hub are checked before anything is
     exported, and a failure is one :class:`~pretrieve.errors.ConfigError`. ``dry_run``: export, then print what
-    ``push_to_hub`` would upload (files and sizes) without touching the network. Returns ``out``."""
+    ``push_to_hub`` would upload (files and sizes) without touching the network. ``metrics``: what you measured,
+    ``{collection: {measure: value}}`` (``"scifact"`` for its test split, ``"scifact:dev"`` for another), for the
+    card's ``model-index`` beside the recipe's results and the dev evaluation while training. Returns ``out``."""
     from pretrieve.modeling.export import (check_hub, export_model, hub_token,   # lazy: torch
                                            push_to_hub as push, upload_plan)
     from pretrieve.modeling.model_card import metrics_of   # lazy: torch
@@ -377,14 +379,16 @@ def export(model: str | Path, out: str | Path, *, recipe_out: str | Path | None 
     if push_to_hub and not dry_run:   # before the work: a push that cannot happen fails at once
         token = hub_token(token)
         logger.info("Hugging Face Hub reachable; pushing as %s", check_hub(token))
-    recipe = results = metrics = None
+    recipe = results = None
+    given = metrics
     if recipe_out is not None:
         recipe = load_config_file(Path(recipe_out) / "recipe.resolved.json", "resolved recipe")
         results_md = Path(recipe_out) / "results.md"
         results = results_md.read_text(encoding="utf-8") if results_md.is_file() else None
         results_json = Path(recipe_out) / "results.json"
         if results_json.is_file():   # the final row's metrics: the card's model-index
-            metrics = metrics_of(load_config_file(results_json, "recipe results").get("rows"), None) or None
+            metrics = {**metrics_of(load_config_file(results_json, "recipe results").get("rows"), None),
+                       **(given or {})}
     with quiet_libraries():
         exported = export_model(model, out, query_prompt=query_prompt, passage_prompt=passage_prompt, recipe=recipe,
                                 results=results, license=license, repo_id=push_to_hub, metrics=metrics)
@@ -441,6 +445,28 @@ def quiet_libraries():
         hf_logging.set_verbosity(level)
         if bars:
             hf_logging.enable_progress_bar()
+
+
+@contextlib.contextmanager
+def told():
+    """While a training verb runs, pretrieve's own INFO lines — what the command line prints: the pooling and
+    similarity kept or changed, the precision trained at, the groups, the dev evaluations — go to stderr as
+    ``pretrieve: …``, unless the caller configured logging (a handler on the root or ``pretrieve`` logger: theirs
+    rules). Removed afterwards (a verb changes no global state)."""
+    package = logging.getLogger("pretrieve")
+    if logging.getLogger().handlers or package.handlers:
+        yield
+        return
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("pretrieve: %(message)s"))
+    level = package.level
+    package.addHandler(handler)
+    package.setLevel(logging.INFO)
+    try:
+        yield
+    finally:
+        package.removeHandler(handler)
+        package.setLevel(level)
 
 
 def _check_settings(config_class: type, settings: Mapping[str, Any], where: str) -> None:

@@ -56,6 +56,11 @@ def finetune_command(
     bm25_depth: Optional[int] = _ft("bm25_depth", "--bm25-depth"),
     max_groups: Optional[int] = _ft("max_groups", "--max-groups"),
     on_unknown: Optional[str] = _ft("on_unknown", "--on-unknown"),
+    eval_steps: Optional[int] = _ft("eval_steps", "--eval-steps"),
+    eval_data: Optional[str] = _ft("eval_data", "--eval-data"),
+    eval_split: Optional[str] = _ft("eval_split", "--eval-split"),
+    eval_measures: Optional[str] = _ft("eval_measures", "--eval-measures"),
+    metric_for_best: Optional[str] = _ft("metric_for_best", "--metric-for-best"),
     batch_size: Optional[int] = _ft("batch_size", "--batch-size"),
     micro_batch_size: Optional[int] = typer.Option(None, "--micro-batch-size", help="Queries per forward pass "
                                                    "(gradient accumulation).",
@@ -86,4 +91,14 @@ def finetune_command(
     from pretrieve.train.finetuner import build_finetune_config, finetune   # lazy: torch
 
     final = finetune(training_config(build_finetune_config, config, flags, resume))
-    typer.echo(f"fine-tuned retriever: {final}")
+    typer.echo(f"fine-tuned retriever: {final}{best_step_note(final)}")
+
+
+def best_step_note(final: Path) -> str:
+    """`` (the best of the dev evaluations: step N, nDCG@10 0.4321)`` for a run that evaluated while training."""
+    from pretrieve.train.evaluator import read_evaluation   # beside the trainer: imported once training is done
+
+    record = read_evaluation(final)
+    if record is None:
+        return ""
+    return f" (the best of the dev evaluations: step {record['best_step']}, {record['metric']} {record['best_value']:.4f})"

@@ -59,6 +59,7 @@ from pretrieve.errors import ConfigError, InputError
 from pretrieve.io_utils import write_json
 from pretrieve.modeling.dual_encoder import DualEncoder, read_dual_encoder_config
 from pretrieve.modeling.model_card import DEFAULT_LICENSE, write_model_card
+from pretrieve.train.evaluator import EVALUATION_FILE
 from pretrieve.modeling.mote import EXPERTS, CONFIG_KEY, is_mote, routed_modules
 from pretrieve.models import no_remote_code
 from pretrieve.modeling.representations import DenseRepresentation
@@ -137,8 +138,9 @@ def export_model(model_dir: str | Path, out: str | Path, *, query_prompt: str | 
     if out.exists():
         shutil.rmtree(out)
     export_retriever(model, tokenizer, out, length, training=training, prompts=prompts)
-    if (model_dir / "finetune_config.json").is_file():
-        shutil.copy2(model_dir / "finetune_config.json", out / "finetune_config.json")
+    for name in ("finetune_config.json", EVALUATION_FILE):   # the training's record: the card reads them
+        if (model_dir / name).is_file():
+            shutil.copy2(model_dir / name, out / name)
     write_model_card(out, recipe=recipe, results=results, row=row, license=license, repo_id=repo_id, metrics=metrics)
     return out
 

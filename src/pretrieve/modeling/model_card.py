@@ -17,8 +17,12 @@ training statistics sentence-transformers' own card machinery would need from it
 The front matter is the Hugging Face Hub's model-card metadata, written by ``huggingface_hub``'s
 :class:`~huggingface_hub.ModelCardData` (the schema the Hub reads): ``library_name``, ``pipeline_tag``, ``license``,
 ``tags``, ``base_model`` as a Hub id (an offline alias's folder is named by the Hub model it packages,
-:data:`HUB_MODELS`; a local path is left out), ``datasets`` (a BEIR collection as ``BeIR/<name>``) and a
-``model-index`` with the evaluated metrics (``metrics``: a recipe's ``results.json`` rows of this model). The body's
+:data:`HUB_MODELS`; a local path is left out), ``language`` (of the collections it was trained and evaluated on,
+where known: :data:`LANGUAGES`), ``datasets`` (only ids the Hub has: a BEIR collection BEIR published there as
+``BeIR/<name>``, :data:`BEIR_ON_HUB`; Cranfield and the other classic test collections are not on the Hub) and a
+``model-index`` with every evaluation the model has: ``metrics`` (a recipe's ``results.json`` rows of this model, or
+what the caller measured) and the dev measures of the best step when it was fine-tuned with evaluation while
+training (``evaluation.json``, :mod:`pretrieve.train.evaluator`). The body's
 **Training** section lists the settings of every training the model went through — fine-tuning
 (``finetune_config.json``, whether run by the CLI, the Python API or a recipe) and pre-training
 (``pretrain_config.json``) — and the number of training queries fine-tuning really used (the groups kept, cut by
@@ -33,8 +37,8 @@ from typing import Any, Mapping
 
 import yaml
 
-from pretrieve.data.registry import KNOWN_COLLECTIONS
 from pretrieve.models import OFFLINE_MODELS
+from pretrieve.train.evaluator import EVALUATION_FILE, best_values
 
 #: key → (first author, year, title); cited when a run used the method.
 PAPERS: dict[str, tuple[str, int, str]] = {
@@ -66,6 +70,14 @@ METHOD_PAPERS: dict[str, tuple[str, ...]] = {
 REPRESENTATION_PAPERS: dict[str, tuple[str, ...]] = {"dupmae": ("dupmae",), "sparse": ("splade",),
                                                      "hybrid": ("splade", "cotmote")}
 DEFAULT_LICENSE = "apache-2.0"
+#: The BEIR collections BEIR's authors published on the Hugging Face Hub as ``BeIR/<name>`` (BioASQ, Signal-1M,
+#: TREC-NEWS and Robust04 are not there: their licences; CQADupStack is split by forum).
+BEIR_ON_HUB = frozenset({"msmarco", "trec-covid", "nfcorpus", "nq", "hotpotqa", "fiqa", "arguana", "webis-touche2020",
+                         "quora", "dbpedia-entity", "scidocs", "fever", "climate-fever", "scifact"})
+#: Collection → language (ISO 639-1), for the card's ``language``: the BEIR collections pretrieve knows and the
+#: classic test collections (Cranfield, MED, LISA, TIME, ADI, CISI, NPL, CACM) are English.
+LANGUAGES = {name: "en" for name in (*BEIR_ON_HUB, "msmarco-titled", "bioasq", "signal1m", "trec-news", "robust04",
+                                     "cqadupstack", "cranfield", "med", "lisa", "time", "adi", "cisi", "npl", "cacm")}
 #: offline alias → the Hub model its packaged folder holds (``base_model`` in the card).
 HUB_MODELS = {alias: "sentence-transformers/all-MiniLM-L6-v2"
               for alias in ("minilm", "all-MiniLM-L6-v2", "sentence-transformers/all-MiniLM-L6-v2")}
@@ -106,10 +118,15 @@ def model_card(directory: str | Path, recipe: Mapping[str, Any] | None = None, r
     tags = ["pretrieve", "dense-retrieval" if dense else f"{kind}-retrieval"] + (["sentence-transformers"] if dense
                                                                                  else [])
     hub_base = hub_model(base)
-    datasets = [hub_dataset(name) for name in ([data] if data else []) + list(metrics or {})]
+    evaluation = _json(directory / EVALUATION_FILE)
+    metrics = {**(metrics or {}), **dev_metrics(evaluation)}
+    collections = ([data] if data else []) + [key.partition(":")[0] for key in metrics]
+    datasets = [hub_dataset(name) for name in collections]
+    languages = sorted({LANGUAGES[_collection_name(name)] for name in collections
+                        if _collection_name(name) in LANGUAGES})
     card = ModelCardData(library_name="sentence-transformers" if dense else "pretrieve", license=license, tags=tags,
                          pipeline_tag="sentence-similarity" if dense else None, base_model=hub_base,
-                         datasets=list(dict.fromkeys(d for d in datasets if d)) or None,
+                         language=languages or None, datasets=list(dict.fromkeys(d for d in datasets if d)) or None,
                          model_name=name if metrics else None, eval_results=_eval_results(metrics) or None)
     lines = ["---", card.to_yaml(), "---", "",
              f"# {name}", "",
@@ -146,6 +163,12 @@ def model_card(directory: str | Path, recipe: Mapping[str, Any] | None = None, r
             lines.append(f"- {what}: " + ", ".join(f"`{key}={value}`" for key, value in values.items()))
         if (directory / "finetune_config.json").is_file():
             lines.append("- every fine-tuning setting: `finetune_config.json` in this repository")
+    if evaluation:
+        lines += ["", "## Evaluation while training", "",
+                  f"Evaluated every {settings.get('eval_steps', '?')} steps on {evaluation.get('queries', 'dev queries')}"
+                  f"; this model is step {evaluation.get('best_step')}, the best by {evaluation.get('metric')} "
+                  f"({evaluation.get('best_value', 0):.4f}; a maximum over the evaluations, so slightly optimistic "
+                  "for these queries). Every evaluation: `evaluation.json` in this repository."]
     if recipe:
         lines += ["", "## Recipe", "", f"`pretrieve run` with this resolved recipe (`{recipe.get('name', '')}`):", "",
                   "```yaml", yaml.safe_dump(_relative(dict(recipe)), sort_keys=False).strip(), "```"]
@@ -180,9 +203,21 @@ def hub_model(name: Any) -> str | None:
 
 
 def hub_dataset(collection: Any) -> str | None:
-    """A collection as a Hub dataset id: a BEIR collection (by its folder's name) → ``BeIR/<name>``, else None."""
-    name = Path(str(collection).rstrip("/")).name.lower()
-    return f"BeIR/{name}" if name in KNOWN_COLLECTIONS else None
+    """A collection as a Hub dataset id: a BEIR collection published on the Hub (by its folder's name,
+    :data:`BEIR_ON_HUB`) → ``BeIR/<name>``, else None (Cranfield: no Hub dataset)."""
+    name = _collection_name(collection)
+    return f"BeIR/{name}" if name in BEIR_ON_HUB else None
+
+
+def _collection_name(collection: Any) -> str:
+    return Path(str(collection).rstrip("/")).name.lower()
+
+
+def dev_metrics(evaluation: Mapping[str, Any] | None) -> dict[str, dict[str, float]]:
+    """``{"<collection>:<split>": {measure: value}}`` of the best step of an evaluation while training ({} without)."""
+    values = best_values(evaluation) if evaluation else {}
+    return {f"{evaluation['collection']}:{evaluation['split']}": values} if values and evaluation.get("collection") \
+        else {}
 
 
 def metrics_of(rows: Any, retriever: str | None) -> dict[str, dict[str, float]]:

@@ -33,6 +33,14 @@ text, ``passage_max_len`` 144: Drop your Decoder (Ma et al. 2024) §4.1's MS MAR
 the groups are read as memory-mapped Arrow datasets (:mod:`pretrieve.data.arrow`, built once by the main process
 and reused while current), so no rank holds the passages or the groups as Python objects.
 
+Evaluation while training (``eval_steps``, :meth:`FinetuningRun.evaluation`): every ``eval_steps`` steps and at the
+end the model is exported, searched and scored on dev queries (``eval_data`` / ``eval_split``, default the training
+collection's ``dev``; a recipe's dev split in a recipe) by pretrieve's own search and ``RunEvaluator``; the measures
+go to ``logs.jsonl`` and the trackers as ``eval/<measure>``, and ``final`` is the best evaluated model by
+``metric_for_best`` (:mod:`pretrieve.train.evaluator`: checkpointed, so resume ends with the same model). The
+training queries cannot be the dev queries. The evaluation's settings and the dev files are part of the run's
+settings and inputs only when it evaluates.
+
 Defaults. The papers fine-tune with batch 64, 15 negatives (group 16; CDMAE (Li et al. 2023): group 32, swapped with the
 batch in stage 3), lr 2e-5, 3 epochs, dot product with τ = 1 on [CLS] vectors. The defaults here keep the
 papers' lr, epochs, lengths, similarity and α but use batch 16 and 7 negatives (group 8), which fits a CPU
@@ -64,16 +72,21 @@ from pretrieve.data.beir import Corpus
 from pretrieve.data.collection import BeirCollection
 from pretrieve.data.groups import TrainingGroup, sample_group_indices, write_groups
 from pretrieve.data.records import TITLE_JOINS, title_separator
+from pretrieve.data.registry import resolve_collection
 from pretrieve.errors import ConfigError, InputError
+from pretrieve.evaluation.metrics import RunEvaluator, parse_measure, parse_measures
 from pretrieve.io_utils import write_json
 from pretrieve.modeling.dual_encoder import DualEncoder, RetrievalLoss
 from pretrieve.modeling.export import export_retriever
 from pretrieve.modeling.representations import DenseRepresentation, from_spec
 from pretrieve.models import no_remote_code, resolve_model
 from pretrieve.options import build
+from pretrieve.retrieval.load import load_retriever
 from pretrieve.retrieval.runs import bm25_negatives
+from pretrieve.retrieval.search import search
 from pretrieve.modeling.sentence_transformer import ModelFiles, read_sentence_transformers_config
 from pretrieve.train.config import BOOKKEEPING, LoopConfig
+from pretrieve.train.evaluator import Evaluation
 from pretrieve.train.pretrainer import check_max_len
 from pretrieve.train.run import TrainingRun
 from pretrieve.train.run_config import validated_values
@@ -85,12 +98,18 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 STAGES = (1, 2, 3)
+EVAL_DEPTH = 1000
+"""Results per dev query searched at each evaluation (as ``pretrieve evaluate``'s runs)."""
 BM25_GROUPS_FILE = "bm25_groups.jsonl"
 QRELS_GROUPS_FILE = "qrels_groups.jsonl"
 CONFIG_FILE = "finetune_config.json"
 KIND = "retriever"
 # Paths: the run's inputs are compared by content (artifacts.fingerprint), never by where they are.
-PATH_SETTINGS = ("model", "data", "out", "groups")
+PATH_SETTINGS = ("model", "data", "out", "groups", "eval_data")
+#: Settings of the evaluation while training: part of a run's settings only when it evaluates (``eval_steps`` > 0),
+#: so runs made before these options existed stay current.
+EVAL_SETTINGS = ("eval_steps", "eval_split", "eval_measures", "metric_for_best")
+DEFAULT_EVAL_SPLIT = "dev"
 PROMPT_SETTINGS = ("query_prompt", "passage_prompt")
 COSINE_TEMPERATURE = 0.05
 #: LoopConfig fields that do not change what a run computes (ignored when deciding whether a run is done).
@@ -122,25 +141,53 @@ class FinetuneConfig(FinetuneSettings, LoopConfig):
             raise ConfigError(f"title_join must be one of {', '.join(TITLE_JOINS)}, got {self.title_join!r}")
         if self.on_unknown not in ("error", "skip"):
             raise ConfigError(f"on_unknown must be 'error' or 'skip', got {self.on_unknown!r}")
+        self.check_evaluation()
         if self.grad_cache_chunk is not None and (isinstance(self.grad_cache_chunk, bool)
                                                   or not isinstance(self.grad_cache_chunk, int)
                                                   or self.grad_cache_chunk < 1):
             raise ConfigError(f"grad_cache_chunk must be an integer >= 1, got {self.grad_cache_chunk!r}")
 
+    def check_evaluation(self) -> None:
+        """The evaluation while training: a step count, known measures, dev queries other than the training ones."""
+        if isinstance(self.eval_steps, bool) or not isinstance(self.eval_steps, int) or self.eval_steps < 0:
+            raise ConfigError(f"eval_steps must be an integer >= 0, got {self.eval_steps!r}")
+        if not self.eval_steps:
+            return
+        parse_measures(self.eval_measures)
+        parse_measure(self.metric_for_best)
+        if not self.eval_data and (self.eval_split or DEFAULT_EVAL_SPLIT) == self.split:
+            raise ConfigError(f"eval_split: '{self.split}' is the split this run trains on; evaluate on held-out "
+                              "queries (another split, or eval_data: another collection)")
+
+    def evaluated_measures(self) -> list[str]:
+        """``eval_measures`` with ``metric_for_best`` (added when missing)."""
+        names = list(parse_measures(self.eval_measures))
+        return names if self.metric_for_best.strip() in names else names + [self.metric_for_best.strip()]
+
     def settings(self) -> dict[str, Any]:
         """The resolved settings that determine the result (bookkeeping options and paths left out; a prompt only
-        when there is one, and the title join only when it is not the default space, so runs made before these
-        options existed stay current)."""
+        when there is one, the title join only when it is not the default space, and the evaluation's settings only
+        when it evaluates, so runs made before these options existed stay current)."""
         return {key: value for key, value in dataclasses.asdict(self).items()
                 if key not in BOOKKEEPING and key not in PATH_SETTINGS
-                and not (key in PROMPT_SETTINGS and not value) and not (key == "title_join" and value == "space")}
+                and not (key in PROMPT_SETTINGS and not value) and not (key == "title_join" and value == "space")
+                and not (key in EVAL_SETTINGS and not self.eval_steps)}
 
     def inputs(self, model_path: str) -> tuple[dict[str, Path], dict[str, str]]:
         """What the run is trained from, fingerprinted by content: the checkpoint, the collection's corpus, queries
         and training qrels, and the groups file (stage 1 without one builds BM25 groups from those)."""
         collection = BeirCollection(Path(self.data))
+        evaluated = {}
+        if self.eval_steps:   # the dev queries choose the final model
+            dev = self.eval_collection()
+            evaluated = {"eval_qrels": dev.qrels_path(self.eval_split or DEFAULT_EVAL_SPLIT),
+                         "eval_queries": dev.queries_path, "eval_corpus": dev.corpus_path}
         return artifacts.run_inputs(model=model_path, corpus=collection.corpus_path, queries=collection.queries_path,
-                          qrels=collection.qrels_path(self.split), groups=self.groups)
+                                    qrels=collection.qrels_path(self.split), groups=self.groups, **evaluated)
+
+    def eval_collection(self) -> BeirCollection:
+        """The collection of the dev queries: ``eval_data`` (a name or a path), else the training collection."""
+        return BeirCollection(resolve_collection(self.eval_data) if self.eval_data else Path(self.data))
 
 
 
@@ -225,7 +272,10 @@ def resolve_dense_settings(config: FinetuneConfig, model_path: str) -> FinetuneC
                     ", normalised" if normalize else " and a dot product")
     elif st is not None:
         declared = ("+".join(st.pooling), bool(st.normalize))
-        if (pooling, normalize) != declared:
+        if (pooling, normalize) == declared:
+            logger.info("fine-tuning keeps the pooling %s declares: %s%s", model_path, pooling,
+                        " + normalisation (cosine)" if normalize else " (dot product)")
+        else:
             logger.warning("%s pools with %s%s; fine-tuning changes that to %s%s as asked", model_path, declared[0],
                            " + normalisation (cosine)" if declared[1] else " (dot product)", pooling,
                            " + normalisation (cosine)" if normalize else " (dot product)")
@@ -393,6 +443,29 @@ class FinetuningRun(TrainingRun):
 
     def config_record(self) -> dict[str, Any]:
         return {"settings": self.settings, "config": dataclasses.asdict(self.config)}
+
+    def evaluation(self) -> Evaluation | None:
+        """With ``eval_steps``: the dev queries' measures every ``eval_steps`` steps, searched and scored as
+        ``pretrieve evaluate`` would score the exported model (:mod:`pretrieve.train.evaluator`)."""
+        config = self.config
+        if not config.eval_steps:
+            return None
+        collection = config.eval_collection()
+        split = config.eval_split or DEFAULT_EVAL_SPLIT
+        queries, qrels = collection.load_queries(split), collection.load_qrels(split)
+        evaluator = RunEvaluator(qrels, config.evaluated_measures())
+        corpus = collection.corpus_dataset()
+        out = self.out
+
+        def score(directory: Path) -> dict[str, float]:
+            retriever = load_retriever(directory)
+            run = search(retriever, queries, corpus, k=EVAL_DEPTH, show_progress=False, scratch_dir=out)
+            return evaluator(run, name=f"step {directory.name}").aggregate
+
+        where = f"{len(queries)} {split} queries of {collection.root.name}"
+        logger.info("evaluating every %d steps on the %s (%s; the best by %s becomes final/)", config.eval_steps,
+                    where, ", ".join(config.evaluated_measures()), config.metric_for_best)
+        return Evaluation(config.eval_steps, config.metric_for_best.strip(), score, where, collection.root.name, split)
 
     def export(self, unwrapped, directory: Path) -> None:
         config = self.config

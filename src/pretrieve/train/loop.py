@@ -41,6 +41,10 @@ Contract: a *dataset* (``len`` + ``dataset[i]``), a *collator* ``collator(exampl
   under ``<out>/trackers/``, W&B, MLflow, …; the run's resolved config, flattened, as their config), and a progress
   bar with ETA. A resumed run drops the ``logs.jsonl`` lines past its checkpoint, and TensorBoard hides the events
   past it (``purge_step``), so no step is shown twice; W&B and MLflow start a new run (see :func:`start_trackers`).
+* **Evaluation** (optional, ``evaluation``): every ``eval_steps`` steps and after the last, the model exported as
+  ``final`` would be is searched and scored on dev queries, the measures logged as ``eval/<measure>`` (``logs.jsonl``
+  and the trackers), and ``final`` is the best evaluated model (:mod:`pretrieve.train.evaluator`; the best so far is
+  checkpointed, so a resumed run ends with the same one).
 * **Checkpoints.** Every ``save_every`` steps, atomically (:mod:`pretrieve.train.checkpoint`);
   ``resume=True`` restarts from the newest complete one — only when that checkpoint was written with the
   same settings (``run_info["config"]``, bookkeeping such as logging, checkpoint frequency, micro-batch size
@@ -88,6 +92,7 @@ from pretrieve.provenance import provenance
 from pretrieve.train import checkpoint as ckpt
 from pretrieve.train.accelerator import enable_gradient_checkpointing, leaves_parameters_unused, make_accelerator
 from pretrieve.train.config import LoopConfig
+from pretrieve.train.evaluator import BEST_KEY, BestModel, Evaluation, log_values
 from pretrieve.train.grad_cache import average_gradients, grad_cached_step
 from pretrieve.train.guard import (WEIGHT_GROWTH, WEIGHT_NORM_KEY, DivergenceGuard, WeightCheck, stop_diverged,
                                    weight_norm)
@@ -98,6 +103,8 @@ PROGRESS_KEY = "training_progress"
 """Batch key of ``step / total_steps`` (0-d float tensor), added to every micro-batch by :class:`StepBatches`
 (read by objectives with a weight schedule, e.g. :data:`pretrieve.modeling.objectives.bow.PROGRESS`)."""
 _FINITE_KEY = "_finite"
+PRECISION_REASONS = {"bf16": "bf16 autocast, which this device computes natively",
+                     "fp32": "fp32, as this device has no native bf16"}
 
 
 def micro_batch_seed(seed: int, step: int, micro: int) -> int:
@@ -264,12 +271,14 @@ def read_logs(out_dir: str | Path) -> list[dict[str, float]]:
 def train(model: torch.nn.Module, dataset, collator, config: LoopConfig, out_dir: str | Path,
           export: Callable[[torch.nn.Module, Path], None], run_info: dict[str, Any],
           accelerator=None, description: str = "train", record: Mapping[str, Any] | None = None,
-          tracked_config: Mapping[str, Any] | None = None) -> Path:
+          tracked_config: Mapping[str, Any] | None = None, evaluation: Evaluation | None = None) -> Path:
     """Train ``model`` and export it to ``<out_dir>/final``; returns that directory.
 
     ``record`` (``{"kind", "settings", "inputs"}``) describes the export in its sidecar (:mod:`pretrieve.artifacts`),
     which :func:`pretrieve.train.run.finished_run` reads to decide whether the run is finished and current.
     ``tracked_config`` (default: ``run_info["config"]``) is the config the trackers record (:func:`start_trackers`).
+    ``evaluation``: dev measures every ``evaluation.every`` steps, and ``final`` the best evaluated model
+    (:mod:`pretrieve.train.evaluator`).
     """
     accelerator = accelerator or make_accelerator(config, out_dir)
     world, rank = accelerator.num_processes, accelerator.process_index
@@ -284,6 +293,10 @@ def train(model: torch.nn.Module, dataset, collator, config: LoopConfig, out_dir
     if accelerator.ddp_handler is not None:
         accelerator.ddp_handler.find_unused_parameters = leaves_parameters_unused(model)
     precision = MixedPrecision(config.resolved_precision(accelerator.device), accelerator.device.type)
+    if accelerator.is_main_process:
+        logger.info("%s: %s precision on %s%s", description, precision.precision, accelerator.device.type,
+                    f" (precision {config.precision}: {PRECISION_REASONS.get(precision.precision, '')})"
+                    if config.precision == "auto" else "")
     optimizer = build_optimizer(model, config)
     scheduler = build_scheduler(optimizer, config, total_steps)
     model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
@@ -301,6 +314,10 @@ def train(model: torch.nn.Module, dataset, collator, config: LoopConfig, out_dir
         logger.info("resumed from %s (step %d)", resume_from, start_step)
     else:
         writer.reset()
+    best = None
+    if evaluation is not None and accelerator.is_main_process:
+        best = BestModel.start(out, evaluation.metric, resumed_state.get(BEST_KEY), start_step)
+        evaluation.history = [row for row in read_logs(out) if any(key.startswith("eval/") for key in row)]
     start_trackers(accelerator, run_info.get("config", {}) if tracked_config is None else tracked_config, start_step)
     weights = WeightCheck(resumed_state.get(WEIGHT_NORM_KEY) or weight_norm(model),
                           WEIGHT_GROWTH if config.divergence_factor else 0.0)
@@ -325,7 +342,8 @@ def train(model: torch.nn.Module, dataset, collator, config: LoopConfig, out_dir
             window.add(step, train_step(model, micro_batches, optimizer, scheduler, accelerator, accum,
                                         config.max_grad_norm, precision))
             progress.update(1)
-            log_now = done % config.log_every == 0 or done == total_steps
+            eval_now = evaluation is not None and evaluation.due(done, total_steps)
+            log_now = done % config.log_every == 0 or done == total_steps or eval_now
             save_now = bool(config.save_every) and done % config.save_every == 0 and done < total_steps
             if log_now or save_now:   # the guard sees every step's loss, copied to the host once per window
                 problem = window.check_divergence(guard)
@@ -340,6 +358,10 @@ def train(model: torch.nn.Module, dataset, collator, config: LoopConfig, out_dir
                 writer.write(done, values)
                 accelerator.log(values, step=done)
                 window_start = time.perf_counter()
+            if eval_now:
+                evaluate_now(model, accelerator, evaluation, best, export, done, writer)
+                state[BEST_KEY] = best.record() if best is not None else None
+                window_start = time.perf_counter()   # the evaluation's time is not training throughput
             if save_now or done == total_steps:   # no checkpoint, nor the final model, from diverged weights
                 problem = weights.check(model)
                 if problem:
@@ -347,6 +369,8 @@ def train(model: torch.nn.Module, dataset, collator, config: LoopConfig, out_dir
             if save_now:
                 keep = config.keep_checkpoints if guard.steady(done - config.save_every) else 0   # 0: no pruning
                 ckpt.save_checkpoint(accelerator, out, done, state, keep, precision.scaler)
+                if best is not None:
+                    best.keep_for([ckpt.read_state(path).get(BEST_KEY) for _, path in ckpt.list_checkpoints(out)])
     progress.close()
     end_trackers(accelerator)
 
@@ -356,7 +380,10 @@ def train(model: torch.nn.Module, dataset, collator, config: LoopConfig, out_dir
         record = dict(record or {"kind": "model"})
         try:
             with artifacts.write_dir(final_dir, record["kind"], record.get("settings"), record.get("inputs")) as tmp:
-                export(accelerator.unwrap_model(model), tmp)
+                if best is not None:
+                    best.finish(tmp, evaluation)
+                else:
+                    export(accelerator.unwrap_model(model), tmp)
                 write_json(tmp / "provenance.json", provenance({"seed": config.seed, "steps": total_steps}))
         except Exception as exc:  # noqa: BLE001 - safetensors and torch raise their own on a full disk
             if not ckpt.is_write_failure(exc):
@@ -364,6 +391,35 @@ def train(model: torch.nn.Module, dataset, collator, config: LoopConfig, out_dir
             raise ckpt.CheckpointWriteError(ckpt.final_write_failure(final_dir, out, exc)) from None
     accelerator.wait_for_everyone()
     return final_dir
+
+
+def evaluate_now(model, accelerator, evaluation: Evaluation, best: BestModel | None, export, step: int,
+                 writer: LogWriter) -> None:
+    """Evaluate the model after ``step`` (main process; the others wait): export it as ``final`` would be, score that
+    folder, log the measures and keep it when it is the best so far (:mod:`pretrieve.train.evaluator`). The global
+    random state is left as it was, so evaluating does not change the training."""
+    if accelerator.is_main_process:
+        unwrapped = accelerator.unwrap_model(model)
+        started = time.perf_counter()
+        with torch.random.fork_rng(devices=[accelerator.device] if accelerator.device.type == "cuda" else []):
+            unwrapped.eval()
+            try:
+                directory = best.scratch(step)
+                export(unwrapped, directory)
+                values = dict(evaluation.score(directory))
+            finally:
+                unwrapped.train()
+        kept = best.consider(step, directory, values)
+        logged = log_values(values)
+        writer.write(step, logged)
+        accelerator.log(logged, step=step)
+        evaluation.history.append({"step": step, **logged})
+        logger.info("step %d: %s on %s (%.0f s)%s", step,
+                    ", ".join(f"{name} {value:.4f}" for name, value in values.items()), evaluation.describe,
+                    time.perf_counter() - started,
+                    f"; the best so far by {evaluation.metric}" if kept else
+                    f"; the best stays step {best.step} ({evaluation.metric} {best.value:.4f})")
+    accelerator.wait_for_everyone()
 
 
 @contextlib.contextmanager

@@ -155,6 +155,7 @@ class PretrainingRun(TrainingRun):
     def check_model(self) -> None:
         check_max_len(self.config.max_len, AutoConfig.from_pretrained(self.config.model,
                                                                       **no_remote_code(self.config.model)))
+        warn_if_training_an_unpooled_vector(self.config.model, self.method)
 
     def build_data(self):
         config, method = self.config, self.method
@@ -196,6 +197,25 @@ class PretrainingRun(TrainingRun):
         self.tokenizer.save_pretrained(directory)
         write_json(directory / CONFIG_FILE, self.resolved)
         keep_sentence_transformers_modules(self.config.model, directory)
+
+
+def warn_if_training_an_unpooled_vector(base: str, method: MethodConfig) -> bool:
+    """Warn (and return True) when ``method``'s decoder objectives would train the [CLS] vector (``bottleneck:
+    cls``) of a base that retrieves with its mean-pooled vector (a sentence-transformers model such as
+    all-MiniLM-L6-v2): that pre-training leaves the vector fine-tuning and search use as it was."""
+    if method.bottleneck != "cls" or all(objective.name in ("mlm", "mlm_views") for objective in method.objectives):
+        return False
+    try:
+        declared = read_sentence_transformers_config(ModelFiles(base))
+    except Exception:  # noqa: BLE001 - an unreadable config: nothing declared, nothing to warn about
+        return False
+    if declared is None or "mean" not in declared.pooling:
+        return False
+    logger.warning("%s retrieves with its mean-pooled vector, but %s trains the [CLS] vector (bottleneck: cls), which "
+                   "it never uses: this pre-training will not help its retrieval; pre-train with bottleneck: mean "
+                   "(method={'base': '%s', 'bottleneck': 'mean'}, --bottleneck mean) to train the vector it pools",
+                   model_label(base), method.name, method.name)
+    return True
 
 
 #: The files of a sentence-transformers model besides the transformer's own, and of each module after it.

@@ -100,6 +100,10 @@ class TrainingRun(abc.ABC):
     def export(self, unwrapped: torch.nn.Module, directory: Path) -> None:
         """Write the trained model into ``directory`` (it becomes ``<out>/final``)."""
 
+    def evaluation(self):
+        """Dev evaluation while training (:class:`pretrieve.train.evaluator.Evaluation`), or None (the default)."""
+        return None
+
     def finish(self, final: Path) -> None:
         """After training (every rank)."""
 
@@ -151,7 +155,7 @@ class TrainingRun(abc.ABC):
         final = train(model, dataset, collator, config.loop(), self.out, self.export,
                       {"config": settings | {"inputs": fingerprints}}, accelerator=self.accelerator,
                       description=self.description, record={"kind": self.kind, "settings": settings, "inputs": inputs},
-                      tracked_config=self.config_record())
+                      tracked_config=self.config_record(), evaluation=self.evaluation())
         self.finish(final)
         return final
 

@@ -59,6 +59,17 @@ class FinetuneSettings:
     grad_cache_chunk: int | None = field(default=None, metadata=_help(
         "Gradient caching: encode in sub-batches of this many texts (same gradients, one sub-batch of "
         "activation memory, one extra forward pass); None: off."))
+    eval_steps: int = field(default=0, metadata=_help(
+        "Evaluate on dev queries every N steps and at the end, logging the measures to logs.jsonl and the trackers; "
+        "final/ is then the best evaluated model by --metric-for-best (0: no evaluation, final/ is the last step)."))
+    eval_data: str | None = field(default=None, metadata=_help(
+        "Collection of the dev queries (name or path); default: --data (a recipe: its dev split)."))
+    eval_split: str | None = field(default=None, metadata=_help(
+        "Qrels split of the dev queries; default: dev (a recipe: its dev split)."))
+    eval_measures: str = field(default="nDCG@10,MRR@10,R@100", metadata=_help(
+        "Measures logged at each evaluation (ir_measures names, comma-separated)."))
+    metric_for_best: str = field(default="nDCG@10", metadata=_help(
+        "The measure that picks the best evaluated model (higher is better; ties keep the earlier step)."))
     # loop settings whose defaults differ for fine-tuning
     batch_size: int = field(default=16, metadata=_help("Queries per optimizer step, all processes together."))
     lr: float = field(default=2e-5, metadata=_help("Peak learning rate (papers: 2e-5)."))

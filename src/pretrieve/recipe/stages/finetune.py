@@ -6,7 +6,9 @@ the base model), as CDMAE, SimLM, Tevatron, bowdpr, CoT-MAE-qc and RetroMAE do; 
 latest fine-tuned retriever, as STAR (which CPDAE follows) continues stage 2 from its BM25 warm-up model. The
 recipe's top-level ``finetune`` options are shared by every fine-tuning stage. Stage 2 trains on the
 latest mined groups (a ``mine`` stage before it), stage 3 on the teacher's (a ``teacher`` stage), unless ``groups``
-names a file.
+names a file. ``eval_steps`` evaluates on the recipe's dev queries by default (its ``dev`` split of the training
+collection; ``eval_split`` / ``eval_data`` name others), and the stage's retriever is then the best evaluated model
+(:mod:`pretrieve.train.evaluator`).
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any, Literal, Mapping
 
 from pretrieve.errors import ConfigError
-from pretrieve.recipe.dev import training_split
+from pretrieve.recipe.dev import dev_split, training_split
 from pretrieve.recipe.runner import RunState
 from pretrieve.recipe.schema import RECIPE_SETS, check_training, stage
 from pretrieve.train.finetuner import FinetuneConfig, build_finetune_config, finetune
@@ -42,6 +44,10 @@ def needs(options: Mapping[str, Any], recipe: Mapping[str, Any], given: Mapping[
     source = GROUPS.get(stage_no)
     if source is not None and "groups" not in options and "groups" not in shared and source not in given:
         raise ConfigError(f"{where}: stage {stage_no} needs the '{PRODUCERS[source]}' stage earlier in the recipe")
+    if merged.get("eval_steps") and not merged.get("eval_split") and not merged.get("eval_data") \
+            and dev_split(recipe) is None:
+        raise ConfigError(f"{where}.eval_steps: evaluating while training needs dev queries: give the recipe a 'dev' "
+                          "split (e.g. dev: {seed: 0}) or name eval_split / eval_data")
     if merged.get("init") == "previous" and "retriever" not in given:
         raise ConfigError(f"{where}.init: 'previous' needs a fine-tuning stage earlier in the recipe")
 
@@ -70,6 +76,8 @@ def stage_finetune(state: RunState, options: dict[str, Any], label: str, show_pr
     values = {**state.recipe.get("finetune", {}), **state.seeded(options)}
     init = state.latest("retriever") if values.pop("init", "pretrained") == "previous" else state.init_model
     stage_no = int(values.setdefault("stage", len(state.named("retriever")) + 1))
+    if values.get("eval_steps") and not values.get("eval_split") and not values.get("eval_data"):
+        values["eval_split"] = dev_split(state.recipe)   # the recipe's dev queries (checked by needs)
     if stage_no in GROUPS and "groups" not in values:
         values["groups"] = state.latest(GROUPS[stage_no])
     flags = {**values, "model": init, "data": str(state.data), "out": str(state.out / label),
