@@ -96,7 +96,7 @@ def finetune_command(
 
 def best_step_note(final: Path) -> str:
     """`` (the best of the dev evaluations: step N, nDCG@10 0.4321)`` for a run that evaluated while training."""
-    from pretrieve.train.evaluator import read_evaluation   # beside the trainer: imported once training is done
+    from pretrieve.train.evaluator import read_evaluation   # lazy: torch — beside the trainer, once training is done
 
     record = read_evaluation(final)
     if record is None:
