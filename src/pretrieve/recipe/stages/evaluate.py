@@ -15,6 +15,11 @@ from its ranking (:func:`pretrieve.evaluation.metrics.drop_identical_ids`); ``tr
 of the stage, as BEIR's ``EvaluateRetrieval.evaluate`` does by default (``ignore_identical_ids=True``) for every
 dataset — the protocol of the papers' BEIR tables. Keep it off for collections whose query and document ids are
 unrelated numbers (MS MARCO, Cranfield): there it would drop documents that merely share a number.
+
+A collection that a ``select`` stage before this one holds a guard half of (its ``guard``) is evaluated on the other
+half of its test queries only (``<out>/guard-split/<name>``'s ``test``): guard queries are never evaluated. Each
+``final`` row says whether its collection is the training collection or one derived from it (``in_domain``), so
+that ``results.md`` can say which row to use there.
 """
 
 from __future__ import annotations
@@ -31,7 +36,7 @@ from pretrieve.errors import ConfigError
 from pretrieve.evaluation import compare, evaluate, parse_measures
 from pretrieve.options import join_path
 from pretrieve.recipe.results import RESULT_MEASURES, result_row
-from pretrieve.recipe.rows import bm25_run, fusion_rows, retriever_run, stage_rows
+from pretrieve.recipe.rows import bm25_run, fusion_rows, origin, retriever_run, stage_rows
 from pretrieve.recipe.runner import RunState, run_tag
 from pretrieve.recipe.schema import split_collection, stage, stage_labels
 from pretrieve.retrieval.index import SEARCH_MODES
@@ -224,6 +229,9 @@ def stage_evaluate(state: RunState, options: dict[str, Any], label: str, show_pr
         attach_expected(here, state, options, entry)
         rows.extend(here)
         mark_final(rows, options, tag, qrels, ignore)
+        for row in here:
+            if row.get("final"):
+                row["in_domain"] = origin(collection_path) == origin(state.data)
     return rows
 
 
@@ -267,10 +275,15 @@ def labelled_modes(name: str, model_dir: str, modes: list[str] | None) -> list[t
 
 
 def collection_and_split(entry: str, default_split: str, state: RunState) -> tuple[Path, str]:
-    """``"scifact"`` → (path, default split); ``"msmarco:dev"`` → (path, "dev")."""
+    """``"scifact"`` → (path, default split); ``"msmarco:dev"`` → (path, "dev"); a collection a ``select`` stage
+    guards → its guard split's collection (whose ``test`` is the half that is not guard)."""
     name, split = split_collection(str(entry))
+    split = split or default_split
+    guarded = state.named("guard").get(name)
+    if guarded is not None and split == "test":
+        return Path(guarded), split
     path = state.collections.get(name) or resolve_collection(name, recipe=state.recipe)
-    return path, split or default_split
+    return path, split
 
 
 def reranked_retriever(state: RunState, requested: str | None) -> str:
