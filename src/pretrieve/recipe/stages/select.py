@@ -225,7 +225,8 @@ def guard_collections(state: RunState, options: Mapping[str, Any], label: str) -
         ranks.once(f"guard split {source.name}", lambda source=source, out=out, n=n: derive_collection(
             source, out, carve_from="test", parts={GUARD_SPLIT: n // 2}, seed=int(options.get("guard_seed", 0))))
         guards[str(entry)] = state.give("guard", str(entry), out)
-    check_guard_overlap(state, guards, label)
+    if guards:
+        check_guard_overlap(state, guards, label)
     return guards
 
 
