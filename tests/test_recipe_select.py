@@ -311,7 +311,7 @@ def test_the_cross_collection_check_trains_on_each_case_and_tests_zero_shot_on_e
         evaluated = first["collections"] + added["collections"]
         assert first["collections"][0] == case and across.source_of(case) not in evaluated[1:]
         assert sorted(evaluated[1:] + [across.source_of(case)]) == sorted(across.COLLECTIONS)
-        assert added["final"] == "final" and "rrf-zero-shot" in added["compare"]
+        assert added["final"] == "final" and "rrf-zero-shot" in added["compare"] and added["retrievers"] == []
     assert across.derived_recipe("scifact", tmp_path)["stages"][-2]["evaluate"]["collections"] == ["scifact", "cranfield"]
 
 
