@@ -330,7 +330,7 @@ def test_the_cross_collection_summary_judges_the_bars(tmp_path):
     lines = "\n".join(across.summary_lines(good + [("three", tmp_path / "none" / "results.json")]))
     assert "Zero-shot bar (never significantly below `rrf-zero-shot`, p ≤ 0.05): holds." in lines
     assert "mean Δ +0.0050; none significantly below (holds; section B's mean > 0: yes)" in lines
-    assert "Not run (no results.json yet): three." in lines
+    assert "Not run (no evaluated `final` yet): three." in lines
     assert "| one | med | no | 0.4900 | 0.5000 | -0.0100 | [-0.0300, +0.0100] | 0.4 | holds | `final` |" in lines
     bad = [case("four", [_final_row("a", 0.01, 0.3, True), _final_row("med", -0.05, 0.01, False)])]
     lines = "\n".join(across.summary_lines(bad))

@@ -131,10 +131,10 @@ def summary_lines(cases: list[tuple[str, Path]], measure: str = "nDCG@10", basel
              "|---|---|---|---|---|---|---|---|---|---|---|"]
     in_domain, zero_shot_below, in_domain_below, missing = [], [], [], []
     for case, path in cases:
-        if not path.exists():
+        results = json.loads(path.read_text()) if path.exists() else {"rows": []}
+        if not final_rows(results):     # not run, or only its training stages so far
             missing.append(case)
             continue
-        results = json.loads(path.read_text())
         scores = {(row["retriever"], row["collection"]): row[measure] for row in results["rows"]}
         for row in final_rows(results):
             test = row["vs"][baseline]
@@ -160,7 +160,7 @@ def summary_lines(cases: list[tuple[str, Path]], measure: str = "nDCG@10", basel
               + f" ({'holds' if in_domain and mean >= 0 and not in_domain_below else '**fails**'}; section B's mean > 0: "
               f"{'yes' if mean > 0 else 'no'})."]
     if missing:
-        lines += [f"Not run (no results.json yet): {', '.join(missing)}."]
+        lines += [f"Not run (no evaluated `final` yet): {', '.join(missing)}."]
     return lines
 
 
