@@ -257,7 +257,9 @@ def test_fuse_stage_fits_on_dev_only_and_adds_tested_rows(tiny_mlm_dir, collecti
         assert final["final"] and set(final["vs"]) == {"bm25", "zero-shot", "rrf-zero-shot"}
         assert all(0.0 <= test["p_value"] <= 1.0 or test["mean_difference"] == 0 for test in final["vs"].values())
     markdown = (out / "results.md").read_text()
-    assert "Which row to use: `final`" in markdown and f"pretrieve run {tmp_path / 'recipe.yaml'}" in markdown
+    assert "**Which row to use**, per collection:" in markdown and f"pretrieve run {tmp_path / 'recipe.yaml'}" in markdown
+    assert "| train | `final` | trained on it (in-domain) |" in markdown    # without a guard, only in-domain (issue 56)
+    assert "| other | `rrf-zero-shot` | not trained on it, and no guard checked the other domains |" in markdown
     assert "Paired two-sided t-tests" in markdown and "`final`: wsum(zscore;" in markdown
     assert "Dev split: 6 of the 20 `train` queries (seed 0" in markdown
 

@@ -157,3 +157,181 @@ def test_where_fine_tuning_hurts_on_dev_final_is_the_fitted_zero_shot_fusion(tmp
 def test_select_errors_are_clear_before_anything_runs(tmp_path, collections, stage, dev, message):
     with pytest.raises(ConfigError, match=message):
         load_recipe(_fusion_recipe(tmp_path, Path("m"), *collections, dev=dev, final=stage))
+
+
+# ----------------------------------------------------------------------------------------------- the guard (issue 56)
+def _scores(values: list[float], prefix: str = "q") -> dict[str, float]:
+    return {f"{prefix}{i}": v for i, v in enumerate(values)}
+
+
+def test_the_guard_refuses_a_candidate_significantly_below_the_untrained_fusion_pooled_or_in_one_collection():
+    base = [0.5, 0.6, 0.4, 0.7, 0.3, 0.5, 0.6, 0.4]
+    worse = [b - d for b, d in zip(base, [0.10, 0.12, 0.09, 0.11, 0.10, 0.13, 0.08, 0.10])]   # Δ −0.10375
+    noisy = [b + d for b, d in zip(base, [0.2, -0.2, 0.1, -0.1, 0.15, -0.15, 0.05, -0.06])]  # Δ ≈ 0, p ≈ 0.98
+    better = [b + 0.05 for b in base]
+    refused = select.guard_verdict({"med": (_scores(base), _scores(worse))}, 0.10)
+    assert not refused["admitted"] and refused["pooled"]["below"] and refused["per_collection"]["med"]["below"]
+    assert refused["pooled"]["mean_difference"] == pytest.approx(-0.10375, abs=1e-6) and refused["pooled"]["queries"] == 8
+    assert select.guard_verdict({"med": (_scores(base), _scores(noisy))}, 0.10)["admitted"]
+    assert select.guard_verdict({"med": (_scores(base), _scores(better))}, 0.10)["admitted"]   # above is never refused
+    # one collection significantly below is enough, even when the pool is not (a gain elsewhere must not hide it)
+    mixed = select.guard_verdict({"med": (_scores(base), _scores(worse)),
+                                  "lisa": (_scores(base, "l"), _scores([b + 0.3 for b in base], "l"))}, 0.10)
+    assert not mixed["pooled"]["below"] and mixed["per_collection"]["med"]["below"] and not mixed["admitted"]
+    # the threshold is the rule's p: a drop with p between 0.05 and 0.10 is refused at 0.10, admitted at 0.05
+    slight = [b - d for b, d in zip(base, [0.05, -0.02, 0.06, 0.02, 0.05, -0.03, 0.04, 0.03])]
+    p = select.guard_verdict({"med": (_scores(base), _scores(slight))}, 0.10)["pooled"]["p_value"]
+    assert 0.05 < p <= 0.10
+    assert not select.guard_verdict({"med": (_scores(base), _scores(slight))}, 0.10)["admitted"]
+    assert select.guard_verdict({"med": (_scores(base), _scores(slight))}, 0.05)["admitted"]
+    # the untrained fusion against itself: Δ 0 on every query, never refused
+    assert select.guard_verdict({"med": (_scores(base), _scores(base))}, 0.10)["admitted"]
+
+
+def test_dev_order_keeps_ties_in_the_listed_order():
+    assert select.dev_order({"zero-shot": 0.5, "wise-0.5": 0.52, "finetune-s2": 0.52}) == \
+        ["wise-0.5", "finetune-s2", "zero-shot"]
+
+
+def test_the_guard_admits_the_best_dev_candidate_that_does_not_hurt_the_other_domains(tmp_path, monkeypatch):
+    """finetune-s2 is best on dev but falls below the untrained RRF on the guard: refused; wise-0.5, next in dev
+    order, is admitted; the candidates after it are never searched on the guard."""
+    (tmp_path / "data").mkdir()
+    state = RunState(recipe={"dev": {"seed": 0}, "finetune": {}}, out=tmp_path, data=tmp_path / "data",
+                     base_model="base", given={"retriever": {"finetune-s2": "ft2"}})
+    dev = {"zero-shot": 0.60, "wise-0.5": 0.63, "finetune-s2": 0.65}
+    monkeypatch.setattr(select, "fit_fusion", lambda state, name, components, *a: FusionSpec(
+        "wsum", "zscore", (0.5, 0.5), fit={"score": 0.7, "queries": 20, "cross_fitted": dev[components[-1]],
+                                           "single_runs": {"run1": 0.4}}))
+    monkeypatch.setattr(select, "interpolated", lambda state, finetuned, alpha, out: f"{finetuned}@{alpha}")
+    monkeypatch.setattr(select, "guard_collections", lambda state, options, label: {"med": tmp_path / "med"})
+    checked = []
+
+    def fake_check(state, name, runs, candidate, spec, baseline, guards, options, show_progress):
+        checked.append(candidate)
+        return {"admitted": candidate != "finetune-s2", "pooled": {"mean_difference": -0.05, "p_value": 0.01},
+                "per_collection": {}, "p": 0.1}
+
+    monkeypatch.setattr(select, "guard_check", fake_check)
+    monkeypatch.setattr(select, "split_query_ids", lambda path, split: {"a", "b"})
+    select.stage_select(state, {"alphas": [0.5]}, "select", False)
+    selection = state.named("fusion")["final"]["selection"]
+    assert checked == ["finetune-s2", "wise-0.5"] and selection["chosen"] == "wise-0.5"
+    assert state.named("fusion")["final"]["runs"] == ["bm25", "wise-0.5"]
+    assert not selection["guard"]["fallback"] and selection["guard"]["p"] == 0.1
+    assert [("guard" in c) for c in selection["candidates"]] == [False, True, True]
+    # every candidate refused: final is the untrained RRF of BM25 and the off-the-shelf model
+    monkeypatch.setattr(select, "guard_check", lambda *a: {"admitted": False, "pooled": {}, "per_collection": {}})
+    state.given.pop("fusion")
+    select.stage_select(state, {"alphas": [0.5]}, "select", False)
+    entry = state.named("fusion")["final"]
+    assert entry["runs"] == ["bm25", "zero-shot"] and entry["spec"].method == "rrf" and entry["fitted"] is None
+    assert entry["selection"]["guard"]["fallback"] and entry["selection"]["fusion"] == "rrf(k=60)"
+
+
+def test_the_guard_runs_end_to_end_and_its_queries_are_never_evaluated(tiny_mlm_dir, collections, tmp_path):
+    train, other = collections
+    guarded = {"select": {**SELECT["select"], "guard": [str(train), str(other)]}}
+    results = run_recipe(_fusion_recipe(tmp_path, tiny_mlm_dir, train, other, final=guarded), show_progress=False)
+    out = tmp_path / "out"
+    selection = results["selections"]["final"]
+    # the training collection is left out of its own guard; the other is halved: guard / evaluated
+    assert list(selection["guard"]["collections"]) == [str(other)]
+    folds = json.loads((out / "guard-split" / other.name / "folds.json").read_text())["queries"]
+    evaluated = {row["collection"]: row for row in results["rows"] if row.get("final")}
+    other_run = {line.split()[0] for line in Path(evaluated[other.name]["run"]).read_text().splitlines()}
+    assert other_run == set(folds["test"]) and not other_run & set(folds["guard"])
+    assert evaluated[train.name]["in_domain"] and not evaluated[other.name]["in_domain"]
+    assert any("guard" in c for c in selection["candidates"])
+    markdown = (out / "results.md").read_text()
+    assert "Guard of `final`" in markdown and "**Which row to use**, per collection:" in markdown
+    assert f"| {other.name} | `final` | not trained on it; the selection passed a guard" in markdown
+
+
+def test_a_recipe_that_evaluates_guard_queries_is_refused(tiny_mlm_dir, collections, tmp_path):
+    from pretrieve.data.folds import derive_collection
+
+    train, other = collections
+    n = 4
+    half = derive_collection(other, tmp_path / "halves" / "other-a", carve_from="test", parts={"half": n // 2},
+                             seed=0, rest="test")   # the draw of `pretrieve data halves`: "half" is the guard half
+    guarded = {"select": {**SELECT["select"], "guard": [str(other)]}}
+    recipe = _fusion_recipe(tmp_path, tiny_mlm_dir, train, other, final=guarded,
+                            collections=[str(train), f"{half}:half"])
+    with pytest.raises(ConfigError, match="holds 2 of the guard queries of other"):
+        run_recipe(recipe, show_progress=False)
+
+
+def _final_row(collection: str, delta: float, p: float, in_domain: bool, guard: bool = True) -> dict:
+    selection = {"chosen": "wise-0.5", "fusion": "wsum(zscore; 0.6, 0.4)", "candidates": [], "measure": "nDCG@10",
+                 "queries": 20, "split": "dev", "rule": "the highest cross-fitted dev score",
+                 **({"guard": {"p": 0.1, "collections": {"med": 15}, "evaluated": {"med": 15},
+                               "rule": "not below on the guard"}} if guard else {})}
+    return {"retriever": "final", "collection": collection, "nDCG@10": 0.5 + delta, "measures": ["nDCG@10"],
+            "final": True,
+            "in_domain": in_domain,
+            "fusion": {"runs": ["bm25", "wise-0.5"], "method": selection["fusion"], "selection": selection},
+            "vs": {"rrf-zero-shot": {"mean_difference": delta, "p_value": p, "significant": p <= 0.05,
+                                     "ci_low": delta - 0.02, "ci_high": delta + 0.02}}}
+
+
+def test_the_results_page_says_which_row_to_use_per_collection_and_when_fine_tuning_hurt():
+    from pretrieve.recipe.results import results_markdown, row_to_use
+
+    assert row_to_use(_final_row("scifact", 0.03, 0.01, True))[0] == "final"
+    assert row_to_use(_final_row("med", 0.01, 0.5, False))[:2] == \
+        ("final", "not trained on it; the selection passed a guard of other collections")
+    # without a guard nothing checked the other domains: the untrained fusion is recommended there
+    assert row_to_use(_final_row("med", 0.01, 0.5, False, guard=False))[0] == "rrf-zero-shot"
+    assert row_to_use(_final_row("scifact", -0.01, 0.5, True, guard=False))[0] == "final"
+    assert row_to_use(_final_row("med", -0.05, 0.01, False))[2] and not row_to_use(_final_row("med", -0.05, 0.2, False))[2]
+    assert not row_to_use(_final_row("scifact", -0.05, 0.01, True))[2]     # in-domain is not "not trained on"
+    rows = [_final_row("scifact", 0.03, 0.01, True), _final_row("med", -0.048, 0.012, False)]
+    baseline = [{"retriever": "rrf-zero-shot", "collection": c, "nDCG@10": 0.5, "measures": ["nDCG@10"]}
+                for c in ("scifact", "med")]
+    markdown = results_markdown({"recipe": "r", "rows": rows + baseline})
+    assert "| scifact | `final` | trained on it (in-domain) |" in markdown
+    assert "| med | `final` | not trained on it; the selection passed a guard of other collections |" in markdown
+    assert ("**Fine-tuning hurt med**, a collection it was not trained on: `final` is below the untrained fusion "
+            "`rrf-zero-shot` by -0.0480 [-0.0680, -0.0280] (p = 0.012); use `rrf-zero-shot` there.") in markdown
+    assert "Fine-tuning hurt scifact" not in markdown
+
+
+def test_the_cross_collection_check_trains_on_each_case_and_tests_zero_shot_on_every_other_collection(tmp_path):
+    across = experiment_script("recipe_across_collections")
+    shipped = yaml.safe_load(across.RECIPE.read_text())
+    guard = next(stage["select"] for stage in shipped["stages"] if "select" in stage)["guard"]
+    assert guard == across.COLLECTIONS      # the shipped guard: every shared collection (its own left out at run time)
+    for case in across.CASES:
+        recipe = across.derived_recipe(case, tmp_path)
+        assert recipe["data"] == case and recipe["out"] == str(tmp_path / case)
+        assert [s for s in recipe["stages"] if "evaluate" not in s] == \
+            [s for s in shipped["stages"] if "evaluate" not in s]      # every other stage as shipped, the guard too
+        first, added = (s["evaluate"] for s in recipe["stages"] if "evaluate" in s)
+        evaluated = first["collections"] + added["collections"]
+        assert first["collections"][0] == case and across.source_of(case) not in evaluated[1:]
+        assert sorted(evaluated[1:] + [across.source_of(case)]) == sorted(across.COLLECTIONS)
+        assert added["final"] == "final" and "rrf-zero-shot" in added["compare"] and added["retrievers"] == []
+    assert across.derived_recipe("scifact", tmp_path)["stages"][-2]["evaluate"]["collections"] == ["scifact", "cranfield"]
+
+
+def test_the_cross_collection_summary_judges_the_bars(tmp_path):
+    across = experiment_script("recipe_across_collections")
+    baseline = [{"retriever": "rrf-zero-shot", "collection": c, "nDCG@10": 0.5} for c in ("a", "b", "med")]
+
+    def case(name: str, rows: list[dict]) -> tuple[str, Path]:
+        path = tmp_path / name / "results.json"
+        path.parent.mkdir()
+        path.write_text(json.dumps({"rows": rows + baseline}))
+        return name, path
+
+    good = [case("one", [_final_row("a", 0.02, 0.03, True), _final_row("med", -0.01, 0.4, False)]),
+            case("two", [_final_row("b", -0.01, 0.5, True), _final_row("med", 0.0, 1.0, False)])]
+    lines = "\n".join(across.summary_lines(good + [("three", tmp_path / "none" / "results.json")]))
+    assert "Zero-shot bar (never significantly below `rrf-zero-shot`, p ≤ 0.05): holds." in lines
+    assert "mean Δ +0.0050; none significantly below (holds; section B's mean > 0: yes)" in lines
+    assert "Not run (no evaluated `final` yet): three." in lines
+    assert "| one | med | no | 0.4900 | 0.5000 | -0.0100 | [-0.0300, +0.0100] | 0.4 | holds | `final` |" in lines
+    bad = [case("four", [_final_row("a", 0.01, 0.3, True), _final_row("med", -0.05, 0.01, False)])]
+    lines = "\n".join(across.summary_lines(bad))
+    assert "**fails** on four on med" in lines and "| **below** |" in lines

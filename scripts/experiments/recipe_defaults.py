@@ -35,7 +35,7 @@ from pathlib import Path
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from recipe_across_collections import (RECIPE, cranfield_halves, derived_recipe, run_recipe,  # noqa: E402
+from recipe_across_collections import (RECIPE, derived_recipe, make_halves, run_recipe,  # noqa: E402
                                        write_summary)  # (a sibling script, not a package)
 
 
@@ -79,7 +79,7 @@ def main() -> int:
     shipped = yaml.safe_load(RECIPE.read_text())["finetune"]
     default = setting_name(float(shipped["lr"]), float(shipped["epochs"]))
     cases = args.cases.split(",")
-    halves = cranfield_halves(out, args.halves_seed)
+    halves = make_halves(out, args.halves_seed, ["cranfield"])
     settings = [(float(lr), float(epochs)) for lr in args.lr.split(",") for epochs in args.epochs.split(",")]
     table: dict[str, dict[str, dict]] = {}
     for lr, epochs in settings:

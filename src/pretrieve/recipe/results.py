@@ -200,6 +200,7 @@ def _selection_lines(results: Mapping[str, Any]) -> list[str]:
     selected = {row["retriever"]: row["fusion"]["selection"] for row in results["rows"]
                 if (row.get("fusion") or {}).get("selection")}
     for name, selection in selected.items():
+        lines += _guard_lines(name, selection)
         measure, chosen = selection["measure"], selection["chosen"]
         lines += [f"Dev selection of `{name}` ({measure} on the {selection['queries']} `{selection['split']}` "
                   "queries; each candidate alone, fused with weights fitted there, and cross-fitted: each fold of "
@@ -214,8 +215,53 @@ def _selection_lines(results: Mapping[str, Any]) -> list[str]:
             crossed_cell = "—" if crossed is None else f"{crossed:.4f}"
             lines.append(f"| {label} | {candidate['alone']:.4f} | {candidate['fused']:.4f} | {crossed_cell} | "
                          f"{candidate['fusion']} | {tried or '—'} |")
-        lines += ["", f"`{name}` uses `{chosen}`: {selection['rule']}.", ""]
+        guard = selection.get("guard")
+        lines += ["", f"`{name}` uses `{chosen}`"
+                  + (f" ({selection['fusion']})" if selection.get("fusion") else "") + f": {selection['rule']}"
+                  + (f"; with the guard, {guard['rule']}" if guard else "") + "."
+                  + (" Every candidate was refused by the guard: `final` is the untrained RRF of the off-the-shelf "
+                     "model." if guard and guard.get("fallback") else ""), ""]
     return lines
+
+
+def _guard_lines(name: str, selection: Mapping[str, Any]) -> list[str]:
+    """The guard of a selection: its collections and each candidate's test there (docs/preregistration.md,
+    amendment 14)."""
+    guard = selection.get("guard")
+    if not guard:
+        return []
+    sizes = ", ".join(f"{g} {n} (evaluated on the other {guard['evaluated'][g]})" for g, n in guard["collections"].items())
+    lines = [f"Guard of `{name}` (collections other than the training one; the first half of each test split, never "
+             f"evaluated): {sizes} queries. Each candidate, in dev order until one is admitted, fused as it would be "
+             f"used and tested against the untrained RRF of the off-the-shelf model there (Δ nDCG@10, paired t-test "
+             f"p; refused when below with p ≤ {guard['p']:g}, pooled or in any one collection):", "",
+             "| candidate | pooled Δ (p) | per collection Δ (p) | verdict |", "|---|---|---|---|"]
+    for candidate in selection["candidates"]:
+        check = candidate.get("guard")
+        if not check:
+            continue
+        per = "; ".join(f"{g} {t['mean_difference']:+.4f} ({t['p_value']:.2g})"
+                        for g, t in check["per_collection"].items())
+        pooled = check["pooled"]
+        lines.append(f"| {candidate['name']} | {pooled['mean_difference']:+.4f} ({pooled['p_value']:.2g}) | {per} | "
+                     f"{'admitted' if check['admitted'] else '**refused**'} |")
+    return lines + [""]
+
+
+def row_to_use(final: Mapping[str, Any], baseline: str = "rrf-zero-shot") -> tuple[str, str, bool]:
+    """``(row, why, hurt)`` for one collection's final row (docs/preregistration.md, amendment 14): in-domain
+    ``final``; on a collection the model was not trained on ``final`` when its selection had a guard, else the
+    untrained fusion ``baseline``. ``hurt``: ``final`` is significantly below ``baseline`` on a collection it was not
+    trained on (descriptive, read off the test queries)."""
+    name = final["retriever"]
+    selection = (final.get("fusion") or {}).get("selection") or {}
+    test = (final.get("vs") or {}).get(baseline) or {}
+    hurt = bool(not final.get("in_domain", True) and test.get("significant") and test.get("mean_difference", 0) < 0)
+    if final.get("in_domain", True):
+        return name, "trained on it (in-domain)", hurt
+    if selection.get("guard"):
+        return name, "not trained on it; the selection passed a guard of other collections", hurt
+    return baseline, "not trained on it, and no guard checked the other domains", hurt
 
 
 def _final_lines(results: Mapping[str, Any]) -> list[str]:
@@ -257,14 +303,27 @@ def _final_lines(results: Mapping[str, Any]) -> list[str]:
                           if (better, c) in scores and (worse, c) in scores)
 
     steps = [f"`{a}` → `{b}` {differences(b, a)}" for a, b in zip(chain, chain[1:])]
-    text = (f"**Which row to use: `{final}`** — {measure} "
+    lines += ["", "**Which row to use**, per collection:", "", "| collection | use | why |", "|---|---|---|"]
+    warnings = []
+    for row in finals:
+        use, why, hurt = row_to_use(row)
+        known = (use, row["collection"]) in scores or use == final
+        lines.append(f"| {row['collection']} | `{use}`{'' if known else ' (add this row)'} | {why} |")
+        if hurt:
+            test = row["vs"]["rrf-zero-shot"]
+            warnings.append(f"**Fine-tuning hurt {row['collection']}**, a collection it was not trained on: `{final}` "
+                            f"is below the untrained fusion `rrf-zero-shot` by {test['mean_difference']:+.4f} "
+                            f"[{test['ci_low']:+.4f}, {test['ci_high']:+.4f}] (p = {test['p_value']:.2g}); use "
+                            f"`rrf-zero-shot` there.")
+    lines += [""] + [item for warning in warnings for item in (warning, "")]
+    text = (f"`{final}`: {measure} "
             + " / ".join(f"{scores[(final, c)]:.4f}" for c in collections) + f" on {' / '.join(collections)}; "
             + "; ".join(f"{differences(final, n)} over `{n}`" for n in names) + ". "
             + (f"What each stage added ({measure}, {' / '.join(collections)}): " + "; ".join(steps) + ". "
                if steps else "")
             + f"Every number here comes from the runs in `runs/`; `{results.get('command', 'pretrieve run RECIPE')}` "
             "reproduces all of them (finished stages are skipped; delete the output directory to recompute).")
-    return lines + ["", text, ""]
+    return lines + [text, ""]
 
 
 def _within(row: Mapping[str, Any]) -> str:

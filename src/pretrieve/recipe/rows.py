@@ -10,6 +10,9 @@ retrievers whose rows it adds (:func:`fusion_rows`), fitted on the training coll
   retriever, a select candidate, ``<retriever>+rerank@K``) and its run;
 * :func:`fit_split`, :func:`check_fit_split`, :func:`fit_fusion`, :func:`fusion_file`: where and how a fusion's
   weights are fitted and stored (never on ``test``, never on a split a fused retriever was trained on);
+* :func:`origin`, :func:`split_query_ids`: the collection a derived one (a dev split, a half, a guard split) was
+  made from, and a split's judged queries — what the ``select`` stage's guard and the ``evaluate`` stage's
+  in-domain mark compare;
 * :func:`fusion_rows`: one row per fusion of the recipe; :func:`stage_rows`: the names of the rows stages add to the
   evaluate stages after them (each stage declares its own, :class:`pretrieve.recipe.schema.Stage` ``rows``).
 
@@ -25,6 +28,7 @@ from typing import Any, Mapping
 
 from pretrieve import artifacts, ranks
 from pretrieve.data import BeirCollection, read_run
+from pretrieve.data.folds import RECORD
 from pretrieve.errors import ConfigError
 from pretrieve.evaluation import evaluate
 from pretrieve.recipe.dev import dev_split
@@ -58,6 +62,26 @@ def retriever_run(state: RunState, name: str, model_dir: str, collection: BeirCo
                               precision=encoding.get("precision", "auto"),
                               batch_size=int(encoding.get("batch_size", 64)), tag=label, show_progress=show_progress,
                               encoding={k: encoding[k] for k in RELEASED_ENCODING if encoding.get(k) is not None})
+
+
+def origin(collection: str | Path) -> Path:
+    """The collection ``collection`` was derived from (a dev split, a half, a guard split: its ``folds.json``'s
+    ``source``, followed to the end), resolved; the collection itself when it is no derived one."""
+    path = Path(collection).resolve()
+    seen = set()
+    while (path / RECORD).is_file() and path not in seen:
+        seen.add(path)
+        source = json.loads((path / RECORD).read_text(encoding="utf-8")).get("source")
+        if not source:
+            break
+        path = Path(source).resolve()
+    return path
+
+
+def split_query_ids(collection: str | Path, split: str) -> set[str]:
+    """The judged query ids of ``split`` of ``collection`` (empty when it has no such split)."""
+    collection = BeirCollection(Path(collection))
+    return set(collection.load_qrels(split)) if split in collection.splits() else set()
 
 
 def fit_split(options: Mapping[str, Any], recipe: Mapping[str, Any]) -> str:

@@ -18,6 +18,11 @@ unrelated numbers (MS MARCO, Cranfield): there it would drop documents that mere
 ``zero_shot_encoding`` (``{title_join, query_max_len, passage_max_len}``) encodes the zero-shot row's checkpoint as
 its authors fine-tuned it when it carries no pretrieve training record — a released retriever scored beside its
 published number (``configs/released-cotmae.yaml``, docs/evaluation.md "Released retrievers").
+
+A collection that a ``select`` stage before this one holds a guard half of (its ``guard``) is evaluated on the other
+half of its test queries only (``<out>/guard-split/<name>``'s ``test``): guard queries are never evaluated. Each
+``final`` row says whether its collection is the training collection or one derived from it (``in_domain``), so
+that ``results.md`` can say which row to use there.
 """
 
 from __future__ import annotations
@@ -35,7 +40,7 @@ from pretrieve.evaluation import compare, evaluate
 from pretrieve.evaluation.answers import check_measures, split_evaluator
 from pretrieve.options import join_path
 from pretrieve.recipe.results import RESULT_MEASURES, result_row
-from pretrieve.recipe.rows import bm25_run, fusion_rows, retriever_run, stage_rows
+from pretrieve.recipe.rows import bm25_run, fusion_rows, origin, retriever_run, stage_rows
 from pretrieve.recipe.runner import RunState
 from pretrieve.recipe.schema import split_collection, stage, stage_labels
 from pretrieve.retrieval.index import SEARCH_MODES
@@ -249,6 +254,9 @@ def stage_evaluate(state: RunState, options: dict[str, Any], label: str, show_pr
         attach_expected(here, state, options, entry)
         rows.extend(here)
         mark_final(rows, options, tag, qrels, ignore)
+        for row in here:
+            if row.get("final"):
+                row["in_domain"] = origin(collection_path) == origin(state.data)
     return rows
 
 
@@ -294,10 +302,15 @@ def labelled_modes(name: str, model_dir: str, modes: list[str] | None) -> list[t
 
 
 def collection_and_split(entry: str, default_split: str, state: RunState) -> tuple[Path, str]:
-    """``"scifact"`` → (path, default split); ``"msmarco:dev"`` → (path, "dev")."""
+    """``"scifact"`` → (path, default split); ``"msmarco:dev"`` → (path, "dev"); a collection a ``select`` stage
+    guards → its guard split's collection (whose ``test`` is the half that is not guard)."""
     name, split = split_collection(str(entry))
+    split = split or default_split
+    guarded = state.named("guard").get(name)
+    if guarded is not None and split == "test":
+        return Path(guarded), split
     path = state.collections.get(name) or resolve_collection(name, recipe=state.recipe)
-    return path, split or default_split
+    return path, split
 
 
 def reranked_retriever(state: RunState, requested: str | None) -> str:

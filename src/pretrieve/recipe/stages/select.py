@@ -16,9 +16,23 @@ plain dev score. The highest wins; ties go to the candidate earlier in the order
 off-the-shelf model, and to RRF before the weighted sum. The winner's weights are fitted on every dev query. So
 where fine-tuning does not help on dev, ``final`` is (at least) a fusion of BM25 and the off-the-shelf model.
 
+**The guard** (``guard``: collections; docs/preregistration.md, amendment 14; issue 56). The dev queries are the
+training collection's own, so nothing above sees another domain, and fine-tuning on one domain can cost the others
+(WiSE-FT, Wortsman et al. 2022, keeps robustness under shift only at some interpolation weights). With a guard, each
+listed collection that does not come from the training collection (:func:`pretrieve.recipe.rows.origin`) is split
+once: its ``test`` queries halved by the seeded draw of ``pretrieve data halves`` (``guard_seed``), the first half
+the ``guard`` split and the second half ``test`` of ``<out>/guard-split/<name>`` (:func:`guard_collections`). Every
+evaluate stage after this one reads such a collection from there, so it is evaluated on the second half only, and a
+recipe whose evaluate stages read a guard query of the same origin is refused (:func:`check_guard_overlap`). The
+candidates are taken in dev order (:func:`dev_order`); each is fused on the guard queries exactly as it would be used
+and tested (paired two-sided t-test, nDCG@10 per query) against the untrained RRF of ``runs`` and the off-the-shelf
+model (the ``rrf-zero-shot`` row): it is **refused** when it is below with p ≤ ``guard_p`` (0.10) pooled over every
+guard query or within any one guard collection (:func:`guard_verdict`). ``name`` is the first candidate not refused;
+the off-the-shelf model fused by RRF is that baseline itself, never refused, and the fallback when all are.
+
 The ``evaluate`` stage adds the chosen fusion's rows like any fusion's; ``results.md`` lists every candidate's dev
-scores (alone and fused) and says which was chosen and why. Only the chosen candidate is searched on the evaluated
-collections.
+scores (alone and fused) and guard tests, says which was chosen and why, and which row to use on each evaluated
+collection. Only the chosen candidate is searched on the evaluated collections.
 """
 
 from __future__ import annotations
@@ -28,13 +42,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
+import numpy as np
+
 from pretrieve import artifacts, ranks
+from pretrieve.data import BeirCollection, read_run
+from pretrieve.data.folds import derive_collection
+from pretrieve.data.registry import resolve_collection
 from pretrieve.errors import ConfigError
+from pretrieve.evaluation import evaluate
+from pretrieve.evaluation.significance import paired_ttest
 from pretrieve.modeling.interpolate import interpolate_retriever
 from pretrieve.models import resolve_model
-from pretrieve.recipe.rows import check_fit_split, fit_fusion, fit_split, fusion_file
+from pretrieve.recipe.rows import (check_fit_split, component_run, fit_fusion, fit_split, fusion_file, origin,
+                                   split_query_ids)
 from pretrieve.recipe.runner import RunState
-from pretrieve.recipe.schema import stage
+from pretrieve.recipe.schema import split_collection, stage, stage_labels
 from pretrieve.retrieval import fusion
 
 logger = logging.getLogger(__name__)
@@ -42,6 +64,10 @@ logger = logging.getLogger(__name__)
 RULE = "the highest cross-fitted dev {measure} of the candidates fused with {runs} (weights fitted on four folds of " \
        "the dev queries score the fifth; RRF fits nothing); ties go to the candidate closest to the off-the-shelf " \
        "model, then to RRF"
+GUARD_RULE = "the first in dev order not below the untrained RRF of {runs} + the off-the-shelf model on the guard " \
+             "queries with p <= {p:g} (paired two-sided t-test of {measure}, pooled and per guard collection)"
+GUARD_SPLIT = "guard"
+GUARD_DIR = "guard-split"
 
 
 @dataclass
@@ -59,9 +85,17 @@ class SelectOptions:
     fit_split: str | None = None    # default: the recipe's dev split
     step: float = 0.05
     measure: str = "nDCG@10"
+    guard: list[str] = field(default_factory=list)   # collections whose first test half guards the other domains
+    guard_p: float = 0.10           # a candidate below the untrained RRF there with p <= this is refused
+    guard_seed: int = 0             # the seed of the halves (that of `pretrieve data halves`)
 
 
 def check_select(options: dict[str, Any], where: str) -> None:
+    guard = [str(g) for g in options.get("guard") or []]
+    if len(set(guard)) != len(guard) or any(":" in g for g in guard):
+        raise ConfigError(f"'guard' must list distinct collections (no ':split': the test split is halved), got {guard}")
+    if not 0.0 < float(options.get("guard_p", 0.10)) < 1.0:
+        raise ConfigError(f"guard_p must be between 0 and 1, got {options.get('guard_p')}")
     alphas = [float(a) for a in options.get("alphas", [])]
     if any(not 0.0 < a < 1.0 for a in alphas) or len(set(alphas)) != len(alphas):
         raise ConfigError("alphas must be distinct and strictly between 0 and 1 (0, the off-the-shelf model, and "
@@ -83,8 +117,21 @@ def needs(options: Mapping[str, Any], recipe: Mapping[str, Any], given: Mapping[
     check_fit_split([*map(str, options.get("runs", ["bm25"])), model], options, recipe, where)
 
 
-@stage("select", SelectOptions, check=check_select, needs=needs, gives=("fusion", "candidate"),
-       rows=lambda options: [str(options.get("name") or "final")], name_options=("name", "model", "runs"))
+def reads(options: Mapping[str, Any], recipe: Mapping[str, Any]) -> list[tuple[str, str | None]]:
+    """The guard collections (their test split is halved)."""
+    return [(str(name), "test") for name in options.get("guard") or []]
+
+
+def smoke(options: dict[str, Any], kit) -> dict[str, Any]:
+    """``--smoke``: each guard collection a slice or fixture standing for it (at most ``kit.max_collections``)."""
+    if options.get("guard"):
+        options["guard"] = [kit.collection(entry) for entry in options["guard"][:kit.max_collections]]
+    return options
+
+
+@stage("select", SelectOptions, check=check_select, needs=needs, gives=("fusion", "candidate", "guard"),
+       smoke=smoke, reads=reads, rows=lambda options: [str(options.get("name") or "final")],
+       name_options=("name", "model", "runs"))
 def stage_select(state: RunState, options: dict[str, Any], label: str, show_progress: bool) -> None:
     name = str(options.get("name", "final"))
     if not name or any(ch.isspace() or ch in "/\\" for ch in name) or name in state.named("fusion"):
@@ -106,17 +153,39 @@ def stage_select(state: RunState, options: dict[str, Any], label: str, show_prog
                                   int(options.get("depth", fusion.DEFAULT_DEPTH)),
                                   int(options.get("k", fusion.RRF_K)), show_progress)
             for candidate in candidates}
-    chosen = choose({candidate: spec.fit["cross_fitted"] for candidate, spec in fits.items()})
+    ranked = dev_order({candidate: spec.fit["cross_fitted"] for candidate, spec in fits.items()})
+    chosen, spec, checks, fallback = ranked[0], fits[ranked[0]], {}, False
+    guards = guard_collections(state, options, label)
+    if guards:
+        baseline = fusion.FusionSpec(method="rrf", k=int(options.get("k", fusion.RRF_K)),
+                                     depth=int(options.get("depth", fusion.DEFAULT_DEPTH)))
+        chosen = None
+        for candidate in ranked:
+            checks[candidate] = guard_check(state, name, runs, candidate, fits[candidate], baseline, guards, options,
+                                            show_progress)
+            if checks[candidate]["admitted"]:
+                chosen, spec = candidate, fits[candidate]
+                break
+        if chosen is None:   # every candidate refused: the untrained RRF of the runs and the off-the-shelf model
+            chosen, spec, fallback = "zero-shot", baseline, True
+    fitted = fusion_file(state, f"{name}.{chosen}") if spec.fit else None
     selection = {"split": split, "measure": measure, "queries": fits[chosen].fit["queries"], "chosen": chosen,
-                 "model": finetuned,
+                 "model": finetuned, "fusion": spec.describe(), "trained_on": origin(state.data).name,
                  "rule": RULE.format(measure=measure, runs=" + ".join(runs)),
-                 "candidates": [{"name": candidate, "alpha": alpha, "fusion": spec.describe(),
-                                 "fused": spec.fit["score"], "cross_fitted": spec.fit["cross_fitted"],
-                                 "alone": spec.fit["single_runs"][f"run{len(runs)}"],
-                                 "methods": spec.fit.get("candidates", [])}
-                                for (candidate, alpha), spec in zip(candidates.items(), fits.values())]}
-    state.give("fusion", name, {"runs": [*runs, chosen], "spec": fits[chosen], "selection": selection,
-                                "fitted": fusion_file(state, f"{name}.{chosen}")})
+                 "candidates": [{"name": candidate, "alpha": alpha, "fusion": fit.describe(),
+                                 "fused": fit.fit["score"], "cross_fitted": fit.fit["cross_fitted"],
+                                 "alone": fit.fit["single_runs"][f"run{len(runs)}"],
+                                 "methods": fit.fit.get("candidates", []),
+                                 **({"guard": checks[candidate]} if candidate in checks else {})}
+                                for (candidate, alpha), fit in zip(candidates.items(), fits.values())]}
+    if guards:
+        selection["guard"] = {"collections": {g: len(split_query_ids(path, GUARD_SPLIT)) for g, path in guards.items()},
+                              "evaluated": {g: len(split_query_ids(path, "test")) for g, path in guards.items()},
+                              "p": float(options.get("guard_p", 0.10)), "seed": int(options.get("guard_seed", 0)),
+                              "rule": GUARD_RULE.format(runs=" + ".join(runs), measure=measure,
+                                                        p=float(options.get("guard_p", 0.10))),
+                              "fallback": fallback}
+    state.give("fusion", name, {"runs": [*runs, chosen], "spec": spec, "selection": selection, "fitted": fitted})
     state.report.setdefault("selections", {})[name] = selection   # results.json: every select stage's choice
     logger.info("%s: %s = %s of %s, chosen on %d %s queries (%s %.4f, cross-fitted %.4f)", label, name,
                 fits[chosen].describe(), " + ".join([*runs, chosen]), selection["queries"], split, measure,
@@ -126,12 +195,110 @@ def stage_select(state: RunState, options: dict[str, Any], label: str, show_prog
 def choose(scores: Mapping[str, float]) -> str:
     """The candidate with the highest score; a tie goes to the one listed first (rounded to 12 digits, as the
     fusion fit compares)."""
-    best = None
-    for candidate, score in scores.items():
-        if best is None or round(score, 12) > round(scores[best], 12):
-            best = candidate
-    assert best is not None
-    return best
+    return dev_order(scores)[0]
+
+
+def dev_order(scores: Mapping[str, float]) -> list[str]:
+    """The candidates from the highest score down; ties keep the listed order (rounded to 12 digits, as the fusion
+    fit compares)."""
+    if not scores:
+        raise ConfigError("select: no candidate to choose from")
+    return sorted(scores, key=lambda candidate: -round(scores[candidate], 12))   # stable: ties keep their order
+
+
+def guard_collections(state: RunState, options: Mapping[str, Any], label: str) -> dict[str, Path]:
+    """``{name: <out>/guard-split/<name>}`` for each ``guard`` collection not derived from the training collection:
+    the source's ``test`` queries halved with ``guard_seed`` (the draw of ``pretrieve data halves``: the first half,
+    ``<name>-a``'s ``train``, is the ``guard`` split; the second stays ``test``), written unless current and given as
+    the product ``guard`` (the evaluate stages read these collections from there). Checked against every evaluate
+    stage of the recipe before any guard query is searched (:func:`check_guard_overlap`)."""
+    trained = origin(state.data)
+    guards = {}
+    for entry in options.get("guard") or []:
+        source = Path(state.collections.get(str(entry)) or resolve_collection(str(entry), recipe=state.recipe))
+        if origin(source) == trained:
+            continue
+        n = len(split_query_ids(source, "test"))
+        if n < 2:
+            raise ConfigError(f"{label}.guard: the test split of {source} has {n} judged queries: too few to halve")
+        out = state.out / GUARD_DIR / source.name
+        ranks.once(f"guard split {source.name}", lambda source=source, out=out, n=n: derive_collection(
+            source, out, carve_from="test", parts={GUARD_SPLIT: n // 2}, seed=int(options.get("guard_seed", 0))))
+        guards[str(entry)] = state.give("guard", str(entry), out)
+    if guards:
+        check_guard_overlap(state, guards, label)
+    return guards
+
+
+def check_guard_overlap(state: RunState, guards: Mapping[str, Path], label: str) -> None:
+    """No evaluate stage reads a guard query: a collection named in ``guard`` is evaluated on its second half (the
+    evaluate stage maps it), any other collection of the same origin may not share a query with its guard half."""
+    guarded = {origin(path): split_query_ids(path, GUARD_SPLIT) for path in guards.values()}
+    for kind, stage_label, options in stage_labels(state.recipe):
+        if kind != "evaluate":
+            continue
+        for entry in options.get("collections") or [state.recipe["data"]]:
+            name, split = split_collection(str(entry))
+            split = split or str(options.get("split", "test"))
+            if name in guards and split == "test":
+                continue
+            path = Path(state.collections.get(name) or resolve_collection(name, recipe=state.recipe))
+            shared = guarded.get(origin(path), set()) & split_query_ids(path, split)
+            if shared:
+                raise ConfigError(f"{label}.guard: {stage_label} evaluates {entry}, which holds {len(shared)} of the "
+                                  f"guard queries of {origin(path).name}; guard queries are never evaluated (evaluate "
+                                  f"{origin(path).name} by its name: its second half is read)")
+
+
+def guard_check(state: RunState, name: str, runs: list[str], candidate: str, spec, baseline, guards: Mapping[str, Path],
+                options: Mapping[str, Any], show_progress: bool) -> dict[str, Any]:
+    """The candidate fused as it would be used (``spec``, weights fitted on dev) against the untrained RRF of
+    ``runs`` + the off-the-shelf model on every guard collection's ``guard`` queries: :func:`guard_verdict`."""
+    measure = str(options.get("measure", fusion.DEFAULT_FIT_MEASURE))
+    depth = int(options.get("depth", fusion.DEFAULT_DEPTH))
+    scores = {}
+    for guard, path in guards.items():
+        collection = BeirCollection(path)
+        qrels = collection.load_qrels(GUARD_SPLIT)
+        pair = []
+        for fused_name, components, fused_spec, fit_inputs in (
+                (f"{name}.guard-baseline", [*runs, "zero-shot"], baseline, {}),
+                (f"{name}.{candidate}", [*runs, candidate], spec,
+                 {"fusion": fusion_file(state, f"{name}.{candidate}")} if spec.fit else {})):
+            sources = [component_run(state, c, collection, GUARD_SPLIT, depth, c, show_progress) for c in components]
+            out = state.run_path(fused_name, collection.root, GUARD_SPLIT)
+            inputs = {**{f"run{i + 1}": p for i, p in enumerate(sources)}, **fit_inputs}
+
+            def fuse(out=out, sources=sources, fused_spec=fused_spec, inputs=inputs, fit_inputs=fit_inputs,
+                     fused_name=fused_name) -> None:
+                if not artifacts.is_current(out, fusion.fusion_settings(fused_spec), inputs, kind="run"):
+                    fusion.write_fused_run(sources, out, fused_spec, tag=fused_name, fit_inputs=fit_inputs)
+
+            ranks.once(f"guard {fused_name} on {guard}", fuse)
+            pair.append(evaluate(qrels, read_run(out), [measure]).per_query[measure])
+        scores[guard] = pair
+    verdict = guard_verdict(scores, float(options.get("guard_p", 0.10)))
+    logger.info("guard of %s: %s (pooled Δ %+.4f, p %.3g)", candidate, "admitted" if verdict["admitted"] else "refused",
+                verdict["pooled"]["mean_difference"], verdict["pooled"]["p_value"])
+    return verdict
+
+
+def guard_verdict(scores: Mapping[str, tuple[Mapping[str, float], Mapping[str, float]]], p: float) -> dict[str, Any]:
+    """``scores``: per guard collection, the baseline's and the candidate's per-query scores. Paired two-sided
+    t-tests of candidate − baseline, pooled over every guard query and per collection; ``admitted`` unless one of
+    them is below with p ≤ ``p`` (docs/preregistration.md, amendment 14)."""
+    def test(base: Mapping[str, float], run: Mapping[str, float]) -> dict[str, Any]:
+        queries = list(base)
+        result = paired_ttest(np.array([base[q] for q in queries]), np.array([run.get(q, 0.0) for q in queries]))
+        below = result.mean_difference < 0 and result.p_value <= p   # NaN p (one query) is never below
+        return {"queries": len(queries), "mean_difference": round(result.mean_difference, 6),
+                "p_value": result.p_value, "below": bool(below)}
+
+    per = {guard: test(base, run) for guard, (base, run) in scores.items()}
+    pooled = test({f"{g}\t{q}": s for g, (base, _) in scores.items() for q, s in base.items()},
+                  {f"{g}\t{q}": s for g, (_, run) in scores.items() for q, s in run.items()})
+    return {"admitted": not pooled["below"] and not any(t["below"] for t in per.values()), "pooled": pooled,
+            "per_collection": per, "p": p}
 
 
 def interpolated(state: RunState, finetuned: str, alpha: float, out: Path) -> str:
