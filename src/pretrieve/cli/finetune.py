@@ -18,6 +18,7 @@ from pretrieve.cli.options import (REQUIRED, AllowInexactResume, Bf16, Divergenc
                                    LogEvery, MinLrRatio, NumWorkers, Overwrite, Precision, Resume, SaveEvery, Schedule,
                                    Seed, Steps, WarmupRatio, WarmupSteps, report_to_option, settings_option,
                                    training_config, training_flags)
+from pretrieve.train.evaluator import read_evaluation
 from pretrieve.train.settings import FinetuneSettings
 
 
@@ -96,7 +97,6 @@ def finetune_command(
 
 def best_step_note(final: Path) -> str:
     """`` (the best of the dev evaluations: step N, nDCG@10 0.4321)`` for a run that evaluated while training."""
-    from pretrieve.train.evaluator import read_evaluation   # lazy: torch — beside the trainer, once training is done
 
     record = read_evaluation(final)
     if record is None:
