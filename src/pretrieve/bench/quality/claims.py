@@ -161,15 +161,20 @@ def load_tier(name: str, records: str | Path) -> Tier:
 GATE_FILE = "gate.json"      # the from-scratch base's mlm_accuracy.json, kept with Tier 2b's records
 
 
+def _read_report(path: Path, option: str) -> Any:
+    """A JSON report given as ``--OPTION FILE``; a missing or malformed file is one located error."""
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise InputError("no such file", path=path, field=option) from None
+    except json.JSONDecodeError as exc:
+        raise InputError(f"not JSON ({exc.msg})", path=path, line=exc.lineno, field=option) from None
+
+
 def read_mlm_gate(path: str | Path) -> dict[str, Any]:
     """The report of ``pretrieve analyze mlm-accuracy`` (``mlm_accuracy.json``), checked for its accuracy."""
     path = Path(path)
-    try:
-        report = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise InputError("no such file", path=path, field="scratch-gate") from None
-    except json.JSONDecodeError as exc:
-        raise InputError(f"not JSON ({exc.msg})", path=path, line=exc.lineno, field="scratch-gate") from None
+    report = _read_report(path, "scratch-gate")
     accuracy = report.get("accuracy") if isinstance(report, dict) else None
     if not isinstance(accuracy, (int, float)) or not 0 <= accuracy <= 1:
         raise InputError("no 'accuracy' in [0, 1]: expected mlm_accuracy.json of `pretrieve analyze "
@@ -389,12 +394,7 @@ def read_cost_report(path: str | Path) -> dict[str, Any]:
     """The ``bow``/``mlm`` cost measured by ``pretrieve bench pretrain --presets mlm,bow --out FILE`` (its
     ``FILE.json``) on one machine, both arms in one run: the wall-time throughput ratio and where it was measured."""
     path = Path(path)
-    try:
-        report = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise InputError("no such file", path=path, field="cost") from None
-    except json.JSONDecodeError as exc:
-        raise InputError(f"not JSON ({exc.msg})", path=path, line=exc.lineno, field="cost") from None
+    report = _read_report(path, "cost")
     try:
         result = report["results"][0]
         ratio = float(result["ratios"]["throughput_vs_mlm"]["bow"])
