@@ -23,13 +23,13 @@ def _section(title: str) -> str:
 
 
 def _paragraphs(text: str) -> list[str]:
-    """Prose paragraphs (and list items, each its own paragraph), code blocks and tables left out."""
+    """Prose blocks between blank lines (a whole list counts as one), code blocks, tables and headings left out."""
     text = re.sub(r"^```.*?^```", "", text, flags=re.S | re.M)
     out = []
     for block in re.split(r"\n\s*\n", text):
         lines = [line for line in block.splitlines() if line.strip() and not line.startswith(("|", "#"))]
-        items = re.split(r"\n(?=\* )", "\n".join(lines))
-        out += [item for item in items if item.strip()]
+        if lines:
+            out.append("\n".join(lines))
     return out
 
 
