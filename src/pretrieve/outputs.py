@@ -106,13 +106,13 @@ def check_space(path: str | Path, needed_bytes: int = 0, largest_file: int = 0) 
     if largest_file:
         soft, _ = resource.getrlimit(resource.RLIMIT_FSIZE)
         if soft != resource.RLIM_INFINITY and soft < largest_file:
-            raise InputError(f"the file-size limit (ulimit -f: {_size(soft)}) is below the {_size(largest_file)} "
+            raise InputError(f"the file-size limit (ulimit -f: {human_size(soft)}) is below the {human_size(largest_file)} "
                              "of the largest file this command writes; raise it", path=path)
     if needed_bytes:
         free = shutil.disk_usage(_first_existing(path)).free
         if free < needed_bytes:
-            raise InputError(f"only {_size(free)} free on this file system; this command writes about "
-                             f"{_size(needed_bytes)}", path=path)
+            raise InputError(f"only {human_size(free)} free on this file system; this command writes about "
+                             f"{human_size(needed_bytes)}", path=path)
 
 
 #: The errors of a write that ran out of room (no space, no quota, a file-size limit) and how they are said.
@@ -143,7 +143,8 @@ def _short_write_reason(path: Path) -> str:
     return "a write stopped short (the disk is full or a file-size limit was reached)"
 
 
-def _size(n: int) -> str:
+def human_size(n: int) -> str:
+    """A byte count as people read it (powers of 1024): ``1.5 GB``; every message and table of sizes uses it."""
     for unit in ("B", "KB", "MB", "GB", "TB"):
         if n < 1024 or unit == "TB":
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"

@@ -33,7 +33,7 @@ from pretrieve.artifacts import FILE_SIDECAR_SUFFIX
 from pretrieve.data.hub import HUB_DIR, SOURCE_FILE
 from pretrieve.data.records import user_cache_dir
 from pretrieve.errors import ConfigError
-from pretrieve.outputs import _size as human_size   # the one byte-size format (powers of 1024): 1.5 GB
+from pretrieve.outputs import human_size
 from pretrieve.retrieval.cache import EMBEDDINGS
 
 KINDS = ("collection", "arrow", "embeddings", "texts", "pretrain", "other")

@@ -30,6 +30,7 @@ to fail at once instead of trying; ``PRETRIEVE_CACHE`` moves the cache (default
 from __future__ import annotations
 
 import ast
+import contextlib
 import csv
 import difflib
 import gzip
@@ -45,7 +46,7 @@ import urllib.request
 import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import IO, Any, Iterator, Mapping
 
 from pretrieve.data.beir import check_qrels, iter_corpus, load_qrels, load_queries
 from pretrieve.data.collection import BeirCollection
@@ -525,16 +526,10 @@ def _safe_extract(zf: zipfile.ZipFile, staging: Path, archive: Path) -> None:
 def _convert_cranfield(files: Mapping[str, Path], target: Path, base: Path | None, info: CollectionInfo) -> None:
     """The SMART files of Cranfield (a ``.tar.gz``) → a BEIR-layout directory, atomically (module docstring)."""
     archive = files[info.sources[0].filename]
-    try:
-        with tarfile.open(archive, "r:*") as tar:
-            members = {Path(m.name).name: m for m in tar.getmembers() if m.isfile()}
-            missing = [name for name in ("cran.all.1400", "cran.qry", "cranqrel") if name not in members]
-            if missing:
-                raise InputError(f"Cranfield archive lacks {', '.join(missing)}", path=archive)
-            read = {name: io.TextIOWrapper(tar.extractfile(members[name]), encoding="utf-8", errors="replace").read()
-                    for name in ("cran.all.1400", "cran.qry", "cranqrel")}
-    except tarfile.TarError as exc:
-        raise InputError(f"downloaded archive of 'cranfield' is not a valid tar.gz ({exc})", path=archive) from None
+    with _tar_members(archive, ("cran.all.1400", "cran.qry", "cranqrel"), "Cranfield",
+                      "downloaded archive of 'cranfield'") as members:
+        read = {name: io.TextIOWrapper(member, encoding="utf-8", errors="replace").read()
+                for name, member in members.items()}
     docs = [{"_id": record["I"], "title": record.get("T", ""), "text": record.get("W", "")}
             for record in _smart_records(read["cran.all.1400"])]
     queries = [{"_id": str(number), "text": record.get("W", "")}
@@ -552,20 +547,29 @@ def _convert_cranfield(files: Mapping[str, Path], target: Path, base: Path | Non
             f"{qid}\t{doc}\t{grade}\n" for qid, doc, grade in qrels), encoding="utf-8")
 
 
-def _extract(archive: Path, names: tuple[str, ...], staging: Path, label: str) -> None:
-    """Copy the members ``names`` (matched by file name) of a tar archive into ``staging``."""
-    staging.mkdir(parents=True, exist_ok=True)
+@contextlib.contextmanager
+def _tar_members(archive: Path, names: tuple[str, ...], label: str,
+                 downloaded: str) -> Iterator[dict[str, IO[bytes]]]:
+    """The members ``names`` (matched by file name) of a tar archive, open for reading; a missing member (``label
+    archive lacks …``) or a broken archive (``downloaded is not a valid tar.gz``) is one located error."""
     try:
         with tarfile.open(archive, "r:*") as tar:
             members = {Path(m.name).name: m for m in tar.getmembers() if m.isfile()}
             missing = [name for name in names if name not in members]
             if missing:
                 raise InputError(f"{label} archive lacks {', '.join(missing)}", path=archive)
-            for name in names:
-                with tar.extractfile(members[name]) as source, open(staging / name, "wb") as out:
-                    shutil.copyfileobj(source, out, 1 << 20)
+            yield {name: tar.extractfile(members[name]) for name in names}
     except tarfile.TarError as exc:
-        raise InputError(f"downloaded {label} archive is not a valid tar.gz ({exc})", path=archive) from None
+        raise InputError(f"{downloaded} is not a valid tar.gz ({exc})", path=archive) from None
+
+
+def _extract(archive: Path, names: tuple[str, ...], staging: Path, label: str) -> None:
+    """Copy the members ``names`` (matched by file name) of a tar archive into ``staging``."""
+    staging.mkdir(parents=True, exist_ok=True)
+    with _tar_members(archive, names, label, f"downloaded {label} archive") as members:
+        for name, source in members.items():
+            with source, open(staging / name, "wb") as out:
+                shutil.copyfileobj(source, out, 1 << 20)
 
 
 def _dl_inputs(files: Mapping[str, Path], sources: tuple[Source, ...]) -> tuple[list[Path], list[tuple[str, Path]]]:
