@@ -39,6 +39,7 @@ from typing import Any, Iterable, Iterator
 
 from pretrieve import models   # the module, not its names: models imports the data package, which imports this
 from pretrieve.data.convert import convert
+from pretrieve.data.jsonl import write_jsonl
 from pretrieve.data.records import default_cache_dir
 from pretrieve.errors import ConfigError, InputError
 from pretrieve.io_utils import atomic_dir
@@ -179,10 +180,10 @@ def _write_hub(repo: str, out: Path) -> None:
         raise InputError(f"Hub dataset '{repo}' has no {' or '.join(missing)} config (configs: "
                          f"{', '.join(configs) or 'none'}); a collection needs corpus, queries and judgments")
     qrels = _load(repo, "default") if "default" in configs else _load(f"{repo}-qrels")
-    _write_rows(out / "corpus.jsonl", (
+    write_jsonl(out / "corpus.jsonl", (
         {"_id": _id_of(row, repo, "corpus"), "title": row.get("title") or "", "text": row.get("text") or ""}
         for row in _only_split(_load(repo, "corpus"), repo, "corpus")))
-    _write_rows(out / "queries.jsonl", (
+    write_jsonl(out / "queries.jsonl", (
         {"_id": _id_of(row, repo, "queries"), "text": row.get("text") or ""}
         for row in _only_split(_load(repo, "queries"), repo, "queries")))
     (out / "qrels").mkdir()
@@ -191,12 +192,6 @@ def _write_hub(repo: str, out: Path) -> None:
             handle.write("query-id\tcorpus-id\tscore\n")
             for row in rows:
                 handle.write(f"{row['query-id']}\t{row['corpus-id']}\t{int(row['score'])}\n")
-
-
-def _write_rows(path: Path, rows: Iterator[dict]) -> None:
-    with open(path, "w", encoding="utf-8") as handle:
-        for row in rows:
-            handle.write(json.dumps(row, ensure_ascii=False) + "\n")
 
 
 # ------------------------------------------------------------------------------------------- ir_datasets
