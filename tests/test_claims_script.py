@@ -241,6 +241,14 @@ def test_tier2b_builds_its_base_once_at_one_thread_and_runs_only_past_the_gate(t
         assert json.loads(gate.read_text())["gate"]["passed"] is False
         assert result.stderr.startswith("error: the from-scratch base's held-out MLM accuracy is 0.2 (< 0.25")
         assert len(result.stderr.strip().splitlines()) == 1
+        # a failed gate is final (amendment 11): on a new machine (scratch gone) the base is not built again
+        import shutil
+        shutil.rmtree(repo / "outputs" / "scratch-bert", ignore_errors=True)
+        shutil.rmtree(repo / "outputs" / "scratch-init")
+        again = subprocess.run(["bash", "scripts/experiments/claims.sh", "tier2b"], cwd=str(repo), env=env,
+                               capture_output=True, text=True, timeout=60)
+        assert again.returncode == 2 and len(calls.read_text().splitlines()) == 3       # nothing more was called
+        assert again.stderr.startswith("error: the from-scratch base failed its gate")
 
 
 def test_all_runs_the_tiers_in_the_registered_order_and_goes_on_past_a_failed_one(tmp_path):

@@ -167,6 +167,18 @@ fi
 # the pre-training resumes from its checkpoints. A base below the gate's accuracy (0.25) cannot inform: no cell runs.
 scratch_base() {
   local dir=$1; shift
+  local records="$root_dir/results/claims/tier2b" option previous="" commit=1
+  for option in "$@"; do
+    [ "$previous" = "--records" ] && records=$option
+    [ "$option" = "--no-commit" ] && commit=0; [ "$option" = "--commit" ] && commit=1; previous=$option
+  done
+  # a gate that failed is final (amendment 11): its committed record is not re-earned on a new machine
+  if [ -f "$records/gate.json" ] && python3 -c 'import json, sys; sys.exit(json.load(open(sys.argv[1]))["gate"]["passed"] is not False)' \
+       "$records/gate.json"; then
+    echo "error: the from-scratch base failed its gate ($records/gate.json, committed): it cannot inform" \
+         "(amendment 11); Tier 2b's cells do not run" >&2
+    return 2
+  fi
   local outputs="$root_dir/outputs" corpus="$root_dir/outputs/claims-tier1/pretrain-data/scifact+cranfield.jsonl"
   local heldout="$root_dir/outputs/scratch-mlm-heldout.jsonl" train="$root_dir/outputs/scratch-mlm-train.jsonl"
   mkdir -p "$outputs"
@@ -188,11 +200,6 @@ scratch_base() {
     "$dir/gate/mlm_accuracy.json") || return 2
   # the gate's report joins the tier's records (bench claims reads it there, also when it failed), committed unless
   # --no-commit
-  local records="$root_dir/results/claims/tier2b" option previous="" commit=1
-  for option in "$@"; do
-    [ "$previous" = "--records" ] && records=$option
-    [ "$option" = "--no-commit" ] && commit=0; [ "$option" = "--commit" ] && commit=1; previous=$option
-  done
   if ! cmp -s "$dir/gate/mlm_accuracy.json" "$records/gate.json"; then
     mkdir -p "$records" && cp "$dir/gate/mlm_accuracy.json" "$records/gate.json"
     if [ "$commit" = 1 ]; then
