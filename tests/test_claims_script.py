@@ -242,7 +242,6 @@ def test_tier2b_builds_its_base_once_at_one_thread_and_runs_only_past_the_gate(t
         assert result.stderr.startswith("error: the from-scratch base's held-out MLM accuracy is 0.2 (< 0.25")
         assert len(result.stderr.strip().splitlines()) == 1
         # a failed gate is final (amendment 11): on a new machine (scratch gone) the base is not built again
-        import shutil
         shutil.rmtree(repo / "outputs" / "scratch-bert", ignore_errors=True)
         shutil.rmtree(repo / "outputs" / "scratch-init")
         again = subprocess.run(["bash", "scripts/experiments/claims.sh", "tier2b"], cwd=str(repo), env=env,
