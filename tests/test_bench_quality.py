@@ -14,6 +14,7 @@ import pytest
 import pytrec_eval
 from scipy import stats
 from typer.testing import CliRunner
+from transformers.utils import logging as hf_logging
 
 import pretrieve.recipe
 from pretrieve.bench.quality import recipes, report, run as quality, settings as qsettings, summary as qsummary
@@ -828,7 +829,7 @@ def _comparable(records: Path) -> dict[str, dict]:
     return out
 
 
-def test_two_jobs_give_the_same_records_as_one(crossfit, tiny_mlm_dir, collections, tmp_path):
+def test_two_jobs_give_the_same_records_as_one(crossfit, tiny_mlm_dir, collections, tmp_path, capfd):
     """`--jobs 2` (each cell in its own spawned process, one thread each) writes the same records as `--jobs 1`
     (the `crossfit` comparison): every dev-grid point's dev scores, and the per-query scores, coverage, probes and
     protocol of `mlm` seed 1 (whose pre-training the grid made, in this process) and `mlm-aa` seed 1001 (pre-trained
@@ -836,7 +837,11 @@ def test_two_jobs_give_the_same_records_as_one(crossfit, tiny_mlm_dir, collectio
     _, out, summary = crossfit
     twin = crossfit_settings(tiny_mlm_dir, collections, tmp_path / "q")
     lines = []
-    parallel = quality.run_quality_bench(twin, progress=lines.append, jobs=2, cells=["mlm:1", "mlm-aa:1001"])
+    hf_logging.disable_progress_bar()      # as the CLI does in this (the parent) process; the cells are spawned
+    try:
+        parallel = quality.run_quality_bench(twin, progress=lines.append, jobs=2, cells=["mlm:1", "mlm-aa:1001"])
+    finally:
+        hf_logging.enable_progress_bar()
     running = [line.split("] ", 1)[1].removesuffix(": running") for line in lines if line.endswith(": running")]
     folds = [f"fold {fold}" for fold in twin.resolved().folds]
     assert running[:2] == ["select lr0.0001-epochs1", "select lr0.001-epochs1"]       # the grid's 2 points, then
@@ -857,6 +862,7 @@ def test_two_jobs_give_the_same_records_as_one(crossfit, tiny_mlm_dir, collectio
     assert ours["cells/mlm/seed1.json"]["probes"] and ours["cells/mlm-aa/seed1001.json"]["probes"]
     assert _record(tmp_path / "q" / "records", "mlm", 1)["machine"]["threads"] == 1
     assert parallel["progress"]["cells_done"] == 2 and parallel["selection"] == summary["selection"]
+    assert "Loading weights" not in capfd.readouterr().err      # the spawned cells draw no library tqdm frames
 
 
 def test_the_grid_model_is_the_selection_arms_first_fold_and_reusing_it_changes_no_number(crossfit, tmp_path):

@@ -168,7 +168,8 @@ def run_jobs(settings: QualityBenchSettings, plan: Plan, parallel: int, say: Cal
             started(*job)
             ended(*job, run_job(settings, plan.tier, *job))
         return results
-    options: dict[str, Any] = {"max_workers": parallel, "mp_context": multiprocessing.get_context("spawn")}
+    options: dict[str, Any] = {"max_workers": parallel, "mp_context": multiprocessing.get_context("spawn"),
+                               "initializer": quiet_library_bars}
     if "max_tasks_per_child" in ProcessPoolExecutor.__init__.__code__.co_varnames:
         options["max_tasks_per_child"] = 1
     with ProcessPoolExecutor(**options) as pool:
@@ -182,6 +183,13 @@ def run_jobs(settings: QualityBenchSettings, plan: Plan, parallel: int, say: Cal
             finished, _ = wait(pending, return_when=FIRST_COMPLETED)
             for future in finished:
                 ended(*pending.pop(future), future.result())
+
+
+def quiet_library_bars() -> None:
+    """A cell's process (spawned: the CLI's logging set-up is not inherited) draws no library tqdm bars ("Loading
+    weights" frames in the harness's log file); its own work is reported by the harness's lines."""
+    from transformers.utils import logging as hf_logging  # lazy: transformers
+    hf_logging.disable_progress_bar()
 
 
 def _job_label(kind: str, payload: Mapping[str, Any]) -> str:
