@@ -76,6 +76,7 @@ from pretrieve.bench.report import (bench_device, device_name, fmt, markdown_tab
 from pretrieve.data.packing import Packing
 from pretrieve.data.pretrain_text import TokenizedCorpus, iter_pretrain_texts
 from pretrieve.errors import ConfigError, InputError
+from pretrieve.train.settings import LoopConfig
 
 DEFAULT_PRESETS = ("mlm", "bow", "ae", "ar", "retromae")
 REFERENCE = "hf_reference"
@@ -317,7 +318,6 @@ class PresetRunner(Runner):
                  lr: float = 1e-4, max_grad_norm: float = 1.0, device: str = "cpu"):
         from pretrieve.modeling import Encoder, PretrainModel  # lazy: transformers
         from pretrieve.train.collator import PretrainCollator  # lazy: transformers
-        from pretrieve.train.config import LoopConfig  # lazy: accelerate
         from pretrieve.train.loop import build_optimizer  # lazy: transformers
         from pretrieve.train.method import resolve_method  # lazy: transformers
 
@@ -359,7 +359,6 @@ class HFReferenceRunner(Runner):
                  max_grad_norm: float = 1.0, device: str = "cpu"):
         from transformers import AutoModelForMaskedLM, DataCollatorForLanguageModeling  # lazy: transformers
 
-        from pretrieve.train.config import LoopConfig  # lazy: accelerate
         from pretrieve.train.loop import build_optimizer  # lazy: transformers
 
         torch.manual_seed(seed)
@@ -395,7 +394,6 @@ class EncoderOnlyRunner(Runner):
                  max_grad_norm: float = 1.0, device: str = "cpu"):
         from pretrieve.modeling import Encoder  # lazy: transformers
         from pretrieve.train.collator import PretrainCollator  # lazy: transformers
-        from pretrieve.train.config import LoopConfig  # lazy: accelerate
         from pretrieve.train.loop import build_optimizer  # lazy: transformers
         from pretrieve.train.method import resolve_method  # lazy: transformers
 

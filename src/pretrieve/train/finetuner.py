@@ -85,19 +85,17 @@ from pretrieve.retrieval.load import load_retriever
 from pretrieve.retrieval.runs import bm25_negatives
 from pretrieve.retrieval.search import search
 from pretrieve.modeling.sentence_transformer import ModelFiles, read_sentence_transformers_config
-from pretrieve.train.config import BOOKKEEPING, LoopConfig
 from pretrieve.train.evaluator import Evaluation
 from pretrieve.train.pretrainer import check_max_len
 from pretrieve.train.run import TrainingRun
 from pretrieve.train.run_config import validated_values
-from pretrieve.train.settings import FinetuneSettings
+from pretrieve.train.settings import BOOKKEEPING, DEFAULT_EVAL_SPLIT, FinetuneSettings
 
 if TYPE_CHECKING:
     from pretrieve.data.arrow import GroupsDataset
 
 logger = logging.getLogger(__name__)
 
-STAGES = (1, 2, 3)
 EVAL_DEPTH = 1000
 """Results per dev query searched at each evaluation (as ``pretrieve evaluate``'s runs)."""
 BM25_GROUPS_FILE = "bm25_groups.jsonl"
@@ -109,55 +107,14 @@ PATH_SETTINGS = ("model", "data", "out", "groups", "eval_data")
 #: Settings of the evaluation while training: part of a run's settings only when it evaluates (``eval_steps`` > 0),
 #: so runs made before these options existed stay current.
 EVAL_SETTINGS = ("eval_steps", "eval_split", "eval_measures", "metric_for_best")
-DEFAULT_EVAL_SPLIT = "dev"
 PROMPT_SETTINGS = ("query_prompt", "passage_prompt")
 COSINE_TEMPERATURE = 0.05
-#: LoopConfig fields that do not change what a run computes (ignored when deciding whether a run is done).
 
 
 @dataclass
-class FinetuneConfig(FinetuneSettings, LoopConfig):
-    """One fine-tuning stage: data, model, representation, loss and loop settings (module docstring: defaults)."""
-
-    def check(self) -> None:
-        """Validate the settings that do not depend on files (raises :class:`ConfigError`)."""
-        missing = [name for name in ("model", "data", "out") if not getattr(self, name)]
-        if missing:
-            raise ConfigError(f"missing required option(s): {', '.join('--' + m for m in missing)}")
-        if self.stage not in STAGES:
-            raise ConfigError(f"stage must be 1, 2 or 3, got {self.stage}")
-        if self.num_negatives < 0:
-            raise ConfigError(f"num_negatives must be >= 0, got {self.num_negatives}")
-        if self.num_negatives == 0 and not self.in_batch:
-            raise ConfigError("num_negatives 0 without in-batch negatives leaves no negative at all")
-        if self.stage == 3 and self.num_negatives == 0:
-            raise ConfigError("stage 3 distils the teacher over each query's group: num_negatives must be >= 1")
-        for name in ("query_max_len", "passage_max_len", "bm25_depth"):
-            if getattr(self, name) < 2:
-                raise ConfigError(f"{name} must be >= 2, got {getattr(self, name)}")
-        if self.max_groups is not None and self.max_groups < 1:
-            raise ConfigError(f"max_groups must be >= 1, got {self.max_groups}")
-        if self.title_join not in TITLE_JOINS:
-            raise ConfigError(f"title_join must be one of {', '.join(TITLE_JOINS)}, got {self.title_join!r}")
-        if self.on_unknown not in ("error", "skip"):
-            raise ConfigError(f"on_unknown must be 'error' or 'skip', got {self.on_unknown!r}")
-        self.check_evaluation()
-        if self.grad_cache_chunk is not None and (isinstance(self.grad_cache_chunk, bool)
-                                                  or not isinstance(self.grad_cache_chunk, int)
-                                                  or self.grad_cache_chunk < 1):
-            raise ConfigError(f"grad_cache_chunk must be an integer >= 1, got {self.grad_cache_chunk!r}")
-
-    def check_evaluation(self) -> None:
-        """The evaluation while training: a step count, known measures, dev queries other than the training ones."""
-        if isinstance(self.eval_steps, bool) or not isinstance(self.eval_steps, int) or self.eval_steps < 0:
-            raise ConfigError(f"eval_steps must be an integer >= 0, got {self.eval_steps!r}")
-        if not self.eval_steps:
-            return
-        parse_measures(self.eval_measures)
-        parse_measure(self.metric_for_best)
-        if not self.eval_data and (self.eval_split or DEFAULT_EVAL_SPLIT) == self.split:
-            raise ConfigError(f"eval_split: '{self.split}' is the split this run trains on; evaluate on held-out "
-                              "queries (another split, or eval_data: another collection)")
+class FinetuneConfig(FinetuneSettings):
+    """One fine-tuning stage (its settings and their checks: :class:`~pretrieve.train.settings.FinetuneSettings`;
+    defaults: the module docstring) and what the run makes of them: its compared settings and its inputs."""
 
     def evaluated_measures(self) -> list[str]:
         """``eval_measures`` with ``metric_for_best`` (added when missing)."""

@@ -14,7 +14,8 @@ from pretrieve.data.pretrain_text import split_corpus
 from pretrieve.recipe.runner import RunState
 from pretrieve.recipe.schema import RECIPE_SETS, placeholder_config, stage
 from pretrieve.train import pretrainer
-from pretrieve.train.run_config import PretrainOptions, build_pretrain_config, resolve_pretrain_method
+from pretrieve.train.run_config import build_pretrain_config, resolve_pretrain_method
+from pretrieve.train.settings import PretrainOptions
 
 
 def check_pretrain(options: dict[str, Any], where: str) -> None:
@@ -23,14 +24,14 @@ def check_pretrain(options: dict[str, Any], where: str) -> None:
     placeholder_config(pretrainer.PretrainConfig, values).validate(1)
 
 
-#: ``--smoke``: option → (its default, the smoke cap).
-SMOKE_CAPS = {"max_len": (144, 48)}
+#: ``--smoke``: option → the smoke cap (its default: the declaration's).
+SMOKE_CAPS = {"max_len": 48}
 
 
 def smoke(options: dict[str, Any], kit) -> dict[str, Any]:
     """``--smoke``: the training budget, a small text corpus standing for ``corpus`` (and for the sources packed
     across documents), and the method's pairs file sliced (its PMI statistics files dropped)."""
-    options = kit.training(options, SMOKE_CAPS)
+    options = kit.training(options, PretrainOptions, SMOKE_CAPS)
     if "corpus" in options:
         options["corpus"] = kit.text_corpus(options["corpus"])
         if options.get("pack_across"):
