@@ -29,7 +29,7 @@ from pretrieve.ranks import built_once
 from pretrieve.data.beir import Corpus
 from pretrieve.data.collection import BeirCollection
 from pretrieve.data.groups import TrainingGroup, sample_group_indices
-from pretrieve.errors import ConfigError, InputError
+from pretrieve.errors import InputError
 from pretrieve.io_utils import write_json
 from pretrieve.modeling.cross_encoder import CONFIG_FILE, CrossEncoder, tokenize_pairs
 from pretrieve.models import no_remote_code, resolve_model

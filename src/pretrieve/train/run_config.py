@@ -18,7 +18,7 @@ from pretrieve.models import resolve_model
 from pretrieve.options import validate
 from pretrieve.train.method import apply_overrides, method_from_mapping, resolve_method
 from pretrieve.train.pretrainer import PretrainConfig
-from pretrieve.train.settings import METHOD_OVERRIDES, PretrainOptions
+from pretrieve.train.settings import METHOD_OVERRIDES, PretrainOptions, default_of
 
 
 def merge(file_values: Mapping[str, Any], flags: Mapping[str, Any]) -> dict[str, Any]:
@@ -39,7 +39,8 @@ def validated_values(schema: type, file_values: Mapping[str, Any], flags: Mappin
 def resolve_pretrain_method(values: dict[str, Any], method_flags: Mapping[str, Any], where: str = "config"):
     """Pop ``method`` and the method overrides from ``values`` (flags in ``method_flags`` win) and return the
     resolved, validated :class:`~pretrieve.train.method.MethodConfig` (preset, file or mapping + overrides)."""
-    method_value = method_flags.get("method") or values.pop("method", None) or "bow"
+    method_value = (method_flags.get("method") or values.pop("method", None)
+                    or default_of(PretrainOptions, "method"))
     values.pop("method", None)
     overrides = {key: method_flags.get(key) if method_flags.get(key) is not None else values.pop(key, None)
                  for key in METHOD_OVERRIDES}

@@ -59,7 +59,6 @@ def stage_pretrain(state: RunState, options: dict[str, Any], label: str, show_pr
     values["corpus"] = sources[0] if len(sources) == 1 else sources   # several: concatenated in order
     if values.get("pack_across"):   # named as in corpus
         values["pack_across"] = [str(state.collections.get(str(source), source)) for source in values["pack_across"]]
-    method = values.pop("method", "bow")
     flags = {**values, "model": state.init_model, "out": str(out), "show_progress": show_progress}
-    config = build_pretrain_config({}, flags, {"method": method}, resume=True)
+    config = build_pretrain_config({}, flags, {}, resume=True)
     state.give("pretrained", label, str(pretrainer.pretrain(config)))   # skipped when finished with the same settings
