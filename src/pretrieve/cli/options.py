@@ -12,7 +12,7 @@ import dataclasses
 import inspect
 import typing
 from pathlib import Path
-from typing import Annotated, Any, Callable, List, Mapping, Optional, Sequence
+from typing import Annotated, Any, Callable, List, Mapping, Optional
 
 import typer
 
@@ -98,7 +98,7 @@ def _ordered_fields(schema: type) -> list[dataclasses.Field]:
     order: list[str] = []
     classes = [cls for cls in reversed(schema.__mro__) if dataclasses.is_dataclass(cls) and cls is not LoopConfig]
     for cls in classes + [LoopConfig]:
-        order += [name for name in vars(cls).get("__annotations__", {}) if name in fields and name not in order]
+        order += [name for name in inspect.get_annotations(cls) if name in fields and name not in order]
     return [fields[name] for name in order]
 
 
