@@ -245,7 +245,7 @@ METHOD_OVERRIDES = tuple(f.name for f in dataclasses.fields(PretrainOptions)
 class GroupSettings(LoopConfig):
     """What the trainers on training groups (a query, its positives, its hard negatives) share."""
 
-    num_negatives: int = setting(7, "Hard negatives per query per step (papers: 15).")
+    num_negatives: int = setting(7, "Hard negatives per query per step (the papers fine-tune retrievers with 15).")
     max_groups: int | None = setting(None, "Train on the first N groups only (quick runs).")
     on_unknown: str = setting("error", "Document ids missing from the corpus: error | skip (drop and count them).")
 
