@@ -49,3 +49,14 @@ def test_installed_typer_lies_in_the_tested_range():
     spec = re.search(r'"typer([^"]*)"', text).group(1)
     assert "<" in spec and ">=" in spec, f"typer's range {spec!r} needs both tested ends"
     assert version("typer") in SpecifierSet(spec), f"typer {version('typer')} is outside pyproject's {spec}"
+
+
+def test_the_flag_type_wrapper_applies_only_to_the_typers_that_print_bool():
+    from typer.core import TyperOption
+
+    import pretrieve.cli as cli
+
+    assert [cli.needs_flag_type_wrapper(v) for v in ("0.18.0", "0.28.1", "0.29.0", "0.29.3", "0.30.0", "1.0")] == \
+        [False, False, True, True, False, False]
+    wrapped = TyperOption.display_type_rich is cli._flag_type if cli._display_type_rich is not None else False
+    assert wrapped == (cli._display_type_rich is not None and cli.needs_flag_type_wrapper(version("typer")))

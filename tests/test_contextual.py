@@ -184,7 +184,7 @@ def test_mote_pretraining_checkpoint_round_trip(tokenizer, pairs_file, tmp_path)
 
 
 def test_tiny_cotmae_run_lowers_its_losses(tokenizer, spans, tiny_mlm_dir, tmp_path):
-    from pretrieve.train.config import LoopConfig
+    from pretrieve.train.settings import LoopConfig
     from pretrieve.train.loop import read_logs, train
 
     method = preset("cotmae")

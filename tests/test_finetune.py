@@ -14,7 +14,8 @@ from pretrieve.data.trec import ranked_ids, read_run
 from pretrieve.errors import ConfigError, InputError
 from pretrieve.train import checkpoint as ckpt
 from pretrieve.train import loop
-from pretrieve.train.finetuner import BM25_GROUPS_FILE, FinetuneConfig, GroupCollator, finetune
+from pretrieve.train.collator import GroupCollator
+from pretrieve.train.finetuner import BM25_GROUPS_FILE, FinetuneConfig, finetune
 from pretrieve.train.loop import read_logs
 
 TOPICS = ["protein folding", "solar energy", "stock market", "river flooding", "coffee farming", "chess opening",

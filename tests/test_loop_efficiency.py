@@ -14,7 +14,7 @@ from pretrieve.train import checkpoint as ckpt
 from pretrieve.train import loop
 from pretrieve.precision import MixedPrecision, precision_settings
 from pretrieve.train import accelerator
-from pretrieve.train.config import LoopConfig
+from pretrieve.train.settings import LoopConfig
 from pretrieve.train.loop import build_optimizer, build_scheduler, read_logs, train
 
 

@@ -219,7 +219,7 @@ def test_precision_auto_is_bf16_only_with_native_support(trained, monkeypatch):
 def test_one_precision_vocabulary_for_scoring_and_training(trained, monkeypatch):
     """Issue 25: `reranker train` refused the `--precision auto` the README shows, and scoring refused fp16."""
     import pretrieve.precision as precision
-    from pretrieve.train.config import LoopConfig
+    from pretrieve.train.settings import LoopConfig
 
     pairs = (["solar energy"] * 2, ["sun power", "rocks"])
     fp32 = PairScorer(trained, device="cpu", precision="fp32").score(*pairs, show_progress=False)

@@ -2,7 +2,7 @@
 ``sample_neg_from_topk 200``), re-drawn per epoch, and the same under 1 and 2 processes (gloo).
 
 The teacher keeps ``max_negatives`` (the depth) of each mined group; the stage-3 collator draws ``num_negatives`` of
-them per step (:class:`pretrieve.train.finetuner.GroupCollator` on the loop's :class:`StepBatches`). Each group's
+them per step (:class:`pretrieve.train.collator.GroupCollator` on the loop's :class:`StepBatches`). Each group's
 teacher scores here encode the group and the negative's rank (``1000 · group + rank``), so the collated
 ``teacher_scores`` show which negatives were drawn.
 """
@@ -19,7 +19,7 @@ from conftest import REPO
 from ddp_utils import run_distributed
 from pretrieve.data.groups import TrainingGroup
 from pretrieve.recipe.schema import load_recipe, stage_labels
-from pretrieve.train.finetuner import GroupCollator
+from pretrieve.train.collator import GroupCollator
 from pretrieve.train.loop import StepBatches
 
 DEPTH = 200        # the teacher-scored negatives of each group (K3)

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from pretrieve.precision import set_tf32
-from pretrieve.train.config import LoopConfig
+from pretrieve.train.settings import LoopConfig
 
 
 @pytest.fixture

@@ -17,7 +17,8 @@ from pretrieve.data.records import title_separator
 from pretrieve.errors import ConfigError
 from pretrieve.retrieval import batches
 from pretrieve.retrieval.load import load_retriever
-from pretrieve.train.finetuner import GroupCollator, finetune
+from pretrieve.train.collator import GroupCollator
+from pretrieve.train.finetuner import finetune
 from test_finetune import make_config, tiny_collection, write_collection  # noqa: F401  (fixture)
 
 

@@ -21,7 +21,7 @@ from pretrieve.cli import app, main
 from pretrieve.errors import ConfigError
 from pretrieve.recipe.schema import validate_recipe
 from pretrieve.train import loop
-from pretrieve.train.config import check_trackers
+from pretrieve.train.settings import check_trackers
 from pretrieve.train.loop import read_logs
 
 from test_finetune import write_collection

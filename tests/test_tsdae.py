@@ -16,7 +16,7 @@ from pretrieve.data.pretrain_text import TokenizedCorpus
 from pretrieve.errors import ConfigError, InputError
 from pretrieve.masking.vocab import VocabInfo
 from pretrieve.modeling import Encoder
-from pretrieve.train.config import LoopConfig
+from pretrieve.train.settings import LoopConfig
 from pretrieve.train.loop import read_logs, train
 from pretrieve.train.method import preset, resolve_method, trainer_module
 from pretrieve.train.pretrainer import pretrain

@@ -56,6 +56,7 @@ from pretrieve.retrieval import fusion
 from pretrieve.retrieval.bm25 import BM25Params, corpus_index
 from pretrieve.retrieval.index import SearchOptions
 from pretrieve.retrieval.runs import model_run
+from pretrieve.train.settings import FinetuneSettings, PretrainSettings, default_of
 
 if TYPE_CHECKING:
     import numpy as np
@@ -72,7 +73,8 @@ SIDES = ("query", "passage")
 
 
 # ------------------------------------------------------------------------------------------------- training
-def pretrain(model: str | Path, corpus: str | Path, out: str | Path, method: str | Mapping[str, Any] = "bow", *,
+def pretrain(model: str | Path, corpus: str | Path, out: str | Path,
+             method: str | Mapping[str, Any] = default_of(PretrainSettings, "method"), *,
              data_root: str | Path | None = None, report_to: str | Sequence[str] | None = None,
              **settings: Any) -> Path:
     """Pre-train ``model`` on ``corpus`` with ``method`` into ``out``; returns ``out/final`` (loads with
@@ -99,7 +101,8 @@ def pretrain(model: str | Path, corpus: str | Path, out: str | Path, method: str
         return run_pretraining(config)
 
 
-def finetune(model: str | Path, data: str | Path, out: str | Path, *, stage: int = 1,
+def finetune(model: str | Path, data: str | Path, out: str | Path, *,
+             stage: int = default_of(FinetuneSettings, "stage"),
              data_root: str | Path | None = None, report_to: str | Sequence[str] | None = None,
              **settings: Any) -> Path:
     """Fine-tune ``model`` as a retriever on the training queries of collection ``data`` (stage 1: BM25

@@ -284,7 +284,11 @@ def parse_shape(shape: str) -> tuple[int, int]:
     return layers, hidden
 
 
-def init_model(shape: str, tokenizer: str | Path, out: str | Path, seed: int = 42) -> Path:
+INIT_SEED = 42
+"""The default seed of :func:`init_model`'s weights (``pretrieve init-model --seed``)."""
+
+
+def init_model(shape: str, tokenizer: str | Path, out: str | Path, seed: int = INIT_SEED) -> Path:
     """Write a randomly initialised ``BertForMaskedLM`` of ``shape`` with ``tokenizer``'s vocabulary (a path, an
     offline alias or a hub name) and that tokenizer into ``out``; returns ``out``.
 

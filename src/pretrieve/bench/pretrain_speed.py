@@ -76,6 +76,7 @@ from pretrieve.bench.report import (bench_device, device_name, fmt, markdown_tab
 from pretrieve.data.packing import Packing
 from pretrieve.data.pretrain_text import TokenizedCorpus, iter_pretrain_texts
 from pretrieve.errors import ConfigError, InputError
+from pretrieve.train.settings import LoopConfig, default_of
 
 DEFAULT_PRESETS = ("mlm", "bow", "ae", "ar", "retromae")
 REFERENCE = "hf_reference"
@@ -314,10 +315,9 @@ class PresetRunner(Runner):
     """One pre-training method (preset name or method file) with our model, collator and optimizer."""
 
     def __init__(self, method_name: str, config, tokenizer: Any, max_len: int, seed: int, bf16: bool,
-                 lr: float = 1e-4, max_grad_norm: float = 1.0, device: str = "cpu"):
+                 lr: float = default_of(LoopConfig, "lr"), max_grad_norm: float = 1.0, device: str = "cpu"):
         from pretrieve.modeling import Encoder, PretrainModel  # lazy: transformers
         from pretrieve.train.collator import PretrainCollator  # lazy: transformers
-        from pretrieve.train.config import LoopConfig  # lazy: accelerate
         from pretrieve.train.loop import build_optimizer  # lazy: transformers
         from pretrieve.train.method import resolve_method  # lazy: transformers
 
@@ -355,11 +355,10 @@ class HFReferenceRunner(Runner):
 
     name = REFERENCE
 
-    def __init__(self, config, tokenizer: Any, mask_ratio: float, seed: int, bf16: bool, lr: float = 1e-4,
-                 max_grad_norm: float = 1.0, device: str = "cpu"):
+    def __init__(self, config, tokenizer: Any, mask_ratio: float, seed: int, bf16: bool,
+                 lr: float = default_of(LoopConfig, "lr"), max_grad_norm: float = 1.0, device: str = "cpu"):
         from transformers import AutoModelForMaskedLM, DataCollatorForLanguageModeling  # lazy: transformers
 
-        from pretrieve.train.config import LoopConfig  # lazy: accelerate
         from pretrieve.train.loop import build_optimizer  # lazy: transformers
 
         torch.manual_seed(seed)
@@ -391,11 +390,10 @@ class EncoderOnlyRunner(Runner):
 
     name = FLOOR
 
-    def __init__(self, config, tokenizer: Any, max_len: int, seed: int, bf16: bool, lr: float = 1e-4,
-                 max_grad_norm: float = 1.0, device: str = "cpu"):
+    def __init__(self, config, tokenizer: Any, max_len: int, seed: int, bf16: bool,
+                 lr: float = default_of(LoopConfig, "lr"), max_grad_norm: float = 1.0, device: str = "cpu"):
         from pretrieve.modeling import Encoder  # lazy: transformers
         from pretrieve.train.collator import PretrainCollator  # lazy: transformers
-        from pretrieve.train.config import LoopConfig  # lazy: accelerate
         from pretrieve.train.loop import build_optimizer  # lazy: transformers
         from pretrieve.train.method import resolve_method  # lazy: transformers
 

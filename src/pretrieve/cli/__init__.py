@@ -44,9 +44,18 @@ HELP_WIDTH = 120
 if getattr(typer.rich_utils, "MAX_WIDTH", 0) is None and not os.environ.get("COLUMNS") and not sys.stdout.isatty():
     typer.rich_utils.MAX_WIDTH = HELP_WIDTH
 
-# Newer typers (0.2x) print a flag's type as ``<bool>`` through TyperOption.display_type_rich; older ones have no
-# such method and print no type for a flag. Wrap the method only where it exists, so that the CLI starts on every
-# typer that pyproject allows (tests/test_cli_typer.py).
+#: The typers that print a flag's type as ``<bool>`` (through ``TyperOption.display_type_rich``, new in 0.29); older
+#: ones (the GPU image's) have no such method and print no type for a flag. Only these get the wrapper below, and only
+#: when the method is there, so that the CLI starts on every typer that pyproject allows (tests/test_cli_typer.py).
+FLAG_TYPE_TYPERS = ((0, 29), (0, 30))
+
+
+def needs_flag_type_wrapper(version: str) -> bool:
+    """Whether typer ``version`` (``"0.29.3"``) prints ``<bool>`` after a flag: within :data:`FLAG_TYPE_TYPERS`."""
+    major_minor = tuple(int(part) for part in re.findall(r"\d+", version)[:2])
+    return FLAG_TYPE_TYPERS[0] <= major_minor < FLAG_TYPE_TYPERS[1]
+
+
 _display_type_rich = getattr(TyperOption, "display_type_rich", None)
 
 
@@ -55,7 +64,7 @@ def _flag_type(self, ctx):
     return None if self.is_flag else _display_type_rich(self, ctx)
 
 
-if _display_type_rich is not None:
+if _display_type_rich is not None and needs_flag_type_wrapper(getattr(typer, "__version__", "0")):
     TyperOption.display_type_rich = _flag_type
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import typer
 
 from pretrieve.cli.root import app
-from pretrieve.models import init_model
+from pretrieve.models import INIT_SEED, init_model
 
 
 @app.command("init-model")
@@ -18,7 +18,7 @@ def init_model_command(
     tokenizer: str = typer.Option(..., help="Tokenizer whose vocabulary the model gets: local path, offline alias "
                                   "(splade-tiny, minilm) or hub name (bert-base-uncased)."),
     out: Path = typer.Option(..., help="Output directory (model + tokenizer, loadable with from_pretrained)."),
-    seed: int = typer.Option(42, help="Seed of the initialisation (same seed, same weights)."),
+    seed: int = typer.Option(INIT_SEED, help="Seed of the initialisation (same seed, same weights)."),
 ) -> None:
     """Write a randomly initialised BertForMaskedLM with the tokenizer's vocabulary to OUT."""
     typer.echo(f"initialised model: {init_model(shape, tokenizer, out, seed)}")

@@ -1,105 +1,142 @@
 """Option helpers shared by the training and scoring commands (``pretrain``, ``finetune``, ``mine``, ``reranker``).
 
-Torch-free: help texts and defaults come from the settings dataclasses of :mod:`pretrieve.train.settings`, and
-config files are read by the torch-free :func:`pretrieve.io_utils.load_config_file`, so ``pretrieve --help`` never
-imports torch.
+The training commands' options are built from the settings' declarations (:func:`settings_command` over the
+torch-free dataclasses of :mod:`pretrieve.train.settings`: flag, help and shown default), and config files are read
+by the torch-free :func:`pretrieve.io_utils.load_config_file`, so ``pretrieve --help`` never imports torch and no
+default or help text is written twice.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import inspect
+import typing
 from pathlib import Path
-from typing import Annotated, Any, Callable, Mapping, Optional
+from typing import Annotated, Any, Callable, List, Mapping, Optional
 
 import typer
 
 from pretrieve.data.registry import resolve_collection
 from pretrieve.io_utils import load_config_file
+from pretrieve.train.settings import LoopConfig
 
 DATA_HELP = "Collection directory in BEIR layout."
 SCORING_PRECISION_HELP = ("auto | fp32 | bf16 | fp16 | int8; auto: bf16 only where the hardware computes it "
                           "natively (a GPU with bf16, a CPU with AVX512-BF16/AMX), else fp32; int8: the linear "
                           "layers quantised (CPU).")
-PRECISION_HELP = ("auto | fp32 | bf16 | fp16 (autocast; fp16 with a GradScaler; auto: bf16 where the hardware "
-                  "computes it natively, else fp32).")
 REQUIRED = "Required (here or in --config)."
-OVERWRITE_HELP = "Discard a previous run in --out (checkpoints, final/, logs) and start afresh."
-INEXACT_HELP = ("Resume even when a checkpoint's RNG state cannot be restored (warns; losses differ from an "
-                "uninterrupted run).")
 QUERY_PROMPT_HELP = ("Text prepended to every query (E5/BGE-style instruction, e.g. 'query: '); replaces the "
                      "prompt the model saved ('' for none).")
 PASSAGE_PROMPT_HELP = ("Text prepended to every passage (e.g. 'passage: '); replaces the prompt the model saved "
                        "('' for none).")
-DIVERGENCE_HELP = ("Stop when the loss stays above this multiple of its running median (+ MAD, at least 1) "
-                   "for 3 steps in a row (0: only non-finite losses).")
+ConfigFile = Annotated[Optional[Path], typer.Option("--config", help="YAML/JSON file with any of these options (flags "
+                                                                 "given here override it).")]
 
 
-def settings_option(config_cls, name: str, *flags: str, extra: str = "", default_text: str | None = None, **kwargs):
-    """An option whose value is None unless given (so a --config file can set it), with the help text and the
-    default of the config dataclass field ``name`` (``default_text`` overrides the shown default)."""
-    field = {f.name: f for f in dataclasses.fields(config_cls)}[name]
-    shown = default_text if default_text is not None else field.default
-    text = (field.metadata.get("help", "") + " " + extra).strip()
-    return typer.Option(None, *flags, help=text, show_default=str(shown) if shown not in ("", None) else False,
-                        **kwargs)
+def settings_command(schema: type) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Decorator of a training command: besides its own parameters (``--config``), one option per setting of
+    ``schema`` (:mod:`pretrieve.train.settings`: the flag, its help and its shown default come from the field), each
+    None unless given, so that a ``--config`` file's value stands. The command receives the settings given as
+    keyword arguments: paths as strings, a repeated option as a list, a one-way switch (``--resume``) not given as
+    None."""
+    def decorate(function: Callable[..., Any]) -> Callable[..., Any]:
+        hints = typing.get_type_hints(function, include_extras=True)
+        own = [parameter.replace(annotation=hints.get(parameter.name, parameter.annotation))
+               for parameter in inspect.signature(function).parameters.values()
+               if parameter.kind is not inspect.Parameter.VAR_KEYWORD]
+        options = setting_options(schema)
+        switches = {field.name for field in dataclasses.fields(schema) if is_switch(field)}
+
+        def command(**given: Any) -> Any:
+            settings = {name: _flag_value(value, name in switches) for name, value in given.items()
+                        if name in options}
+            return function(**{p.name: given[p.name] for p in own}, **settings)
+
+        parameters = own + [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=info, annotation=kind)
+                            for name, (kind, info) in options.items()]
+        command.__signature__ = inspect.Signature(parameters)   # type: ignore[attr-defined]
+        command.__annotations__ = {p.name: p.annotation for p in parameters}
+        command.__name__, command.__doc__ = function.__name__, function.__doc__
+        return command
+    return decorate
 
 
-# The options the training commands (``finetune``, ``reranker train``) share, declared once (typer reads the option
-# from the annotation; the default, None, is the signature's: a --config file's value stands).
-Steps = Annotated[Optional[int], typer.Option("--steps", help="Optimizer steps (0 = use --epochs).",
-                                              show_default="0")]
-Schedule = Annotated[Optional[str], typer.Option("--schedule", help="linear | cosine | constant.",
-                                                 show_default="linear")]
-WarmupRatio = Annotated[Optional[float], typer.Option("--warmup-ratio", help="Warmup share of the steps.",
-                                                     show_default="0.1")]
-WarmupSteps = Annotated[Optional[int], typer.Option("--warmup-steps", help="Warmup steps (overrides --warmup-ratio).")]
-MinLrRatio = Annotated[Optional[float], typer.Option("--min-lr-ratio", help="Floor of the decay, as a fraction of --lr.",
-                                                     show_default="0")]
-Seed = Annotated[Optional[int], typer.Option("--seed", help="Seed of sampling, data order and init.",
-                                             show_default="42")]
-Precision = Annotated[Optional[str], typer.Option("--precision", help=PRECISION_HELP, show_default="fp32")]
-Bf16 = Annotated[Optional[bool], typer.Option("--bf16/--no-bf16", help="Deprecated: --precision bf16.",
-                                              show_default="off")]
-GradientCheckpointing = Annotated[Optional[bool], typer.Option("--gradient-checkpointing",
-                                                               help="Recompute activations in the backward pass.")]
-NumWorkers = Annotated[Optional[int], typer.Option("--num-workers", help="DataLoader workers.", show_default="0")]
-SaveEvery = Annotated[Optional[int], typer.Option("--save-every", help="Checkpoint every N steps.",
-                                                  show_default="500")]
-LogEvery = Annotated[Optional[int], typer.Option("--log-every", help="Log every N steps.", show_default="10")]
-Resume = Annotated[bool, typer.Option("--resume", help="Continue from the newest checkpoint in --out.")]
-Overwrite = Annotated[bool, typer.Option("--overwrite", help=OVERWRITE_HELP)]
-AllowInexactResume = Annotated[bool, typer.Option("--allow-inexact-resume", help=INEXACT_HELP)]
-DivergenceFactor = Annotated[Optional[float], typer.Option("--divergence-factor", help=DIVERGENCE_HELP,
-                                                           show_default="10")]
-
-#: Command parameters that are not settings (read by the command itself).
-NOT_SETTINGS = ("config", "resume")
-#: Flag name → settings name, where they differ.
-SETTING_NAMES = {"steps": "max_steps"}
-#: On/off switches whose "off" leaves the --config file's value (None: not given).
-SWITCHES = ("overwrite", "allow_inexact_resume")
-
-
-def training_flags(parameters: Mapping[str, Any]) -> dict[str, Any]:
-    """The settings a training command's flags give (``finetune``, ``reranker train``), from its parameters
-    (``locals()`` as the command starts): paths as strings, ``--steps`` as ``max_steps``, an unset switch as None,
-    without ``--config`` and ``--resume``. A None value is a flag not given (the config file's value stands)."""
-    flags: dict[str, Any] = {}
-    for name, value in parameters.items():
-        if name in NOT_SETTINGS:
+def setting_options(schema: type) -> dict[str, tuple[Any, Any]]:
+    """Setting name → (its command-line type, its ``typer.Option``), for the settings of ``schema`` offered on the
+    command line: the required ones first, then the trainer's own, then the loop's (declaration order)."""
+    hints = typing.get_type_hints(schema)
+    fields = _ordered_fields(schema)
+    options = {}
+    for field in sorted(fields, key=lambda f: not f.metadata.get("required")):
+        meta = field.metadata
+        if not meta.get("cli", True):
             continue
-        if isinstance(value, Path):
-            value = str(value)
-        if name in SWITCHES:
-            value = value or None
-        flags[SETTING_NAMES.get(name, name)] = value
-    return flags
+        kind = _cli_type(hints[field.name], meta.get("multiple", False))
+        flags = meta.get("flags") or _default_flags(field.name, kind)
+        text = meta.get("help", "") + (" " + REQUIRED if meta.get("required") else "")
+        options[field.name] = (kind, typer.Option(None, *flags, help=text, show_default=shown_default(field)))
+    return options
 
 
-def training_config(build: Callable[..., Any], config: Optional[Path], flags: Mapping[str, Any], resume: bool) -> Any:
-    """A training command's run settings: ``build(file values, flags, resume=, where=)`` over the ``--config`` file,
-    its collection resolved (a name, from the flag or the file)."""
-    run_config = build(load_file(config), flags, resume=resume, where=str(config or "config"))
+def shown_default(field: dataclasses.Field) -> str | bool:
+    """What ``--help`` shows as a setting's default: its ``shown`` text, else its value (on/off for a switch), else
+    nothing (an empty or None default that the declaration does not describe)."""
+    meta = field.metadata
+    if meta.get("shown") is not None:
+        return meta["shown"]
+    default = field.default if field.default is not dataclasses.MISSING else None
+    if isinstance(default, bool):
+        return False if is_switch(field) else ("on" if default else "off")
+    if isinstance(default, float):
+        return f"{default:g}"
+    return False if default in ("", None) else str(default)
+
+
+def _ordered_fields(schema: type) -> list[dataclasses.Field]:
+    """The fields of ``schema``, the classes below the loop's first (base to derived), then the loop's."""
+    fields = {f.name: f for f in dataclasses.fields(schema)}
+    order: list[str] = []
+    classes = [cls for cls in reversed(schema.__mro__) if dataclasses.is_dataclass(cls) and cls is not LoopConfig]
+    for cls in classes + [LoopConfig]:
+        order += [name for name in inspect.get_annotations(cls) if name in fields and name not in order]
+    return [fields[name] for name in order]
+
+
+def _cli_type(declared: Any, multiple: bool) -> Any:
+    if multiple:
+        return Optional[List[str]]
+    members = set(typing.get_args(declared)) or {declared}
+    for kind in (bool, int, float):
+        if kind in members:
+            return Optional[kind]
+    return Optional[str]
+
+
+def _default_flags(name: str, kind: Any) -> tuple[str, ...]:
+    flag = "--" + name.replace("_", "-")
+    return (f"{flag}/--no-{name.replace('_', '-')}",) if kind == Optional[bool] else (flag,)
+
+
+def is_switch(field: dataclasses.Field) -> bool:
+    """A switch without a ``--no-`` form (``--resume``): not giving it leaves the config file's value."""
+    flags = field.metadata.get("flags") or ()
+    return isinstance(field.default, bool) and bool(flags) and "/" not in flags[0]
+
+
+def _flag_value(value: Any, switch: bool) -> Any:
+    if isinstance(value, Path):
+        return str(value)
+    if isinstance(value, (list, tuple)):
+        return [str(v) for v in value] or None
+    if switch:
+        return value or None
+    return value
+
+
+def training_config(build: Callable[..., Any], config: Optional[Path], flags: Mapping[str, Any]) -> Any:
+    """A training command's run settings: ``build(file values, flags, where=)`` over the ``--config`` file, its
+    collection resolved (a name, from the flag or the file)."""
+    run_config = build(load_file(config), flags, where=str(config or "config"))
     run_config.data = resolve_data(run_config.data)
     return run_config
 
@@ -112,14 +149,3 @@ def load_file(path: Optional[Path]) -> dict:
 def resolve_data(data: Optional[str]) -> Optional[str]:
     """A ``--data`` collection name or path, resolved (:func:`pretrieve.data.registry.resolve_collection`)."""
     return None if not data else str(resolve_collection(data))
-
-
-# ------------------------------------------------------------------------------------------ experiment trackers
-REPORT_TO_HELP = ("Experiment trackers besides OUT/logs.jsonl, comma-separated, by accelerate's names: tensorboard "
-                  "(events in OUT/trackers/), wandb, mlflow, comet_ml, aim, clearml, dvclive, swanlab, trackio; all "
-                  "(every installed one) or none.")
-
-
-def report_to_option():
-    """``--report-to``, the same on every training command (``pretrain``, ``finetune``, ``reranker train``)."""
-    return typer.Option(None, "--report-to", help=REPORT_TO_HELP, show_default="none")

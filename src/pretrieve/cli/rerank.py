@@ -1,6 +1,7 @@
 """``pretrieve reranker train | score | teacher``: the cross-encoder from the command line.
 
-Thin wrappers: ``train`` (a ``--config`` YAML/JSON file first, flags override it) calls
+Thin wrappers: ``train`` (its options the declared :class:`pretrieve.train.settings.RerankerSettings`; a ``--config``
+YAML/JSON file first, flags override it) calls
 :func:`pretrieve.train.reranker.train_reranker`; ``score`` and ``teacher`` call
 :func:`pretrieve.retrieval.rerank.rerank_run_file` and :func:`pretrieve.retrieval.rerank.teacher_groups`. Progress
 bars go to stderr.
@@ -9,16 +10,14 @@ bars go to stderr.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 import typer
 from rich.console import Console
 
 from pretrieve.cli.root import app
-from pretrieve.cli.options import (DATA_HELP, REQUIRED, SCORING_PRECISION_HELP, AllowInexactResume, Bf16,
-                                   DivergenceFactor, GradientCheckpointing, LogEvery, MinLrRatio, NumWorkers, Overwrite,
-                                   Precision, Resume, SaveEvery, Schedule, Seed, Steps, WarmupRatio, WarmupSteps,
-                                   report_to_option, resolve_data, settings_option, training_config, training_flags)
+from pretrieve.cli.options import (DATA_HELP, SCORING_PRECISION_HELP, ConfigFile, resolve_data, settings_command,
+                                   training_config)
 from pretrieve.train.settings import RerankerSettings
 
 err = Console(stderr=True, emoji=False)
@@ -29,48 +28,13 @@ reranker_app = typer.Typer(help="Cross-encoder reranker: train on groups, re-ran
 app.add_typer(reranker_app, name="reranker")
 
 
-def _rr(name: str, *flags: str, **kwargs):
-    return settings_option(RerankerSettings, name, *flags, **kwargs)
-
-
 @reranker_app.command("train")
-def reranker_train_command(
-    model: Optional[str] = _rr("model", "--model", "-m", extra="Path, alias or hub name. " + REQUIRED),
-    data: Optional[str] = _rr("data", "--data", "-d", extra=REQUIRED),
-    groups: Optional[Path] = _rr("groups", "--groups", extra=REQUIRED),
-    out: Optional[Path] = _rr("out", "--out", "-o", extra=REQUIRED),
-    config: Optional[Path] = typer.Option(None, "--config", help="YAML/JSON file with any of these options."),
-    num_negatives: Optional[int] = _rr("num_negatives", "--num-negatives"),
-    max_len: Optional[int] = _rr("max_len", "--max-len"),
-    max_groups: Optional[int] = _rr("max_groups", "--max-groups"),
-    batch_size: Optional[int] = _rr("batch_size", "--batch-size"),
-    micro_batch_size: Optional[int] = typer.Option(None, "--micro-batch-size", help="Queries per forward pass.",
-                                                   show_default="batch_size / processes"),
-    lr: Optional[float] = _rr("lr", "--lr"),
-    steps: Steps = None,
-    epochs: Optional[float] = _rr("epochs", "--epochs"),
-    warmup_ratio: WarmupRatio = None,
-    warmup_steps: WarmupSteps = None,
-    schedule: Schedule = None,
-    min_lr_ratio: MinLrRatio = None,
-    precision: Precision = None,
-    bf16: Bf16 = None,
-    gradient_checkpointing: GradientCheckpointing = None,
-    num_workers: NumWorkers = None,
-    seed: Seed = None,
-    save_every: SaveEvery = None,
-    log_every: LogEvery = None,
-    resume: Resume = False,
-    overwrite: Overwrite = False,
-    allow_inexact_resume: AllowInexactResume = False,
-    divergence_factor: DivergenceFactor = None,
-    report_to: Optional[str] = report_to_option(),
-) -> None:
+@settings_command(RerankerSettings)
+def reranker_train_command(config: ConfigFile = None, **settings: Any) -> None:
     """Train a cross-encoder with listwise cross-entropy over each query's group (no in-batch negatives)."""
-    flags = training_flags(locals())   # first: the parameters only
     from pretrieve.train.reranker import build_reranker_config, train_reranker   # lazy: torch
 
-    final = train_reranker(training_config(build_reranker_config, config, flags, resume))
+    final = train_reranker(training_config(build_reranker_config, config, settings))
     typer.echo(f"reranker: {final}")
 
 

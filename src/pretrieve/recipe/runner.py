@@ -37,9 +37,10 @@ from pretrieve.io_utils import write_json
 from pretrieve.modeling.export import export_model
 from pretrieve.modeling.model_card import metrics_of
 from pretrieve.recipe.results import write_results
-from pretrieve.recipe.schema import STAGES, stage_labels
+from pretrieve.recipe.schema import STAGES, RecipeOptions, stage_labels
 from pretrieve.retrieval import runs
 from pretrieve.retrieval.cache import cached_index
+from pretrieve.train.settings import default_of
 
 logger = logging.getLogger(__name__)
 
@@ -91,7 +92,7 @@ class RunState:
         """A training stage's options with the recipe's seed unless the stage sets its own, and the recipe's
         experiment trackers (``report_to``)."""
         values = dict(options)
-        values.setdefault("seed", self.recipe.get("seed", 42))
+        values.setdefault("seed", self.recipe.get("seed", default_of(RecipeOptions, "seed")))
         values["report_to"] = self.recipe.get("report_to")
         return values
 

@@ -27,7 +27,7 @@ from pretrieve.options import join_path, validate
 from pretrieve.io_utils import load_config_file
 from pretrieve.recipe.dev import validate_dev
 from pretrieve.recipe.results import validate_expected
-from pretrieve.train.config import check_trackers
+from pretrieve.train.settings import LoopConfig, check_trackers, default_of
 
 #: ``needs(options, recipe, given, where)``: raises a :class:`ConfigError` (naming ``where``) unless what the stage
 #: needs was given by the stages before it (``given``: what each gave → the labels of the stages that gave it).
@@ -116,11 +116,11 @@ class RecipeOptions:
     stages: list[Any] = field(default_factory=list)
     name: str | None = None
     data_root: str | None = None
-    seed: int = 42
+    seed: int = default_of(LoopConfig, "seed")   # every training stage's, unless the stage sets its own
     dist_timeout_minutes: float | None = None   # under torchrun: the longest a rank waits (pretrieve.ranks: 60)
     dev: dict[str, Any] | None = None   # held-out training queries (pretrieve.recipe.dev): {seed}, {queries, seed}, {split}
     expected: list[Any] | None = None   # the paper's numbers (pretrieve.recipe.results.ExpectedNumbers), per row
-    report_to: str | list[str] | None = None   # every training stage's trackers (train.config.check_trackers)
+    report_to: str | list[str] | None = None   # every training stage's trackers (train.settings.check_trackers)
 
 
 def placeholder_config(schema: type, values: Mapping[str, Any]):

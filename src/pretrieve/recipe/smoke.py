@@ -47,6 +47,7 @@ from typing import Any, Mapping
 from pretrieve.recipe.dev import training_split
 from pretrieve.recipe.fixtures import smoke_collection, smoke_pairs, smoke_text_corpus, tiny_model
 from pretrieve.recipe.schema import STAGES
+from pretrieve.train.settings import default_of
 
 MAX_EVAL_COLLECTIONS = 3
 STEPS = 2
@@ -93,10 +94,10 @@ class SmokeKit:
         """A pre-training method with its pairs file sliced and PMI statistics files dropped."""
         return _smoke_method(method, self.data, self.smoke)
 
-    def training(self, options: Mapping[str, Any], caps: Mapping[str, tuple[Any, Any]],
+    def training(self, options: Mapping[str, Any], schema: type, caps: Mapping[str, Any],
                  defaults: bool = True) -> dict[str, Any]:
-        """A training stage's options within the smoke budget (:func:`capped`)."""
-        return capped(options, caps, defaults)
+        """A training stage's options (declared by ``schema``) within the smoke budget (:func:`capped`)."""
+        return capped(options, schema, caps, defaults)
 
 
 def smoke_recipe(recipe: Mapping[str, Any], out: str | Path | None = None) -> dict[str, Any]:
@@ -135,14 +136,14 @@ def _stage(entry: Any) -> tuple[str, dict[str, Any]]:
     return str(kind), dict(options or {})
 
 
-def capped(options: Mapping[str, Any], caps: Mapping[str, tuple[Any, Any]], defaults: bool) -> dict[str, Any]:
-    """Training options within the smoke budget: ``caps`` (option → (the stage's default, the smoke cap); a smaller
-    value in the recipe is kept), :data:`OPTIONAL_CAPS` and :data:`FIXED`; with ``defaults``, options the recipe
-    leaves at the stage's default are capped too (written out)."""
+def capped(options: Mapping[str, Any], schema: type, caps: Mapping[str, Any], defaults: bool) -> dict[str, Any]:
+    """Training options within the smoke budget: ``caps`` (option → the smoke cap; a smaller value in the recipe is
+    kept), :data:`OPTIONAL_CAPS` and :data:`FIXED`; with ``defaults``, options the recipe leaves at their default
+    (declared by ``schema``, :mod:`pretrieve.train.settings`) are capped too (written out)."""
     values = dict(options)
-    for key, (default, cap) in caps.items():
+    for key, cap in caps.items():
         if key in values or defaults:
-            value = values.get(key, default)
+            value = values.get(key, default_of(schema, key))
             values[key] = value if value is None else min(value, cap)
     for key, cap in OPTIONAL_CAPS.items():
         if values.get(key) is not None:

@@ -16,7 +16,7 @@ from transformers import PreTrainedModel
 from pretrieve.errors import ConfigError
 from pretrieve.modeling.mote import is_mote
 from pretrieve.precision import set_tf32
-from pretrieve.train.config import LoopConfig
+from pretrieve.train.settings import LoopConfig
 
 logger = logging.getLogger(__name__)
 

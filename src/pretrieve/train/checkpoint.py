@@ -36,7 +36,7 @@ from accelerate.utils import load as accelerate_load
 from pretrieve import artifacts
 from pretrieve.errors import InexactResumeError, PretrieveError, StaleOutputError
 from pretrieve.outputs import SPACE_ERRORS
-from pretrieve.train.config import RESUMABLE_CHANGES
+from pretrieve.train.settings import RESUMABLE_CHANGES
 
 logger = logging.getLogger(__name__)
 

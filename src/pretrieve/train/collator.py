@@ -1,4 +1,6 @@
-"""Pre-training collation: tokenized texts → one padded, masked batch with exactly the features required.
+"""Collation: pre-training texts → one padded, masked batch (:class:`PretrainCollator`), fine-tuning groups → a
+dual-encoder batch (:class:`GroupCollator`; the cross-encoder's pairs:
+:class:`pretrieve.train.reranker.PairGroupCollator`).
 
 :class:`PretrainCollator` takes examples ``{"input_ids": [...]}`` (already tokenized with special tokens,
 at most ``max_len`` ids) and returns a dict of tensors:
@@ -47,16 +49,22 @@ the generator is reseeded once from ``(seed, worker id)`` so workers never repea
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import torch
 from torch import Tensor
 from torch.utils.data import get_worker_info
 
+from pretrieve.data.groups import TrainingGroup, sample_group_indices
 from pretrieve.errors import ConfigError, InputError
 from pretrieve.masking import VocabInfo, enhanced_decoding_mask, masker_kind
 from pretrieve.masking.pmi import ImportanceMasker, NgramStatistics, importance_enhanced_mask, resolve_statistics
 from pretrieve.train.method import ALWAYS_PRODUCED, MaskerSpec, MethodConfig
+
+if TYPE_CHECKING:
+    from pretrieve.data.arrow import CorpusTexts
+    from pretrieve.data.beir import Corpus
 
 IGNORE_INDEX = -100
 
@@ -291,3 +299,56 @@ def unique_token_ids(ids: Tensor, keep: Tensor) -> Tensor:
     width = max(int((values != sentinel).sum(dim=1).max()), 1)
     values = values[:, :width]
     return values.masked_fill(values == sentinel, IGNORE_INDEX)
+
+
+# ------------------------------------------------------------------------------------------ fine-tuning groups
+class GroupCollator:
+    """Training groups → a dual-encoder batch (queries ``[B, Lq]``, passages ``[B·G, Lp]``, teacher scores).
+
+    Per group: one positive and ``num_negatives`` negatives drawn with a numpy generator seeded from the
+    loop's ``torch.Generator`` (all randomness comes from it); the positive comes first in each group of
+    ``G = 1 + num_negatives`` passages. ``teacher_scores=True`` adds the groups' teacher scores of the sampled
+    documents as ``teacher_scores`` ``[B, G]``.
+    """
+
+    def __init__(self, tokenizer, corpus: "Corpus | CorpusTexts", num_negatives: int, query_max_len: int = 32,
+                 passage_max_len: int = 144, teacher_scores: bool = False, query_prompt: str | None = None,
+                 passage_prompt: str | None = None, title_sep: str = " "):
+        self.tokenizer = tokenizer
+        self.title_sep = title_sep   # between a passage's title and text (pretrieve.data.records.title_separator)
+        self.prompts = {"query": query_prompt or "", "passage": passage_prompt or ""}
+        self.corpus = corpus
+        self.num_negatives = num_negatives
+        self.query_max_len = query_max_len
+        self.passage_max_len = passage_max_len
+        self.teacher_scores = teacher_scores
+
+    def __call__(self, groups: Sequence[TrainingGroup],
+                 generator: torch.Generator | None = None) -> dict[str, torch.Tensor]:
+        if generator is None:
+            generator = torch.Generator().manual_seed(0)
+        rng = np.random.default_rng(int(torch.randint(0, 2**62, (1,), generator=generator).item()))
+        passages: list[str] = []
+        teacher: list[list[float]] = []
+        for group in groups:
+            positive, negatives = sample_group_indices(group, self.num_negatives, rng)
+            ids = [group.positives[positive]] + [group.negatives[i] for i in negatives]
+            passages.extend(self.corpus.texts_of(ids) if self.title_sep == " " else
+                            self.corpus.texts_of(ids, self.title_sep))   # any corpus with texts_of(ids) serves
+            if self.teacher_scores:
+                if not group.has_scores:
+                    raise InputError(f"training group of query '{group.query_id}' has no teacher scores",
+                                     field="positive_scores")
+                teacher.append([group.positive_scores[positive]] + [group.negative_scores[i] for i in negatives])
+        batch = self._tokenize("query", [group.query for group in groups], self.query_max_len)
+        batch.update(self._tokenize("passage", passages, self.passage_max_len))
+        if self.teacher_scores:
+            batch["teacher_scores"] = torch.tensor(teacher, dtype=torch.float32)
+        return batch
+
+    def _tokenize(self, prefix: str, texts: list[str], max_length: int) -> dict[str, torch.Tensor]:
+        if self.prompts[prefix]:     # as sentence-transformers does: the prompt string before the text
+            texts = [self.prompts[prefix] + text for text in texts]
+        encoded = self.tokenizer(texts, padding=True, truncation=True, max_length=max_length, return_tensors="pt")
+        keys = ("input_ids", "attention_mask", "token_type_ids")
+        return {f"{prefix}_{key}": encoded[key] for key in keys if key in encoded}

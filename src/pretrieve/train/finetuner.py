@@ -58,7 +58,7 @@ import dataclasses
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Mapping
 
 import numpy as np
 import pyarrow.compute as pc
@@ -68,13 +68,12 @@ from transformers import AutoConfig, AutoTokenizer
 from pretrieve import artifacts, ranks
 from pretrieve.data.arrow import CorpusTexts, groups_dataset
 from pretrieve.ranks import built_once
-from pretrieve.data.beir import Corpus
 from pretrieve.data.collection import BeirCollection
-from pretrieve.data.groups import TrainingGroup, sample_group_indices, write_groups
-from pretrieve.data.records import TITLE_JOINS, title_separator
+from pretrieve.data.groups import TrainingGroup, write_groups
+from pretrieve.data.records import title_separator
 from pretrieve.data.registry import resolve_collection
 from pretrieve.errors import ConfigError, InputError
-from pretrieve.evaluation.metrics import RunEvaluator, parse_measure, parse_measures
+from pretrieve.evaluation.metrics import RunEvaluator, parse_measures
 from pretrieve.io_utils import write_json
 from pretrieve.modeling.dual_encoder import DualEncoder, RetrievalLoss
 from pretrieve.modeling.export import export_retriever
@@ -85,19 +84,18 @@ from pretrieve.retrieval.load import load_retriever
 from pretrieve.retrieval.runs import bm25_negatives
 from pretrieve.retrieval.search import search
 from pretrieve.modeling.sentence_transformer import ModelFiles, read_sentence_transformers_config
-from pretrieve.train.config import BOOKKEEPING, LoopConfig
+from pretrieve.train.collator import GroupCollator
 from pretrieve.train.evaluator import Evaluation
 from pretrieve.train.pretrainer import check_max_len
 from pretrieve.train.run import TrainingRun
 from pretrieve.train.run_config import validated_values
-from pretrieve.train.settings import FinetuneSettings
+from pretrieve.train.settings import BOOKKEEPING, DEFAULT_EVAL_SPLIT, FinetuneSettings
 
 if TYPE_CHECKING:
     from pretrieve.data.arrow import GroupsDataset
 
 logger = logging.getLogger(__name__)
 
-STAGES = (1, 2, 3)
 EVAL_DEPTH = 1000
 """Results per dev query searched at each evaluation (as ``pretrieve evaluate``'s runs)."""
 BM25_GROUPS_FILE = "bm25_groups.jsonl"
@@ -109,55 +107,14 @@ PATH_SETTINGS = ("model", "data", "out", "groups", "eval_data")
 #: Settings of the evaluation while training: part of a run's settings only when it evaluates (``eval_steps`` > 0),
 #: so runs made before these options existed stay current.
 EVAL_SETTINGS = ("eval_steps", "eval_split", "eval_measures", "metric_for_best")
-DEFAULT_EVAL_SPLIT = "dev"
 PROMPT_SETTINGS = ("query_prompt", "passage_prompt")
 COSINE_TEMPERATURE = 0.05
-#: LoopConfig fields that do not change what a run computes (ignored when deciding whether a run is done).
 
 
 @dataclass
-class FinetuneConfig(FinetuneSettings, LoopConfig):
-    """One fine-tuning stage: data, model, representation, loss and loop settings (module docstring: defaults)."""
-
-    def check(self) -> None:
-        """Validate the settings that do not depend on files (raises :class:`ConfigError`)."""
-        missing = [name for name in ("model", "data", "out") if not getattr(self, name)]
-        if missing:
-            raise ConfigError(f"missing required option(s): {', '.join('--' + m for m in missing)}")
-        if self.stage not in STAGES:
-            raise ConfigError(f"stage must be 1, 2 or 3, got {self.stage}")
-        if self.num_negatives < 0:
-            raise ConfigError(f"num_negatives must be >= 0, got {self.num_negatives}")
-        if self.num_negatives == 0 and not self.in_batch:
-            raise ConfigError("num_negatives 0 without in-batch negatives leaves no negative at all")
-        if self.stage == 3 and self.num_negatives == 0:
-            raise ConfigError("stage 3 distils the teacher over each query's group: num_negatives must be >= 1")
-        for name in ("query_max_len", "passage_max_len", "bm25_depth"):
-            if getattr(self, name) < 2:
-                raise ConfigError(f"{name} must be >= 2, got {getattr(self, name)}")
-        if self.max_groups is not None and self.max_groups < 1:
-            raise ConfigError(f"max_groups must be >= 1, got {self.max_groups}")
-        if self.title_join not in TITLE_JOINS:
-            raise ConfigError(f"title_join must be one of {', '.join(TITLE_JOINS)}, got {self.title_join!r}")
-        if self.on_unknown not in ("error", "skip"):
-            raise ConfigError(f"on_unknown must be 'error' or 'skip', got {self.on_unknown!r}")
-        self.check_evaluation()
-        if self.grad_cache_chunk is not None and (isinstance(self.grad_cache_chunk, bool)
-                                                  or not isinstance(self.grad_cache_chunk, int)
-                                                  or self.grad_cache_chunk < 1):
-            raise ConfigError(f"grad_cache_chunk must be an integer >= 1, got {self.grad_cache_chunk!r}")
-
-    def check_evaluation(self) -> None:
-        """The evaluation while training: a step count, known measures, dev queries other than the training ones."""
-        if isinstance(self.eval_steps, bool) or not isinstance(self.eval_steps, int) or self.eval_steps < 0:
-            raise ConfigError(f"eval_steps must be an integer >= 0, got {self.eval_steps!r}")
-        if not self.eval_steps:
-            return
-        parse_measures(self.eval_measures)
-        parse_measure(self.metric_for_best)
-        if not self.eval_data and (self.eval_split or DEFAULT_EVAL_SPLIT) == self.split:
-            raise ConfigError(f"eval_split: '{self.split}' is the split this run trains on; evaluate on held-out "
-                              "queries (another split, or eval_data: another collection)")
+class FinetuneConfig(FinetuneSettings):
+    """One fine-tuning stage (its settings and their checks: :class:`~pretrieve.train.settings.FinetuneSettings`;
+    defaults: the module docstring) and what the run makes of them: its compared settings and its inputs."""
 
     def evaluated_measures(self) -> list[str]:
         """``eval_measures`` with ``metric_for_best`` (added when missing)."""
@@ -190,59 +147,6 @@ class FinetuneConfig(FinetuneSettings, LoopConfig):
         return BeirCollection(resolve_collection(self.eval_data) if self.eval_data else Path(self.data))
 
 
-
-
-# ------------------------------------------------------------------------------------------ collation
-class GroupCollator:
-    """Training groups → a dual-encoder batch (queries ``[B, Lq]``, passages ``[B·G, Lp]``, teacher scores).
-
-    Per group: one positive and ``num_negatives`` negatives drawn with a numpy generator seeded from the
-    loop's ``torch.Generator`` (all randomness comes from it); the positive comes first in each group of
-    ``G = 1 + num_negatives`` passages. ``teacher_scores=True`` adds the groups' teacher scores of the sampled
-    documents as ``teacher_scores`` ``[B, G]``.
-    """
-
-    def __init__(self, tokenizer, corpus: "Corpus | CorpusTexts", num_negatives: int, query_max_len: int = 32,
-                 passage_max_len: int = 144, teacher_scores: bool = False, query_prompt: str | None = None,
-                 passage_prompt: str | None = None, title_sep: str = " "):
-        self.tokenizer = tokenizer
-        self.title_sep = title_sep   # between a passage's title and text (pretrieve.data.records.title_separator)
-        self.prompts = {"query": query_prompt or "", "passage": passage_prompt or ""}
-        self.corpus = corpus
-        self.num_negatives = num_negatives
-        self.query_max_len = query_max_len
-        self.passage_max_len = passage_max_len
-        self.teacher_scores = teacher_scores
-
-    def __call__(self, groups: Sequence[TrainingGroup],
-                 generator: torch.Generator | None = None) -> dict[str, torch.Tensor]:
-        if generator is None:
-            generator = torch.Generator().manual_seed(0)
-        rng = np.random.default_rng(int(torch.randint(0, 2**62, (1,), generator=generator).item()))
-        passages: list[str] = []
-        teacher: list[list[float]] = []
-        for group in groups:
-            positive, negatives = sample_group_indices(group, self.num_negatives, rng)
-            ids = [group.positives[positive]] + [group.negatives[i] for i in negatives]
-            passages.extend(self.corpus.texts_of(ids) if self.title_sep == " " else
-                            self.corpus.texts_of(ids, self.title_sep))   # any corpus with texts_of(ids) serves
-            if self.teacher_scores:
-                if not group.has_scores:
-                    raise InputError(f"training group of query '{group.query_id}' has no teacher scores",
-                                     field="positive_scores")
-                teacher.append([group.positive_scores[positive]] + [group.negative_scores[i] for i in negatives])
-        batch = self._tokenize("query", [group.query for group in groups], self.query_max_len)
-        batch.update(self._tokenize("passage", passages, self.passage_max_len))
-        if self.teacher_scores:
-            batch["teacher_scores"] = torch.tensor(teacher, dtype=torch.float32)
-        return batch
-
-    def _tokenize(self, prefix: str, texts: list[str], max_length: int) -> dict[str, torch.Tensor]:
-        if self.prompts[prefix]:     # as sentence-transformers does: the prompt string before the text
-            texts = [self.prompts[prefix] + text for text in texts]
-        encoded = self.tokenizer(texts, padding=True, truncation=True, max_length=max_length, return_tensors="pt")
-        keys = ("input_ids", "attention_mask", "token_type_ids")
-        return {f"{prefix}_{key}": encoded[key] for key in keys if key in encoded}
 
 
 # ----------------------------------------------------------------------------------------- resolution

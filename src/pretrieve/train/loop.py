@@ -91,7 +91,7 @@ from pretrieve.progress import Progress
 from pretrieve.provenance import provenance
 from pretrieve.train import checkpoint as ckpt
 from pretrieve.train.accelerator import enable_gradient_checkpointing, leaves_parameters_unused, make_accelerator
-from pretrieve.train.config import LoopConfig
+from pretrieve.train.settings import LoopConfig
 from pretrieve.train.evaluator import BEST_KEY, BestModel, Evaluation, log_values
 from pretrieve.train.grad_cache import average_gradients, grad_cached_step
 from pretrieve.train.guard import (WEIGHT_GROWTH, WEIGHT_NORM_KEY, DivergenceGuard, WeightCheck, stop_diverged,

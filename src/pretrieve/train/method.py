@@ -117,6 +117,7 @@ from types import ModuleType
 from typing import Any, Mapping
 
 from pretrieve.data.spans import ContextSpec
+from pretrieve.train import presets
 from pretrieve.errors import ConfigError
 from pretrieve.io_utils import load_config_file
 from pretrieve.masking import MASKERS, masker_kind
@@ -318,25 +319,7 @@ class MethodConfig:
 _OPTIONAL_FIELDS = ("context", "mote", "mote_swap", "bottleneck", "trainer")
 
 
-DEFAULT_DECODER_MASKER = MaskerSpec(kind="wwm", ratio=0.5)
-_ENCODER_MASKER = MaskerSpec(kind="wwm", ratio=0.3)
-_BERT_TOKEN_MASKER = MaskerSpec(kind="token", ratio=0.15)  # CPDAE §3.1.1: "the masking strategy in BERT"
-
-
-_BOW_DECAY = {"cosine_decay_to": 0.1}
-_DUPMAE_QUERY = {"query_stream": "embeddings"}
-_COTMOTE_DECODER = {"num_layers": 1, "direction_weights": [1.0, 0.0], "attention_window": 3}
-
-
-def _cpdae_preset(name: str, contrast: str) -> MethodConfig:
-    return MethodConfig(name, _BERT_TOKEN_MASKER, (
-        ObjectiveSpec("mlm_views"),
-        ObjectiveSpec("cpdae", 1.0, {"contrast": contrast, "cl_weight": 0.1, "rec_reduction": "mean"})))
-
-
-_CDMAE = MethodConfig("cdmae", _ENCODER_MASKER,
-                      (ObjectiveSpec("mlm"), ObjectiveSpec("ae", params={"num_layers": 2, "projection": True})),
-                      decoder_masker=MaskerSpec(kind="pmi", ratio=0.5))
+DEFAULT_DECODER_MASKER = MaskerSpec(**presets.DECODER_MASKER)
 
 TRAINERS: dict[str, str] = {"tsdae": "pretrieve.train.tsdae"}
 """Methods whose model is not a ``PretrainModel``, and the module that trains it (:func:`trainer_module`). Such a
@@ -349,44 +332,6 @@ probes of intermediate steps. A new trainer is that module and its entry here.""
 def trainer_module(method: "MethodConfig") -> ModuleType:
     """The module that trains ``method`` (a validated method with a ``trainer``), imported when first asked for."""
     return importlib.import_module(TRAINERS[method.trainer])
-
-PRESETS: dict[str, MethodConfig] = {
-    "mlm": MethodConfig("mlm", _ENCODER_MASKER, (ObjectiveSpec("mlm"),)),
-    # BoW (Drop your Decoder, Ma et al. 2024): the authors' code decays the BoW weight by a cosine from 1 to 0.1 (objectives/bow.py)
-    "bow": MethodConfig("bow", _ENCODER_MASKER, (ObjectiveSpec("mlm"), ObjectiveSpec("bow", params=_BOW_DECAY))),
-    "ae": MethodConfig("ae", _ENCODER_MASKER, (ObjectiveSpec("mlm"), ObjectiveSpec("ae", params={"num_layers": 1})),
-                       decoder_masker=DEFAULT_DECODER_MASKER),
-    "ar": MethodConfig("ar", _ENCODER_MASKER, (ObjectiveSpec("mlm"), ObjectiveSpec("ar", params={"num_layers": 1}))),
-    "retromae": MethodConfig("retromae", _ENCODER_MASKER, (ObjectiveSpec("mlm"), ObjectiveSpec("enhanced")),
-                             decoder_masker=DEFAULT_DECODER_MASKER),
-    "cpdae": _cpdae_preset("cpdae", "js"),
-    "cpdae-r": _cpdae_preset("cpdae-r", "dense"),
-    "cdmae": _CDMAE,
-    # the matched control of CDMAE's "PMI masking > random masking": only the decoder masker differs
-    "cdmae-random": replace(_CDMAE, name="cdmae-random", decoder_masker=DEFAULT_DECODER_MASKER),
-    # DupMAE (Xiao & Liu 2022, §3.2 eq. 9, masks §4); "-code": the authors' OT-BoW variant and 0.1 weight (ot_bow.py)
-    # both: the decoder query stream through the embedding layer, as the authors' modeling_duplex.py (enhanced.py)
-    "dupmae": MethodConfig("dupmae", _ENCODER_MASKER, (ObjectiveSpec("mlm"), ObjectiveSpec("enhanced", params=_DUPMAE_QUERY),
-                                                       ObjectiveSpec("ot_bow")), decoder_masker=DEFAULT_DECODER_MASKER),
-    "dupmae-code": MethodConfig("dupmae-code", _ENCODER_MASKER, (
-        ObjectiveSpec("mlm"), ObjectiveSpec("enhanced", params=_DUPMAE_QUERY),
-        ObjectiveSpec("ot_bow", 0.1, {"variant": "code"})), decoder_masker=DEFAULT_DECODER_MASKER),
-    # CoT-MAE (Wu et al. 2023): encoder 0.30, decoder 0.45, 2-layer AE decoder, mixed same-document spans
-    "cotmae": MethodConfig("cotmae", _ENCODER_MASKER, (ObjectiveSpec("mlm_spans"),
-                                                       ObjectiveSpec("context_ae", params={"num_layers": 2})),
-                           decoder_masker=MaskerSpec(kind="wwm", ratio=0.45), context=ContextSpec(kind="mixed")),
-    # CoT-MoTE (Ma et al. 2023, §3.2, §4.1): passage/query pairs, 1-layer auto-regressive decoder generating the query
-    # from the passage's [CLS] only (eq. 12), attention window 3 (CoT-MAE-qc's code), MoTE experts
-    "cotmote": MethodConfig("cotmote", _ENCODER_MASKER, (ObjectiveSpec("mlm_spans"),
-                                                         ObjectiveSpec("context_ar", params=_COTMOTE_DECODER)),
-                            context=ContextSpec(kind="pairs"), mote=True),
-    "cotmote-swap": MethodConfig("cotmote-swap", _ENCODER_MASKER, (
-        ObjectiveSpec("mlm_spans"), ObjectiveSpec("context_ar", params=_COTMOTE_DECODER)),
-        context=ContextSpec(kind="pairs"), mote=True, mote_swap=True),
-    # TSDAE (Wang et al. 2021): sentence-transformers' DenoisingAutoEncoderLoss, trained by pretrieve.train.tsdae
-    "tsdae": MethodConfig("tsdae", MaskerSpec(ratio=0.0), (), trainer="tsdae"),
-}
-
 
 def preset(name: str) -> MethodConfig:
     """A named method; :class:`ConfigError` listing the presets when unknown."""
@@ -411,7 +356,7 @@ def method_from_mapping(data: Any, where: str = "method") -> MethodConfig:
     if base_name is None:
         if "objectives" not in data:
             raise ConfigError(f"{where}: give 'objectives' or a 'base' preset ({', '.join(PRESETS)})")
-        merged: dict[str, Any] = {"name": "custom", "encoder_masker": _ENCODER_MASKER.to_dict(),
+        merged: dict[str, Any] = {"name": "custom", "encoder_masker": dict(presets.ENCODER_MASKER),
                                   "decoder_masker": None}
     else:
         merged = preset(str(base_name)).to_dict()
@@ -441,7 +386,7 @@ def resolve_method(method: str | Path | None = None, *, objectives: str | None =
     if method is None:
         if objectives is None:
             raise ConfigError(f"give a method (one of {', '.join(PRESETS)} or a .yaml/.json file) or objectives=...")
-        config = MethodConfig("custom", _ENCODER_MASKER, tuple(ObjectiveSpec(n) for n in _split(objectives)))
+        config = MethodConfig("custom", MaskerSpec(**presets.ENCODER_MASKER), tuple(ObjectiveSpec(n) for n in _split(objectives)))
     elif str(method) not in PRESETS and (Path(method).suffix.lower() in (".yaml", ".yml", ".json")
                                          or Path(method).is_file()):
         config = load_method_file(method)
@@ -591,3 +536,8 @@ def _reject_unknown(data: Mapping[str, Any], known: set[str], where: str) -> Non
     if unknown:
         raise ConfigError(f"{where}: unknown field(s) {', '.join(map(str, unknown))}; "
                           f"known fields: {', '.join(sorted(known))}")
+
+
+PRESETS: dict[str, MethodConfig] = {name: MethodConfig.from_dict({"name": name, **data}, f"preset {name}")
+                                     for name, data in presets.PRESETS.items()}
+"""The named methods (:mod:`pretrieve.train.presets`, plain data), validated against the registries."""

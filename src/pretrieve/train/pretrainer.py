@@ -41,7 +41,7 @@ from pretrieve.modeling.pretrain_model import PretrainModel
 from pretrieve.modeling.sentence_transformer import ModelFiles, read_sentence_transformers_config
 from pretrieve.models import model_label, no_remote_code
 from pretrieve.train.collator import PretrainCollator
-from pretrieve.train.config import BOOKKEEPING, LoopConfig
+from pretrieve.train.settings import BOOKKEEPING, PretrainSettings
 from pretrieve.train.method import MethodConfig, resolve_method, trainer_module
 from pretrieve.train.run import TrainingRun
 
@@ -56,32 +56,8 @@ PATH_SETTINGS = ("model", "corpus", "out", "cache_dir")
 
 
 @dataclass
-class PretrainConfig(LoopConfig):
-    """One pre-training run: what to train on, the method, and the loop settings."""
-
-    model: str = ""
-    corpus: str | list[str] = ""
-    """One source, or several concatenated in order (a list, or comma-separated; pretrieve.data.pretrain_text)."""
-    out: str = ""
-    method: Any = "bow"
-    max_len: int = 144
-    cache_dir: str | None = None
-    num_proc: int | None = None  # processes that build the token cache (default: by input size, up to the CPUs)
-    pack: bool = False
-    """Pack consecutive sentences of each document into examples of up to ``max_len`` (pretrieve.data.packing)."""
-    pack_across: list[str] | None = None
-    """Sources of ``corpus`` whose consecutive documents are packed into one another (BookCorpus's sentence rows)."""
-    short_seq_prob: float = 0.0
-    """Packing: the probability that an example's target length is drawn uniformly from [3, max_len - 2]."""
-
-    def validate(self, world_size: int = 1) -> None:
-        super().validate(world_size)
-        if not 0 <= self.short_seq_prob < 1:
-            raise ConfigError(f"short_seq_prob must be in [0, 1), got {self.short_seq_prob}")
-        if not self.pack and (self.pack_across or self.short_seq_prob):
-            raise ConfigError("pack_across and short_seq_prob are packing settings: set pack: true")
-        if self.pack and isinstance(self.method, MethodConfig) and self.method.context is not None:
-            raise ConfigError("pack: the contextual methods pack their own spans (pretrieve.data.spans); drop pack")
+class PretrainConfig(PretrainSettings):
+    """One pre-training run (its settings: :class:`~pretrieve.train.settings.PretrainSettings`)."""
 
     def packing(self) -> Packing | None:
         """The corpus's :class:`~pretrieve.data.packing.Packing` (None: each document chunked alone)."""

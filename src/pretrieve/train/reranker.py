@@ -29,16 +29,15 @@ from pretrieve.ranks import built_once
 from pretrieve.data.beir import Corpus
 from pretrieve.data.collection import BeirCollection
 from pretrieve.data.groups import TrainingGroup, sample_group_indices
-from pretrieve.errors import ConfigError, InputError
+from pretrieve.errors import InputError
 from pretrieve.io_utils import write_json
 from pretrieve.modeling.cross_encoder import CONFIG_FILE, CrossEncoder, tokenize_pairs
 from pretrieve.models import no_remote_code, resolve_model
 from pretrieve.options import build
-from pretrieve.train.config import BOOKKEEPING, LoopConfig
 from pretrieve.train.loop import read_logs
 from pretrieve.train.run import TrainingRun
 from pretrieve.train.run_config import validated_values
-from pretrieve.train.settings import RerankerSettings
+from pretrieve.train.settings import BOOKKEEPING, RerankerSettings
 
 logger = logging.getLogger(__name__)
 
@@ -48,22 +47,8 @@ PATH_SETTINGS = ("model", "data", "groups", "out")
 
 
 @dataclass
-class RerankerConfig(RerankerSettings, LoopConfig):
-    """Cross-encoder training: model, groups and loop settings."""
-
-    def check(self) -> None:
-        missing = [name for name in ("model", "data", "groups", "out") if not getattr(self, name)]
-        if missing:
-            raise ConfigError(f"missing required option(s): {', '.join('--' + m for m in missing)}")
-        if self.num_negatives < 1:
-            raise ConfigError("the listwise loss needs negatives: num_negatives must be >= 1, "
-                              f"got {self.num_negatives}")
-        if self.max_len < 4:
-            raise ConfigError(f"max_len must be >= 4, got {self.max_len}")
-        if self.on_unknown not in ("error", "skip"):
-            raise ConfigError(f"on_unknown must be 'error' or 'skip', got {self.on_unknown!r}")
-
-
+class RerankerConfig(RerankerSettings):
+    """Cross-encoder training (its settings and their checks: :class:`~pretrieve.train.settings.RerankerSettings`)."""
 
 
 # ------------------------------------------------------------------------------------------- batches

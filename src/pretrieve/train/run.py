@@ -42,7 +42,7 @@ from pretrieve.errors import ConfigError, StaleOutputError
 from pretrieve.io_utils import atomic_dir, write_json
 from pretrieve.train import checkpoint as ckpt
 from pretrieve.train.accelerator import TRACKERS_DIR, make_accelerator
-from pretrieve.train.config import LoopConfig
+from pretrieve.train.settings import LoopConfig
 from pretrieve.train.loop import train
 
 logger = logging.getLogger(__name__)

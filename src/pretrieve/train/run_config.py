@@ -1,4 +1,5 @@
-"""Run configurations from files and flags: YAML/JSON file first, command-line flags override it.
+"""A run's configuration from a file and flags: YAML/JSON file first, command-line flags override it (the settings
+themselves are declared in :mod:`pretrieve.train.settings`).
 
 Files are read by :func:`pretrieve.io_utils.load_config_file` (one line ``file:line: problem`` for a syntax error).
 Every value goes through the one validating loader (:mod:`pretrieve.options`): unknown keys are errors (a typo
@@ -9,7 +10,6 @@ required settings missing from both the file and the flags are reported before a
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any, Mapping
 
 from pretrieve.errors import ConfigError
@@ -18,23 +18,7 @@ from pretrieve.models import resolve_model
 from pretrieve.options import validate
 from pretrieve.train.method import apply_overrides, method_from_mapping, resolve_method
 from pretrieve.train.pretrainer import PretrainConfig
-
-METHOD_FLAG_KEYS = ("objectives", "weights", "encoder_mask", "decoder_mask", "encoder_masker", "decoder_masker",
-                    "bottleneck")
-
-
-@dataclass
-class PretrainOptions(PretrainConfig):
-    """What a pre-training config file (or a recipe's ``pretrain`` stage) may set: the run's settings plus the
-    method overrides of the command line (applied to ``method``)."""
-
-    objectives: str | list[str] | None = None
-    weights: str | list[float] | None = None
-    encoder_mask: float | None = None
-    decoder_mask: float | None = None
-    encoder_masker: str | None = None
-    decoder_masker: str | None = None
-    bottleneck: str | None = None
+from pretrieve.train.settings import METHOD_OVERRIDES, PretrainOptions, default_of
 
 
 def merge(file_values: Mapping[str, Any], flags: Mapping[str, Any]) -> dict[str, Any]:
@@ -55,11 +39,12 @@ def validated_values(schema: type, file_values: Mapping[str, Any], flags: Mappin
 def resolve_pretrain_method(values: dict[str, Any], method_flags: Mapping[str, Any], where: str = "config"):
     """Pop ``method`` and the method overrides from ``values`` (flags in ``method_flags`` win) and return the
     resolved, validated :class:`~pretrieve.train.method.MethodConfig` (preset, file or mapping + overrides)."""
-    method_value = method_flags.get("method") or values.pop("method", None) or "bow"
+    method_value = (method_flags.get("method") or values.pop("method", None)
+                    or default_of(PretrainOptions, "method"))
     values.pop("method", None)
     overrides = {key: method_flags.get(key) if method_flags.get(key) is not None else values.pop(key, None)
-                 for key in METHOD_FLAG_KEYS}
-    for key in METHOD_FLAG_KEYS:
+                 for key in METHOD_OVERRIDES}
+    for key in METHOD_OVERRIDES:
         values.pop(key, None)
     if isinstance(method_value, Mapping):
         return apply_overrides(method_from_mapping(method_value, where=where), where=where, **overrides)

@@ -25,7 +25,7 @@ from pretrieve.precision import check_precision
 from pretrieve.recipe.fixtures import tiny_model, write_fixture_collection
 from pretrieve.retrieval.load import ModelFiles, read_sentence_transformers_config
 from pretrieve.train.finetuner import FinetuneConfig
-from pretrieve.train.run_config import METHOD_FLAG_KEYS, PretrainOptions
+from pretrieve.train.settings import METHOD_OVERRIDES, PretrainOptions
 
 logger = logging.getLogger(__name__)
 
@@ -268,7 +268,7 @@ def smoke_settings(settings: QualityBenchSettings, explicit_methods: bool = True
     methods = tuple(settings.methods) if explicit_methods else SMOKE_METHODS
     return replace(settings, base=model, train=str(collection), eval=(), pretrain_data=None, methods=methods,
                    pretrain={**SMOKE_PRETRAIN, **{key: value for key, value in settings.pretrain.items()
-                                                  if key in METHOD_FLAG_KEYS}},   # budgets shrink, methods stay
+                                                  if key in METHOD_OVERRIDES}},   # budgets shrink, methods stay
                    finetune=dict(SMOKE_FINETUNE), finetune_per_method={},
                    depth=100, coverage_texts=8, dev_queries=min(settings.dev_queries, 4), grid=grid,
                    grid_grow=grow,

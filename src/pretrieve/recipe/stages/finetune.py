@@ -25,9 +25,8 @@ from pretrieve.train.finetuner import FinetuneConfig, build_finetune_config, fin
 #: Stage → what its groups come from (the ``gives`` of the stage that made them).
 GROUPS = {2: "mined", 3: "teacher"}
 PRODUCERS = {"mined": "mine", "teacher": "teacher"}
-#: ``--smoke``: option → (its default, the smoke cap).
-SMOKE_CAPS = {"num_negatives": (7, 3), "query_max_len": (32, 16), "passage_max_len": (144, 48),
-              "bm25_depth": (1000, 30)}
+#: ``--smoke``: option → the smoke cap (its default: the declaration's).
+SMOKE_CAPS = {"num_negatives": 3, "query_max_len": 16, "passage_max_len": 48, "bm25_depth": 30}
 
 
 @dataclass
@@ -56,7 +55,7 @@ def smoke(options: dict[str, Any], kit) -> dict[str, Any]:
     """``--smoke``: the training budget (:class:`pretrieve.recipe.smoke.SmokeKit`); the recipe's shared ``finetune``
     options are capped with the defaults written out, a stage's own values only (it inherits the capped shared
     ones)."""
-    return kit.training(options, SMOKE_CAPS, defaults=kit.shared)
+    return kit.training(options, FinetuneConfig, SMOKE_CAPS, defaults=kit.shared)
 
 
 def reads(options: Mapping[str, Any], recipe: Mapping[str, Any]) -> list[tuple[str, str | None]]:

@@ -14,7 +14,8 @@ from pretrieve.data.pretrain_text import split_corpus
 from pretrieve.recipe.runner import RunState
 from pretrieve.recipe.schema import RECIPE_SETS, placeholder_config, stage
 from pretrieve.train import pretrainer
-from pretrieve.train.run_config import PretrainOptions, build_pretrain_config, resolve_pretrain_method
+from pretrieve.train.run_config import build_pretrain_config, resolve_pretrain_method
+from pretrieve.train.settings import PretrainOptions
 
 
 def check_pretrain(options: dict[str, Any], where: str) -> None:
@@ -23,14 +24,14 @@ def check_pretrain(options: dict[str, Any], where: str) -> None:
     placeholder_config(pretrainer.PretrainConfig, values).validate(1)
 
 
-#: ``--smoke``: option → (its default, the smoke cap).
-SMOKE_CAPS = {"max_len": (144, 48)}
+#: ``--smoke``: option → the smoke cap (its default: the declaration's).
+SMOKE_CAPS = {"max_len": 48}
 
 
 def smoke(options: dict[str, Any], kit) -> dict[str, Any]:
     """``--smoke``: the training budget, a small text corpus standing for ``corpus`` (and for the sources packed
     across documents), and the method's pairs file sliced (its PMI statistics files dropped)."""
-    options = kit.training(options, SMOKE_CAPS)
+    options = kit.training(options, PretrainOptions, SMOKE_CAPS)
     if "corpus" in options:
         options["corpus"] = kit.text_corpus(options["corpus"])
         if options.get("pack_across"):
@@ -58,7 +59,6 @@ def stage_pretrain(state: RunState, options: dict[str, Any], label: str, show_pr
     values["corpus"] = sources[0] if len(sources) == 1 else sources   # several: concatenated in order
     if values.get("pack_across"):   # named as in corpus
         values["pack_across"] = [str(state.collections.get(str(source), source)) for source in values["pack_across"]]
-    method = values.pop("method", "bow")
     flags = {**values, "model": state.init_model, "out": str(out), "show_progress": show_progress}
-    config = build_pretrain_config({}, flags, {"method": method}, resume=True)
+    config = build_pretrain_config({}, flags, {}, resume=True)
     state.give("pretrained", label, str(pretrainer.pretrain(config)))   # skipped when finished with the same settings

@@ -11,8 +11,8 @@ from pretrieve.recipe.schema import RECIPE_SETS, check_training, stage
 from pretrieve.train.reranker import RerankerConfig, build_reranker_config, train_reranker
 
 
-#: ``--smoke``: option → (its default, the smoke cap).
-SMOKE_CAPS = {"num_negatives": (7, 3), "max_len": (192, 64)}
+#: ``--smoke``: option → the smoke cap (its default: the declaration's).
+SMOKE_CAPS = {"num_negatives": 3, "max_len": 64}
 
 
 def needs(options: Mapping[str, Any], recipe: Mapping[str, Any], given: Mapping[str, list[str]], where: str) -> None:
@@ -22,7 +22,7 @@ def needs(options: Mapping[str, Any], recipe: Mapping[str, Any], given: Mapping[
 
 def smoke(options: dict[str, Any], kit) -> dict[str, Any]:
     """``--smoke``: the training budget, and a tiny model of the family of the one it names."""
-    options = kit.training(options, SMOKE_CAPS)
+    options = kit.training(options, RerankerConfig, SMOKE_CAPS)
     if "model" in options:
         options["model"] = kit.tiny_model(options["model"])
     return options

@@ -3,7 +3,7 @@
 
 ``max_negatives`` is the depth stage 3 samples from: the teacher scores each group's first ``max_negatives`` mined
 negatives (all of them when unset), and fine-tuning stage 3 draws its ``num_negatives`` from those at every step,
-seeded and re-drawn every epoch (:class:`pretrieve.train.finetuner.GroupCollator`) — CDMAE's K₃ = 200 and DupMAE's
+seeded and re-drawn every epoch (:class:`pretrieve.train.collator.GroupCollator`) — CDMAE's K₃ = 200 and DupMAE's
 ``sample_neg_from_topk 200`` are ``max_negatives: 200`` over a ``mine`` of depth 200.
 """
 
