@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 import torch
+from transformers.utils import logging as hf_logging
 
 from pretrieve.bench.quality.cell import (Bench, checkpoint_digest, derived_collection,  # noqa: F401 (API)
                                           prepare_cell, prepare_pairs)
@@ -188,7 +189,6 @@ def run_jobs(settings: QualityBenchSettings, plan: Plan, parallel: int, say: Cal
 def quiet_library_bars() -> None:
     """A cell's process (spawned: the CLI's logging set-up is not inherited) draws no library tqdm bars ("Loading
     weights" frames in the harness's log file); its own work is reported by the harness's lines."""
-    from transformers.utils import logging as hf_logging  # lazy: transformers
     hf_logging.disable_progress_bar()
 
 
