@@ -107,6 +107,26 @@ def recipe_defaults():
     return experiment_script("recipe_defaults")
 
 
+def test_the_cross_collection_check_adds_the_zero_shot_collections_to_the_demos_own_run(tmp_path):
+    """Amendment 7: the shipped recipe, on the demo's output, with one more evaluate stage — every other stage and
+    setting as shipped (so the run's models, dev choice and run files are reused, not recomputed)."""
+    across = experiment_script("recipe_across_collections")
+    shipped = yaml.safe_load(across.RECIPE.read_text())
+    recipe = across.zero_shot_recipe(tmp_path / "demo")
+    assert recipe["out"] == str((tmp_path / "demo").resolve())
+    assert {k: v for k, v in recipe.items() if k not in ("out", "stages")} == \
+        {k: v for k, v in shipped.items() if k not in ("out", "stages")}
+    assert recipe["stages"][:-1] == shipped["stages"]
+    added = recipe["stages"][-1]["evaluate"]
+    assert added["collections"] == ["med", "lisa", "time", "adi"] and added["retrievers"] == ["finetune-s2"]
+    assert added["final"] == "final" and added["compare"] == shipped["stages"][-1]["evaluate"]["compare"]
+    assert not set(added["collections"]) & {c for stage in shipped["stages"] if "evaluate" in stage
+                                              for c in stage["evaluate"]["collections"]}
+    path = tmp_path / "check.yaml"
+    path.write_text(yaml.safe_dump(recipe, sort_keys=False))
+    assert [next(iter(stage)) for stage in load_recipe(path)["stages"]][-2:] == ["evaluate", "evaluate"]
+
+
 def test_choose_prefers_the_best_and_on_a_tie_the_candidate_closest_to_the_off_the_shelf_model():
     assert select.choose({"zero-shot": 0.5, "wise-0.5": 0.5, "finetune-s2": 0.4}) == "zero-shot"
     assert select.choose({"zero-shot": 0.5, "wise-0.5": 0.5 + 1e-14, "finetune-s2": 0.4}) == "zero-shot"
@@ -449,6 +469,18 @@ def test_with_a_guard_too_a_candidate_must_pass_the_dev_gate_and_the_guard(tmp_p
 def test_the_dev_gate_option_is_checked_before_anything_runs(tmp_path, collections):
     with pytest.raises(ConfigError, match="dev_gate must be a p-value between 0 and 1"):
         load_recipe(_fusion_recipe(tmp_path, Path("m"), *collections, final={"select": {"dev_gate": 1.5}}))
+
+
+def test_the_shipped_recipe_reads_only_collections_a_fresh_machine_downloads():
+    """Amendment 16: no guard in the shipped recipe, so the README demo reads SciFact and Cranfield only (both
+    downloaded by name on first use; MED, LISA, TIME and ADI are not) and evaluates Cranfield's whole test split."""
+    from pretrieve.data.registry import KNOWN_COLLECTIONS
+    from pretrieve.recipe.schema import recipe_collections
+
+    recipe = load_recipe(experiment_script("recipe_across_collections").RECIPE)   # configs/scifact-minilm.yaml
+    assert recipe_collections(recipe) == ["scifact", "cranfield"]
+    assert all(name in KNOWN_COLLECTIONS for name in recipe_collections(recipe))      # downloadable by name
+    assert not any("guard" in stage.get("select", {}) for stage in recipe["stages"])
 
 
 # ------------------------------------------------------------------------------ the cross-collection check (script)

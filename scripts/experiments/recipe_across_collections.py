@@ -24,7 +24,9 @@ collection (Δ, 95 % CI, paired t-test p) and the bars, read from each run's ``r
 ``OUT/summary.md``; ``--summary-only`` writes it from the cases that have finished. ``--commit`` copies each
 finished case's ``results.json`` / ``results.md`` (paths relative to the checkout; no model, no run file) and the
 summary into ``docs/measured/across-16/`` and commits those files alone, one commit per case.
-``--smoke`` runs every case with ``pretrieve run --smoke`` (tiny models, sliced data: the script checked end to
+``--include`` a finished run of the shipped recipe (e.g. ``outputs/scifact-minilm``) adds MED, LISA, TIME and ADI to
+that run (amendment 7: the shipped recipe plus one evaluate stage, with the run's own ``out``, so its models and runs
+are reused) and its rows to the table. ``--smoke`` runs every case with ``pretrieve run --smoke`` (tiny models, sliced data: the script checked end to
 end in minutes; numbers meaningless).
 
     python scripts/experiments/recipe_across_collections.py --out outputs/across-16 --commit
@@ -49,6 +51,8 @@ RECORDS = ROOT / "docs" / "measured" / "across-16"
 COLLECTIONS = ["scifact", "cranfield", "med", "lisa", "time", "adi"]
 # The training cases, in the pre-registered order (amendments 14 and 16); "-a"/"-b": `pretrieve data halves`.
 CASES = ["scifact", "cranfield-a", "time-a", "cranfield-b", "time-b"]
+# The zero-shot collections ``--include`` adds to a run of the shipped recipe beyond its own Cranfield (amendment 7).
+MORE_ZERO_SHOT = ["med", "lisa", "time", "adi"]
 # Amendment 16's fresh randomness: the recipe's seed, its dev draw's seed and the halves' seed.
 SEED = 1
 BASELINE = "rrf-zero-shot"
@@ -83,6 +87,17 @@ def derived_recipe(case: str, out: Path, seed: int | None = SEED) -> dict:
         first["collections"] = [case]      # the first (all rows), on the held-out half only
     others = [c for c in COLLECTIONS if c != source_of(case) and c not in first["collections"]]
     recipe["stages"].append({"evaluate": {**first, "collections": others, "retrievers": []}})
+    return recipe
+
+
+def zero_shot_recipe(run_dir: Path) -> dict:
+    """``--include``: the shipped recipe, writing to the finished run ``run_dir``, with one more evaluate stage:
+    zero-shot :data:`MORE_ZERO_SHOT` with BM25, the off-the-shelf model, the stage-2 model and ``final`` (fusion
+    weights and model: the run's SciFact dev choice), and the same paired tests (amendment 7)."""
+    recipe = yaml.safe_load(RECIPE.read_text())
+    recipe["out"] = str(run_dir.resolve())
+    evaluate = dict(next(stage for stage in recipe["stages"] if "evaluate" in stage)["evaluate"])
+    recipe["stages"].append({"evaluate": {**evaluate, "collections": MORE_ZERO_SHOT, "retrievers": ["finetune-s2"]}})
     return recipe
 
 
@@ -221,6 +236,9 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=Path("outputs/across-16"))
     parser.add_argument("--seed", type=int, default=SEED, help="the recipe's, its dev draw's and the halves' seed")
     parser.add_argument("--cases", default=",".join(CASES))
+    parser.add_argument("--include", action="append", default=[],
+                        help="a finished run of the shipped recipe (e.g. outputs/scifact-minilm) to add MED, LISA, "
+                             "TIME and ADI to, and to the table (amendment 7)")
     parser.add_argument("--summary-only", action="store_true", help="write the summary of the finished cases only")
     parser.add_argument("--commit", action="store_true",
                         help="commit each finished case's results.json/results.md and the summary to --records")
@@ -243,6 +261,10 @@ def main() -> int:
             summary = write_summary(out, summary_lines(table))
             if args.commit and final_rows(read_results(out / case / "results.json")):
                 commit_case(case, out / case, summary, args.records.resolve())
+    for index, path in enumerate(args.include):   # a run of the shipped recipe, with the other zero-shot collections
+        if not args.summary_only:
+            run_recipe(zero_shot_recipe(Path(path)), out / f"scifact-zero-shot{index or ''}.yaml", None)
+        table.append((f"scifact ({path})", Path(path) / "results.json"))
     write_summary(out, summary_lines(table))
     return 0
 
