@@ -26,8 +26,8 @@ finished case's ``results.json`` / ``results.md`` (paths relative to the checkou
 summary into ``docs/measured/across-16/`` and commits those files alone, one commit per case.
 ``--include`` a finished run of the shipped recipe (e.g. ``outputs/scifact-minilm``) adds MED, LISA, TIME and ADI to
 that run (amendment 7: the shipped recipe plus one evaluate stage, with the run's own ``out``, so its models and runs
-are reused) and its rows to the table. ``--smoke`` runs every case with ``pretrieve run --smoke`` (tiny models, sliced data: the script checked end to
-end in minutes; numbers meaningless).
+are reused) and its rows to the table. ``--smoke`` runs every case with ``pretrieve run --smoke`` (tiny models,
+sliced data: the script checked end to end in minutes; numbers meaningless).
 
     python scripts/experiments/recipe_across_collections.py --out outputs/across-16 --commit
 """
@@ -65,10 +65,10 @@ def source_of(case: str) -> str:
 
 def derived_recipe(case: str, out: Path, seed: int | None = SEED) -> dict:
     """The shipped recipe with only ``name``, ``data``, ``out``, the seeds (``seed`` and ``dev.seed``; None: as
-    shipped), the guard (none: amendment 16) and the evaluated collections changed: its first evaluate stage (every row) on ``case``'s
-    test queries (the SciFact case: as shipped, SciFact and Cranfield), and one more evaluate stage on every other
-    shared collection's whole test split (BM25, the off-the-shelf model and the fusions, the same paired tests; no
-    row of a fine-tuned model alone, whose corpus encodings would double the time on a CPU)."""
+    shipped), the guard (none: amendment 16) and the evaluated collections changed: its first evaluate stage (every
+    row) on ``case``'s test queries (the SciFact case: as shipped, SciFact and Cranfield), and one more evaluate
+    stage on every other shared collection's whole test split (BM25, the off-the-shelf model and the fusions, the
+    same paired tests; no row of a fine-tuned model alone, whose corpus encodings would double the time on a CPU)."""
     recipe = yaml.safe_load(RECIPE.read_text())
     shipped_data = str(recipe["data"])
     recipe["name"] = f"{recipe['name']}-{case}"
@@ -143,7 +143,7 @@ def summary_lines(cases: list[tuple[str, Path]], measure: str = "nDCG@10", basel
     from pretrieve.recipe.results import row_to_use   # the results page's own rule
 
     lines = [f"| case | collection | trained on | recommended | {measure} | final | {baseline} | Δ final − "
-             f"{baseline} | 95 % CI | p | final there | final uses |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             f"{baseline} | 95 % CI | p | final there | final uses |", "|---" * 12 + "|"]
     in_domain, in_domain_below, missing, kept = [], [], [], []
     effects: dict[str, list[str]] = {"hurt": [], "helped": [], "unchanged": []}
     for case, path in cases:

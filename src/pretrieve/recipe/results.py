@@ -6,6 +6,11 @@ Each row carries the measures its collection was scored with (the evaluate stage
 :data:`RESULT_MEASURES`); ``results.md`` has one table per set of measures. A recipe's ``expected`` numbers (the
 paper's, :func:`validate_expected`) ride on their row as ``paper`` and are printed in a "paper" column beside ours,
 with the difference, and the table of the paper they come from below.
+
+**Which row to use** (:func:`row_to_use`; docs/preregistration.md, amendment 16): ``results.md`` recommends, per
+evaluated collection, ``final`` where the model was trained (in-domain) and the untrained fusion ``rrf-zero-shot``
+on every other collection, guard or not, with ``final`` beside it and a sentence where it is significantly below
+or above there; and it names the candidates a ``select`` stage's dev gate or guard refused.
 """
 
 from __future__ import annotations
@@ -207,7 +212,8 @@ def _selection_lines(results: Mapping[str, Any]) -> list[str]:
                   "queries; each candidate alone, fused with weights fitted there, and cross-fitted: each fold of "
                   "the dev queries scored by weights fitted on the others):", "",
                   "| candidate | alone | fused | cross-fitted | fusion | every fusion tried: fused / cross-fitted |"
-                  + (" dev gate: Δ (one-sided p) |" if gate else ""), "|---|---|---|---|---|---|" + ("---|" if gate else "")]
+                  + (" dev gate: Δ (one-sided p) |" if gate else ""),
+                  "|---|---|---|---|---|---|" + ("---|" if gate else "")]
         for candidate in selection["candidates"]:
             label = f"**{candidate['name']}** (chosen)" if candidate["name"] == chosen else candidate["name"]
             crossed = candidate.get("cross_fitted")

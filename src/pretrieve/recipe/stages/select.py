@@ -42,8 +42,9 @@ model fused by RRF is that baseline itself, never refused, and the fallback when
 guard (amendment 16: its 15–40 queries per collection could not see the harm it was built for, issue 56).
 
 The ``evaluate`` stage adds the chosen fusion's rows like any fusion's; ``results.md`` lists every candidate's dev
-scores (alone and fused) and guard tests, says which was chosen and why, and which row to use on each evaluated
-collection. Only the chosen candidate is searched on the evaluated collections.
+scores (alone and fused), gate and guard tests, says which was chosen and why, and which row to use on each evaluated
+collection (``final`` in-domain, ``rrf-zero-shot`` elsewhere: :func:`pretrieve.recipe.results.row_to_use`). Only the
+chosen candidate is searched on the evaluated collections.
 """
 
 from __future__ import annotations
