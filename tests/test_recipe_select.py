@@ -261,6 +261,7 @@ def test_the_guard_runs_end_to_end_and_its_queries_are_never_evaluated(tiny_mlm_
     assert any("guard" in c for c in selection["candidates"])
     markdown = (out / "results.md").read_text()
     assert "Guard of `final`" in markdown and "**Which row to use**, per collection:" in markdown
+    assert {r["collection"]: r["use"] for r in results["recommended"]} == {train.name: "final", other.name: "rrf-zero-shot"}
     # amendment 16: the untrained fusion is recommended where the model was not trained, guard or not
     assert f"| {other.name} | `rrf-zero-shot` |" in markdown
 
@@ -320,6 +321,11 @@ def test_the_results_page_recommends_final_in_domain_and_the_untrained_fusion_el
             "`rrf-zero-shot` by +0.0520 [+0.0320, +0.0720] (p = 0.03). The page still recommends `rrf-zero-shot` "
             "there") in markdown
     assert "hurt scifact" not in markdown and "helped scifact" not in markdown and "adi, a collection" not in markdown
+    from pretrieve.recipe.results import recommended_rows   # results.json's "recommended": the same rule
+
+    assert [(r["collection"], r["use"], r["final_vs_rrf-zero-shot"]) for r in recommended_rows(rows + baseline)] == \
+        [("scifact", "final", None), ("med", "rrf-zero-shot", "below"), ("lisa", "rrf-zero-shot", "above"),
+         ("adi", "rrf-zero-shot", None)]
 
 
 # ----------------------------------------------------------------------------------------- the dev gate (amendment 16)
@@ -569,3 +575,19 @@ def test_the_cross_collection_check_commits_each_finished_cases_records_alone(tm
         ["docs/across-16/summary.md", "docs/across-16/time-a.results.json", "docs/across-16/time-a.results.md"]
     assert log.count("landed") == 1 and "other.txt" not in log       # the staged file stays staged, uncommitted
     assert json.loads((records / "time-a.results.json").read_text())["rows"][0]["run"] == "outputs/x.trec"
+
+
+def test_a_finished_case_is_not_run_again_so_its_records_keep_their_stage_times(tmp_path):
+    from pretrieve.recipe.results import write_results
+
+    across = experiment_script("recipe_across_collections")
+    run_dir = tmp_path / "time-a"
+    (run_dir / "runs").mkdir(parents=True)
+    run = run_dir / "runs" / "final__c.trec"
+    run.write_text("q0 Q0 d1 1 1.0 final\n")
+    assert not across.finished(run_dir)                     # not run yet
+    write_results(run_dir, {"recipe": "r", "rows": [{**_final_row("c", 0.0, 1.0, True), "run": str(run)}]},
+                  {"name": "r"})
+    assert across.finished(run_dir)
+    run.write_text("q0 Q0 d2 1 1.0 final\n")               # a run file changed since: run it again (resumes)
+    assert not across.finished(run_dir)

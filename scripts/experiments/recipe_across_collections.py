@@ -17,8 +17,9 @@ the zero-shot bar holds by construction; ``final``'s zero-shot numbers are repor
 collections fine-tuning hurt, helped, left unchanged). The in-domain bar is judged on ``final``. Amendment 14's
 guarded runs and their records (``docs/measured/across/``) are not re-made by this script.
 
-Each case is an ordinary recipe run (resumable: re-run the same command), written to ``OUT/<case>/``; the derived
-recipes are written beside them (``OUT/<case>.yaml``) so each can be re-run alone with ``pretrieve run``. After each
+Each case is an ordinary recipe run (resumable: re-run the same command; a finished case is not run again, so its
+records keep their stage times), written to ``OUT/<case>/``; the derived recipes are written beside them
+(``OUT/<case>.yaml``) so each can be re-run alone with ``pretrieve run``. After each
 case, and at the end, one table of every case's recommended row and ``final`` against ``rrf-zero-shot`` on each
 collection (Δ, 95 % CI, paired t-test p) and the bars, read from each run's ``results.json``, is written to
 ``OUT/summary.md``; ``--summary-only`` writes it from the cases that have finished. ``--commit`` copies each
@@ -130,6 +131,14 @@ def run_recipe(recipe: dict, path: Path, halves: Path | None, smoke: bool = Fals
 def final_rows(results: dict) -> list[dict]:
     """The ``final`` row of each evaluated collection of a recipe's results.json, with its paired tests."""
     return [row for row in results["rows"] if row.get("final")]
+
+
+def finished(run_dir: Path) -> bool:
+    """Whether the case in ``run_dir`` has finished: its ``results.json`` has evaluated ``final`` rows and is current
+    (intact, every run file it was computed from unchanged)."""
+    from pretrieve.recipe.results import results_are_current
+
+    return bool(final_rows(read_results(run_dir / "results.json"))) and results_are_current(run_dir)
 
 
 def read_results(path: Path) -> dict:
@@ -257,7 +266,10 @@ def main() -> int:
     if not args.summary_only:
         halves = make_halves(out, args.seed, sorted({source_of(c) for c in cases if source_of(c) != c}))
         for case in cases:
-            run_recipe(derived_recipe(case, out, args.seed), out / f"{case}.yaml", halves, smoke=args.smoke)
+            if finished(out / case):   # not run again: a re-run would rewrite its stage times as ~0 s
+                print(f"{case}: finished ({out / case}/results.json is current); not run again", flush=True)
+            else:
+                run_recipe(derived_recipe(case, out, args.seed), out / f"{case}.yaml", halves, smoke=args.smoke)
             summary = write_summary(out, summary_lines(table))
             if args.commit and final_rows(read_results(out / case / "results.json")):
                 commit_case(case, out / case, summary, args.records.resolve())

@@ -291,6 +291,19 @@ def row_to_use(final: Mapping[str, Any], baseline: str = "rrf-zero-shot") -> tup
     return baseline, "not trained on it: the untrained fusion, what you had there", effect
 
 
+def recommended_rows(rows: list[Mapping[str, Any]], baseline: str = "rrf-zero-shot") -> list[dict[str, Any]]:
+    """``results.json``'s ``recommended``: for each final row's collection, the row to use there (:func:`row_to_use`),
+    why, whether the model was trained on it, and where ``final`` is significantly ``below`` / ``above``
+    ``baseline`` there (else None)."""
+    out = []
+    for row in rows:
+        if row.get("final"):
+            use, why, effect = row_to_use(row, baseline)
+            out.append({"collection": row["collection"], "use": use, "why": why,
+                        "in_domain": bool(row.get("in_domain", True)), "final_vs_" + baseline: effect})
+    return out
+
+
 def _final_lines(results: Mapping[str, Any]) -> list[str]:
     """The paired t-tests of the final row and one closing paragraph: which row to use, what each stage added, and
     the command behind every number."""
