@@ -3,12 +3,14 @@
 # all-MiniLM-L6-v2 fine-tuned on SciFact (stage 1 with BM25 negatives → mining → stage 2 with mined negatives),
 # fused with BM25 (model, fusion method and weights chosen on 81 held-out dev queries, scored by cross-fitting),
 # evaluated on SciFact test (in-domain) and Cranfield (zero-shot) beside BM25, the off-the-shelf model and their
-# untrained fusion, with paired t-tests (the cross-collection check adds MED, LISA, TIME and ADI to the run:
-# `python scripts/experiments/recipe_across_collections.py --include outputs/scifact-minilm`, docs/recipes.md).
+# untrained fusion, with paired t-tests; results.md recommends `final` on SciFact and the untrained fusion on
+# Cranfield (amendment 16). It reads SciFact and Cranfield only (both downloaded on first use); the cross-collection
+# check (scripts/experiments/recipe_across_collections.py, docs/recipes.md) adds MED, LISA, TIME and ADI.
 # 21 min from a fresh clone on 2 CPU cores with AVX512-BF16 (training and encoding in bf16 autocast); a CPU
 # without native bf16 runs both in fp32: ≈ 1 h 10 min on 2 AVX2-only cores (estimated from its stage times). Output:
 # outputs/scifact-minilm/ (results.md, results.json, runs/). At the end every number is compared to 4 digits with
-# the run documented in docs/recipes.md (docs/measured/scifact-minilm.results.json, measured on such a CPU).
+# the run documented in docs/recipes.md (docs/measured/scifact-minilm.results.json, measured on such a CPU; until
+# the demo is re-measured under amendment 16 it holds the guarded run, whose Cranfield rows are its second half's).
 # Re-running skips finished stages; an interrupted run resumes where it stopped.
 # The fast pipeline check (every stage incl. pre-training, reranker and distillation, on SPLADE-tiny) is
 # `.venv/bin/pretrieve run configs/scifact-cpu.yaml`.

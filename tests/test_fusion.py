@@ -373,8 +373,12 @@ def test_the_cross_fitted_score_scores_each_fold_with_weights_fitted_on_the_othe
     assert spec.fit["folds"] == 5
     assert spec.fit["cross_fitted"] == pytest.approx(sum(per_query.values()) / len(qrels), abs=1e-12)
     assert spec.fit["cross_fitted"] < spec.fit["score"]       # noise runs: the in-sample fit is optimistic
+    # each query's value in the cross-fitted score is kept (the recipe's dev gate pairs two fits on them)
+    assert spec.fit["per_query"] == pytest.approx(per_query, abs=1e-12) and list(spec.fit["per_query"]) == list(qrels)
     rrf = fit_fusion(runs, qrels, candidates=[("rrf", None)])
     assert rrf.fit["cross_fitted"] == rrf.fit["score"]
+    plain = RunEvaluator(qrels, ["nDCG@10"])(fuse_runs(runs, FusionSpec("rrf"))).per_query["nDCG@10"]
+    assert rrf.fit["per_query"] == pytest.approx({qid: plain.get(qid, 0.0) for qid in qrels}, abs=1e-12)
 
 
 def test_auto_chooses_the_method_by_the_cross_fitted_score_then_fits_it_on_every_query():

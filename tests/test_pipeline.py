@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -258,8 +259,10 @@ def test_fuse_stage_fits_on_dev_only_and_adds_tested_rows(tiny_mlm_dir, collecti
         assert all(0.0 <= test["p_value"] <= 1.0 or test["mean_difference"] == 0 for test in final["vs"].values())
     markdown = (out / "results.md").read_text()
     assert "**Which row to use**, per collection:" in markdown and f"pretrieve run {tmp_path / 'recipe.yaml'}" in markdown
-    assert "| train | `final` | trained on it (in-domain) |" in markdown    # without a guard, only in-domain (issue 56)
-    assert "| other | `rrf-zero-shot` | not trained on it, and no guard checked the other domains |" in markdown
+    # the row to use (amendment 16): final in-domain, the untrained fusion where the model was not trained
+    assert re.search(r"\| train \| `final` \| [0-9.]+ \| \(this row\) \| trained on it \(in-domain\) \|", markdown)
+    assert re.search(r"\| other \| `rrf-zero-shot` \| [0-9.]+ \| [0-9.]+, [-+][0-9.]+ \(p = [^)]+\) \| not trained on "
+                     r"it: the untrained fusion, what you had there \|", markdown)
     assert "Paired two-sided t-tests" in markdown and "`final`: wsum(zscore;" in markdown
     assert "Dev split: 6 of the 20 `train` queries (seed 0" in markdown
 

@@ -3,7 +3,8 @@
 Two tests, both two-sided and paired by query:
 
 * ``"ttest"`` — Student's paired t-test (``scipy.stats.ttest_rel``), the test the papers report
-  (p ≤ 0.05).
+  (p ≤ 0.05); :func:`paired_ttest` also gives the one-sided test (``alternative="greater"``, the recipe's dev
+  gate).
 * ``"permutation"`` — the paired randomization test of Smucker, Allan & Carterette (CIKM 2007): under
   the null hypothesis the two systems' scores of a query are exchangeable, so each per-query
   difference's sign is flipped at random; the p-value is the share of sign assignments whose mean
@@ -96,12 +97,16 @@ class SignificanceResult:
                 for key, value in out.items()}
 
 
-def paired_ttest(baseline: np.ndarray, run: np.ndarray, alpha: float = DEFAULT_ALPHA) -> SignificanceResult:
-    """Two-sided paired t-test of ``run`` vs ``baseline`` (``scipy.stats.ttest_rel(run, baseline)``).
+def paired_ttest(baseline: np.ndarray, run: np.ndarray, alpha: float = DEFAULT_ALPHA,
+                 alternative: Literal["two-sided", "greater"] = "two-sided") -> SignificanceResult:
+    """Paired t-test of ``run`` vs ``baseline`` (``scipy.stats.ttest_rel(run, baseline, alternative=...)``):
+    two-sided by default; ``"greater"``: one-sided, ``run`` above ``baseline`` (the interval then ``[low, inf)``).
 
     Degenerate cases scipy answers with NaN are defined here: all differences zero → statistic 0,
-    p = 1 (identical runs are not different); fewer than two queries → NaN (not testable).
+    p = 1 (identical runs are neither different nor better); fewer than two queries → NaN (not testable).
     """
+    if alternative not in ("two-sided", "greater"):
+        raise ConfigError(f"alternative must be 'two-sided' or 'greater', got {alternative!r}")
     baseline, run = _paired_arrays(baseline, run)
     diff = run - baseline
     n = len(diff)
@@ -111,8 +116,8 @@ def paired_ttest(baseline: np.ndarray, run: np.ndarray, alpha: float = DEFAULT_A
     if not np.any(diff):
         return SignificanceResult("ttest", 0.0, 1.0, 0.0, n, alpha, 0.0, 0.0)
     with warnings.catch_warnings(), np.errstate(all="ignore"):
-        warnings.simplefilter("ignore", RuntimeWarning)  # constant non-zero differences: t = ±inf, p = 0
-        result = stats.ttest_rel(run, baseline)
+        warnings.simplefilter("ignore", RuntimeWarning)  # constant non-zero differences: t = ±inf, p = 0 (or 1)
+        result = stats.ttest_rel(run, baseline, alternative=alternative)
         low, high = result.confidence_interval(confidence_level=1 - alpha)
     return SignificanceResult("ttest", float(result.statistic), float(result.pvalue), mean_diff, n, alpha,
                               float(low), float(high))

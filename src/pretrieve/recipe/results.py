@@ -6,6 +6,11 @@ Each row carries the measures its collection was scored with (the evaluate stage
 :data:`RESULT_MEASURES`); ``results.md`` has one table per set of measures. A recipe's ``expected`` numbers (the
 paper's, :func:`validate_expected`) ride on their row as ``paper`` and are printed in a "paper" column beside ours,
 with the difference, and the table of the paper they come from below.
+
+**Which row to use** (:func:`row_to_use`; docs/preregistration.md, amendment 16): ``results.md`` recommends, per
+evaluated collection, ``final`` where the model was trained (in-domain) and the untrained fusion ``rrf-zero-shot``
+on every other collection, guard or not, with ``final`` beside it and a sentence where it is significantly below
+or above there; and it names the candidates a ``select`` stage's dev gate or guard refused.
 """
 
 from __future__ import annotations
@@ -202,26 +207,50 @@ def _selection_lines(results: Mapping[str, Any]) -> list[str]:
     for name, selection in selected.items():
         lines += _guard_lines(name, selection)
         measure, chosen = selection["measure"], selection["chosen"]
+        guard, gate = selection.get("guard"), selection.get("dev_gate")
         lines += [f"Dev selection of `{name}` ({measure} on the {selection['queries']} `{selection['split']}` "
                   "queries; each candidate alone, fused with weights fitted there, and cross-fitted: each fold of "
                   "the dev queries scored by weights fitted on the others):", "",
-                  "| candidate | alone | fused | cross-fitted | fusion | every fusion tried: fused / cross-fitted |",
-                  "|---|---|---|---|---|---|"]
+                  "| candidate | alone | fused | cross-fitted | fusion | every fusion tried: fused / cross-fitted |"
+                  + (" dev gate: Δ (one-sided p) |" if gate else ""),
+                  "|---|---|---|---|---|---|" + ("---|" if gate else "")]
         for candidate in selection["candidates"]:
             label = f"**{candidate['name']}** (chosen)" if candidate["name"] == chosen else candidate["name"]
             crossed = candidate.get("cross_fitted")
             tried = "; ".join(f"{m['fusion']} {m['score']:.4f} / {m['cross_fitted']:.4f}"
                               for m in candidate.get("methods", []))
             crossed_cell = "—" if crossed is None else f"{crossed:.4f}"
+            verdict = candidate.get("dev_gate")
+            gated = ("" if not gate else " — |" if not verdict else
+                     f" {verdict['mean_difference']:+.4f} ({verdict['p_value']:.2g}) "
+                     f"{'admitted' if verdict['admitted'] else '**refused**'} |")
             lines.append(f"| {label} | {candidate['alone']:.4f} | {candidate['fused']:.4f} | {crossed_cell} | "
-                         f"{candidate['fusion']} | {tried or '—'} |")
-        guard = selection.get("guard")
+                         f"{candidate['fusion']} | {tried or '—'} |{gated}")
         lines += ["", f"`{name}` uses `{chosen}`"
                   + (f" ({selection['fusion']})" if selection.get("fusion") else "") + f": {selection['rule']}"
+                  + (f"; with the dev gate, {gate['rule']}" if gate else "")
                   + (f"; with the guard, {guard['rule']}" if guard else "") + "."
-                  + (" Every candidate was refused by the guard: `final` is the untrained RRF of the off-the-shelf "
-                     "model." if guard and guard.get("fallback") else ""), ""]
+                  + _refusal_text(name, selection), ""]
     return lines
+
+
+def _refusal_text(name: str, selection: Mapping[str, Any]) -> str:
+    """Which candidates the dev gate or the guard refused (Δ against the untrained RRF, p), and what that left."""
+    refused = selection.get("refused") or []
+    if not refused:
+        return ""
+    def test(r: Mapping[str, Any]) -> str:
+        known = r.get("mean_difference") is not None and r.get("p_value") is not None
+        return f" (Δ {r['mean_difference']:+.4f}, p = {r['p_value']:.2g})" if known else ""
+
+    text = " Refused: " + "; ".join(f"`{r['name']}` by the {r['rule']}{test(r)}" for r in refused) + "."
+    if selection.get("fallback"):
+        rules = " or the ".join(sorted({r["rule"] for r in refused}))
+        return text + (f" Every candidate was refused by the {rules}: `{name}` is the untrained RRF of the "
+                       "off-the-shelf model (`rrf-zero-shot`).")
+    if (selection.get("dev_gate") or {}).get("kept_baseline"):
+        return text + f" The dev gate kept the untrained fusion: `{name}` is `rrf-zero-shot`."
+    return text
 
 
 def _guard_lines(name: str, selection: Mapping[str, Any]) -> list[str]:
@@ -248,20 +277,31 @@ def _guard_lines(name: str, selection: Mapping[str, Any]) -> list[str]:
     return lines + [""]
 
 
-def row_to_use(final: Mapping[str, Any], baseline: str = "rrf-zero-shot") -> tuple[str, str, bool]:
-    """``(row, why, hurt)`` for one collection's final row (docs/preregistration.md, amendment 14): in-domain
-    ``final``; on a collection the model was not trained on ``final`` when its selection had a guard, else the
-    untrained fusion ``baseline``. ``hurt``: ``final`` is significantly below ``baseline`` on a collection it was not
-    trained on (descriptive, read off the test queries)."""
-    name = final["retriever"]
-    selection = (final.get("fusion") or {}).get("selection") or {}
+def row_to_use(final: Mapping[str, Any], baseline: str = "rrf-zero-shot") -> tuple[str, str, str | None]:
+    """``(row, why, effect)`` for one collection's final row (docs/preregistration.md, amendment 16): ``final`` on
+    the collection the model was trained on (in-domain); on every other collection the untrained fusion
+    ``baseline``, whatever the selection (guard or not). ``effect``, on a collection it was not trained on only:
+    ``"below"`` / ``"above"`` where ``final`` is significantly below / above ``baseline`` there (paired two-sided
+    t-test, p ≤ 0.05; descriptive, read off the test queries), else None."""
     test = (final.get("vs") or {}).get(baseline) or {}
-    hurt = bool(not final.get("in_domain", True) and test.get("significant") and test.get("mean_difference", 0) < 0)
     if final.get("in_domain", True):
-        return name, "trained on it (in-domain)", hurt
-    if selection.get("guard"):
-        return name, "not trained on it; the selection passed a guard of other collections", hurt
-    return baseline, "not trained on it, and no guard checked the other domains", hurt
+        return final["retriever"], "trained on it (in-domain)", None
+    effect = (("below" if test.get("mean_difference", 0) < 0 else "above")
+              if test.get("significant") and test.get("mean_difference") else None)
+    return baseline, "not trained on it: the untrained fusion, what you had there", effect
+
+
+def recommended_rows(rows: list[Mapping[str, Any]], baseline: str = "rrf-zero-shot") -> list[dict[str, Any]]:
+    """``results.json``'s ``recommended``: for each final row's collection, the row to use there (:func:`row_to_use`),
+    why, whether the model was trained on it, and where ``final`` is significantly ``below`` / ``above``
+    ``baseline`` there (else None)."""
+    out = []
+    for row in rows:
+        if row.get("final"):
+            use, why, effect = row_to_use(row, baseline)
+            out.append({"collection": row["collection"], "use": use, "why": why,
+                        "in_domain": bool(row.get("in_domain", True)), "final_vs_" + baseline: effect})
+    return out
 
 
 def _final_lines(results: Mapping[str, Any]) -> list[str]:
@@ -303,19 +343,36 @@ def _final_lines(results: Mapping[str, Any]) -> list[str]:
                           if (better, c) in scores and (worse, c) in scores)
 
     steps = [f"`{a}` → `{b}` {differences(b, a)}" for a, b in zip(chain, chain[1:])]
-    lines += ["", "**Which row to use**, per collection:", "", "| collection | use | why |", "|---|---|---|"]
-    warnings = []
+    lines += ["", "**Which row to use**, per collection:", "",
+              f"| collection | use | {measure} | `{final}` there: {measure}, Δ (p) | why |", "|---|---|---|---|---|"]
+    sentences = []
     for row in finals:
-        use, why, hurt = row_to_use(row)
-        known = (use, row["collection"]) in scores or use == final
-        lines.append(f"| {row['collection']} | `{use}`{'' if known else ' (add this row)'} | {why} |")
-        if hurt:
-            test = row["vs"]["rrf-zero-shot"]
-            warnings.append(f"**Fine-tuning hurt {row['collection']}**, a collection it was not trained on: `{final}` "
-                            f"is below the untrained fusion `rrf-zero-shot` by {test['mean_difference']:+.4f} "
-                            f"[{test['ci_low']:+.4f}, {test['ci_high']:+.4f}] (p = {test['p_value']:.2g}); use "
-                            f"`rrf-zero-shot` there.")
-    lines += [""] + [item for warning in warnings for item in (warning, "")]
+        use, why, effect = row_to_use(row)
+        collection = row["collection"]
+        known = (use, collection) in scores or use == final
+        score = f"{scores[(use, collection)]:.4f}" if (use, collection) in scores else "—"
+        test = row["vs"].get("rrf-zero-shot")
+        beside = "(this row)" if use == final else f"{row[measure]:.4f}" + (
+            f", {test['mean_difference']:+.4f} (p = {test['p_value']:.2g})" if test and test.get("p_value") is not None
+            else "")
+        lines.append(f"| {collection} | `{use}`{'' if known else ' (add this row)'} | {score} | {beside} | {why} |")
+        if effect:
+            change = (f"`{final}` is {effect} the untrained fusion `rrf-zero-shot` by {test['mean_difference']:+.4f} "
+                      f"[{test['ci_low']:+.4f}, {test['ci_high']:+.4f}] (p = {test['p_value']:.2g})")
+            if effect == "below":
+                sentences.append(f"**Fine-tuning hurt {collection}**, a collection it was not trained on: {change}; "
+                                 "use `rrf-zero-shot` there.")
+            else:
+                sentences.append(f"Fine-tuning helped {collection}, a collection it was not trained on: {change}. "
+                                 f"The page still recommends `rrf-zero-shot` there: nothing in the selection saw "
+                                 f"{collection}, and a gain on one collection promises none on another; use "
+                                 f"`{final}` there only after checking it on {collection}'s own judged queries.")
+    if any(not row.get("in_domain", True) for row in finals):
+        sentences.insert(0, "On a collection the model was not trained on, the page recommends the untrained fusion "
+                            "`rrf-zero-shot` whatever the selection did (docs/preregistration.md, amendment 16): "
+                            "nothing in it saw that collection, and that fusion is what you had there without "
+                            f"training; `{final}` is shown beside it.")
+    lines += [""] + [item for sentence in sentences for item in (sentence, "")]
     text = (f"`{final}`: {measure} "
             + " / ".join(f"{scores[(final, c)]:.4f}" for c in collections) + f" on {' / '.join(collections)}; "
             + "; ".join(f"{differences(final, n)} over `{n}`" for n in names) + ". "

@@ -164,7 +164,8 @@ def fit_fusion(state: RunState, name: str, components: list[str], candidates, sp
     path = fusion_file(state, name)
     settings = {"runs": components, "candidates": [list(c) for c in candidates], "split": split, "measure": measure,
                 "step": step, "depth": depth, "k": k,
-                "cross_fit": {"folds": fusion.CROSS_FIT_FOLDS, "seed": fusion.CROSS_FIT_SEED}}
+                "cross_fit": {"folds": fusion.CROSS_FIT_FOLDS, "seed": fusion.CROSS_FIT_SEED},
+                "per_query": True}   # the report keeps per-query cross-fitted values (a fit stored without: made again)
     inputs = {**train_runs, "qrels": qrels_path}
 
     def fit() -> None:

@@ -36,7 +36,7 @@ from pretrieve.interrupts import TrainingTerminated, sigterm_raises
 from pretrieve.io_utils import write_json
 from pretrieve.modeling.export import export_model
 from pretrieve.modeling.model_card import metrics_of
-from pretrieve.recipe.results import write_results
+from pretrieve.recipe.results import recommended_rows, write_results
 from pretrieve.recipe.schema import STAGES, RecipeOptions, stage_labels
 from pretrieve.retrieval import runs
 from pretrieve.retrieval.cache import cached_index
@@ -147,6 +147,8 @@ def run_stages(state: RunState, path: str | Path, show_progress: bool, redo_chan
     if state.dev is not None:
         results["dev"] = state.dev
     results.update(state.report)   # sections stages add (every select stage's dev choice, also without evaluate)
+    if recommended_rows(results["rows"]):   # per evaluated collection, the row results.md recommends (amendment 16)
+        results["recommended"] = recommended_rows(results["rows"])
     results["timings_s"] = state.timings
     if rank_timings:
         results["rank_timings_s"] = rank_timings

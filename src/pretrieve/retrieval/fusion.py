@@ -34,7 +34,8 @@ on the very queries that score it, while RRF has nothing to fit. So a fit that i
 queries fall into :data:`CROSS_FIT_FOLDS` seeded folds, each fold is scored by the weights fitted on the others,
 and every query is scored once by weights that did not see it (RRF's cross-fitted score is its plain score). The
 candidate with the highest cross-fitted score wins (ties: the earlier candidate), and its weights are then fitted on
-every fit query. The report records each candidate's fitted and cross-fitted score.
+every fit query. The report records each candidate's fitted and cross-fitted score, and the chosen one's value
+per fit query in its cross-fitted score (``per_query``: what the recipe's dev gate pairs two fits on).
 
 **Bounded memory.** A fit scores the grid :data:`FIT_BLOCK` judged queries at a time and keeps only per-query
 values (:func:`_fit_blocks`); :func:`fit_on_split` streams the run files (one pass each), so a fit's peak memory
@@ -337,26 +338,28 @@ def _fit_blocks(blocks: Iterable[list[Run]], n_runs: int, qrels: Qrels, judged: 
 
     folds = cross_fit_folds(list(qrels))
 
-    def cross_fitted(indices: Sequence[int], fitted: int) -> float:
+    def cross_fitted(indices: Sequence[int], fitted: int) -> tuple[float, dict[str, float]]:
+        """The cross-fitted score and each fit query's value in it (out of fold)."""
         if len(indices) == 1 or len(folds) < 2:      # nothing fitted (rrf), or too few queries to hold any out
-            return scores[fitted]
+            return scores[fitted], {qid: values[fitted].get(qid, float(parsed.DEFAULT)) for qid in qrels}
         out_of_fold: dict[str, float] = {}
         for fold in folds:
             held_out = set(fold)
             kept = [qid for qid in qrels if qid not in held_out]
             chosen = best_trial(indices, lambda i: aggregate(values[i], kept))
             out_of_fold.update({qid: values[chosen].get(qid, float(parsed.DEFAULT)) for qid in fold})
-        return aggregate(out_of_fold)
+        return aggregate(out_of_fold), {qid: out_of_fold[qid] for qid in qrels}
 
     per_candidate = [[i for i, (c, _) in enumerate(trials) if c == index] for index in range(len(candidates))]
     fitted = [best_trial(indices, scores.__getitem__) for indices in per_candidate]
-    crossed = [cross_fitted(indices, index) for indices, index in zip(per_candidate, fitted)]
+    crossed, crossed_per_query = zip(*(cross_fitted(indices, index) for indices, index in zip(per_candidate, fitted)))
     chosen = max(range(len(candidates)), key=lambda c: (round(crossed[c], 12), -c))
     best = trials[fitted[chosen]][1]
     best_score = scores[fitted[chosen]]
     single_scores = {f"run{i}": aggregate(per_query) for i, per_query in enumerate(singles)}
     report = {"split": split, "measure": measure, "queries": judged, "step": step,
               "score": best_score, "cross_fitted": crossed[chosen], "folds": len(folds),
+              "per_query": crossed_per_query[chosen],
               "single_runs": single_scores,
               "candidates": [{"fusion": trials[fitted[c]][1].describe(), "score": scores[fitted[c]],
                               "cross_fitted": crossed[c]} for c in range(len(candidates))],

@@ -16,6 +16,15 @@ plain dev score. The highest wins; ties go to the candidate earlier in the order
 off-the-shelf model, and to RRF before the weighted sum. The winner's weights are fitted on every dev query. So
 where fine-tuning does not help on dev, ``final`` is (at least) a fusion of BM25 and the off-the-shelf model.
 
+**The dev gate** (``dev_gate``, default 0.05; ``null`` switches it off; docs/preregistration.md, amendment 16; issue
+56). Being highest on a few dev queries is not evidence: with 20 of them a fine-tuned candidate can lead by chance
+and lose on test. So a candidate other than the untrained RRF of ``runs`` and the off-the-shelf model (the
+``rrf-zero-shot`` row, the baseline: never gated) is admitted only if its per-query cross-fitted dev score is above
+the baseline's on the same dev queries with a paired one-sided t-test p ≤ ``dev_gate``
+(:func:`dev_gate_verdict`; the baseline's dev run is fitted, with nothing to fit, as ``fuse/<name>.rrf-zero-shot``).
+``name`` is the first admitted candidate in dev order, else the baseline; ``results.json``'s selection lists each
+refused candidate with the rule that refused it, its Δ and p (``refused``), and whether the gate kept the baseline.
+
 **The guard** (``guard``: collections; docs/preregistration.md, amendment 14; issue 56). The dev queries are the
 training collection's own, so nothing above sees another domain, and fine-tuning on one domain can cost the others
 (WiSE-FT, Wortsman et al. 2022, keeps robustness under shift only at some interpolation weights). With a guard, each
@@ -27,12 +36,15 @@ recipe whose evaluate stages read a guard query of the same origin is refused (:
 candidates are taken in dev order (:func:`dev_order`); each is fused on the guard queries exactly as it would be used
 and tested (paired two-sided t-test, nDCG@10 per query) against the untrained RRF of ``runs`` and the off-the-shelf
 model (the ``rrf-zero-shot`` row): it is **refused** when it is below with p ≤ ``guard_p`` (0.10) pooled over every
-guard query or within any one guard collection (:func:`guard_verdict`). ``name`` is the first candidate not refused;
-the off-the-shelf model fused by RRF is that baseline itself, never refused, and the fallback when all are.
+guard query or within any one guard collection (:func:`guard_verdict`). With both the gate and a guard a candidate
+must pass both (the gate first: it costs no search). ``name`` is the first candidate not refused; the off-the-shelf
+model fused by RRF is that baseline itself, never refused, and the fallback when all are. The shipped recipe has no
+guard (amendment 16: its 15–40 queries per collection could not see the harm it was built for, issue 56).
 
 The ``evaluate`` stage adds the chosen fusion's rows like any fusion's; ``results.md`` lists every candidate's dev
-scores (alone and fused) and guard tests, says which was chosen and why, and which row to use on each evaluated
-collection. Only the chosen candidate is searched on the evaluated collections.
+scores (alone and fused), gate and guard tests, says which was chosen and why, and which row to use on each evaluated
+collection (``final`` in-domain, ``rrf-zero-shot`` elsewhere: :func:`pretrieve.recipe.results.row_to_use`). Only the
+chosen candidate is searched on the evaluated collections.
 """
 
 from __future__ import annotations
@@ -66,6 +78,10 @@ RULE = "the highest cross-fitted dev {measure} of the candidates fused with {run
        "model, then to RRF"
 GUARD_RULE = "the first in dev order not below the untrained RRF of {runs} + the off-the-shelf model on the guard " \
              "queries with p <= {p:g} (paired two-sided t-test of {measure}, pooled and per guard collection)"
+GATE_RULE = "admitted only above the untrained RRF of {runs} + the off-the-shelf model on the same dev queries " \
+            "with p <= {p:g} (paired one-sided t-test of the per-query cross-fitted {measure})"
+DEV_GATE_P = 0.05
+BASELINE = "rrf-zero-shot"   # the untrained fusion the gate and the guard compare with (never gated or refused)
 GUARD_SPLIT = "guard"
 GUARD_DIR = "guard-split"
 
@@ -88,6 +104,7 @@ class SelectOptions:
     guard: list[str] = field(default_factory=list)   # collections whose first test half guards the other domains
     guard_p: float = 0.10           # a candidate below the untrained RRF there with p <= this is refused
     guard_seed: int = 0             # the seed of the halves (that of `pretrieve data halves`)
+    dev_gate: float | None = 0.05   # a candidate must beat the untrained RRF on dev (one-sided p <= this); None: off
 
 
 def check_select(options: dict[str, Any], where: str) -> None:
@@ -96,6 +113,9 @@ def check_select(options: dict[str, Any], where: str) -> None:
         raise ConfigError(f"'guard' must list distinct collections (no ':split': the test split is halved), got {guard}")
     if not 0.0 < float(options.get("guard_p", 0.10)) < 1.0:
         raise ConfigError(f"guard_p must be between 0 and 1, got {options.get('guard_p')}")
+    gate = options.get("dev_gate", DEV_GATE_P)
+    if gate is not None and not 0.0 < float(gate) < 1.0:
+        raise ConfigError(f"dev_gate must be a p-value between 0 and 1 (or null: no gate), got {gate}")
     alphas = [float(a) for a in options.get("alphas", [])]
     if any(not 0.0 < a < 1.0 for a in alphas) or len(set(alphas)) != len(alphas):
         raise ConfigError("alphas must be distinct and strictly between 0 and 1 (0, the off-the-shelf model, and "
@@ -154,20 +174,34 @@ def stage_select(state: RunState, options: dict[str, Any], label: str, show_prog
                                   int(options.get("k", fusion.RRF_K)), show_progress)
             for candidate in candidates}
     ranked = dev_order({candidate: spec.fit["cross_fitted"] for candidate, spec in fits.items()})
-    chosen, spec, checks, fallback = ranked[0], fits[ranked[0]], {}, False
+    baseline = fusion.FusionSpec(method="rrf", k=int(options.get("k", fusion.RRF_K)),
+                                 depth=int(options.get("depth", fusion.DEFAULT_DEPTH)))
+    gate_p = options.get("dev_gate", DEV_GATE_P)
+    gate_p = None if gate_p is None else float(gate_p)
+    baseline_dev = (fit_fusion(state, f"{name}.{BASELINE}", [*runs, "zero-shot"], [("rrf", None)], split, measure,
+                               float(options.get("step", fusion.DEFAULT_STEP)), int(options.get("depth",
+                               fusion.DEFAULT_DEPTH)), int(options.get("k", fusion.RRF_K)), show_progress)
+                    if gate_p is not None else None)
     guards = guard_collections(state, options, label)
-    if guards:
-        baseline = fusion.FusionSpec(method="rrf", k=int(options.get("k", fusion.RRF_K)),
-                                     depth=int(options.get("depth", fusion.DEFAULT_DEPTH)))
-        chosen = None
-        for candidate in ranked:
-            checks[candidate] = guard_check(state, name, runs, candidate, fits[candidate], baseline, guards, options,
+    chosen, spec, gates, checks, refused = None, None, {}, {}, []
+    for candidate in ranked:   # in dev order; checking stops at the first admitted (the same choice as checking all)
+        fit = fits[candidate]
+        if baseline_dev is not None and not is_baseline(candidate, fit, baseline):
+            gates[candidate] = dev_gate_verdict(baseline_dev.fit["per_query"], fit.fit["per_query"], gate_p)
+            if not gates[candidate]["admitted"]:
+                refused.append(refusal(candidate, "dev gate", gates[candidate]))
+                continue
+        if guards:
+            checks[candidate] = guard_check(state, name, runs, candidate, fit, baseline, guards, options,
                                             show_progress)
-            if checks[candidate]["admitted"]:
-                chosen, spec = candidate, fits[candidate]
-                break
-        if chosen is None:   # every candidate refused: the untrained RRF of the runs and the off-the-shelf model
-            chosen, spec, fallback = "zero-shot", baseline, True
+            if not checks[candidate]["admitted"]:
+                refused.append(refusal(candidate, "guard", checks[candidate]["pooled"]))
+                continue
+        chosen, spec = candidate, fit
+        break
+    fallback = chosen is None
+    if fallback:   # every candidate refused: the untrained RRF of the runs and the off-the-shelf model
+        chosen, spec = "zero-shot", baseline
     fitted = fusion_file(state, f"{name}.{chosen}") if spec.fit else None
     selection = {"split": split, "measure": measure, "queries": fits[chosen].fit["queries"], "chosen": chosen,
                  "model": finetuned, "fusion": spec.describe(), "trained_on": origin(state.data).name,
@@ -176,8 +210,15 @@ def stage_select(state: RunState, options: dict[str, Any], label: str, show_prog
                                  "fused": fit.fit["score"], "cross_fitted": fit.fit["cross_fitted"],
                                  "alone": fit.fit["single_runs"][f"run{len(runs)}"],
                                  "methods": fit.fit.get("candidates", []),
+                                 **({"dev_gate": gates[candidate]} if candidate in gates else {}),
                                  **({"guard": checks[candidate]} if candidate in checks else {})}
-                                for (candidate, alpha), fit in zip(candidates.items(), fits.values())]}
+                                for (candidate, alpha), fit in zip(candidates.items(), fits.values())],
+                 "refused": refused, "fallback": fallback, "dev_order": ranked}
+    if baseline_dev is not None:
+        selection["dev_gate"] = {"p": gate_p, "baseline": BASELINE, "baseline_cross_fitted": baseline_dev.fit["score"],
+                                 "rule": GATE_RULE.format(runs=" + ".join(runs), measure=measure, p=gate_p),
+                                 "kept_baseline": any(r["rule"] == "dev gate" for r in refused)
+                                 and is_baseline(chosen, spec, baseline)}
     if guards:
         selection["guard"] = {"collections": {g: len(split_query_ids(path, GUARD_SPLIT)) for g, path in guards.items()},
                               "evaluated": {g: len(split_query_ids(path, "test")) for g, path in guards.items()},
@@ -187,9 +228,34 @@ def stage_select(state: RunState, options: dict[str, Any], label: str, show_prog
                               "fallback": fallback}
     state.give("fusion", name, {"runs": [*runs, chosen], "spec": spec, "selection": selection, "fitted": fitted})
     state.report.setdefault("selections", {})[name] = selection   # results.json: every select stage's choice
-    logger.info("%s: %s = %s of %s, chosen on %d %s queries (%s %.4f, cross-fitted %.4f)", label, name,
-                fits[chosen].describe(), " + ".join([*runs, chosen]), selection["queries"], split, measure,
-                fits[chosen].fit["score"], fits[chosen].fit["cross_fitted"])
+    logger.info("%s: %s = %s of %s, chosen on %d %s queries (%s %.4f, cross-fitted %.4f)%s", label, name,
+                spec.describe(), " + ".join([*runs, chosen]), selection["queries"], split, measure,
+                fits[chosen].fit["score"], fits[chosen].fit["cross_fitted"],
+                "; refused: " + ", ".join(f"{r['name']} ({r['rule']})" for r in refused) if refused else "")
+
+
+def is_baseline(candidate: str, spec, baseline) -> bool:
+    """Whether ``candidate`` fused by ``spec`` is the untrained RRF of the runs and the off-the-shelf model
+    (``rrf-zero-shot``: never gated or refused)."""
+    return candidate == "zero-shot" and spec.method == "rrf" and spec.k == baseline.k
+
+
+def dev_gate_verdict(baseline: Mapping[str, float], candidate: Mapping[str, float], p: float) -> dict[str, Any]:
+    """The dev gate (docs/preregistration.md, amendment 16): the candidate's per-query cross-fitted dev scores
+    against the untrained RRF's on the same dev queries, paired one-sided t-test (candidate > baseline);
+    ``admitted`` when ``p_value`` ≤ ``p`` (a NaN p, fewer than two queries, is never admitted)."""
+    queries = list(baseline)
+    result = paired_ttest(np.array([baseline[q] for q in queries]), np.array([candidate.get(q, 0.0) for q in queries]),
+                          alternative="greater")
+    admitted = not np.isnan(result.p_value) and result.p_value <= p
+    return {"queries": len(queries), "mean_difference": round(result.mean_difference, 6),
+            "p_value": result.p_value, "admitted": bool(admitted), "p": p}
+
+
+def refusal(candidate: str, rule: str, test: Mapping[str, Any]) -> dict[str, Any]:
+    """One refused candidate for ``results.md``: the rule (``dev gate`` or ``guard``), its Δ and p."""
+    return {"name": candidate, "rule": rule, "mean_difference": test.get("mean_difference"),
+            "p_value": test.get("p_value")}
 
 
 def choose(scores: Mapping[str, float]) -> str:
