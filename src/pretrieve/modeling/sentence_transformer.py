@@ -271,7 +271,6 @@ class SentenceTransformersConfig:
     """What a sentence-transformers ``modules.json`` chain says about encoding."""
 
     transformer_path: str = ""
-    max_seq_length: int | None = None
     pooling: tuple[str, ...] = ("mean",)
     include_prompt: bool = True
     dense: int = 0                 # Dense modules after the pooling (checked here, loaded by sentence-transformers)
@@ -348,9 +347,6 @@ def read_sentence_transformers_config(files: ModelFiles, side: str = "passage") 
                               "routes start one)")
     if not seen_pooling:
         raise ConfigError(f"{where}: no Pooling module after the Transformer; cannot make one vector per text")
-    side_length = config.query_length if side == "query" else config.document_length
-    if side_length:   # as encode_query / encode_document truncate
-        config.max_seq_length = int(side_length)
     st_config = files.json("config_sentence_transformers.json") or {}
     config.prompts = dict(st_config.get("prompts") or {})
     config.default_prompt_name = st_config.get("default_prompt_name")
@@ -383,7 +379,6 @@ def _read_transformer(files: ModelFiles, path: str, config: SentenceTransformers
     config.transformer_path = path
     prefix = f"{path}/" if path else ""
     bert_config = files.json(f"{prefix}sentence_bert_config.json") or {}
-    config.max_seq_length = bert_config.get("max_seq_length")
     config.query_length = bert_config.get("query_length")
     config.document_length = bert_config.get("document_length")
 

@@ -8,12 +8,12 @@ It reads a model's configuration once, here and nowhere else:
   whether the towers are tied, the query/passage lengths it was trained with, and how it joined a passage's title
   and text (``title_join``: ``sep`` = the tokenizer's [SEP] between them, as the authors' pre-processing; the
   passage side joins the corpus alike, :func:`joining_titles`);
-* the sentence-transformers files (``modules.json`` and the module folders) of dense models, read exactly as
-  sentence-transformers (v2 to v6) reads them by
-  :func:`pretrieve.modeling.sentence_transformer.read_sentence_transformers_config`.
+* the sentence-transformers files (``modules.json`` and the module folders) of dense models, checked by
+  :func:`pretrieve.modeling.sentence_transformer.read_sentence_transformers_config` and loaded by
+  ``SentenceTransformer(path)``.
 
-A **dense** retriever is run by :class:`~pretrieve.modeling.sentence_transformer.DenseEncoder` (transformer →
-pooling → Dense* → Normalize): one encoder for both sides, or one per route of a sentence-transformers
+A **dense** retriever is run by :class:`~pretrieve.modeling.sentence_transformer.DenseEncoder` (sentence-transformers'
+modules: transformer → pooling → Dense* → Normalize): one encoder for both sides, or one per route of a sentence-transformers
 ``Router`` (task ``query`` / ``document``: pretrieve's export of separate towers and of CoT-MoTE experts,
 :mod:`pretrieve.modeling.export`), or — for a CoT-MoTE checkpoint without one (a pre-trained encoder) — two views
 of one model routed to its query and passage FFN experts. Query / passage prompts saved with a model are used
