@@ -42,6 +42,7 @@ from pretrieve.errors import InputError
 from pretrieve.modeling.objectives.base import COT_MOTE, DUPMAE, SBERT, SPLADE, Citation
 from pretrieve.models import OFFLINE_MODELS
 from pretrieve.train.evaluator import EVALUATION_FILE, best_values
+from pretrieve.train.method import PRESETS, method_citations, method_from_mapping, preset
 
 #: representation → the papers of the retriever's form (beside the papers of its pre-training method).
 REPRESENTATION_PAPERS: dict[str, tuple[Citation, ...]] = {"dupmae": (DUPMAE,), "sparse": (SPLADE,),
@@ -317,8 +318,6 @@ def _usage(name: str, kind: str, routed: bool) -> list[str]:
 def _papers(methods: list[Any], kind: str, mote: bool) -> list[Citation]:
     """The papers of the pre-training ``methods`` (resolved method records or preset names), the experts and the
     representation, once each."""
-    from pretrieve.train.method import PRESETS, method_citations, method_from_mapping, preset  # lazy: torch
-
     found: list[Citation] = []
     for method in methods:
         try:
