@@ -75,18 +75,6 @@ def check_activation(name: str | None, where: str) -> None:
 
 
 # ------------------------------------------------------------------------------------------- encoder
-@dataclass
-class TokenizedTexts:
-    """Unpadded token ids of a list of texts (plus token type ids when the model uses them)."""
-
-    input_ids: list[list[int]]
-    token_type_ids: list[list[int]] | None
-    prompt_length: int | None = None
-
-    def __len__(self) -> int:
-        return len(self.input_ids)
-
-
 class DenseEncoder:
     """Texts → vectors: the tokenizer and sentence-transformers' modules of one side (Transformer first)."""
 
@@ -163,19 +151,7 @@ class DenseEncoder:
                 "include_prompt": self.include_prompt, "sentence_transformers": self.sentence_transformers,
                 "dtype": str(next(self.model.parameters()).dtype).replace("torch.", "")}
 
-    # ------------------------------------------------------------------ tokenizing
-    def tokenize(self, texts: Sequence[str], max_length: int | None = None,
-                 prompt: str | None = None) -> TokenizedTexts:
-        """Unpadded token ids, truncated to ``max_length`` (default: the encoder's), prompt prepended."""
-        length = max_length or self.max_length
-        inputs = [prompt + text for text in texts] if prompt else list(texts)
-        encoded = self.tokenizer(inputs, truncation=True, max_length=length, padding=False,
-                                 return_attention_mask=False)
-        token_types = encoded.get("token_type_ids") if "token_type_ids" in self.tokenizer.model_input_names else None
-        prompt_length = self.prompt_length(prompt, length) if prompt and not self.include_prompt else None
-        return TokenizedTexts(list(encoded["input_ids"]), list(token_types) if token_types is not None else None,
-                              prompt_length)
-
+    # ------------------------------------------------------------------ tokens and vectors
     def prompt_length(self, prompt: str, max_length: int) -> int:
         """Tokens of the prompt alone, without a trailing special token (sentence-transformers' rule)."""
         key = f"{max_length}\0{prompt}"
@@ -187,7 +163,6 @@ class DenseEncoder:
             self._prompt_lengths[key] = length
         return self._prompt_lengths[key]
 
-    # ------------------------------------------------------------------ embedding
     def embed_batch(self, batch: dict[str, Tensor], prompt_length: int | None = None) -> Tensor:
         """One padded batch → ``[B, dim]`` vectors through the modules (call under ``torch.inference_mode``)."""
         features = dict(batch)
@@ -196,26 +171,16 @@ class DenseEncoder:
         return self.modules(features)["sentence_embedding"]
 
     @torch.inference_mode()
-    def embed(self, texts: Sequence[str], max_length: int | None = None, prompt: str | None = None) -> Tensor:
-        """Embed a small list of texts in one padded batch (no sorting, no progress; corpora go through
+    def embed(self, texts: Sequence[str], prompt: str | None = None) -> Tensor:
+        """Embed a small list of texts in one padded batch at the encoder's length (corpora go through
         :mod:`pretrieve.retrieval.batches`)."""
-        tokenized = self.tokenize(texts, max_length=max_length, prompt=prompt)
-        features = {"input_ids": tokenized.input_ids}
-        if tokenized.token_type_ids is not None:
-            features["token_type_ids"] = tokenized.token_type_ids
-        batch = self.tokenizer.pad(features, return_tensors="pt")
-        return self.embed_batch({key: value.to(self.device) for key, value in batch.items()}, tokenized.prompt_length)
+        batch = self.tokenizer([prompt + text for text in texts] if prompt else list(texts), padding=True,
+                               truncation=True, max_length=self.max_length, return_tensors="pt")
+        features = {key: value.to(self.device) for key, value in batch.items()
+                    if key in ("input_ids", "attention_mask", "token_type_ids")}
+        return self.embed_batch(features, self.prompt_length(prompt, self.max_length)
+                                if prompt and not self.include_prompt else None)
 
-
-#: sentence-transformers' legacy boolean keys, in the order it concatenates the modes.
-LEGACY_POOLING_KEYS: dict[str, str] = {
-    "pooling_mode_cls_token": "cls",
-    "pooling_mode_max_tokens": "max",
-    "pooling_mode_mean_tokens": "mean",
-    "pooling_mode_mean_sqrt_len_tokens": "mean_sqrt_len_tokens",
-    "pooling_mode_weightedmean_tokens": "weightedmean",
-    "pooling_mode_lasttoken": "lasttoken",
-}
 
 _PASSAGE_PROMPT_NAMES = ("document", "passage", "corpus")
 ROUTER_CONFIG = "router_config.json"
@@ -384,15 +349,13 @@ def _read_transformer(files: ModelFiles, path: str, config: SentenceTransformers
 
 
 def _read_pooling(files: ModelFiles, path: str, config: SentenceTransformersConfig) -> None:
-    pooling_cfg = files.json(f"{path}/config.json")
-    if pooling_cfg is None:
+    from sentence_transformers.sentence_transformer.modules import Pooling  # lazy: sentence_transformers
+
+    if files.json(f"{path}/config.json") is None:   # also: invalid JSON is one line naming the file
         raise InputError("Pooling module has no config.json", path=f"{files.name}/{path}")
-    if "pooling_mode" in pooling_cfg:
-        mode = pooling_cfg["pooling_mode"]
-        config.pooling = parse_pooling([mode] if isinstance(mode, str) else list(mode))
-    else:
-        active = [mode for key, mode in LEGACY_POOLING_KEYS.items() if pooling_cfg.get(key, False)]
-        config.pooling = tuple(active) or ("mean",)
+    pooling_cfg = Pooling.load_config(files.name, subfolder=path)   # legacy pooling_mode_* booleans converted
+    mode = pooling_cfg.get("pooling_mode", "mean")
+    config.pooling = parse_pooling([mode] if isinstance(mode, str) else list(mode))
     config.include_prompt = bool(pooling_cfg.get("include_prompt", True))
 
 
