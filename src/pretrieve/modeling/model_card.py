@@ -222,6 +222,8 @@ def metrics_from_file(path: str | Path, run: str | None = None) -> dict[str, dic
     output (the run named ``run``, or its only run; the collection of one-collection output is its qrels' folder,
     the split its qrels file). Bad files are one :class:`~pretrieve.errors.InputError` naming the file and field."""
     where = Path(path)
+    if not where.is_file():
+        raise InputError("results file not found", path=where)
     data = _json(where)
     if data is None:
         raise InputError("not a JSON object (a recipe's results.json or `pretrieve evaluate --json` output)",
