@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from pretrieve.modeling.dual_encoder import DualEncoder
+from pretrieve.modeling.dual_encoder import TOWER_FOLDERS, DualEncoder
 from pretrieve.modeling.export import export_retriever
 from pretrieve.modeling.representations import DenseRepresentation
 from pretrieve.retrieval.load import load_dense_encoder, load_retriever
@@ -44,7 +44,7 @@ def test_sentence_transformers_and_dense_encoder_agree(tiny_bert_dir, tokenizer,
     np.testing.assert_allclose(ours, model_vectors(model, tokenizer, TEXTS, "passage"), atol=1e-5)
     config = json.loads((out / "config_sentence_transformers.json").read_text())
     assert config["similarity_fn_name"] == ("cosine" if normalize else "dot")
-    assert json.loads((out / "sentence_bert_config.json").read_text())["max_seq_length"] == MAX_LEN
+    assert json.loads((out / "tokenizer_config.json").read_text())["model_max_length"] == MAX_LEN
 
 
 def test_cosine_model_gets_a_normalize_module(tiny_bert_dir, tokenizer, tmp_path):
@@ -82,8 +82,9 @@ def test_separate_towers_export_through_a_router(tiny_bert_dir, tokenizer, tmp_p
     out = export_retriever(model, tokenizer, tmp_path / "sep", MAX_LEN)
     modules = json.loads((out / "modules.json").read_text())
     assert [m["type"].rsplit(".", 1)[1] for m in modules] == ["Router", "Pooling"]
-    assert json.loads((out / "router_config.json").read_text())["structure"] == {"query": ["query"],
-                                                                                  "document": ["passage"]}
+    assert json.loads((out / "router_config.json").read_text())["structure"] == {
+        "query": [TOWER_FOLDERS["query"]], "document": [TOWER_FOLDERS["passage"]]}
+    assert not (out / "query").exists() and len(list(out.rglob("*.safetensors"))) == 2   # each tower once
     assert_sides_match(out, model, tokenizer)
     assert DualEncoder.load(out).tied is False
 
@@ -131,8 +132,8 @@ def test_mote_export_routes_queries_to_the_query_expert(tokenizer, tmp_path):
 
     model = tiny_mote_retriever(tokenizer, tmp_path / "mote")
     out = export_retriever(model, tokenizer, tmp_path / "exported", MAX_LEN)
-    for side in ("query", "passage"):
-        assert "mote" not in json.loads((out / side / "config.json").read_text())
+    for folder in TOWER_FOLDERS.values():
+        assert "mote" not in json.loads((out / folder / "config.json").read_text())
     assert_sides_match(out, model, tokenizer)
     reloaded = DualEncoder.load(out)
     assert reloaded.tied and is_mote(reloaded.query_tower.encoder.model)
@@ -205,3 +206,18 @@ def test_long_queries_and_passages_give_pretrieves_vectors_in_sentence_transform
     cut = tokenizer(query, truncation=True, max_length=32)["input_ids"]   # the query really is cut at 32
     np.testing.assert_allclose(ours_query, pretrieve.encode(retriever, [tokenizer.decode(cut[1:-1])], side="query",
                                                             show_progress=False), atol=1e-5)
+
+
+def test_separate_towers_saved_before_in_query_and_passage_folders_still_load(tiny_bert_dir, tmp_path):
+    """A retriever with separate towers written by an earlier pretrieve (``query/``, ``passage/``) loads as saved."""
+    model = DualEncoder.from_pretrained(tiny_bert_dir, DenseRepresentation("mean"), tied=False)
+    with torch.no_grad():
+        for param in model.tower("query").parameters():
+            param.add_(0.01 * torch.randn_like(param))
+    out = model.save(tmp_path / "old")
+    for side, folder in TOWER_FOLDERS.items():
+        (out / folder).rename(out / side)
+    reloaded = DualEncoder.load(out)
+    for side in ("query", "passage"):
+        for mine, theirs in zip(model.tower(side).parameters(), reloaded.tower(side).parameters()):
+            assert torch.equal(mine, theirs)

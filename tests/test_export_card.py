@@ -63,9 +63,11 @@ def test_export_command_writes_a_card_with_the_recipe_and_its_results(fine_tuned
     assert "| finetune-s1 | scifact | 0.6508 | 0.6091 | 0.9237 |" in card        # the results table
     assert "| scifact | -0.0254 [-0.0500, -0.0008] (p = 0.043) |" in card        # the t-tests
     assert "728 training queries" in card and "`scifact`" in card
-    assert "Ma et al. (2024). *Drop your Decoder" in card and "Reimers & Gurevych (2019)" in card
+    assert "Ma et al. (2024). *Drop your Decoder" in card and "Reimers et al. (2019). *Sentence-BERT" in card
+    assert "Devlin et al. (2019)" in card   # the bow preset: its objectives mlm (BERT) and bow (Drop your Decoder)
     assert "encode_query" in card and "pretrieve.load_retriever" in card and "apache-2.0" in card
-    assert json.loads((out / "config_sentence_transformers.json").read_text())["prompts"] == {"query": "query: "}
+    prompts = json.loads((out / "config_sentence_transformers.json").read_text())["prompts"]
+    assert {task: text for task, text in prompts.items() if text} == {"query": "query: "}
     assert not (out / "logs.jsonl").exists() and not (out / "checkpoints").exists()
 
 
@@ -248,3 +250,55 @@ def test_dry_run_lists_what_would_be_uploaded_without_the_network(fine_tuned, tm
     assert "dry run: would upload" in result.output and "https://huggingface.co/someone/tiny-retriever" in result.output
     assert "README.md" in result.output and "model.safetensors" in result.output and "pushed:" not in result.output
     assert (out / "README.md").is_file()
+
+
+def test_export_metrics_file_feeds_the_model_index_from_evaluate_or_recipe_results(fine_tuned, tmp_path, monkeypatch,
+                                                                                  capsys):
+    """``pretrieve export --metrics FILE``: ``pretrieve evaluate --json`` output (one collection: the qrels' folder
+    and split; several: its ``scores``) or a recipe's ``results.json`` (the final row by default) becomes the card's
+    ``model-index``; a file with several runs needs ``--metrics-run``, and a bad file is one error line, exit 2."""
+    from huggingface_hub import ModelCard
+
+    def index(out):
+        results = ModelCard.load(out / "README.md").data.to_dict()["model-index"][0]["results"]
+        return {(r["dataset"]["name"], r["dataset"]["split"], m["name"], m["value"]) for r in results
+                for m in r["metrics"]}
+
+    one = tmp_path / "evaluate.json"   # `pretrieve evaluate RUN... --data scifact --split dev --json`
+    one.write_text(json.dumps({"measures": ["nDCG@10"], "qrels": "/data/scifact/qrels/dev.tsv",
+                               "runs": [{"name": "bm25", "aggregate": {"nDCG@10": 0.5}},
+                                        {"name": "tuned", "aggregate": {"nDCG@10": 0.61, "R@100": 0.9}}]}))
+    def refused(*args):   # exit 2, one error line, nothing exported
+        monkeypatch.setattr(sys, "argv", ["pretrieve", "export", str(fine_tuned), "--out", str(tmp_path / "x"), *args])
+        with pytest.raises(SystemExit) as exit_info:
+            main()
+        errors = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+        assert exit_info.value.code == 2 and len(errors) == 1 and not (tmp_path / "x").exists(), errors
+        return errors[0]
+
+    runner = CliRunner()
+    assert "2 runs (bm25, tuned)" in refused("--metrics", str(one))
+    assert "no run 'other'" in refused("--metrics", str(one), "--metrics-run", "other")
+    done = runner.invoke(app, ["export", str(fine_tuned), "--out", str(tmp_path / "a"), "--metrics", str(one),
+                               "--metrics-run", "tuned"])
+    assert done.exit_code == 0, done.output
+    assert index(tmp_path / "a") == {("scifact", "dev", "nDCG@10", 0.61), ("scifact", "dev", "R@100", 0.9)}
+
+    many = tmp_path / "beir.json"   # `pretrieve evaluate --model M --data scifact --data cranfield --json`
+    many.write_text(json.dumps({"collections": ["scifact", "cranfield"], "measures": ["nDCG@10"],
+                                "runs": [{"name": "tuned", "scores": {"scifact": {"nDCG@10": 0.7},
+                                                                      "cranfield": {"nDCG@10": 0.4}}}]}))
+    assert runner.invoke(app, ["export", str(fine_tuned), "--out", str(tmp_path / "b"), "--metrics",
+                               str(many)]).exit_code == 0
+    assert index(tmp_path / "b") == {("scifact", "test", "nDCG@10", 0.7), ("cranfield", "test", "nDCG@10", 0.4)}
+
+    recipe = tmp_path / "results.json"
+    recipe.write_text(json.dumps({"rows": [{"retriever": "bm25", "collection": "scifact", "nDCG@10": 0.67},
+                                           {"retriever": "finetune-s1", "collection": "scifact", "nDCG@10": 0.65,
+                                            "final": True}]}))
+    assert runner.invoke(app, ["export", str(fine_tuned), "--out", str(tmp_path / "c"), "--metrics",
+                               str(recipe)]).exit_code == 0
+    assert index(tmp_path / "c") == {("scifact", "test", "nDCG@10", 0.65)}
+
+    (tmp_path / "bad.json").write_text("[1, 2]")
+    assert "bad.json" in refused("--metrics", str(tmp_path / "bad.json"))

@@ -269,10 +269,12 @@ def test_separate_towers_fine_tune_and_export_both_sides(tiny_bert_dir, tiny_col
     final = finetune(make_config(tiny_bert_dir, tiny_collection, tmp_path / "sep", tied=False, max_steps=3))
     info = json.loads((final / "dual_encoder.json").read_text())
     assert info["tied"] is False
-    # one sentence-transformers model whose Router sends queries to query/ and passages to passage/
+    # one sentence-transformers model whose Router sends queries and passages to the two towers' folders
+    from pretrieve.modeling.dual_encoder import TOWER_FOLDERS
+
     assert (final / "modules.json").exists() and (final / "router_config.json").exists()
-    for side in ("query", "passage"):
-        assert (final / side / "config.json").exists() and (final / side / "sentence_bert_config.json").exists()
+    for folder in TOWER_FOLDERS.values():
+        assert (final / folder / "config.json").exists() and (final / folder / "sentence_bert_config.json").exists()
 
 
 def test_cli_help_shows_defaults_and_cli_runs_a_stage(tiny_bert_dir, tiny_collection, tmp_path):

@@ -12,7 +12,7 @@ import torch
 from safetensors.torch import load_file
 
 from pretrieve.errors import InputError
-from pretrieve.modeling.dual_encoder import DualEncoder
+from pretrieve.modeling.dual_encoder import TOWER_FOLDERS, DualEncoder
 from pretrieve.modeling.export import export_retriever
 from pretrieve.modeling.interpolate import interpolate_retriever
 from pretrieve.modeling.representations import DenseRepresentation
@@ -68,9 +68,9 @@ def test_separate_towers_and_an_mlm_base_match_by_name(tiny_bert_dir, tiny_mlm_d
     out = interpolate_retriever(tiny_mlm_dir, finetuned, 0.5, tmp_path / "wise")
     mlm = {k[len("bert."):]: v for k, v in load_file(str(tiny_mlm_dir / "model.safetensors")).items()
            if k.startswith("bert.")}
-    for side in ("query", "passage"):
-        tuned = load_file(str(finetuned / side / "model.safetensors"))
-        mixed = load_file(str(out / side / "model.safetensors"))
+    for folder in TOWER_FOLDERS.values():
+        tuned = load_file(str(finetuned / folder / "model.safetensors"))
+        mixed = load_file(str(out / folder / "model.safetensors"))
         name = "embeddings.word_embeddings.weight"
         torch.testing.assert_close(mixed[name], 0.5 * mlm[name] + 0.5 * tuned[name], atol=1e-6, rtol=1e-6)
 

@@ -30,7 +30,11 @@ Checkpoint layout (:meth:`DualEncoder.save`)::
 
     dual_encoder.json          format, tied, tower kind, representation config, loss settings, training info
     config.json, model.safetensors          the tower (tied) — loads with AutoModel.from_pretrained
-    query/…, passage/…                      the two towers (tied=False), each loadable with AutoModel
+    query_0_Transformer/…, document_0_Transformer/…
+                                            the two towers (tied=False), each loadable with AutoModel — the
+                                            folders sentence-transformers' Router.for_query_document saves its
+                                            query and document Transformers in, so an export stores each tower
+                                            once (:data:`TOWER_FOLDERS`; ``query/``, ``passage/`` are read too)
     representation.safetensors              only for representations with learnable parameters
 """
 
@@ -58,6 +62,8 @@ from pretrieve.modeling.representations import DenseRepresentation, Representati
 TEXT_TYPES = ("query", "passage")
 CONFIG_FILE = "dual_encoder.json"
 REPRESENTATION_WEIGHTS = "representation.safetensors"
+TOWER_FOLDERS = {"query": "query_0_Transformer", "passage": "document_0_Transformer"}
+"""Text type → the folder of its tower when the towers are separate (sentence-transformers' Router folders)."""
 FORMAT = "pretrieve-dual-encoder/1"
 
 
@@ -354,8 +360,8 @@ class DualEncoder(nn.Module):
         if self.tied:
             self.query_tower.save_pretrained(directory)
         else:
-            self.query_tower.save_pretrained(directory / "query")
-            self.passage_tower.save_pretrained(directory / "passage")
+            self.query_tower.save_pretrained(directory / TOWER_FOLDERS["query"])
+            self.passage_tower.save_pretrained(directory / TOWER_FOLDERS["passage"])
         state = self.representation.state_dict()
         if state:
             save_file({key: value.detach().contiguous().cpu() for key, value in state.items()},
@@ -376,9 +382,15 @@ class DualEncoder(nn.Module):
         if info.get("tied", True):
             query, passage = tower_cls.from_pretrained(directory), None
         else:
-            query = tower_cls.from_pretrained(directory / "query")
-            passage = tower_cls.from_pretrained(directory / "passage")
+            query, passage = (tower_cls.from_pretrained(tower_folder(directory, side)) for side in TEXT_TYPES)
         return cls(query, passage, representation, RetrievalLoss.from_dict(info.get("loss", {})))
+
+
+def tower_folder(directory: str | Path, text_type: str) -> Path:
+    """The folder of the ``text_type`` tower of separate towers saved in ``directory`` (:data:`TOWER_FOLDERS`, or
+    ``query/`` / ``passage/`` as pretrieve wrote them before)."""
+    folder = Path(directory) / TOWER_FOLDERS[text_type]
+    return folder if folder.is_dir() or not (Path(directory) / text_type).is_dir() else Path(directory) / text_type
 
 
 def read_dual_encoder_config(directory: str | Path) -> dict[str, Any]:

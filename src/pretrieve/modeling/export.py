@@ -1,38 +1,35 @@
 """Export a fine-tuned dual encoder so that retrieval tools load it as they are.
 
 :func:`export_retriever` writes a :class:`~pretrieve.modeling.dual_encoder.DualEncoder` (``save``), its tokenizer
-and, for dense representations, the files of a sentence-transformers (v2 to v6) model:
+and, for dense representations, a sentence-transformers model built from sentence-transformers' own modules and
+written by its own ``save`` (so the files follow the installed sentence-transformers, ≥ 6.2):
 
-* ``modules.json`` — the input module, then ``Pooling`` (``1_Pooling``) → ``Normalize`` (``2_Normalize``, when
-  the representation normalises or is trained on cosine similarity);
-* ``sentence_bert_config.json`` beside every transformer — ``max_seq_length`` (the passage length used in
-  training) and ``do_lower_case: false``; the tokenizer's ``model_max_length`` is set to the same value, which is
-  where sentence-transformers 6 reads it; and the trained lengths of each side, ``query_length`` (the query length
-  of training) and ``document_length`` (the passage length), which sentence-transformers (6.2 tested) applies in
-  ``encode_query`` / ``encode_document`` (a separate query tower's folder has the query length as its
-  ``max_seq_length``), so long queries are cut where pretrieve cuts them;
-* ``1_Pooling/config.json`` — ``word_embedding_dimension`` and the ``pooling_mode_*`` booleans (``cls`` or
-  ``mean``), the form every sentence-transformers version from 2 to 6 reads;
-* ``config_sentence_transformers.json`` — ``similarity_fn_name`` ``"cosine"`` for cosine/normalised
-  representations, else ``"dot"``, and the ``prompts`` (``{"query": …, "document": …}``) when the model is
-  used with instructions (E5/BGE-style ``"query: "``), so ``encode_query`` / ``encode_document`` prepend them.
+* ``Transformer`` with ``query_length`` (the query length of training) and ``document_length`` / the tokenizer's
+  ``model_max_length`` (the passage length), which ``encode_query`` / ``encode_document`` truncate to, so long
+  queries are cut where pretrieve cuts them;
+* ``Pooling`` (``cls`` or ``mean``, the representation's) → ``Normalize`` (when the representation normalises or
+  is trained on cosine similarity);
+* the model's ``similarity_fn_name`` (``"cosine"`` for cosine/normalised representations, else ``"dot"``) and
+  ``prompts`` (``{"query": …, "document": …}``, when the model is used with instructions, E5/BGE-style
+  ``"query: "``), so ``encode_query`` / ``encode_document`` prepend them.
 
 Three dense layouts, all loading with ``SentenceTransformer(path)``, with
 :func:`pretrieve.retrieval.load.load_retriever` (``pretrieve dense --model path``) and ``DualEncoder.load``:
 
-* **siamese** (one tower): the input module is a ``Transformer`` at the folder's root;
-* **separate towers** (``tied=False``): the input module is sentence-transformers' ``Router``
-  (``router_config.json``): the task ``"query"`` runs the ``Transformer`` in ``query/``, the task ``"document"``
-  (the default) the one in ``passage/`` — the two towers as ``DualEncoder.save`` writes them — so
-  ``encode_query`` / ``encode_document`` give the query and passage vectors;
+* **siamese** (one tower): the ``Transformer`` at the folder's root;
+* **separate towers** (``tied=False``): sentence-transformers' ``Router.for_query_document`` — the task
+  ``"query"`` runs the ``Transformer`` in ``query_0_Transformer/``, ``"document"`` (the default) the one in
+  ``document_0_Transformer/``, the folders where ``DualEncoder.save`` keeps the two towers
+  (:data:`~pretrieve.modeling.dual_encoder.TOWER_FOLDERS`), so each tower is stored once;
 * **CoT-MoTE** (one tower with query/passage FFN experts, Ma et al. 2023): the root keeps the MoTE checkpoint
   (``DualEncoder.load``, further fine-tuning), and each side is also written as a plain transformer — shared
-  weights + that side's experts (:func:`expert_model`) — in ``query/`` and ``passage/``, routed by a ``Router``
-  as above. Exact (no approximation), at the cost of two plain copies of the weights beside the MoTE one.
+  weights + that side's experts (:func:`expert_model`) — in the two Router folders as above. Exact (no
+  approximation), at the cost of two plain copies of the weights beside the MoTE one.
 
-Representations other than dense (sparse, hybrid, DupMAE) get no sentence-transformers files: their folder is
-pretrieve's own format (``dual_encoder.json`` + a Hugging Face checkpoint with its MLM head), loaded by
-``load_retriever`` / ``pretrieve dense`` (docs/export.md).
+What sentence-transformers cannot express stays pretrieve's own: representations other than dense (sparse,
+hybrid, DupMAE) get no sentence-transformers files — their folder is pretrieve's format (``dual_encoder.json`` + a
+Hugging Face checkpoint with its MLM head), loaded by ``load_retriever`` / ``pretrieve dense`` — and the MoTE
+checkpoint at a CoT-MoTE export's root (experts routed per token type) is read by pretrieve alone (docs/export.md).
 
 :func:`export_model` (``pretrieve export``, ``pretrieve.export``) turns a fine-tuned model folder into a clean
 export of this layout plus its model card (:mod:`pretrieve.modeling.model_card`), and :func:`push_to_hub` uploads
@@ -47,7 +44,6 @@ import copy
 import json
 import logging
 import shutil
-from importlib import metadata
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -56,8 +52,7 @@ from torch import nn
 from transformers import AutoTokenizer
 
 from pretrieve.errors import ConfigError, InputError
-from pretrieve.io_utils import write_json
-from pretrieve.modeling.dual_encoder import DualEncoder, read_dual_encoder_config
+from pretrieve.modeling.dual_encoder import TOWER_FOLDERS, DualEncoder, read_dual_encoder_config
 from pretrieve.modeling.model_card import DEFAULT_LICENSE, write_model_card
 from pretrieve.train.evaluator import EVALUATION_FILE
 from pretrieve.modeling.mote import EXPERTS, CONFIG_KEY, is_mote, routed_modules
@@ -66,13 +61,8 @@ from pretrieve.modeling.representations import DenseRepresentation
 
 logger = logging.getLogger(__name__)
 
-POOLING_KEYS = {"cls": "pooling_mode_cls_token", "mean": "pooling_mode_mean_tokens"}
-_ALL_POOLING_KEYS = ("pooling_mode_cls_token", "pooling_mode_mean_tokens", "pooling_mode_max_tokens",
-                     "pooling_mode_mean_sqrt_len_tokens")
-ROUTER_CONFIG = "router_config.json"
 SIDES = {"query": "query", "document": "passage"}
-"""sentence-transformers' task → the folder (and pretrieve text type) of its side."""
-TRANSFORMER_TYPE = "sentence_transformers.models.Transformer"
+"""sentence-transformers' task → pretrieve's text type of its side."""
 
 
 def export_retriever(model: DualEncoder, tokenizer, directory: str | Path, max_seq_length: int,
@@ -83,31 +73,49 @@ def export_retriever(model: DualEncoder, tokenizer, directory: str | Path, max_s
     ``prompts``: ``{"query": …, "passage": …}`` instructions the model is used with (None or empty: none)."""
     directory = Path(directory)
     model.save(directory, training=training)
-    _save_tokenizer(tokenizer, directory, max_seq_length)
-    query_length = int((training or {}).get("query_max_len") or max_seq_length)
-    mote = model.tied and tower_is_mote(model.query_tower)
-    if not model.tied:
-        for side in SIDES.values():
-            _save_tokenizer(tokenizer, directory / side, max_seq_length)
+    folders = [""] if model.tied else list(TOWER_FOLDERS.values())
+    for folder in folders:
+        _save_tokenizer(tokenizer, directory / folder, max_seq_length)
     if not isinstance(model.representation, DenseRepresentation):
         logger.info("representation '%s' is not dense: no sentence-transformers files written",
                     model.representation.kind)
         return directory
-    if mote:
-        experts = next(module for module in model.query_tower.modules() if is_mote(module))
-        for side in SIDES.values():
-            expert_model(experts, side).save_pretrained(str(directory / side), safe_serialization=True)
-            _save_tokenizer(tokenizer, directory / side, max_seq_length)
-    if model.tied and not mote:
-        write_transformer_config(directory, max_seq_length, query_length)
-    else:
-        for side in SIDES.values():
-            write_transformer_config(directory / side, query_length if side == "query" else max_seq_length,
-                                     query_length)
-        write_router_config(directory)
-    write_sentence_transformers_files(directory, model.representation, model.query_tower.hidden_size,
-                                      router=not model.tied or mote, prompts=prompts)
+    query_length = int((training or {}).get("query_max_len") or max_seq_length)
+    save_sentence_transformer(model, tokenizer, directory, max_seq_length, query_length, prompts or {})
     return directory
+
+
+def save_sentence_transformer(model: DualEncoder, tokenizer, directory: Path, passage_length: int, query_length: int,
+                              prompts: Mapping[str, str | None]) -> None:
+    """Write the sentence-transformers files of the dense ``model`` saved in ``directory``: its modules, built from
+    the saved towers, saved by sentence-transformers (the module docstring's layouts)."""
+    from sentence_transformers import SentenceTransformer  # lazy: sentence_transformers
+    from sentence_transformers.base.modules import Normalize, Router, Transformer  # lazy: sentence_transformers
+    from sentence_transformers.sentence_transformer.modules import Pooling  # lazy: sentence_transformers
+
+    def transformer(folder: Path, length: int):
+        return Transformer(str(folder), max_seq_length=length, query_length=query_length,
+                           document_length=passage_length)
+
+    mote = model.tied and tower_is_mote(model.query_tower)
+    if model.tied and not mote:
+        first = transformer(directory, passage_length)
+    else:
+        if mote:
+            experts = next(module for module in model.query_tower.modules() if is_mote(module))
+            for side, folder in TOWER_FOLDERS.items():
+                expert_model(experts, side).save_pretrained(str(directory / folder), safe_serialization=True)
+                _save_tokenizer(tokenizer, directory / folder, passage_length)
+        first = Router.for_query_document(
+            [transformer(directory / TOWER_FOLDERS["query"], query_length)],
+            [transformer(directory / TOWER_FOLDERS["passage"], passage_length)])
+    representation = model.representation
+    modules = [first, Pooling(model.query_tower.hidden_size, pooling_mode=representation.pooling)]
+    modules += [Normalize()] if representation.unit_vectors else []
+    saved = {task: prompts.get(side) for task, side in SIDES.items() if prompts.get(side)}
+    SentenceTransformer(modules=modules, device="cpu", prompts=saved,
+                        similarity_fn_name="cosine" if representation.unit_vectors else "dot",
+                        ).save(str(directory), create_model_card=False)
 
 
 def export_model(model_dir: str | Path, out: str | Path, *, query_prompt: str | None = None,
@@ -234,55 +242,3 @@ def expert_model(model: nn.Module, expert: str) -> nn.Module:
     if hasattr(plain.config, CONFIG_KEY):
         delattr(plain.config, CONFIG_KEY)
     return plain
-
-
-def write_transformer_config(directory: str | Path, max_seq_length: int, query_length: int | None = None,
-                             document_length: int | None = None) -> None:
-    """``sentence_bert_config.json`` of a ``Transformer`` module; ``query_length`` / ``document_length``: the
-    per-task truncation of ``encode_query`` / ``encode_document`` (the passage length by default)."""
-    config = {"max_seq_length": int(max_seq_length), "do_lower_case": False}
-    if query_length is not None:
-        config.update(query_length=int(query_length), document_length=int(document_length or max_seq_length))
-    write_json(Path(directory) / "sentence_bert_config.json", config)
-
-
-def write_router_config(directory: str | Path) -> None:
-    """``router_config.json``: the task ``query`` → the transformer in ``query/``, ``document`` (the default) →
-    ``passage/``."""
-    write_json(Path(directory) / ROUTER_CONFIG,
-               {"types": {side: TRANSFORMER_TYPE for side in SIDES.values()},
-                "structure": {task: [side] for task, side in SIDES.items()},
-                "parameters": {"default_route": "document", "allow_empty_key": True, "route_mappings": {}}})
-
-
-def write_sentence_transformers_files(directory: str | Path, representation: DenseRepresentation, dimension: int,
-                                      router: bool = False, prompts: Mapping[str, str | None] | None = None) -> None:
-    """``modules.json``, ``1_Pooling/``, ``2_Normalize/`` and ``config_sentence_transformers.json`` of a folder
-    whose input module (a ``Transformer``, or a ``Router`` when ``router``) is at its root."""
-    directory = Path(directory)
-    first = "sentence_transformers.models.Router" if router else TRANSFORMER_TYPE
-    modules = [{"idx": 0, "name": "0", "path": "", "type": first},
-               {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"}]
-    if representation.unit_vectors:
-        modules.append({"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"})
-        (directory / "2_Normalize").mkdir(parents=True, exist_ok=True)
-    write_json(directory / "modules.json", modules)
-    pooling = {"word_embedding_dimension": int(dimension)}
-    pooling.update({key: key == POOLING_KEYS[representation.pooling] for key in _ALL_POOLING_KEYS})
-    write_json(directory / "1_Pooling" / "config.json", pooling)
-    saved = {task: (prompts or {}).get(side) for task, side in SIDES.items()}
-    write_json(directory / "config_sentence_transformers.json",
-               {"__version__": _versions(), "prompts": {task: text for task, text in saved.items() if text},
-                "default_prompt_name": None,
-                "similarity_fn_name": "cosine" if representation.unit_vectors else "dot"})
-
-
-def _versions() -> dict[str, str]:
-    found = {}
-    for name, package in (("pytorch", "torch"), ("transformers", "transformers"),
-                          ("sentence_transformers", "sentence-transformers")):
-        try:
-            found[name] = metadata.version(package)
-        except metadata.PackageNotFoundError:
-            continue
-    return found

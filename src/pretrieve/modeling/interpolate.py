@@ -15,10 +15,11 @@ modules, ``dual_encoder.json``, tokenizer) and rewrites each ``*.safetensors`` f
   ``BertForMaskedLM`` base (``bert.encoder…``) matches a fine-tuned ``BertModel`` tower (``encoder…``);
 * a tensor the base does not have (a query expert of CoT-MoTE, a learned projection, an MLM head the base
   lacks) keeps its fine-tuned value and is counted;
-* separate towers (``query/``, ``passage/``) are each interpolated with the base checkpoint's weights;
+* separate towers (:data:`~pretrieve.modeling.dual_encoder.TOWER_FOLDERS`) are each interpolated with the base
+  checkpoint's weights;
 * a CoT-MoTE export (Ma et al. 2023; :mod:`pretrieve.modeling.mote`) holds both experts at its root and one plain
-  transformer per side in ``query/`` and ``passage/`` (the side's expert under the original FFN names): the
-  ``query/`` copy is interpolated with the base's *query* expert (the base's ``….query.…`` tensors; a base without
+  transformer per side in the same two folders (the side's expert under the original FFN names): the
+  query side's copy is interpolated with the base's *query* expert (the base's ``….query.…`` tensors; a base without
   experts has one FFN, which both experts started from), so the side folders stay equal to the root's experts.
 
 A tensor with a matching name but another shape is an error (not the base this model was fine-tuned from).
@@ -36,6 +37,7 @@ from safetensors.torch import load_file, save_file
 from pretrieve.errors import ConfigError, InputError
 from pretrieve.io_utils import atomic_dir, write_json
 from pretrieve.models import resolve_model
+from pretrieve.modeling.dual_encoder import tower_folder
 from pretrieve.modeling.mote import EXPERTS, is_mote_checkpoint
 
 PREFIXES = ("0.auto_model.", "bert.", "model.")
@@ -63,7 +65,7 @@ def _base_tensors(base: Path) -> dict[str, torch.Tensor]:
 
 def query_expert_view(base: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """``base`` with each FFN tensor replaced by its CoT-MoTE query expert's (``M.query.k`` → ``M.k``, where
-    ``M.k`` is a base tensor): the weights a MoTE export's ``query/`` copy is interpolated with."""
+    ``M.k`` is a base tensor): the weights a MoTE export's query-side copy is interpolated with."""
     view = dict(base)
     marker = f".{EXPERTS[0]}."
     for name, tensor in base.items():
@@ -107,7 +109,7 @@ def interpolate_retriever(base: str | Path, finetuned: str | Path, alpha: float,
     if not weight_files:
         raise InputError("no *.safetensors weights to interpolate", path=str(finetuned_dir))
     base_tensors = _base_tensors(base_dir)
-    query_side = finetuned_dir / EXPERTS[0]
+    query_side = tower_folder(finetuned_dir, "query")
     mote_query = query_expert_view(base_tensors) if is_mote_checkpoint(finetuned_dir) else None
     counts = {"interpolated": 0, "kept": 0}
     with atomic_dir(out) as tmp:

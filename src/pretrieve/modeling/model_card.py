@@ -11,8 +11,9 @@ training statistics sentence-transformers' own card machinery would need from it
   (``pretrain_config.json``: method and corpus) to the **base model** (a hub name or path);
 * a recipe's resolved configuration (``recipe.resolved.json``; printed as YAML) and its ``results.md`` (the results
   tables and the paired t-tests), when the export comes from a recipe;
-* the **papers to cite**, from the methods used (pre-training preset, CoT-MoTE experts, representation):
-  :data:`PAPERS`.
+* the **papers to cite**: those of the pre-training method (its objectives' ``citation`` and what else it uses,
+  :func:`pretrieve.train.method.method_citations`, the source docs/methods.md's table is generated from), CoT-MoTE
+  experts, and the representation (:data:`REPRESENTATION_PAPERS`).
 
 The front matter is the Hugging Face Hub's model-card metadata, written by ``huggingface_hub``'s
 :class:`~huggingface_hub.ModelCardData` (the schema the Hub reads): ``library_name``, ``pipeline_tag``, ``license``,
@@ -37,38 +38,15 @@ from typing import Any, Mapping
 
 import yaml
 
+from pretrieve.errors import InputError
+from pretrieve.modeling.objectives.base import COT_MOTE, DUPMAE, SBERT, SPLADE, Citation
 from pretrieve.models import OFFLINE_MODELS
 from pretrieve.train.evaluator import EVALUATION_FILE, best_values
+from pretrieve.train.method import PRESETS, method_citations, method_from_mapping, preset
 
-#: key → (first author, year, title); cited when a run used the method.
-PAPERS: dict[str, tuple[str, int, str]] = {
-    "dropdecoder": ("Ma et al.", 2024, "Drop your Decoder: Pre-training with Bag-of-Word Prediction for Dense "
-                                       "Passage Retrieval"),
-    "retromae": ("Xiao et al.", 2022, "RetroMAE: Pre-Training Retrieval-oriented Language Models Via Masked "
-                                      "Auto-Encoder"),
-    "dupmae": ("Xiao & Liu", 2022, "RetroMAE v2: Duplex Masked Auto-Encoder For Pre-Training Retrieval-Oriented "
-                                   "Language Models"),
-    "cpdae": ("Ma et al.", 2022, "A Contrastive Pre-training Approach to Learn Discriminative Autoencoder for Dense "
-                                 "Retrieval"),
-    "cdmae": ("Li et al.", 2023, "Challenging Decoder helps in Masked Auto-Encoder Pre-training for Dense Passage "
-                                 "Retrieval"),
-    "cotmae": ("Wu et al.", 2023, "CoT-MAE: ConTextual Masked Auto-Encoder for Dense Passage Retrieval"),
-    "cotmote": ("Ma et al.", 2023, "CoT-MoTE: Exploring ConTextual Masked Auto-Encoder Pre-training with "
-                                   "Mixture-of-Textual-Experts for Passage Retrieval"),
-    "tsdae": ("Wang et al.", 2021, "TSDAE: Using Transformer-based Sequential Denoising Auto-Encoder for "
-                                   "Unsupervised Sentence Embedding Learning"),
-    "splade": ("Formal et al.", 2021, "SPLADE: Sparse Lexical and Expansion Model for First Stage Ranking"),
-    "sbert": ("Reimers & Gurevych", 2019, "Sentence-BERT: Sentence Embeddings using Siamese BERT-Networks"),
-}
-#: pre-training preset → the papers behind it (Drop your Decoder reproduces the MAE baselines).
-METHOD_PAPERS: dict[str, tuple[str, ...]] = {
-    "mlm": ("dropdecoder",), "bow": ("dropdecoder",), "ae": ("dropdecoder",), "ar": ("dropdecoder",),
-    "retromae": ("retromae",), "cpdae": ("cpdae",), "cpdae-r": ("cpdae",), "cdmae": ("cdmae",),
-    "cdmae-random": ("cdmae",), "dupmae": ("dupmae",), "dupmae-code": ("dupmae",), "cotmae": ("cotmae",),
-    "cotmote": ("cotmae", "cotmote"), "cotmote-swap": ("cotmae", "cotmote"), "tsdae": ("tsdae",),
-}
-REPRESENTATION_PAPERS: dict[str, tuple[str, ...]] = {"dupmae": ("dupmae",), "sparse": ("splade",),
-                                                     "hybrid": ("splade", "cotmote")}
+#: representation → the papers of the retriever's form (beside the papers of its pre-training method).
+REPRESENTATION_PAPERS: dict[str, tuple[Citation, ...]] = {"dupmae": (DUPMAE,), "sparse": (SPLADE,),
+                                                          "hybrid": (SPLADE, COT_MOTE), "dense": (SBERT,)}
 DEFAULT_LICENSE = "apache-2.0"
 #: The BEIR collections BEIR's authors published on the Hugging Face Hub as ``BeIR/<name>`` (BioASQ, Signal-1M,
 #: TREC-NEWS and Robust04 are not there: their licences; CQADupStack is split by forum).
@@ -109,10 +87,11 @@ def model_card(directory: str | Path, recipe: Mapping[str, Any] | None = None, r
     groups = (finetune.get("groups_stats") or {}).get("kept")
     if groups is not None and settings.get("max_groups"):
         groups = min(int(groups), int(settings["max_groups"]))
-    methods = list(history["methods"])
+    methods, records = list(history["methods"]), list(history["records"])
     pretrain = (recipe or {}).get("pretrain") or {}
     if isinstance(pretrain, Mapping) and isinstance(pretrain.get("method"), str) and not methods:
         methods.append(pretrain["method"])
+        records.append(pretrain["method"])
     name = repo_id or directory.name
     dense = kind == "dense"
     tags = ["pretrieve", "dense-retrieval" if dense else f"{kind}-retrieval"] + (["sentence-transformers"] if dense
@@ -177,9 +156,9 @@ def model_card(directory: str | Path, recipe: Mapping[str, Any] | None = None, r
         lines += ["", "## Results", "", "From the recipe's `results.md` (paired two-sided t-tests of the final row)"
                   + (f"; this model is the row `{row}`:" if row else ":"), "", body.strip()]
     lines += ["", "## Usage", ""] + _usage(name, kind, info.get("tied", True) is False or mote)
-    papers = _papers(methods, kind, mote)
+    papers = _papers(records, kind, mote)
     lines += ["", "## Citation", "", "Please cite the papers of the methods this model was built with:", ""]
-    lines += [f"- {PAPERS[key][0]} ({PAPERS[key][1]}). *{PAPERS[key][2]}*." for key in papers]
+    lines += [f"- {c.first_author} et al. ({c.year}). *{c.title}* ({c.paper})." for c in papers]
     lines += ["", "## License", "", f"`{license}` (check the base model's license as well).", ""]
     return "\n".join(lines)
 
@@ -234,6 +213,51 @@ def metrics_of(rows: Any, retriever: str | None) -> dict[str, dict[str, float]]:
                   if "@" in str(key) and isinstance(value, (int, float)) and not isinstance(value, bool)}
         if values:
             found[str(row["collection"])] = values
+    return found
+
+
+def metrics_from_file(path: str | Path, run: str | None = None) -> dict[str, dict[str, float]]:
+    """``{collection: {measure: value}}`` of one model in a results file (``pretrieve export --metrics``): a recipe's
+    ``results.json`` (its rows of retriever ``run``, the final row's by default) or ``pretrieve evaluate --json``
+    output (the run named ``run``, or its only run; the collection of one-collection output is its qrels' folder,
+    the split its qrels file). Bad files are one :class:`~pretrieve.errors.InputError` naming the file and field."""
+    where = Path(path)
+    if not where.is_file():
+        raise InputError("results file not found", path=where)
+    data = _json(where)
+    if data is None:
+        raise InputError("not a JSON object (a recipe's results.json or `pretrieve evaluate --json` output)",
+                         path=where)
+    if isinstance(data.get("rows"), list):
+        found = metrics_of(data["rows"], run)
+    elif isinstance(data.get("runs"), list):
+        runs = {str(entry.get("name")): entry for entry in data["runs"] if isinstance(entry, Mapping)}
+        if run is None and len(runs) != 1:
+            raise InputError(f"{len(runs)} runs ({', '.join(runs)}); name this model's run with --metrics-run",
+                             path=where, field="runs")
+        entry = runs.get(run if run is not None else next(iter(runs)))
+        if entry is None:
+            raise InputError(f"no run {run!r} (runs: {', '.join(runs)})", path=where, field="runs")
+        split = str(data.get("split") or "test")
+        if isinstance(entry.get("scores"), Mapping):   # several collections
+            found = {(name if split == "test" else f"{name}:{split}"): dict(values)
+                     for name, values in entry["scores"].items() if isinstance(values, Mapping)}
+        elif data.get("qrels"):   # one collection: <collection>/qrels/<split>.tsv
+            qrels = Path(str(data["qrels"]))
+            name, split = qrels.parent.parent.name, qrels.stem
+            found = {(name if split == "test" else f"{name}:{split}"): dict(entry.get("aggregate") or {})}
+        else:
+            raise InputError("one-collection results without 'qrels': the collection is not known", path=where,
+                             field="qrels")
+    else:
+        raise InputError("neither 'rows' (a recipe's results.json) nor 'runs' (`pretrieve evaluate --json`)",
+                         path=where)
+    found = {name: {measure: float(value) for measure, value in values.items()
+                    if isinstance(value, (int, float)) and not isinstance(value, bool)}
+             for name, values in found.items()}
+    found = {name: values for name, values in found.items() if values}
+    if not found:
+        raise InputError(f"no measures of {run or 'the model'} in it", path=where)
     return found
 
 
@@ -293,16 +317,26 @@ def _usage(name: str, kind: str, routed: bool) -> list[str]:
     return lines
 
 
-def _papers(methods: list[str], kind: str, mote: bool) -> list[str]:
-    keys = [key for method in methods for key in METHOD_PAPERS.get(method, ())]
-    keys += list(REPRESENTATION_PAPERS.get(kind, ())) + (["cotmote"] if mote else [])
-    keys += ["sbert"] if kind == "dense" else []
-    return list(dict.fromkeys(keys))
+def _papers(methods: list[Any], kind: str, mote: bool) -> list[Citation]:
+    """The papers of the pre-training ``methods`` (resolved method records or preset names), the experts and the
+    representation, once each."""
+    found: list[Citation] = []
+    for method in methods:
+        try:
+            resolved = (method_from_mapping(method, "pretrain_config.json: method") if isinstance(method, Mapping)
+                        else preset(str(method)) if str(method) in PRESETS else None)
+        except Exception:  # noqa: BLE001 - a method record of another pretrieve version: cite what can be read
+            resolved = preset(method["name"]) if isinstance(method, Mapping) and method.get("name") in PRESETS \
+                else None
+        found += method_citations(resolved) if resolved is not None else []
+    found += ([COT_MOTE] if mote else []) + list(REPRESENTATION_PAPERS.get(kind, ()))
+    return list(dict.fromkeys(found))
 
 
 def _history(init: Any, depth: int = 0) -> dict[str, Any]:
     """Base model, pre-training methods and corpus, and MoTE, by following ``init`` checkpoints back."""
-    found: dict[str, Any] = {"base": None, "methods": [], "corpus": None, "mote": False, "pretrain": None}
+    found: dict[str, Any] = {"base": None, "methods": [], "records": [], "corpus": None, "mote": False,
+                             "pretrain": None}
     if not init:
         return found
     path = Path(str(init))
@@ -318,10 +352,12 @@ def _history(init: Any, depth: int = 0) -> dict[str, Any]:
         earlier = _history(pretrain.get("model"), depth + 1)
         found.update(base=earlier["base"], corpus=pretrain.get("corpus"), pretrain=pretrain,
                      methods=earlier["methods"] + ([str(name)] if name else []),
+                     records=earlier["records"] + ([method] if method else []),
                      mote=found["mote"] or bool(isinstance(method, Mapping) and method.get("mote")))
     elif dual is not None:
         earlier = _history((dual.get("training") or {}).get("init"), depth + 1)
         found.update(base=earlier["base"], corpus=earlier["corpus"], methods=earlier["methods"],
+                     records=earlier["records"],
                      mote=found["mote"] or earlier["mote"], pretrain=earlier["pretrain"])
     else:
         found["base"] = str(init)

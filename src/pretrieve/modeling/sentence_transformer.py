@@ -1,45 +1,39 @@
-"""The sentence-transformers architecture as pretrieve runs it (transformer → pooling → Dense* → Normalize), and
-the reader of its files (:func:`read_sentence_transformers_config`; the writer is :mod:`pretrieve.modeling.export`).
+"""sentence-transformers models as pretrieve runs them: sentence-transformers' own modules (``Transformer`` →
+``Pooling`` → ``Dense``* → ``Normalize``, one route of a ``Router``) behind pretrieve's batch encoder, and the
+check of a checkpoint's files before anything of it is loaded (:func:`read_sentence_transformers_config`; the
+writer is :mod:`pretrieve.modeling.export`).
 
-:class:`DenseEncoder` turns a padded batch of token ids into one vector per text: ``AutoModel``
-(``last_hidden_state``) → pooling → optional Dense layers → optional L2 normalisation. It is built from a
-checkpoint's ``modules.json`` (or from explicit settings for any other checkpoint) by
-:func:`pretrieve.retrieval.load.load_dense_encoder`.
+:class:`DenseEncoder` turns a padded batch of token ids into one vector per text by running the modules that
+``SentenceTransformer(path)`` loaded (:func:`sentence_transformer_modules`), so a model encodes in pretrieve
+exactly as in sentence-transformers. A checkpoint without ``modules.json`` gets the same modules built here: a
+``Transformer``, the ``Pooling`` the caller names, ``Normalize`` when asked.
 
-Pooling is :func:`pretrieve.modeling.pooling.pool` (sentence-transformers' padded-batch arithmetic). ``Dense``
-modules are ``activation(linear(x))`` with an optional residual, as sentence-transformers' ``Dense``.
+What stays pretrieve's own, because sentence-transformers does not do it:
 
-The files of a checkpoint (:class:`ModelFiles`: a local directory or a hub repository), read as
-sentence-transformers (v2 to v6) does:
-
-* the ``Transformer`` module's folder holds the Hugging Face model and its ``sentence_bert_config.json``
-  (``max_seq_length`` caps the tokenizer; ``do_lower_case`` prepends a ``Lowercase`` normaliser unless
-  the tokenizer already has one);
-* the ``Pooling`` module's ``config.json``: the modern ``pooling_mode`` (one mode or a list,
-  concatenated) or the legacy ``pooling_mode_*_tokens`` booleans (concatenated in sentence-transformers'
-  order cls, max, mean, mean_sqrt_len_tokens, weightedmean, lasttoken; none set means mean), and
-  ``include_prompt``;
-* ``Dense`` modules (``nn.Linear`` + activation, optional residual) are loaded with their weights;
-  ``Dropout`` is the identity at inference; a ``Normalize`` module (which must come last) sets
-  ``normalize=True``; any other module raises :class:`~pretrieve.errors.ConfigError`;
-* a ``Router`` (``router_config.json``; sentence-transformers ≥ 5) as the first module: each side reads the chain
-  of its route — the task ``"query"`` for queries, ``"document"`` for passages, resolved as sentence-transformers
-  does (``route_mappings``, then the route named after the task, then ``default_route``) — followed by the modules
-  after the Router (``SentenceTransformersConfig.routed`` tells that the sides may differ);
-* ``config_sentence_transformers.json``: ``prompts`` and ``default_prompt_name`` give the query and
-  passage prompts, following ``encode_query`` / ``encode_document``'s documented choice among the
-  *saved* prompts (query: ``"query"``; passage: the first of ``"document"``, ``"passage"``,
-  ``"corpus"``; otherwise the default prompt, as plain ``encode`` would use). Deliberate difference:
-  sentence-transformers 6 pre-fills ``{"query": "", "document": ""}`` before reading the saved prompts,
-  so its ``encode_document`` never reaches a saved ``"passage"`` prompt (E5-style checkpoints) and its
-  ``encode_query``/``encode_document`` ignore ``default_prompt_name``; we use the saved prompts.
-
-When the files give no ``max_seq_length``, the length is :func:`default_max_length`:
-``min(tokenizer.model_max_length, config.max_position_embeddings)`` as in sentence-transformers.
+* the batch encoder around the modules (:mod:`pretrieve.retrieval.batches`: length-sorted batches, bf16/fp16
+  autocast, int8, progress, the corpus cache), with prompts tokenised by pretrieve (``include_prompt``: the prompt's
+  tokens left out of the pooling as sentence-transformers does);
+* reading a checkpoint's files *before* loading it (:class:`ModelFiles`, a local directory or a hub repository):
+  the module chain must be Transformer → Pooling → Dense* → Normalize? (or a ``Router`` whose routes start one), a
+  ``Dense`` activation must be one sentence-transformers writes (a ``torch.nn`` activation without arguments, or
+  ``Identity``: :func:`check_activation` — sentence-transformers would fall back to Tanh with a warning) — so a
+  bad folder is one :class:`~pretrieve.errors.ConfigError` line and no name from it is imported; the config it reads
+  (pooling, normalisation, lengths, prompts) also tells fine-tuning and pre-training what the base model does;
+* the route of each side: the task ``"query"`` for queries, ``"document"`` for passages, resolved as
+  sentence-transformers does (``route_mappings``, then the route named after the task, then ``default_route``);
+* prompts: ``prompts`` and ``default_prompt_name`` of ``config_sentence_transformers.json`` give the query and
+  passage prompts, following ``encode_query`` / ``encode_document``'s documented choice among the *saved* prompts
+  (query: ``"query"``; passage: the first of ``"document"``, ``"passage"``, ``"corpus"``; otherwise the default
+  prompt, as plain ``encode`` would use). Deliberate difference: sentence-transformers 6 pre-fills
+  ``{"query": "", "document": ""}`` before reading the saved prompts, so its ``encode_document`` never reaches a
+  saved ``"passage"`` prompt (E5-style checkpoints) and its ``encode_query``/``encode_document`` ignore
+  ``default_prompt_name``; we use the saved prompts;
+* CoT-MoTE's routed views of one set of weights (:meth:`DenseEncoder.with_model`).
 """
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 from dataclasses import dataclass, field
@@ -48,33 +42,11 @@ from typing import Any, Sequence
 
 import torch
 from huggingface_hub import hf_hub_download
-from safetensors.torch import load_file
-from tokenizers.normalizers import Lowercase, Sequence as NormalizerSequence
 from torch import Tensor, nn
 from torch.nn.modules import activation as _ACTIVATIONS
 
 from pretrieve.errors import ConfigError, InputError
-from pretrieve.modeling.pooling import exclude_prompt, parse_pooling, pool
-
-# --------------------------------------------------------------------------------------- dense layers
-class DenseLayer(nn.Module):
-    """sentence-transformers' ``Dense`` module: ``activation(linear(x))`` (+ optional residual)."""
-
-    def __init__(self, in_features: int, out_features: int, bias: bool = True,
-                 activation: nn.Module | None = None, use_residual: bool = False):
-        super().__init__()
-        self.linear = nn.Linear(in_features, out_features, bias=bias)
-        self.activation = activation if activation is not None else nn.Identity()
-        self.use_residual = use_residual
-        if use_residual and in_features != out_features:
-            self.residual = nn.Linear(in_features, out_features, bias=False)
-
-    def forward(self, x: Tensor) -> Tensor:
-        out = self.activation(self.linear(x))
-        if self.use_residual:
-            out = out + (self.residual(x) if hasattr(self, "residual") else x)
-        return out
-
+from pretrieve.modeling.pooling import parse_pooling
 
 ACTIVATION_MODULES = ("torch.nn.modules.activation", "torch.nn")
 """Where a Dense config's activation may come from: the names sentence-transformers writes (``fullname`` of the
@@ -82,17 +54,19 @@ module, e.g. ``torch.nn.modules.activation.Tanh``, ``torch.nn.modules.linear.Ide
 spelling; nothing is imported by name."""
 
 
-def activation_from_name(name: str | None, where: str) -> nn.Module:
-    """``torch.nn.modules.activation.Tanh`` → ``nn.Tanh()``: only torch's activation modules (those of
-    ``torch.nn.modules.activation`` that take no argument) and ``Identity`` — no module is imported by name."""
+def check_activation(name: str | None, where: str) -> None:
+    """A Dense config's ``activation_function`` is one sentence-transformers writes: a torch activation module that
+    takes no argument (of ``torch.nn.modules.activation``) or ``Identity``; else one ConfigError line, before
+    sentence-transformers imports anything by that name. None: sentence-transformers' default (Tanh)."""
     if name is None:
-        return nn.Tanh()  # sentence-transformers' default when the key is absent
+        return
     module_name, _, class_name = str(name).rpartition(".")
     allowed = (module_name in ACTIVATION_MODULES and class_name in _ACTIVATIONS.__all__) or \
         name in ("torch.nn.modules.linear.Identity", "torch.nn.Identity")
     try:
         if allowed:
-            return getattr(nn, class_name)()
+            getattr(nn, class_name)()
+            return
     except TypeError:   # an activation that needs arguments (Threshold, MultiheadAttention): not written bare
         pass
     raise ConfigError(f"{where}: activation '{name}' is not one sentence-transformers writes (a torch.nn activation "
@@ -100,34 +74,14 @@ def activation_from_name(name: str | None, where: str) -> nn.Module:
                       "; pretrieve runs no other code from a model folder")
 
 
-
 # ------------------------------------------------------------------------------------------- encoder
-@dataclass
-class TokenizedTexts:
-    """Unpadded token ids of a list of texts (plus token type ids when the model uses them)."""
-
-    input_ids: list[list[int]]
-    token_type_ids: list[list[int]] | None
-    prompt_length: int | None = None
-
-    def __len__(self) -> int:
-        return len(self.input_ids)
-
-
 class DenseEncoder:
-    """Texts → vectors: tokenizer, transformer, pooling, Dense layers, normalisation."""
+    """Texts → vectors: the tokenizer and sentence-transformers' modules of one side (Transformer first)."""
 
-    def __init__(self, model, tokenizer, pooling: Sequence[str] = ("cls",), normalize: bool = False,
-                 max_length: int = 512, dense_layers: Sequence[DenseLayer] = (), include_prompt: bool = True,
-                 query_prompt: str | None = None, passage_prompt: str | None = None,
-                 name: str = "", sentence_transformers: bool = False):
-        self.model = model.eval()
-        self.tokenizer = tokenizer
-        self.pooling = parse_pooling(pooling)
-        self.normalize = normalize
+    def __init__(self, modules: Sequence[nn.Module], max_length: int, query_prompt: str | None = None,
+                 passage_prompt: str | None = None, name: str = "", sentence_transformers: bool = False):
+        self.modules = nn.Sequential(*modules).eval()
         self.max_length = int(max_length)
-        self.dense_layers = nn.ModuleList(dense_layers).eval()
-        self.include_prompt = include_prompt
         self.query_prompt = query_prompt
         self.passage_prompt = passage_prompt
         self.name = name
@@ -135,21 +89,59 @@ class DenseEncoder:
         self._prompt_lengths: dict[str, int] = {}
 
     def to(self, device: str | torch.device) -> "DenseEncoder":
-        self.model.to(device)
-        self.dense_layers.to(device)
+        self.modules.to(device)
         return self
 
+    def with_model(self, model: nn.Module) -> "DenseEncoder":
+        """This encoder with the transformer's model replaced by ``model`` (a CoT-MoTE routed view); the other
+        modules are shared."""
+        transformer = copy.copy(self.modules[0])
+        transformer._modules = transformer._modules.copy()
+        transformer.model = model
+        other = copy.copy(self)
+        other.modules = nn.Sequential(transformer, *list(self.modules)[1:]).eval()
+        return other
+
     # ------------------------------------------------------------------ properties
+    @property
+    def model(self) -> nn.Module:
+        """The Hugging Face model inside the ``Transformer`` module."""
+        return self.modules[0].auto_model
+
+    @property
+    def tokenizer(self):
+        return self.modules[0].tokenizer
+
     @property
     def device(self) -> torch.device:
         return next(self.model.parameters()).device
 
+    def _of(self, kind: str) -> list[nn.Module]:
+        return [module for module in self.modules if type(module).__name__ == kind]
+
+    @property
+    def pooling(self) -> tuple[str, ...]:
+        mode = self._of("Pooling")[0].pooling_mode
+        return parse_pooling([mode] if isinstance(mode, str) else list(mode))
+
+    @property
+    def include_prompt(self) -> bool:
+        return bool(self._of("Pooling")[0].include_prompt)
+
+    @property
+    def normalize(self) -> bool:
+        return bool(self._of("Normalize"))
+
+    @property
+    def dense_layers(self) -> nn.ModuleList:
+        """The ``Dense`` modules after the pooling (quantised with the model at int8)."""
+        return nn.ModuleList(self._of("Dense"))
+
     @property
     def dim(self) -> int:
         """Dimension of the output vectors."""
-        if len(self.dense_layers):
-            return self.dense_layers[-1].linear.out_features
-        return int(self.model.config.hidden_size) * len(self.pooling)
+        dense = self._of("Dense")
+        return int(dense[-1].out_features) if dense else int(self.model.config.hidden_size) * len(self.pooling)
 
     def describe(self) -> dict[str, Any]:
         """The settings that determine the vectors (stored in every embeddings ``meta.json``)."""
@@ -159,19 +151,7 @@ class DenseEncoder:
                 "include_prompt": self.include_prompt, "sentence_transformers": self.sentence_transformers,
                 "dtype": str(next(self.model.parameters()).dtype).replace("torch.", "")}
 
-    # ------------------------------------------------------------------ tokenizing
-    def tokenize(self, texts: Sequence[str], max_length: int | None = None,
-                 prompt: str | None = None) -> TokenizedTexts:
-        """Unpadded token ids, truncated to ``max_length`` (default: the encoder's), prompt prepended."""
-        length = max_length or self.max_length
-        inputs = [prompt + text for text in texts] if prompt else list(texts)
-        encoded = self.tokenizer(inputs, truncation=True, max_length=length, padding=False,
-                                 return_attention_mask=False)
-        token_types = encoded.get("token_type_ids") if "token_type_ids" in self.tokenizer.model_input_names else None
-        prompt_length = self.prompt_length(prompt, length) if prompt and not self.include_prompt else None
-        return TokenizedTexts(list(encoded["input_ids"]), list(token_types) if token_types is not None else None,
-                              prompt_length)
-
+    # ------------------------------------------------------------------ tokens and vectors
     def prompt_length(self, prompt: str, max_length: int) -> int:
         """Tokens of the prompt alone, without a trailing special token (sentence-transformers' rule)."""
         key = f"{max_length}\0{prompt}"
@@ -183,41 +163,24 @@ class DenseEncoder:
             self._prompt_lengths[key] = length
         return self._prompt_lengths[key]
 
-    # ------------------------------------------------------------------ embedding
     def embed_batch(self, batch: dict[str, Tensor], prompt_length: int | None = None) -> Tensor:
-        """One padded batch → ``[B, dim]`` vectors (call under ``torch.inference_mode``)."""
-        hidden = self.model(**batch, return_dict=True).last_hidden_state
-        mask = batch["attention_mask"]
+        """One padded batch → ``[B, dim]`` vectors through the modules (call under ``torch.inference_mode``)."""
+        features = dict(batch)
         if prompt_length:
-            mask = exclude_prompt(mask, prompt_length)
-        vectors = pool(hidden, mask, self.pooling)
-        for layer in self.dense_layers:
-            vectors = layer(vectors)
-        if self.normalize:
-            vectors = torch.nn.functional.normalize(vectors, p=2, dim=-1)
-        return vectors
+            features["prompt_length"] = prompt_length   # Pooling leaves the prompt out (include_prompt false)
+        return self.modules(features)["sentence_embedding"]
 
     @torch.inference_mode()
-    def embed(self, texts: Sequence[str], max_length: int | None = None, prompt: str | None = None) -> Tensor:
-        """Embed a small list of texts in one padded batch (no sorting, no progress; corpora go through
+    def embed(self, texts: Sequence[str], prompt: str | None = None) -> Tensor:
+        """Embed a small list of texts in one padded batch at the encoder's length (corpora go through
         :mod:`pretrieve.retrieval.batches`)."""
-        tokenized = self.tokenize(texts, max_length=max_length, prompt=prompt)
-        features = {"input_ids": tokenized.input_ids}
-        if tokenized.token_type_ids is not None:
-            features["token_type_ids"] = tokenized.token_type_ids
-        batch = self.tokenizer.pad(features, return_tensors="pt")
-        return self.embed_batch({key: value.to(self.device) for key, value in batch.items()}, tokenized.prompt_length)
+        batch = self.tokenizer([prompt + text for text in texts] if prompt else list(texts), padding=True,
+                               truncation=True, max_length=self.max_length, return_tensors="pt")
+        features = {key: value.to(self.device) for key, value in batch.items()
+                    if key in ("input_ids", "attention_mask", "token_type_ids")}
+        return self.embed_batch(features, self.prompt_length(prompt, self.max_length)
+                                if prompt and not self.include_prompt else None)
 
-
-#: sentence-transformers' legacy boolean keys, in the order it concatenates the modes.
-LEGACY_POOLING_KEYS: dict[str, str] = {
-    "pooling_mode_cls_token": "cls",
-    "pooling_mode_max_tokens": "max",
-    "pooling_mode_mean_tokens": "mean",
-    "pooling_mode_mean_sqrt_len_tokens": "mean_sqrt_len_tokens",
-    "pooling_mode_weightedmean_tokens": "weightedmean",
-    "pooling_mode_lasttoken": "lasttoken",
-}
 
 _PASSAGE_PROMPT_NAMES = ("document", "passage", "corpus")
 ROUTER_CONFIG = "router_config.json"
@@ -273,16 +236,15 @@ class SentenceTransformersConfig:
     """What a sentence-transformers ``modules.json`` chain says about encoding."""
 
     transformer_path: str = ""
-    max_seq_length: int | None = None
-    do_lower_case: bool = False
     pooling: tuple[str, ...] = ("mean",)
     include_prompt: bool = True
-    dense_layers: list[DenseLayer] = field(default_factory=list)
+    dense: int = 0                 # Dense modules after the pooling (checked here, loaded by sentence-transformers)
     normalize: bool = False
     prompts: dict[str, str] = field(default_factory=dict)
     default_prompt_name: str | None = None
     similarity: str | None = None
     routed: bool = False           # the input module is a Router: the query and passage sides may differ
+    route: str | None = None       # the Router's route of the side read
     query_length: int | None = None      # sentence-transformers' per-task truncation (encode_query)
     document_length: int | None = None   # (encode_document)
 
@@ -320,7 +282,8 @@ def read_sentence_transformers_config(files: ModelFiles, side: str = "passage") 
     config = SentenceTransformersConfig()
     if chain[0][0].rpartition(".")[2] in ("Router", "Asym"):
         config.routed = True
-        chain = _route(files, chain[0][1], side) + chain[1:]
+        config.route, routed = _route(files, chain[0][1], side)
+        chain = routed + chain[1:]
     seen_transformer = seen_pooling = False
     for position, (module_type, path) in enumerate(chain):
         kind = module_type.rpartition(".")[2]
@@ -333,7 +296,8 @@ def read_sentence_transformers_config(files: ModelFiles, side: str = "passage") 
             seen_pooling = True
             _read_pooling(files, path, config)
         elif kind == "Dense" and seen_pooling:
-            config.dense_layers.append(_read_dense(files, path))
+            _check_dense(files, path)
+            config.dense += 1
         elif kind == "Normalize" and seen_pooling:
             normalize_cfg = files.json(f"{path}/config.json") if path else None
             target = (normalize_cfg or {}).get("module_input_name", "sentence_embedding")
@@ -348,9 +312,6 @@ def read_sentence_transformers_config(files: ModelFiles, side: str = "passage") 
                               "routes start one)")
     if not seen_pooling:
         raise ConfigError(f"{where}: no Pooling module after the Transformer; cannot make one vector per text")
-    side_length = config.query_length if side == "query" else config.document_length
-    if side_length:   # as encode_query / encode_document truncate
-        config.max_seq_length = int(side_length)
     st_config = files.json("config_sentence_transformers.json") or {}
     config.prompts = dict(st_config.get("prompts") or {})
     config.default_prompt_name = st_config.get("default_prompt_name")
@@ -358,8 +319,8 @@ def read_sentence_transformers_config(files: ModelFiles, side: str = "passage") 
     return config
 
 
-def _route(files: ModelFiles, path: str, side: str) -> list[tuple[str, str]]:
-    """The modules (type, path) of the ``Router`` at ``path`` that a text of ``side`` goes through: the route of the
+def _route(files: ModelFiles, path: str, side: str) -> tuple[str, list[tuple[str, str]]]:
+    """The route and its modules (type, path) of the ``Router`` at ``path`` that a text of ``side`` goes through: the route of the
     task (``query`` / ``document``) for text as sentence-transformers resolves it (``route_mappings``, then the
     route named after the task, then one named ``text``, then ``default_route``)."""
     where = f"{files.name}/{path + '/' if path else ''}{ROUTER_CONFIG}"
@@ -376,84 +337,74 @@ def _route(files: ModelFiles, path: str, side: str) -> list[tuple[str, str]]:
         raise ConfigError(f"{where}: no route for the task '{task}' (routes: {', '.join(router['structure'])})")
     types = router.get("types") or {}
     prefix = f"{path}/" if path else ""
-    return [(str(types.get(module_id, "")), prefix + str(module_id)) for module_id in router["structure"][route]]
+    return route, [(str(types.get(module_id, "")), prefix + str(module_id)) for module_id in router["structure"][route]]
 
 
 def _read_transformer(files: ModelFiles, path: str, config: SentenceTransformersConfig) -> None:
     config.transformer_path = path
     prefix = f"{path}/" if path else ""
     bert_config = files.json(f"{prefix}sentence_bert_config.json") or {}
-    config.max_seq_length = bert_config.get("max_seq_length")
-    config.do_lower_case = bool(bert_config.get("do_lower_case", False))
     config.query_length = bert_config.get("query_length")
     config.document_length = bert_config.get("document_length")
 
 
 def _read_pooling(files: ModelFiles, path: str, config: SentenceTransformersConfig) -> None:
-    pooling_cfg = files.json(f"{path}/config.json")
-    if pooling_cfg is None:
+    from sentence_transformers.sentence_transformer.modules import Pooling  # lazy: sentence_transformers
+
+    if files.json(f"{path}/config.json") is None:   # also: invalid JSON is one line naming the file
         raise InputError("Pooling module has no config.json", path=f"{files.name}/{path}")
-    if "pooling_mode" in pooling_cfg:
-        mode = pooling_cfg["pooling_mode"]
-        config.pooling = parse_pooling([mode] if isinstance(mode, str) else list(mode))
-    else:
-        active = [mode for key, mode in LEGACY_POOLING_KEYS.items() if pooling_cfg.get(key, False)]
-        config.pooling = tuple(active) or ("mean",)
+    pooling_cfg = Pooling.load_config(files.name, subfolder=path)   # legacy pooling_mode_* booleans converted
+    mode = pooling_cfg.get("pooling_mode", "mean")
+    config.pooling = parse_pooling([mode] if isinstance(mode, str) else list(mode))
     config.include_prompt = bool(pooling_cfg.get("include_prompt", True))
 
 
-def _read_dense(files: ModelFiles, path: str) -> DenseLayer:
+def _check_dense(files: ModelFiles, path: str) -> None:
     where = f"{files.name}/{path}"
     dense_cfg = files.json(f"{path}/config.json")
     if dense_cfg is None:
         raise InputError("Dense module has no config.json", path=where)
     if dense_cfg.get("module_input_name", "sentence_embedding") != "sentence_embedding":
         raise ConfigError(f"{where}: Dense on '{dense_cfg['module_input_name']}' is not supported")
-    layer = DenseLayer(int(dense_cfg["in_features"]), int(dense_cfg["out_features"]),
-                       bias=bool(dense_cfg.get("bias", True)),
-                       activation=activation_from_name(dense_cfg.get("activation_function"), where),
-                       use_residual=bool(dense_cfg.get("use_residual", False)))
-    state = _load_weights(files, path)
-    missing, unexpected = layer.load_state_dict(state, strict=False)
-    if missing or unexpected:
-        raise ConfigError(f"{where}: Dense weights do not match its config (missing {missing}, "
-                          f"unexpected {unexpected})")
-    return layer.eval()
+    check_activation(dense_cfg.get("activation_function"), where)
 
 
-def _load_weights(files: ModelFiles, path: str) -> dict[str, Tensor]:
-    safetensors_file = files.file(f"{path}/model.safetensors")
-    if safetensors_file is not None:
-        return load_file(str(safetensors_file))
-    bin_file = files.file(f"{path}/pytorch_model.bin")
-    if bin_file is not None:
-        return torch.load(bin_file, map_location="cpu", weights_only=True)
-    raise InputError("Dense module has neither model.safetensors nor pytorch_model.bin",
-                     path=f"{files.name}/{path}")
+def sentence_transformer_modules(files: ModelFiles, config: SentenceTransformersConfig | None, side: str = "passage",
+                                 transformer_path: str | None = None, pooling: Sequence[str] | None = None,
+                                 normalize: bool | None = None) -> list[nn.Module]:
+    """sentence-transformers' modules of ``side`` (the checkpoint's ``config``, checked by
+    :func:`read_sentence_transformers_config`, loaded by ``SentenceTransformer``; a ``Router``'s route of the side
+    followed by the modules after it), or for a checkpoint without ``modules.json`` (``config`` None) a
+    ``Transformer`` + ``Pooling`` (``cls`` by default). ``pooling`` / ``normalize`` replace the checkpoint's;
+    ``transformer_path`` loads the transformer from that subfolder instead (``""``: the root, where a CoT-MoTE
+    export keeps its MoTE checkpoint)."""
+    from sentence_transformers import SentenceTransformer  # lazy: sentence_transformers
+    from sentence_transformers.base.modules import Normalize, Transformer  # lazy: sentence_transformers
+    from sentence_transformers.sentence_transformer.modules import Pooling  # lazy: sentence_transformers
 
+    def transformer(subfolder: str, **settings: Any) -> nn.Module:
+        location, extra = files.model_location(subfolder)
+        kwargs = {**extra, "trust_remote_code": False}   # never asks, never runs a folder's code
+        return Transformer(location, model_kwargs=kwargs, processor_kwargs=kwargs, config_kwargs=kwargs, **settings)
 
-def add_lowercase(tokenizer) -> None:
-    """Prepend a ``Lowercase`` normaliser unless one is there (sentence-transformers' ``do_lower_case``)."""
-    backend = getattr(tokenizer, "backend_tokenizer", None)
-    if backend is None:
-        if hasattr(tokenizer, "do_lower_case"):
-            tokenizer.do_lower_case = True
-        return
-    normalizer = backend.normalizer
-    if isinstance(normalizer, Lowercase) or (isinstance(normalizer, NormalizerSequence)
-                                             and any(isinstance(n, Lowercase) for n in normalizer)):
-        return
-    chain = [Lowercase()]
-    if isinstance(normalizer, NormalizerSequence):
-        chain += list(normalizer)
-    elif normalizer is not None:
-        chain.append(normalizer)
-    backend.normalizer = NormalizerSequence(chain)
-
-
-def default_max_length(tokenizer, config) -> int:
-    """``min(tokenizer.model_max_length, config.max_position_embeddings)``, as sentence-transformers."""
-    limits = [value for value in (getattr(tokenizer, "model_max_length", None),
-                                  getattr(config, "max_position_embeddings", None))
-              if isinstance(value, int) and 0 < value < 1_000_000]
-    return min(limits) if limits else 512
+    if config is None:
+        modules: list[nn.Module] = [transformer("")]
+    else:
+        loaded = list(SentenceTransformer(files.name, device="cpu", trust_remote_code=False))
+        modules = list(loaded[0].sub_modules[config.route]) + loaded[1:] if config.routed else loaded
+    if transformer_path is not None and (config is None or transformer_path != config.transformer_path):
+        modules[0] = transformer(transformer_path, max_seq_length=modules[0].max_seq_length)
+    hidden = int(modules[0].auto_model.config.hidden_size)
+    if pooling or config is None:
+        chosen = tuple(pooling) if pooling else ("cls",)
+        at = next((i for i, m in enumerate(modules) if type(m).__name__ == "Pooling"), len(modules))
+        modules[at:at + 1] = [Pooling(hidden, pooling_mode=chosen[0] if len(chosen) == 1 else chosen)]
+    if normalize is not None:
+        modules = [m for m in modules if type(m).__name__ != "Normalize"] + ([Normalize()] if normalize else [])
+    dense = [m for m in modules if type(m).__name__ == "Dense"]
+    modes = next(m for m in modules if type(m).__name__ == "Pooling").pooling_mode
+    pooled = hidden * (1 if isinstance(modes, str) else len(modes))
+    if dense and dense[0].in_features != pooled:
+        raise ConfigError(f"pooling gives {pooled}-d vectors but the checkpoint's Dense layer expects "
+                          f"{dense[0].in_features}")
+    return modules

@@ -8,12 +8,12 @@ It reads a model's configuration once, here and nowhere else:
   whether the towers are tied, the query/passage lengths it was trained with, and how it joined a passage's title
   and text (``title_join``: ``sep`` = the tokenizer's [SEP] between them, as the authors' pre-processing; the
   passage side joins the corpus alike, :func:`joining_titles`);
-* the sentence-transformers files (``modules.json`` and the module folders) of dense models, read exactly as
-  sentence-transformers (v2 to v6) reads them by
-  :func:`pretrieve.modeling.sentence_transformer.read_sentence_transformers_config`.
+* the sentence-transformers files (``modules.json`` and the module folders) of dense models, checked by
+  :func:`pretrieve.modeling.sentence_transformer.read_sentence_transformers_config` and loaded by
+  ``SentenceTransformer(path)``.
 
-A **dense** retriever is run by :class:`~pretrieve.modeling.sentence_transformer.DenseEncoder` (transformer →
-pooling → Dense* → Normalize): one encoder for both sides, or one per route of a sentence-transformers
+A **dense** retriever is run by :class:`~pretrieve.modeling.sentence_transformer.DenseEncoder` (sentence-transformers'
+modules: transformer → pooling → Dense* → Normalize): one encoder for both sides, or one per route of a sentence-transformers
 ``Router`` (task ``query`` / ``document``: pretrieve's export of separate towers and of CoT-MoTE experts,
 :mod:`pretrieve.modeling.export`), or — for a CoT-MoTE checkpoint without one (a pre-trained encoder) — two views
 of one model routed to its query and passage FFN experts. Query / passage prompts saved with a model are used
@@ -36,7 +36,6 @@ taken from a cache.
 
 from __future__ import annotations
 
-import copy
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -52,8 +51,8 @@ from pretrieve.errors import ConfigError, InputError
 from pretrieve.modeling.dual_encoder import DualEncoder, read_dual_encoder_config
 from pretrieve.modeling.mote import is_mote_checkpoint, routed_views
 from pretrieve.modeling.pooling import parse_pooling
-from pretrieve.modeling.sentence_transformer import (DenseEncoder, ModelFiles, add_lowercase, default_max_length,
-                                                     read_sentence_transformers_config)
+from pretrieve.modeling.sentence_transformer import (DenseEncoder, ModelFiles, read_sentence_transformers_config,
+                                                     sentence_transformer_modules)
 from pretrieve.models import named_weights_errors, no_remote_code, resolve_model
 from pretrieve.precision import resolve_precision
 from pretrieve.retrieval.batches import Side, quantize_int8, resolve_device
@@ -74,41 +73,30 @@ def load_dense_encoder(name_or_path: str | Path, pooling: str | Sequence[str] | 
                        normalize: bool | None = None, max_length: int | None = None,
                        device: str | torch.device = "cpu", side: str = "passage",
                        transformer_path: str | None = None) -> DenseEncoder:
-    """A :class:`DenseEncoder` of a checkpoint; sentence-transformers settings are read, explicit arguments
-    override them. ``side`` picks the route of a ``Router`` model (``"query"`` or ``"passage"``);
-    ``transformer_path`` loads the transformer from that subfolder instead of the one the files name (``""``: the
-    root, where a CoT-MoTE export keeps its MoTE checkpoint)."""
+    """A :class:`DenseEncoder` of a checkpoint: its sentence-transformers modules (checked, then loaded by
+    sentence-transformers), explicit arguments overriding them. ``side`` picks the route of a ``Router`` model
+    (``"query"`` or ``"passage"``); ``transformer_path`` loads the transformer from that subfolder instead of the one
+    the files name (``""``: the root, where a CoT-MoTE export keeps its MoTE checkpoint)."""
     name_or_path = resolve_model(name_or_path)
     files = ModelFiles(name_or_path)
-    with named_weights_errors(name_or_path):   # a Dense module's weights
-        st = read_sentence_transformers_config(files, side)
-    if transformer_path is None:
-        transformer_path = st.transformer_path if st else ""
-    location, extra = files.model_location(transformer_path)
+    st = read_sentence_transformers_config(files, side)
+    location, extra = files.model_location(st.transformer_path if st and transformer_path is None
+                                           else transformer_path or "")
+    no_remote_code(location, extra.get("subfolder", ""))
     try:
-        extra |= no_remote_code(location, extra.get("subfolder", ""))
-        tokenizer = AutoTokenizer.from_pretrained(location, **extra)
-        with named_weights_errors(location):
-            model = AutoModel.from_pretrained(location, **extra)
+        with named_weights_errors(name_or_path):
+            modules = sentence_transformer_modules(files, st, side, transformer_path,
+                                                   parse_pooling(pooling) if pooling else None, normalize)
     except OSError as exc:
         raise InputError(f"cannot load model: {exc}", path=str(name_or_path)) from None
-    if st is not None and st.do_lower_case:
-        add_lowercase(tokenizer)
-    length = max_length or (st.max_seq_length if st else None) or default_max_length(tokenizer, model.config)
-    chosen_pooling = parse_pooling(pooling) if pooling else (st.pooling if st else ("cls",))
-    chosen_normalize = normalize if normalize is not None else (st.normalize if st else False)
-    if st is not None and st.similarity == "cosine" and not chosen_normalize:
-        logger.warning("%s is scored by cosine similarity but embeddings are not normalised; inner-product "
-                       "search will differ from cosine (pass normalize=True)", name_or_path)
-    encoder = DenseEncoder(model, tokenizer, pooling=chosen_pooling, normalize=chosen_normalize, max_length=length,
-                           dense_layers=st.dense_layers if st else (), include_prompt=st.include_prompt if st else True,
+    side_length = st and (st.query_length if side == "query" else st.document_length)
+    encoder = DenseEncoder(modules, max_length or side_length or modules[0].max_seq_length,
                            query_prompt=st.query_prompt if st else None,
                            passage_prompt=st.passage_prompt if st else None,
                            name=str(name_or_path), sentence_transformers=st is not None)
-    pooled_dim = int(model.config.hidden_size) * len(chosen_pooling)
-    if len(encoder.dense_layers) and encoder.dense_layers[0].linear.in_features != pooled_dim:
-        raise ConfigError(f"pooling {'+'.join(chosen_pooling)} gives {pooled_dim}-d vectors but the checkpoint's "
-                          f"Dense layer expects {encoder.dense_layers[0].linear.in_features}")
+    if st is not None and st.similarity == "cosine" and not encoder.normalize:
+        logger.warning("%s is scored by cosine similarity but embeddings are not normalised; inner-product "
+                       "search will differ from cosine (pass normalize=True)", name_or_path)
     return encoder.to(resolve_device(device))
 
 
@@ -240,7 +228,7 @@ def load_retriever(name_or_path: str | Path, device: str | torch.device = "auto"
             for model in {id(e.model): e.model for e in (query_encoder, passage_encoder)}.values():
                 quantize_int8(model)
             for encoder in (query_encoder, passage_encoder):
-                quantize_int8(encoder.dense_layers)
+                quantize_int8(encoder.modules)
         query_length = query_max_length or trained_query or query_encoder.max_length
         passage_length = max_length or passage_encoder.max_length
         return Retriever(**common, query=dense_side(query_encoder, "query", query_length, chosen),
@@ -283,8 +271,7 @@ def _dense_encoders(resolved: str, path: Path | None, pooling, normalize, max_le
     if path is not None and is_mote_checkpoint(path):  # one set of weights, queries through Q-FFN, passages P-FFN
         encoder = load_dense_encoder(resolved, pooling=pooling, normalize=normalize, max_length=max_length,
                                      device=device, transformer_path="")
-        query, passage = copy.copy(encoder), copy.copy(encoder)
-        query.model, passage.model = (view.eval() for view in routed_views(encoder.model, path))
+        query, passage = (encoder.with_model(view.eval()) for view in routed_views(encoder.model, path))
         return query, passage
     with named_weights_errors(resolved):   # a Dense module's weights
         st = read_sentence_transformers_config(ModelFiles(resolved))

@@ -122,6 +122,7 @@ from pretrieve.errors import ConfigError
 from pretrieve.io_utils import load_config_file
 from pretrieve.masking import MASKERS, masker_kind
 from pretrieve.modeling.objectives import BOTTLENECKS, OBJECTIVES, check_objective_params, objective_class
+from pretrieve.modeling.objectives.base import CDMAE, COT_MOTE, TSDAE, Citation
 
 logger = logging.getLogger(__name__)
 
@@ -332,6 +333,26 @@ probes of intermediate steps. A new trainer is that module and its entry here.""
 def trainer_module(method: "MethodConfig") -> ModuleType:
     """The module that trains ``method`` (a validated method with a ``trainer``), imported when first asked for."""
     return importlib.import_module(TRAINERS[method.trainer])
+
+def method_citations(method: MethodConfig) -> list[Citation]:
+    """The papers a method pre-trains with, once each in order: its objectives' ``citation``, then CDMAE (Li et al.
+    2023) for a PMI decoder masker, CoT-MoTE (Ma et al. 2023) for query/passage experts, TSDAE (Wang et al. 2021) for
+    its trainer. The one source of the model card's citations and of docs/methods.md's paper table."""
+    found = [objective_class(spec.name).citation for spec in method.objectives]
+    found += [CDMAE] if method.decoder_masker is not None and method.decoder_masker.kind == "pmi" else []
+    found += ([COT_MOTE] if method.mote else []) + ([TSDAE] if method.trainer == "tsdae" else [])
+    return list(dict.fromkeys(citation for citation in found if citation is not None))
+
+
+def papers_markdown() -> str:
+    """docs/methods.md's table of the papers behind each preset (:func:`method_citations`; a test keeps them equal)."""
+    cited = {name: method_citations(preset(name)) for name in PRESETS}
+    lines = ["| preset | papers |", "|---|---|"]
+    lines += [f"| `{name}` | " + ", ".join(f"{c.paper} ({c.first_author} et al. {c.year})" for c in papers) + " |"
+              for name, papers in cited.items()]
+    lines += [""] + [f"- {c}" for c in dict.fromkeys(c for papers in cited.values() for c in papers)]
+    return "\n".join(lines)
+
 
 def preset(name: str) -> MethodConfig:
     """A named method; :class:`ConfigError` listing the presets when unknown."""

@@ -100,6 +100,13 @@ CPDAE = Citation("CPDAE", "Ma", 2022, "A Contrastive Pre-training Approach to Le
 COT_MAE = Citation("CoT-MAE", "Wu", 2023, "ConTextual Masked Auto-Encoder for Dense Passage Retrieval")
 COT_MOTE = Citation("CoT-MoTE", "Ma", 2023, "CoT-MoTE: Exploring ConTextual Masked Auto-Encoder Pre-training with "
                     "Mixture-of-Textual-Experts for Passage Retrieval")
+# Papers of what a method or a retriever uses besides its objectives (a masker, experts, a trainer, a representation)
+CDMAE = Citation("CDMAE", "Li", 2023, "Challenging Decoder helps in Masked Auto-Encoder Pre-training for Dense "
+                 "Passage Retrieval")
+TSDAE = Citation("TSDAE", "Wang", 2021, "TSDAE: Using Transformer-based Sequential Denoising Auto-Encoder for "
+                 "Unsupervised Sentence Embedding Learning")
+SPLADE = Citation("SPLADE", "Formal", 2021, "SPLADE: Sparse Lexical and Expansion Model for First Stage Ranking")
+SBERT = Citation("Sentence-BERT", "Reimers", 2019, "Sentence-BERT: Sentence Embeddings using Siamese BERT-Networks")
 
 
 class Objective(nn.Module):
