@@ -71,6 +71,7 @@ def test_every_block_of_the_python_page_runs(notebook, capsys, monkeypatch):
     told = capsys.readouterr().err   # what the command line says, said in the notebook too
     assert "pretrieve: finetune stage 1: " in told and " precision on cpu" in told
     assert "pretrieve: " in told and "pooling" in told
+    assert "pretrieve: retriever minilm: kind=dense pooling=" in told and " device=cpu" in told
     assert namespace["passages"].shape[0] == 2 and namespace["query"].shape == (1, namespace["passages"].shape[1])
     assert set(namespace["mine"]) == {"q1"} and len(namespace["mine"]["q1"]) == 10
     rows = {(row["retriever"], row["collection"]) for row in namespace["results"]["rows"]}
