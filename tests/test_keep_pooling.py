@@ -33,3 +33,18 @@ def test_pretrain_then_finetune_of_minilm_keeps_mean_pooling_and_cosine(minilm, 
     pretrieve.finetune(encoder, data, tmp_path / "finetune-cls", max_steps=1, batch_size=2, num_negatives=1,
                        pooling="cls", show_progress=False)
     assert "fine-tuning changes that to cls" in caplog.text
+
+
+def test_a_notebook_is_told_what_the_command_line_prints_when_pretraining_minilm(minilm, tmp_path, capsys,
+                                                                                  monkeypatch):
+    """No logging configured (a notebook): ``pretrain`` still says, on stderr, the pooling it keeps, the precision
+    it trains at and — for bow's default [CLS] bottleneck on a mean-pooled model — that it will not help."""
+    monkeypatch.setattr(logging.getLogger(), "handlers", [])   # pytest's capture handler off: nothing configured
+    data = write_collection(tmp_path / "data" / "tiny")
+    pretrieve.pretrain(minilm, data, tmp_path / "pretrain", method="bow", max_steps=1, batch_size=2, max_len=32,
+                       show_progress=False)
+    told = capsys.readouterr().err
+    assert "pretrieve: the pre-trained model keeps the sentence-transformers modules of minilm" in told
+    assert "mean pooling" in told and " precision on cpu" in told
+    assert "this pre-training will not help its retrieval" in told and "bottleneck: mean" in told
+    assert not logging.getLogger("pretrieve").handlers   # removed afterwards: no global state changed

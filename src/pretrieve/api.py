@@ -424,11 +424,14 @@ def run_recipe(recipe: str | Path | Mapping[str, Any], *, out: str | Path | None
 # ---------------------------------------------------------------------------------------------------- helpers
 def load_retriever(name_or_path: str | Path, *args: Any, **kwargs: Any) -> Retriever:
     """:func:`pretrieve.retrieval.load.load_retriever` (same arguments), with transformers' warnings and loading
-    bars held back as in every verb."""
+    bars held back as in every verb; says what it loaded as ``pretrieve dense`` does (pooling, normalisation,
+    passage length, the precision ``auto`` chose, device: :func:`told`)."""
     from pretrieve.retrieval.load import load_retriever as load   # lazy: torch
 
-    with quiet_libraries():
-        return load(name_or_path, *args, **kwargs)
+    with quiet_libraries(), told():
+        retriever = load(name_or_path, *args, **kwargs)
+        logger.info("retriever %s: %s", name_or_path, retriever.describe())
+        return retriever
 
 
 @contextlib.contextmanager
@@ -452,10 +455,10 @@ def quiet_libraries():
 
 @contextlib.contextmanager
 def told():
-    """While a training verb runs, pretrieve's own INFO lines — what the command line prints: the pooling and
-    similarity kept or changed, the precision trained at, the groups, the dev evaluations — go to stderr as
-    ``pretrieve: …``, unless the caller configured logging (a handler on the root or ``pretrieve`` logger: theirs
-    rules). Removed afterwards (a verb changes no global state)."""
+    """While a training verb or ``load_retriever`` runs, pretrieve's own INFO lines — what the command line prints:
+    the pooling and similarity kept or changed, the precision trained or encoded at, the groups, the dev
+    evaluations — go to stderr as ``pretrieve: …``, unless the caller configured logging (a handler on the root or
+    ``pretrieve`` logger: theirs rules). Removed afterwards (a verb changes no global state)."""
     package = logging.getLogger("pretrieve")
     if logging.getLogger().handlers or package.handlers:
         yield

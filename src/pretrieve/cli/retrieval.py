@@ -99,11 +99,7 @@ def _load(model: str, device: str, precision: str, max_length: Optional[int] = N
     retriever = load_retriever(model, device=device, precision=precision, max_length=max_length,
                                query_max_length=query_max_length, pooling=pooling, normalize=normalize,
                                query_prompt=query_prompt, passage_prompt=passage_prompt)
-    passage = retriever.passage.settings
-    details = (f"pooling={passage['pooling']} normalize={passage['normalize']} dim={passage['dim']} "
-               if retriever.kind == "dense" else "")
-    err.print(f"retriever {model}: kind={retriever.kind} {details}max_length={retriever.passage.max_length} "
-              f"precision={retriever.precision} device={retriever.passage.device}", highlight=False)
+    err.print(f"retriever {model}: {retriever.describe()}", highlight=False)
     return retriever
 
 

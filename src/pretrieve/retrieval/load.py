@@ -141,6 +141,15 @@ class Retriever:
         return {"model": self.model_name, "kind": self.kind, "precision": self.precision,
                 "passage": self.passage.settings}
 
+    def describe(self) -> str:
+        """One line of what encoding uses — kind, pooling, normalisation, dimension, passage length, precision,
+        device — as ``pretrieve dense`` / ``encode`` print it and :func:`pretrieve.load_retriever` logs it."""
+        passage = self.passage.settings
+        details = (f"pooling={passage['pooling']} normalize={passage['normalize']} dim={passage['dim']} "
+                   if self.kind == "dense" else "")
+        return (f"kind={self.kind} {details}max_length={self.passage.max_length} precision={self.precision} "
+                f"device={self.passage.device}")
+
     def inputs(self) -> dict[str, Path]:
         """Inputs fingerprinted by content for the freshness contract: the model directory when it is local."""
         return {"model": self.path} if self.path is not None else {}
