@@ -48,7 +48,7 @@ the generator is reseeded once from ``(seed, worker id)`` so workers never repea
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -302,6 +302,19 @@ def unique_token_ids(ids: Tensor, keep: Tensor) -> Tensor:
 
 
 # ------------------------------------------------------------------------------------------ fine-tuning groups
+def sampled_groups(groups: Sequence[TrainingGroup], num_negatives: int, generator: torch.Generator | None = None
+                   ) -> Iterator[tuple[TrainingGroup, int, list[int]]]:
+    """``(group, positive, negatives)`` for each group: the indices :func:`sample_group_indices` draws, from one numpy
+    generator seeded by ``generator`` (seed 0 when None) — the bi- and cross-encoder collators' one sampling rule, so
+    that a seeded data loader gives the same batches."""
+    if generator is None:
+        generator = torch.Generator().manual_seed(0)
+    rng = np.random.default_rng(int(torch.randint(0, 2**62, (1,), generator=generator).item()))
+    for group in groups:
+        positive, negatives = sample_group_indices(group, num_negatives, rng)
+        yield group, positive, list(negatives)
+
+
 class GroupCollator:
     """Training groups → a dual-encoder batch (queries ``[B, Lq]``, passages ``[B·G, Lp]``, teacher scores).
 
@@ -325,13 +338,9 @@ class GroupCollator:
 
     def __call__(self, groups: Sequence[TrainingGroup],
                  generator: torch.Generator | None = None) -> dict[str, torch.Tensor]:
-        if generator is None:
-            generator = torch.Generator().manual_seed(0)
-        rng = np.random.default_rng(int(torch.randint(0, 2**62, (1,), generator=generator).item()))
         passages: list[str] = []
         teacher: list[list[float]] = []
-        for group in groups:
-            positive, negatives = sample_group_indices(group, self.num_negatives, rng)
+        for group, positive, negatives in sampled_groups(groups, self.num_negatives, generator):
             ids = [group.positives[positive]] + [group.negatives[i] for i in negatives]
             passages.extend(self.corpus.texts_of(ids) if self.title_sep == " " else
                             self.corpus.texts_of(ids, self.title_sep))   # any corpus with texts_of(ids) serves

@@ -28,12 +28,13 @@ from pretrieve.data.arrow import CorpusTexts, groups_dataset
 from pretrieve.ranks import built_once
 from pretrieve.data.beir import Corpus
 from pretrieve.data.collection import BeirCollection
-from pretrieve.data.groups import TrainingGroup, sample_group_indices
+from pretrieve.data.groups import TrainingGroup
 from pretrieve.errors import InputError
 from pretrieve.io_utils import write_json
 from pretrieve.modeling.cross_encoder import CONFIG_FILE, CrossEncoder, tokenize_pairs
 from pretrieve.models import no_remote_code, resolve_model
 from pretrieve.options import build
+from pretrieve.train.collator import sampled_groups
 from pretrieve.train.loop import read_logs
 from pretrieve.train.run import TrainingRun
 from pretrieve.train.run_config import validated_values
@@ -63,13 +64,9 @@ class PairGroupCollator:
 
     def __call__(self, groups: Sequence[TrainingGroup],
                  generator: torch.Generator | None = None) -> dict[str, torch.Tensor]:
-        if generator is None:
-            generator = torch.Generator().manual_seed(0)
-        rng = np.random.default_rng(int(torch.randint(0, 2**62, (1,), generator=generator).item()))
         queries: list[str] = []
         ids: list[str] = []
-        for group in groups:
-            positive, negatives = sample_group_indices(group, self.num_negatives, rng)
+        for group, positive, negatives in sampled_groups(groups, self.num_negatives, generator):
             for doc_id in [group.positives[positive]] + [group.negatives[i] for i in negatives]:
                 queries.append(group.query)
                 ids.append(doc_id)
