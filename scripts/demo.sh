@@ -9,8 +9,8 @@
 # 21 min from a fresh clone on 2 CPU cores with AVX512-BF16 (training and encoding in bf16 autocast); a CPU
 # without native bf16 runs both in fp32: ≈ 1 h 10 min on 2 AVX2-only cores (estimated from its stage times). Output:
 # outputs/scifact-minilm/ (results.md, results.json, runs/). At the end every number is compared to 4 digits with
-# the run documented in docs/recipes.md (docs/measured/scifact-minilm.results.json, measured on such a CPU; until
-# the demo is re-measured under amendment 16 it holds the guarded run, whose Cranfield rows are its second half's).
+# the run documented in docs/recipes.md (docs/measured/scifact-minilm.results.json: a fresh clone under amendment 16
+# on a 2-core AMD EPYC with AVX512-BF16; another CPU rounds bf16 differently, so some digits may differ).
 # Re-running skips finished stages; an interrupted run resumes where it stopped.
 # The fast pipeline check (every stage incl. pre-training, reranker and distillation, on SPLADE-tiny) is
 # `.venv/bin/pretrieve run configs/scifact-cpu.yaml`.
@@ -24,6 +24,6 @@ bash scripts/setup.sh
 cat outputs/scifact-minilm/results.md
 .venv/bin/python scripts/experiments/compare_measured.py outputs/scifact-minilm/results.json \
   docs/measured/scifact-minilm.results.json \
-  || echo "demo: some numbers differ from the documented run (expected on a CPU without native bf16, which trains and encodes in fp32)"
+  || echo "demo: some numbers differ from the documented run (expected on another CPU: bf16 rounds differently; without native bf16 it runs in fp32)"
 echo "demo: ${SECONDS} s wall; CPU time (user, system) of this shell and of its children:"
 times
