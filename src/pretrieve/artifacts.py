@@ -19,7 +19,10 @@ fingerprints equal the current inputs' fingerprints. A crash between the content
 an artefact without a sidecar: not current, so it is recomputed — never trusted.
 
 :func:`fingerprint` identifies an input by content: an input that is itself a recorded, intact artefact
-answers with its recorded digest (cheap: nothing is re-read); any other file or directory is hashed.
+answers with its recorded digest (cheap: nothing is re-read); any other file or directory is hashed. A
+:class:`FileSet` (some files of a directory, by their names in it) is an input too: the passage tower of a
+retriever is the files its passage encoder reads, wherever they sit, so two folders holding the same tower files
+(a base model and a model whose passage tower was kept frozen, saved byte for byte) are the same input.
 """
 
 from __future__ import annotations
@@ -268,12 +271,36 @@ def is_current(path: str | Path, settings: Mapping[str, Any] | None = None,
 
 
 # ------------------------------------------------------------------------------------------ fingerprints
-def fingerprint(path: str | Path) -> str:
-    """A content fingerprint of a file or directory (``sha1:<hex>``), independent of its path and mtime.
+@dataclass(frozen=True)
+class FileSet:
+    """Some files of the directory ``root``, by their names in it: an input identified by those files' names, sizes
+    and bytes (not by ``root`` or the directory's other files)."""
+
+    root: Path
+    names: tuple[str, ...]
+
+    def digest(self) -> str:
+        files = {}
+        for name in self.names:
+            file = self.root / name
+            files[name] = {"size": file.stat().st_size, "sha1": _sha1_file(file)}
+        return _combined_digest(files)
+
+    def __str__(self) -> str:
+        return f"{self.root} ({', '.join(self.names)})"
+
+
+def fingerprint(path: "str | Path | FileSet") -> str:
+    """A content fingerprint of a file, a directory or a :class:`FileSet` (``sha1:<hex>``), independent of its path
+    and mtime.
 
     An intact recorded artefact answers with its recorded digest without re-reading its bytes; anything else
-    is hashed (a directory: every file's relative name, size and SHA-1).
+    is hashed (a directory: every file's relative name, size and SHA-1; a file set: those of its files).
     """
+    if isinstance(path, FileSet):
+        if not all((path.root / name).is_file() for name in path.names):
+            raise FileNotFoundError(f"cannot fingerprint {path}: a file is missing")
+        return "sha1:" + path.digest()
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"cannot fingerprint {path}: it does not exist")

@@ -33,6 +33,11 @@ Under DDP every loss here without ``gather`` is a mean over this process's queri
 then equals the mean over all queries when every process holds the same number of queries (use
 ``drop_last``; with uneven batches the smaller one weighs more, as for any per-process loss).
 
+Full-corpus loss (query-side fine-tuning, :mod:`pretrieve.train.query_side`): with the passage vectors frozen and
+held as one matrix ``P`` (the whole corpus), :func:`full_corpus_loss` scores each query against every passage —
+the exact softmax that in-batch negatives approximate — and averages over every (query, positive) pair
+``−s(q_i, d⁺)/τ + log Σ_{d ∈ C ∖ D_i⁺ ∪ {d⁺}} exp(s(q_i, d)/τ)``, the query's other positives ``D_i⁺`` left out.
+
 In-batch false negatives (the same passage in two queries' groups) are not masked, as in Tevatron, SimLM and
 RetroMAE: the data pipeline should avoid them.
 """
@@ -255,6 +260,27 @@ def combined_distillation_loss(q: Tensor, p: Tensor, teacher_scores: Tensor, alp
         contrastive = listwise_ce(student, temperature)
     kl = distillation_loss(_as_logits(student, temperature), _as_logits(teacher_scores, teacher_temperature))
     return DistillationLoss(loss=kl + alpha * contrastive, kl=kl, contrastive=contrastive)
+
+
+def full_corpus_loss(q: Tensor, passages: Tensor, positives: Tensor, temperature: float = 1.0) -> Tensor:
+    """The full-corpus softmax cross-entropy of the module docstring, averaged over the (query, positive) pairs.
+
+    ``q`` ``[B, d]``, ``passages`` ``[N, d]`` (the whole corpus, no gradient needed), ``positives`` ``[B, M]``: the
+    rows of each query's positives in ``passages``, padded at the end with −1 (every query has at least one). Scores are
+    ``q · P`` (dot product: normalised vectors make it the cosine), divided by ``temperature``."""
+    _check_temperature("temperature", temperature)
+    if positives.dim() != 2 or positives.shape[0] != q.shape[0]:
+        raise ValueError(f"positives must be [B, M] with B = {q.shape[0]}, got {tuple(positives.shape)}")
+    present = positives >= 0
+    if not bool(present[:, 0].all()):
+        raise ValueError("every query needs at least one positive, in the first column")
+    logits = (q @ passages.T) / temperature                                   # [B, N]
+    rows = torch.where(present, positives, positives[:, :1])                  # padding → the first positive
+    positive_logits = logits.gather(1, rows)                                  # [B, M]
+    mask = torch.zeros_like(logits, dtype=torch.bool).scatter(1, rows, True)
+    negatives = torch.logsumexp(logits.masked_fill(mask, float("-inf")), dim=1, keepdim=True)   # [B, 1]
+    pair_losses = torch.logaddexp(negatives, positive_logits) - positive_logits
+    return pair_losses[present].mean()
 
 
 def listwise_ce(scores: Tensor, temperature: float = 1.0) -> Tensor:

@@ -149,6 +149,7 @@ class DenseEncoder:
                 "max_length": self.max_length, "dim": self.dim, "dense_layers": len(self.dense_layers),
                 "query_prompt": self.query_prompt, "passage_prompt": self.passage_prompt,
                 "include_prompt": self.include_prompt, "sentence_transformers": self.sentence_transformers,
+                "lowercase": bool(getattr(self.modules[0], "do_lower_case", False)),
                 "dtype": str(next(self.model.parameters()).dtype).replace("torch.", "")}
 
     # ------------------------------------------------------------------ tokens and vectors
@@ -187,6 +188,23 @@ ROUTER_CONFIG = "router_config.json"
 TASKS = {"query": "query", "passage": "document"}
 """pretrieve's text type → sentence-transformers' task (a ``Router``'s route key)."""
 _INFERENCE_NO_OPS = {"Dropout"}
+TOWER_FILES = ("config.json", "model.safetensors", "model-*-of-*.safetensors", "model.safetensors.index.json",
+               "pytorch_model.bin", "pytorch_model-*-of-*.bin", "pytorch_model.bin.index.json", "tokenizer.json",
+               "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json", "vocab.txt", "vocab.json",
+               "merges.txt", "spiece.model", "sentencepiece.bpe.model")
+"""The files of a transformer folder that its vectors depend on (weights, config, tokenizer), by name pattern: a
+retriever's passage tower is identified by these (:func:`tower_files`), so that a tower kept frozen and copied byte
+for byte (query-side fine-tuning, :mod:`pretrieve.train.query_side`) reuses the corpus vectors of the model it was
+copied from. ``sentence_bert_config.json`` is not among them: the length and lower-casing it sets are settings of
+the side (:meth:`DenseEncoder.describe`)."""
+
+
+def tower_files(folder: str | Path) -> tuple[str, ...]:
+    """The names of the :data:`TOWER_FILES` in ``folder`` (top level, sorted)."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        return ()
+    return tuple(sorted({file.name for pattern in TOWER_FILES for file in folder.glob(pattern) if file.is_file()}))
 
 
 # ------------------------------------------------------------------------------------- files / configs

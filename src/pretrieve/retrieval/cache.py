@@ -4,8 +4,11 @@
 keyed by what the vectors depend on, by content, through the project's one freshness contract
 (:mod:`pretrieve.artifacts`):
 
-* the **model**: :func:`pretrieve.artifacts.fingerprint` of its local directory (offline aliases, fine-tuned
-  models, downloaded snapshots), else its hub name;
+* the **model**: :func:`pretrieve.artifacts.fingerprint` of what the side that encodes reads — for a corpus, the
+  passage tower's files (:meth:`Retriever.inputs <pretrieve.retrieval.load.Retriever.inputs>`: a model whose passage
+  tower was kept frozen and copied byte for byte, as query-side fine-tuning saves it, finds the corpus vectors of
+  the model it started from), else the local directory (offline aliases, fine-tuned models, downloaded snapshots),
+  else its hub name;
 * the **texts**: :func:`pretrieve.artifacts.fingerprint` of the corpus file (a collection's ``corpus.jsonl``), or
   the SHA-1 of a list of texts;
 * the **settings** of the side that encodes them (:meth:`Retriever.settings <pretrieve.retrieval.load.Retriever.
@@ -47,8 +50,11 @@ def cache_root() -> Path:
     return user_cache_dir(EMBEDDINGS)
 
 
-def model_fingerprint(retriever: Any) -> str:
-    """The model's content fingerprint (a local directory), else its hub name."""
+def model_fingerprint(retriever: Any, side: str = "passage") -> str:
+    """The content fingerprint of what ``side`` encodes with: the passage tower's files (passages, when known),
+    else the model's local directory, else its hub name."""
+    if side == "passage" and getattr(retriever, "passage_files", None) is not None:
+        return artifacts.fingerprint(retriever.passage_files)
     return artifacts.fingerprint(retriever.path) if retriever.path is not None else str(retriever.name)
 
 
@@ -64,8 +70,11 @@ def _label(retriever: Any) -> str:
 def corpus_index_dir(retriever: Any, corpus_path: str | Path) -> Path:
     """Where the corpus index of ``retriever`` over the corpus file ``corpus_path`` is kept (see the module
     docstring): ``<cache>/embeddings/<model>-<key>``."""
-    key = _key("corpus", model_fingerprint(retriever), artifacts.fingerprint(corpus_path), retriever.settings())
-    return cache_root() / f"{_label(retriever)}-{key[:20]}"
+    key = _key("corpus", model_fingerprint(retriever), artifacts.fingerprint(corpus_path), retriever.settings())[:20]
+    # the key identifies the entry, the model's name only labels it: another model with the same passage tower
+    # (query-side fine-tuning) finds the entry its base model made
+    made = sorted(cache_root().glob(f"*-{key}")) if cache_root().is_dir() else []
+    return made[0] if made else cache_root() / f"{_label(retriever)}-{key}"
 
 
 def cached_index(retriever: Any, corpus: Any, corpus_path: str | Path) -> Path | None:
@@ -87,7 +96,7 @@ def texts_file(retriever: Any, side: str, texts: Sequence[str]) -> Path:
         digest.update(text.encode("utf-8"))
         digest.update(b"\0")
     settings = getattr(retriever, side).settings
-    key = _key("texts", model_fingerprint(retriever), retriever.kind, retriever.precision, side, settings,
+    key = _key("texts", model_fingerprint(retriever, side), retriever.kind, retriever.precision, side, settings,
                digest.hexdigest())
     return cache_root() / "texts" / f"{_label(retriever)}-{side}-{key[:20]}.npy"
 

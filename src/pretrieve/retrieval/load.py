@@ -46,13 +46,14 @@ import torch
 from torch import Tensor
 from transformers import AutoModel, AutoTokenizer
 
+from pretrieve.artifacts import FileSet
 from pretrieve.data.records import title_separator
 from pretrieve.errors import ConfigError, InputError
 from pretrieve.modeling.dual_encoder import DualEncoder, read_dual_encoder_config
 from pretrieve.modeling.mote import is_mote_checkpoint, routed_views
 from pretrieve.modeling.pooling import parse_pooling
 from pretrieve.modeling.sentence_transformer import (DenseEncoder, ModelFiles, read_sentence_transformers_config,
-                                                     sentence_transformer_modules)
+                                                     sentence_transformer_modules, tower_files)
 from pretrieve.models import named_weights_errors, no_remote_code, resolve_model
 from pretrieve.precision import resolve_precision
 from pretrieve.retrieval.batches import Side, quantize_int8, resolve_device
@@ -135,6 +136,8 @@ class Retriever:
     query_encoder: DenseEncoder | None = None
     passage_encoder: DenseEncoder | None = None
     model: Any = None
+    passage_files: FileSet | None = None
+
 
     def settings(self) -> dict[str, Any]:
         """What the passage outputs depend on besides the model's files (recorded with every corpus index)."""
@@ -150,8 +153,11 @@ class Retriever:
         return (f"kind={self.kind} {details}max_length={self.passage.max_length} precision={self.precision} "
                 f"device={self.passage.device}")
 
-    def inputs(self) -> dict[str, Path]:
-        """Inputs fingerprinted by content for the freshness contract: the model directory when it is local."""
+    def inputs(self) -> dict[str, Path | FileSet]:
+        """What the passage outputs are made from, fingerprinted by content for the freshness contract: the passage
+        tower's files (:attr:`passage_files`) when they are known, else the model directory when it is local."""
+        if self.passage_files is not None:
+            return {"passage tower": self.passage_files}
         return {"model": self.path} if self.path is not None else {}
 
     @property
@@ -243,7 +249,8 @@ def load_retriever(name_or_path: str | Path, device: str | torch.device = "auto"
         return Retriever(**common, query=dense_side(query_encoder, "query", query_length, chosen),
                          passage=joining_titles(dense_side(passage_encoder, "passage", passage_length, chosen),
                                                 training.get("title_join")),
-                         query_encoder=query_encoder, passage_encoder=passage_encoder)
+                         query_encoder=query_encoder, passage_encoder=passage_encoder,
+                         passage_files=passage_tower_files(resolved, path, passage_encoder))
     model = DualEncoder.load(path, info=config).to(torch_device).eval()
     if chosen == "int8":
         quantize_int8(model)
@@ -257,6 +264,19 @@ def load_retriever(name_or_path: str | Path, device: str | torch.device = "auto"
                      passage=joining_titles(dual_encoder_side(model, tokenizer, search, "passage", passage_length,
                                                               chosen, torch_device, passage_prompt),
                                             training.get("title_join")))
+
+
+def passage_tower_files(resolved: str, path: Path | None, encoder: DenseEncoder) -> FileSet | None:
+    """The files the passage side of a local dense model is made from: its transformer folder's weights, config and
+    tokenizer (:func:`~pretrieve.modeling.sentence_transformer.tower_files`; pooling, normalisation, length, prompt
+    and lower-casing are the side's settings). None — the whole folder is the input — for a hub name, a CoT-MoTE
+    checkpoint (its experts are routed) and a model with Dense layers (their weights sit in other folders)."""
+    if path is None or is_mote_checkpoint(path) or len(encoder.dense_layers):
+        return None
+    st = read_sentence_transformers_config(ModelFiles(resolved), "passage")
+    folder = path / (st.transformer_path if st is not None else "")
+    names = tower_files(folder)
+    return FileSet(folder, names) if names else None
 
 
 def joining_titles(side: Side, join: str | None) -> Side:

@@ -353,12 +353,14 @@ def describe_shards(shards: Sequence[IndexDir], root: Path) -> dict[str, Any]:
 
 
 def same_local_model(retriever: Retriever, shards: Sequence[IndexDir]) -> bool:
-    """Whether every shard was encoded by a model with the same content as the retriever's local directory (a
-    folder copied or moved since: another path, the same weights), by the fingerprint its sidecar recorded."""
+    """Whether every shard was encoded from the same inputs as the retriever's passage side (a folder copied or
+    moved since: another path, the same weights; or a query-side fine-tuned model, whose passage tower is its base
+    model's), by the fingerprints its sidecar recorded."""
     if retriever.path is None:
         return False
-    recorded = [(artifacts.read_sidecar(shard.path) or {}).get("inputs", {}).get("model") for shard in shards]
-    return None not in recorded and set(recorded) == {artifacts.fingerprint(retriever.path)}
+    current = {name: artifacts.fingerprint(value) for name, value in retriever.inputs().items()}
+    recorded = [(artifacts.read_sidecar(shard.path) or {}).get("inputs") for shard in shards]
+    return all(inputs == current for inputs in recorded)
 
 
 def check_compatible(retriever: Retriever, shards: Sequence[IndexDir], root: Path) -> None:

@@ -84,6 +84,7 @@ from pretrieve.retrieval.load import load_retriever
 from pretrieve.retrieval.runs import bm25_negatives
 from pretrieve.retrieval.search import search
 from pretrieve.modeling.sentence_transformer import ModelFiles, read_sentence_transformers_config
+from pretrieve.train import query_side
 from pretrieve.train.collator import GroupCollator
 from pretrieve.train.evaluator import Evaluation
 from pretrieve.train.pretrainer import check_max_len
@@ -123,11 +124,12 @@ class FinetuneConfig(FinetuneSettings):
 
     def settings(self) -> dict[str, Any]:
         """The resolved settings that determine the result (bookkeeping options and paths left out; a prompt only
-        when there is one, the title join only when it is not the default space, and the evaluation's settings only
+        when there is one, the title join and the towers trained only when not the defaults, and the evaluation's settings only
         when it evaluates, so runs made before these options existed stay current)."""
         return {key: value for key, value in dataclasses.asdict(self).items()
                 if key not in BOOKKEEPING and key not in PATH_SETTINGS
                 and not (key in PROMPT_SETTINGS and not value) and not (key == "title_join" and value == "space")
+                and not (key == "train_towers" and value == "both")
                 and not (key in EVAL_SETTINGS and not self.eval_steps)}
 
     def inputs(self, model_path: str) -> tuple[dict[str, Path], dict[str, str]]:
@@ -232,7 +234,8 @@ def groups_path(config: FinetuneConfig, collection: BeirCollection) -> Path:
         return path
     if config.stage != 1:
         raise ConfigError(missing_groups_message(config.stage))
-    if config.num_negatives == 0:   # in-batch negatives only (DupMAE eq. 13): positives from the qrels, no BM25
+    if config.num_negatives == 0 or config.train_towers == "query":
+        # in-batch negatives only (DupMAE eq. 13), or the whole corpus (query side): positives from the qrels, no BM25
         path = Path(config.out) / QRELS_GROUPS_FILE
         ranks.once("write the qrels groups", lambda: write_qrels_groups(collection, config.split, path))
         return path
@@ -262,7 +265,8 @@ def load_training_groups(config: FinetuneConfig, path: Path, corpus) -> "GroupsD
             first = table.column("query_id")[int(np.argmax(unscored.to_numpy(zero_copy_only=False)))].as_py()
             raise InputError(f"stage 3 needs teacher scores but {missing} of {len(groups)} groups have none "
                              f"(e.g. query '{first}')\n{missing_groups_message(3)}", path=path)
-    return groups.trainable(need_negatives=config.num_negatives > 0, max_groups=config.max_groups)
+    return groups.trainable(need_negatives=config.num_negatives > 0 and config.train_towers == "both",
+                            max_groups=config.max_groups)
 
 
 def _warn_if_not_pretrained(config: FinetuneConfig, model_path: str) -> None:
@@ -291,6 +295,7 @@ class FinetuningRun(TrainingRun):
         super().__init__(config)
         self.model_path = ""
         self.settings: dict[str, Any] = {}
+        self.base = None   # query side (train_towers: query): the base model as search loads it
 
     @property
     def description(self) -> str:
@@ -303,6 +308,8 @@ class FinetuningRun(TrainingRun):
         self.model_path = resolve_model(self.config.model)
         self.config = resolve_dense_settings(self.config, self.model_path)
         self.representation = build_representation(self.config, self.model_path)
+        self.base = (query_side.base_retriever(self.model_path, self.config.pooling, self.config.normalize)
+                     if self.config.train_towers == "query" else None)
         inputs, named = self.config.inputs(self.model_path)
         self.settings = self.config.settings() | named
         return self.settings, inputs
@@ -326,6 +333,12 @@ class FinetuningRun(TrainingRun):
                             "read the training groups")
         logger.info("stage %d: %d training groups from %s", config.stage, len(groups), self.groups_path)
         self.groups = groups
+        if self.base is not None:   # query side: the base model's corpus vectors, from (or into) the user cache
+            index = query_side.corpus_index(self.base, collection, show_progress=config.show_progress and ranks.is_main())
+            self.passages, self.rows = query_side.load_vectors(index)
+            query_side.check_rows(groups, self.rows, index)
+            logger.info("query-side fine-tuning: %d queries against the %d vectors of %s (the passage tower stays "
+                        "%s)", len(groups), len(self.rows), index, self.model_path)
         return groups
 
     def build_model(self) -> torch.nn.Module:
@@ -335,11 +348,15 @@ class FinetuningRun(TrainingRun):
                              teacher_temperature=config.teacher_temperature)
         model = DualEncoder.from_pretrained(self.model_path, representation=self.representation, tied=config.tied,
                                             loss=loss)
+        if self.base is not None:
+            return query_side.QuerySideEncoder(model, self.passages)
         model.grad_cache_chunk = config.grad_cache_chunk
         return model
 
-    def build_collator(self, model, dataset) -> GroupCollator:
+    def build_collator(self, model, dataset) -> "GroupCollator | query_side.QueryCollator":
         config = self.config
+        if self.base is not None:
+            return query_side.QueryCollator(self.tokenizer, self.rows, config.query_max_len, config.query_prompt)
         return GroupCollator(self.tokenizer, CorpusTexts(self.corpus), config.num_negatives, config.query_max_len,
                              config.passage_max_len, teacher_scores=config.stage == 3,
                              query_prompt=config.query_prompt, passage_prompt=config.passage_prompt,
@@ -361,9 +378,12 @@ class FinetuningRun(TrainingRun):
         corpus = collection.corpus_dataset()
         out = self.out
 
+        # query side: every evaluation searches the base model's cached vectors of the dev corpus (encoded once)
+        searched = corpus if self.base is None else query_side.corpus_index(self.base, collection, show_progress=False)
+
         def score(directory: Path) -> dict[str, float]:
             retriever = load_retriever(directory)
-            run = search(retriever, queries, corpus, k=EVAL_DEPTH, show_progress=False, scratch_dir=out)
+            run = search(retriever, queries, searched, k=EVAL_DEPTH, show_progress=False, scratch_dir=out)
             return evaluator(run, name=f"step {directory.name}").aggregate
 
         where = f"{len(queries)} {split} queries of {collection.root.name}"
@@ -373,13 +393,20 @@ class FinetuningRun(TrainingRun):
 
     def export(self, unwrapped, directory: Path) -> None:
         config = self.config
-        training = {"stage": config.stage, "query_max_len": config.query_max_len,
-                    "passage_max_len": config.passage_max_len, "num_negatives": config.num_negatives,
-                    "groups": str(self.groups_path), "init": self.model_path}
+        passage_length = config.passage_max_len if self.base is None else self.base.passage.max_length
+        training = {"stage": config.stage, "query_max_len": config.query_max_len, "passage_max_len": passage_length,
+                    "num_negatives": config.num_negatives, "groups": str(self.groups_path), "init": self.model_path}
         if config.title_join != "space":   # read back by pretrieve.retrieval.load: passages are encoded alike
             training["title_join"] = config.title_join
-        export_retriever(unwrapped, self.tokenizer, directory, config.passage_max_len, training=training,
+        model = unwrapped
+        if self.base is not None:   # the trained query tower beside the base model's passage tower
+            training.update(train_towers="query", num_negatives="whole corpus")
+            passage_tower = type(unwrapped.encoder.query_tower).from_pretrained(self.model_path)
+            model = DualEncoder(unwrapped.encoder.query_tower, passage_tower, self.representation)
+        export_retriever(model, self.tokenizer, directory, passage_length, training=training,
                          prompts={"query": config.query_prompt, "passage": config.passage_prompt})
+        if self.base is not None:
+            query_side.copy_passage_tower(self.base, directory)
         write_json(directory / CONFIG_FILE, self.config_record() | {"groups_stats": self.groups.stats.as_dict()})
 
 

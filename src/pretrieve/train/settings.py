@@ -38,6 +38,12 @@ if TYPE_CHECKING:
     import torch
 
 SCHEDULES = ("linear", "cosine", "constant")
+TRAIN_TOWERS = ("both", "query")
+QUERY_SIDE_FIXED = ("stage", "groups", "representation", "similarity", "num_negatives", "passage_max_len",
+                    "title_join", "passage_prompt", "tied", "in_batch", "gather", "bm25_depth", "grad_cache_chunk",
+                    "alpha", "teacher_temperature")
+"""Settings of passages and negatives that query-side fine-tuning (``train_towers: query``) does not use: the
+passage side is the base model's and the negatives are the whole corpus (:mod:`pretrieve.train.query_side`)."""
 STAGES = (1, 2, 3)
 ON_UNKNOWN = ("error", "skip")
 
@@ -294,6 +300,10 @@ class FinetuneSettings(GroupSettings):
                                         "cosine/normalised vectors.")
     tied: bool = setting(True, "Siamese towers (shared weights); --separate: separate towers.",
                          flags=("--tied/--separate",), shown="tied")
+    train_towers: str = setting("both", "both | query: query-side fine-tuning — only the query tower trains, each "
+                                "query scored against the whole corpus's vectors; the passage tower stays the base "
+                                "model (saved byte for byte), so the corpus is encoded once, by the base model, into "
+                                "the user cache that search reuses before and after.")
     alpha: float = setting(0.2, "Weight of the contrastive term in stage 3 (CDMAE, Li et al. 2023).")
     teacher_temperature: float = setting(1.0, "Temperature of the teacher's softmax (stage 3).")
     in_batch: bool = setting(True, "Use the other queries' passages as negatives too.", shown="in-batch")
@@ -334,10 +344,22 @@ class FinetuneSettings(GroupSettings):
         if self.title_join not in TITLE_JOINS:
             raise ConfigError(f"title_join must be one of {', '.join(TITLE_JOINS)}, got {self.title_join!r}")
         self.check_evaluation()
+        self.check_towers()
         if self.grad_cache_chunk is not None and (isinstance(self.grad_cache_chunk, bool)
                                                   or not isinstance(self.grad_cache_chunk, int)
                                                   or self.grad_cache_chunk < 1):
             raise ConfigError(f"grad_cache_chunk must be an integer >= 1, got {self.grad_cache_chunk!r}")
+
+    def check_towers(self) -> None:
+        """``train_towers``: one of :data:`TRAIN_TOWERS`; ``query`` refuses the :data:`QUERY_SIDE_FIXED` settings
+        changed from their defaults (they would silently do nothing)."""
+        if self.train_towers not in TRAIN_TOWERS:
+            raise ConfigError(f"train_towers must be one of {', '.join(TRAIN_TOWERS)}, got {self.train_towers!r}")
+        if self.train_towers == "query":
+            changed = [name for name in QUERY_SIDE_FIXED if getattr(self, name) != default_of(type(self), name)]
+            if changed:
+                raise ConfigError(f"train_towers: query trains the query tower against the base model's vectors of "
+                                  f"the whole corpus: {', '.join(changed)} do(es) not apply (leave at the default)")
 
     def check_evaluation(self) -> None:
         """The evaluation while training: a step count, known measures, dev queries other than the training ones."""
