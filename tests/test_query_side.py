@@ -39,17 +39,20 @@ def test_full_corpus_loss_equals_the_pairwise_softmax_by_hand():
         full_corpus_loss(q, passages, torch.tensor([[-1], [0], [1]]), 0.5)
 
 
-@pytest.fixture(scope="module")
-def tiny_st_dir(tmp_path_factory, tiny_bert_dir):
-    """A tiny sentence-transformers model: the tiny BERT, mean pooling, normalised (all-MiniLM-L6-v2's layout)."""
+def sentence_transformer_of(bert_dir, out):
+    """A tiny sentence-transformers model of ``bert_dir``: mean pooling, normalised (all-MiniLM-L6-v2's layout)."""
     from sentence_transformers import SentenceTransformer
     from sentence_transformers.base.modules import Normalize, Transformer
     from sentence_transformers.sentence_transformer.modules import Pooling
 
-    out = tmp_path_factory.mktemp("tiny_st")
-    SentenceTransformer(modules=[Transformer(str(tiny_bert_dir), max_seq_length=64), Pooling(32, pooling_mode="mean"),
+    SentenceTransformer(modules=[Transformer(str(bert_dir), max_seq_length=64), Pooling(32, pooling_mode="mean"),
                                  Normalize()], device="cpu").save(str(out))
     return out
+
+
+@pytest.fixture(scope="module")
+def tiny_st_dir(tmp_path_factory, tiny_bert_dir):
+    return sentence_transformer_of(tiny_bert_dir, tmp_path_factory.mktemp("tiny_st"))
 
 
 def test_query_side_trains_queries_only_and_search_reuses_the_base_models_corpus_vectors(tiny_st_dir, tmp_path,
@@ -119,3 +122,47 @@ def test_an_unknown_train_towers_value_is_refused():
 
     with pytest.raises(ConfigError, match="train_towers must be one of both, query"):
         FinetuneConfig(model="m", data="d", out="o", train_towers="passage").check()
+
+
+def test_two_processes_train_the_query_tower_one_process_trains(tmp_path, tokenizer):
+    """``torchrun --nproc_per_node 2`` (gloo) against one process, from an empty user cache each: the corpus is
+    encoded once (split across the ranks), every rank scores its queries against all of it, and the trained query
+    tower and the copied passage tower are those of one process (one positive per query: the per-rank means average
+    to the global mean)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from ddp_utils import free_port
+
+    from transformers import BertModel
+
+    from conftest import tiny_bert_config
+
+    torch.manual_seed(0)   # without dropout: its random masks are drawn per process
+    BertModel(tiny_bert_config(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)).save_pretrained(
+        tmp_path / "bert")
+    tokenizer.save_pretrained(tmp_path / "bert")
+    tiny_st_dir = sentence_transformer_of(tmp_path / "bert", tmp_path / "st")
+    repo = Path(__file__).resolve().parents[1]
+    data = write_collection(tmp_path / "tiny")
+    args = ["-m", "pretrieve", "finetune", "--model", str(tiny_st_dir), "--data", str(data), "--train-towers", "query",
+            "--batch-size", "4", "--lr", "1e-3", "--steps", "6", "--warmup-ratio", "0", "--query-max-len", "16"]
+    finals = []
+    for name, launcher in (("one", [sys.executable]),
+                           ("two", [str(Path(sys.executable).with_name("torchrun")), "--nproc_per_node", "2",
+                                    "--master_port", str(free_port())])):
+        env = {**os.environ, "PYTHONPATH": str(repo / "src") + os.pathsep + os.environ.get("PYTHONPATH", ""),
+               "OMP_NUM_THREADS": "1", "PRETRIEVE_CACHE": str(tmp_path / f"cache-{name}")}
+        done = subprocess.run(launcher + args + ["--out", str(tmp_path / name)], env=env, capture_output=True,
+                              text=True, timeout=300)
+        assert done.returncode == 0, done.stderr[-3000:]
+        finals.append(tmp_path / name / "final")
+    texts = ["what is known about honey bees?", "report on solar energy", "volcano eruption"]
+    one, two = (load_retriever(final, precision="fp32") for final in finals)
+    assert np.allclose(pretrieve.encode(one, texts, side="query"), pretrieve.encode(two, texts, side="query"),
+                       atol=1e-5)
+    tower = TOWER_FOLDERS["passage"]
+    assert artifacts.fingerprint(artifacts.FileSet(finals[0] / tower, one.passage_files.names)) == \
+        artifacts.fingerprint(artifacts.FileSet(finals[1] / tower, one.passage_files.names))

@@ -334,7 +334,11 @@ class FinetuningRun(TrainingRun):
         logger.info("stage %d: %d training groups from %s", config.stage, len(groups), self.groups_path)
         self.groups = groups
         if self.base is not None:   # query side: the base model's corpus vectors, from (or into) the user cache
-            index = query_side.corpus_index(self.base, collection, show_progress=config.show_progress and ranks.is_main())
+            # loaded again on this rank's device (describe() checked it on the CPU, before the accelerator)
+            self.base = query_side.base_retriever(self.model_path, config.pooling, config.normalize,
+                                                  self.accelerator.device)
+            index = query_side.corpus_index(self.base, collection,
+                                            show_progress=config.show_progress and ranks.is_main())
             self.passages, self.rows = query_side.load_vectors(index)
             query_side.check_rows(groups, self.rows, index)
             logger.info("query-side fine-tuning: %d queries against the %d vectors of %s (the passage tower stays "

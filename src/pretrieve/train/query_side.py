@@ -62,10 +62,11 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 
-def base_retriever(model_path: str, pooling: str, normalize: bool) -> "Retriever":
+def base_retriever(model_path: str, pooling: str, normalize: bool, device: Any = "cpu") -> "Retriever":
     """The base model as ``pretrieve.search`` loads it (default precision), with the pooling and normalisation the
-    fine-tuning keeps; refuses a model whose passage tower is not one transformer folder."""
-    retriever = load_retriever(model_path, pooling=pooling, normalize=normalize)
+    fine-tuning keeps, on ``device`` (a launched run: this rank's); refuses a model whose passage tower is not one
+    transformer folder."""
+    retriever = load_retriever(model_path, pooling=pooling, normalize=normalize, device=device)
     if retriever.kind != "dense" or retriever.passage_files is None:
         raise ConfigError(f"train_towers: query keeps {model_path}'s passage tower as it is, which needs a local dense "
                           "model whose passage side is one transformer folder (no Dense layers, not CoT-MoTE)")
