@@ -21,6 +21,10 @@ stage  groups (``--groups``)                                                  lo
        scores from the cross-encoder — ``pretrieve reranker teacher``         (α = 0.2)
 ====== ====================================================================== ==============================
 
+``train_towers: query`` trains only the query tower, against the base model's vectors of the whole corpus (the
+user cache that search fills), and saves the base model's passage tower unchanged: :mod:`pretrieve.train.query_side`
+(the qrels' positives as groups, no negatives to build).
+
 A stage starts from ``--model``: in the papers' recipes the *pre-trained* checkpoint, not the previous stage:
 "At each of the three training stages, retrievers are initialized with the same pre-trained checkpoint"
 (CDMAE, Li et al. 2023, §3.4; SimLM and Tevatron's recipes do the same), so earlier stages only supply negatives.
