@@ -167,9 +167,10 @@ def search(retriever: Retriever | str | Path, data: str | Path, *, split: str = 
     """The top-``k`` passages of collection ``data`` for the queries judged in ``split`` (or for ``queries``,
     ``{query_id: text}``), searched the way the retriever was trained (``mode`` picks another search of a
     sparse/hybrid model; ``factory`` an approximate FAISS index). ``cache``: where the corpus index is kept and
-    reused while current — by default the user cache (:mod:`pretrieve.retrieval.cache`: keyed by the model's
-    fingerprint, the corpus's digest and the encoding settings, so a second search of the same corpus with the same
-    model encodes no passage), a directory, or ``False`` for a temporary one."""
+    reused while current — by default the user cache (:mod:`pretrieve.retrieval.cache`: keyed by the passage
+    tower's files, the corpus's digest and the encoding settings, so a second search of the same corpus with the same
+    model — or with one fine-tuned from it on the query side only — encodes no passage), a directory, or ``False``
+    for a temporary one."""
     from pretrieve.retrieval.search import search as search_corpus   # lazy: torch
 
     _positive(k=k, batch_size=batch_size)
