@@ -109,3 +109,32 @@ def test_bench_encode_on_cuda_against_sentence_transformers(tiny_st):
     assert variants["pretrieve_bf16"]["min_cosine_vs_st"] > 0.99
     assert all(v["peak_memory_mib"] > 0 and "vs_st" in v for v in variants.values())
     assert torch.cuda.get_device_name() in result["device_name"]
+
+
+def test_query_side_fine_tuning_on_cuda_keeps_the_passage_tower_and_its_cached_vectors(tiny_st, tmp_path):
+    """``train_towers: query`` on the GPU: the base model's corpus vectors are encoded on CUDA into the user cache,
+    the query tower trains against them there, and the saved model's search reuses that cache entry (its CPU twin:
+    tests/test_query_side.py)."""
+    import pretrieve
+    from pretrieve.retrieval import cache as embedding_cache
+    from pretrieve.retrieval.load import load_retriever
+    from pretrieve.train.finetuner import FinetuneConfig, finetune
+
+    data = tmp_path / "tiny"
+    (data / "qrels").mkdir(parents=True)
+    topics = ["protein folding", "solar energy", "stock market", "river flooding", "coffee farming", "jazz music"]
+    (data / "corpus.jsonl").write_text("".join(json.dumps({"_id": f"d{i}", "title": t, "text": f"{t} explained."})
+                                               + "\n" for i, t in enumerate(topics)))
+    (data / "queries.jsonl").write_text("".join(json.dumps({"_id": f"q{i}", "text": f"about {t}?"}) + "\n"
+                                                for i, t in enumerate(topics)))
+    (data / "qrels" / "train.tsv").write_text("query-id\tcorpus-id\tscore\n" +
+                                              "".join(f"q{i}\td{i}\t1\n" for i in range(len(topics))))
+    final = finetune(FinetuneConfig(model=str(tiny_st), data=str(data), out=str(tmp_path / "qs"),
+                                    train_towers="query", batch_size=4, lr=1e-3, max_steps=3, show_progress=False,
+                                    precision="bf16"))
+    base, tuned = load_retriever(tiny_st), load_retriever(final)
+    assert tuned.passage.device.type == "cuda"
+    assert embedding_cache.corpus_index_dir(tuned, data / "corpus.jsonl") == \
+        embedding_cache.corpus_index_dir(base, data / "corpus.jsonl")
+    run = pretrieve.search(tuned, str(data), split="train", k=3, show_progress=False)
+    assert set(run) == {f"q{i}" for i in range(len(topics))}
