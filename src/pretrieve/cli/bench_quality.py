@@ -17,6 +17,7 @@ from typing import Any, Optional
 import typer
 
 from pretrieve.bench.quality.arms import DEFAULT_METHODS as DEFAULT_QUALITY_METHODS
+from pretrieve.bench.quality.arms import FIRST_SEED
 from pretrieve.cli.bench import _numbers, _quiet_logging, _set_threads, _split, bench_app, err
 from pretrieve.errors import InputError
 
@@ -87,7 +88,7 @@ def bench_quality_command(
     budget: Optional[int] = typer.Option(None, "--budget", min=1, help="Pre-training steps of every method",
                                          show_default="100; 30 with --quick; minilm-like bases 40"),
     seeds: int = typer.Option(1, "--seeds", min=1, help="Repetitions: seeds --seed, --seed+1, ..."),
-    seed: int = typer.Option(42, "--seed", help="First seed."),
+    seed: int = typer.Option(FIRST_SEED, "--seed", help="First seed."),
     quick: bool = typer.Option(False, "--quick", help="Small budget for a first look (30 pre-training steps × 16, "
                                "30 fine-tuning steps × 16)."),
     batch_size: Optional[int] = typer.Option(None, min=1, help="Pre-training batch size",

@@ -19,6 +19,8 @@ from pretrieve.errors import ConfigError
 NO_PRETRAIN = "none"
 BASELINES = ("mlm", NO_PRETRAIN)
 DEFAULT_METHODS = ("none", "mlm", "ae", "ar", "retromae", "bow", "dupmae", "cpdae", "cdmae", "cotmae", "cotmote")
+FIRST_SEED = 42
+"""The first seed of a comparison's arms (``--seed``; seeds ``FIRST_SEED``, ``FIRST_SEED + 1``, …)."""
 AA_SUFFIX = "-aa"
 AA_SEED_OFFSET = 1000
 #: The primary family of the issue's design (Holm over these when no --contrasts are given and the arms exist).

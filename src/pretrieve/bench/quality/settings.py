@@ -15,7 +15,8 @@ from typing import Any, Mapping, Sequence
 
 import yaml
 
-from pretrieve.bench.quality.arms import DEFAULT_METHODS, arm_method, arm_seeds, check_arms, parse_contrasts
+from pretrieve.bench.quality.arms import (DEFAULT_METHODS, FIRST_SEED, arm_method, arm_seeds, check_arms,
+                                          parse_contrasts)
 from pretrieve.bench.quality.recipes import collection_path, needs_pairs
 from pretrieve.errors import ConfigError, InputError
 from pretrieve.io_utils import load_config_file
@@ -108,7 +109,7 @@ class QualityBenchSettings:
     methods: tuple[str, ...] = DEFAULT_METHODS
     pretrain_data: tuple[str, ...] | str | None = None    # default: the training collection
     eval: tuple[str, ...] = ()              # default: the training collection
-    seeds: tuple[int, ...] = (42,)
+    seeds: tuple[int, ...] = (FIRST_SEED,)
     pretrain: dict[str, Any] = field(default_factory=lambda: dict(DEFAULT_PRETRAIN))
     finetune: dict[str, Any] = field(default_factory=lambda: dict(DEFAULT_FINETUNE))
     finetune_per_method: dict[str, dict[str, Any]] = field(default_factory=dict)
