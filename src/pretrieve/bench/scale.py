@@ -26,6 +26,11 @@ dense-approx   ``search --factory`` (approximate)                          passa
 mine           ``mine --model`` on the train queries (embeddings reused)   passages × train queries
 reranker-init  ``reranker train --steps 1`` (a cross-encoder to score with) fixed
 finetune       ``finetune --stage 2 --steps`` on the BM25 groups (a few steps) fixed
+finetune-query ``finetune --train-towers query --steps``: the base model's      passages (corpus vectors)
+               corpus vectors encoded into the user cache + a few steps
+               against all of them
+finetune-query-steps the same into a new output (vectors reused: load +      passages (corpus matrix)
+               steps)
 teacher        ``reranker teacher`` (``1 + max_negatives`` pairs per query) pairs
 pretrain       ``pretrain --steps`` (token cache built + a few steps)       passages (cache)
 pretrain-steps the same into a new output (cache reused: steps only)       fixed
@@ -62,7 +67,11 @@ from pretrieve.errors import ConfigError, InputError
 
 MSMARCO = {"passages": 8_841_823, "eval_queries": 6_980, "train_queries": 502_939, "pairs": 16_000_000}
 STAGES = ("bm25", "bm25-load", "bm25-search", "bm25-negatives", "encode", "dense-load", "dense-exact", "dense-approx",
-          "mine", "reranker-init", "finetune", "teacher", "pretrain", "pretrain-steps")
+          "mine", "reranker-init", "finetune", "finetune-query", "finetune-query-steps", "teacher", "pretrain",
+          "pretrain-steps")
+USER_CACHE = "user-cache"
+"""The ``$PRETRIEVE_CACHE`` of the measured commands, under ``--out`` (query-side fine-tuning keeps the base model's
+corpus vectors there)."""
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
 
 
@@ -242,6 +251,9 @@ def stage_commands(collection: Path, work: Path, settings: ScaleSettings, num_pa
     bm25 = [*bm25_base, "--out", str(work / "bm25.trec")]
     search = [*cli, "search", "--model", model, *data, "--index", str(work / "emb"), "--k", "100",
               "--batch-size", str(settings.batch_size), "--overwrite"]
+    query_side = [*cli, "finetune", "--model", model, *data, "--train-towers", "query", "--steps",
+                  str(settings.pretrain_steps), "--batch-size", "4", "--save-every", str(10 ** 6), "--log-every", "1",
+                  "--overwrite"]
     pretrain = [*cli, "pretrain", "--model", model, "--corpus", str(collection / "corpus.jsonl"),
                 "--method", "mlm", "--steps", str(settings.pretrain_steps), "--batch-size", "8", "--max-len", "128",
                 "--save-every", str(10 ** 6), "--log-every", "1"]
@@ -274,6 +286,10 @@ def stage_commands(collection: Path, work: Path, settings: ScaleSettings, num_pa
                            str(settings.pretrain_steps), "--batch-size", "4", "--num-negatives", "3",
                            "--passage-max-len", str(settings.max_length), "--save-every", str(10 ** 6),
                            "--log-every", "1", "--overwrite"], "fixed", units, clear=[str(work / "finetune")]),
+        Stage("finetune-query", [*query_side, "--out", str(work / "finetune-query")], "passages", units,
+              clear=[str(work / "finetune-query"), str(Path(settings.out) / USER_CACHE / "embeddings")]),
+        Stage("finetune-query-steps", [*query_side, "--out", str(work / "finetune-query-again")], "passages", units,
+              clear=[str(work / "finetune-query-again")]),
         Stage("teacher", [*cli, "reranker", "teacher", "--model", str(work / "reranker" / "final"), *data,
                           "--groups", str(work / "bm25-groups.jsonl"), "--out", str(work / "teacher.jsonl"),
                           "--max-negatives", str(settings.max_negatives), "--batch-size", str(settings.batch_size),
@@ -296,7 +312,7 @@ def run_scale_bench(settings: ScaleSettings, log=print) -> dict[str, Any]:
 
     source = resolve_collection(settings.source)
     out = Path(settings.out)
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "PRETRIEVE_CACHE": str(Path(settings.out) / USER_CACHE)}
     results: dict[str, Any] = {"settings": asdict(settings), "sizes": {}}
     for size in sorted(settings.sizes):
         began = time.perf_counter()

@@ -412,9 +412,7 @@ def bench_scale_command(
     out: Path = typer.Option(..., "--out", "-o", help="Directory for the collections, the stages' outputs and "
                                                     "logs, and scale.md / scale.json."),
     stages: Optional[str] = typer.Option(None, help="Comma-separated stages to run (default: all): "
-                                                    "bm25, bm25-load, bm25-search, bm25-negatives, encode, "
-                                                    "dense-load, dense-exact, dense-approx, mine, reranker-init, "
-                                                    "finetune, teacher, pretrain, pretrain-steps."),
+                                                    + ", ".join(STAGES) + "."),
     model: str = typer.Option("minilm", help="Small encoder for the model stages (path or offline alias)."),
     eval_queries: int = typer.Option(300, min=1, help="Evaluation queries (qrels/test.tsv)."),
     train_queries: int = typer.Option(1000, min=1, help="Training queries (negatives, mining, teacher scores)."),

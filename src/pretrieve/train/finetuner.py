@@ -356,8 +356,9 @@ class FinetuningRun(TrainingRun):
                              teacher_temperature=config.teacher_temperature)
         model = DualEncoder.from_pretrained(self.model_path, representation=self.representation, tied=config.tied,
                                             loss=loss)
-        if self.base is not None:
-            return query_side.QuerySideEncoder(model, self.passages)
+        if self.base is not None:   # the model holds the corpus matrix from here on (one copy)
+            passages, self.passages = self.passages, None
+            return query_side.QuerySideEncoder(model, passages)
         model.grad_cache_chunk = config.grad_cache_chunk
         return model
 
