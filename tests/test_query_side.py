@@ -34,9 +34,9 @@ def test_full_corpus_loss_equals_the_pairwise_softmax_by_hand():
         for p in rows:   # each positive against the corpus minus the query's other positives
             keep = [j for j in range(10) if j not in rows or j == p]
             by_hand.append(torch.logsumexp(logits[i, keep], 0) - logits[i, p])
-    assert torch.allclose(full_corpus_loss(q, passages, positives, 0.5), torch.stack(by_hand).mean())
+    assert torch.allclose(full_corpus_loss(q @ passages.T, positives, 0.5), torch.stack(by_hand).mean())
     with pytest.raises(ValueError, match="first column"):
-        full_corpus_loss(q, passages, torch.tensor([[-1], [0], [1]]), 0.5)
+        full_corpus_loss(q @ passages.T, torch.tensor([[-1], [0], [1]]), 0.5)
 
 
 def sentence_transformer_of(bert_dir, out):

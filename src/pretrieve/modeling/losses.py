@@ -262,19 +262,20 @@ def combined_distillation_loss(q: Tensor, p: Tensor, teacher_scores: Tensor, alp
     return DistillationLoss(loss=kl + alpha * contrastive, kl=kl, contrastive=contrastive)
 
 
-def full_corpus_loss(q: Tensor, passages: Tensor, positives: Tensor, temperature: float = 1.0) -> Tensor:
+def full_corpus_loss(scores: Tensor, positives: Tensor, temperature: float = 1.0) -> Tensor:
     """The full-corpus softmax cross-entropy of the module docstring, averaged over the (query, positive) pairs.
 
-    ``q`` ``[B, d]``, ``passages`` ``[N, d]`` (the whole corpus, no gradient needed), ``positives`` ``[B, M]``: the
-    rows of each query's positives in ``passages``, padded at the end with −1 (every query has at least one). Scores are
-    ``q · P`` (dot product: normalised vectors make it the cosine), divided by ``temperature``."""
+    ``scores`` ``[B, N]``: each query's score against every passage of the corpus (``q · P``: normalised vectors
+    make it the cosine; the caller computes it once and may reuse it); ``positives`` ``[B, M]``: the rows of each
+    query's positives in the corpus, padded at the end with −1 (every query has at least one). Scores are divided
+    by ``temperature``."""
     _check_temperature("temperature", temperature)
-    if positives.dim() != 2 or positives.shape[0] != q.shape[0]:
-        raise ValueError(f"positives must be [B, M] with B = {q.shape[0]}, got {tuple(positives.shape)}")
+    if positives.dim() != 2 or positives.shape[0] != scores.shape[0]:
+        raise ValueError(f"positives must be [B, M] with B = {scores.shape[0]}, got {tuple(positives.shape)}")
     present = positives >= 0
     if not bool(present[:, 0].all()):
         raise ValueError("every query needs at least one positive, in the first column")
-    logits = (q @ passages.T) / temperature                                   # [B, N]
+    logits = scores / temperature                                             # [B, N]
     rows = torch.where(present, positives, positives[:, :1])                  # padding → the first positive
     positive_logits = logits.gather(1, rows)                                  # [B, M]
     mask = torch.zeros_like(logits, dtype=torch.bool).scatter(1, rows, True)

@@ -113,11 +113,10 @@ class QuerySideEncoder(nn.Module):
             self.passages = self.passages.to(q.device)
         positives = batch["positives"]
         with torch.autocast(device_type=q.device.type, enabled=False):   # scores in float32 (DualEncoder.loss)
-            q = full_precision(q)
-            loss = full_corpus_loss(q, self.passages, positives, self.encoder.representation.temperature)
-            with torch.no_grad():
-                best = (q.detach() @ self.passages.T).argmax(dim=1, keepdim=True)
-                accuracy = (positives == best).any(dim=1).float().mean()
+            scores = full_precision(q) @ self.passages.T   # [B, N], once: the loss and the accuracy
+            loss = full_corpus_loss(scores, positives, self.encoder.representation.temperature)
+            best = scores.detach().argmax(dim=1, keepdim=True)
+            accuracy = (positives == best).any(dim=1).float().mean()
         return loss, {"loss/full_corpus": loss.detach(), "accuracy": accuracy}
 
     def may_leave_parameters_unused(self) -> bool:
