@@ -117,6 +117,22 @@ def test_settings_that_concern_passages_are_refused_by_name(tiny_st_dir, tmp_pat
         config.check()
 
 
+def test_a_base_model_whose_passage_side_is_not_one_transformer_folder_is_refused_before_loading(tiny_bert_dir,
+                                                                                                  tmp_path):
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.base.modules import Dense, Normalize, Transformer
+    from sentence_transformers.sentence_transformer.modules import Pooling
+
+    with_dense = tmp_path / "dense"
+    SentenceTransformer(modules=[Transformer(str(tiny_bert_dir), max_seq_length=64), Pooling(32, pooling_mode="mean"),
+                                 Dense(32, 16), Normalize()], device="cpu").save(str(with_dense))
+    data = write_collection(tmp_path / "tiny")
+    with pytest.raises(ConfigError, match="passage side is one transformer folder"):
+        finetune(make_config(with_dense, data, tmp_path / "out", train_towers="query", num_negatives=7,
+                             passage_max_len=144, bm25_depth=1000))
+    assert not (tmp_path / "out" / "qrels_groups.jsonl").exists()
+
+
 def test_an_unknown_train_towers_value_is_refused():
     from pretrieve.train.finetuner import FinetuneConfig
 

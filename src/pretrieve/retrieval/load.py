@@ -250,7 +250,7 @@ def load_retriever(name_or_path: str | Path, device: str | torch.device = "auto"
                          passage=joining_titles(dense_side(passage_encoder, "passage", passage_length, chosen),
                                                 training.get("title_join")),
                          query_encoder=query_encoder, passage_encoder=passage_encoder,
-                         passage_files=passage_tower_files(resolved, path, passage_encoder))
+                         passage_files=passage_tower_files(resolved, path))
     model = DualEncoder.load(path, info=config).to(torch_device).eval()
     if chosen == "int8":
         quantize_int8(model)
@@ -266,14 +266,17 @@ def load_retriever(name_or_path: str | Path, device: str | torch.device = "auto"
                                             training.get("title_join")))
 
 
-def passage_tower_files(resolved: str, path: Path | None, encoder: DenseEncoder) -> FileSet | None:
+def passage_tower_files(resolved: str, path: Path | None) -> FileSet | None:
     """The files the passage side of a local dense model is made from: its transformer folder's weights, config and
     tokenizer (:func:`~pretrieve.modeling.sentence_transformer.tower_files`; pooling, normalisation, length, prompt
     and lower-casing are the side's settings). None — the whole folder is the input — for a hub name, a CoT-MoTE
-    checkpoint (its experts are routed) and a model with Dense layers (their weights sit in other folders)."""
-    if path is None or is_mote_checkpoint(path) or len(encoder.dense_layers):
+    checkpoint (its experts are routed) and a model with Dense layers (their weights sit in other folders). Read
+    from the files, without loading the model."""
+    if path is None or is_mote_checkpoint(path):
         return None
     st = read_sentence_transformers_config(ModelFiles(resolved), "passage")
+    if st is not None and st.dense:
+        return None
     folder = path / (st.transformer_path if st is not None else "")
     names = tower_files(folder)
     return FileSet(folder, names) if names else None

@@ -299,7 +299,7 @@ class FinetuningRun(TrainingRun):
         super().__init__(config)
         self.model_path = ""
         self.settings: dict[str, Any] = {}
-        self.base = None   # query side (train_towers: query): the base model as search loads it
+        self.base = None   # query side (train_towers: query): the base model as search loads it (build_data)
 
     @property
     def description(self) -> str:
@@ -312,8 +312,8 @@ class FinetuningRun(TrainingRun):
         self.model_path = resolve_model(self.config.model)
         self.config = resolve_dense_settings(self.config, self.model_path)
         self.representation = build_representation(self.config, self.model_path)
-        self.base = (query_side.base_retriever(self.model_path, self.config.pooling, self.config.normalize)
-                     if self.config.train_towers == "query" else None)
+        if self.config.train_towers == "query":
+            query_side.check_base(self.model_path)
         inputs, named = self.config.inputs(self.model_path)
         self.settings = self.config.settings() | named
         return self.settings, inputs
@@ -337,8 +337,7 @@ class FinetuningRun(TrainingRun):
                             "read the training groups")
         logger.info("stage %d: %d training groups from %s", config.stage, len(groups), self.groups_path)
         self.groups = groups
-        if self.base is not None:   # query side: the base model's corpus vectors, from (or into) the user cache
-            # loaded again on this rank's device (describe() checked it on the CPU, before the accelerator)
+        if config.train_towers == "query":   # the base model's corpus vectors, from (or into) the user cache
             self.base = query_side.base_retriever(self.model_path, config.pooling, config.normalize,
                                                   self.accelerator.device)
             index = query_side.corpus_index(self.base, collection,

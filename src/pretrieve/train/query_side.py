@@ -51,26 +51,31 @@ from pretrieve.modeling.sentence_transformer import tower_files
 from pretrieve.precision import full_precision
 from pretrieve.retrieval.cache import corpus_index_dir
 from pretrieve.retrieval.index import decode_ids, find_shards, open_index
-from pretrieve.retrieval.load import load_retriever
+from pretrieve.retrieval.load import Retriever, load_retriever, passage_tower_files, retriever_kind
 from pretrieve.retrieval.search import encode_corpus
 
 if TYPE_CHECKING:
     from pretrieve.data.collection import BeirCollection
     from pretrieve.data.groups import TrainingGroup
-    from pretrieve.retrieval.load import Retriever
 
 logger = logging.getLogger(__name__)
 
 
-def base_retriever(model_path: str, pooling: str, normalize: bool, device: Any = "cpu") -> "Retriever":
-    """The base model as ``pretrieve.search`` loads it (default precision), with the pooling and normalisation the
-    fine-tuning keeps, on ``device`` (a launched run: this rank's); refuses a model whose passage tower is not one
-    transformer folder."""
-    retriever = load_retriever(model_path, pooling=pooling, normalize=normalize, device=device)
-    if retriever.kind != "dense" or retriever.passage_files is None:
+def check_base(model_path: str) -> None:
+    """Refuse, from its files and before anything is loaded, a base model whose passage tower query-side
+    fine-tuning cannot keep: it must be a local dense model whose passage side is one transformer folder
+    (:func:`~pretrieve.retrieval.load.passage_tower_files`: no Dense layers, not CoT-MoTE)."""
+    path = Path(model_path)
+    local = path if path.is_dir() else None
+    if local is None or retriever_kind(local) != "dense" or passage_tower_files(model_path, local) is None:
         raise ConfigError(f"train_towers: query keeps {model_path}'s passage tower as it is, which needs a local dense "
                           "model whose passage side is one transformer folder (no Dense layers, not CoT-MoTE)")
-    return retriever
+
+
+def base_retriever(model_path: str, pooling: str, normalize: bool, device: Any) -> "Retriever":
+    """The base model (checked by :func:`check_base`) as ``pretrieve.search`` loads it (default precision), with the
+    pooling and normalisation the fine-tuning keeps, on ``device`` (a launched run: this rank's)."""
+    return load_retriever(model_path, pooling=pooling, normalize=normalize, device=device)
 
 
 def corpus_index(retriever: "Retriever", collection: "BeirCollection", show_progress: bool = True) -> Path:
